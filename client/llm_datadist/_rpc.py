@@ -1,0 +1,98 @@
+"""Private: the worker's connection to its daemon, and the one place gRPC errors become LLMException."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import grpc
+
+from datadist.status import STATUS_METADATA_KEY, LLMStatusCode, code_2_status
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc
+
+from .status import LLMException
+
+log = logging.getLogger(__name__)
+
+#: margin added to a call's own timeout for the daemon round trip
+RPC_MARGIN_S = 5.0
+DEFAULT_RPC_TIMEOUT_S = 60.0
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.enable_retries", 0),
+]
+
+
+def status_of(err: grpc.RpcError) -> tuple[LLMStatusCode, str]:
+    """The LLMStatusCode a failed call carries; transport failures get LLM_FAILED / LLM_TIMEOUT."""
+    details = err.details() or ""  # type: ignore[attr-defined]
+    for key, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+        if key == STATUS_METADATA_KEY:
+            try:
+                return code_2_status(int(value)), details
+            except ValueError:
+                break
+    code = err.code()  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return LLMStatusCode.LLM_TIMEOUT, f"the daemon did not answer in time ({details})"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return LLMStatusCode.LLM_FAILED, f"datadistd is not reachable ({details}); is it running?"
+    return LLMStatusCode.LLM_FAILED, f"{code.name}: {details}"
+
+
+class DaemonClient:
+    """Synchronous stub calls on the local daemon's DataDist service."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self._stub = datadist_pb2_grpc.DataDistStub(self._channel)
+        self._session: threading.Thread | None = None
+        self._session_call: Any = None
+
+    def call(self, method: str, request: Any, func_name: str, timeout: float | None = None) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or DEFAULT_RPC_TIMEOUT_S)
+        except grpc.RpcError as err:
+            code, details = status_of(err)
+            raise LLMException(f"[{func_name}] failed, error code is {code}, {details}.", status_code=code) from None
+
+    def wait_ready(self, timeout: float) -> None:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd at {self.target} "
+                               f"is not reachable within {timeout:.0f}s; start it (systemctl start datadistd) or unset "
+                               f"DATADIST_DAEMON to use embedded mode.", status_code=LLMStatusCode.LLM_FAILED) from None
+
+    def start_session(self, engine_id: int) -> None:
+        """Hold the engine's lease open: the daemon frees this worker's caches when the stream ends."""
+        call = self._stub.Session(datadist_pb2.EngineRef(engine_id=engine_id))
+        ready = threading.Event()
+
+        def consume() -> None:
+            try:
+                for _event in call:
+                    ready.set()
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                    log.warning("datadist session with %s ended: %s", self.target, err.details())  # type: ignore
+            finally:
+                ready.set()
+
+        self._session_call = call
+        self._session = threading.Thread(target=consume, name=f"datadist-session-{engine_id}", daemon=True)
+        self._session.start()
+        ready.wait(10.0)
+
+    def close(self) -> None:
+        if self._session_call is not None:
+            self._session_call.cancel()
+            self._session_call = None
+        if self._session is not None:
+            self._session.join(timeout=5.0)
+            self._session = None
+        self._channel.close()

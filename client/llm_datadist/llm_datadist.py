@@ -1,0 +1,279 @@
+"""``LLMDataDist``: CANN's entry class, backed by a datadistd engine.
+
+One initialized instance per process (CANN's rule); ``init`` connects to the daemon named by
+the ``datadist.daemon`` option or ``DATADIST_DAEMON`` (e.g. ``unix:///run/datadist/datadistd.sock``)
+and otherwise starts an embedded daemon inside this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Dict, List, Optional, Tuple, Union
+
+from datadist.v1 import common_pb2, datadist_pb2
+
+from . import _validate as v
+from ._rpc import RPC_MARGIN_S, DaemonClient
+from .configs import LLMClusterInfo, LLMRole, _ip_int_to_str
+from .status import LLMException, LLMStatusCode, code_2_status
+
+__all__ = ["LLMDataDist", "DAEMON_OPTION", "DAEMON_ENV"]
+
+log = logging.getLogger(__name__)
+
+#: option key / environment variable naming the daemon to use; without either: embedded mode
+DAEMON_OPTION = "datadist.daemon"
+DAEMON_ENV = "DATADIST_DAEMON"
+
+_ROLE_OPTION = {LLMRole.PROMPT: "Prompt", LLMRole.DECODER: "Decoder", LLMRole.MIX: "Mix"}
+_NOT_INITIALIZED = "llm datadist is not initialized"
+
+
+def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, str]:
+    """CANN's ``_setup_engine_option`` (spec §3.2)."""
+    opts = dict(options)
+    opts["llm.Role"] = _ROLE_OPTION[role]
+    if "llm.LocalCommRes" in opts:
+        opts.setdefault("llm.EnableCacheManager", "1")
+        opts.setdefault("llm.EnableRemoteCacheAccessible", "1")
+        v.raise_if_false(opts["llm.EnableCacheManager"] == "1", "llm.LocalCommRes requires cache manager mode")
+    cache_manager = opts.get("llm.EnableCacheManager") == "1"
+    if "llm.TransferBackend" in opts:
+        v.raise_if_false(cache_manager, "transfer_backend requires enable_cache_manager")
+        opts.setdefault("llm.EnableRemoteCacheAccessible", "1")
+        v.raise_if_false(opts["llm.EnableRemoteCacheAccessible"] == "1",
+                         "transfer_backend requires enable_remote_cache_accessible")
+        v.raise_if_false("llm.listenIpInfo" in opts, "transfer_backend requires listen_ip_info")
+    if cache_manager and opts.get("llm.listenIpInfo"):
+        info = opts["llm.listenIpInfo"]
+        ip, sep, port = info.rpartition(":")
+        v.raise_if_false(bool(sep) and bool(ip) and port.isdigit() and ";" not in info,
+                         f'listen_ip_info must be exactly "ip:port", got {info!r}')
+        opts["llm.ListenIp"] = ip
+        opts["llm.ListenPort"] = port
+    flow = opts.get("ge.flowGraphMemMaxSize")
+    if flow is not None:
+        v.raise_if_false(str(flow).isdigit(), f"ge.flowGraphMemMaxSize must be one decimal number, got {flow!r}")
+    return opts
+
+
+def _cluster_pb(info: LLMClusterInfo) -> datadist_pb2.ClusterLink:
+    msg = datadist_pb2.ClusterLink(remote_cluster_id=info.remote_cluster_id)
+    for ip, port in info.local_ip_info_list:
+        msg.local_ip_info.add(ip=_ip_int_to_str(ip), port=port)
+    for ip, port in info.remote_ip_info_list:
+        msg.remote_ip_info.add(ip=_ip_int_to_str(ip), port=port)
+    return msg
+
+
+class LLMDataDist:
+    """``LLMDataDist(role, cluster_id)``; call ``init(options)`` before anything else."""
+
+    llm_engine_instance: Optional["LLMDataDist"] = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, role: LLMRole, cluster_id: int) -> None:
+        v.check_isinstance("role", role, [LLMRole], allow_none=False)
+        v.check_uint64("cluster_id", cluster_id)
+        self._role = role
+        self._cluster_id = cluster_id
+        self._is_initialized = False
+        self._client: DaemonClient | None = None
+        self._embedded = None
+        self._engine_id = 0
+        self._options: Dict[str, str] = {}
+        self._cache_manager = None
+        self._kv_cache_manager = None
+        self._enable_cache_manager = False
+        self._is_call_linked = False
+
+    # ---- life cycle ----------------------------------------------------------------------------
+
+    def init(self, options: Dict[str, str]) -> None:
+        if self._is_initialized:
+            return
+        v.check_dict("options", options, str, str)
+        with LLMDataDist._instance_lock:
+            if LLMDataDist.llm_engine_instance is not None and LLMDataDist.llm_engine_instance is not self:
+                raise LLMException("Cannot init multiple LLMDataDists", status_code=LLMStatusCode.LLM_FAILED)
+            opts = _setup_engine_option(self._role, options)
+            target = opts.pop(DAEMON_OPTION, None) or os.environ.get(DAEMON_ENV)
+            embedded = None
+            if not target:
+                from ._embedded import EmbeddedDaemon
+
+                embedded = EmbeddedDaemon()
+                target = embedded.target
+            client = DaemonClient(target)
+            try:
+                client.wait_ready(timeout=10.0)
+                resp = client.call("Init", datadist_pb2.InitRequest(
+                    cluster_id=self._cluster_id, role=int(self._role), options=opts, pid=os.getpid()), "init")
+                client.start_session(resp.engine_id)
+            except BaseException:
+                client.close()
+                if embedded is not None:
+                    embedded.stop()
+                raise
+            self._client, self._embedded, self._engine_id, self._options = client, embedded, resp.engine_id, opts
+            self._enable_cache_manager = opts.get("llm.EnableCacheManager") == "1"
+            if self._enable_cache_manager:
+                from .cache_manager import CacheManager
+
+                self._cache_manager = CacheManager(self, opts)
+            self._is_initialized = True
+            LLMDataDist.llm_engine_instance = self
+        log.info("llm_datadist initialized: cluster %s role %s engine %s via %s", self._cluster_id, self._role.name,
+                 self._engine_id, "embedded daemon" if embedded is not None else target)
+
+    def finalize(self) -> None:
+        if not self._is_initialized:
+            return
+        if self._cache_manager is not None:
+            self._cache_manager._finalize()
+        client, embedded = self._client, self._embedded
+        try:
+            if client is not None:
+                try:
+                    client.call("Finalize", datadist_pb2.EngineRef(engine_id=self._engine_id), "finalize")
+                except LLMException as exc:
+                    log.warning("finalize: %s", exc)
+                client.close()
+        finally:
+            if embedded is not None:
+                embedded.stop()
+            self._client, self._embedded = None, None
+            self._is_initialized = False
+            with LLMDataDist._instance_lock:
+                if LLMDataDist.llm_engine_instance is self:
+                    LLMDataDist.llm_engine_instance = None
+
+    # ---- plumbing for the managers -------------------------------------------------------------
+
+    def _check_init(self) -> DaemonClient:
+        if not self._is_initialized or self._client is None:
+            raise RuntimeError(_NOT_INITIALIZED)
+        return self._client
+
+    def _call(self, method: str, request: object, func_name: str, timeout: float | None = None) -> object:
+        return self._check_init().call(method, request, func_name, timeout)
+
+    @property
+    def _sync_kv_timeout_s(self) -> float:
+        return int(self._options.get("llm.SyncKvCacheWaitTime", "1000")) / 1000
+
+    # ---- links ---------------------------------------------------------------------------------
+
+    def _clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]]) -> list:
+        v.check_isinstance("clusters", clusters, [list, tuple], allow_none=False)
+        for cluster in clusters:
+            v.check_isinstance("cluster", cluster, [LLMClusterInfo], allow_none=False)
+        v.raise_if_false(len(clusters) > 0, "clusters must not be empty")
+        return [_cluster_pb(c) for c in clusters]
+
+    def link_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
+                      timeout: int = 3000) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+        self._check_init()
+        v.check_int32("timeout", timeout)
+        v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
+        msgs = self._clusters(clusters)
+        if self._options.get("llm.LocalCommRes", "") == "":
+            for c in clusters:
+                v.raise_if_false(len(c.local_ip_info_list) > 0 or "llm.LocalCommRes" in self._options,
+                                 f"cluster {c.remote_cluster_id} needs local_ip_info")
+        resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
+            engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
+            timeout / 1000 + RPC_MARGIN_S)
+        return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
+
+    def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
+                        timeout: int = 3000, force: bool = False) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+        self._check_init()
+        v.check_int32("timeout", timeout)
+        v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
+        v.check_isinstance("force", force, [bool], allow_none=False)
+        msgs = self._clusters(clusters)
+        resp = self._call("UnlinkClusters", datadist_pb2.UnlinkClustersRequest(
+            engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout, force=force), "unlink_clusters",
+            timeout / 1000 + RPC_MARGIN_S)
+        return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
+
+    def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None) -> None:
+        self._check_init()
+        v.check_isinstance("role", role, [LLMRole], allow_none=False)
+        v.check_dict("switch_options", switch_options, str, str)
+        self._call("SwitchRole", datadist_pb2.SwitchRoleRequest(
+            engine_id=self._engine_id, role=int(role), options=dict(switch_options or {})), "switch_role")
+        self._role = role
+
+    def link(self, comm_name: str, cluster_rank_info: Dict[int, int], rank_table: str) -> int:
+        self._check_init()
+        v.check_isinstance("comm_name", comm_name, [str], allow_none=False)
+        v.check_dict("cluster_rank_info", cluster_rank_info, int, int)
+        v.check_isinstance("rank_table", rank_table, [str], allow_none=False)
+        v.raise_if_false(self._enable_cache_manager, "link is only supported in cache manager mode")
+        v.raise_if_false(0 < len(comm_name) < 128, "comm_name must be non-empty and shorter than 128 characters")
+        v.raise_if_false(2 <= len(cluster_rank_info) <= 4, "cluster_rank_info must have 2 to 4 members")
+        ranks = list(cluster_rank_info.values())
+        v.raise_if_false(ranks == sorted(ranks), "cluster_rank_info ranks must be in ascending order")
+        raise LLMException("[link] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, comm-domain links "
+                           "(HCCL rank tables) are not implemented by datadist yet; use link_clusters.",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    def unlink(self, comm_id: int) -> None:
+        self._check_init()
+        v.check_uint64("comm_id", comm_id)
+        raise LLMException(f"[unlink] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, no comm domain "
+                           f"{comm_id}: comm-domain links are not implemented yet.",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    def query_register_mem_status(self, comm_id: int):  # noqa: ANN201
+        self._check_init()
+        v.check_uint64("comm_id", comm_id)
+        from .llm_types import RegisterMemStatus
+
+        return RegisterMemStatus.FAILED
+
+    def check_link_status(self, remote_cluster_id: int) -> None:
+        self._check_init()
+        v.check_uint64("remote_cluster_id", remote_cluster_id)
+        v.raise_if_true(self._enable_cache_manager, "check_link_status is not supported in cache manager mode")
+        raise LLMException("[check_link_status] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, "
+                           "v1 KvCacheManager mode is not implemented yet.",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    # ---- managers ------------------------------------------------------------------------------
+
+    @property
+    def cache_manager(self):  # noqa: ANN201
+        self._check_init()
+        v.raise_if_false(self._enable_cache_manager, "cache_manager is only available in cache manager mode "
+                                                     "(enable_cache_manager=True)")
+        return self._cache_manager
+
+    @property
+    def kv_cache_manager(self):  # noqa: ANN201
+        self._check_init()
+        v.raise_if_true(self._enable_cache_manager, "kv_cache_manager is not available in cache manager mode")
+        raise LLMException("v1 KvCacheManager mode is not implemented by datadist yet; set enable_cache_manager=True",
+                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+    @property
+    def cluster_id(self) -> int:
+        return self._cluster_id
+
+
+@atexit.register
+def _finalize_at_exit() -> None:
+    inst = LLMDataDist.llm_engine_instance
+    if inst is not None:
+        try:
+            inst.finalize()
+        except LLMException:
+            pass
+
+
+_ = common_pb2

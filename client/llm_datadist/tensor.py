@@ -1,0 +1,57 @@
+"""v1 ``TensorDesc`` / ``Tensor`` (deprecated in CANN; host copies of cache tensors)."""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple, Union
+
+import numpy as np
+
+from . import _validate as v
+from .data_type import DataType, dtype_to_np_dtype, np_dtype_to_dtype
+
+__all__ = ["TensorDesc", "Tensor"]
+
+
+class TensorDesc:
+    def __init__(self, dtype: DataType, shape: Union[List[int], Tuple[int, ...]]) -> None:
+        v.check_isinstance("dtype", dtype, [DataType], allow_none=False)
+        v.check_isinstance("shape", shape, [list, tuple], allow_none=False)
+        self._dtype = dtype
+        self._shape = list(shape)
+
+    @property
+    def dtype(self) -> DataType:
+        return self._dtype
+
+    @property
+    def shape(self) -> List[int]:
+        return self._shape
+
+
+class Tensor:
+    def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: TensorDesc = None) -> None:
+        if isinstance(data, Tensor):
+            self._array = data._array
+        elif isinstance(data, np.ndarray):
+            self._array = data
+        elif isinstance(data, int):
+            v.check_isinstance("tensor_desc", tensor_desc, [TensorDesc], allow_none=False)
+            from ._memory import numpy_view
+
+            self._array = numpy_view(data, tuple(tensor_desc.shape), dtype_to_np_dtype(tensor_desc.dtype))
+        else:
+            raise TypeError(f"data only support [numpy.ndarray, Tensor, int] but got {type(data)}.")
+        self._desc = tensor_desc or TensorDesc(np_dtype_to_dtype(self._array.dtype), list(self._array.shape))
+
+    def numpy(self, copy: bool = False) -> np.ndarray:
+        return self._array.copy() if copy else self._array
+
+    @property
+    def tensor_desc(self) -> TensorDesc:
+        return self._desc
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={list(self._array.shape)}, dtype={self._desc.dtype})"
+
+
+_ = Any

@@ -1,0 +1,81 @@
+"""``DaemonApp``: the daemon as an object — used by the ``datadistd`` command and by embedded mode.
+
+``start()`` brings up the memory backend, the worker socket (health NOT_SERVING until ready),
+then marks health SERVING; ``stop(grace)`` stops accepting, drains in-flight calls for up to
+``grace`` seconds, finalizes every engine (freeing its memory) and removes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+from grpc_health.v1 import health_pb2
+
+from .config import Config
+from .memory import get_backend
+from .node import Node
+from .rpc.server import DATADIST_SERVICE, create_worker_server, grpc_peer_connector, start_peer_listener
+
+__all__ = ["DaemonApp"]
+
+log = logging.getLogger(__name__)
+
+
+class DaemonApp:
+    def __init__(self, config: Config, on_ready: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.node: Node | None = None
+        self.server = None
+        self.health = None
+        self.on_ready = on_ready
+        self._stopped = asyncio.Event()
+
+    @property
+    def socket_path(self) -> str:
+        return self.config.daemon.socket
+
+    @property
+    def target(self) -> str:
+        return f"unix://{os.path.abspath(self.socket_path)}"
+
+    async def start(self) -> None:
+        cfg = self.config
+        backend = get_backend(cfg.memory.backend, shm_dir=cfg.memory.shm_dir, file_mode=cfg.memory.file_mode)
+        cleanup = getattr(backend, "cleanup_stale", None)
+        if cleanup is not None:
+            removed = cleanup(cfg.memory.shm_dir)
+            if removed:
+                log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
+        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(),
+                         listener_factory=start_peer_listener)
+        self.server, self.health = await create_worker_server(self.node, self.socket_path, cfg.daemon.socket_mode)
+        for name in ("", DATADIST_SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("datadistd ready: socket=%s backend=%s transport=%s", self.socket_path, cfg.memory.backend,
+                 cfg.transport.name)
+        if self.on_ready is not None:
+            self.on_ready()
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.config.daemon.drain_seconds if grace is None else grace
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self.node is not None:
+            await self.node.close()
+        try:
+            Path(self.socket_path).unlink()
+        except FileNotFoundError:
+            pass
+        log.info("datadistd stopped")
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()

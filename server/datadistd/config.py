@@ -1,0 +1,172 @@
+"""Typed daemon configuration: TOML file, then ``DATADISTD_<SECTION>_<KEY>`` environment
+variables, then command-line flags. Every key is documented here and in ``deploy/datadistd.toml``.
+
+What an engine (one ``LLMDataDist``) chooses — role, cluster id, pool sizes, listen address,
+``sync_kv_timeout`` — comes from its ``init`` options; what is node-wide lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Config", "DaemonSection", "MemorySection", "PeerSection", "TransportSection", "MetricsSection",
+           "load_config", "default_socket_path", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A config file, environment variable or flag has a bad key or value."""
+
+
+def default_socket_path() -> str:
+    """``$RUNTIME_DIRECTORY`` (systemd), else ``/run/datadist`` as root, else ``$XDG_RUNTIME_DIR/datadist``."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY")
+    if runtime:
+        return str(Path(runtime.split(":")[0]) / "datadistd.sock")
+    if os.geteuid() == 0:
+        return "/run/datadist/datadistd.sock"
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/datadist-{os.getuid()}"
+    return str(Path(base) / "datadist" / "datadistd.sock")
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass
+class DaemonSection:
+    socket: str = _doc("Unix socket for local workers (the DataDist service).", default_factory=default_socket_path)
+    socket_mode: int = _doc("Permission bits of the worker socket (group-accessible, never world).", default=0o660)
+    log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
+    drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
+    session_keepalive_seconds: float = _doc("Interval of keepalive events on a worker's session stream.",
+                                            default=5.0)
+
+
+@dataclass
+class MemorySection:
+    backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl, cuda.", default="host")
+    shm_dir: str = _doc("Directory of the host backend's shared-memory files.", default="/dev/shm")
+    max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)
+    file_mode: int = _doc("Permission bits of the pool files workers map.", default=0o660)
+
+
+@dataclass
+class PeerSection:
+    secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. "
+                       "Empty = the built-in development secret; set one in production.", default="")
+    secret_file: str = _doc("Read the secret from this file instead (first line).", default="")
+    max_clock_skew_seconds: float = _doc("Handshakes older/newer than this are refused (replay guard).",
+                                         default=300.0)
+    default_port: int = _doc("Peer port assumed for a rank-table device_ip without one (comm-domain link).",
+                             default=26000)
+    heartbeat_seconds: float = _doc("Interval at which a linking daemon pings its peers.", default=2.0)
+
+
+@dataclass
+class TransportSection:
+    name: str = _doc("Data-plane transport by name: tcp (default), local (same daemon only), hccl (Ascend).",
+                     default="tcp")
+    streams: int = _doc("TCP connections per link; large transfers are striped over them.", default=4)
+    chunk_bytes: int = _doc("Striping unit; transfers interleave at this granularity.", default=4 << 20)
+    connect_timeout_seconds: float = _doc("Deadline for opening data connections.", default=5.0)
+    host: str = _doc("Bind address of the data plane of engines that do not listen (loopback by default); "
+                     "listening engines bind their listen IP.", default="127.0.0.1")
+
+
+@dataclass
+class MetricsSection:
+    listen: str = _doc("Prometheus exposition address host:port; empty = off.", default="")
+
+
+@dataclass
+class Config:
+    daemon: DaemonSection = field(default_factory=DaemonSection)
+    memory: MemorySection = field(default_factory=MemorySection)
+    peer: PeerSection = field(default_factory=PeerSection)
+    transport: TransportSection = field(default_factory=TransportSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+
+    def secret_bytes(self) -> bytes:
+        if self.peer.secret_file:
+            text = Path(self.peer.secret_file).read_text().splitlines()
+            return (text[0] if text else "").encode()
+        return (self.peer.secret or "datadist-development-secret").encode()
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
+        """A copy with ``{"section.key": value}`` applied (values coerced to the field type)."""
+        cfg = dataclasses.replace(self, **{f.name: dataclasses.replace(getattr(self, f.name)) for f in fields(self)})
+        for dotted, value in overrides.items():
+            _set(cfg, dotted, value)
+        return cfg
+
+
+def _coerce(kind: Any, value: Any, where: str) -> Any:
+    kind = kind if isinstance(kind, type) else {"int": int, "float": float, "bool": bool, "str": str}.get(kind, str)
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind is int and isinstance(value, str):
+            return int(value, 0)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+
+
+def _set(cfg: Config, dotted: str, value: Any) -> None:
+    section_name, _, key = dotted.partition(".")
+    section = getattr(cfg, section_name, None)
+    if section is None or not dataclasses.is_dataclass(section):
+        raise ConfigError(f"unknown config section {section_name!r} (in {dotted!r}); "
+                          f"known: {', '.join(f.name for f in fields(cfg))}")
+    names = {f.name: f for f in fields(section)}
+    if key not in names:
+        raise ConfigError(f"unknown config key {dotted!r}; known in [{section_name}]: {', '.join(names)}")
+    setattr(section, key, _coerce(names[key].type, value, dotted))
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """File, then ``DATADISTD_SECTION_KEY`` environment variables, then ``overrides``."""
+    cfg = Config()
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        for section_name, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"config file {path}: top-level key {section_name!r} must be a [section]")
+            for key, value in table.items():
+                _set(cfg, f"{section_name}.{key}", value)
+    env = os.environ if env is None else env
+    section_names = [f.name for f in fields(cfg)]
+    for name, value in env.items():
+        if not name.startswith("DATADISTD_"):
+            continue
+        rest = name[len("DATADISTD_"):].lower()
+        for section_name in section_names:
+            if rest.startswith(section_name + "_"):
+                _set(cfg, f"{section_name}.{rest[len(section_name) + 1:]}", value)
+                break
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set(cfg, dotted, value)
+    return cfg

@@ -1,0 +1,217 @@
+"""Block and layer arithmetic: which bytes of which tensors a transfer or a copy touches.
+
+A cache is ``num_tensors`` equally shaped tensors; ``shape[0]`` is the batch size of a
+contiguous cache or the block count of a blocks cache, and one row (batch slot or block) of one
+tensor is ``desc.row_size`` bytes. A transfer lists its bytes in one logical order: tensor by
+tensor in the order given, and inside a tensor row by row in list order. A ``Span`` is one
+contiguous byte range inside one tensor; consecutive ascending blocks become one span.
+
+Layer ranges follow spec §6: Python ranges are half-open, layer ``L`` holds tensors
+``[L*N, L*N + N)`` with ``N = tensor_num_per_layer``; C++ ``KvCacheExtParam`` pairs are
+inclusive with ``{-1, -1}`` meaning all layers.
+
+Every check raises ``DataDistError`` (``LLM_PARAM_INVALID`` unless told otherwise) before
+anything is returned. Pure Python, no numpy: the daemon core imports no array library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import DataDistError, StatusCode, require
+from .types import CacheDesc
+
+__all__ = [
+    "Span", "layer_range_to_tensor_indices", "inclusive_pair_to_range", "block_spans", "slot_spans",
+    "slot_as_blocks_spans", "total_length", "block_copy_pairs", "swap_pairs", "block_runs",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """``length`` bytes at byte ``offset`` inside tensor number ``tensor`` of a cache."""
+
+    tensor: int
+    offset: int
+    length: int
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---- layer ranges -------------------------------------------------------------------------------
+
+def layer_range_to_tensor_indices(start: int | None, stop: int | None, tensor_num_per_layer: int,
+                                  num_tensors: int) -> tuple[int, ...]:
+    """Tensor indices of layers ``range(start, stop)``; both ``None`` means every tensor of the cache.
+
+    With a range: ``tensor_num_per_layer`` in ``[1, num_tensors]``, ``0 <= start < stop`` and
+    ``stop * tensor_num_per_layer <= num_tensors``. Without one, ``tensor_num_per_layer`` only has
+    to be >= 1: it selects nothing, so a cache with fewer tensors than the default N of 2 can still
+    be transferred whole.
+    """
+    per = tensor_num_per_layer
+    require(_is_int(per) and per >= 1, f"tensor_num_per_layer must be an int >= 1, got {per!r}")
+    require(_is_int(num_tensors) and num_tensors >= 1, f"num_tensors must be an int >= 1, got {num_tensors!r}")
+    if start is None and stop is None:
+        return tuple(range(num_tensors))
+    if start is None or stop is None:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"a layer range needs both start and stop, got start={start!r} stop={stop!r}")
+    require(_is_int(start) and _is_int(stop), f"layer range bounds must be ints, got range({start!r}, {stop!r})")
+    require(per <= num_tensors,
+            f"tensor_num_per_layer must be in [1, num_tensors={num_tensors}], got {per}")
+    require(0 <= start < stop, f"layer range must satisfy 0 <= start < stop, got range({start}, {stop})")
+    require(stop * per <= num_tensors,
+            f"layer range range({start}, {stop}) with tensor_num_per_layer={per} needs tensors up to "
+            f"{stop * per - 1}, but the cache has num_tensors={num_tensors} (max layer index "
+            f"{num_tensors // per - 1})")
+    return tuple(range(start * per, stop * per))
+
+
+def inclusive_pair_to_range(first: int, second: int) -> tuple[int | None, int | None]:
+    """C++ ``KvCacheExtParam`` inclusive ``{first, second}`` -> half-open ``(start, stop)``; ``{-1, -1}`` -> all."""
+    require(_is_int(first) and _is_int(second), f"layer range values must be ints, got {{{first!r}, {second!r}}}")
+    require(first >= -1 and second >= -1, f"layer range values must be >= -1, got {{{first}, {second}}}")
+    require(first <= second, f"layer range needs first <= second, got {{{first}, {second}}}")
+    if first == -1 and second == -1:
+        return None, None
+    require(first >= 0, f"layer range {{{first}, {second}}}: -1 means all layers only as {{-1, -1}}")
+    return first, second + 1
+
+
+# ---- spans ---------------------------------------------------------------------------------------
+
+def _check_tensor_indices(desc: CacheDesc, tensor_indices: Sequence[int]) -> None:
+    n = desc.num_tensors
+    if not tensor_indices:
+        return
+    if isinstance(tensor_indices, range):
+        ok = tensor_indices.step > 0 and tensor_indices[0] >= 0 and tensor_indices[-1] < n
+        if ok:
+            return
+    else:
+        try:
+            ok = min(tensor_indices) >= 0 and max(tensor_indices) < n
+        except TypeError:
+            ok = False
+        if ok and all(_is_int(t) for t in tensor_indices):
+            return
+    for t in tensor_indices:
+        if not (_is_int(t) and 0 <= t < n):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"tensor index {t!r} out of range [0, {n}) (num_tensors={n})")
+
+
+def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str) -> None:
+    n = desc.rows
+    if not rows:
+        return
+    try:
+        ok = min(rows) >= 0 and max(rows) < n
+    except TypeError:
+        ok = False
+    if ok and all(type(b) is int for b in rows):  # fast path for plain ints
+        return
+    for i, b in enumerate(rows):
+        if not (_is_int(b) and 0 <= b < n):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"{what} {b!r} (position {i}) out of range [0, {n}) for a cache of {n} {what}s")
+
+
+def block_runs(blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """``(first block, count)`` of each run of consecutive ascending blocks, in list order."""
+    runs: list[tuple[int, int]] = []
+    it = iter(blocks)
+    try:
+        first = prev = next(it)
+    except StopIteration:
+        return runs
+    for b in it:
+        if b == prev + 1:
+            prev = b
+            continue
+        runs.append((first, prev - first + 1))
+        first = prev = b
+    runs.append((first, prev - first + 1))
+    return runs
+
+
+def block_spans(desc: CacheDesc, tensor_indices: Sequence[int], blocks: Sequence[int]) -> list[Span]:
+    """The bytes of ``blocks`` (list order) in each tensor of ``tensor_indices`` (given order), runs merged."""
+    _check_tensor_indices(desc, tensor_indices)
+    _check_rows(desc, blocks, "block")
+    row = desc.row_size
+    runs = [(first * row, count * row) for first, count in block_runs(blocks)]
+    return [Span(t, offset, length) for t in tensor_indices for offset, length in runs]
+
+
+def slot_spans(desc: CacheDesc, tensor_indices: Sequence[int], batch_index: int, size: int, offset: int = 0,
+               *, missing_code: StatusCode = StatusCode.LLM_PARAM_INVALID) -> list[Span]:
+    """Bytes ``[offset, offset + size)`` of batch slot ``batch_index`` in each tensor (contiguous caches).
+
+    ``size == -1`` means the rest of the slot (``row_size - offset``). A batch index outside the
+    cache raises ``missing_code`` (the owner of a pulled cache passes ``LLM_KV_CACHE_NOT_EXIST``).
+    """
+    if not (_is_int(batch_index) and 0 <= batch_index < desc.rows):
+        raise DataDistError(missing_code, f"batch_index {batch_index!r} out of range [0, {desc.rows})")
+    row = desc.row_size
+    require(_is_int(offset) and 0 <= offset, f"offset must be an int >= 0, got {offset!r}")
+    require(_is_int(size), f"size must be an int, got {size!r}")
+    if size == -1:
+        size = row - offset
+    require(0 < size <= row - offset,
+            f"size {size} at offset {offset} must be in (0, {row - offset}]: the batch slot holds {row} bytes")
+    _check_tensor_indices(desc, tensor_indices)
+    start = batch_index * row + offset
+    return [Span(t, start, size) for t in tensor_indices]
+
+
+def slot_as_blocks_spans(desc_src: CacheDesc, tensor_indices: Sequence[int], batch_index: int, nbytes: int,
+                         *, missing_code: StatusCode = StatusCode.LLM_PARAM_INVALID) -> list[Span]:
+    """The first ``nbytes`` of batch slot ``batch_index`` per tensor: the source of a contiguous -> blocks pull.
+
+    ``nbytes`` is ``len(dst_blocks) * dst.row_size`` and must fit in the source slot.
+    """
+    require(_is_int(nbytes) and 0 < nbytes <= desc_src.row_size,
+            f"{nbytes!r} bytes asked from a batch slot of {desc_src.row_size} bytes: the destination blocks "
+            f"must not exceed the source slot")
+    return slot_spans(desc_src, tensor_indices, batch_index, nbytes, 0, missing_code=missing_code)
+
+
+def total_length(spans: Iterable[Span]) -> int:
+    return sum(s.length for s in spans)
+
+
+# ---- local block copies --------------------------------------------------------------------------
+
+def _check_block(value: object, rows: int, what: str) -> None:
+    if not (_is_int(value) and 0 <= value < rows):  # type: ignore[operator]
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"{what} {value!r} out of range [0, {rows})")
+
+
+def block_copy_pairs(copy_block_info: Mapping[int, Sequence[int]], rows: int) -> list[tuple[int, int]]:
+    """``{src: [dst, ...]}`` of ``copy_blocks`` -> ``(src, dst)`` pairs in mapping and list order, all checked."""
+    pairs: list[tuple[int, int]] = []
+    for src, dsts in copy_block_info.items():
+        _check_block(src, rows, "copy_blocks source block")
+        if isinstance(dsts, (str, bytes)) or not isinstance(dsts, Iterable):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"copy_blocks destinations of block {src!r} must be a list of ints, "
+                                f"got {type(dsts).__name__}")
+        for dst in dsts:
+            _check_block(dst, rows, f"copy_blocks destination block (of source {src})")
+            pairs.append((src, dst))
+    return pairs
+
+
+def swap_pairs(src_to_dst: Mapping[int, int], src_rows: int, dst_rows: int) -> list[tuple[int, int]]:
+    """``{src: dst}`` of ``swap_blocks`` -> ``(src, dst)`` pairs in mapping order, both sides checked."""
+    pairs: list[tuple[int, int]] = []
+    for src, dst in src_to_dst.items():
+        _check_block(src, src_rows, "swap_blocks source block")
+        _check_block(dst, dst_rows, f"swap_blocks destination block (of source {src})")
+        pairs.append((src, dst))
+    return pairs

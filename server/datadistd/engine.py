@@ -1,0 +1,377 @@
+"""An engine: the daemon-side state of one initialized ``LLMDataDist`` (caches, keys, pools).
+
+Local operations (allocate, register, copy, swap) and the *owner* side of transfers
+(``prepare_read`` / ``prepare_write``: validate a peer's request and return the memory it
+touches) live here. Linking and the requester side of transfers live in ``links.py``.
+Everything runs on the daemon's event-loop thread except the byte copies, which run in
+worker threads on pinned caches. No grpc here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .core.errors import DataDistError, StatusCode, require
+from .core.layout import (
+    Span, block_copy_pairs, block_spans, layer_range_to_tensor_indices, slot_spans, swap_pairs, total_length,
+)
+from .core.options import EngineOptions
+from .core.registry import CacheEntry, CacheRegistry
+from .core.types import (
+    BlocksKeyRef, CacheDesc, CacheId, CacheKeyRef, ClusterId, EngineId, IdIndexRef, KeyKind, OwnerKey, Placement,
+    ReadMode, RemoteSpec, Role,
+)
+from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, Segment
+from .memory.copy import copy_segments
+
+__all__ = ["Engine", "CacheMemory", "Operand", "segments_of", "MAX_REGISTERED_ADDRS"]
+
+log = logging.getLogger(__name__)
+
+#: CANN: total addresses over all registrations of one engine
+MAX_REGISTERED_ADDRS = 240
+
+
+@dataclass
+class CacheMemory:
+    """Where a cache's tensors live: one whole-tensor segment per tensor."""
+
+    tensors: tuple[Segment, ...]
+    exports: tuple[tuple[str, int], ...] = ()       # (path, file_offset) per tensor, daemon-owned only
+    allocation: Allocation | None = None
+    pool: Pool | None = None
+    handles: tuple[MemoryHandle, ...] = ()           # imported worker memory to close
+
+    def release(self) -> None:
+        if self.allocation is not None and self.pool is not None:
+            self.pool.free(self.allocation)
+            self.allocation = None
+        for handle in self.handles:
+            handle.close()
+        self.handles = ()
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A cache as the operand of a local copy: a registry entry, or a transient CPU cache."""
+
+    desc: CacheDesc
+    tensors: tuple[Segment, ...]
+    is_blocks: bool
+    cache_id: int = -1
+    handles: tuple[MemoryHandle, ...] = field(default=())
+
+
+def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> list[Segment]:
+    """Turn byte spans inside tensors into segments of the tensors' memory."""
+    out = []
+    for span in spans:
+        base = tensors[span.tensor]
+        out.append(Segment(base.handle, base.offset + span.offset, span.length))
+    return out
+
+
+class Engine:
+    def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
+                 pools: dict[Placement, Pool], pid: int = 0) -> None:
+        self.engine_id = engine_id
+        self.options = options
+        self.cluster_id = ClusterId(options.cluster_id)
+        self.role = options.role
+        self.backend = backend
+        self.pools = pools
+        self.pid = pid
+        self.registry = CacheRegistry()
+        self.registered_addrs = 0
+        self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
+        self.closed = False
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, f"engine {self.engine_id} is finalized")
+
+    def _free(self, entries: Sequence[CacheEntry]) -> None:
+        for entry in entries:
+            memory: CacheMemory = entry.memory
+            memory.release()
+            log.debug("engine %s freed cache %s (%d bytes)", self.engine_id, entry.cache_id, entry.desc.total_size)
+
+    def entry(self, cache_id: int) -> CacheEntry:
+        self._check_open()
+        return self.registry.get(CacheId(cache_id))
+
+    @staticmethod
+    def _owner_keys(keys: Sequence[CacheKeyRef]) -> list[OwnerKey | None]:
+        return [OwnerKey.from_cache_key(k.req_id, k.prefix_id, k.model_id) for k in keys]
+
+    # ---- cache memory ------------------------------------------------------------------------
+
+    def allocate_cache(self, desc: CacheDesc, *, is_blocks: bool, keys: Sequence[CacheKeyRef] = (),
+                       blocks_key: BlocksKeyRef | None = None) -> CacheEntry:
+        self._check_open()
+        pool = self.pools.get(desc.placement)
+        if pool is None:
+            option = "mem_pool_cfg" if desc.placement == Placement.DEVICE else "host_mem_pool_cfg"
+            raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
+                                f"no {desc.placement.name} memory pool: set LLMConfig.{option} to allocate "
+                                f"{desc.placement.name} caches")
+        owner_keys = self._owner_keys(keys)
+        if is_blocks:
+            require(not keys, "a blocks cache takes a BlocksCacheKey, not CacheKeys")
+            if blocks_key is not None:
+                self._check_blocks_key_free(blocks_key.model_id)
+        else:
+            require(blocks_key is None, "a contiguous cache takes CacheKeys, not a BlocksCacheKey")
+            self.registry.check_allocate_keys(desc, owner_keys)
+        allocation = pool.allocate(desc.total_size)
+        size = desc.tensor_size
+        tensors = tuple(Segment(allocation.handle, i * size, size) for i in range(desc.num_tensors))
+        exports = tuple((allocation.path, allocation.file_offset + i * size) for i in range(desc.num_tensors))
+        memory = CacheMemory(tensors, exports, allocation, pool)
+        entry = self.registry.add(desc, is_blocks=is_blocks, owned=True, remote_accessible=True, memory=memory)
+        if is_blocks and blocks_key is not None:
+            self.registry.bind_blocks_key(entry.cache_id, blocks_key.model_id, overwrite=False)
+        elif owner_keys:
+            self.registry.bind_keys(entry.cache_id, owner_keys)
+        log.info("engine %s cluster %s allocated %s cache %s: %d x %s %s (%d bytes)", self.engine_id,
+                 self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
+                 list(desc.shape), desc.dtype.name, desc.total_size)
+        return entry
+
+    def _check_blocks_key_free(self, model_id: int) -> None:
+        try:
+            self.registry.lookup(OwnerKey.blocks(model_id))
+        except DataDistError:
+            return
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"BlocksCacheKey model_id={model_id} is already bound")
+
+    def register_cache(self, desc: CacheDesc, *, is_blocks: bool, refs: Sequence[MemoryRef],
+                       keys: Sequence[CacheKeyRef] = (), blocks_key: BlocksKeyRef | None = None,
+                       remote_accessible: bool | None = None) -> CacheEntry:
+        self._check_open()
+        require(len(refs) == desc.num_tensors,
+                f"register needs one address per tensor: {len(refs)} addresses for num_tensors={desc.num_tensors}")
+        require(self.registered_addrs + len(refs) <= MAX_REGISTERED_ADDRS,
+                f"at most {MAX_REGISTERED_ADDRS} addresses may be registered per engine "
+                f"({self.registered_addrs} already, {len(refs)} more asked)")
+        if remote_accessible is None:
+            remote_accessible = desc.placement == Placement.DEVICE and not self.linked_once
+        elif remote_accessible and self.linked_once:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                "remote_accessible=True is not allowed after link(); register before linking")
+        for ref in refs:
+            require(ref.length >= desc.tensor_size,
+                    f"registered memory of {ref.length} bytes is smaller than one tensor ({desc.tensor_size} bytes)")
+        handles: list[MemoryHandle] = []
+        try:
+            for ref in refs:
+                handles.append(self.backend.import_memory(ref))
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        tensors = tuple(Segment(h, 0, desc.tensor_size) for h in handles)
+        memory = CacheMemory(tensors, handles=tuple(handles))
+        entry = self.registry.add(desc, is_blocks=is_blocks, owned=False, remote_accessible=remote_accessible,
+                                  memory=memory)
+        self.registered_addrs += len(refs)
+        if is_blocks and blocks_key is not None:
+            self.registry.bind_blocks_key(entry.cache_id, blocks_key.model_id, overwrite=True)
+        elif not is_blocks and keys:
+            require(len(keys) <= desc.rows, f"{len(keys)} cache keys for batch size {desc.rows}")
+            self.registry.bind_keys(entry.cache_id, self._owner_keys(keys))
+        log.info("engine %s cluster %s registered %s cache %s: %d x %s %s remote_accessible=%s", self.engine_id,
+                 self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
+                 list(desc.shape), desc.dtype.name, remote_accessible)
+        return entry
+
+    def deallocate_cache(self, cache_id: int, *, is_blocks: bool) -> None:
+        self._check_open()
+        entry = self.registry.find(CacheId(cache_id))
+        if entry is None:
+            return
+        if is_blocks:
+            require(entry.is_blocks, f"cache {cache_id} is not a blocks cache; use deallocate_cache")
+            if entry.owned:
+                self._free(self.registry.remove_cache(entry.cache_id))
+            return
+        require(not entry.is_blocks, f"cache {cache_id} is a blocks cache; use deallocate_blocks_cache")
+        self._free(self.registry.release_id(entry.cache_id))
+
+    def unregister_cache(self, cache_id: int) -> None:
+        self._check_open()
+        entry = self.registry.find(CacheId(cache_id))
+        if entry is None:
+            return
+        require(not entry.owned, f"cache {cache_id} was allocated, not registered; deallocate it instead")
+        self.registered_addrs -= entry.desc.num_tensors
+        self._free(self.registry.remove_cache(entry.cache_id))
+
+    def remove_cache_key(self, key: CacheKeyRef) -> None:
+        self._check_open()
+        owner_key = OwnerKey.from_cache_key(key.req_id, key.prefix_id, key.model_id)
+        if owner_key is not None:
+            self._free(self.registry.remove_key(owner_key))
+
+    # ---- local copies --------------------------------------------------------------------------
+
+    def operand(self, cache_id: int) -> Operand:
+        entry = self.entry(cache_id)
+        return Operand(entry.desc, entry.memory.tensors, entry.is_blocks, entry.cache_id)
+
+    async def _copy_pinned(self, cache_ids: Sequence[int], dst: list[Segment], src: list[Segment]) -> int:
+        pinned = [self.registry.pin(CacheId(c)) for c in cache_ids if c >= 0]
+        try:
+            return await asyncio.to_thread(copy_segments, dst, src)
+        finally:
+            for entry in pinned:
+                self._free(self.registry.unpin(entry.cache_id))
+
+    async def copy_cache(self, dst_id: int, src_id: int, dst_batch: int, src_batch: int, offset: int,
+                         size: int) -> int:
+        dst, src = self.entry(dst_id), self.entry(src_id)
+        require(not dst.is_blocks and not src.is_blocks, "copy_cache works on contiguous caches only")
+        require(dst.desc.num_tensors == src.desc.num_tensors,
+                f"tensor counts differ: dst {dst.desc.num_tensors}, src {src.desc.num_tensors}")
+        stride = min(dst.desc.row_size, src.desc.row_size)
+        require(0 <= offset < stride, f"offset {offset} outside the batch stride {stride}")
+        nbytes = stride - offset if size == -1 else size
+        require(size == -1 or 0 < size <= stride - offset, f"size {size} must be -1 or in (0, {stride - offset}]")
+        indices = range(dst.desc.num_tensors)
+        dst_spans = slot_spans(dst.desc, indices, dst_batch, nbytes, offset)
+        src_spans = slot_spans(src.desc, indices, src_batch, nbytes, offset)
+        return await self._copy_pinned([dst_id, src_id], segments_of(dst.memory.tensors, dst_spans),
+                                       segments_of(src.memory.tensors, src_spans))
+
+    async def copy_blocks(self, cache_id: int, copies: dict[int, list[int]]) -> int:
+        entry = self.entry(cache_id)
+        require(entry.is_blocks, f"copy_blocks needs a blocks cache; cache {cache_id} is contiguous")
+        pairs = block_copy_pairs(copies, entry.desc.rows)
+        indices = range(entry.desc.num_tensors)
+        src_blocks = [s for s, _ in pairs]
+        dst_blocks = [d for _, d in pairs]
+        src = segments_of(entry.memory.tensors, _unmerged_block_spans(entry.desc, indices, src_blocks))
+        dst = segments_of(entry.memory.tensors, _unmerged_block_spans(entry.desc, indices, dst_blocks))
+        return await self._copy_pinned([cache_id], dst, src)
+
+    async def swap_blocks(self, src: Operand, dst: Operand, src_to_dst: dict[int, int]) -> int:
+        require(src.is_blocks and dst.is_blocks, "swap_blocks needs two blocks caches")
+        require({src.desc.placement, dst.desc.placement} == {Placement.HOST, Placement.DEVICE},
+                f"swap_blocks copies between HOST and DEVICE; got {src.desc.placement.name} -> "
+                f"{dst.desc.placement.name}")
+        require(src.desc.num_tensors == dst.desc.num_tensors,
+                f"tensor counts differ: src {src.desc.num_tensors}, dst {dst.desc.num_tensors}")
+        require(src.desc.row_size == dst.desc.row_size,
+                f"block sizes differ: src {src.desc.row_size} bytes, dst {dst.desc.row_size} bytes")
+        pairs = swap_pairs(src_to_dst, src.desc.rows, dst.desc.rows)
+        indices = range(src.desc.num_tensors)
+        src_segs = segments_of(src.tensors, block_spans(src.desc, indices, [s for s, _ in pairs]))
+        dst_segs = segments_of(dst.tensors, block_spans(dst.desc, indices, [d for _, d in pairs]))
+        return await self._copy_pinned([src.cache_id, dst.cache_id], dst_segs, src_segs)
+
+    # ---- owner side of transfers ---------------------------------------------------------------
+
+    def _resolve(self, spec: RemoteSpec) -> tuple[CacheEntry, int, OwnerKey | None]:
+        """The cache a peer names, its batch index and the key to consume after a pull (if any)."""
+        key = spec.key
+        if isinstance(key, BlocksKeyRef):
+            entry, _ = self.registry.lookup(OwnerKey.blocks(key.model_id))
+            return entry, 0, None
+        if isinstance(key, CacheKeyRef):
+            owner_key = key.owner_key()
+            entry, batch = self.registry.lookup(owner_key)
+            return entry, batch, owner_key
+        assert isinstance(key, IdIndexRef)
+        entry, owner_key = self.registry.lookup_by_id(CacheId(key.cache_id), key.batch_index)
+        return entry, key.batch_index, owner_key
+
+    def _owner_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span], OwnerKey | None, list[int]]:
+        self._check_open()
+        entry, batch, owner_key = self._resolve(spec)
+        if not entry.remote_accessible:
+            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                f"cache {entry.cache_id} of cluster {self.cluster_id} is not remotely accessible")
+        desc = entry.desc
+        count = spec.tensor_count or desc.num_tensors
+        require(spec.tensor_start + count <= desc.num_tensors,
+                f"tensors [{spec.tensor_start}, {spec.tensor_start + count}) outside cache {entry.cache_id} "
+                f"with {desc.num_tensors} tensors")
+        indices = list(range(spec.tensor_start, spec.tensor_start + count))
+        if spec.mode == ReadMode.BLOCKS:
+            require(entry.is_blocks, f"cache {entry.cache_id} is not a blocks cache")
+            spans = block_spans(desc, indices, spec.blocks)
+        else:
+            require(not entry.is_blocks, f"cache {entry.cache_id} is a blocks cache; address it with a BlocksCacheKey")
+            require(spec.size == -1 or spec.size + spec.offset <= desc.row_size,
+                    f"{spec.size} bytes at offset {spec.offset} exceed the batch slot of {desc.row_size} bytes "
+                    f"of cache {entry.cache_id}")
+            spans = slot_spans(desc, indices, batch, spec.size, spec.offset,
+                               missing_code=StatusCode.LLM_KV_CACHE_NOT_EXIST)
+        got = total_length(spans)
+        require(spec.expected_bytes == got,
+                f"size mismatch: requester expects {spec.expected_bytes} bytes, cache {entry.cache_id} of cluster "
+                f"{self.cluster_id} has {got} bytes for that request")
+        return entry, spans, owner_key, indices
+
+    def prepare_read(self, spec: RemoteSpec) -> tuple[int, list[Segment], bool]:
+        """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
+        entry, spans, owner_key, _ = self._owner_spans(spec)
+        release = (owner_key is not None and owner_key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks)
+        self.registry.pin(entry.cache_id)
+        return entry.cache_id, segments_of(entry.memory.tensors, spans), release
+
+    def prepare_write(self, spec: RemoteSpec) -> tuple[int, list[Segment]]:
+        """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""
+        entry, spans, _, _ = self._owner_spans(spec)
+        self.registry.pin(entry.cache_id)
+        return entry.cache_id, segments_of(entry.memory.tensors, spans)
+
+    def unpin(self, cache_id: int) -> None:
+        if not self.closed:
+            self._free(self.registry.unpin(CacheId(cache_id)))
+
+    def release_pulled(self, spec_key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int) -> None:
+        """A requester confirmed a pull: consume the key once all tensors were pulled (spec §10.2)."""
+        self._check_open()
+        if isinstance(spec_key, CacheKeyRef):
+            owner_key = spec_key.owner_key()
+            entry, _ = self.registry.lookup(owner_key)
+        else:
+            entry, owner_key = self.registry.lookup_by_id(CacheId(spec_key.cache_id), spec_key.batch_index)
+        if owner_key is None:
+            return
+        count = tensor_count or entry.desc.num_tensors
+        self._free(self.registry.consume_pulled(owner_key, range(tensor_start, tensor_start + count)))
+
+    # ---- life cycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free every cache and pool of this engine (finalize, or the worker died)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._free(self.registry.clear())
+        for pool in self.pools.values():
+            pool.close()
+        self.pools = {}
+
+    def pool_usage(self) -> list[tuple[Placement, int, int]]:
+        return [(p, pool.capacity, pool.used) for p, pool in self.pools.items()]
+
+
+def _unmerged_block_spans(desc: CacheDesc, indices: Sequence[int], blocks: Sequence[int]) -> list[Span]:
+    """Block spans in list order (a copy's src/dst pairs must stay aligned, so runs are merged per side)."""
+    return block_spans(desc, indices, blocks)
+
+
+def tensor_indices(layer_range: tuple[int, int] | None, per_layer: int, num_tensors: int) -> list[int]:
+    start, stop = layer_range if layer_range is not None else (None, None)
+    return list(layer_range_to_tensor_indices(start, stop, per_layer, num_tensors))
+
+
+_ = Role  # re-exported for type hints of callers

@@ -1,0 +1,573 @@
+"""Links of one engine, and the transfers that run over them.
+
+A link is made by the *linking* engine (``link_clusters`` on the decoder, typically) towards a
+*serving* engine (one that set ``listen_ip_info``): an authenticated Peer handshake, then a
+data channel of several connections. Transfers are initiated by the linking side: a pull asks
+the owner to ``Read`` (bytes flow back over the channel, straight into the destination), a
+push asks the owner to ``OpenWrite`` and then streams the bytes to it. When both engines live
+in this daemon the link is ``local`` and transfers are plain memory copies.
+
+Deadlines: every transfer has ``sync_kv_timeout`` (or the call's timeout); a peer that is
+unreachable or breaks mid-transfer ends the call with ``LLM_TIMEOUT`` (CANN's "the link is
+unrecoverable, re-link" code) and marks the link ``broken``; ``link_clusters`` on a broken link
+re-establishes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hmac
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from datadist.status import LLMStatusCode
+
+from .core.errors import DataDistError, StatusCode, require
+from .core.plan import TransferOrder, plan_pull, plan_push
+from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
+from .engine import Engine, segments_of
+from .memory.copy import copy_segments
+from .peering import (
+    PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, PeerClient, answer_mac, data_token, make_offer, offer_mac,
+)
+from .transport.base import Channel, Transport
+
+__all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
+
+log = logging.getLogger(__name__)
+
+MAX_CLUSTERS_PER_CALL = 16
+
+
+class LinkState(str, enum.Enum):
+    ESTABLISHED = "established"
+    BROKEN = "broken"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    remote_cluster_id: int
+    remote_ip: str = ""
+    remote_port: int = 0
+    local_ip: str = ""
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.remote_ip}]" if ":" in self.remote_ip else self.remote_ip
+        return f"{host}:{self.remote_port}"
+
+
+@dataclass
+class Link:
+    remote_cluster: int
+    initiator: bool
+    transport: str
+    session: bytes
+    address: str = ""
+    data_endpoint: str = ""
+    peer: PeerClient | None = None
+    channel: Channel | None = None
+    token: bytes = b""
+    local_peer: "LinkManager | None" = None
+    state: LinkState = LinkState.ESTABLISHED
+    reason: str = ""
+    inflight: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    heartbeat: "asyncio.Task[None] | None" = None
+
+
+@dataclass
+class _PendingWrite:
+    receipt: object
+    cache_id: int
+    deadline: float
+    link: Link
+
+
+class NodeContext(Protocol):
+    """What a link manager needs from its daemon."""
+
+    secret: bytes
+    version: str
+    streams: int
+    heartbeat_seconds: float
+    max_clock_skew_seconds: float
+    peer_connector: Callable[[str], PeerClient]
+    executor: object
+
+    def local_links_at(self, address: str) -> "LinkManager | None": ...
+
+
+class LinkManager:
+    def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.node = node
+        self.links: dict[int, Link] = {}
+        self.sessions: dict[bytes, Link] = {}
+        self.pending: set[int] = set()
+        self.writes: dict[int, _PendingWrite] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self.closed = False
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    @property
+    def cluster_id(self) -> int:
+        return self.engine.cluster_id
+
+    async def _in_thread(self, fn: Callable[..., object], *args: object) -> object:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.node.executor, lambda: fn(*args))
+
+    def start(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Drop serving links whose linking daemon vanished; expire abandoned writes."""
+        interval = max(0.2, min(1.0, self.node.heartbeat_seconds / 2))
+        stale_after = max(3 * self.node.heartbeat_seconds, 2.0)
+        while not self.closed:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for link in list(self.sessions.values()):
+                channel = self.transport.channel(link.token) if link.token else None
+                if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
+                    log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
+                                link.remote_cluster, "data channel closed" if channel is not None and channel.broken
+                                else f"no heartbeat for {now - link.last_seen:.1f}s")
+                    self._drop_serving(link)
+            for tid, pw in list(self.writes.items()):
+                if now > pw.deadline + 1.0:
+                    self.writes.pop(tid, None)
+                    pw.receipt.cancel()  # type: ignore[attr-defined]
+                    self.engine.unpin(pw.cache_id)
+
+    def _drop_serving(self, link: Link) -> None:
+        self.sessions.pop(link.session, None)
+        if self.links.get(link.remote_cluster) is link:
+            del self.links[link.remote_cluster]
+        if link.token:
+            self.transport.revoke(link.token)
+
+    def _mark_broken(self, link: Link, reason: str) -> None:
+        if link.state != LinkState.BROKEN:
+            link.state = LinkState.BROKEN
+            link.reason = reason
+            log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
+                        link.address or link.transport, reason)
+
+    # ---- linking -----------------------------------------------------------------------------
+
+    async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int) -> tuple[int, list[int]]:
+        require(len(clusters) > 0, "clusters must not be empty")
+        require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
+        if len(clusters) > MAX_CLUSTERS_PER_CALL:
+            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+            return code, [code] * len(clusters)
+        deadline = time.monotonic() + timeout_ms / 1000
+        codes = await asyncio.gather(*(self._guarded(self._link_one, c, deadline) for c in clusters))
+        return _overall(codes), codes
+
+    async def _guarded(self, fn: Callable[[ClusterSpec, float], object], spec: ClusterSpec, deadline: float) -> int:
+        cid = spec.remote_cluster_id
+        if cid in self.pending:
+            return int(StatusCode.LLM_PROCESSING_LINK)
+        self.pending.add(cid)
+        try:
+            await fn(spec, deadline)  # type: ignore[misc]
+            return int(StatusCode.LLM_SUCCESS)
+        except DataDistError as exc:
+            log.warning("cluster %s: %s cluster %s at %s failed: %s", self.cluster_id, fn.__name__.strip("_"),
+                        cid, spec.address, exc)
+            return int(exc.code)
+        finally:
+            self.pending.discard(cid)
+
+    async def _link_one(self, spec: ClusterSpec, deadline: float) -> None:
+        cid = spec.remote_cluster_id
+        require(cid != self.cluster_id, f"cannot link cluster {cid} to itself")
+        existing = self.links.get(cid)
+        if existing is not None:
+            if existing.state == LinkState.ESTABLISHED:
+                raise DataDistError(StatusCode.LLM_ALREADY_LINK, f"cluster {cid} is already linked")
+            await self._close_link(existing, notify=False)
+        require(bool(spec.remote_ip) and spec.remote_port > 0,
+                f"cluster {cid}: remote_ip_info must name the serving node's listen ip:port")
+        local = self.node.local_links_at(spec.address)
+        if local is not None and local is not self:
+            self._link_local(spec, local)
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout before contacting {spec.address}")
+        peer = self.node.peer_connector(spec.address)
+        try:
+            offer = make_offer(self.node.secret, self.cluster_id, cid, self.node.version)
+            answer = await peer.handshake(offer, remaining)
+            self._verify_answer(offer, answer, spec)
+            token = data_token(self.node.secret, answer.session)
+            streams = max(1, min(self.node.streams, answer.streams or self.node.streams))
+            channel = await self._in_thread(self.transport.connect, answer.data_endpoint, token, streams, deadline)
+        except BaseException:
+            await peer.close()
+            raise
+        link = Link(cid, True, self.transport.name, answer.session, spec.address, answer.data_endpoint, peer,
+                    channel, token)  # type: ignore[arg-type]
+        link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
+        self.links[cid] = link
+        log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
+                 spec.address, self.transport.name, answer.data_endpoint, streams)
+
+    def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
+        expected = answer_mac(self.node.secret, offer.nonce, answer.session, answer.server_cluster_id,
+                              answer.data_endpoint)
+        if not hmac.compare_digest(expected, answer.mac):
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"peer at {spec.address} failed to prove the shared secret (check [peer] secret)")
+        if answer.protocol_version != PROTOCOL_VERSION:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"protocol version mismatch: this daemon speaks v{PROTOCOL_VERSION}, peer at "
+                                f"{spec.address} v{answer.protocol_version}")
+        if answer.server_cluster_id != spec.remote_cluster_id:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
+                                f"found cluster {answer.server_cluster_id}")
+
+    def _link_local(self, spec: ClusterSpec, server: "LinkManager") -> None:
+        if server.cluster_id != spec.remote_cluster_id:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
+                                f"found cluster {server.cluster_id}")
+        session = os.urandom(16)
+        self.links[spec.remote_cluster_id] = Link(spec.remote_cluster_id, True, "local", session, spec.address,
+                                                  local_peer=server)
+        serving = Link(self.cluster_id, False, "local", session, "", local_peer=self)
+        server.links[self.cluster_id] = serving
+        log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.cluster_id,
+                 spec.remote_cluster_id, spec.address)
+
+    async def _heartbeat(self, link: Link) -> None:
+        interval = self.node.heartbeat_seconds
+        while link.state == LinkState.ESTABLISHED and not self.closed:
+            await asyncio.sleep(interval)
+            if link.channel is not None and link.channel.broken:
+                self._mark_broken(link, "data channel closed")
+                return
+            try:
+                assert link.peer is not None
+                await link.peer.ping(link.session, max(interval, 1.0))
+                link.last_seen = time.monotonic()
+            except DataDistError as exc:
+                self._mark_broken(link, f"heartbeat failed: {exc}")
+                return
+            except asyncio.CancelledError:
+                raise
+
+    async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
+        """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
+        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        expected = offer_mac(self.node.secret, offer.protocol_version, offer.client_cluster_id,
+                             offer.server_cluster_id, offer.timestamp_ms, offer.nonce)
+        if not hmac.compare_digest(expected, offer.mac):
+            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.cluster_id,
+                        offer.client_cluster_id)
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
+        skew = abs(time.time() * 1000 - offer.timestamp_ms) / 1000
+        if skew > self.node.max_clock_skew_seconds:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"handshake timestamp off by {skew:.0f}s (max {self.node.max_clock_skew_seconds:.0f}s)")
+        if offer.protocol_version != PROTOCOL_VERSION:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"protocol version mismatch: peer speaks v{offer.protocol_version}, "
+                                f"this daemon v{PROTOCOL_VERSION}")
+        if offer.server_cluster_id != self.cluster_id:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"cluster id mismatch: the linking side expects cluster {offer.server_cluster_id}, "
+                                f"this engine is cluster {self.cluster_id}")
+        require(offer.client_cluster_id != self.cluster_id,
+                f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
+        old = self.links.get(offer.client_cluster_id)
+        if old is not None:
+            if old.initiator:
+                raise DataDistError(StatusCode.LLM_ALREADY_LINK,
+                                    f"cluster {self.cluster_id} already links to cluster {offer.client_cluster_id}")
+            self._drop_serving(old)
+        session = os.urandom(16)
+        token = data_token(self.node.secret, session)
+        self.transport.allow(token)
+        link = Link(offer.client_cluster_id, False, self.transport.name, session, token=token,
+                    data_endpoint=self.transport.endpoint)
+        self.links[offer.client_cluster_id] = link
+        self.sessions[session] = link
+        log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
+        endpoint = self.transport.endpoint
+        return HandshakeAnswer(PROTOCOL_VERSION, self.cluster_id, session, endpoint, self.node.streams,
+                               answer_mac(self.node.secret, offer.nonce, session, self.cluster_id, endpoint),
+                               self.node.version)
+
+    def session_link(self, session: bytes) -> Link:
+        link = self.sessions.get(session)
+        if link is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "unknown or expired link session; link first")
+        link.last_seen = time.monotonic()
+        return link
+
+    def serve_unlink(self, session: bytes) -> None:
+        link = self.session_link(session)
+        log.info("cluster %s: cluster %s unlinked", self.cluster_id, link.remote_cluster)
+        self._drop_serving(link)
+
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
+                              force: bool) -> tuple[int, list[int]]:
+        require(len(clusters) > 0, "clusters must not be empty")
+        require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
+        if len(clusters) > MAX_CLUSTERS_PER_CALL:
+            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+            return code, [code] * len(clusters)
+        deadline = time.monotonic() + timeout_ms / 1000
+
+        async def one(spec: ClusterSpec, dl: float) -> None:
+            link = self.links.get(spec.remote_cluster_id)
+            if link is None:
+                raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"no link to cluster {spec.remote_cluster_id}")
+            if link.inflight:
+                raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                    f"{link.inflight} transfers in flight on the link to cluster {link.remote_cluster}")
+            await self._close_link(link, notify=not force, deadline=dl)
+
+        one.__name__ = "unlink"
+        codes = await asyncio.gather(*(self._guarded(one, c, deadline) for c in clusters))
+        return _overall(codes), codes
+
+    async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
+        if self.links.get(link.remote_cluster) is link:
+            del self.links[link.remote_cluster]
+        if link.heartbeat is not None:
+            link.heartbeat.cancel()
+        failure: DataDistError | None = None
+        if link.local_peer is not None:
+            peer_side = link.local_peer.links.get(self.cluster_id)
+            if peer_side is not None and peer_side.session == link.session:
+                del link.local_peer.links[self.cluster_id]
+        elif link.initiator:
+            if notify and link.state == LinkState.ESTABLISHED and link.peer is not None:
+                try:
+                    await link.peer.unlink(link.session, max(0.1, (deadline or time.monotonic() + 1) - time.monotonic()))
+                except DataDistError as exc:
+                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+                                            f"local end removed, but the serving side was not told: {exc}")
+            if link.channel is not None:
+                await self._in_thread(link.channel.close)
+            if link.peer is not None:
+                await link.peer.close()
+        else:
+            self._drop_serving(link)
+        log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
+        if failure is not None:
+            raise failure
+
+    # ---- transfers (requester side) --------------------------------------------------------------
+
+    def _transfer_link(self, cluster: int) -> Link:
+        link = self.links.get(cluster)
+        if link is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"cluster {self.cluster_id} has no link to cluster {cluster}")
+        if not link.initiator and link.local_peer is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                f"cluster {cluster} linked to this engine; transfers are initiated by the linking side")
+        if link.state == LinkState.BROKEN:
+            raise DataDistError(StatusCode.LLM_TIMEOUT,
+                                f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+        return link
+
+    def _deadline(self, order: TransferOrder) -> tuple[float, int]:
+        timeout_ms = order.timeout_ms or self.engine.options.sync_kv_timeout_ms
+        return time.monotonic() + timeout_ms / 1000, timeout_ms
+
+    def _local_entry(self, cache_id: int):  # noqa: ANN202
+        entry = self.engine.registry.find(cache_id)  # type: ignore[arg-type]
+        if entry is None:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
+        return entry
+
+    async def pull(self, order: TransferOrder) -> tuple[int, str]:
+        entry = self._local_entry(order.local_cache_id)
+        plan = plan_pull(order, entry.desc, entry.is_blocks, self.cluster_id)
+        link = self._transfer_link(order.remote.cluster_id)
+        deadline, timeout_ms = self._deadline(order)
+        dst = segments_of(entry.memory.tensors, plan.local_spans)
+        self.engine.registry.pin(entry.cache_id)
+        link.inflight += 1
+        try:
+            if link.local_peer is not None:
+                await self._local_pull(link, plan.remote, dst)
+            else:
+                await self._remote_pull(link, plan.remote, dst, deadline, timeout_ms)
+            link.bytes_in += plan.nbytes
+        finally:
+            link.inflight -= 1
+            self.engine.unpin(entry.cache_id)
+        log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
+        return plan.nbytes, link.transport
+
+    async def _local_pull(self, link: Link, spec: RemoteSpec, dst: list) -> None:  # type: ignore[type-arg]
+        owner = link.local_peer
+        assert owner is not None
+        cache_id, src, release = owner.engine.prepare_read(spec)
+        try:
+            await self._in_thread(copy_segments, dst, src)
+        finally:
+            owner.engine.unpin(cache_id)
+        if release:
+            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+            owner.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
+
+    async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: list, deadline: float,  # type: ignore[type-arg]
+                           timeout_ms: int) -> None:
+        assert link.peer is not None
+        receipt = self.transport.expect(dst, channel=link.channel)  # type: ignore[call-arg]
+        try:
+            _, release = await link.peer.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
+            await self._in_thread(receipt.wait, deadline)
+        except DataDistError as exc:
+            receipt.cancel()
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        except BaseException:
+            receipt.cancel()
+            raise
+        if release:
+            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+            try:
+                await link.peer.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+                                        max(0.5, deadline - time.monotonic()))
+            except DataDistError as exc:
+                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s", self.cluster_id,
+                            link.remote_cluster, exc)
+
+    def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
+        if exc.code in (StatusCode.LLM_LINK_FAILED, StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
+            self._mark_broken(link, str(exc))
+            return DataDistError(StatusCode.LLM_TIMEOUT,
+                                 f"transfer with cluster {link.remote_cluster} failed within {timeout_ms} ms: "
+                                 f"{exc.message}; the link is broken, unlink and link again")
+        if exc.code == StatusCode.LLM_NOT_YET_LINK:
+            self._mark_broken(link, "the peer no longer knows this link")
+        return exc
+
+    async def push(self, order: TransferOrder) -> tuple[int, str]:
+        entry = self._local_entry(order.local_cache_id)
+        plan = plan_push(order, entry.desc, entry.is_blocks, self.cluster_id)
+        link = self._transfer_link(order.remote.cluster_id)
+        deadline, timeout_ms = self._deadline(order)
+        src = segments_of(entry.memory.tensors, plan.local_spans)
+        self.engine.registry.pin(entry.cache_id)
+        link.inflight += 1
+        try:
+            if link.local_peer is not None:
+                owner = link.local_peer.engine
+                cache_id, dst = owner.prepare_write(plan.remote)
+                try:
+                    await self._in_thread(copy_segments, dst, src)
+                finally:
+                    owner.unpin(cache_id)
+            else:
+                assert link.peer is not None and link.channel is not None
+                try:
+                    tid = await link.peer.open_write(link.session, plan.remote, deadline - time.monotonic())
+                    try:
+                        await self._in_thread(link.channel.send, tid, src, deadline)
+                    except DataDistError:
+                        link.channel.abort(tid, LLMStatusCode.LLM_TIMEOUT)
+                        raise
+                    await link.peer.commit_write(link.session, tid, deadline - time.monotonic())
+                except DataDistError as exc:
+                    raise self._transfer_failure(link, exc, timeout_ms) from None
+            link.bytes_out += plan.nbytes
+        finally:
+            link.inflight -= 1
+            self.engine.unpin(entry.cache_id)
+        return plan.nbytes, link.transport
+
+    # ---- transfers (owner side, called by the Peer service) -----------------------------------
+
+    async def serve_read(self, session: bytes, transfer_id: int, spec: RemoteSpec,
+                         timeout_ms: int) -> tuple[int, bool]:
+        link = self.session_link(session)
+        channel = self.transport.channel(link.token)
+        if channel is None or channel.broken:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
+        cache_id, src, release = self.engine.prepare_read(spec)
+        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        deadline = time.monotonic() + timeout / 1000
+        try:
+            await self._in_thread(channel.send, transfer_id, src, deadline)
+        finally:
+            self.engine.unpin(cache_id)
+        link.bytes_out += spec.expected_bytes
+        return spec.expected_bytes, release
+
+    def serve_release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int,
+                      tensor_count: int) -> None:
+        self.session_link(session)
+        self.engine.release_pulled(key, tensor_start, tensor_count)
+
+    def serve_open_write(self, session: bytes, spec: RemoteSpec, timeout_ms: int) -> int:
+        link = self.session_link(session)
+        channel = self.transport.channel(link.token)
+        if channel is None or channel.broken:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
+        cache_id, dst = self.engine.prepare_write(spec)
+        receipt = self.transport.expect(dst, channel=channel)  # type: ignore[call-arg]
+        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, time.monotonic() + timeout / 1000, link)
+        return receipt.transfer_id
+
+    async def serve_commit_write(self, session: bytes, transfer_id: int, timeout_ms: int) -> None:
+        link = self.session_link(session)
+        pw = self.writes.pop(transfer_id, None)
+        if pw is None or pw.link is not link:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown transfer {transfer_id}")
+        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        deadline = min(pw.deadline, time.monotonic() + timeout / 1000)
+        try:
+            await self._in_thread(pw.receipt.wait, deadline)  # type: ignore[attr-defined]
+            link.bytes_in += pw.receipt.expected  # type: ignore[attr-defined]
+        except DataDistError:
+            pw.receipt.cancel()  # type: ignore[attr-defined]
+            raise
+        finally:
+            self.engine.unpin(pw.cache_id)
+
+    # ---- life cycle ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Engine finalize: tell linked peers (briefly), drop everything, stop the data plane."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        deadline = time.monotonic() + 1.0
+        for link in list(self.links.values()):
+            try:
+                await self._close_link(link, notify=True, deadline=deadline)
+            except DataDistError as exc:
+                log.info("cluster %s: finalize: %s", self.cluster_id, exc)
+        for pw in self.writes.values():
+            pw.receipt.cancel()  # type: ignore[attr-defined]
+        self.writes.clear()
+        await self._in_thread(self.transport.stop)
+
+
+def _overall(codes: Sequence[int]) -> int:
+    for code in codes:
+        if code != StatusCode.LLM_SUCCESS:
+            return code
+    return int(StatusCode.LLM_SUCCESS)

@@ -1,0 +1,34 @@
+"""Memory backends: where cache bytes live and how the daemon reaches them.
+
+``get_backend(name)`` loads a backend module by name, only when asked for: ``host`` (shared
+memory, runs everywhere) is built in; ``acl`` (Ascend) and ``cuda`` are registered names whose
+modules import their device libraries lazily and fail with a clear error where absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment, SharedFileRef
+
+__all__ = [
+    "Allocation", "MemoryBackend", "MemoryHandle", "MemoryRef", "Pool", "ProcessRef", "Segment",
+    "SharedFileRef", "BACKENDS", "get_backend",
+]
+
+#: backend name -> "module:factory"; modules are imported only by get_backend()
+BACKENDS: dict[str, str] = {
+    "host": "datadistd.memory.host:HostBackend",
+    "acl": "datadistd.memory.acl:AclBackend",
+    "cuda": "datadistd.memory.cuda:CudaBackend",
+}
+
+
+def get_backend(name: str, **kwargs: object) -> MemoryBackend:
+    """Instantiate the backend registered under ``name``; an unknown name lists the known ones."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown memory backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)(**kwargs)

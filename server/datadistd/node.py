@@ -1,0 +1,193 @@
+"""The daemon's node-wide state: config, memory backend, and one engine per initialized LLMDataDist.
+
+``Node`` knows nothing of grpc: the rpc layer injects a ``peer_connector`` (address ->
+``PeerClient``) and a ``listener_factory`` (starts a Peer listener for an engine that set
+``listen_ip_info``). Tests inject fakes the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping, Protocol
+
+from . import __version__
+from .config import Config
+from .core.errors import DataDistError, StatusCode, require
+from .core.options import EngineOptions, parse_listen, parse_options
+from .core.types import EngineId, Placement, Role
+from .engine import Engine
+from .links import LinkManager
+from .memory import MemoryBackend, Pool, get_backend
+from .peering import PeerClient
+from .transport import Transport, get_transport
+
+__all__ = ["Node", "EngineSlot", "ListenerFactory", "Listener"]
+
+log = logging.getLogger(__name__)
+
+
+class Listener(Protocol):
+    address: str
+
+    async def stop(self) -> None: ...
+
+
+ListenerFactory = Callable[[str, int, "EngineSlot"], Awaitable[Listener]]
+
+
+@dataclass
+class EngineSlot:
+    engine: Engine
+    links: LinkManager
+    transport: Transport
+    pid: int
+    listener: Listener | None = None
+    created: float = field(default_factory=time.time)
+
+    @property
+    def engine_id(self) -> EngineId:
+        return self.engine.engine_id
+
+    @property
+    def listen_address(self) -> str:
+        return self.listener.address if self.listener is not None else ""
+
+
+class Node:
+    def __init__(self, config: Config, *, backend: MemoryBackend | None = None,
+                 peer_connector: Callable[[str], PeerClient] | None = None,
+                 listener_factory: ListenerFactory | None = None) -> None:
+        self.config = config
+        self.backend = backend or get_backend(config.memory.backend, shm_dir=config.memory.shm_dir,
+                                              file_mode=config.memory.file_mode)
+        self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers
+        self.listener_factory = listener_factory
+        self.engines: dict[EngineId, EngineSlot] = {}
+        self._ids = itertools.count(1)
+        self.executor = ThreadPoolExecutor(max_workers=128, thread_name_prefix="datadist-io")
+        self.secret = config.secret_bytes()
+        self.version = __version__
+        self.streams = config.transport.streams
+        self.heartbeat_seconds = config.peer.heartbeat_seconds
+        self.max_clock_skew_seconds = config.peer.max_clock_skew_seconds
+        self.started = time.monotonic()
+
+    # ---- NodeContext -------------------------------------------------------------------------
+
+    def local_links_at(self, address: str) -> LinkManager | None:
+        for slot in self.engines.values():
+            if slot.listener is not None and _same_address(slot.listener.address, address):
+                return slot.links
+        return None
+
+    # ---- engines -------------------------------------------------------------------------------
+
+    def slot(self, engine_id: int) -> EngineSlot:
+        slot = self.engines.get(EngineId(engine_id))
+        if slot is None:
+            raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED,
+                                f"engine {engine_id} does not exist on this daemon (finalized, or the daemon restarted)")
+        return slot
+
+    def _make_pools(self, options: EngineOptions) -> dict[Placement, Pool]:
+        pools: dict[Placement, Pool] = {}
+        cap = self.config.memory.max_total_bytes
+        in_use = sum(p.capacity for s in self.engines.values() for p in s.engine.pools.values())
+        try:
+            for placement, cfg in options.pools:
+                if cap and in_use + cfg.memory_size > cap:
+                    raise DataDistError(StatusCode.LLM_OUT_OF_MEMORY,
+                                        f"a {placement.name} pool of {cfg.memory_size} bytes exceeds the node cap "
+                                        f"([memory] max_total_bytes={cap}, {in_use} bytes in use)")
+                pools[placement] = self.backend.create_pool(placement, cfg.memory_size, cfg.page_shift)
+                in_use += cfg.memory_size
+        except BaseException:
+            for pool in pools.values():
+                pool.close()
+            raise
+        return pools
+
+    async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str], pid: int = 0) -> EngineSlot:
+        opts = parse_options(role, cluster_id, options)
+        for other in self.engines.values():
+            require(other.engine.cluster_id != cluster_id,
+                    f"cluster id {cluster_id} is already used by engine {other.engine_id} (pid {other.pid}) "
+                    f"on this node; cluster ids must be unique")
+        pools = self._make_pools(opts)
+        engine_id = EngineId(next(self._ids))
+        engine = Engine(engine_id, opts, self.backend, pools, pid)
+        host = opts.listen[0] if opts.listen else self.config.transport.host
+        transport = get_transport(self.config.transport.name, host=host, port=0,
+                                  chunk_size=self.config.transport.chunk_bytes,
+                                  connect_timeout=self.config.transport.connect_timeout_seconds)
+        try:
+            transport.start()
+            links = LinkManager(engine, transport, self)
+            slot = EngineSlot(engine, links, transport, pid)
+            if opts.listen:
+                await self._listen(slot, *opts.listen)
+        except BaseException:
+            transport.stop()
+            engine.close()
+            raise
+        self.engines[engine_id] = slot
+        links.start()
+        log.info("engine %s up: cluster %s role %s pid %s listen=%s pools=%s", engine_id, cluster_id, opts.role.name,
+                 pid, slot.listen_address or "-", {p.name: c.memory_size for p, c in opts.pools})
+        return slot
+
+    async def _listen(self, slot: EngineSlot, host: str, port: int) -> None:
+        if self.listener_factory is None:
+            raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, "this daemon cannot open peer listeners")
+        try:
+            slot.listener = await self.listener_factory(host, port, slot)
+        except DataDistError:
+            raise
+        except Exception as exc:  # bind errors and the like
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {host}:{port}: {exc}") from None
+
+    async def finalize_engine(self, engine_id: int, reason: str = "finalize") -> None:
+        slot = self.engines.pop(EngineId(engine_id), None)
+        if slot is None:
+            return
+        if slot.listener is not None:
+            await slot.listener.stop()
+        await slot.links.close()
+        usage = slot.engine.registry.bytes_owned
+        slot.engine.close()
+        log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", engine_id, slot.engine.cluster_id,
+                 reason, usage)
+
+    async def switch_role(self, engine_id: int, role: Role, options: Mapping[str, str]) -> None:
+        slot = self.slot(engine_id)
+        if slot.links.links:
+            raise DataDistError(StatusCode.LLM_EXIST_LINK,
+                                f"cluster {slot.engine.cluster_id} has {len(slot.links.links)} links; unlink first")
+        listen = options.get("llm.listenIpInfo")
+        new = parse_listen(listen) if listen else None
+        if slot.listener is not None and (new is None or not _same_address(slot.listener.address,
+                                                                           f"{new[0]}:{new[1]}")):
+            await slot.listener.stop()
+            slot.listener = None
+        if new is not None and slot.listener is None:
+            await self._listen(slot, *new)
+        slot.engine.role = Role(role)
+        log.info("engine %s switched role to %s listen=%s", engine_id, Role(role).name, slot.listen_address or "-")
+
+    async def close(self) -> None:
+        for engine_id in list(self.engines):
+            await self.finalize_engine(engine_id, reason="daemon stopping")
+        self.backend.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _same_address(a: str, b: str) -> bool:
+    return a.strip("[]") == b.strip("[]") or a.replace("[", "").replace("]", "") == b.replace("[", "").replace("]", "")
+
+
+def _no_peers(address: str) -> PeerClient:
+    raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"no peer connector configured; cannot reach {address}")

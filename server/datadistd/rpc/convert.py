@@ -1,0 +1,169 @@
+"""Pure conversions between protobuf messages and domain records (no I/O, no state)."""
+
+from __future__ import annotations
+
+from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
+
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import TransferKind, TransferOrder
+from ..core.types import (
+    UINT64_MAX, BlocksKeyRef, CacheDesc, CacheKeyRef, DType, IdIndexRef, KeyKind, KeyRef, OwnerKey, Placement,
+    ReadMode, RemoteSpec, Role,
+)
+from ..links import ClusterSpec
+from ..memory.base import MemoryRef, ProcessRef, SharedFileRef
+from ..peering import HandshakeAnswer, HandshakeOffer
+
+MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
+
+
+def _enum(kind: type, value: int, what: str):  # noqa: ANN202
+    try:
+        return kind(value)
+    except ValueError:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown {what} value {value}") from None
+
+
+def desc_from_pb(msg: common_pb2.CacheDesc) -> CacheDesc:
+    return CacheDesc(int(msg.num_tensors), tuple(int(d) for d in msg.shape),
+                     _enum(DType, msg.data_type, "data_type"), _enum(Placement, msg.placement, "placement"))
+
+
+def desc_to_pb(desc: CacheDesc) -> common_pb2.CacheDesc:
+    return common_pb2.CacheDesc(num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=int(desc.dtype),
+                                placement=int(desc.placement))
+
+
+def role_from_pb(value: int) -> Role:
+    require(value != 0, "role is required (ROLE_PROMPT, ROLE_DECODER or ROLE_MIX)")
+    return _enum(Role, value, "role")
+
+
+def cache_key_from_pb(msg: common_pb2.CacheKey) -> CacheKeyRef:
+    return CacheKeyRef(msg.cluster_id, msg.req_id, msg.model_id, msg.prefix_id)
+
+
+def cache_key_to_pb(key: CacheKeyRef) -> common_pb2.CacheKey:
+    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id, model_id=key.model_id,
+                               prefix_id=key.prefix_id)
+
+
+def key_from_pb(msg: common_pb2.AnyKey) -> KeyRef:
+    which = msg.WhichOneof("key")
+    if which == "cache_key":
+        return cache_key_from_pb(msg.cache_key)
+    if which == "by_id":
+        return IdIndexRef(msg.by_id.cluster_id, msg.by_id.cache_id, msg.by_id.batch_index)
+    if which == "blocks_key":
+        return BlocksKeyRef(msg.blocks_key.cluster_id, msg.blocks_key.model_id)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a cache key is required")
+
+
+def key_to_pb(key: KeyRef) -> common_pb2.AnyKey:
+    if isinstance(key, CacheKeyRef):
+        return common_pb2.AnyKey(cache_key=cache_key_to_pb(key))
+    if isinstance(key, IdIndexRef):
+        return common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(
+            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
+    return common_pb2.AnyKey(blocks_key=common_pb2.BlocksCacheKey(cluster_id=key.cluster_id, model_id=key.model_id))
+
+
+def owner_key_to_pb(key: OwnerKey, cluster_id: int) -> common_pb2.AnyKey:
+    if key.kind == KeyKind.BLOCKS:
+        return key_to_pb(BlocksKeyRef(cluster_id, key.model_id))
+    if key.kind == KeyKind.PREFIX:
+        return key_to_pb(CacheKeyRef(cluster_id, UINT64_MAX, key.model_id, key.ident))
+    return key_to_pb(CacheKeyRef(cluster_id, key.ident, key.model_id, UINT64_MAX))
+
+
+def memory_from_pb(msg: datadist_pb2.WorkerMemory) -> MemoryRef:
+    which = msg.WhichOneof("kind")
+    if which == "shared_file":
+        require(bool(msg.shared_file.path), "shared_file.path is required")
+        return SharedFileRef(msg.shared_file.path, msg.shared_file.file_offset, msg.shared_file.length)
+    if which == "process":
+        require(msg.process.pid > 0 and msg.process.address != 0, "process memory needs a pid and a non-zero address")
+        return ProcessRef(msg.process.pid, msg.process.address, msg.process.length)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "worker memory must be shared_file or process")
+
+
+def _blocks(values: object, what: str) -> tuple[int, ...]:
+    seq = tuple(values)  # type: ignore[call-overload]
+    require(len(seq) <= MAX_LIST, f"{what} has {len(seq)} entries; at most {MAX_LIST} per call")
+    return seq
+
+
+def _range(msg: common_pb2.LayerRange, present: bool) -> tuple[int, int] | None:
+    if not present:
+        return None
+    require(0 <= msg.start < msg.stop, f"layer range must satisfy 0 <= start < stop, got range({msg.start}, {msg.stop})")
+    return int(msg.start), int(msg.stop)
+
+
+def order_from_pb(msg: datadist_pb2.TransferRequest) -> TransferOrder:
+    return TransferOrder(
+        kind=_enum(TransferKind, msg.kind, "kind"),
+        remote=key_from_pb(msg.remote),
+        local_cache_id=msg.local_cache_id,
+        remote_blocks=_blocks(msg.remote_blocks, "remote_blocks"),
+        local_blocks=_blocks(msg.local_blocks, "local_blocks"),
+        local_batch_index=msg.local_batch_index,
+        size=msg.size,
+        src_layers=_range(msg.src_layer_range, msg.HasField("src_layer_range")),
+        dst_layers=_range(msg.dst_layer_range, msg.HasField("dst_layer_range")),
+        tensor_num_per_layer=msg.tensor_num_per_layer or 2,
+        timeout_ms=msg.timeout_ms if msg.HasField("timeout_ms") else None,
+    )
+
+
+def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
+    remote = msg.remote_ip_info[0] if msg.remote_ip_info else None
+    local = msg.local_ip_info[0] if msg.local_ip_info else None
+    return ClusterSpec(msg.remote_cluster_id, remote.ip if remote else "", remote.port if remote else 0,
+                       local.ip if local else "")
+
+
+# ---- Peer service --------------------------------------------------------------------------------
+
+def spec_to_read_pb(session: bytes, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
+    return peer_pb2.ReadRequest(session=session, transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
+                                blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
+                                tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
+                                expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
+
+
+def spec_to_write_pb(session: bytes, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.WriteRequest:
+    return peer_pb2.WriteRequest(session=session, key=key_to_pb(spec.key), mode=int(spec.mode),
+                                 blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
+                                 tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
+                                 expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
+
+
+def spec_from_pb(msg: peer_pb2.ReadRequest | peer_pb2.WriteRequest) -> RemoteSpec:
+    return RemoteSpec(key_from_pb(msg.key), _enum(ReadMode, msg.mode, "mode"), _blocks(msg.blocks, "blocks"),
+                      msg.size, msg.offset, msg.tensor_start, msg.tensor_count, msg.expected_bytes)
+
+
+def offer_to_pb(offer: HandshakeOffer) -> peer_pb2.HandshakeRequest:
+    return peer_pb2.HandshakeRequest(protocol_version=offer.protocol_version,
+                                     client_cluster_id=offer.client_cluster_id,
+                                     server_cluster_id=offer.server_cluster_id, nonce=offer.nonce,
+                                     timestamp_ms=offer.timestamp_ms, mac=offer.mac,
+                                     client_version=offer.client_version)
+
+
+def offer_from_pb(msg: peer_pb2.HandshakeRequest) -> HandshakeOffer:
+    return HandshakeOffer(msg.protocol_version, msg.client_cluster_id, msg.server_cluster_id, msg.nonce,
+                          msg.timestamp_ms, msg.mac, msg.client_version)
+
+
+def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
+    return peer_pb2.HandshakeResponse(protocol_version=answer.protocol_version,
+                                      server_cluster_id=answer.server_cluster_id, session=answer.session,
+                                      data_endpoint=answer.data_endpoint, streams=answer.streams, mac=answer.mac,
+                                      server_version=answer.server_version)
+
+
+def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
+    return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.session, msg.data_endpoint, msg.streams,
+                           msg.mac, msg.server_version)

@@ -1,0 +1,249 @@
+"""The worker-facing ``DataDist`` service: converts, calls the node/engine, converts back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+import grpc
+
+from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
+
+from .. import __version__
+from ..core.errors import DataDistError, require
+from ..core.registry import CacheEntry
+from ..core.types import BlocksKeyRef
+from ..engine import Operand
+from ..memory.base import Segment
+from ..node import EngineSlot, Node
+from . import convert
+from .errors import guarded
+
+log = logging.getLogger(__name__)
+
+EMPTY = common_pb2.Empty()
+
+
+def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
+    memory = entry.memory
+    info = datadist_pb2.CacheInfo(cache_id=entry.cache_id, desc=convert.desc_to_pb(entry.desc),
+                                  is_blocks=entry.is_blocks, registered=not entry.owned,
+                                  remote_accessible=entry.remote_accessible)
+    for path, offset in memory.exports:
+        info.tensors.add(path=path, file_offset=offset, length=entry.desc.tensor_size)
+    for key in slot.engine.registry.keys_of(entry.cache_id):
+        info.keys.append(convert.owner_key_to_pb(key, slot.engine.cluster_id))
+    return info
+
+
+class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
+    def __init__(self, node: Node, socket_path: str = "") -> None:
+        self.node = node
+        self.socket_path = socket_path
+
+    # ---- life cycle --------------------------------------------------------------------------
+
+    @guarded
+    async def Init(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
+                                           dict(request.options), request.pid)
+        return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
+                                         listen_address=slot.listen_address)
+
+    @guarded
+    async def Finalize(self, request, context):  # noqa: N802, ANN001, ANN201
+        await self.node.finalize_engine(request.engine_id)
+        return EMPTY
+
+    async def Session(self, request, context) -> AsyncIterator[datadist_pb2.SessionEvent]:  # noqa: N802, ANN001
+        """Lease: while this stream is open the engine lives; when the worker goes, so does its engine."""
+        engine_id = request.engine_id
+        if engine_slot_or_none(self.node, engine_id) is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"engine {engine_id} does not exist")
+        interval = self.node.config.daemon.session_keepalive_seconds
+        try:
+            yield datadist_pb2.SessionEvent(event="ready")
+            while engine_slot_or_none(self.node, engine_id) is not None:
+                await asyncio.sleep(interval)
+                yield datadist_pb2.SessionEvent(event="keepalive")
+        finally:
+            if engine_slot_or_none(self.node, engine_id) is not None:
+                log.warning("engine %s: worker session ended without finalize; releasing its caches", engine_id)
+                await asyncio.shield(self.node.finalize_engine(engine_id, reason="worker session ended"))
+
+    # ---- caches ------------------------------------------------------------------------------
+
+    @guarded
+    async def AllocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        desc = convert.desc_from_pb(request.desc)
+        keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
+        blocks_key = (BlocksKeyRef(request.blocks_key.cluster_id, request.blocks_key.model_id)
+                      if request.HasField("blocks_key") else None)
+        entry = slot.engine.allocate_cache(desc, is_blocks=request.is_blocks, keys=keys, blocks_key=blocks_key)
+        return cache_info(entry, slot)
+
+    @guarded
+    async def RegisterCache(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        desc = convert.desc_from_pb(request.desc)
+        refs = [convert.memory_from_pb(m) for m in request.tensors]
+        keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
+        blocks_key = (BlocksKeyRef(request.blocks_key.cluster_id, request.blocks_key.model_id)
+                      if request.HasField("blocks_key") else None)
+        remote = request.remote_accessible if request.HasField("remote_accessible") else None
+        entry = slot.engine.register_cache(desc, is_blocks=request.is_blocks, refs=refs, keys=keys,
+                                           blocks_key=blocks_key, remote_accessible=remote)
+        return cache_info(entry, slot)
+
+    @guarded
+    async def DeallocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.node.slot(request.engine_id).engine.deallocate_cache(request.cache_id, is_blocks=request.is_blocks)
+        return EMPTY
+
+    @guarded
+    async def UnregisterCache(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.node.slot(request.engine_id).engine.unregister_cache(request.cache_id)
+        return EMPTY
+
+    @guarded
+    async def RemoveCacheKey(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.node.slot(request.engine_id).engine.remove_cache_key(convert.cache_key_from_pb(request.cache_key))
+        return EMPTY
+
+    @guarded
+    async def CopyCache(self, request, context):  # noqa: N802, ANN001, ANN201
+        engine = self.node.slot(request.engine_id).engine
+        await engine.copy_cache(request.dst_cache_id, request.src_cache_id, request.dst_batch_index,
+                                request.src_batch_index, request.offset, request.size)
+        return EMPTY
+
+    @guarded
+    async def CopyBlocks(self, request, context):  # noqa: N802, ANN001, ANN201
+        engine = self.node.slot(request.engine_id).engine
+        copies = {c.src_block: list(c.dst_blocks) for c in request.copies}
+        require(len(copies) == len(request.copies), "copy_block_info has a source block twice")
+        await engine.copy_blocks(request.cache_id, copies)
+        return EMPTY
+
+    def _operand(self, slot: EngineSlot, msg: datadist_pb2.CacheOperand) -> Operand:
+        if msg.cache_id >= 0 and not msg.tensors:
+            return slot.engine.operand(msg.cache_id)
+        desc = convert.desc_from_pb(msg.desc)
+        require(len(msg.tensors) == desc.num_tensors,
+                f"a CPU cache needs one address per tensor: {len(msg.tensors)} for {desc.num_tensors} tensors")
+        handles = []
+        try:
+            for m in msg.tensors:
+                ref = convert.memory_from_pb(m)
+                require(ref.length >= desc.tensor_size, "CPU cache memory smaller than one tensor")
+                handles.append(self.node.backend.import_memory(ref))
+        except BaseException:
+            for h in handles:
+                h.close()
+            raise
+        return Operand(desc, tuple(Segment(h, 0, desc.tensor_size) for h in handles), True, -1, tuple(handles))
+
+    @guarded
+    async def SwapBlocks(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        src = self._operand(slot, request.src)
+        try:
+            dst = self._operand(slot, request.dst)
+        except BaseException:
+            for h in src.handles:
+                h.close()
+            raise
+        try:
+            await slot.engine.swap_blocks(src, dst, dict(request.src_to_dst))
+        finally:
+            for h in (*src.handles, *dst.handles):
+                h.close()
+        return EMPTY
+
+    # ---- links and transfers -------------------------------------------------------------------
+
+    @guarded
+    async def LinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        code, codes = await slot.links.link_clusters([convert.cluster_from_pb(c) for c in request.clusters],
+                                                     request.timeout_ms or 3000)
+        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
+
+    @guarded
+    async def UnlinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        code, codes = await slot.links.unlink_clusters([convert.cluster_from_pb(c) for c in request.clusters],
+                                                       request.timeout_ms or 3000, request.force)
+        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
+
+    @guarded
+    async def SwitchRole(self, request, context):  # noqa: N802, ANN001, ANN201
+        await self.node.switch_role(request.engine_id, convert.role_from_pb(request.role), dict(request.options))
+        return EMPTY
+
+    @guarded
+    async def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        nbytes, transport = await slot.links.pull(convert.order_from_pb(request))
+        return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+
+    @guarded
+    async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        nbytes, transport = await slot.links.push(convert.order_from_pb(request))
+        return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+
+    # ---- diagnostics -----------------------------------------------------------------------------
+
+    def _slots(self, engine_id: int) -> list[EngineSlot]:
+        if engine_id:
+            return [self.node.slot(engine_id)]
+        return list(self.node.engines.values())
+
+    @guarded
+    async def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
+        status = datadist_pb2.DaemonStatus(version=__version__, backend=self.node.backend.name,
+                                           transport=self.node.config.transport.name,
+                                           uptime_seconds=time.monotonic() - self.node.started,
+                                           socket=self.socket_path)
+        for slot in self._slots(request.engine_id):
+            e = status.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id,
+                                   role=int(slot.engine.role), listen_address=slot.listen_address,
+                                   caches=len(slot.engine.registry.entries()), links=len(slot.links.links),
+                                   pid=slot.pid)
+            for placement, capacity, used in slot.engine.pool_usage():
+                e.pools.add(placement=int(placement), capacity=capacity, used=used)
+        return status
+
+    @guarded
+    async def ListLinks(self, request, context):  # noqa: N802, ANN001, ANN201
+        out = datadist_pb2.LinkList()
+        for slot in self._slots(request.engine_id):
+            for link in slot.links.links.values():
+                out.links.add(engine_id=slot.engine_id, local_cluster_id=slot.engine.cluster_id,
+                              remote_cluster_id=link.remote_cluster, state=link.state.value,
+                              transport=link.transport, peer_address=link.address,
+                              data_endpoint=link.data_endpoint,
+                              streams=link.channel.streams if link.channel is not None else 0,
+                              initiator=link.initiator, bytes_in=link.bytes_in, bytes_out=link.bytes_out)
+        return out
+
+    @guarded
+    async def ListCaches(self, request, context):  # noqa: N802, ANN001, ANN201
+        out = datadist_pb2.CacheList()
+        for slot in self._slots(request.engine_id):
+            group = out.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id)
+            for entry in slot.engine.registry.entries():
+                group.caches.append(cache_info(entry, slot))
+        return out
+
+
+def engine_slot_or_none(node: Node, engine_id: int) -> EngineSlot | None:
+    try:
+        return node.slot(engine_id)
+    except DataDistError:
+        return None
+

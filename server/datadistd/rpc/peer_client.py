@@ -1,0 +1,73 @@
+"""``PeerClient`` over gRPC: calls one peer daemon's Peer service."""
+
+from __future__ import annotations
+
+import grpc
+
+from datadist.v1 import peer_pb2, peer_pb2_grpc
+
+from ..core.errors import DataDistError, StatusCode
+from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec
+from ..peering import HandshakeAnswer, HandshakeOffer
+from . import convert
+from .errors import error_from_rpc
+
+_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # a relink after the peer restarted must not inherit the old address's reconnect backoff
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+
+class GrpcPeerClient:
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.address = address
+        self._channel = (grpc.aio.secure_channel(address, credentials, options=_OPTIONS) if credentials is not None
+                         else grpc.aio.insecure_channel(address, options=_OPTIONS))
+        self._stub = peer_pb2_grpc.PeerStub(self._channel)
+
+    async def _call(self, what: str, method, request, timeout: float):  # noqa: ANN001, ANN202
+        if timeout <= 0:
+            raise DataDistError(StatusCode.LLM_TIMEOUT, f"{what} on {self.address}: deadline already passed")
+        try:
+            return await method(request, timeout=timeout, wait_for_ready=False)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err, f"{what} on {self.address}") from None
+
+    async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer:
+        answer = await self._call("handshake", self._stub.Handshake, convert.offer_to_pb(offer), timeout)
+        return convert.answer_from_pb(answer)
+
+    async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
+        request = convert.spec_to_read_pb(session, transfer_id, spec, max(1, int(timeout * 1000)))
+        resp = await self._call("read", self._stub.Read, request, timeout)
+        return resp.bytes, resp.release_needed
+
+    async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
+                      timeout: float) -> None:
+        request = peer_pb2.ReleaseRequest(session=session, key=convert.key_to_pb(key), tensor_start=tensor_start,
+                                          tensor_count=tensor_count)
+        await self._call("release", self._stub.Release, request, timeout)
+
+    async def open_write(self, session: bytes, spec: RemoteSpec, timeout: float) -> int:
+        request = convert.spec_to_write_pb(session, spec, max(1, int(timeout * 1000)))
+        resp = await self._call("open_write", self._stub.OpenWrite, request, timeout)
+        return resp.transfer_id
+
+    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
+        request = peer_pb2.CommitRequest(session=session, transfer_id=transfer_id, timeout_ms=max(1, int(timeout * 1000)))
+        await self._call("commit_write", self._stub.CommitWrite, request, timeout)
+
+    async def unlink(self, session: bytes, timeout: float) -> None:
+        await self._call("unlink", self._stub.Unlink, peer_pb2.SessionRef(session=session), timeout)
+
+    async def ping(self, session: bytes, timeout: float) -> None:
+        await self._call("ping", self._stub.Ping, peer_pb2.SessionRef(session=session), timeout)
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,97 @@
+"""The one seam that builds gRPC servers: the worker socket (DataDist + health + reflection) and
+the per-engine Peer listeners (Peer + health + reflection)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+from ..node import EngineSlot, Node
+from .datadist_servicer import DataDistServicer
+from .peer_client import GrpcPeerClient
+from .peer_servicer import PeerServicer
+
+__all__ = ["create_worker_server", "PeerListener", "start_peer_listener", "grpc_peer_connector", "SERVER_OPTIONS"]
+
+log = logging.getLogger(__name__)
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+DATADIST_SERVICE = datadist_pb2.DESCRIPTOR.services_by_name["DataDist"].full_name
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
+
+
+def _health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthServicer:
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    reflection.enable_server_reflection([*services, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    return servicer
+
+
+async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660
+                               ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The worker-facing server on a unix socket; health stays NOT_SERVING until ``set_serving``."""
+    path = Path(socket_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    datadist_pb2_grpc.add_DataDistServicer_to_server(DataDistServicer(node, socket_path), server)
+    health_servicer = _health(server, [DATADIST_SERVICE])
+    for name in ("", DATADIST_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if server.add_insecure_port(f"unix:{path}") == 0:
+        raise OSError(f"cannot bind the worker socket {path}")
+    await server.start()
+    os.chmod(path, mode)
+    return server, health_servicer
+
+
+class PeerListener:
+    """A Peer service listening on one engine's ``listen_ip_info`` address."""
+
+    def __init__(self, server: grpc.aio.Server, address: str) -> None:
+        self.server = server
+        self.address = address
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=0.5)
+
+
+async def start_peer_listener(host: str, port: int, slot: EngineSlot,
+                              credentials: grpc.ServerCredentials | None = None) -> PeerListener:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(slot), server)
+    health_servicer = _health(server, [PEER_SERVICE])
+    bind_host = f"[{host}]" if ":" in host else host
+    address = f"{bind_host}:{port}"
+    bound = (server.add_secure_port(address, credentials) if credentials is not None
+             else server.add_insecure_port(address))
+    if bound == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    for name in ("", PEER_SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    actual = f"{bind_host}:{bound}"
+    log.info("cluster %s listening for peers on %s", slot.engine.cluster_id, actual)
+    return PeerListener(server, actual)
+
+
+def grpc_peer_connector(credentials: grpc.ChannelCredentials | None = None):  # noqa: ANN201
+    def connect(address: str) -> GrpcPeerClient:
+        return GrpcPeerClient(address, credentials)
+
+    return connect

@@ -1,0 +1,28 @@
+"""Data-plane transports: move bytes between daemons' memory.
+
+``get_transport(name)`` loads by name, lazily: ``tcp`` (default), ``local`` (same daemon,
+plain memory copies), ``hccl`` (Ascend; not verifiable here).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Channel, Receipt, Transport
+
+__all__ = ["Channel", "Receipt", "Transport", "TRANSPORTS", "get_transport"]
+
+TRANSPORTS: dict[str, str] = {
+    "tcp": "datadistd.transport.tcp:TcpTransport",
+    "local": "datadistd.transport.local:LocalTransport",
+    "hccl": "datadistd.transport.hccl:HcclTransport",
+}
+
+
+def get_transport(name: str, **kwargs: object) -> Transport:
+    try:
+        target = TRANSPORTS[name]
+    except KeyError:
+        raise ValueError(f"unknown transport {name!r}; known: {', '.join(sorted(TRANSPORTS))}") from None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)(**kwargs)

@@ -1,0 +1,92 @@
+"""The ``Transport`` seam.
+
+Life cycle of a link's data plane (TCP shown; others follow the same shape):
+
+1. The *serving* daemon calls ``allow(token)`` during the Peer handshake, with a fresh random
+   token it hands to the linking daemon (over the authenticated gRPC handshake).
+2. The *linking* daemon calls ``connect(endpoint, token, streams, deadline)``: it opens
+   ``streams`` connections, each presenting the token; the serving side then finds the same
+   connections with ``channel(token)``. A channel carries bytes both ways.
+3. Receiving: ``expect(segments)`` registers where an incoming transfer's byte stream goes and
+   returns a ``Receipt`` with a fresh transfer id; the id travels to the sender over gRPC.
+4. Sending: ``channel.send(transfer_id, segments, deadline)`` streams the concatenated bytes of
+   ``segments``; it may stripe them over all of the channel's connections.
+5. ``receipt.wait(deadline)`` returns once every byte arrived, or raises ``DataDistError``
+   (``LLM_TIMEOUT`` at the deadline, ``LLM_LINK_FAILED`` when the channel broke, or the code
+   the sender aborted with).
+
+All deadlines are absolute ``time.monotonic()`` values. No call blocks past its deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from datadist.status import LLMStatusCode
+
+from ..core.types import TransferId
+from ..memory.base import Segment
+
+__all__ = ["Transport", "Channel", "Receipt"]
+
+
+class Receipt(Protocol):
+    @property
+    def transfer_id(self) -> TransferId: ...
+
+    @property
+    def expected(self) -> int:
+        """Total bytes expected."""
+
+    @property
+    def received(self) -> int: ...
+
+    def wait(self, deadline: float) -> None:
+        """Block until all bytes arrived; raise ``DataDistError`` on timeout, abort or broken channel."""
+
+    def cancel(self) -> None:
+        """Forget the transfer; late bytes for it are read and discarded."""
+
+
+class Channel(Protocol):
+    @property
+    def token(self) -> bytes: ...
+
+    @property
+    def streams(self) -> int:
+        """Number of live connections."""
+
+    @property
+    def broken(self) -> bool: ...
+
+    def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
+        """Send the concatenation of ``segments`` as transfer ``transfer_id``; raise on deadline/breakage."""
+
+    def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
+        """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    name: str
+
+    @property
+    def endpoint(self) -> str:
+        """Address peers connect to, e.g. ``tcp://127.0.0.1:40123``."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def allow(self, token: bytes) -> None: ...
+
+    def revoke(self, token: bytes) -> None:
+        """Stop accepting ``token`` and close the channel made with it."""
+
+    def connect(self, endpoint: str, token: bytes, streams: int, deadline: float) -> Channel: ...
+
+    def channel(self, token: bytes) -> Channel | None:
+        """The inbound channel made with ``token``, once at least one connection presented it."""
+
+    def expect(self, segments: Sequence[Segment]) -> Receipt: ...

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from datadistd.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_annotated_default_config_matches_the_code_defaults() -> None:
+    from_file = load_config(ROOT / "deploy" / "datadistd.toml", env={})
+    defaults = load_config(env={})
+    assert from_file == defaults
+
+
+def test_every_field_is_documented_in_code_and_in_the_deploy_file() -> None:
+    import dataclasses
+
+    text = (ROOT / "deploy" / "datadistd.toml").read_text()
+    for section in dataclasses.fields(Config):
+        assert f"[{section.name}]" in text
+        for f in dataclasses.fields(section.type if isinstance(section.type, type) else getattr(Config(), section.name)):
+            assert f.metadata.get("doc"), f"{section.name}.{f.name} has no doc"
+            assert f.name in text, f"{section.name}.{f.name} missing from deploy/datadistd.toml"
+
+
+def test_precedence_file_env_overrides(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "d.toml"
+    cfg_file.write_text('[transport]\nstreams = 2\nname = "tcp"\n[daemon]\nlog_level = "DEBUG"\n')
+    cfg = load_config(cfg_file, env={"DATADISTD_TRANSPORT_STREAMS": "6"}, overrides={"daemon.log_level": "ERROR"})
+    assert cfg.transport.streams == 6
+    assert cfg.daemon.log_level == "ERROR"
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("[nope]\nx = 1\n", "unknown config section"),
+    ("[daemon]\nbogus = 1\n", "unknown config key 'daemon.bogus'"),
+    ("[transport]\nstreams = \"many\"\n", "expected int"),
+    ("[daemon\n", "config file"),
+])
+def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text(content)
+    with pytest.raises(ConfigError) as info:
+        load_config(p, env={})
+    assert needle in str(info.value)
+
+
+def test_bad_env_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="DATADISTD|transport.streams"):
+        load_config(env={"DATADISTD_TRANSPORT_STREAMS": "x"})

@@ -1,0 +1,230 @@
+"""Operations a test ``Worker`` process runs on request (first argument: the worker's state dict).
+
+Every op uses only the public ``llm_datadist`` API (plus ``llm_datadist.views``), as a real
+prompt or decoder worker would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+import llm_datadist as ld
+from llm_datadist import views
+
+DTYPES = {"float16": (ld.DataType.DT_FLOAT16, np.float16), "float32": (ld.DataType.DT_FLOAT, np.float32),
+          "int8": (ld.DataType.DT_INT8, np.int8), "uint8": (ld.DataType.DT_UINT8, np.uint8)}
+
+
+def pid(state: dict) -> int:
+    return os.getpid()
+
+
+def init(state: dict, role: str, cluster_id: int, listen: str | None = None, sync_kv_timeout: int | None = None,
+         mem_pool: int | None = None, host_mem_pool: int | None = None, remote_cache_accessible: bool | None = None,
+         extra: dict | None = None) -> int:
+    cfg = ld.LLMConfig()
+    cfg.device_id = 0
+    cfg.enable_cache_manager = True
+    if listen:
+        cfg.listen_ip_info = listen
+    if sync_kv_timeout:
+        cfg.sync_kv_timeout = sync_kv_timeout
+    if mem_pool:
+        cfg.mem_pool_cfg = f'{{"memory_size": {mem_pool}, "page_shift": 16}}'
+    if host_mem_pool:
+        cfg.host_mem_pool_cfg = f'{{"memory_size": {host_mem_pool}, "page_shift": 16}}'
+    if remote_cache_accessible is not None:
+        cfg.enable_remote_cache_accessible = remote_cache_accessible
+    options = cfg.generate_options()
+    options.update(extra or {})
+    dd = ld.LLMDataDist(getattr(ld.LLMRole, role), cluster_id)
+    dd.init(options)
+    state["dd"] = dd
+    state["caches"] = {}
+    state["arrays"] = {}
+    return dd.cluster_id
+
+
+def finalize(state: dict) -> None:
+    state.pop("dd").finalize()
+
+
+def _cm(state: dict) -> Any:
+    return state["dd"].cache_manager
+
+
+def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, block_shape: tuple, dtype: str = "float16",
+                    model_id: int | None = None, remote_accessible: bool | None = None,
+                    placement: str = "DEVICE") -> int:
+    """vLLM-style: the worker allocates its own (anonymous) KV tensors and registers them."""
+    dt, np_dt = DTYPES[dtype]
+    shape = (num_blocks, *block_shape)
+    arrays = [np.zeros(shape, dtype=np_dt) for _ in range(num_tensors)]
+    desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
+    key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
+    cache = _cm(state).register_blocks_cache(desc, [a.ctypes.data for a in arrays], key,
+                                             remote_accessible=remote_accessible)
+    state["caches"][name] = cache
+    state["arrays"][name] = arrays
+    return cache.cache_id
+
+
+def register_cache(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "float16",
+                   keys: list | None = None, remote_accessible: bool | None = None, placement: str = "DEVICE") -> int:
+    dt, np_dt = DTYPES[dtype]
+    arrays = [np.zeros(shape, dtype=np_dt) for _ in range(num_tensors)]
+    desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
+    cache_keys = [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])]
+    cache = _cm(state).register_cache(desc, [a.ctypes.data for a in arrays], cache_keys,
+                                      remote_accessible=remote_accessible)
+    state["caches"][name] = cache
+    state["arrays"][name] = arrays
+    return cache.cache_id
+
+
+def allocate(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "float16", blocks: bool = False,
+             keys: list | None = None, model_id: int | None = None, placement: str = "DEVICE") -> int:
+    dt, _ = DTYPES[dtype]
+    desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
+    cm = _cm(state)
+    if blocks:
+        key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
+        cache = cm.allocate_blocks_cache(desc, key)
+    else:
+        cache = cm.allocate_cache(desc, [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])])
+    state["caches"][name] = cache
+    state["arrays"][name] = views.numpy_views(cache)
+    return cache.cache_id
+
+
+def _arrays(state: dict, name: str) -> list:
+    return state["arrays"][name]
+
+
+def fill(state: dict, name: str, seed: int) -> None:
+    """Deterministic bytes: tensor i is filled from rng(seed * 1000 + i)."""
+    for i, arr in enumerate(_arrays(state, name)):
+        flat = arr.reshape(-1).view(np.uint8)
+        flat[:] = np.random.default_rng(seed * 1000 + i).integers(0, 256, flat.size, dtype=np.uint8)
+
+
+def zero(state: dict, name: str) -> None:
+    for arr in _arrays(state, name):
+        arr.reshape(-1).view(np.uint8)[:] = 0
+
+
+def rows(state: dict, name: str, tensor_indices: list | None = None, row_indices: list | None = None) -> np.ndarray:
+    """Bytes of the selected rows (blocks / batch slots): array [tensor, row, bytes] (uint8)."""
+    arrays = _arrays(state, name)
+    idx = range(len(arrays)) if tensor_indices is None else tensor_indices
+    out = []
+    for i in idx:
+        a = arrays[i]
+        per = a.reshape(a.shape[0], -1).view(np.uint8)
+        out.append(per if row_indices is None else per[list(row_indices)])
+    return np.stack(out).copy()
+
+
+def digest(state: dict, name: str) -> list[str]:
+    return [hashlib.sha256(a.reshape(-1).view(np.uint8).tobytes()).hexdigest() for a in _arrays(state, name)]
+
+
+def link(state: dict, remote_cluster: int, remote_ip: str, remote_port: int, timeout: int = 3000,
+         local_ip: str = "127.0.0.1") -> tuple:
+    info = ld.LLMClusterInfo()
+    info.remote_cluster_id = remote_cluster
+    info.append_local_ip_info(local_ip, 0)
+    info.append_remote_ip_info(remote_ip, remote_port)
+    code, codes = state["dd"].link_clusters([info], timeout)
+    return int(code), [int(c) for c in codes]
+
+
+def unlink(state: dict, remote_cluster: int, remote_ip: str, remote_port: int, timeout: int = 3000,
+           force: bool = False) -> tuple:
+    info = ld.LLMClusterInfo()
+    info.remote_cluster_id = remote_cluster
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info(remote_ip, remote_port)
+    code, codes = state["dd"].unlink_clusters([info], timeout, force)
+    return int(code), [int(c) for c in codes]
+
+
+def _ranges(kw: dict) -> dict:
+    out = dict(kw)
+    for k in ("src_layer_range", "dst_layer_range"):
+        if isinstance(out.get(k), (list, tuple)):
+            out[k] = range(*out[k])
+    return out
+
+
+def pull_blocks(state: dict, remote_cluster: int, dst: str, src_blocks: list, dst_blocks: list, model_id: int = 0,
+                key: tuple | None = None, **kw: Any) -> None:
+    if key is None:
+        src_key: Any = ld.BlocksCacheKey(remote_cluster, model_id)
+    elif key[0] == "id":
+        src_key = ld.CacheKeyByIdAndIndex(remote_cluster, key[1], key[2])
+    else:
+        src_key = ld.CacheKey(remote_cluster, *key[1:])
+    _cm(state).pull_blocks(src_key, state["caches"][dst], src_blocks, dst_blocks, **_ranges(kw))
+
+
+def pull_cache(state: dict, remote_cluster: int, dst: str, key: tuple, batch_index: int = 0, size: int = -1,
+               **kw: Any) -> None:
+    if key[0] == "id":
+        src_key: Any = ld.CacheKeyByIdAndIndex(remote_cluster, key[1], key[2])
+    else:
+        src_key = ld.CacheKey(remote_cluster, *key[1:])
+    _cm(state).pull_cache(src_key, state["caches"][dst], batch_index, size, **_ranges(kw))
+
+
+def push_blocks(state: dict, remote_cluster: int, src: str, src_blocks: list, dst_blocks: list, model_id: int = 0,
+                **kw: Any) -> None:
+    _cm(state).push_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][src], src_blocks,
+                           dst_blocks, **_ranges(kw))
+
+
+def push_cache(state: dict, remote_cluster: int, src: str, cache_id: int, batch_index: int = 0,
+               src_batch_index: int = 0, **kw: Any) -> None:
+    _cm(state).push_cache(ld.CacheKeyByIdAndIndex(remote_cluster, cache_id, batch_index), state["caches"][src],
+                          src_batch_index, **_ranges(kw))
+
+
+def copy_blocks(state: dict, name: str, info: dict) -> None:
+    _cm(state).copy_blocks(state["caches"][name], info)
+
+
+def swap_blocks(state: dict, src: str, dst: str, mapping: dict) -> None:
+    _cm(state).swap_blocks(state["caches"][src], state["caches"][dst], mapping)
+
+
+def deallocate(state: dict, name: str) -> None:
+    cache = state["caches"].pop(name)
+    state["arrays"].pop(name, None)
+    if cache.is_blocks_cache:
+        _cm(state).deallocate_blocks_cache(cache)
+    else:
+        _cm(state).deallocate_cache(cache)
+
+
+def remove_cache_key(state: dict, req_id: int, model_id: int = 0) -> None:
+    _cm(state).remove_cache_key(ld.CacheKey(state["dd"].cluster_id, req_id, model_id))
+
+
+def exit_now(state: dict) -> None:
+    os._exit(0)
+
+
+def link_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) -> tuple:
+    infos = []
+    for cid in cluster_ids:
+        info = ld.LLMClusterInfo()
+        info.remote_cluster_id = cid
+        info.append_local_ip_info("127.0.0.1", 0)
+        info.append_remote_ip_info("127.0.0.1", port)
+        infos.append(info)
+    code, codes = state["dd"].link_clusters(infos, timeout)
+    return int(code), [int(c) for c in codes]

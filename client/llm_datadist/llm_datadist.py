@@ -95,7 +95,7 @@ class LLMDataDist:
     def init(self, options: Dict[str, str]) -> None:
         if self._is_initialized:
             return
-        v.check_dict("options", options, str, str)
+        v.check_dict("options", options, str, str, allow_none=False)
         with LLMDataDist._instance_lock:
             if LLMDataDist.llm_engine_instance is not None and LLMDataDist.llm_engine_instance is not self:
                 raise LLMException("Cannot init multiple LLMDataDists", status_code=LLMStatusCode.LLM_FAILED)

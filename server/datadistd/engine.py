@@ -16,13 +16,13 @@ from typing import Sequence
 
 from .core.errors import DataDistError, StatusCode, require
 from .core.layout import (
-    Span, block_copy_pairs, block_spans, layer_range_to_tensor_indices, slot_spans, swap_pairs, total_length,
+    Span, block_copy_pairs, block_spans, slot_spans, swap_pairs, total_length,
 )
 from .core.options import EngineOptions
 from .core.registry import CacheEntry, CacheRegistry
 from .core.types import (
     BlocksKeyRef, CacheDesc, CacheId, CacheKeyRef, ClusterId, EngineId, IdIndexRef, KeyKind, OwnerKey, Placement,
-    ReadMode, RemoteSpec, Role,
+    ReadMode, RemoteSpec,
 )
 from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, Segment
 from .memory.copy import copy_segments
@@ -88,6 +88,8 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
+        self._busy = 0              # byte copies running in worker threads on this engine's memory
+        self._idle: asyncio.Event | None = None
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -226,11 +228,28 @@ class Engine:
 
     async def _copy_pinned(self, cache_ids: Sequence[int], dst: list[Segment], src: list[Segment]) -> int:
         pinned = [self.registry.pin(CacheId(c)) for c in cache_ids if c >= 0]
+        self._busy += 1
         try:
             return await asyncio.to_thread(copy_segments, dst, src)
         finally:
+            self._busy -= 1
+            if self._busy == 0 and self._idle is not None:
+                self._idle.set()
             for entry in pinned:
-                self._free(self.registry.unpin(entry.cache_id))
+                self.unpin(entry.cache_id)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait (bounded) until no copy runs on this engine's memory; call before ``close``."""
+        if self._busy == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            log.warning("engine %s: %d copies still running after %.1fs; freeing anyway", self.engine_id,
+                        self._busy, timeout)
+            return False
 
     async def copy_cache(self, dst_id: int, src_id: int, dst_batch: int, src_batch: int, offset: int,
                          size: int) -> int:
@@ -255,8 +274,8 @@ class Engine:
         indices = range(entry.desc.num_tensors)
         src_blocks = [s for s, _ in pairs]
         dst_blocks = [d for _, d in pairs]
-        src = segments_of(entry.memory.tensors, _unmerged_block_spans(entry.desc, indices, src_blocks))
-        dst = segments_of(entry.memory.tensors, _unmerged_block_spans(entry.desc, indices, dst_blocks))
+        src = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, src_blocks))
+        dst = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, dst_blocks))
         return await self._copy_pinned([cache_id], dst, src)
 
     async def swap_blocks(self, src: Operand, dst: Operand, src_to_dst: dict[int, int]) -> int:
@@ -362,16 +381,3 @@ class Engine:
 
     def pool_usage(self) -> list[tuple[Placement, int, int]]:
         return [(p, pool.capacity, pool.used) for p, pool in self.pools.items()]
-
-
-def _unmerged_block_spans(desc: CacheDesc, indices: Sequence[int], blocks: Sequence[int]) -> list[Span]:
-    """Block spans in list order (a copy's src/dst pairs must stay aligned, so runs are merged per side)."""
-    return block_spans(desc, indices, blocks)
-
-
-def tensor_indices(layer_range: tuple[int, int] | None, per_layer: int, num_tensors: int) -> list[int]:
-    start, stop = layer_range if layer_range is not None else (None, None)
-    return list(layer_range_to_tensor_indices(start, stop, per_layer, num_tensors))
-
-
-_ = Role  # re-exported for type hints of callers

@@ -114,6 +114,7 @@ class LinkManager:
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
         self.closed = False
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -124,7 +125,11 @@ class LinkManager:
 
     async def _in_thread(self, fn: Callable[..., object], *args: object) -> object:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.node.executor, lambda: fn(*args))
+        self._busy += 1
+        try:
+            return await loop.run_in_executor(self.node.executor, lambda: fn(*args))
+        finally:
+            self._busy -= 1
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -563,7 +568,11 @@ class LinkManager:
         for pw in self.writes.values():
             pw.receipt.cancel()  # type: ignore[attr-defined]
         self.writes.clear()
-        await self._in_thread(self.transport.stop)
+        await self._in_thread(self.transport.stop)  # fails every wait and send still running
+        for _ in range(100):  # bounded: let those jobs return before the engine frees memory
+            if self._busy == 0:
+                break
+            await asyncio.sleep(0.05)
 
 
 def _overall(codes: Sequence[int]) -> int:

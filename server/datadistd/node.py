@@ -157,6 +157,7 @@ class Node:
         if slot.listener is not None:
             await slot.listener.stop()
         await slot.links.close()
+        await slot.engine.drain(timeout=5.0)
         usage = slot.engine.registry.bytes_owned
         slot.engine.close()
         log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", engine_id, slot.engine.cluster_id,

@@ -40,6 +40,7 @@ reader left it, so the caller may reuse the memory at once.
 from __future__ import annotations
 
 import bisect
+import collections
 import hmac
 import itertools
 import logging
@@ -353,6 +354,40 @@ class TcpReceipt:
 
 # ---- connections and channels ----------------------------------------------------------------
 
+class _FairLock:
+    """A lock with a timeout that is handed to waiters in arrival order.
+
+    ``threading.Lock`` lets the releasing thread take it straight back, so a sender streaming a
+    huge transfer could starve a small one on the same socket; with this lock they alternate per chunk.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._locked = False
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._locked:
+                self._locked = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        turn.wait(max(0.0, timeout))
+        with self._mutex:
+            if turn.is_set():  # handed over (possibly just as we timed out): ours now
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()  # stays locked: ownership passes to the next waiter
+            else:
+                self._locked = False
+
+
 class _Conn:
     """One socket of a channel: its reader and its send lock."""
 
@@ -365,9 +400,8 @@ class _Conn:
         # receives wake every _POLL to notice a close, sends get the remaining time before each call
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
-        self.lock = threading.Lock()      # held per frame by senders
+        self.lock = _FairLock()           # held per frame by senders, handed over first come first served
         self.closed = False
-        self.staging: bytearray | None = None  # send staging for handles without a view (under lock)
         self.bytes_sent = self.frames_sent = 0          # under lock
         self.bytes_received = self.frames_received = 0  # reader thread only
         self.bytes_discarded = 0
@@ -403,26 +437,27 @@ class _Conn:
             self.lock.release()
 
     def send_chunk(self, tid: int, offset: int, length: int,
-                   pieces: list[tuple[Segment, memoryview | None, int, int]], deadline: float) -> None:
+                   pieces: list[tuple[Segment, memoryview | None, int, int]], staging: memoryview | None,
+                   deadline: float) -> None:
+        """One DATA frame. Pieces of handles without a view are first read into ``staging`` (the
+        worker's own buffer, so a slow source never holds the socket); then the socket is taken."""
+        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, tid, offset, length))]
+        staged = 0
+        for seg, view, seg_off, n in pieces:
+            if view is not None:
+                bufs.append(view[seg.offset + seg_off:seg.offset + seg_off + n])
+                continue
+            if staging is None or len(staging) < staged + n:
+                raise _SendError(LLMStatusCode.LLM_FAILED, "internal: staging buffer too small", unusable=False)
+            dst = staging[staged:staged + n]
+            seg.handle.read_into(seg.offset + seg_off, dst)
+            bufs.append(dst)
+            staged += n
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not self.lock.acquire(timeout=remaining):
             raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed while waiting for a data connection",
                              unusable=False)
         try:
-            bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, tid, offset, length))]
-            need = sum(n for _, view, _, n in pieces if view is None)
-            if need and (self.staging is None or len(self.staging) < need):
-                self.staging = bytearray(need)
-            staged = 0
-            for seg, view, seg_off, n in pieces:
-                if view is not None:
-                    bufs.append(view[seg.offset + seg_off:seg.offset + seg_off + n])
-                    continue
-                assert self.staging is not None
-                dst = memoryview(self.staging)[staged:staged + n]
-                seg.handle.read_into(seg.offset + seg_off, dst)
-                bufs.append(dst)
-                staged += n
             self._write(bufs, deadline)
             self.frames_sent += 1
             self.bytes_sent += length
@@ -692,11 +727,15 @@ class TcpChannel:
         stop = threading.Event()
 
         def work(conn: _Conn, share: list) -> None:  # type: ignore[type-arg]
+            staging: memoryview | None = None
             for offset, length, pieces in share:  # in order, one chunk per frame
                 if stop.is_set():
                     return
+                need = sum(n for _, view, _, n in pieces if view is None)
+                if need and (staging is None or len(staging) < need):
+                    staging = memoryview(bytearray(need))
                 try:
-                    conn.send_chunk(transfer_id, offset, length, pieces, deadline)
+                    conn.send_chunk(transfer_id, offset, length, pieces, staging, deadline)
                 except _SendError as exc:
                     if exc.unusable:
                         conn.shutdown()

@@ -34,7 +34,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class Daemon:
     def __init__(self, name: str = "d", env: dict[str, str] | None = None, args: list[str] | None = None,
-                 shm_dir: str | None = None) -> None:
+                 shm_dir: str | None = None, netns: str | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"datadist-test-{name}-")
         self.socket = os.path.join(self.dir, "datadistd.sock")
         self.target = f"unix://{self.socket}"
@@ -42,11 +42,13 @@ class Daemon:
         self.shm_dir = shm_dir or self.dir
         self.env = {**os.environ, "DATADISTD_MEMORY_SHM_DIR": self.shm_dir, **(env or {})}
         self.args = args or []
+        self.prefix = ["ip", "netns", "exec", netns] if netns else []
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> "Daemon":
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "datadistd", "--socket", self.socket, *self.args],
+        self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "datadistd", "--socket", self.socket,
+                                      *self.args],
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

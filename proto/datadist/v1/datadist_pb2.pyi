@@ -41,14 +41,24 @@ class InitRequest(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., options: _Optional[_Mapping[str, str]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class InitResponse(_message.Message):
-    __slots__ = ("engine_id", "daemon_version", "listen_address")
+    __slots__ = ("engine_id", "daemon_version", "listen_address", "pid_challenge")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PID_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     daemon_version: str
     listen_address: str
-    def __init__(self, engine_id: _Optional[int] = ..., daemon_version: _Optional[str] = ..., listen_address: _Optional[str] = ...) -> None: ...
+    pid_challenge: bytes
+    def __init__(self, engine_id: _Optional[int] = ..., daemon_version: _Optional[str] = ..., listen_address: _Optional[str] = ..., pid_challenge: _Optional[bytes] = ...) -> None: ...
+
+class ProvePidRequest(_message.Message):
+    __slots__ = ("engine_id", "address")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    address: int
+    def __init__(self, engine_id: _Optional[int] = ..., address: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("event",)
@@ -427,3 +437,45 @@ class EngineCaches(_message.Message):
     cluster_id: int
     caches: _containers.RepeatedCompositeFieldContainer[CacheInfo]
     def __init__(self, engine_id: _Optional[int] = ..., cluster_id: _Optional[int] = ..., caches: _Optional[_Iterable[_Union[CacheInfo, _Mapping]]] = ...) -> None: ...
+
+class CommMember(_message.Message):
+    __slots__ = ("cluster_id", "rank")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    rank: int
+    def __init__(self, cluster_id: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class CommLinkRequest(_message.Message):
+    __slots__ = ("engine_id", "comm_name", "members", "rank_table")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMM_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    RANK_TABLE_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    comm_name: str
+    members: _containers.RepeatedCompositeFieldContainer[CommMember]
+    rank_table: str
+    def __init__(self, engine_id: _Optional[int] = ..., comm_name: _Optional[str] = ..., members: _Optional[_Iterable[_Union[CommMember, _Mapping]]] = ..., rank_table: _Optional[str] = ...) -> None: ...
+
+class CommLinkResponse(_message.Message):
+    __slots__ = ("comm_id",)
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    comm_id: int
+    def __init__(self, comm_id: _Optional[int] = ...) -> None: ...
+
+class CommRef(_message.Message):
+    __slots__ = ("engine_id", "comm_id")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    comm_id: int
+    def __init__(self, engine_id: _Optional[int] = ..., comm_id: _Optional[int] = ...) -> None: ...
+
+class RegisterMemStatusResponse(_message.Message):
+    __slots__ = ("status", "detail")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    detail: str
+    def __init__(self, status: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -105,6 +105,26 @@ class DataDistStub:
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.SwitchRoleRequest.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Link = channel.unary_unary(
+                '/datadist.v1.DataDist/Link',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.CommLinkRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_datadist__pb2.CommLinkResponse.FromString,
+                _registered_method=True)
+        self.Unlink = channel.unary_unary(
+                '/datadist.v1.DataDist/Unlink',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.CommRef.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.QueryRegisterMemStatus = channel.unary_unary(
+                '/datadist.v1.DataDist/QueryRegisterMemStatus',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.CommRef.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_datadist__pb2.RegisterMemStatusResponse.FromString,
+                _registered_method=True)
+        self.ProvePid = channel.unary_unary(
+                '/datadist.v1.DataDist/ProvePid',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.ProvePidRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.Pull = channel.unary_unary(
                 '/datadist.v1.DataDist/Pull',
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.TransferRequest.SerializeToString,
@@ -223,6 +243,32 @@ class DataDistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request, context):
+        """Comm-domain links (CANN link/unlink/query_register_mem_status): every member calls Link.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unlink(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryRegisterMemStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProvePid(self, request, context):
+        """Prove the worker is the process it claims to be (before registering its memory).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Pull(self, request, context):
         """Transfers.
         """
@@ -326,6 +372,26 @@ def add_DataDistServicer_to_server(servicer, server):
             'SwitchRole': grpc.unary_unary_rpc_method_handler(
                     servicer.SwitchRole,
                     request_deserializer=datadist_dot_v1_dot_datadist__pb2.SwitchRoleRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'Link': grpc.unary_unary_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.CommLinkRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_datadist__pb2.CommLinkResponse.SerializeToString,
+            ),
+            'Unlink': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unlink,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.CommRef.FromString,
+                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'QueryRegisterMemStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryRegisterMemStatus,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.CommRef.FromString,
+                    response_serializer=datadist_dot_v1_dot_datadist__pb2.RegisterMemStatusResponse.SerializeToString,
+            ),
+            'ProvePid': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProvePid,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.ProvePidRequest.FromString,
                     response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'Pull': grpc.unary_unary_rpc_method_handler(
@@ -731,6 +797,114 @@ class DataDist:
             target,
             '/datadist.v1.DataDist/SwitchRole',
             datadist_dot_v1_dot_datadist__pb2.SwitchRoleRequest.SerializeToString,
+            datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/Link',
+            datadist_dot_v1_dot_datadist__pb2.CommLinkRequest.SerializeToString,
+            datadist_dot_v1_dot_datadist__pb2.CommLinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unlink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/Unlink',
+            datadist_dot_v1_dot_datadist__pb2.CommRef.SerializeToString,
+            datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryRegisterMemStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/QueryRegisterMemStatus',
+            datadist_dot_v1_dot_datadist__pb2.CommRef.SerializeToString,
+            datadist_dot_v1_dot_datadist__pb2.RegisterMemStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProvePid(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/ProvePid',
+            datadist_dot_v1_dot_datadist__pb2.ProvePidRequest.SerializeToString,
             datadist_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -228,3 +228,26 @@ def link_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) ->
         infos.append(info)
     code, codes = state["dd"].link_clusters(infos, timeout)
     return int(code), [int(c) for c in codes]
+
+
+def comm_link(state: dict, name: str, members: list, rank_table: str) -> int:
+    return state["dd"].link(name, {c: r for c, r in members}, rank_table)
+
+
+def comm_status(state: dict, comm_id: int) -> str:
+    return state["dd"].query_register_mem_status(comm_id).name
+
+
+def comm_unlink(state: dict, comm_id: int) -> None:
+    state["dd"].unlink(comm_id)
+
+
+def try_register_after_link(state: dict) -> str:
+    """CANN: remote_accessible=True is refused after link(); the default turns False."""
+    arr = np.zeros((4, 16), np.float16)
+    desc = ld.CacheDesc(1, [4, 16], ld.DataType.DT_FLOAT16)
+    try:
+        _cm(state).register_blocks_cache(desc, [arr.ctypes.data], remote_accessible=True)
+    except ld.LLMException as exc:
+        return exc.status_code.name
+    return "accepted"

@@ -69,6 +69,16 @@ def _cluster_pb(info: LLMClusterInfo) -> datadist_pb2.ClusterLink:
     return msg
 
 
+def _prove_pid(client: DaemonClient, engine_id: int, challenge: bytes) -> None:
+    """Show the daemon this process is the pid it declared: the challenge sits in our own memory."""
+    if not challenge:
+        return
+    import ctypes
+
+    buf = ctypes.create_string_buffer(challenge, len(challenge))
+    client.call("ProvePid", datadist_pb2.ProvePidRequest(engine_id=engine_id, address=ctypes.addressof(buf)), "init")
+
+
 class LLMDataDist:
     """``LLMDataDist(role, cluster_id)``; call ``init(options)`` before anything else."""
 
@@ -113,6 +123,7 @@ class LLMDataDist:
                 resp = client.call("Init", datadist_pb2.InitRequest(
                     cluster_id=self._cluster_id, role=int(self._role), options=opts, pid=os.getpid()), "init")
                 client.start_session(resp.engine_id)
+                _prove_pid(client, resp.engine_id, resp.pid_challenge)
             except BaseException:
                 client.close()
                 if embedded is not None:
@@ -219,23 +230,31 @@ class LLMDataDist:
         v.raise_if_false(2 <= len(cluster_rank_info) <= 4, "cluster_rank_info must have 2 to 4 members")
         ranks = list(cluster_rank_info.values())
         v.raise_if_false(ranks == sorted(ranks), "cluster_rank_info ranks must be in ascending order")
-        raise LLMException("[link] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, comm-domain links "
-                           "(HCCL rank tables) are not implemented by datadist yet; use link_clusters.",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        for cluster, rank in cluster_rank_info.items():
+            v.check_uint64("cluster_id", cluster)
+            v.check_uint32("rank", rank)
+        resp = self._call("Link", datadist_pb2.CommLinkRequest(
+            engine_id=self._engine_id, comm_name=comm_name, rank_table=rank_table,
+            members=[datadist_pb2.CommMember(cluster_id=c, rank=r) for c, r in cluster_rank_info.items()]), "link")
+        self._is_call_linked = True
+        return resp.comm_id
 
     def unlink(self, comm_id: int) -> None:
         self._check_init()
         v.check_uint64("comm_id", comm_id)
-        raise LLMException(f"[unlink] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, no comm domain "
-                           f"{comm_id}: comm-domain links are not implemented yet.",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        self._call("Unlink", datadist_pb2.CommRef(engine_id=self._engine_id, comm_id=comm_id), "unlink")
 
     def query_register_mem_status(self, comm_id: int):  # noqa: ANN201
         self._check_init()
         v.check_uint64("comm_id", comm_id)
         from .llm_types import RegisterMemStatus
 
-        return RegisterMemStatus.FAILED
+        resp = self._call("QueryRegisterMemStatus", datadist_pb2.CommRef(engine_id=self._engine_id, comm_id=comm_id),
+                          "query_register_mem_status")
+        try:
+            return RegisterMemStatus(resp.status)
+        except ValueError:
+            return RegisterMemStatus.FAILED
 
     def check_link_status(self, remote_cluster_id: int) -> None:
         self._check_init()

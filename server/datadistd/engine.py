@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,7 +26,7 @@ from .core.types import (
     BlocksKeyRef, CacheDesc, CacheId, CacheKeyRef, ClusterId, EngineId, IdIndexRef, KeyKind, OwnerKey, Placement,
     ReadMode, RemoteSpec,
 )
-from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, Segment
+from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 from .memory.copy import copy_segments
 
 __all__ = ["Engine", "CacheMemory", "Operand", "segments_of", "MAX_REGISTERED_ADDRS"]
@@ -88,6 +90,8 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
+        self.pid_challenge = os.urandom(16)
+        self.pid_verified = False   # set by prove_pid: the worker showed it controls memory of `pid`
         self._busy = 0              # byte copies running in worker threads on this engine's memory
         self._idle: asyncio.Event | None = None
 
@@ -152,6 +156,33 @@ class Engine:
             return
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"BlocksCacheKey model_id={model_id} is already bound")
 
+    def prove_pid(self, address: int) -> None:
+        """The worker wrote ``pid_challenge`` at ``address`` of its memory: it is (or controls) ``pid``."""
+        self._check_open()
+        require(self.pid > 0, "the engine was initialized without a worker pid")
+        handle = self.backend.import_memory(ProcessRef(self.pid, address, len(self.pid_challenge)))
+        try:
+            got = bytearray(len(self.pid_challenge))
+            handle.read_into(0, memoryview(got))
+        finally:
+            handle.close()
+        require(bytes(got) == self.pid_challenge, f"pid proof failed: process {self.pid} does not hold the "
+                                                  f"challenge at {address:#x}")
+        self.pid_verified = True
+
+    def check_ref_owner(self, ref: MemoryRef) -> None:
+        """Only the worker's own memory may be registered (never another process's, via pid or /proc)."""
+        if isinstance(ref, ProcessRef):
+            pid = ref.pid
+        else:
+            match = re.match(r"^/proc/(\d+)/", ref.path)
+            if match is None:
+                return
+            pid = int(match.group(1))
+        require(self.pid_verified and pid == self.pid,
+                f"memory of process {pid} cannot be registered by this worker (pid {self.pid}, "
+                f"{'verified' if self.pid_verified else 'not verified'}): only a worker's own memory is accepted")
+
     def register_cache(self, desc: CacheDesc, *, is_blocks: bool, refs: Sequence[MemoryRef],
                        keys: Sequence[CacheKeyRef] = (), blocks_key: BlocksKeyRef | None = None,
                        remote_accessible: bool | None = None) -> CacheEntry:
@@ -167,6 +198,7 @@ class Engine:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 "remote_accessible=True is not allowed after link(); register before linking")
         for ref in refs:
+            self.check_ref_owner(ref)
             require(ref.length >= desc.tensor_size,
                     f"registered memory of {ref.length} bytes is smaller than one tensor ({desc.tensor_size} bytes)")
         handles: list[MemoryHandle] = []

@@ -109,7 +109,8 @@ class LinkManager:
         self.engine = engine
         self.transport = transport
         self.node = node
-        self.links: dict[int, Link] = {}
+        self.links: dict[int, Link] = {}       # links this engine made (it initiates transfers on them)
+        self.served: dict[int, Link] = {}      # links other engines made to this one
         self.sessions: dict[bytes, Link] = {}
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
@@ -154,10 +155,13 @@ class LinkManager:
                     pw.receipt.cancel()  # type: ignore[attr-defined]
                     self.engine.unpin(pw.cache_id)
 
+    def all_links(self) -> list[Link]:
+        return [*self.links.values(), *self.served.values()]
+
     def _drop_serving(self, link: Link) -> None:
         self.sessions.pop(link.session, None)
-        if self.links.get(link.remote_cluster) is link:
-            del self.links[link.remote_cluster]
+        if self.served.get(link.remote_cluster) is link:
+            del self.served[link.remote_cluster]
         if link.token:
             self.transport.revoke(link.token)
 
@@ -254,7 +258,10 @@ class LinkManager:
         self.links[spec.remote_cluster_id] = Link(spec.remote_cluster_id, True, "local", session, spec.address,
                                                   local_peer=server)
         serving = Link(self.cluster_id, False, "local", session, "", local_peer=self)
-        server.links[self.cluster_id] = serving
+        old = server.served.get(self.cluster_id)
+        if old is not None:
+            server._drop_serving(old)
+        server.served[self.cluster_id] = serving
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
@@ -298,18 +305,15 @@ class LinkManager:
                                 f"this engine is cluster {self.cluster_id}")
         require(offer.client_cluster_id != self.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
-        old = self.links.get(offer.client_cluster_id)
-        if old is not None:
-            if old.initiator:
-                raise DataDistError(StatusCode.LLM_ALREADY_LINK,
-                                    f"cluster {self.cluster_id} already links to cluster {offer.client_cluster_id}")
+        old = self.served.get(offer.client_cluster_id)
+        if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
             self._drop_serving(old)
         session = os.urandom(16)
         token = data_token(self.node.secret, session)
         self.transport.allow(token)
         link = Link(offer.client_cluster_id, False, self.transport.name, session, token=token,
                     data_endpoint=self.transport.endpoint)
-        self.links[offer.client_cluster_id] = link
+        self.served[offer.client_cluster_id] = link
         self.sessions[session] = link
         log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
         endpoint = self.transport.endpoint
@@ -339,7 +343,7 @@ class LinkManager:
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
-            link = self.links.get(spec.remote_cluster_id)
+            link = self.links.get(spec.remote_cluster_id) or self.served.get(spec.remote_cluster_id)
             if link is None:
                 raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"no link to cluster {spec.remote_cluster_id}")
             if link.inflight:
@@ -358,9 +362,13 @@ class LinkManager:
             link.heartbeat.cancel()
         failure: DataDistError | None = None
         if link.local_peer is not None:
-            peer_side = link.local_peer.links.get(self.cluster_id)
-            if peer_side is not None and peer_side.session == link.session:
-                del link.local_peer.links[self.cluster_id]
+            other = link.local_peer
+            for table in (other.links, other.served):
+                peer_side = table.get(self.cluster_id)
+                if peer_side is not None and peer_side.session == link.session:
+                    del table[self.cluster_id]
+            if self.served.get(link.remote_cluster) is link:
+                del self.served[link.remote_cluster]
         elif link.initiator:
             if notify and link.state == LinkState.ESTABLISHED and link.peer is not None:
                 try:
@@ -383,10 +391,16 @@ class LinkManager:
     def _transfer_link(self, cluster: int) -> Link:
         link = self.links.get(cluster)
         if link is None:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"cluster {self.cluster_id} has no link to cluster {cluster}")
-        if not link.initiator and link.local_peer is None:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                f"cluster {cluster} linked to this engine; transfers are initiated by the linking side")
+            served = self.served.get(cluster)
+            if served is not None and served.local_peer is not None:
+                link = served  # same daemon: either side may transfer
+            elif served is not None:
+                raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                    f"cluster {cluster} linked to this engine; transfers are initiated by the linking "
+                                    f"side (or link both ways, as comm-domain links do)")
+            else:
+                raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                    f"cluster {self.cluster_id} has no link to cluster {cluster}")
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_TIMEOUT,
                                 f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
@@ -560,7 +574,7 @@ class LinkManager:
         if self._sweeper is not None:
             self._sweeper.cancel()
         deadline = time.monotonic() + 1.0
-        for link in list(self.links.values()):
+        for link in self.all_links():
             try:
                 await self._close_link(link, notify=True, deadline=deadline)
             except DataDistError as exc:

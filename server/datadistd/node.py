@@ -20,6 +20,7 @@ from .core.errors import DataDistError, StatusCode, require
 from .core.options import EngineOptions, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
+from .comm import CommManager
 from .links import LinkManager
 from .memory import MemoryBackend, Pool, get_backend
 from .peering import PeerClient
@@ -46,7 +47,12 @@ class EngineSlot:
     transport: Transport
     pid: int
     listener: Listener | None = None
+    comm: CommManager | None = None
+    extra_listeners: list[Listener] = field(default_factory=list)   # comm-domain listen addresses
     created: float = field(default_factory=time.time)
+
+    def listeners(self) -> list[Listener]:
+        return ([self.listener] if self.listener is not None else []) + self.extra_listeners
 
     @property
     def engine_id(self) -> EngineId:
@@ -80,7 +86,7 @@ class Node:
 
     def local_links_at(self, address: str) -> LinkManager | None:
         for slot in self.engines.values():
-            if slot.listener is not None and _same_address(slot.listener.address, address):
+            if any(_same_address(listener.address, address) for listener in slot.listeners()):
                 return slot.links
         return None
 
@@ -128,6 +134,8 @@ class Node:
             transport.start()
             links = LinkManager(engine, transport, self)
             slot = EngineSlot(engine, links, transport, pid)
+            slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
+                                    self.config.peer.default_port)
             if opts.listen:
                 await self._listen(slot, *opts.listen)
         except BaseException:
@@ -150,12 +158,32 @@ class Node:
         except Exception as exc:  # bind errors and the like
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {host}:{port}: {exc}") from None
 
+    async def ensure_listener(self, slot: EngineSlot, host: str, port: int) -> None:
+        """Make ``slot`` reachable at host:port (comm-domain links), in addition to its listen_ip_info."""
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if any(_same_address(listener.address, address) for listener in slot.listeners()):
+            return
+        other = self.local_links_at(address)
+        if other is not None:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"{address} already belongs to cluster {other.cluster_id} on this node")
+        if self.listener_factory is None:
+            raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, "this daemon cannot open peer listeners")
+        try:
+            slot.extra_listeners.append(await self.listener_factory(host, port, slot))
+        except DataDistError:
+            raise
+        except Exception as exc:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, f"cannot listen on {address}: {exc}") from None
+
     async def finalize_engine(self, engine_id: int, reason: str = "finalize") -> None:
         slot = self.engines.pop(EngineId(engine_id), None)
         if slot is None:
             return
-        if slot.listener is not None:
-            await slot.listener.stop()
+        for listener in slot.listeners():
+            await listener.stop()
+        if slot.comm is not None:
+            await slot.comm.close()
         await slot.links.close()
         await slot.engine.drain(timeout=5.0)
         usage = slot.engine.registry.bytes_owned
@@ -165,9 +193,10 @@ class Node:
 
     async def switch_role(self, engine_id: int, role: Role, options: Mapping[str, str]) -> None:
         slot = self.slot(engine_id)
-        if slot.links.links:
+        if slot.links.all_links():
             raise DataDistError(StatusCode.LLM_EXIST_LINK,
-                                f"cluster {slot.engine.cluster_id} has {len(slot.links.links)} links; unlink first")
+                                f"cluster {slot.engine.cluster_id} has {len(slot.links.all_links())} links; "
+                                f"unlink first")
         listen = options.get("llm.listenIpInfo")
         new = parse_listen(listen) if listen else None
         if slot.listener is not None and (new is None or not _same_address(slot.listener.address,

@@ -17,6 +17,7 @@ from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
 from ..engine import Operand
 from ..memory.base import Segment
+from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
 from . import convert
 from .errors import guarded
@@ -39,9 +40,10 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
 
 
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
-    def __init__(self, node: Node, socket_path: str = "") -> None:
+    def __init__(self, node: Node, socket_path: str = "", metrics: DaemonMetrics | None = None) -> None:
         self.node = node
         self.socket_path = socket_path
+        self.metrics = metrics
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -50,7 +52,13 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), request.pid)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
-                                         listen_address=slot.listen_address)
+                                         listen_address=slot.listen_address,
+                                         pid_challenge=slot.engine.pid_challenge)
+
+    @guarded
+    async def ProvePid(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.node.slot(request.engine_id).engine.prove_pid(request.address)
+        return EMPTY
 
     @guarded
     async def Finalize(self, request, context):  # noqa: N802, ANN001, ANN201
@@ -138,6 +146,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         try:
             for m in msg.tensors:
                 ref = convert.memory_from_pb(m)
+                slot.engine.check_ref_owner(ref)
                 require(ref.length >= desc.tensor_size, "CPU cache memory smaller than one tensor")
                 handles.append(self.node.backend.import_memory(ref))
         except BaseException:
@@ -185,15 +194,45 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         return EMPTY
 
     @guarded
+    async def Link(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        assert slot.comm is not None
+        comm_id = await slot.comm.link(request.comm_name, [(m.cluster_id, m.rank) for m in request.members],
+                                       request.rank_table)
+        return datadist_pb2.CommLinkResponse(comm_id=comm_id)
+
+    @guarded
+    async def Unlink(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        assert slot.comm is not None
+        await slot.comm.unlink(request.comm_id)
+        return EMPTY
+
+    @guarded
+    async def QueryRegisterMemStatus(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        assert slot.comm is not None
+        state, detail = slot.comm.status(request.comm_id)
+        return datadist_pb2.RegisterMemStatusResponse(status=int(state), detail=detail)
+
+    @guarded
     async def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
-        nbytes, transport = await slot.links.pull(convert.order_from_pb(request))
+        order = convert.order_from_pb(request)
+        with track_transfer(self.metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
+                            order.local_cache_id) as tracked:
+            nbytes, transport = await slot.links.pull(order)
+            tracked.done(nbytes, len(request.local_blocks))
         return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
     @guarded
     async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
-        nbytes, transport = await slot.links.push(convert.order_from_pb(request))
+        order = convert.order_from_pb(request)
+        with track_transfer(self.metrics, "push", slot.engine.cluster_id, order.remote.cluster_id,
+                            order.local_cache_id) as tracked:
+            nbytes, transport = await slot.links.push(order)
+            tracked.done(nbytes, len(request.local_blocks))
         return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
     # ---- diagnostics -----------------------------------------------------------------------------
@@ -212,7 +251,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         for slot in self._slots(request.engine_id):
             e = status.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id,
                                    role=int(slot.engine.role), listen_address=slot.listen_address,
-                                   caches=len(slot.engine.registry.entries()), links=len(slot.links.links),
+                                   caches=len(slot.engine.registry.entries()), links=len(slot.links.all_links()),
                                    pid=slot.pid)
             for placement, capacity, used in slot.engine.pool_usage():
                 e.pools.add(placement=int(placement), capacity=capacity, used=used)
@@ -222,7 +261,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     async def ListLinks(self, request, context):  # noqa: N802, ANN001, ANN201
         out = datadist_pb2.LinkList()
         for slot in self._slots(request.engine_id):
-            for link in slot.links.links.values():
+            for link in slot.links.all_links():
                 out.links.add(engine_id=slot.engine_id, local_cluster_id=slot.engine.cluster_id,
                               remote_cluster_id=link.remote_cluster, state=link.state.value,
                               transport=link.transport, peer_address=link.address,

@@ -60,11 +60,16 @@ class ArrayHandle:
 
 
 class CopyHandle(ArrayHandle):
-    """Memory without a mapping (like cross-memory attach): only copies; ``delay`` seconds per read."""
+    """Memory without a mapping (like cross-memory attach): only copies.
 
-    def __init__(self, size: int, seed: int | None = None, delay: float = 0.0) -> None:
+    Knobs: ``delay`` seconds per read (a slow source); ``fail`` raised by every read and write.
+    """
+
+    def __init__(self, size: int, seed: int | None = None, delay: float = 0.0,
+                 fail: Exception | None = None) -> None:
         super().__init__(size, seed)
         self.delay = delay
+        self.fail = fail
         self.reads = self.writes = 0
 
     def view(self) -> memoryview | None:
@@ -72,12 +77,16 @@ class CopyHandle(ArrayHandle):
 
     def read_into(self, offset: int, dst: memoryview) -> None:
         self.reads += 1
+        if self.fail is not None:
+            raise self.fail
         if self.delay:
             time.sleep(self.delay)
         super().read_into(offset, dst)
 
     def write_from(self, offset: int, src: memoryview | bytes) -> None:
         self.writes += 1
+        if self.fail is not None:
+            raise self.fail
         super().write_from(offset, src)
 
 
@@ -338,7 +347,9 @@ def test_wrong_token_is_refused_and_no_bytes_land(pair: Pair, caplog: pytest.Log
 
 
 def test_revoked_token_closes_the_channel_and_refuses_reconnects(pair: Pair) -> None:
+    pair.a_to_b(one(ArrayHandle(1234, seed=19)), one(ArrayHandle(1234)))
     pair.b.revoke(TOKEN)
+    assert pair.b.stats()["bytes_received"] == 1234  # counters outlive the channel
     assert pair.b.channel(TOKEN) is None
     limit = deadline(3)
     while not pair.out.broken and time.monotonic() < limit:  # the peer's readers see EOF
@@ -457,6 +468,51 @@ def test_cancelled_receipt_discards_its_bytes(pair: Pair) -> None:
     src, ok = ArrayHandle(10, seed=12), ArrayHandle(10)
     pair.a_to_b(one(src), one(ok))  # frames are in order per connection, so the discard is over by now
     assert not dst.arr.any()
+
+
+def test_cancelled_receipt_is_never_written_after_cancel_returns() -> None:
+    """wait()/cancel() return only after every reader left the destination: the memory is free to reuse."""
+    p = Pair(streams=2, chunk_size=64 << 10)
+    try:
+        src = CopyHandle(8 << 20, seed=16, delay=0.005)
+        dst = ArrayHandle(src.size)
+        r = p.b.expect(one(dst), channel=p.inb)
+        sender = threading.Thread(target=p.out.send, args=(r.transfer_id, one(src), deadline()))
+        sender.start()
+        limit = deadline(5)
+        while r.received < (1 << 20) and time.monotonic() < limit:
+            time.sleep(0.005)
+        r.cancel()
+        snapshot = dst.arr.copy()
+        sender.join(20)
+        assert 0 < np.count_nonzero(snapshot) < src.size
+        np.testing.assert_array_equal(dst.arr, snapshot)
+        assert not p.inb.broken and p.b.stats()["bytes_discarded"] > 0
+    finally:
+        p.stop()
+
+
+def test_memory_errors_fail_the_transfer_not_the_channel(pair: Pair) -> None:
+    bad_dst = CopyHandle(10_000, fail=DataDistError(S.LLM_DEVICE_MEM_ERROR, "destination gone"))
+    r = pair.b.expect(one(bad_dst), channel=pair.inb)
+    pair.out.send(r.transfer_id, one(ArrayHandle(10_000, seed=17)), deadline())
+    with pytest.raises(DataDistError) as err:
+        r.wait(deadline(5))
+    assert err.value.code == S.LLM_DEVICE_MEM_ERROR and "destination gone" in err.value.message
+
+    bad_src = CopyHandle(10_000, fail=DataDistError(S.LLM_DEVICE_MEM_ERROR, "source gone"))
+    r = pair.b.expect(one(ArrayHandle(10_000)), channel=pair.inb)
+    with pytest.raises(DataDistError) as err:
+        pair.out.send(r.transfer_id, one(bad_src), deadline())
+    assert err.value.code == S.LLM_DEVICE_MEM_ERROR
+    with pytest.raises(DataDistError) as err:  # the receiver learns it by ABORT, with the same code
+        r.wait(deadline(5))
+    assert err.value.code == S.LLM_DEVICE_MEM_ERROR
+
+    assert not pair.out.broken and not pair.inb.broken
+    src, ok = ArrayHandle(1000, seed=18), ArrayHandle(1000)
+    pair.a_to_b(one(src), one(ok))
+    np.testing.assert_array_equal(ok.arr, src.arr)
 
 
 def test_abort_propagates_the_status_code(pair: Pair) -> None:

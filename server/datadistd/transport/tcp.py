@@ -22,9 +22,11 @@ hello and then reads frames; each connected socket gets a reader thread. Readers
 ``recv_into`` DATA payloads straight into the destination memory (``memoryview`` of the
 handle) or, for handles without a mapping, through a per-thread staging buffer and
 ``write_from``. Senders split the stream into ``chunk_size`` chunks, stripe chunk *k* over
-socket *(base + k) % n* (one worker thread per socket, the caller being one of them) and
-write each chunk with ``socket.sendmsg([header, view, view, ...])`` under that socket's lock,
-so concurrent transfers interleave at chunk granularity.
+socket *(base + k) % n* (one worker thread per socket, the caller being one of them; ``base``
+rotates per transfer) and write each chunk with one ``socket.sendmsg([header, view, view, ...])``
+under that socket's lock (first come, first served), so concurrent transfers interleave at chunk
+granularity. Pieces of handles without a view are read into the worker's staging buffer first,
+outside the lock.
 
 Sockets stay in blocking mode (one system call per ``recv_into``/``sendmsg``, no poll first)
 with kernel timeouts per direction: ``SO_RCVTIMEO`` wakes the reader every ``_POLL`` seconds so
@@ -502,10 +504,11 @@ class _Conn:
         header = bytearray(HEADER.size)
         hv = memoryview(header)
         reason = ""
+        clean = False
         try:
             while True:  # one frame per pass; ends when the connection closes
                 if not self._read_header(hv):
-                    reason = "the peer closed the connection"
+                    reason, clean = "the peer closed the connection", True
                     break
                 magic, kind, tid, offset, length = HEADER.unpack(header)
                 if magic != FRAME_MAGIC:
@@ -518,6 +521,8 @@ class _Conn:
                     receipt = transport._receipts.get(tid)
                     if receipt is not None:
                         code = _decode_code(length)
+                        if code == LLMStatusCode.LLM_SUCCESS:
+                            code = LLMStatusCode.LLM_FAILED
                         receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
                 elif kind == KIND_PING:
                     if length or offset:
@@ -536,7 +541,7 @@ class _Conn:
             reason = f"reader failed: {exc!r}"
         finally:
             self.shutdown()
-            self.channel._conn_lost(self, reason)
+            self.channel._conn_lost(self, reason, clean)
             if self.lock.acquire(timeout=_JOIN):  # a sender holding it fails at once after shutdown
                 self.sock.close()
                 self.lock.release()
@@ -628,10 +633,18 @@ class _Conn:
                         if not receipt._begin_io():
                             self._discard(left - m)
                             return
+                        failure: Exception | None = None
                         try:
                             seg.handle.write_from(seg.offset + seg_off + done, staging[:m])
+                        except Exception as exc:  # noqa: BLE001 - the destination failed, not the wire
+                            failure = exc
                         finally:
                             receipt._end_io()
+                        if failure is not None:
+                            code = failure.code if isinstance(failure, DataDistError) else LLMStatusCode.LLM_FAILED
+                            receipt._fail(code, f"transfer {tid}: writing into the destination failed: {failure}")
+                            self._discard(left - m)
+                            return
                         done += m
                         left -= m
         except (OSError, _Closed):
@@ -731,7 +744,7 @@ class TcpChannel:
             for offset, length, pieces in share:  # in order, one chunk per frame
                 if stop.is_set():
                     return
-                need = sum(n for _, view, _, n in pieces if view is None)
+                need = sum(size for _, view, _, size in pieces if view is None)
                 if need and (staging is None or len(staging) < need):
                     staging = memoryview(bytearray(need))
                 try:
@@ -743,8 +756,8 @@ class TcpChannel:
                     stop.set()
                     return
                 except Exception as exc:  # noqa: BLE001 - e.g. a handle's read_into failed
-                    errors.append(_SendError(LLMStatusCode.LLM_FAILED, f"reading the source failed: {exc!r}",
-                                             unusable=False))
+                    code = exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_FAILED
+                    errors.append(_SendError(code, f"reading the source failed: {exc}", unusable=False))
                     stop.set()
                     return
 
@@ -769,14 +782,17 @@ class TcpChannel:
                                         f"{first.message}")
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
+        """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
         try:
             conns = self._live()
         except DataDistError:
             return
         header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_ABORT, transfer_id, 0, _encode_code(code)))
-        for conn in conns:
+        limit = time.monotonic() + _ABORT_TIMEOUT
+        # first any idle connection, then wait (bounded, in all) for the first one
+        for conn, until in [(c, time.monotonic() + 1e-3) for c in conns] + [(conns[0], limit)]:
             try:
-                conn.send_frame([header], time.monotonic() + _ABORT_TIMEOUT)
+                conn.send_frame([header], min(until, limit))
                 return
             except _SendError as exc:
                 if exc.unusable:
@@ -811,23 +827,24 @@ class TcpChannel:
         self._transport._channel_down(self, f"data channel to {self._peer} was closed")
         self._transport._retire(self)
 
-    def _break(self, reason: str) -> None:
+    def _break(self, reason: str, clean: bool = False) -> None:
         with self._lock:
             if self._broken or self._closed:
                 return
             self._broken = True
             self._reason = reason
             conns = list(self._conns)
-        log.warning("data channel %s %s broken: %s", "to" if self._outbound else "from", self._peer, reason)
+        log.log(logging.INFO if clean else logging.WARNING, "data channel %s %s %s: %s",
+                "to" if self._outbound else "from", self._peer, "closed by the peer" if clean else "broken", reason)
         for conn in conns:
             conn.shutdown()
         self._transport._channel_down(self, f"data channel {'to' if self._outbound else 'from'} {self._peer} "
                                             f"broke: {reason}")
 
-    def _conn_lost(self, conn: _Conn, reason: str) -> None:
+    def _conn_lost(self, conn: _Conn, reason: str, clean: bool) -> None:
         if self._closed or self._transport._stopping or not reason:
             return
-        self._break(f"connection #{conn.index}: {reason}")
+        self._break(f"connection #{conn.index}: {reason}", clean)
 
 
 def _plan(segments: Sequence[Segment], chunk_size: int) -> list[tuple[int, int, list]]:  # type: ignore[type-arg]
@@ -969,9 +986,9 @@ class TcpTransport:
     def revoke(self, token: bytes) -> None:
         with self._lock:
             self._allowed.discard(token)
-            channel = self._inbound.pop(token, None)
+            channel = self._inbound.get(token)
         if channel is not None:
-            channel.close()
+            channel.close()  # leaves the table via _retire, its counters kept in the totals
 
     def channel(self, token: bytes) -> TcpChannel | None:
         with self._lock:
@@ -980,7 +997,8 @@ class TcpTransport:
     def connect(self, endpoint: str, token: bytes, streams: int, deadline: float) -> TcpChannel:
         _check_token(token)
         if not 1 <= streams <= MAX_STREAMS:
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"streams must be in [1, {MAX_STREAMS}], got {streams}")
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
+                                f"streams must be in [1, {MAX_STREAMS}], got {streams}")
         if not self._started or self._stopping:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "tcp transport is not running")
         host, port = _parse_endpoint(endpoint)
@@ -1160,34 +1178,39 @@ class TcpTransport:
             return
         conn.run(self)
 
+    def _refuse(self, peer: str, why: str) -> None:
+        """One warning line naming the remote address (never the token); quiet while stopping."""
+        if not self._stopping:
+            log.warning("tcp data plane %s: refused connection from %s: %s", self.endpoint, peer, why)
+
     def _hello(self, sock: socket.socket, peer: str) -> _Conn | None:
+        """Check the hello; on success register the socket with its channel and acknowledge it."""
         deadline = time.monotonic() + self.connect_timeout
         try:
             _configure(sock, self.nodelay, self.sndbuf, self.rcvbuf)
             head = _recv_exact(sock, HELLO.size, deadline)
             if head is None:
-                log.warning("tcp data plane %s: refused connection from %s: closed before the hello",
-                            self.endpoint, peer)
+                self._refuse(peer, "closed before the hello")
                 return None
             magic, version, tlen, index, count = HELLO.unpack(head)
-            if magic != HELLO_MAGIC or not 1 <= tlen <= MAX_TOKEN or not index < count <= MAX_STREAMS:
-                log.warning("tcp data plane %s: refused connection from %s: not a datadist hello",
-                            self.endpoint, peer)
+            if magic != HELLO_MAGIC:
+                self._refuse(peer, "not a datadist hello")
                 return None
             if version != PROTOCOL_VERSION:
-                log.warning("tcp data plane %s: refused connection from %s: protocol version %d, want %d",
-                            self.endpoint, peer, version, PROTOCOL_VERSION)
+                self._refuse(peer, f"protocol version {version}, want {PROTOCOL_VERSION}")
+                return None
+            if not 1 <= tlen <= MAX_TOKEN or not index < count <= MAX_STREAMS:
+                self._refuse(peer, "malformed hello")
                 return None
             token = _recv_exact(sock, tlen, deadline)
         except TimeoutError:
-            log.warning("tcp data plane %s: refused connection from %s: no hello within %.1fs", self.endpoint,
-                        peer, self.connect_timeout)
+            self._refuse(peer, f"no hello within {self.connect_timeout:.1f}s")
             return None
         except OSError as exc:
-            log.warning("tcp data plane %s: refused connection from %s: %s", self.endpoint, peer, exc)
+            self._refuse(peer, str(exc))
             return None
         if token is None:
-            log.warning("tcp data plane %s: refused connection from %s: closed during the hello", self.endpoint, peer)
+            self._refuse(peer, "closed during the hello")
             return None
         with self._lock:
             allowed = list(self._allowed)
@@ -1196,7 +1219,7 @@ class TcpTransport:
             if hmac.compare_digest(candidate, token):
                 match = candidate
         if match is None:
-            log.warning("tcp data plane %s: refused connection from %s: token not accepted", self.endpoint, peer)
+            self._refuse(peer, "token not accepted")
             return None
         with self._lock:
             if self._stopping or match not in self._allowed:
@@ -1206,15 +1229,13 @@ class TcpTransport:
                 channel = self._inbound[match] = TcpChannel(self, match, peer, outbound=False)
         conn = channel._attach(sock, index, peer)
         if conn is None:
-            log.warning("tcp data plane %s: refused connection from %s: its channel is already broken",
-                        self.endpoint, peer)
+            self._refuse(peer, "the channel of its token is already broken")
             return None
         try:
             conn.send_ack(deadline)
         except OSError as exc:
-            log.warning("tcp data plane %s: could not acknowledge connection from %s: %s", self.endpoint, peer, exc)
             conn.shutdown()
-            channel._break(f"handshake of connection #{index} failed: {exc}")
+            channel._break(f"acknowledging connection #{index} from {peer} failed: {exc}")
         return conn
 
 

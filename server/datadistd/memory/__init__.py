@@ -7,8 +7,7 @@ modules import their device libraries lazily and fail with a clear error where a
 
 from __future__ import annotations
 
-import importlib
-
+from ..plugins import load_named
 from .base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment, SharedFileRef
 
 __all__ = [
@@ -26,9 +25,4 @@ BACKENDS: dict[str, str] = {
 
 def get_backend(name: str, **kwargs: object) -> MemoryBackend:
     """Instantiate the backend registered under ``name``; an unknown name lists the known ones."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown memory backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)(**kwargs)
+    return load_named("memory backend", BACKENDS, name, **kwargs)

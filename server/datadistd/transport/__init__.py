@@ -6,8 +6,7 @@ plain memory copies), ``hccl`` (Ascend; not verifiable here).
 
 from __future__ import annotations
 
-import importlib
-
+from ..plugins import load_named
 from .base import Channel, Receipt, Transport
 
 __all__ = ["Channel", "Receipt", "Transport", "TRANSPORTS", "get_transport"]
@@ -20,9 +19,4 @@ TRANSPORTS: dict[str, str] = {
 
 
 def get_transport(name: str, **kwargs: object) -> Transport:
-    try:
-        target = TRANSPORTS[name]
-    except KeyError:
-        raise ValueError(f"unknown transport {name!r}; known: {', '.join(sorted(TRANSPORTS))}") from None
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)(**kwargs)
+    return load_named("transport", TRANSPORTS, name, **kwargs)

@@ -251,3 +251,42 @@ def try_register_after_link(state: dict) -> str:
     except ld.LLMException as exc:
         return exc.status_code.name
     return "accepted"
+
+
+# ---- reliability tests (issue 7) ---------------------------------------------------------------
+
+def run(state: dict, module: str, func: str, *args: Any, **kwargs: Any) -> Any:
+    """Run ``module.func(state, *args, **kwargs)`` in this worker (test packages keep their own ops)."""
+    import importlib
+
+    return getattr(importlib.import_module(module), func)(state, *args, **kwargs)
+
+
+def register_shared(state: dict, name: str, kind: str, num_tensors: int, num_blocks: int, block_bytes: int,
+                    model_id: int | None = None) -> str:
+    """Register worker memory that lives in a shareable mapping (a /dev/shm file or a memfd)."""
+    import mmap
+    import tempfile
+
+    size = num_blocks * block_bytes
+    if kind == "memfd":
+        fd = os.memfd_create(f"datadist-test-{name}")
+    else:
+        f = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="datadist-test-", delete=True)
+        state.setdefault("files", []).append(f)
+        fd = f.fileno()
+    os.ftruncate(fd, size * num_tensors)
+    mm = mmap.mmap(fd, size * num_tensors, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    state.setdefault("mmaps", []).append(mm)
+    if kind == "memfd":
+        state.setdefault("fds", []).append(fd)
+    whole = np.frombuffer(mm, dtype=np.uint8)
+    arrays = [whole[i * size:(i + 1) * size].reshape(num_blocks, block_bytes) for i in range(num_tensors)]
+    desc = ld.CacheDesc(num_tensors, [num_blocks, block_bytes], ld.DataType.DT_UINT8)
+    key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
+    cache = _cm(state).register_blocks_cache(desc, [a.ctypes.data for a in arrays], key)
+    state["caches"][name] = cache
+    state["arrays"][name] = arrays
+    from llm_datadist import _memory
+
+    return _memory.describe(arrays[0].ctypes.data, size)["kind"]

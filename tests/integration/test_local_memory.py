@@ -184,3 +184,19 @@ def test_embedded_mode_in_process(monkeypatch) -> None:
     finally:
         dd.finalize()
     assert ld.LLMDataDist.llm_engine_instance is None
+
+
+@pytest.mark.parametrize("kind", ["shm", "memfd"])
+def test_register_shareable_mapping_is_mapped_by_the_daemon(daemon_factory, worker_factory, kind: str) -> None:
+    d = daemon_factory()
+    w = worker_factory(d)
+    w.call("init", "PROMPT", 41, host_mem_pool=4 * MIB)
+    assert w.call("register_shared", "shared", kind, 2, 8, 512) == "shared_file"
+    w.call("allocate", "pool", 2, (8, 512), dtype="uint8", blocks=True, placement="HOST")
+    w.call("fill", "shared", 11)
+    src = w.call("rows", "shared")
+    # DEVICE (registered, mapped by the daemon) -> HOST pool, then back into other blocks
+    w.call("swap_blocks", "shared", "pool", {1: 0, 6: 5})
+    np.testing.assert_array_equal(w.call("rows", "pool")[:, [0, 5]], src[:, [1, 6]])
+    w.call("copy_blocks", "shared", {1: [3]})
+    np.testing.assert_array_equal(w.call("rows", "shared")[:, 3], src[:, 1])

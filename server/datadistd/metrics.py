@@ -1,0 +1,269 @@
+"""Prometheus metrics of one daemon, and the ``[metrics] listen`` HTTP endpoint that exposes them.
+
+Every daemon has its own ``CollectorRegistry`` (never the process-global one), so an embedded
+daemon inside a worker, or several daemons in one test process, never collide.
+
+Two kinds of series:
+
+* **event series**, updated where things happen: transfers (``track_transfer``, used by the
+  DataDist ``Pull``/``Push`` and the Peer ``Read``/``CommitWrite`` handlers) and RPC errors
+  (``rpc_error``, called by the one error mapping in ``rpc/errors.py``);
+* **state series**, read from the ``Node`` at scrape time by ``NodeCollector``: engines, pools,
+  caches, links.
+
+The endpoint is a small asyncio HTTP server on the daemon's own event loop, so a scrape reads the
+node's state on the same thread that changes it (no locks, no torn reads). Metric names and
+labels are listed in ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from .config import parse_listen_address
+from .core.errors import DataDistError
+
+if TYPE_CHECKING:
+    from .node import Node
+
+__all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer",
+           "parse_listen_address", "LATENCY_BUCKETS"]
+
+log = logging.getLogger(__name__)
+transfer_log = logging.getLogger("datadistd.transfer")
+
+# Seconds: 0.5 ms (a few blocks over loopback) to 60 s (the longest sync_kv_timeout in practice).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# op -> which way the bytes cross this node's memory.
+DIRECTION = {"pull": "in", "push": "out", "serve_read": "out", "serve_write": "in"}
+
+
+class DaemonMetrics:
+    """The event series of one daemon, in its own registry; ``attach(node)`` adds the state series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.transfer_bytes = Counter(
+            "datadist_transfer_bytes", "Bytes moved by completed transfers, by direction (in = written into this "
+            "node's memory) and peer cluster.", ["direction", "cluster_id", "peer_cluster_id"], registry=r)
+        self.transfer_blocks = Counter(
+            "datadist_transfer_blocks", "Blocks moved by completed block transfers (pull_blocks/push_blocks), by "
+            "direction and peer cluster.", ["direction", "cluster_id", "peer_cluster_id"], registry=r)
+        self.transfers = Counter(
+            "datadist_transfers", "Transfers finished, by operation and outcome (success or the LLMStatusCode name).",
+            ["op", "cluster_id", "peer_cluster_id", "outcome"], registry=r)
+        self.transfer_seconds = Histogram(
+            "datadist_transfer_duration_seconds", "Duration of successful transfers, by operation "
+            "(pull/push on the requesting daemon, serve_read/serve_write on the owning daemon).",
+            ["op", "cluster_id"], buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "datadist_transfers_in_flight", "Transfers currently running, by operation.", ["op", "cluster_id"],
+            registry=r)
+        self.rpc_errors = Counter(
+            "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
+            ["method", "code"], registry=r)
+
+    def attach(self, node: "Node") -> None:
+        """Add the scrape-time state series read from ``node``."""
+        self.registry.register(NodeCollector(node))
+
+    def rpc_error(self, method: str, code_name: str) -> None:
+        self.rpc_errors.labels(method, code_name).inc()
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry rendered in the format ``accept`` asks for (Prometheus text or OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+class TransferTracker:
+    """Context manager around one transfer: in-flight gauge, latency, counters and one log line.
+
+    ``done(nbytes, blocks)`` marks success; leaving the block without it (an exception) counts the
+    outcome by status code. Works with ``metrics=None`` (metrics off): it then only logs.
+    """
+
+    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok")
+
+    def __init__(self, metrics: DaemonMetrics | None, op: str, cluster: int, peer: int, cache: int | None = None
+                 ) -> None:
+        self.metrics = metrics
+        self.op = op
+        self.cluster = str(cluster)
+        self.peer = str(peer)
+        self.cache = cache
+        self.nbytes = 0
+        self.blocks = 0
+        self.started = 0.0
+        self.ok = False
+
+    def __enter__(self) -> "TransferTracker":
+        self.started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.in_flight.labels(self.op, self.cluster).inc()
+        return self
+
+    def done(self, nbytes: int, blocks: int = 0) -> None:
+        self.nbytes, self.blocks, self.ok = nbytes, blocks, True
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        elapsed = time.monotonic() - self.started
+        if self.ok and exc is None:
+            outcome = "success"
+        elif isinstance(exc, DataDistError):
+            outcome = exc.code.name
+        elif isinstance(exc, asyncio.CancelledError):
+            outcome = "cancelled"
+        else:
+            outcome = "LLM_FAILED"
+        m = self.metrics
+        if m is not None:
+            m.in_flight.labels(self.op, self.cluster).dec()
+            m.transfers.labels(self.op, self.cluster, self.peer, outcome).inc()
+            if outcome == "success":
+                direction = DIRECTION[self.op]
+                m.transfer_seconds.labels(self.op, self.cluster).observe(elapsed)
+                m.transfer_bytes.labels(direction, self.cluster, self.peer).inc(self.nbytes)
+                if self.blocks:
+                    m.transfer_blocks.labels(direction, self.cluster, self.peer).inc(self.blocks)
+        cache = "-" if self.cache is None else self.cache
+        if outcome == "success":
+            transfer_log.debug("cluster %s %s peer cluster %s: cache %s, %d blocks, %d bytes in %.1f ms", self.cluster,
+                               self.op, self.peer, cache, self.blocks, self.nbytes, elapsed * 1e3)
+        else:
+            transfer_log.warning("cluster %s %s peer cluster %s failed: cache %s, %.1f ms: %s", self.cluster, self.op,
+                                 self.peer, cache, elapsed * 1e3, exc if exc is not None else outcome)
+
+
+def track_transfer(metrics: DaemonMetrics | None, op: str, cluster: int, peer: int,
+                   cache: int | None = None) -> TransferTracker:
+    """``with track_transfer(m, "pull", 2, 1, cache=5) as t: ...; t.done(nbytes, blocks)``."""
+    if op not in DIRECTION:
+        raise ValueError(f"unknown transfer op {op!r}; known: {', '.join(DIRECTION)}")
+    return TransferTracker(metrics, op, cluster, peer, cache)
+
+
+class NodeCollector(Collector):
+    """State series read from the node at scrape time (on the daemon's event loop)."""
+
+    def __init__(self, node: "Node") -> None:
+        self.node = node
+
+    def describe(self) -> list[Metric]:
+        return []  # the series depend on the engines present; collect() is authoritative
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        info = GaugeMetricFamily("datadist_build_info", "Daemon version, memory backend and transport (value 1).",
+                                 labels=["version", "backend", "transport"])
+        info.add_metric([node.version, getattr(node.backend, "name", ""), node.config.transport.name], 1)
+        yield info
+        yield GaugeMetricFamily("datadist_uptime_seconds", "Seconds since the daemon started.",
+                                value=time.monotonic() - node.started)
+        slots = list(node.engines.values())
+        yield GaugeMetricFamily("datadist_engines", "Engines (initialized LLMDataDist instances) on this daemon.",
+                                value=len(slots))
+        role = GaugeMetricFamily("datadist_engine_info", "One series per engine (value 1).",
+                                 labels=["cluster_id", "engine_id", "role", "listen_address"])
+        caches = GaugeMetricFamily("datadist_caches", "Caches (allocated or registered) per engine.",
+                                   labels=["cluster_id"])
+        capacity = GaugeMetricFamily("datadist_pool_capacity_bytes", "Pool capacity per engine and placement.",
+                                     labels=["cluster_id", "placement"])
+        used = GaugeMetricFamily("datadist_pool_used_bytes", "Pool bytes in use per engine and placement.",
+                                 labels=["cluster_id", "placement"])
+        link_up = GaugeMetricFamily("datadist_link_up", "Links per peer cluster: 1 established, 0 broken.",
+                                    labels=["cluster_id", "peer_cluster_id", "transport", "initiator"])
+        link_in_flight = GaugeMetricFamily("datadist_link_transfers_in_flight",
+                                           "Transfers running on a link this engine initiated.",
+                                           labels=["cluster_id", "peer_cluster_id"])
+        for slot in slots:
+            engine = slot.engine
+            cid = str(engine.cluster_id)
+            role.add_metric([cid, str(slot.engine_id), getattr(engine.role, "name", str(engine.role)),
+                             slot.listen_address], 1)
+            caches.add_metric([cid], len(engine.registry.entries()))
+            for placement, cap, in_use in engine.pool_usage():
+                name = getattr(placement, "name", str(placement))
+                capacity.add_metric([cid, name], cap)
+                used.add_metric([cid, name], in_use)
+            for link in _links_of(slot):
+                up = 1 if getattr(link.state, "value", link.state) == "established" else 0
+                link_up.add_metric([cid, str(link.remote_cluster), link.transport, str(link.initiator).lower()], up)
+                link_in_flight.add_metric([cid, str(link.remote_cluster)], link.inflight)
+        yield from (role, caches, capacity, used, link_up, link_in_flight)
+
+
+def _links_of(slot: object) -> list:  # type: ignore[type-arg]
+    """Links this engine made and links made to it (``LinkManager.all_links`` when it has one)."""
+    links = slot.links  # type: ignore[attr-defined]
+    all_links = getattr(links, "all_links", None)
+    return list(all_links()) if callable(all_links) else list(links.links.values())
+
+
+class MetricsServer:
+    """``GET /metrics`` (and ``/``) over HTTP/1.x on the daemon's event loop."""
+
+    READ_TIMEOUT = 10.0
+
+    def __init__(self, metrics: DaemonMetrics, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics on http://%s/metrics", self.address)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), self.READ_TIMEOUT)
+            headers: dict[str, str] = {}
+            while True:
+                line = await asyncio.wait_for(reader.readline(), self.READ_TIMEOUT)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            parts = request.decode("latin-1").split()
+            method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+            if method not in ("GET", "HEAD"):
+                status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
+            elif path.split("?", 1)[0] in ("/metrics", "/"):
+                body, ctype = self.metrics.exposition(headers.get("accept", ""))
+                status = "200 OK"
+            else:
+                status, body, ctype = "404 Not Found", b"see /metrics\n", "text/plain"
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    f"Connection: close\r\n\r\n").encode()
+            writer.write(head if method == "HEAD" else head + body)
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics request failed")
+        finally:
+            writer.close()

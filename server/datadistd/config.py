@@ -20,7 +20,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["Config", "DaemonSection", "MemorySection", "PeerSection", "TransportSection", "MetricsSection",
-           "load_config", "default_socket_path", "ConfigError"]
+           "load_config", "default_socket_path", "ConfigError", "parse_listen_address"]
 
 
 class ConfigError(ValueError):
@@ -85,7 +85,8 @@ class TransportSection:
 
 @dataclass
 class MetricsSection:
-    listen: str = _doc("Prometheus exposition address host:port; empty = off.", default="")
+    listen: str = _doc("Prometheus exposition address host:port (GET /metrics); empty = off; a bare port "
+                       "binds loopback.", default="")
 
 
 @dataclass
@@ -169,4 +170,38 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set(cfg, dotted, value)
+    _check(cfg)
     return cfg
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def parse_listen_address(listen: str) -> tuple[str, int]:
+    """``"host:port"``, ``"[v6]:port"``, ``":port"`` or ``"port"`` -> (host, port); no host = loopback."""
+    text = listen.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"expected host:port, got {listen!r}") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port out of range in {listen!r}")
+    return host, number
+
+
+def _check(cfg: Config) -> None:
+    """Values a type alone does not pin down."""
+    if cfg.daemon.log_level.upper() not in LOG_LEVELS:
+        raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.daemon.log_level!r}")
+    for name, mode in (("daemon.socket_mode", cfg.daemon.socket_mode), ("memory.file_mode", cfg.memory.file_mode)):
+        if not 0 <= mode <= 0o777 or mode & 0o007:  # the socket and the KV-cache memory stay private to the node
+            raise ConfigError(f"{name}: {mode:#o} would give the world access; use group bits only (e.g. 0o660)")
+    if cfg.metrics.listen:
+        try:
+            parse_listen_address(cfg.metrics.listen)
+        except ValueError as exc:
+            raise ConfigError(f"metrics.listen: {exc}") from None

@@ -23,8 +23,17 @@ demo: $(STAMP)
 test: $(STAMP) proto-check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(PY) -m bench
+## make bench: every hot path against this machine's limits, ratios to baselines measured in the same run;
+## writes bench/results/latest.json, latest.md and PNG plots (BENCH_ARGS="--help" lists sizes and scenarios)
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
 
 ## make proto: regenerate the committed stubs from proto/datadist/v1/*.proto
 proto: $(STAMP)
@@ -37,6 +46,12 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff
 	$(VENV)/bin/ruff check client server tests
+
+## make deploy-check: systemd-analyze verify on deploy/datadistd.service (+ drop-ins, sysusers snippet).
+## verify needs an existing ExecStart executable: deploy/check.sh renders a temporary copy of the unit
+## whose ExecStart is this venv's datadistd and verifies that. Skipped when systemd-analyze is absent.
+deploy-check: $(STAMP)
+	@deploy/check.sh $(abspath $(VENV))/bin/datadistd || [ $$? -eq 77 ]
 
 run: $(STAMP)
 	$(VENV)/bin/datadistd

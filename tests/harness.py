@@ -26,10 +26,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this process (bounded retries)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no fresh free port after 100 tries")
 
 
 class Daemon:

@@ -38,7 +38,10 @@ __all__ = [
     "TransferWithCacheKeyConfig", "Memtype", "MemInfo", "TensorDesc", "Tensor", "KvCacheManager",
 ]
 
-_V1_NAMES = {"KvCacheManager": "kv_cache_manager", "Tensor": "tensor", "TensorDesc": "tensor"}
+_V1_NAMES = {"KvCacheManager": "kv_cache_manager", "Tensor": "tensor", "TensorDesc": "tensor",
+             # the model API of CANN 8.0.RC2-8.2 (spec §9): importable, not in __all__ (as in CANN's current package)
+             "LLMReq": "llm_model", "ModelConfig": "llm_model", "ModelRunner": "llm_model", "LLMModel": "llm_model",
+             "CapacityState": "llm_model"}
 
 
 def __getattr__(name: str):  # noqa: ANN202 - CANN re-exports the v1 names lazily

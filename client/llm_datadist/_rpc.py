@@ -23,6 +23,10 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", 256 << 20),
     ("grpc.max_send_message_length", 256 << 20),
     ("grpc.enable_retries", 0),
+    # the daemon is local: after it restarts, reconnect within a fraction of a second, not after
+    # gRPC's default backoff of up to two minutes
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -43,6 +47,11 @@ def status_of(err: grpc.RpcError) -> tuple[LLMStatusCode, str]:
     return LLMStatusCode.LLM_FAILED, f"{code.name}: {details}"
 
 
+def rpc_exception(err: grpc.RpcError, func_name: str) -> LLMException:
+    code, details = status_of(err)
+    return LLMException(f"[{func_name}] failed, error code is {code}, {details}.", status_code=code)
+
+
 class DaemonClient:
     """Synchronous stub calls on the local daemon's DataDist service."""
 
@@ -57,8 +66,11 @@ class DaemonClient:
         try:
             return getattr(self._stub, method)(request, timeout=timeout or DEFAULT_RPC_TIMEOUT_S)
         except grpc.RpcError as err:
-            code, details = status_of(err)
-            raise LLMException(f"[{func_name}] failed, error code is {code}, {details}.", status_code=code) from None
+            raise rpc_exception(err, func_name) from None
+
+    def stream(self, method: str, requests: Any) -> Any:
+        """A bidirectional call: ``requests`` is consumed by gRPC's thread; iterate the result for replies."""
+        return getattr(self._stub, method)(requests)
 
     def wait_ready(self, timeout: float) -> None:
         try:

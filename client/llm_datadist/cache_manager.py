@@ -9,99 +9,32 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from datadist.v1 import common_pb2, datadist_pb2
+from datadist.v1 import datadist_pb2
 
-from . import _memory
 from . import _validate as v
-from ._rpc import RPC_MARGIN_S
+from ._cache_ops import UINT64_MAX, CacheOps, check_blocks, layer_kwargs
 from .llm_types import (
     BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, LayerSynchronizer, MemInfo, Memtype, Placement,
     TransferConfig, TransferWithCacheKeyConfig,
 )
+from ._task import CacheTask
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheManager"]
 
 log = logging.getLogger(__name__)
 
-UINT64_MAX = 2**64 - 1
 
-
-def _desc_pb(desc: CacheDesc) -> common_pb2.CacheDesc:
-    return common_pb2.CacheDesc(num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=desc.data_type.value,
-                                placement=int(desc.placement))
-
-
-def _cache_key_pb(key: CacheKey) -> common_pb2.CacheKey:
-    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id, model_id=key.model_id,
-                               prefix_id=key.prefix_id)
-
-
-def _any_key_pb(key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey]) -> common_pb2.AnyKey:
-    if isinstance(key, CacheKey):
-        return common_pb2.AnyKey(cache_key=_cache_key_pb(key))
-    if isinstance(key, CacheKeyByIdAndIndex):
-        return common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(
-            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
-    return common_pb2.AnyKey(blocks_key=common_pb2.BlocksCacheKey(cluster_id=key.cluster_id, model_id=key.model_id))
-
-
-def _worker_memory(address: int, length: int) -> datadist_pb2.WorkerMemory:
-    info = _memory.describe(address, length)
-    if info["kind"] == "shared_file":
-        return datadist_pb2.WorkerMemory(shared_file=datadist_pb2.SharedFileMemory(
-            path=info["path"], file_offset=info["file_offset"], length=length))
-    _memory.allow_ptrace()
-    return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(
-        pid=info["pid"], address=address, length=length))
-
-
-def _check_range(name: str, value: Optional[range]) -> None:
-    v.check_isinstance(name, value, [range])
-    if value is not None:
-        v.raise_if_false(value.step == 1, f"{name} step must be 1, got {value.step}")
-        v.raise_if_false(0 <= value.start < value.stop, f"{name} must satisfy 0 <= start < stop, got {value}")
-
-
-def _range_pb(value: Optional[range]) -> Optional[common_pb2.LayerRange]:
-    return None if value is None else common_pb2.LayerRange(start=value.start, stop=value.stop)
-
-
-def _check_blocks(name: str, blocks: Any) -> List[int]:
-    v.check_isinstance(name, blocks, [list, tuple])
-    out = list(blocks or ())
-    for b in out:
-        v.check_uint64(f"{name} element", b)
-    return out
-
-
-class CacheManager:
+class CacheManager(CacheOps):
     def __init__(self, owner: Any, options: Dict[str, str]) -> None:
-        self._owner = owner
-        self._initialized = True
-        self._mapper = _memory.Mapper()
+        super().__init__(owner)
         self._enable_remote_cache_accessible = options.get("llm.EnableRemoteCacheAccessible") == "1"
         self._has_pool = {Placement.DEVICE: bool(options.get("llm.MemPoolConfig")),
                           Placement.HOST: bool(options.get("llm.HostMemPoolConfig"))}
 
     # ---- plumbing ------------------------------------------------------------------------------
 
-    def _finalize(self) -> None:
-        self._initialized = False
-        self._mapper.unmap_all()
-
-    def _call(self, method: str, request: Any, func_name: str, timeout: Optional[float] = None) -> Any:
-        if not self._initialized:
-            raise RuntimeError("llm datadist is not initialized")
-        return self._owner._call(method, request, func_name, timeout)
-
-    @property
-    def _engine_id(self) -> int:
-        return self._owner._engine_id
-
-    def _make_cache(self, info: Any, desc: CacheDesc, is_blocks: bool, addrs: Optional[List[int]] = None) -> Cache:
-        if addrs is None:
-            addrs = [self._mapper.map(t.path, t.file_offset, t.length) for t in info.tensors]
+    def _make_cache(self, info: Any, desc: CacheDesc, is_blocks: bool, addrs: List[int]) -> Cache:
         desc._is_blocks = is_blocks
         return Cache(info.cache_id, desc, addrs, self, is_registered=info.registered, is_blocks_cache=is_blocks)
 
@@ -134,20 +67,14 @@ class CacheManager:
         keys = self._check_cache_keys(cache_keys)
         v.raise_if_false(len(keys) <= cache_desc.shape[0],
                          f"{len(keys)} cache keys for batch size {cache_desc.shape[0]}")
-        info = self._call("AllocateCache", datadist_pb2.AllocateCacheRequest(
-            engine_id=self._engine_id, desc=_desc_pb(cache_desc), is_blocks=False,
-            cache_keys=[_cache_key_pb(k) for k in keys]), "allocate_cache")
-        return self._make_cache(info, cache_desc, False)
+        info, addrs = self._allocate_rpc("allocate_cache", cache_desc, False, keys)
+        return self._make_cache(info, cache_desc, False, addrs)
 
     def allocate_blocks_cache(self, cache_desc: CacheDesc, blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
         self._check_desc(cache_desc)
         v.check_isinstance("blocks_cache_key", blocks_cache_key, [BlocksCacheKey])
-        req = datadist_pb2.AllocateCacheRequest(engine_id=self._engine_id, desc=_desc_pb(cache_desc), is_blocks=True)
-        if blocks_cache_key is not None:
-            req.blocks_key.CopyFrom(common_pb2.BlocksCacheKey(cluster_id=blocks_cache_key.cluster_id,
-                                                              model_id=blocks_cache_key.model_id))
-        info = self._call("AllocateCache", req, "allocate_blocks_cache")
-        return self._make_cache(info, cache_desc, True)
+        info, addrs = self._allocate_rpc("allocate_blocks_cache", cache_desc, True, (), blocks_cache_key)
+        return self._make_cache(info, cache_desc, True, addrs)
 
     def _register(self, func: str, cache_desc: CacheDesc, addrs: List[int], is_blocks: bool,
                   cache_keys: List[CacheKey], blocks_key: Optional[BlocksCacheKey],
@@ -163,20 +90,7 @@ class CacheManager:
         if remote_accessible and self._owner._is_call_linked:
             raise LLMException("remote_accessible=True is not allowed after link()",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID)
-        try:
-            mem = [_worker_memory(a, cache_desc.size) for a in addrs]
-        except ValueError as exc:
-            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
-        req = datadist_pb2.RegisterCacheRequest(engine_id=self._engine_id, desc=_desc_pb(cache_desc),
-                                                is_blocks=is_blocks, tensors=mem,
-                                                cache_keys=[_cache_key_pb(k) for k in cache_keys])
-        if blocks_key is not None:
-            req.blocks_key.CopyFrom(common_pb2.BlocksCacheKey(cluster_id=blocks_key.cluster_id,
-                                                              model_id=blocks_key.model_id))
-        if remote_accessible is not None:
-            req.remote_accessible = remote_accessible
-        info = self._call("RegisterCache", req, func)
+        info = self._register_rpc(func, cache_desc, addrs, is_blocks, cache_keys, blocks_key, remote_accessible)
         return self._make_cache(info, cache_desc, is_blocks, list(addrs))
 
     def register_cache(self, cache_desc: CacheDesc, addrs: List[int],
@@ -203,8 +117,7 @@ class CacheManager:
                                                "use deallocate_blocks_cache")
         if cache.cache_id < 0 or getattr(cache, "_is_registered", False):
             return
-        self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache.cache_id),
-                   "deallocate_cache")
+        self._deallocate_rpc("deallocate_cache", cache.cache_id, False)
         cache.tensor_addrs = []
 
     def deallocate_blocks_cache(self, cache: Cache) -> None:
@@ -212,15 +125,12 @@ class CacheManager:
         v.raise_if_false(cache.is_blocks_cache, "deallocate_blocks_cache takes a blocks cache only")
         if cache.cache_id < 0 or getattr(cache, "_is_registered", False):
             return
-        self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache.cache_id,
-                                                            is_blocks=True), "deallocate_blocks_cache")
+        self._deallocate_rpc("deallocate_blocks_cache", cache.cache_id, True)
         cache.tensor_addrs = []
 
     def remove_cache_key(self, cache_key: CacheKey) -> None:
         v.check_isinstance("cache_key", cache_key, [CacheKey], allow_none=False)
-        self._call("RemoveCacheKey", datadist_pb2.RemoveCacheKeyRequest(engine_id=self._engine_id,
-                                                                        cache_key=_cache_key_pb(cache_key)),
-                   "remove_cache_key")
+        self._remove_key_rpc("remove_cache_key", cache_key)
 
     # ---- local copies --------------------------------------------------------------------------
 
@@ -235,78 +145,25 @@ class CacheManager:
         v.check_uint64("req_id", req_id) if req_id is not None else None
         v.raise_if_true(dst.is_blocks_cache or src.is_blocks_cache, "copy_cache does not take blocks caches")
         v.raise_if_false(size == -1 or size > 0, f"size must be -1 or > 0, got {size}")
-        self._call("CopyCache", datadist_pb2.CopyCacheRequest(
-            engine_id=self._engine_id, dst_cache_id=dst.cache_id, src_cache_id=src.cache_id,
-            dst_batch_index=dst_batch_index, src_batch_index=src_batch_index, offset=offset, size=size), "copy_cache")
+        self._copy_cache_rpc("copy_cache", dst.cache_id, src.cache_id, dst_batch_index, src_batch_index, offset, size)
 
     def copy_blocks(self, cache: Cache, copy_block_info: Dict[int, List[int]]) -> None:
         v.check_isinstance("cache", cache, [Cache], allow_none=False)
         v.check_isinstance("copy_block_info", copy_block_info, [dict], allow_none=False)
         v.raise_if_false(cache.is_blocks_cache, "copy_blocks needs a blocks cache")
-        copies = []
-        for src, dsts in copy_block_info.items():
-            v.check_uint64("src block", src)
-            v.check_isinstance("dst blocks", dsts, [list, tuple], allow_none=False)
-            for d in dsts:
-                v.check_uint64("dst block", d)
-            copies.append(datadist_pb2.BlockCopy(src_block=src, dst_blocks=list(dsts)))
-        self._call("CopyBlocks", datadist_pb2.CopyBlocksRequest(engine_id=self._engine_id, cache_id=cache.cache_id,
-                                                                copies=copies), "copy_blocks")
-
-    def _operand(self, cache: Cache) -> datadist_pb2.CacheOperand:
-        if cache.cache_id >= 0:
-            return datadist_pb2.CacheOperand(cache_id=cache.cache_id)
-        return datadist_pb2.CacheOperand(cache_id=-1, desc=_desc_pb(cache.cache_desc),
-                                         tensors=[_worker_memory(a, cache.cache_desc.size) for a in cache.tensor_addrs])
+        self._copy_blocks_rpc("copy_blocks", cache.cache_id, copy_block_info)
 
     def swap_blocks(self, src_cache: Cache, dst_cache: Cache, src_to_dst: Dict[int, int]) -> None:
         v.check_isinstance("src_cache", src_cache, [Cache], allow_none=False)
         v.check_isinstance("dst_cache", dst_cache, [Cache], allow_none=False)
-        v.check_isinstance("src_to_dst", src_to_dst, [dict], allow_none=False)
-        for s, d in src_to_dst.items():
-            v.check_uint64("src block", s)
-            v.check_uint64("dst block", d)
-        try:
-            src_op, dst_op = self._operand(src_cache), self._operand(dst_cache)
-        except ValueError as exc:
-            raise LLMException(f"[swap_blocks] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
-        self._call("SwapBlocks", datadist_pb2.SwapBlocksRequest(engine_id=self._engine_id, src=src_op, dst=dst_op,
-                                                                src_to_dst=dict(src_to_dst)), "swap_blocks")
+        self._swap_rpc("swap_blocks", (src_cache.cache_id, src_cache.cache_desc, src_cache.tensor_addrs),
+                       (dst_cache.cache_id, dst_cache.cache_desc, dst_cache.tensor_addrs), src_to_dst)
 
     # ---- transfers -----------------------------------------------------------------------------
 
-    def _transfer(self, method: str, func: str, req: datadist_pb2.TransferRequest) -> None:
-        timeout_s = self._owner._sync_kv_timeout_s
-        self._call(method, req, func, timeout_s + RPC_MARGIN_S)
-
     @staticmethod
     def _layer_kwargs(kwargs: Dict[str, Any]) -> Tuple[Optional[range], Optional[range], int]:
-        unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer"}
-        v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
-        src = kwargs.get("src_layer_range")
-        dst = kwargs.get("dst_layer_range")
-        per = kwargs.get("tensor_num_per_layer", 2)
-        _check_range("src_layer_range", src)
-        _check_range("dst_layer_range", dst)
-        v.check_uint32("tensor_num_per_layer", per)
-        v.raise_if_false(per > 0, "tensor_num_per_layer must be > 0")
-        if src is not None and dst is not None:
-            v.raise_if_false(len(src) == len(dst), f"src_layer_range {src} and dst_layer_range {dst} differ in length")
-        return src, dst, per
-
-    def _request(self, kind: int, remote: Any, local: Cache, remote_blocks: List[int], local_blocks: List[int],
-                 batch_index: int, size: int, src: Optional[range], dst: Optional[range],
-                 per: int) -> datadist_pb2.TransferRequest:
-        req = datadist_pb2.TransferRequest(engine_id=self._engine_id, kind=kind, remote=_any_key_pb(remote),
-                                           local_cache_id=local.cache_id, remote_blocks=remote_blocks,
-                                           local_blocks=local_blocks, local_batch_index=batch_index, size=size,
-                                           tensor_num_per_layer=per)
-        if src is not None:
-            req.src_layer_range.CopyFrom(_range_pb(src))
-        if dst is not None:
-            req.dst_layer_range.CopyFrom(_range_pb(dst))
-        return req
+        return layer_kwargs(kwargs)
 
     def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], cache: Cache, batch_index: int = 0,
                    size: int = -1, **kwargs: Any) -> None:
@@ -324,7 +181,7 @@ class CacheManager:
         v.raise_if_true(cache_key.cluster_id == self._owner.cluster_id, "cannot pull from this node's own cluster id")
         src, dst, per = self._layer_kwargs(kwargs)
         self._transfer("Pull", "pull_cache", self._request(
-            datadist_pb2.TRANSFER_CACHE, cache_key, cache, [], [], batch_index, size, src, dst, per))
+            datadist_pb2.TRANSFER_CACHE, cache_key, cache.cache_id, [], [], batch_index, size, src, dst, per))
 
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
@@ -332,8 +189,8 @@ class CacheManager:
         v.check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
                            allow_none=False)
         v.check_isinstance("dst_cache", dst_cache, [Cache], allow_none=False)
-        src_list = _check_blocks("src_blocks", src_blocks)
-        dst_list = _check_blocks("dst_blocks", dst_blocks)
+        src_list = check_blocks("src_blocks", src_blocks)
+        dst_list = check_blocks("dst_blocks", dst_blocks)
         v.raise_if_false(dst_cache.is_blocks_cache, "pull_blocks needs a blocks destination cache")
         v.raise_if_false(len(dst_list) > 0, "dst_blocks must not be empty")
         if isinstance(src_cache_key, BlocksCacheKey):
@@ -347,7 +204,7 @@ class CacheManager:
                         "cannot pull from this node's own cluster id")
         src, dst, per = self._layer_kwargs(kwargs)
         self._transfer("Pull", "pull_blocks", self._request(
-            datadist_pb2.TRANSFER_BLOCKS, src_cache_key, dst_cache, src_list, dst_list, 0, -1, src, dst, per))
+            datadist_pb2.TRANSFER_BLOCKS, src_cache_key, dst_cache.cache_id, src_list, dst_list, 0, -1, src, dst, per))
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
                    src_layer_range: range = None, dst_layer_range: range = None, size: int = -1,
@@ -362,7 +219,7 @@ class CacheManager:
         src, dst, per = self._layer_kwargs({"src_layer_range": src_layer_range, "dst_layer_range": dst_layer_range,
                                             "tensor_num_per_layer": tensor_num_per_layer})
         self._transfer("Push", "push_cache", self._request(
-            datadist_pb2.TRANSFER_CACHE, dst_cache_key, src_cache, [], [], src_batch_index, -1, src, dst, per))
+            datadist_pb2.TRANSFER_CACHE, dst_cache_key, src_cache.cache_id, [], [], src_batch_index, -1, src, dst, per))
 
     def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
@@ -371,28 +228,32 @@ class CacheManager:
         v.raise_if_false(self._enable_remote_cache_accessible, "push_blocks requires enable_remote_cache_accessible")
         v.check_isinstance("dst_cache_key", dst_cache_key, [BlocksCacheKey], allow_none=False)
         v.check_isinstance("src_cache", src_cache, [Cache], allow_none=False)
-        src_list = _check_blocks("src_blocks", src_blocks)
-        dst_list = _check_blocks("dst_blocks", dst_blocks)
+        src_list = check_blocks("src_blocks", src_blocks)
+        dst_list = check_blocks("dst_blocks", dst_blocks)
         v.raise_if_false(src_cache.is_blocks_cache, "push_blocks needs a blocks source cache")
         v.raise_if_false(len(dst_list) > 0, "dst_blocks must not be empty")
         v.raise_if_false(len(src_list) == len(dst_list), "src_blocks and dst_blocks must have the same length")
         src, dst, per = self._layer_kwargs({"src_layer_range": src_layer_range, "dst_layer_range": dst_layer_range,
                                             "tensor_num_per_layer": tensor_num_per_layer})
         self._transfer("Push", "push_blocks", self._request(
-            datadist_pb2.TRANSFER_BLOCKS, dst_cache_key, src_cache, dst_list, src_list, 0, -1, src, dst, per))
+            datadist_pb2.TRANSFER_BLOCKS, dst_cache_key, src_cache.cache_id, dst_list, src_list, 0, -1, src, dst, per))
 
     def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
                              transfer_configs: Union[List[Union[TransferConfig, TransferWithCacheKeyConfig]],
                                                      Tuple[Union[TransferConfig, TransferWithCacheKeyConfig], ...]],
                              src_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
                              dst_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
-                             dst_block_memory_size: Optional[int] = None) -> Any:
+                             dst_block_memory_size: Optional[int] = None) -> CacheTask:
+        """Layer-wise asynchronous push (spec §5.7, §7): one ``CacheTask`` with a result per config."""
         v.check_isinstance("src_cache", src_cache, [Cache], allow_none=False)
-        v.check_isinstance("layer_synchronizer", layer_synchronizer, [LayerSynchronizer], allow_none=False)
-        v.check_isinstance("transfer_configs", transfer_configs, [list, tuple], allow_none=False)
-        raise LLMException("[transfer_cache_async] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, "
-                           "layer-wise asynchronous transfer is not implemented by datadist yet.",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        v.raise_if_true(src_cache.cache_desc.placement == Placement.HOST, "src cache not support placement HOST")
+        return self._transfer_async(src_cache.cache_id, src_cache.cache_desc, layer_synchronizer, transfer_configs,
+                                    src_block_indices, dst_block_indices, dst_block_memory_size,
+                                    LLMStatusCode.LLM_TIMEOUT, self._enable_remote_cache_accessible, v1=False)
+
+    def set_is_call_linked(self) -> None:
+        """Internal (CANN): ``link()`` was called; ``remote_accessible=True`` registrations are refused from now."""
+        self._owner._is_call_linked = True
 
     def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
         """Reserved by CANN for UCE recovery of device memory; host memory never needs remapping."""

@@ -8,6 +8,7 @@ and otherwise starts an embedded daemon inside this process.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -60,6 +61,39 @@ def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, st
     return opts
 
 
+def _gen_cluster_info_if_not_exist(cluster_id: int, role: LLMRole, opts: Dict[str, str]) -> None:
+    """v1 mode: CANN's ``EngineConfig.gen_cluster_info_if_not_exist`` (spec §3.2), minus the NUMA stub file."""
+    if "llm.ClusterInfo" in opts:
+        return
+    device_ids = opts.get("ge.exec.deviceId")
+    v.raise_if_false(device_ids is not None, "neither llm.ClusterInfo nor ge.exec.deviceId was specified")
+    devices = str(device_ids).split(";")
+    for dev in devices:
+        v.raise_if_false(dev.isdigit(), f'ge.exec.deviceId is invalid, value="{device_ids}", it should be composed '
+                                        f"of numbers, separated by semicolons.")
+    info: Dict[str, object] = {"cluster_id": cluster_id, "logic_device_id": [f"0:0:{i}:0" for i in range(len(devices))]}
+    if role == LLMRole.PROMPT:
+        v.raise_if_false("llm.listenIpInfo" in opts, "neither llm.ClusterInfo nor llm.listenIp was specified")
+        subs = opts["llm.listenIpInfo"].split(";")
+        v.raise_if_false(len(subs) == len(devices), f"listen ip info num:{len(subs)} in llm.listenIpInfo is not "
+                                                    f"equal to device num:{len(devices)}.")
+        infos = []
+        for sub in subs:
+            ip_port = sub.split(":")
+            v.raise_if_false(len(ip_port) == 2 and ip_port[1].isdigit(),
+                             f'llm.listenIpInfo "{sub}" is invalid, format should be "ip:port"')
+            infos.append({"ip": ip_port[0], "port": int(ip_port[1])})
+        info["listen_ip_info"] = infos
+    from .configs import LLMConfig
+
+    config = LLMConfig()
+    config.cluster_info = json.dumps(info)  # string IPs become CANN's little-endian ints
+    opts["llm.ClusterInfo"] = config.cluster_info
+    v.raise_if_false(len(devices) == 1, "one LLMDataDist drives one device here; run one worker per device "
+                                        "(single-process multi-device mode is not supported)",
+                     status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+
+
 def _cluster_pb(info: LLMClusterInfo) -> datadist_pb2.ClusterLink:
     msg = datadist_pb2.ClusterLink(remote_cluster_id=info.remote_cluster_id)
     for ip, port in info.local_ip_info_list:
@@ -99,6 +133,7 @@ class LLMDataDist:
         self._kv_cache_manager = None
         self._enable_cache_manager = False
         self._is_call_linked = False
+        self._models: list = []
 
     # ---- life cycle ----------------------------------------------------------------------------
 
@@ -110,6 +145,8 @@ class LLMDataDist:
             if LLMDataDist.llm_engine_instance is not None and LLMDataDist.llm_engine_instance is not self:
                 raise LLMException("Cannot init multiple LLMDataDists", status_code=LLMStatusCode.LLM_FAILED)
             opts = _setup_engine_option(self._role, options)
+            if opts.get("llm.EnableCacheManager") != "1":
+                _gen_cluster_info_if_not_exist(self._cluster_id, self._role, opts)
             target = opts.pop(DAEMON_OPTION, None) or os.environ.get(DAEMON_ENV)
             embedded = None
             if not target:
@@ -135,6 +172,11 @@ class LLMDataDist:
                 from .cache_manager import CacheManager
 
                 self._cache_manager = CacheManager(self, opts)
+            else:
+                from .kv_cache_manager import KvCacheManager
+
+                self._kv_cache_manager = KvCacheManager(self, self._role)
+            self._models = []
             self._is_initialized = True
             LLMDataDist.llm_engine_instance = self
         log.info("llm_datadist initialized: cluster %s role %s engine %s via %s", self._cluster_id, self._role.name,
@@ -143,8 +185,12 @@ class LLMDataDist:
     def finalize(self) -> None:
         if not self._is_initialized:
             return
-        if self._cache_manager is not None:
-            self._cache_manager._finalize()
+        for model in self._models:
+            model._close()
+        self._models = []
+        for manager in (self._cache_manager, self._kv_cache_manager):
+            if manager is not None:
+                manager._finalize()
         client, embedded = self._client, self._embedded
         try:
             if client is not None:
@@ -191,7 +237,7 @@ class LLMDataDist:
         v.check_int32("timeout", timeout)
         v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
         msgs = self._clusters(clusters)
-        if self._options.get("llm.LocalCommRes", "") == "":
+        if self._enable_cache_manager and self._options.get("llm.LocalCommRes", "") == "":
             for c in clusters:
                 v.raise_if_false(len(c.local_ip_info_list) > 0 or "llm.LocalCommRes" in self._options,
                                  f"cluster {c.remote_cluster_id} needs local_ip_info")
@@ -213,11 +259,30 @@ class LLMDataDist:
         return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
 
     def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None) -> None:
+        """v2: same role allowed; ``llm.listenIpInfo`` (re)starts listening, without it the listener closes.
+
+        v1: the role must change, PROMPT needs ``llm.listenIpInfo``, ``enable_switch_role`` is required
+        (LLM_FEATURE_NOT_ENABLED, checked by the daemon). Both: LLM_EXIST_LINK while links exist.
+        """
         self._check_init()
         v.check_isinstance("role", role, [LLMRole], allow_none=False)
+        if not self._enable_cache_manager:
+            v.raise_if_false(self._role != role, f"role not changed, role = {role.name}")
         v.check_dict("switch_options", switch_options, str, str)
+        options = dict(switch_options or {})
+        if not self._enable_cache_manager and role == LLMRole.PROMPT:
+            v.raise_if_false("llm.listenIpInfo" in options,
+                             'Failed to switch to Prompt, option "llm.listenIpInfo" was not specified')
+        if "llm.listenIpInfo" in options:
+            info = options["llm.listenIpInfo"]
+            ip, sep, port = info.rpartition(":")
+            v.raise_if_false(bool(sep) and bool(ip) and port.isdigit(),
+                             f'llm.listenIpInfo "{info}" is invalid, format should be "ip:port"')
+            options["llm.ListenIp"], options["llm.ListenPort"] = ip, port
         self._call("SwitchRole", datadist_pb2.SwitchRoleRequest(
-            engine_id=self._engine_id, role=int(role), options=dict(switch_options or {})), "switch_role")
+            engine_id=self._engine_id, role=int(role), options=options), "switch_role")
+        if self._kv_cache_manager is not None:
+            self._kv_cache_manager._switch_role(role)
         self._role = role
 
     def link(self, comm_name: str, cluster_rank_info: Dict[int, int], rank_table: str) -> int:
@@ -259,10 +324,12 @@ class LLMDataDist:
     def check_link_status(self, remote_cluster_id: int) -> None:
         self._check_init()
         v.check_uint64("remote_cluster_id", remote_cluster_id)
-        v.raise_if_true(self._enable_cache_manager, "check_link_status is not supported in cache manager mode")
-        raise LLMException("[check_link_status] failed, error code is LLMStatusCode.LLM_FEATURE_NOT_ENABLED, "
-                           "v1 KvCacheManager mode is not implemented yet.",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        v.raise_if_true(self._enable_cache_manager, "check_link_status is not supported when "
+                                                    "llm.EnableCacheManager is configured.")
+        timeout_ms = int(self._options.get("llm.SyncKvCacheWaitTime", "1000"))
+        self._call("CheckLinkStatus", datadist_pb2.LinkStatusRequest(
+            engine_id=self._engine_id, remote_cluster_id=remote_cluster_id, timeout_ms=timeout_ms),
+            "check_link_status", timeout_ms / 1000 + RPC_MARGIN_S)
 
     # ---- managers ------------------------------------------------------------------------------
 
@@ -277,8 +344,30 @@ class LLMDataDist:
     def kv_cache_manager(self):  # noqa: ANN201
         self._check_init()
         v.raise_if_true(self._enable_cache_manager, "kv_cache_manager is not available in cache manager mode")
-        raise LLMException("v1 KvCacheManager mode is not implemented by datadist yet; set enable_cache_manager=True",
-                           status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return self._kv_cache_manager
+
+    # ---- the model API of CANN 8.0.RC2-8.2 (spec §9; see llm_model.py) -------------------------
+
+    def add_model(self, model_options: Dict[str, str], model_runner: Optional[object] = None):  # noqa: ANN201
+        """A model whose KV caches this node keeps (KvCacheManager mode): returns an ``LLMModel``."""
+        from .llm_model import add_model
+
+        self._check_init()
+        return add_model(self, model_options, model_runner)
+
+    def check_capacity(self, seq_len: int):  # noqa: ANN201
+        """PROMPT: can ``predict`` allocate KV for ``seq_len`` more tokens? -> ``CapacityState``."""
+        from .llm_model import check_capacity
+
+        self._check_init()
+        return check_capacity(self, seq_len)
+
+    def complete_request(self, llm_req: object) -> None:
+        """Release what the request holds: its unpulled KV (PROMPT) or its staged KV (DECODER)."""
+        from .llm_model import complete_request
+
+        self._check_init()
+        complete_request(self, llm_req)
 
     @property
     def cluster_id(self) -> int:

@@ -1,13 +1,15 @@
 """``DaemonApp``: the daemon as an object — used by the ``datadistd`` command and by embedded mode.
 
 ``start()`` brings up the memory backend, the worker socket (health NOT_SERVING until ready),
-then marks health SERVING; ``stop(grace)`` stops accepting, drains in-flight calls for up to
-``grace`` seconds, finalizes every engine (freeing its memory) and removes the socket.
+the metrics endpoint when ``[metrics] listen`` is set, then marks health SERVING; ``stop(grace)``
+stops accepting, drains in-flight calls for up to ``grace`` seconds, finalizes every engine
+(freeing its memory), stops the metrics endpoint and removes the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from pathlib import Path
@@ -17,6 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from .config import Config
 from .memory import get_backend
+from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
 from .rpc.server import DATADIST_SERVICE, create_worker_server, grpc_peer_connector, start_peer_listener
 
@@ -32,6 +35,8 @@ class DaemonApp:
         self.server = None
         self.health = None
         self.on_ready = on_ready
+        self.metrics = DaemonMetrics()
+        self.metrics_server: MetricsServer | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -51,14 +56,35 @@ class DaemonApp:
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
         self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(),
-                         listener_factory=start_peer_listener)
-        self.server, self.health = await create_worker_server(self.node, self.socket_path, cfg.daemon.socket_mode)
+                         listener_factory=functools.partial(start_peer_listener, metrics=self.metrics))
+        self.metrics.attach(self.node)
+        if cfg.metrics.listen:
+            try:
+                await self._start_metrics(cfg.metrics.listen)
+            except OSError:
+                await self.node.close()
+                raise
+        self.server, self.health = await create_worker_server(self.node, self.socket_path, cfg.daemon.socket_mode,
+                                                              metrics=self.metrics)
         for name in ("", DATADIST_SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("datadistd ready: socket=%s backend=%s transport=%s", self.socket_path, cfg.memory.backend,
-                 cfg.transport.name)
+        log.info("datadistd ready: socket=%s backend=%s transport=%s metrics=%s", self.socket_path,
+                 cfg.memory.backend, cfg.transport.name,
+                 f"http://{self.metrics_server.address}/metrics" if self.metrics_server else "off")
         if self.on_ready is not None:
             self.on_ready()
+
+    async def _start_metrics(self, listen: str) -> None:
+        try:
+            host, port = parse_listen_address(listen)
+        except ValueError as exc:
+            raise OSError(str(exc)) from None
+        server = MetricsServer(self.metrics, host, port)
+        try:
+            await server.start()
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
+        self.metrics_server = server
 
     async def stop(self, grace: float | None = None) -> None:
         if self._stopped.is_set():
@@ -71,6 +97,8 @@ class DaemonApp:
             await self.server.stop(grace)
         if self.node is not None:
             await self.node.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         try:
             Path(self.socket_path).unlink()
         except FileNotFoundError:

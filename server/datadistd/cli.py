@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Mapping
 
 from . import __version__
 from .app import DaemonApp
@@ -19,10 +20,50 @@ __all__ = ["main"]
 log = logging.getLogger("datadistd")
 
 
+# syslog priorities journald reads from a "<N>" line prefix (SyslogLevelPrefix=yes, the default).
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    """``<priority>logger: message`` — journald adds the timestamp, pid and unit itself.
+
+    journald splits its input stream at newlines, so every line of a multi-line record (a
+    traceback) carries the record's priority prefix.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("%(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = max((lv for lv in _PRIORITY if lv <= record.levelno), default=logging.DEBUG)
+        prefix = f"<{_PRIORITY[level]}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def stderr_is_journal(env: Mapping[str, str] | None = None) -> bool:
+    """True when stderr is the journal stream systemd connected (``$JOURNAL_STREAM`` = its device:inode)."""
+    value = (os.environ if env is None else env).get("JOURNAL_STREAM", "")
+    dev, _, ino = value.partition(":")
+    if not (dev.isdigit() and ino.isdigit()):
+        return False
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
 def _setup_logging(level: str) -> None:
-    under_journal = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = "%(levelname)s %(name)s: %(message)s" if under_journal else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    if stderr_is_journal():
+        handler.setFormatter(JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,8 +94,8 @@ async def _run(app: DaemonApp) -> None:
                 await asyncio.sleep(watchdog)
         pinger = loop.create_task(ping())
     await stop.wait()
-    log.info("signal received: draining")
-    notify("STOPPING=1")
+    log.info("signal received: draining (up to %.1fs)", app.config.daemon.drain_seconds)
+    notify("STOPPING=1\nSTATUS=draining")
     if pinger is not None:
         pinger.cancel()
     await app.stop()

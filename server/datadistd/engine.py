@@ -18,9 +18,10 @@ from typing import Sequence
 
 from .core.errors import DataDistError, StatusCode, require
 from .core.layout import (
-    Span, block_copy_pairs, block_spans, slot_spans, swap_pairs, total_length,
+    BlockSpans, Span, block_copy_pairs, block_runs, block_spans, slot_spans, swap_pairs, total_length,
 )
 from .core.options import EngineOptions
+from .core.plan import AddrRef
 from .core.registry import CacheEntry, CacheRegistry
 from .core.types import (
     BlocksKeyRef, CacheDesc, CacheId, CacheKeyRef, ClusterId, EngineId, IdIndexRef, KeyKind, OwnerKey, Placement,
@@ -28,6 +29,7 @@ from .core.types import (
 )
 from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 from .memory.copy import copy_segments
+from .memory.segments import SegmentTable
 
 __all__ = ["Engine", "CacheMemory", "Operand", "segments_of", "MAX_REGISTERED_ADDRS"]
 
@@ -46,6 +48,7 @@ class CacheMemory:
     allocation: Allocation | None = None
     pool: Pool | None = None
     handles: tuple[MemoryHandle, ...] = ()           # imported worker memory to close
+    worker_addrs: tuple[int, ...] = ()               # where the owning worker sees each tensor (raw addressing)
 
     def release(self) -> None:
         if self.allocation is not None and self.pool is not None:
@@ -67,8 +70,12 @@ class Operand:
     handles: tuple[MemoryHandle, ...] = field(default=())
 
 
-def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> list[Segment]:
-    """Turn byte spans inside tensors into segments of the tensors' memory."""
+def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[Segment]:
+    """Turn byte spans inside tensors into segments of the tensors' memory.
+
+    Block spans become a ``SegmentTable`` (arrays, no object per span: see ``memory.segments``)."""
+    if isinstance(spans, BlockSpans):
+        return SegmentTable.blocks(tensors, spans.tensors, spans.blocks, spans.row)
     out = []
     for span in spans:
         base = tensors[span.tensor]
@@ -134,7 +141,13 @@ class Engine:
         else:
             require(blocks_key is None, "a contiguous cache takes CacheKeys, not a BlocksCacheKey")
             self.registry.check_allocate_keys(desc, owner_keys)
-        allocation = pool.allocate(desc.total_size)
+        try:
+            allocation = pool.allocate(desc.total_size)
+        except DataDistError as exc:
+            if exc.code == StatusCode.LLM_OUT_OF_MEMORY and not self.options.cache_manager:
+                # v1 (KvCacheManager mode) reports a full engine pool as LLM_DEVICE_OUT_OF_MEMORY
+                raise DataDistError(StatusCode.LLM_DEVICE_OUT_OF_MEMORY, exc.message) from None
+            raise
         size = desc.tensor_size
         tensors = tuple(Segment(allocation.handle, i * size, size) for i in range(desc.num_tensors))
         exports = tuple((allocation.path, allocation.file_offset + i * size) for i in range(desc.num_tensors))
@@ -185,8 +198,10 @@ class Engine:
 
     def register_cache(self, desc: CacheDesc, *, is_blocks: bool, refs: Sequence[MemoryRef],
                        keys: Sequence[CacheKeyRef] = (), blocks_key: BlocksKeyRef | None = None,
-                       remote_accessible: bool | None = None) -> CacheEntry:
+                       remote_accessible: bool | None = None, worker_addrs: Sequence[int] = ()) -> CacheEntry:
         self._check_open()
+        require(not worker_addrs or len(worker_addrs) == len(refs),
+                f"worker_addrs has {len(worker_addrs)} entries for {len(refs)} tensors")
         require(len(refs) == desc.num_tensors,
                 f"register needs one address per tensor: {len(refs)} addresses for num_tensors={desc.num_tensors}")
         require(self.registered_addrs + len(refs) <= MAX_REGISTERED_ADDRS,
@@ -210,7 +225,9 @@ class Engine:
                 handle.close()
             raise
         tensors = tuple(Segment(h, 0, desc.tensor_size) for h in handles)
-        memory = CacheMemory(tensors, handles=tuple(handles))
+        if not worker_addrs:
+            worker_addrs = [ref.address if isinstance(ref, ProcessRef) else 0 for ref in refs]
+        memory = CacheMemory(tensors, handles=tuple(handles), worker_addrs=tuple(int(a) for a in worker_addrs))
         entry = self.registry.add(desc, is_blocks=is_blocks, owned=False, remote_accessible=remote_accessible,
                                   memory=memory)
         self.registered_addrs += len(refs)
@@ -251,6 +268,45 @@ class Engine:
         owner_key = OwnerKey.from_cache_key(key.req_id, key.prefix_id, key.model_id)
         if owner_key is not None:
             self._free(self.registry.remove_key(owner_key))
+
+    def set_worker_addrs(self, cache_id: int, addrs: Sequence[int]) -> None:
+        """Where the owning worker mapped a cache's tensors, so peers may name them by raw address."""
+        entry = self.entry(cache_id)
+        require(len(addrs) == entry.desc.num_tensors,
+                f"cache {cache_id} has {entry.desc.num_tensors} tensors, got {len(addrs)} addresses")
+        entry.memory.worker_addrs = tuple(int(a) for a in addrs)
+
+    def resolve_address(self, addr: int) -> tuple[CacheEntry, int, int]:
+        """A raw worker address -> (cache, tensor index, byte offset); others are refused (LLM_PARAM_INVALID)."""
+        self._check_open()
+        for entry in self.registry.entries():
+            size = entry.desc.tensor_size
+            for tensor, base in enumerate(entry.memory.worker_addrs):
+                if base and base <= addr < base + size:
+                    if not entry.remote_accessible:
+                        break
+                    return entry, tensor, addr - base
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"address {addr:#x} is not inside a remotely accessible cache of cluster {self.cluster_id}")
+
+    def _address_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span]]:
+        key = spec.key
+        entry, tensor, offset = self.resolve_address(key.addr)  # type: ignore[union-attr]
+        size = entry.desc.tensor_size
+        if spec.mode == ReadMode.BLOCKS:
+            bs = key.block_size  # type: ignore[union-attr]
+            require(bs > 0, "a blocks address needs the block size (dst_block_memory_size)")
+            for i, b in enumerate(spec.blocks):
+                require(offset + (b + 1) * bs <= size,
+                        f"block {b} (position {i}) of {bs} bytes at address {key.addr:#x} runs past the end of "  # type: ignore[union-attr]
+                        f"tensor {tensor} of cache {entry.cache_id}")
+            spans = [Span(tensor, offset + first * bs, count * bs) for first, count in block_runs(spec.blocks)]
+        else:
+            require(spec.size > 0 and offset + spec.size <= size,
+                    f"{spec.size} bytes at address {key.addr:#x} run past the end of tensor {tensor} of cache "  # type: ignore[union-attr]
+                    f"{entry.cache_id}")
+            spans = [Span(tensor, offset, spec.size)]
+        return entry, spans
 
     # ---- local copies --------------------------------------------------------------------------
 
@@ -343,6 +399,17 @@ class Engine:
 
     def _owner_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span], OwnerKey | None, list[int]]:
         self._check_open()
+        if spec.key.cluster_id != self.cluster_id:  # every legitimate request names its owner's cluster
+            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                f"the request names a cache of cluster {spec.key.cluster_id}; this is cluster "
+                                f"{self.cluster_id}")
+        if isinstance(spec.key, AddrRef):
+            entry, spans = self._address_spans(spec)
+            got = total_length(spans)
+            require(spec.expected_bytes == got,
+                    f"size mismatch: requester expects {spec.expected_bytes} bytes, address {spec.key.addr:#x} "
+                    f"of cluster {self.cluster_id} has {got} bytes for that request")
+            return entry, spans, None, sorted({s.tensor for s in spans})
         entry, batch, owner_key = self._resolve(spec)
         if not entry.remote_accessible:
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,

@@ -34,6 +34,7 @@ from .memory.copy import copy_segments
 from .peering import (
     PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, PeerClient, answer_mac, data_token, make_offer, offer_mac,
 )
+from .reverse import OpenWriteCmd, ReverseCmd, ReverseHub, ReverseReply
 from .transport.base import Channel, Transport
 
 __all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
@@ -80,6 +81,10 @@ class Link:
     bytes_out: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     heartbeat: "asyncio.Task[None] | None" = None
+    reverse: "ReverseHub | None" = None             # serving side: commands to the linking side (pushes)
+    reverse_task: "asyncio.Task[None] | None" = None  # linking side: serves the reverse path
+    pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, spec §1.4)
+    layerwise: int = 0                              # transfer_cache_async tasks using this link
 
 
 @dataclass
@@ -117,6 +122,7 @@ class LinkManager:
         self._sweeper: asyncio.Task[None] | None = None
         self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
         self.closed = False
+        self._nonces: dict[bytes, float] = {}   # nonces of accepted handshakes -> when they leave the window
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -159,6 +165,8 @@ class LinkManager:
         return [*self.links.values(), *self.served.values()]
 
     def _drop_serving(self, link: Link) -> None:
+        if link.reverse is not None:
+            link.reverse.close("the link was dropped")
         self.sessions.pop(link.session, None)
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
@@ -230,6 +238,7 @@ class LinkManager:
         link = Link(cid, True, self.transport.name, answer.session, spec.address, answer.data_endpoint, peer,
                     channel, token)  # type: ignore[arg-type]
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
+        link.reverse_task = asyncio.get_running_loop().create_task(self._serve_reverse(link))
         self.links[cid] = link
         log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
                  spec.address, self.transport.name, answer.data_endpoint, streams)
@@ -293,8 +302,17 @@ class LinkManager:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
         skew = abs(time.time() * 1000 - offer.timestamp_ms) / 1000
         if skew > self.node.max_clock_skew_seconds:
+            log.warning("cluster %s: refused a handshake from cluster %s: timestamp off by %.0fs", self.cluster_id,
+                        offer.client_cluster_id, skew)
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"handshake timestamp off by {skew:.0f}s (max {self.node.max_clock_skew_seconds:.0f}s)")
+        now = time.monotonic()
+        self._nonces = {n: t for n, t in self._nonces.items() if t > now}
+        if offer.nonce in self._nonces:  # a captured handshake sent again would replace the real link
+            log.warning("cluster %s: refused a handshake from cluster %s: replayed nonce", self.cluster_id,
+                        offer.client_cluster_id)
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, "handshake refused: replayed (nonce already used)")
+        self._nonces[offer.nonce] = now + 2 * self.node.max_clock_skew_seconds
         if offer.protocol_version != PROTOCOL_VERSION:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"protocol version mismatch: peer speaks v{offer.protocol_version}, "
@@ -312,7 +330,7 @@ class LinkManager:
         token = data_token(self.node.secret, session)
         self.transport.allow(token)
         link = Link(offer.client_cluster_id, False, self.transport.name, session, token=token,
-                    data_endpoint=self.transport.endpoint)
+                    data_endpoint=self.transport.endpoint, reverse=ReverseHub(offer.client_cluster_id))
         self.served[offer.client_cluster_id] = link
         self.sessions[session] = link
         log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
@@ -360,6 +378,8 @@ class LinkManager:
             del self.links[link.remote_cluster]
         if link.heartbeat is not None:
             link.heartbeat.cancel()
+        if link.reverse_task is not None:
+            link.reverse_task.cancel()
         failure: DataDistError | None = None
         if link.local_peer is not None:
             other = link.local_peer
@@ -388,12 +408,14 @@ class LinkManager:
 
     # ---- transfers (requester side) --------------------------------------------------------------
 
-    def _transfer_link(self, cluster: int) -> Link:
+    def _transfer_link(self, cluster: int, push: bool = False) -> Link:
         link = self.links.get(cluster)
         if link is None:
             served = self.served.get(cluster)
             if served is not None and served.local_peer is not None:
                 link = served  # same daemon: either side may transfer
+            elif served is not None and push and served.reverse is not None:
+                link = served  # the serving side pushes over the reverse path
             elif served is not None:
                 raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
                                     f"cluster {cluster} linked to this engine; transfers are initiated by the linking "
@@ -422,8 +444,15 @@ class LinkManager:
         link = self._transfer_link(order.remote.cluster_id)
         deadline, timeout_ms = self._deadline(order)
         dst = segments_of(entry.memory.tensors, plan.local_spans)
+        if link.layerwise:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY, f"a transfer_cache_async task is using the link to "
+                                                          f"cluster {link.remote_cluster}; pull after it ends")
+        if order.exclusive and link.pulls:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"another pull is running on the link to cluster {link.remote_cluster}")
         self.engine.registry.pin(entry.cache_id)
         link.inflight += 1
+        link.pulls += 1
         try:
             if link.local_peer is not None:
                 await self._local_pull(link, plan.remote, dst)
@@ -432,6 +461,7 @@ class LinkManager:
             link.bytes_in += plan.nbytes
         finally:
             link.inflight -= 1
+            link.pulls -= 1
             self.engine.unpin(entry.cache_id)
         log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
         return plan.nbytes, link.transport
@@ -454,7 +484,10 @@ class LinkManager:
         receipt = self.transport.expect(dst, channel=link.channel)  # type: ignore[call-arg]
         try:
             _, release = await link.peer.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
-            await self._in_thread(receipt.wait, deadline)
+            if getattr(receipt, "done", False):  # the bytes usually land before the answer: no executor hop
+                receipt.wait(deadline)
+            else:
+                await self._in_thread(receipt.wait, deadline)
         except DataDistError as exc:
             receipt.cancel()
             raise self._transfer_failure(link, exc, timeout_ms) from None
@@ -489,30 +522,139 @@ class LinkManager:
         self.engine.registry.pin(entry.cache_id)
         link.inflight += 1
         try:
-            if link.local_peer is not None:
-                owner = link.local_peer.engine
-                cache_id, dst = owner.prepare_write(plan.remote)
-                try:
-                    await self._in_thread(copy_segments, dst, src)
-                finally:
-                    owner.unpin(cache_id)
-            else:
-                assert link.peer is not None and link.channel is not None
-                try:
-                    tid = await link.peer.open_write(link.session, plan.remote, deadline - time.monotonic())
-                    try:
-                        await self._in_thread(link.channel.send, tid, src, deadline)
-                    except DataDistError:
-                        link.channel.abort(tid, LLMStatusCode.LLM_TIMEOUT)
-                        raise
-                    await link.peer.commit_write(link.session, tid, deadline - time.monotonic())
-                except DataDistError as exc:
-                    raise self._transfer_failure(link, exc, timeout_ms) from None
+            await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
             link.bytes_out += plan.nbytes
         finally:
             link.inflight -= 1
             self.engine.unpin(entry.cache_id)
         return plan.nbytes, link.transport
+
+    def _channel_of(self, link: Link) -> Channel | None:
+        """The data channel of a link: the one this side opened, or the one the linking side opened to it."""
+        if link.initiator:
+            return link.channel
+        return self.transport.channel(link.token) if link.token else None
+
+    async def _write_owner(self, link: Link, spec: RemoteSpec, src: list, deadline: float,  # type: ignore[type-arg]
+                           timeout_ms: int) -> None:
+        """Push ``src`` into what ``spec`` names on the other end of ``link`` (same daemon, peer or reverse path)."""
+        if link.local_peer is not None:
+            owner = link.local_peer.engine
+            cache_id, dst = owner.prepare_write(spec)
+            try:
+                await self._in_thread(copy_segments, dst, src)
+            finally:
+                owner.unpin(cache_id)
+            return
+        calls = link.peer if link.initiator else link.reverse
+        channel = self._channel_of(link)
+        if calls is None or channel is None or channel.broken:
+            raise self._transfer_failure(link, DataDistError(
+                StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
+        try:
+            tid = await calls.open_write(link.session, spec, deadline - time.monotonic())
+            try:
+                await self._in_thread(channel.send, tid, src, deadline)
+            except DataDistError:
+                channel.abort(tid, LLMStatusCode.LLM_TIMEOUT)
+                raise
+            await calls.commit_write(link.session, tid, deadline - time.monotonic())
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+
+    async def push_pieces(self, cluster: int, cache_id: int, pieces: Sequence[tuple[list, RemoteSpec]],
+                          timeout_ms: int | None = None) -> int:
+        """Send pieces (spans, owner spec) of local cache ``cache_id`` to ``cluster``: a layer of a layer-wise push."""
+        link = self._transfer_link(cluster, push=True)
+        if link.pulls:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"a pull is running on the link to cluster {cluster}; transfer_cache_async and pulls "
+                                f"must not overlap on one link")
+        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        entry = self.engine.registry.pin(cache_id)  # type: ignore[arg-type]
+        link.inflight += 1
+        nbytes = 0
+        try:
+            for spans, spec in pieces:
+                await self._write_owner(link, spec, segments_of(entry.memory.tensors, spans), deadline, timeout_ms)
+                nbytes += spec.expected_bytes
+                link.bytes_out += spec.expected_bytes
+        finally:
+            link.inflight -= 1
+            self.engine.unpin(entry.cache_id)
+        return nbytes
+
+    def links_to(self, cluster: int) -> Link | None:
+        return self.links.get(cluster) or self.served.get(cluster)
+
+    async def check_link(self, cluster: int, timeout_ms: int | None = None) -> None:
+        """v1 ``check_link_status``: raise when the link to ``cluster`` is missing, busy or broken."""
+        link = self.links_to(cluster)
+        if link is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
+        if link.pulls or link.layerwise:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY, f"transfers are running on the link to cluster {cluster}")
+        channel = self._channel_of(link) if link.local_peer is None else None
+        if link.state == LinkState.ESTABLISHED and channel is not None and channel.broken:
+            self._mark_broken(link, "data channel closed")
+        if link.state == LinkState.ESTABLISHED and link.initiator and link.peer is not None:
+            timeout = (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000
+            try:
+                await link.peer.ping(link.session, timeout)
+                link.last_seen = time.monotonic()
+            except DataDistError as exc:
+                self._mark_broken(link, f"check_link_status: {exc}")
+        if link.state == LinkState.BROKEN:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+
+    # ---- the reverse path (see reverse.py) --------------------------------------------------------
+
+    def attach_reverse(self, session: bytes) -> ReverseHub:
+        """Serving side: the linking daemon opened the reverse stream of its link."""
+        link = self.session_link(session)
+        if link.reverse is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "this link has no reverse path")
+        link.reverse.attach()
+        return link.reverse
+
+    async def _serve_reverse(self, link: Link) -> None:
+        """Linking side: answer the serving side's owner calls for the life of the link."""
+        opener = getattr(link.peer, "reverse", None)
+        if opener is None:
+            return
+        stream = None
+        jobs: set[asyncio.Task[None]] = set()  # keep references: the loop holds tasks only weakly
+        try:
+            stream = await opener(link.session)
+            async for cmd in stream.commands():
+                job = asyncio.get_running_loop().create_task(self._answer_reverse(link, stream, cmd))
+                jobs.add(job)
+                job.add_done_callback(jobs.discard)
+        except DataDistError as exc:
+            if link.state == LinkState.ESTABLISHED and not self.closed:
+                log.info("cluster %s: reverse path of the link to cluster %s ended: %s", self.cluster_id,
+                         link.remote_cluster, exc)
+        finally:
+            if stream is not None:
+                await stream.close()
+
+    async def _answer_reverse(self, link: Link, stream: object, cmd: ReverseCmd) -> None:
+        try:
+            if isinstance(cmd, OpenWriteCmd):
+                reply = ReverseReply(cmd.command_id, transfer_id=self.open_write_for(link, cmd.spec, cmd.timeout_ms))
+            else:
+                await self.commit_write_for(link, cmd.transfer_id, cmd.timeout_ms)
+                reply = ReverseReply(cmd.command_id)
+        except DataDistError as exc:
+            reply = ReverseReply(cmd.command_id, int(exc.code), exc.message)
+        try:
+            await stream.reply(reply)  # type: ignore[attr-defined]
+        except DataDistError as exc:
+            log.info("cluster %s: cannot answer reverse call %s of cluster %s: %s", self.cluster_id,
+                     cmd.command_id, link.remote_cluster, exc)
 
     # ---- transfers (owner side, called by the Peer service) -----------------------------------
 
@@ -526,7 +668,10 @@ class LinkManager:
         timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + timeout / 1000
         try:
-            await self._in_thread(channel.send, transfer_id, src, deadline)
+            # a small read goes out from the event loop when a connection is idle (no executor hop)
+            try_send = getattr(channel, "try_send", None)
+            if try_send is None or not try_send(transfer_id, src, deadline):
+                await self._in_thread(channel.send, transfer_id, src, deadline)
         finally:
             self.engine.unpin(cache_id)
         link.bytes_out += spec.expected_bytes
@@ -538,8 +683,10 @@ class LinkManager:
         self.engine.release_pulled(key, tensor_start, tensor_count)
 
     def serve_open_write(self, session: bytes, spec: RemoteSpec, timeout_ms: int) -> int:
-        link = self.session_link(session)
-        channel = self.transport.channel(link.token)
+        return self.open_write_for(self.session_link(session), spec, timeout_ms)
+
+    def open_write_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> int:
+        channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         cache_id, dst = self.engine.prepare_write(spec)
@@ -549,7 +696,9 @@ class LinkManager:
         return receipt.transfer_id
 
     async def serve_commit_write(self, session: bytes, transfer_id: int, timeout_ms: int) -> None:
-        link = self.session_link(session)
+        await self.commit_write_for(self.session_link(session), transfer_id, timeout_ms)
+
+    async def commit_write_for(self, link: Link, transfer_id: int, timeout_ms: int) -> None:
         pw = self.writes.pop(transfer_id, None)
         if pw is None or pw.link is not link:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown transfer {transfer_id}")

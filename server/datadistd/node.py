@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Mapping, Protocol
 
 from . import __version__
 from .config import Config
 from .core.errors import DataDistError, StatusCode, require
-from .core.options import EngineOptions, parse_listen, parse_options
+from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .comm import CommManager
@@ -50,6 +51,7 @@ class EngineSlot:
     comm: CommManager | None = None
     extra_listeners: list[Listener] = field(default_factory=list)   # comm-domain listen addresses
     created: float = field(default_factory=time.time)
+    options: dict[str, str] = field(default_factory=dict)           # the init options, verbatim
 
     def listeners(self) -> list[Listener]:
         return ([self.listener] if self.listener is not None else []) + self.extra_listeners
@@ -73,7 +75,10 @@ class Node:
         self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers
         self.listener_factory = listener_factory
         self.engines: dict[EngineId, EngineSlot] = {}
-        self._ids = itertools.count(1)
+        self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
+        # engine ids never repeat across daemon restarts: a client left over from the previous daemon
+        # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
+        self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
         self.executor = ThreadPoolExecutor(max_workers=128, thread_name_prefix="datadist-io")
         self.secret = config.secret_bytes()
         self.version = __version__
@@ -102,7 +107,8 @@ class Node:
     def _make_pools(self, options: EngineOptions) -> dict[Placement, Pool]:
         pools: dict[Placement, Pool] = {}
         cap = self.config.memory.max_total_bytes
-        in_use = sum(p.capacity for s in self.engines.values() for p in s.engine.pools.values())
+        in_use = sum(p.capacity for s in [*self.engines.values(), *self._retiring.values()]
+                     for p in s.engine.pools.values())
         try:
             for placement, cfg in options.pools:
                 if cap and in_use + cfg.memory_size > cap:
@@ -118,7 +124,7 @@ class Node:
         return pools
 
     async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str], pid: int = 0) -> EngineSlot:
-        opts = parse_options(role, cluster_id, options)
+        opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
         for other in self.engines.values():
             require(other.engine.cluster_id != cluster_id,
                     f"cluster id {cluster_id} is already used by engine {other.engine_id} (pid {other.pid}) "
@@ -133,7 +139,7 @@ class Node:
         try:
             transport.start()
             links = LinkManager(engine, transport, self)
-            slot = EngineSlot(engine, links, transport, pid)
+            slot = EngineSlot(engine, links, transport, pid, options=dict(options))
             slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
                                     self.config.peer.default_port)
             if opts.listen:
@@ -180,19 +186,30 @@ class Node:
         slot = self.engines.pop(EngineId(engine_id), None)
         if slot is None:
             return
-        for listener in slot.listeners():
-            await listener.stop()
-        if slot.comm is not None:
-            await slot.comm.close()
-        await slot.links.close()
-        await slot.engine.drain(timeout=5.0)
-        usage = slot.engine.registry.bytes_owned
-        slot.engine.close()
+        self._retiring[EngineId(engine_id)] = slot  # its pools count against the node cap until freed
+        try:
+            for listener in slot.listeners():
+                await listener.stop()
+            if slot.comm is not None:
+                await slot.comm.close()
+            await slot.links.close()
+            await slot.engine.drain(timeout=5.0)
+            usage = slot.engine.registry.bytes_owned
+            slot.engine.close()
+        finally:
+            self._retiring.pop(EngineId(engine_id), None)
         log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", engine_id, slot.engine.cluster_id,
                  reason, usage)
 
     async def switch_role(self, engine_id: int, role: Role, options: Mapping[str, str]) -> None:
         slot = self.slot(engine_id)
+        if not slot.engine.options.cache_manager:  # v1 (KvCacheManager mode) rules, spec §4
+            if slot.options.get("llm.EnableSwitchRole") != "1":
+                raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
+                                    "switch_role needs enable_switch_role=True (llm.EnableSwitchRole) at init")
+            require(Role(role) != slot.engine.role, f"role not changed, role = {Role(role).name}")
+            require(Role(role) != Role.PROMPT or bool(options.get("llm.listenIpInfo")),
+                    'switching to Prompt needs option "llm.listenIpInfo"')
         if slot.links.all_links():
             raise DataDistError(StatusCode.LLM_EXIST_LINK,
                                 f"cluster {slot.engine.cluster_id} has {len(slot.links.all_links())} links; "
@@ -213,6 +230,35 @@ class Node:
             await self.finalize_engine(engine_id, reason="daemon stopping")
         self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+#: v1 engine pool when ``ge.flowGraphMemMaxSize`` is absent (CANN's engine default is 10 GiB of device
+#: memory; datadist reserves host shared memory up front, so it defaults lower -- see docs/choices.md)
+V1_DEFAULT_POOL_BYTES = 1 << 30
+V1_PAGE_SHIFT = 12
+
+
+def v1_engine_pool(opts: EngineOptions, options: Mapping[str, str]) -> EngineOptions:
+    """v1 (KvCacheManager mode) memory: ``ge.flowGraphMemMaxSize`` x ``llm.MemoryUtilization`` as the device pool.
+
+    Only when no ``llm.MemPoolConfig`` gave one; ``llm.BufPoolCfg`` (v1 buffer tiers) is accepted and not
+    needed: the pool allocator serves every size.
+    """
+    if opts.cache_manager or opts.pool(Placement.DEVICE) is not None:
+        return opts
+    raw = options.get("llm.MemoryUtilization", "0.95")
+    try:
+        utilization = float(raw)
+    except ValueError:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"option llm.MemoryUtilization={raw!r}: not a number") from None
+    require(0 < utilization <= 1, f"option llm.MemoryUtilization={raw!r}: must be in (0, 1]")
+    flow = options.get("ge.flowGraphMemMaxSize")
+    total = int(flow) if flow else V1_DEFAULT_POOL_BYTES
+    size = int(total * utilization)
+    require(size >> V1_PAGE_SHIFT > 0, f"the v1 memory pool of {size} bytes (ge.flowGraphMemMaxSize x "
+                                       f"llm.MemoryUtilization) is too small")
+    return replace(opts, pools=(*opts.pools, (Placement.DEVICE, PoolConfig(size, V1_PAGE_SHIFT))))
 
 
 def _same_address(a: str, b: str) -> bool:

@@ -110,9 +110,13 @@ def deadline(seconds: float = 10.0) -> float:
 # ---- fixtures -------------------------------------------------------------------------------------
 
 class Pair:
-    """Transport ``a`` connected to ``b`` with ``streams`` connections: ``out`` on a, ``inb`` on b."""
+    """Transport ``a`` connected to ``b`` with ``streams`` connections: ``out`` on a, ``inb`` on b.
+
+    Unless told otherwise every transfer is striped over all ``streams`` (the daemon's default
+    stripe width depends on the CPU count)."""
 
     def __init__(self, streams: int = 2, **kwargs: object) -> None:
+        kwargs.setdefault("stripe", streams)
         self.a = TcpTransport(LOOPBACK, **kwargs)  # type: ignore[arg-type]
         self.b = TcpTransport(LOOPBACK, **kwargs)  # type: ignore[arg-type]
         self.a.start()
@@ -756,3 +760,47 @@ def test_throughput_256mib_vs_raw_socket(capsys: pytest.CaptureFixture[str]) -> 
         for what, rate in results.items():
             print(f"  256 MiB over loopback: {what}: {rate / 1e9:.2f} GB/s ({rate / raw:.0%} of raw)")
 
+
+
+def test_stripe_width_bounds_the_connections_one_transfer_uses() -> None:
+    """``stripe=1``: a transfer goes over one connection; successive transfers rotate over all of them."""
+    p = Pair(streams=3, chunk_size=64 << 10, stripe=1)
+    try:
+        for k in range(3):
+            src, dst = ArrayHandle(1 << 20, seed=20 + k), ArrayHandle(1 << 20)
+            before = [c["bytes_sent"] for c in p.out.stats()["connections"]]  # type: ignore[union-attr]
+            p.a_to_b(one(src), one(dst))
+            after = [c["bytes_sent"] for c in p.out.stats()["connections"]]  # type: ignore[union-attr]
+            assert sum(a != b for a, b in zip(after, before, strict=True)) == 1
+            np.testing.assert_array_equal(dst.arr, src.arr)
+        assert all(c["bytes_sent"] > 0 for c in p.out.stats()["connections"])  # type: ignore[union-attr]
+        with pytest.raises(DataDistError):
+            TcpTransport(LOOPBACK, stripe=-1)
+    finally:
+        p.stop()
+
+
+def test_try_send_small_transfers_inline_and_declines_without_side_effects(pair: Pair) -> None:
+    """``try_send`` (the event loop's path for small reads): byte-exact when it sends; False and no bytes when
+    the transfer is too big or every connection is busy."""
+    from datadistd.transport import tcp
+
+    for src in (ArrayHandle(3000, seed=31), CopyHandle(3000, seed=32)):  # mapped, and through staging
+        dst = ArrayHandle(3000)
+        r = pair.b.expect(one(dst), channel=pair.inb)
+        assert pair.out.try_send(r.transfer_id, one(src), deadline())
+        r.wait(deadline())
+        np.testing.assert_array_equal(dst.arr, src.arr)
+    big = ArrayHandle(tcp._INLINE_MAX + 1, seed=33)
+    sent = pair.out.stats()["bytes_sent"]
+    assert not pair.out.try_send(12345, one(big), deadline())
+    conns = pair.out._live()
+    for c in conns:
+        assert c.lock.acquire(timeout=1)
+    try:
+        assert not pair.out.try_send(12345, one(ArrayHandle(10, seed=34)), deadline())
+    finally:
+        for c in conns:
+            c.lock.release()
+    assert pair.out.stats()["bytes_sent"] == sent
+    assert pair.out.try_send(12345, [], deadline())  # nothing to send is done at once

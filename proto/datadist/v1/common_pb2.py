@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x61tadist/v1/common.proto\x12\x0b\x64\x61tadist.v1\"\x07\n\x05\x45mpty\"m\n\tCacheDesc\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\r\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x11\n\tdata_type\x18\x03 \x01(\r\x12)\n\tplacement\x18\x04 \x01(\x0e\x32\x16.datadist.v1.Placement\"S\n\x08\x43\x61\x63heKey\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0e\n\x06req_id\x18\x02 \x01(\x04\x12\x10\n\x08model_id\x18\x03 \x01(\x04\x12\x11\n\tprefix_id\x18\x04 \x01(\x04\"Q\n\x14\x43\x61\x63heKeyByIdAndIndex\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61\x63he_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\r\"6\n\x0e\x42locksCacheKey\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08model_id\x18\x02 \x01(\x04\"\xa2\x01\n\x06\x41nyKey\x12*\n\tcache_key\x18\x01 \x01(\x0b\x32\x15.datadist.v1.CacheKeyH\x00\x12\x32\n\x05\x62y_id\x18\x02 \x01(\x0b\x32!.datadist.v1.CacheKeyByIdAndIndexH\x00\x12\x31\n\nblocks_key\x18\x03 \x01(\x0b\x32\x1b.datadist.v1.BlocksCacheKeyH\x00\x42\x05\n\x03key\")\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x03*M\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_PROMPT\x10\x01\x12\x10\n\x0cROLE_DECODER\x10\x02\x12\x0c\n\x08ROLE_MIX\x10\x03*5\n\tPlacement\x12\x12\n\x0ePLACEMENT_HOST\x10\x00\x12\x14\n\x10PLACEMENT_DEVICE\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x61tadist/v1/common.proto\x12\x0b\x64\x61tadist.v1\"\x07\n\x05\x45mpty\"m\n\tCacheDesc\x12\x13\n\x0bnum_tensors\x18\x01 \x01(\r\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x11\n\tdata_type\x18\x03 \x01(\r\x12)\n\tplacement\x18\x04 \x01(\x0e\x32\x16.datadist.v1.Placement\"S\n\x08\x43\x61\x63heKey\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0e\n\x06req_id\x18\x02 \x01(\x04\x12\x10\n\x08model_id\x18\x03 \x01(\x04\x12\x11\n\tprefix_id\x18\x04 \x01(\x04\"Q\n\x14\x43\x61\x63heKeyByIdAndIndex\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08\x63\x61\x63he_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\r\"6\n\x0e\x42locksCacheKey\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x10\n\x08model_id\x18\x02 \x01(\x04\"\xd1\x01\n\x06\x41nyKey\x12*\n\tcache_key\x18\x01 \x01(\x0b\x32\x15.datadist.v1.CacheKeyH\x00\x12\x32\n\x05\x62y_id\x18\x02 \x01(\x0b\x32!.datadist.v1.CacheKeyByIdAndIndexH\x00\x12\x31\n\nblocks_key\x18\x03 \x01(\x0b\x32\x1b.datadist.v1.BlocksCacheKeyH\x00\x12-\n\x07\x61\x64\x64ress\x18\x04 \x01(\x0b\x32\x1a.datadist.v1.WorkerAddressH\x00\x42\x05\n\x03key\"E\n\rWorkerAddress\x12\x12\n\ncluster_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x61\x64\x64r\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\x04\")\n\nLayerRange\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x03*M\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_PROMPT\x10\x01\x12\x10\n\x0cROLE_DECODER\x10\x02\x12\x0c\n\x08ROLE_MIX\x10\x03*5\n\tPlacement\x12\x12\n\x0ePLACEMENT_HOST\x10\x00\x12\x14\n\x10PLACEMENT_DEVICE\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'datadist.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=593
-  _globals['_ROLE']._serialized_end=670
-  _globals['_PLACEMENT']._serialized_start=672
-  _globals['_PLACEMENT']._serialized_end=725
+  _globals['_ROLE']._serialized_start=711
+  _globals['_ROLE']._serialized_end=788
+  _globals['_PLACEMENT']._serialized_start=790
+  _globals['_PLACEMENT']._serialized_end=843
   _globals['_EMPTY']._serialized_start=41
   _globals['_EMPTY']._serialized_end=48
   _globals['_CACHEDESC']._serialized_start=50
@@ -46,7 +46,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BLOCKSCACHEKEY']._serialized_start=329
   _globals['_BLOCKSCACHEKEY']._serialized_end=383
   _globals['_ANYKEY']._serialized_start=386
-  _globals['_ANYKEY']._serialized_end=548
-  _globals['_LAYERRANGE']._serialized_start=550
-  _globals['_LAYERRANGE']._serialized_end=591
+  _globals['_ANYKEY']._serialized_end=595
+  _globals['_WORKERADDRESS']._serialized_start=597
+  _globals['_WORKERADDRESS']._serialized_end=666
+  _globals['_LAYERRANGE']._serialized_start=668
+  _globals['_LAYERRANGE']._serialized_end=709
 # @@protoc_insertion_point(module_scope)

@@ -72,14 +72,26 @@ class BlocksCacheKey(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., model_id: _Optional[int] = ...) -> None: ...
 
 class AnyKey(_message.Message):
-    __slots__ = ("cache_key", "by_id", "blocks_key")
+    __slots__ = ("cache_key", "by_id", "blocks_key", "address")
     CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
     BY_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     cache_key: CacheKey
     by_id: CacheKeyByIdAndIndex
     blocks_key: BlocksCacheKey
-    def __init__(self, cache_key: _Optional[_Union[CacheKey, _Mapping]] = ..., by_id: _Optional[_Union[CacheKeyByIdAndIndex, _Mapping]] = ..., blocks_key: _Optional[_Union[BlocksCacheKey, _Mapping]] = ...) -> None: ...
+    address: WorkerAddress
+    def __init__(self, cache_key: _Optional[_Union[CacheKey, _Mapping]] = ..., by_id: _Optional[_Union[CacheKeyByIdAndIndex, _Mapping]] = ..., blocks_key: _Optional[_Union[BlocksCacheKey, _Mapping]] = ..., address: _Optional[_Union[WorkerAddress, _Mapping]] = ...) -> None: ...
+
+class WorkerAddress(_message.Message):
+    __slots__ = ("cluster_id", "addr", "block_size")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: int
+    addr: int
+    block_size: int
+    def __init__(self, cluster_id: _Optional[int] = ..., addr: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class LayerRange(_message.Message):
     __slots__ = ("start", "stop")

@@ -137,7 +137,7 @@ class AllocateCacheRequest(_message.Message):
     def __init__(self, engine_id: _Optional[int] = ..., desc: _Optional[_Union[_common_pb2.CacheDesc, _Mapping]] = ..., is_blocks: _Optional[bool] = ..., cache_keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksCacheKey, _Mapping]] = ...) -> None: ...
 
 class RegisterCacheRequest(_message.Message):
-    __slots__ = ("engine_id", "desc", "is_blocks", "tensors", "cache_keys", "blocks_key", "remote_accessible")
+    __slots__ = ("engine_id", "desc", "is_blocks", "tensors", "cache_keys", "blocks_key", "remote_accessible", "worker_addrs")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     DESC_FIELD_NUMBER: _ClassVar[int]
     IS_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class RegisterCacheRequest(_message.Message):
     CACHE_KEYS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_KEY_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ACCESSIBLE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRS_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     desc: _common_pb2.CacheDesc
     is_blocks: bool
@@ -152,7 +153,8 @@ class RegisterCacheRequest(_message.Message):
     cache_keys: _containers.RepeatedCompositeFieldContainer[_common_pb2.CacheKey]
     blocks_key: _common_pb2.BlocksCacheKey
     remote_accessible: bool
-    def __init__(self, engine_id: _Optional[int] = ..., desc: _Optional[_Union[_common_pb2.CacheDesc, _Mapping]] = ..., is_blocks: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[WorkerMemory, _Mapping]]] = ..., cache_keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksCacheKey, _Mapping]] = ..., remote_accessible: _Optional[bool] = ...) -> None: ...
+    worker_addrs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, engine_id: _Optional[int] = ..., desc: _Optional[_Union[_common_pb2.CacheDesc, _Mapping]] = ..., is_blocks: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[WorkerMemory, _Mapping]]] = ..., cache_keys: _Optional[_Iterable[_Union[_common_pb2.CacheKey, _Mapping]]] = ..., blocks_key: _Optional[_Union[_common_pb2.BlocksCacheKey, _Mapping]] = ..., remote_accessible: _Optional[bool] = ..., worker_addrs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CacheRef(_message.Message):
     __slots__ = ("engine_id", "cache_id", "is_blocks")
@@ -303,7 +305,7 @@ class SwitchRoleRequest(_message.Message):
     def __init__(self, engine_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TransferRequest(_message.Message):
-    __slots__ = ("engine_id", "kind", "remote", "local_cache_id", "remote_blocks", "local_blocks", "local_batch_index", "size", "src_layer_range", "dst_layer_range", "tensor_num_per_layer", "timeout_ms")
+    __slots__ = ("engine_id", "kind", "remote", "local_cache_id", "remote_blocks", "local_blocks", "local_batch_index", "size", "src_layer_range", "dst_layer_range", "tensor_num_per_layer", "timeout_ms", "src_cache_offset", "dst_cache_offset", "exclusive")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +318,9 @@ class TransferRequest(_message.Message):
     DST_LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_NUM_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SRC_CACHE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DST_CACHE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     kind: TransferKind
     remote: _common_pb2.AnyKey
@@ -328,7 +333,10 @@ class TransferRequest(_message.Message):
     dst_layer_range: _common_pb2.LayerRange
     tensor_num_per_layer: int
     timeout_ms: int
-    def __init__(self, engine_id: _Optional[int] = ..., kind: _Optional[_Union[TransferKind, str]] = ..., remote: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., local_cache_id: _Optional[int] = ..., remote_blocks: _Optional[_Iterable[int]] = ..., local_blocks: _Optional[_Iterable[int]] = ..., local_batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., dst_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., tensor_num_per_layer: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    src_cache_offset: int
+    dst_cache_offset: int
+    exclusive: bool
+    def __init__(self, engine_id: _Optional[int] = ..., kind: _Optional[_Union[TransferKind, str]] = ..., remote: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., local_cache_id: _Optional[int] = ..., remote_blocks: _Optional[_Iterable[int]] = ..., local_blocks: _Optional[_Iterable[int]] = ..., local_batch_index: _Optional[int] = ..., size: _Optional[int] = ..., src_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., dst_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., tensor_num_per_layer: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., src_cache_offset: _Optional[int] = ..., dst_cache_offset: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
 
 class TransferResponse(_message.Message):
     __slots__ = ("bytes", "transport")
@@ -337,6 +345,86 @@ class TransferResponse(_message.Message):
     bytes: int
     transport: str
     def __init__(self, bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class WorkerAddrsRequest(_message.Message):
+    __slots__ = ("engine_id", "cache_id", "addrs")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    cache_id: int
+    addrs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, engine_id: _Optional[int] = ..., cache_id: _Optional[int] = ..., addrs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LinkStatusRequest(_message.Message):
+    __slots__ = ("engine_id", "remote_cluster_id", "timeout_ms")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    remote_cluster_id: int
+    timeout_ms: int
+    def __init__(self, engine_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class LayerTransferTarget(_message.Message):
+    __slots__ = ("dst_cluster_id", "cache_key", "dst_addrs", "src_layer_range", "dst_layer_range", "src_batch_index")
+    DST_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DST_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    SRC_LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
+    DST_LAYER_RANGE_FIELD_NUMBER: _ClassVar[int]
+    SRC_BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    dst_cluster_id: int
+    cache_key: _common_pb2.AnyKey
+    dst_addrs: _containers.RepeatedScalarFieldContainer[int]
+    src_layer_range: _common_pb2.LayerRange
+    dst_layer_range: _common_pb2.LayerRange
+    src_batch_index: int
+    def __init__(self, dst_cluster_id: _Optional[int] = ..., cache_key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., dst_addrs: _Optional[_Iterable[int]] = ..., src_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., dst_layer_range: _Optional[_Union[_common_pb2.LayerRange, _Mapping]] = ..., src_batch_index: _Optional[int] = ...) -> None: ...
+
+class LayerTransferStart(_message.Message):
+    __slots__ = ("engine_id", "src_cache_id", "targets", "src_block_indices", "dst_block_indices", "dst_block_memory_size", "timeout_ms")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_CACHE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    SRC_BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
+    DST_BLOCK_MEMORY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    src_cache_id: int
+    targets: _containers.RepeatedCompositeFieldContainer[LayerTransferTarget]
+    src_block_indices: _containers.RepeatedScalarFieldContainer[int]
+    dst_block_indices: _containers.RepeatedScalarFieldContainer[int]
+    dst_block_memory_size: int
+    timeout_ms: int
+    def __init__(self, engine_id: _Optional[int] = ..., src_cache_id: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[LayerTransferTarget, _Mapping]]] = ..., src_block_indices: _Optional[_Iterable[int]] = ..., dst_block_indices: _Optional[_Iterable[int]] = ..., dst_block_memory_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class LayerTransferRequest(_message.Message):
+    __slots__ = ("start", "ready_layer", "abort_layer")
+    START_FIELD_NUMBER: _ClassVar[int]
+    READY_LAYER_FIELD_NUMBER: _ClassVar[int]
+    ABORT_LAYER_FIELD_NUMBER: _ClassVar[int]
+    start: LayerTransferStart
+    ready_layer: int
+    abort_layer: int
+    def __init__(self, start: _Optional[_Union[LayerTransferStart, _Mapping]] = ..., ready_layer: _Optional[int] = ..., abort_layer: _Optional[int] = ...) -> None: ...
+
+class LayerTransferEvent(_message.Message):
+    __slots__ = ("target", "layer", "status", "final", "message", "accepted")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    target: int
+    layer: int
+    status: int
+    final: bool
+    message: str
+    accepted: bool
+    def __init__(self, target: _Optional[int] = ..., layer: _Optional[int] = ..., status: _Optional[int] = ..., final: _Optional[bool] = ..., message: _Optional[str] = ..., accepted: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("engine_id",)

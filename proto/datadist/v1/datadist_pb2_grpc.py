@@ -135,6 +135,21 @@ class DataDistStub:
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.TransferRequest.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_datadist__pb2.TransferResponse.FromString,
                 _registered_method=True)
+        self.TransferCacheAsync = channel.stream_stream(
+                '/datadist.v1.DataDist/TransferCacheAsync',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.LayerTransferRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_datadist__pb2.LayerTransferEvent.FromString,
+                _registered_method=True)
+        self.SetWorkerAddrs = channel.unary_unary(
+                '/datadist.v1.DataDist/SetWorkerAddrs',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.WorkerAddrsRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.CheckLinkStatus = channel.unary_unary(
+                '/datadist.v1.DataDist/CheckLinkStatus',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/datadist.v1.DataDist/GetStatus',
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.StatusRequest.SerializeToString,
@@ -282,6 +297,30 @@ class DataDistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransferCacheAsync(self, request_iterator, context):
+        """Layer-wise asynchronous push (transfer_cache_async): one stream per task; the first message
+        describes the task, then one message per layer the worker reports ready (or aborts). The
+        daemon sends each ready layer while the worker computes the next, and reports per target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetWorkerAddrs(self, request, context):
+        """Where this worker sees the tensors of a daemon-owned cache (after mapping it), so peers can
+        address them by raw address (TransferConfig.dst_addrs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckLinkStatus(self, request, context):
+        """v1 check_link_status: LLM_NOT_YET_LINK / LLM_LINK_BUSY / a failure code when the link is broken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Diagnostics (grpcurl-friendly).
         """
@@ -403,6 +442,21 @@ def add_DataDistServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=datadist_dot_v1_dot_datadist__pb2.TransferRequest.FromString,
                     response_serializer=datadist_dot_v1_dot_datadist__pb2.TransferResponse.SerializeToString,
+            ),
+            'TransferCacheAsync': grpc.stream_stream_rpc_method_handler(
+                    servicer.TransferCacheAsync,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.LayerTransferRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_datadist__pb2.LayerTransferEvent.SerializeToString,
+            ),
+            'SetWorkerAddrs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkerAddrs,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.WorkerAddrsRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'CheckLinkStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckLinkStatus,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -960,6 +1014,87 @@ class DataDist:
             '/datadist.v1.DataDist/Push',
             datadist_dot_v1_dot_datadist__pb2.TransferRequest.SerializeToString,
             datadist_dot_v1_dot_datadist__pb2.TransferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferCacheAsync(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/datadist.v1.DataDist/TransferCacheAsync',
+            datadist_dot_v1_dot_datadist__pb2.LayerTransferRequest.SerializeToString,
+            datadist_dot_v1_dot_datadist__pb2.LayerTransferEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkerAddrs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/SetWorkerAddrs',
+            datadist_dot_v1_dot_datadist__pb2.WorkerAddrsRequest.SerializeToString,
+            datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckLinkStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/CheckLinkStatus',
+            datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.SerializeToString,
+            datadist_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

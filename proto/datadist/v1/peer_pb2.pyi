@@ -15,6 +15,30 @@ class ReadMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 READ_BLOCKS: ReadMode
 READ_SLOT: ReadMode
 
+class ReverseCommand(_message.Message):
+    __slots__ = ("command_id", "open_write", "commit_write")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_WRITE_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    open_write: WriteRequest
+    commit_write: CommitRequest
+    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ...) -> None: ...
+
+class ReverseReply(_message.Message):
+    __slots__ = ("session", "command_id", "status", "message", "transfer_id")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    session: bytes
+    command_id: int
+    status: int
+    message: str
+    transfer_id: int
+    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ...) -> None: ...
+
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "nonce", "timestamp_ms", "mac", "client_version")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]

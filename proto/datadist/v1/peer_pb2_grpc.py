@@ -70,6 +70,11 @@ class PeerStub:
                 request_serializer=datadist_dot_v1_dot_peer__pb2.CommitRequest.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Reverse = channel.stream_stream(
+                '/datadist.v1.Peer/Reverse',
+                request_serializer=datadist_dot_v1_dot_peer__pb2.ReverseReply.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_peer__pb2.ReverseCommand.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -124,6 +129,16 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reverse(self, request_iterator, context):
+        """The reverse control path of a link: opened by the linking daemon right after the handshake,
+        it lets the serving side push (transfer_cache_async on a prompt that others linked to). The
+        serving side sends ReverseCommands (OpenWrite / CommitWrite on the linking side's caches);
+        the linking side answers each with a ReverseReply. The first ReverseReply names the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +176,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.CommitWrite,
                     request_deserializer=datadist_dot_v1_dot_peer__pb2.CommitRequest.FromString,
                     response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'Reverse': grpc.stream_stream_rpc_method_handler(
+                    servicer.Reverse,
+                    request_deserializer=datadist_dot_v1_dot_peer__pb2.ReverseReply.FromString,
+                    response_serializer=datadist_dot_v1_dot_peer__pb2.ReverseCommand.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +372,33 @@ class Peer:
             '/datadist.v1.Peer/CommitWrite',
             datadist_dot_v1_dot_peer__pb2.CommitRequest.SerializeToString,
             datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reverse(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/datadist.v1.Peer/Reverse',
+            datadist_dot_v1_dot_peer__pb2.ReverseReply.SerializeToString,
+            datadist_dot_v1_dot_peer__pb2.ReverseCommand.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,14 +16,14 @@ anything is returned. Pure Python, no numpy: the daemon core imports no array li
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import DataDistError, StatusCode, require
 from .types import CacheDesc
 
 __all__ = [
-    "Span", "layer_range_to_tensor_indices", "inclusive_pair_to_range", "block_spans", "slot_spans",
+    "Span", "BlockSpans", "layer_range_to_tensor_indices", "inclusive_pair_to_range", "block_spans", "slot_spans",
     "slot_as_blocks_spans", "total_length", "block_copy_pairs", "swap_pairs", "block_runs",
 ]
 
@@ -139,13 +139,80 @@ def block_runs(blocks: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def block_spans(desc: CacheDesc, tensor_indices: Sequence[int], blocks: Sequence[int]) -> list[Span]:
-    """The bytes of ``blocks`` (list order) in each tensor of ``tensor_indices`` (given order), runs merged."""
+class BlockSpans(Sequence[Span]):
+    """The spans of ``block_spans``: every run of ``blocks`` in every tensor of ``tensors``, tensor by tensor.
+
+    A paged transfer names thousands of blocks in dozens of tensors; this keeps the checked inputs
+    (``tensors``, ``blocks``, ``row`` bytes per block) instead of one ``Span`` per (tensor, run), so
+    its size is known at once (``nbytes``) and the daemon's memory layer can turn it into byte
+    ranges with array arithmetic (``memory.segments.SegmentTable.blocks``). As a sequence it yields
+    the same ``Span`` items a list would (built on demand, runs merged as ``block_runs`` says) and
+    compares equal to such a list.
+    """
+
+    __slots__ = ("tensors", "blocks", "row", "_runs")
+
+    def __init__(self, tensors: Sequence[int], blocks: Sequence[int], row: int) -> None:
+        self.tensors = tuple(tensors)
+        self.blocks = blocks if isinstance(blocks, (tuple, range)) else tuple(blocks)
+        self.row = row
+        self._runs: list[tuple[int, int]] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.tensors) * len(self.blocks) * self.row
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        """``(byte offset, byte length)`` of each run of blocks inside one tensor."""
+        if self._runs is None:
+            row = self.row
+            self._runs = [(first * row, count * row) for first, count in block_runs(self.blocks)] \
+                if self.tensors else []
+        return self._runs
+
+    def __len__(self) -> int:
+        return len(self.tensors) * len(self.runs) if self.tensors else 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        runs = self.runs
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("span index out of range")
+        offset, length = runs[i % len(runs)]
+        return Span(self.tensors[i // len(runs)], offset, length)
+
+    def __iter__(self) -> Iterator[Span]:
+        runs = self.runs
+        for t in self.tensors:
+            for offset, length in runs:
+                yield Span(t, offset, length)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockSpans):
+            return list(self) == list(other)
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"BlockSpans(tensors={self.tensors!r}, {len(self.blocks)} blocks of {self.row} bytes)"
+
+
+def block_spans(desc: CacheDesc, tensor_indices: Sequence[int], blocks: Sequence[int]) -> BlockSpans:
+    """The bytes of ``blocks`` (list order) in each tensor of ``tensor_indices`` (given order), runs merged.
+
+    Checks every index first; the result is a ``BlockSpans`` sequence (see there).
+    """
     _check_tensor_indices(desc, tensor_indices)
     _check_rows(desc, blocks, "block")
-    row = desc.row_size
-    runs = [(first * row, count * row) for first, count in block_runs(blocks)]
-    return [Span(t, offset, length) for t in tensor_indices for offset, length in runs]
+    return BlockSpans(tensor_indices, blocks, desc.row_size)
 
 
 def slot_spans(desc: CacheDesc, tensor_indices: Sequence[int], batch_index: int, size: int, offset: int = 0,
@@ -182,6 +249,8 @@ def slot_as_blocks_spans(desc_src: CacheDesc, tensor_indices: Sequence[int], bat
 
 
 def total_length(spans: Iterable[Span]) -> int:
+    if isinstance(spans, BlockSpans):
+        return spans.nbytes
     return sum(s.length for s in spans)
 
 

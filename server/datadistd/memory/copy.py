@@ -1,14 +1,20 @@
 """``copy_segments``: copy one scatter list of memory segments into another, inside the daemon.
 
 Used by ``copy_blocks``/``swap_blocks``/``copy_cache`` and by same-host transfers. The source and
-destination are each read as one byte stream (their segments concatenated); two cursors walk both
-lists and cut pieces where either side's segment ends. Each piece is moved the cheapest way:
+destination are each read as one byte stream (their segments concatenated). Both lists become
+``SegmentTable`` arrays; the union of both sides' segment boundaries cuts the stream into pieces
+(array arithmetic, no Python object per piece), and consecutive pieces of the same kind are moved
+together, the cheapest way:
 
-* both handles mapped (``view()`` is a memoryview): a slice assignment, i.e. one ``memmove``;
-* one side without a view: ``read_into``/``write_from`` straight from/into the other side's view,
-  or, when the handle offers ``read_raw``/``write_raw`` (cross-memory attach, ``host.ProcessHandle``),
-  consecutive pieces go to the kernel in batches (``IOV_MAX`` per system call);
-* neither side mapped: through one bounded staging buffer (at most ``STAGE_MAX`` bytes).
+* both handles mapped (``view()`` is a memoryview): a slice assignment per piece, i.e. one
+  ``memmove`` (for many small pieces this is as fast as anything Python can call: a vectored
+  system call pinning pages costs more than the interpreter's loop);
+* one side without a view: when the handle offers ``read_raw``/``write_raw`` (cross-memory attach,
+  ``host.ProcessHandle``), all the consecutive pieces of that handle go to the kernel as one
+  iovec array (``IOV_MAX`` per system call) straight from/into the other side's memory;
+  otherwise ``read_into``/``write_from`` per piece;
+* neither side mapped: through one bounded staging buffer (at most ``STAGE_MAX`` bytes, sized
+  to stay in the CPU cache between the read and the write).
 
 Pieces are applied in order, except that pieces staged together (neither side mapped) are all read
 before any of them is written. So a call whose pieces read bytes that an earlier piece of the same
@@ -19,143 +25,57 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..core.errors import DataDistError, StatusCode
 from . import xmem
 from .base import Segment
+from .segments import SegmentTable, byte_view, cut
 
 __all__ = ["copy_segments", "STAGE_MAX"]
 
 #: the largest staging buffer used when neither side is mapped
 STAGE_MAX = 4 << 20
 
-_READ, _WRITE = 1, 2
+_MAPPED, _RAW, _PLAIN = 0, 1, 2
+# modes of a piece: which side is mapped
+_VV, _DV, _SV, _NN = 0, 1, 2, 3   # both / only the destination / only the source / neither
 
 
-def _total(segments: Sequence[Segment], side: str) -> int:
-    total = 0
-    for seg in segments:
-        offset, length = seg.offset, seg.length
-        if offset < 0 or length < 0 or offset + length > seg.handle.size:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                f"{side} segment [{offset}, {offset + length}) is outside its memory of "
-                                f"{seg.handle.size} bytes")
-        total += length
-    return total
+def _table(segments: Sequence[Segment], side: str) -> SegmentTable:
+    table = SegmentTable.of(segments)
+    bad = table.first_bad()
+    if bad >= 0:
+        offset, length = int(table.offsets[bad]), int(table.lengths[bad])
+        size = table.handles[int(table.which[bad])].size
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"{side} segment [{offset}, {offset + length}) is outside its memory of {size} bytes")
+    return table
 
 
-class _Copier:
-    """Executes pieces in order, batching those that go through a handle without a view."""
+class _Side:
+    """Per-handle facts of one side: view, base address of the view, kind."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.views: dict[int, memoryview | None] = {}
-        self.addrs: dict[int, int] = {}
-        # pending batch: kind, the unmapped handle, and its (offset, local_addr, length) pieces
-        self.kind = 0
-        self.handle: Any = None
-        self.pieces: list[tuple[int, int, int]] = []
-        # staging (neither side mapped)
-        self.stage: bytearray | None = None
-        self.stage_view = memoryview(b"")
-        self.stage_addr = 0
-        self.stage_used = 0
-        # staged pieces as runs per handle: (handle, [(offset, stage address, length)])
-        self.reads: list[tuple[Any, list[tuple[int, int, int]]]] = []
-        self.writes: list[tuple[Any, list[tuple[int, int, int]]]] = []
-        self.read_handle: Any = None
-        self.write_handle: Any = None
-        self.read_list: list[tuple[int, int, int]] = []
-        self.write_list: list[tuple[int, int, int]] = []
+    def __init__(self, table: SegmentTable, raw_attr: str) -> None:
+        self.handles = table.handles
+        self.views: list[memoryview | None] = []
+        kinds = []
+        for h in self.handles:
+            v = byte_view(h, writable=False)
+            self.views.append(v)
+            kinds.append(_MAPPED if v is not None else _RAW if hasattr(h, raw_attr) else _PLAIN)
+        self.kinds = np.array(kinds, np.int8)
+        self._addrs: np.ndarray | None = None
 
-    def view(self, handle: Any) -> memoryview | None:
-        key = id(handle)
-        try:
-            return self.views[key]
-        except KeyError:
-            v = handle.view()
-            if v is not None and (v.format != "B" or v.ndim != 1):
-                v = v.cast("B")
-            self.views[key] = v
-            return v
+    def addrs(self) -> np.ndarray:
+        """Base address of each mapped handle's view (0 for the others)."""
+        if self._addrs is None:
+            self._addrs = np.array([xmem.buffer_address(v)[0] if v is not None and len(v) else 0
+                                    for v in self.views], np.int64)
+        return self._addrs
 
-    def addr(self, handle: Any, view: memoryview) -> int:
-        key = id(handle)
-        a = self.addrs.get(key)
-        if a is None:
-            a = self.addrs[key] = xmem.buffer_address(view)[0]
-        return a
-
-    # ---- batches through an unmapped handle ----------------------------------------------------
-
-    def start(self, kind: int, handle: Any) -> None:
-        """Begin a new batch of ``kind`` through ``handle`` after finishing whatever is pending."""
-        self.flush_stage()
-        self.flush()
-        self.kind, self.handle = kind, handle
-
-    def flush(self) -> None:
-        if self.pieces:
-            if self.kind == _READ:
-                self.handle.read_raw(self.pieces)
-            else:
-                self.handle.write_raw(self.pieces)
-            self.pieces = []
-        self.kind, self.handle = 0, None
-
-    # ---- staging ------------------------------------------------------------------------------
-
-    def add_staged(self, sh: Any, s_off: int, dh: Any, d_off: int, n: int) -> None:
-        """Queue a piece between two unmapped handles: read into the stage, later write out of it."""
-        if self.pieces:
-            self.flush()
-        if self.stage is None:
-            self.stage = bytearray(min(self.total, STAGE_MAX))
-            self.stage_view = memoryview(self.stage)
-            self.stage_addr = xmem.buffer_address(self.stage_view)[0]
-        cap = len(self.stage)
-        while n > 0:
-            if self.stage_used == cap:
-                self.flush_stage()
-            take = min(n, cap - self.stage_used)
-            local = self.stage_addr + self.stage_used
-            if self.read_handle is not sh:
-                self.read_handle, self.read_list = sh, []
-                self.reads.append((sh, self.read_list))
-            self.read_list.append((s_off, local, take))
-            if self.write_handle is not dh:
-                self.write_handle, self.write_list = dh, []
-                self.writes.append((dh, self.write_list))
-            self.write_list.append((d_off, local, take))
-            self.stage_used += take
-            s_off += take
-            d_off += take
-            n -= take
-
-    def flush_stage(self) -> None:
-        if not self.stage_used:
-            return
-        reads, writes = self.reads, self.writes
-        self.reads, self.writes = [], []
-        self.read_handle = self.write_handle = None
-        self.stage_used = 0
-        sv, base = self.stage_view, self.stage_addr
-        for handle, pieces in reads:
-            if hasattr(handle, "read_raw"):
-                handle.read_raw(pieces)
-            else:
-                for off, local, n in pieces:
-                    handle.read_into(off, sv[local - base:local - base + n])
-        for handle, pieces in writes:
-            if hasattr(handle, "write_raw"):
-                handle.write_raw(pieces)
-            else:
-                for off, local, n in pieces:
-                    handle.write_from(off, sv[local - base:local - base + n])
-
-    def finish(self) -> None:
-        self.flush()
-        self.flush_stage()
-        self.stage_view.release()
+    def release(self) -> None:
+        self.views.clear()
 
 
 def copy_segments(dst: Sequence[Segment], src: Sequence[Segment]) -> int:
@@ -164,88 +84,122 @@ def copy_segments(dst: Sequence[Segment], src: Sequence[Segment]) -> int:
     Raises ``DataDistError(LLM_PARAM_INVALID)`` before any byte moves when a segment lies outside its
     handle or the total lengths differ.
     """
-    total = _total(dst, "destination")
-    src_total = _total(src, "source")
-    if total != src_total:
+    d = _table(dst, "destination")
+    s = _table(src, "source")
+    total = d.nbytes
+    if total != s.nbytes:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                            f"source has {src_total} bytes but destination has {total} bytes")
+                            f"source has {s.nbytes} bytes but destination has {total} bytes")
     if total == 0:
         return 0
-    c = _Copier(total)
-    view = c.view
-    di = si = -1
-    d_left = s_left = 0
-    d_off = s_off = 0
-    dh: Any = None      # current destination handle, its view, its base address (-1: not yet known)
-    sh: Any = None
-    dv: memoryview | None = None
-    sv: memoryview | None = None
-    d_addr = s_addr = -1
-    d_raw = s_raw = False  # whether the current handle batches pieces (write_raw / read_raw)
-    pending = False        # whether the copier holds a batch or staged pieces
-    remaining = total
+    d, s = d.nonempty(), s.nonempty()
+    # pieces: the stream cut at every boundary of either side
+    if len(d) == 1 and len(s) == 1:
+        starts = np.zeros(1, np.int64)
+    else:
+        starts = np.union1d(d.ends[:-1], s.ends[:-1])
+        starts = np.concatenate((np.zeros(1, np.int64), starts))
+    lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
+    di = np.searchsorted(d.ends, starts, side="right")
+    si = np.searchsorted(s.ends, starts, side="right")
+    d_off = d.offsets[di] + (starts - (d.ends[di] - d.lengths[di]))
+    s_off = s.offsets[si] + (starts - (s.ends[si] - s.lengths[si]))
+    dw, sw = d.which[di], s.which[si]
+    ds, ss = _Side(d, "write_raw"), _Side(s, "read_raw")
     try:
-        while remaining:
-            while d_left == 0:
-                di += 1
-                seg = dst[di]
-                d_left, d_off = seg.length, seg.offset
-                if seg.handle is not dh:
-                    dh = seg.handle
-                    dv, d_addr = view(dh), -1
-                    d_raw = dv is None and hasattr(dh, "write_raw")
-            while s_left == 0:
-                si += 1
-                seg = src[si]
-                s_left, s_off = seg.length, seg.offset
-                if seg.handle is not sh:
-                    sh = seg.handle
-                    sv, s_addr = view(sh), -1
-                    s_raw = sv is None and hasattr(sh, "read_raw")
-            n = d_left if d_left < s_left else s_left
-            if dv is not None:
-                if sv is not None:
-                    if pending:
-                        c.flush()
-                        c.flush_stage()
-                        pending = False
-                    dv[d_off:d_off + n] = sv[s_off:s_off + n]
-                elif s_raw:
-                    if d_addr < 0:
-                        d_addr = c.addr(dh, dv)
-                    if c.kind != _READ or c.handle is not sh:
-                        c.start(_READ, sh)
-                    c.pieces.append((s_off, d_addr + d_off, n))
-                    pending = True
-                else:
-                    if pending:
-                        c.flush()
-                        c.flush_stage()
-                        pending = False
-                    sh.read_into(s_off, dv[d_off:d_off + n])
-            elif sv is not None:
-                if d_raw:
-                    if s_addr < 0:
-                        s_addr = c.addr(sh, sv)
-                    if c.kind != _WRITE or c.handle is not dh:
-                        c.start(_WRITE, dh)
-                    c.pieces.append((d_off, s_addr + s_off, n))
-                    pending = True
-                else:
-                    if pending:
-                        c.flush()
-                        c.flush_stage()
-                        pending = False
-                    dh.write_from(d_off, sv[s_off:s_off + n])
+        dk, sk = ds.kinds[dw], ss.kinds[sw]
+        mode = np.where(dk == _MAPPED, np.where(sk == _MAPPED, _VV, _DV), np.where(sk == _MAPPED, _SV, _NN))
+        # the handle a batch goes through: the unmapped side's (none for _VV and _NN)
+        via = np.where(mode == _DV, sw, np.where(mode == _SV, dw, 0))
+        key = mode.astype(np.int64) * (1 << 32) + via
+        bounds = np.flatnonzero(key[1:] != key[:-1]) + 1 if len(key) > 1 else np.zeros(0, np.intp)
+        edges = [0, *bounds.tolist(), len(key)]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            m = int(mode[a])
+            if m == _VV:
+                _mapped(ds, ss, dw[a:b], d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
+            elif m == _DV:
+                _into_mapped(ds, ss, int(sw[a]), dw[a:b], d_off[a:b], s_off[a:b], lengths[a:b])
+            elif m == _SV:
+                _from_mapped(ds, ss, int(dw[a]), d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
             else:
-                c.add_staged(sh, s_off, dh, d_off, n)
-                pending = True
-            d_off += n
-            s_off += n
-            d_left -= n
-            s_left -= n
-            remaining -= n
-        c.finish()
+                _staged(ds, ss, dw[a:b], d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
     finally:
-        c.views.clear()
+        ds.release()
+        ss.release()
     return total
+
+
+def _mapped(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
+            n: np.ndarray) -> None:
+    dv, sv = ds.views, ss.views
+    if (dw[0] == dw[-1] and sw[0] == sw[-1] and (len(dw) < 3 or ((dw == dw[0]).all() and (sw == sw[0]).all()))):
+        d, s = dv[int(dw[0])], sv[int(sw[0])]  # one handle each side (a daemon pool): no lookups per piece
+        for do, so, k in zip(d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
+            d[do:do + k] = s[so:so + k]  # type: ignore[index]
+        return
+    for dh, do, sh, so, k in zip(dw.tolist(), d_off.tolist(), sw.tolist(), s_off.tolist(), n.tolist(), strict=True):
+        dv[dh][do:do + k] = sv[sh][so:so + k]  # type: ignore[index]
+
+
+def _into_mapped(ds: _Side, ss: _Side, sh: int, dw: np.ndarray, d_off: np.ndarray, s_off: np.ndarray,
+                 n: np.ndarray) -> None:
+    """Mapped destination, source ``sh`` without a view."""
+    handle = ss.handles[sh]
+    if ss.kinds[sh] == _RAW:
+        handle.read_raw(np.stack((s_off, ds.addrs()[dw] + d_off, n), axis=1))
+        return
+    dv = ds.views
+    for dh, do, so, k in zip(dw.tolist(), d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
+        handle.read_into(so, dv[dh][do:do + k])  # type: ignore[index]
+
+
+def _from_mapped(ds: _Side, ss: _Side, dh: int, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
+                 n: np.ndarray) -> None:
+    """Destination ``dh`` without a view, mapped source."""
+    handle = ds.handles[dh]
+    if ds.kinds[dh] == _RAW:
+        handle.write_raw(np.stack((d_off, ss.addrs()[sw] + s_off, n), axis=1))
+        return
+    sv = ss.views
+    for sh, do, so, k in zip(sw.tolist(), d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
+        handle.write_from(do, sv[sh][so:so + k])  # type: ignore[index]
+
+
+def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
+            n: np.ndarray) -> None:
+    """Neither side mapped: windows of at most ``STAGE_MAX`` bytes, each read whole, then written."""
+    total = int(n.sum())
+    cap = min(total, STAGE_MAX)
+    stage = bytearray(cap)
+    view = memoryview(stage)
+    base = xmem.buffer_address(view)[0]
+    ends = np.cumsum(n)
+    pos = ends - n                                 # stream position of each piece
+    try:
+        for lo in range(0, total, cap):  # one window per pass
+            hi = min(lo + cap, total)
+            i0, i1, k, (so, do, p) = cut(ends, n, lo, hi, s_off, d_off, pos)
+            local = base + (p - lo)
+            _stage_io(ss, sw[i0:i1], so, local, k, view, base, read=True)
+            _stage_io(ds, dw[i0:i1], do, local, k, view, base, read=False)
+    finally:
+        view.release()
+
+
+def _stage_io(side: _Side, which: np.ndarray, offsets: np.ndarray, local: np.ndarray, n: np.ndarray,
+              view: memoryview, base: int, read: bool) -> None:
+    """Move the pieces of one window between the stage and their handles, one batch per handle."""
+    for h in np.unique(which).tolist():
+        sel = which == h
+        handle: Any = side.handles[h]
+        if side.kinds[h] == _RAW:
+            rows = np.stack((offsets[sel], local[sel], n[sel]), axis=1)
+            (handle.read_raw if read else handle.write_raw)(rows)
+            continue
+        for off, loc, k in zip(offsets[sel].tolist(), local[sel].tolist(), n[sel].tolist(), strict=True):
+            part = view[loc - base:loc - base + k]
+            if read:
+                handle.read_into(off, part)
+            else:
+                handle.write_from(off, part)

@@ -117,36 +117,45 @@ def _transfer(fn: Any, op: str, pid: int, pieces: Sequence[tuple[int, int, int]]
     if len(pieces) == 1:
         return _transfer_one(fn, op, pid, *(int(x) for x in pieces[0]))
     arr = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
-    if arr.size and (arr[:, 2] < 0).any():
+    lengths = arr[:, 2]
+    if (lengths < 0).any():
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"{op}: negative length")
-    arr = arr[arr[:, 2] > 0]  # a fresh copy: the partial-transfer fix-up below may edit it
+    if not lengths.all():
+        arr = arr[lengths > 0]
+    n = len(arr)
+    # the iovec arrays of every piece, built once (fresh copies: the partial-transfer fix-up edits them)
+    remote = np.empty((n, 2), _IOV_DTYPE)
+    local = np.empty((n, 2), _IOV_DTYPE)
+    remote[:, 0] = arr[:, 0]
+    remote[:, 1] = arr[:, 2]
+    local[:, 0] = arr[:, 1]
+    local[:, 1] = arr[:, 2]
     total = int(arr[:, 2].sum())
-    i, n = 0, len(arr)
-    while i < n:
-        batch = arr[i:i + IOV_MAX]
-        remote = np.ascontiguousarray(batch[:, (0, 2)]).astype(_IOV_DTYPE)
-        local = np.ascontiguousarray(batch[:, (1, 2)]).astype(_IOV_DTYPE)
-        count = len(batch)
-        want = int(batch[:, 2].sum())
-        done = fn(pid, local.ctypes.data, count, remote.ctypes.data, count, 0)
+    r_base, l_base, stride = remote.ctypes.data, local.ctypes.data, remote.strides[0]
+    i = 0
+    while i < n:  # one system call per pass (IOV_MAX pieces); a partial one resumes where it stopped
+        count = min(IOV_MAX, n - i)
+        want = int(local[i:i + count, 1].sum())
+        done = fn(pid, l_base + i * stride, count, r_base + i * stride, count, 0)
         if done < 0:
             err = ctypes.get_errno()
             if err == errno.EINTR:
                 continue
-            raise _fail(op, pid, int(batch[0, 0]), want, err)
+            raise _fail(op, pid, int(remote[i, 0]), want, err)
         if done == want:
             i += count
             continue
         if done == 0:  # no progress and no error: the kernel would loop forever; report the first piece
-            raise _fail(op, pid, int(batch[0, 0]), want, errno.EFAULT)
+            raise _fail(op, pid, int(remote[i, 0]), want, errno.EFAULT)
         # partial: skip the pieces completed, shorten the one cut in the middle, and go again
-        ends = np.cumsum(batch[:, 2])
+        ends = np.cumsum(local[i:i + count, 1].astype(np.int64))
         k = int(np.searchsorted(ends, done, side="right"))
         if k < count:
             cut = done - (int(ends[k - 1]) if k else 0)
-            arr[i + k, 0] += cut
-            arr[i + k, 1] += cut
-            arr[i + k, 2] -= cut
+            remote[i + k, 0] += cut
+            local[i + k, 0] += cut
+            remote[i + k, 1] -= cut
+            local[i + k, 1] -= cut
         i += k
     return total
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import TransferKind, TransferOrder
+from ..core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
 from ..core.types import (
     UINT64_MAX, BlocksKeyRef, CacheDesc, CacheKeyRef, DType, IdIndexRef, KeyKind, KeyRef, OwnerKey, Placement,
     ReadMode, RemoteSpec, Role,
@@ -13,6 +13,7 @@ from ..core.types import (
 from ..links import ClusterSpec
 from ..memory.base import MemoryRef, ProcessRef, SharedFileRef
 from ..peering import HandshakeAnswer, HandshakeOffer
+from ..reverse import CommitWriteCmd, OpenWriteCmd, ReverseCmd, ReverseReply
 
 MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
 
@@ -56,10 +57,16 @@ def key_from_pb(msg: common_pb2.AnyKey) -> KeyRef:
         return IdIndexRef(msg.by_id.cluster_id, msg.by_id.cache_id, msg.by_id.batch_index)
     if which == "blocks_key":
         return BlocksKeyRef(msg.blocks_key.cluster_id, msg.blocks_key.model_id)
+    if which == "address":
+        require(msg.address.addr != 0, "a raw address must not be 0")
+        return AddrRef(msg.address.cluster_id, msg.address.addr, msg.address.block_size)  # type: ignore[return-value]
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a cache key is required")
 
 
-def key_to_pb(key: KeyRef) -> common_pb2.AnyKey:
+def key_to_pb(key: KeyRef | AddrRef) -> common_pb2.AnyKey:
+    if isinstance(key, AddrRef):
+        return common_pb2.AnyKey(address=common_pb2.WorkerAddress(cluster_id=key.cluster_id, addr=key.addr,
+                                                                  block_size=key.block_size))
     if isinstance(key, CacheKeyRef):
         return common_pb2.AnyKey(cache_key=cache_key_to_pb(key))
     if isinstance(key, IdIndexRef):
@@ -113,7 +120,21 @@ def order_from_pb(msg: datadist_pb2.TransferRequest) -> TransferOrder:
         dst_layers=_range(msg.dst_layer_range, msg.HasField("dst_layer_range")),
         tensor_num_per_layer=msg.tensor_num_per_layer or 2,
         timeout_ms=msg.timeout_ms if msg.HasField("timeout_ms") else None,
+        src_offset=msg.src_cache_offset if msg.HasField("src_cache_offset") else 0,
+        dst_offset=msg.dst_cache_offset if msg.HasField("dst_cache_offset") else 0,
+        exclusive=msg.exclusive,
     )
+
+
+def layer_target_from_pb(msg: datadist_pb2.LayerTransferTarget) -> LayerTarget:
+    src = _range(msg.src_layer_range, True)
+    assert src is not None
+    key = key_from_pb(msg.cache_key) if msg.HasField("cache_key") else None
+    require(key is None or not msg.dst_addrs, "a transfer config has either a cache key or dst_addrs")
+    return LayerTarget(dst_cluster=msg.dst_cluster_id, src_layers=src, key=key,
+                       dst_addrs=_blocks(msg.dst_addrs, "dst_addrs"),
+                       dst_layers=_range(msg.dst_layer_range, msg.HasField("dst_layer_range")),
+                       src_batch_index=msg.src_batch_index)
 
 
 def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
@@ -167,3 +188,26 @@ def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
 def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
     return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.session, msg.data_endpoint, msg.streams,
                            msg.mac, msg.server_version)
+
+
+def reverse_command_to_pb(cmd: ReverseCmd) -> peer_pb2.ReverseCommand:
+    if isinstance(cmd, OpenWriteCmd):
+        return peer_pb2.ReverseCommand(command_id=cmd.command_id,
+                                       open_write=spec_to_write_pb(cmd.session, cmd.spec, cmd.timeout_ms))
+    return peer_pb2.ReverseCommand(command_id=cmd.command_id, commit_write=peer_pb2.CommitRequest(
+        session=cmd.session, transfer_id=cmd.transfer_id, timeout_ms=cmd.timeout_ms))
+
+
+def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
+    which = msg.WhichOneof("command")
+    if which == "open_write":
+        w = msg.open_write
+        return OpenWriteCmd(msg.command_id, w.session, spec_from_pb(w), w.timeout_ms)
+    if which == "commit_write":
+        c = msg.commit_write
+        return CommitWriteCmd(msg.command_id, c.session, c.transfer_id, c.timeout_ms)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a reverse command needs open_write or commit_write")
+
+
+def reverse_reply_from_pb(msg: peer_pb2.ReverseReply) -> ReverseReply:
+    return ReverseReply(msg.command_id, int(msg.status), msg.message, msg.transfer_id)

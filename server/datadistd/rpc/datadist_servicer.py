@@ -12,15 +12,18 @@ import grpc
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from .. import __version__
-from ..core.errors import DataDistError, require
+from ..core.errors import DataDistError, StatusCode, require
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
-from ..engine import Operand
+from ..core.plan import LayerTask
+from ..engine import MAX_REGISTERED_ADDRS, Operand
+from ..layerwise import LayerPush
+from ..links import MAX_CLUSTERS_PER_CALL
 from ..memory.base import Segment
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
 from . import convert
-from .errors import guarded
+from .errors import error_trailers, grpc_code, guarded
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def AllocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
+        _check_counts(request)
         desc = convert.desc_from_pb(request.desc)
         keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
         blocks_key = (BlocksKeyRef(request.blocks_key.cluster_id, request.blocks_key.model_id)
@@ -96,6 +100,9 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def RegisterCache(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
+        _check_counts(request)
+        require(len(request.tensors) <= MAX_REGISTERED_ADDRS,
+                f"{len(request.tensors)} addresses; at most {MAX_REGISTERED_ADDRS} may be registered per engine")
         desc = convert.desc_from_pb(request.desc)
         refs = [convert.memory_from_pb(m) for m in request.tensors]
         keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
@@ -103,8 +110,14 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
                       if request.HasField("blocks_key") else None)
         remote = request.remote_accessible if request.HasField("remote_accessible") else None
         entry = slot.engine.register_cache(desc, is_blocks=request.is_blocks, refs=refs, keys=keys,
-                                           blocks_key=blocks_key, remote_accessible=remote)
+                                           blocks_key=blocks_key, remote_accessible=remote,
+                                           worker_addrs=list(request.worker_addrs))
         return cache_info(entry, slot)
+
+    @guarded
+    async def SetWorkerAddrs(self, request, context):  # noqa: N802, ANN001, ANN201
+        self.node.slot(request.engine_id).engine.set_worker_addrs(request.cache_id, list(request.addrs))
+        return EMPTY
 
     @guarded
     async def DeallocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
@@ -177,6 +190,8 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def LinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
+        if len(request.clusters) > MAX_CLUSTERS_PER_CALL:  # before converting a list of any length
+            return _too_many_clusters(len(request.clusters))
         code, codes = await slot.links.link_clusters([convert.cluster_from_pb(c) for c in request.clusters],
                                                      request.timeout_ms or 3000)
         return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
@@ -184,6 +199,8 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def UnlinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
         slot = self.node.slot(request.engine_id)
+        if len(request.clusters) > MAX_CLUSTERS_PER_CALL:
+            return _too_many_clusters(len(request.clusters))
         code, codes = await slot.links.unlink_clusters([convert.cluster_from_pb(c) for c in request.clusters],
                                                        request.timeout_ms or 3000, request.force)
         return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
@@ -235,6 +252,46 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
             tracked.done(nbytes, len(request.local_blocks))
         return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
+    @guarded
+    async def CheckLinkStatus(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self.node.slot(request.engine_id)
+        await slot.links.check_link(request.remote_cluster_id,
+                                    request.timeout_ms if request.HasField("timeout_ms") else None)
+        return EMPTY
+
+    async def TransferCacheAsync(self, request_iterator, context):  # noqa: N802, ANN001, ANN201
+        """Layer-wise push: the first message describes the task, then one message per ready layer."""
+        task: LayerPush | None = None
+        try:
+            first = await request_iterator.__anext__()
+            require(first.WhichOneof("msg") == "start", "the first message of a layer-wise transfer must be start")
+            start = first.start
+            slot = self.node.slot(start.engine_id)
+            targets = tuple(convert.layer_target_from_pb(t) for t in start.targets)
+            desc = slot.engine.entry(start.src_cache_id).desc
+            task = LayerPush(slot.links, start.src_cache_id, LayerTask(
+                desc, False, targets, tuple(start.src_block_indices), tuple(start.dst_block_indices),
+                start.dst_block_memory_size), start.timeout_ms if start.HasField("timeout_ms") else None)
+        except StopAsyncIteration:
+            return
+        except DataDistError as exc:
+            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
+            await context.abort(grpc_code(exc.code), exc.message)
+            return
+        try:
+            yield datadist_pb2.LayerTransferEvent(accepted=True)
+            async for msg in request_iterator:
+                which = msg.WhichOneof("msg")
+                events = (await task.ready(msg.ready_layer) if which == "ready_layer"
+                          else task.abort(msg.abort_layer) if which == "abort_layer" else [])
+                for ev in events:
+                    yield datadist_pb2.LayerTransferEvent(target=ev.target, layer=ev.layer, status=ev.status,
+                                                          final=ev.final, message=ev.message)
+                if task.done:
+                    return
+        finally:
+            task.close()
+
     # ---- diagnostics -----------------------------------------------------------------------------
 
     def _slots(self, engine_id: int) -> list[EngineSlot]:
@@ -278,6 +335,18 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
             for entry in slot.engine.registry.entries():
                 group.caches.append(cache_info(entry, slot))
         return out
+
+
+def _check_counts(request: datadist_pb2.AllocateCacheRequest | datadist_pb2.RegisterCacheRequest) -> None:
+    """O(1) bounds before any per-item conversion: an outsized list must not stall the daemon's event loop."""
+    rows = request.desc.shape[0] if len(request.desc.shape) else 0
+    require(len(request.cache_keys) <= max(rows, 0),
+            f"{len(request.cache_keys)} cache keys for a batch size of {rows}")
+
+
+def _too_many_clusters(n: int) -> datadist_pb2.LinkClustersResponse:
+    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n)
 
 
 def engine_slot_or_none(node: Node, engine_id: int) -> EngineSlot | None:

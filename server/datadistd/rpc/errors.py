@@ -73,20 +73,36 @@ def error_trailers(code: LLMStatusCode, message: str) -> tuple[tuple[str, Any], 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
+def _count_error(servicer: Any, method: str, code: LLMStatusCode) -> None:
+    """Errors by status code for the metrics (``datadist_rpc_errors_total``), when the servicer has them."""
+    metrics = getattr(servicer, "metrics", None)
+    if metrics is not None:
+        try:
+            metrics.rpc_error(method, code.name)
+        except Exception:  # metrics must never change an RPC's outcome
+            log.exception("counting an error of %s failed", method)
+
+
 def guarded(fn: F) -> F:
-    """Servicer method wrapper: ``DataDistError`` -> its status; anything else -> INTERNAL/LLM_FAILED, logged."""
+    """Servicer method wrapper: ``DataDistError`` -> its status; anything else -> INTERNAL/LLM_FAILED, logged.
+
+    Every failure is also counted by method and status code name in the servicer's ``metrics``
+    (if it has any).
+    """
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(self, request, context)
         except DataDistError as exc:
+            _count_error(self, fn.__name__, exc.code)
             context.set_trailing_metadata(error_trailers(exc.code, exc.message))
             await context.abort(grpc_code(exc.code), exc.message)
         except (grpc.aio.AbortError, grpc.RpcError):  # already aborted / propagated
             raise
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("%s failed unexpectedly", fn.__name__)
+            _count_error(self, fn.__name__, LLMStatusCode.LLM_FAILED)
             message = f"internal error in {fn.__name__}: {type(exc).__name__}: {exc}"
             context.set_trailing_metadata(error_trailers(LLMStatusCode.LLM_FAILED, message))
             await context.abort(G.INTERNAL, message)

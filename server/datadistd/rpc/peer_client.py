@@ -9,6 +9,7 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from ..peering import HandshakeAnswer, HandshakeOffer
+from ..reverse import ReverseCmd, ReverseReply
 from . import convert
 from .errors import error_from_rpc
 
@@ -69,5 +70,43 @@ class GrpcPeerClient:
     async def ping(self, session: bytes, timeout: float) -> None:
         await self._call("ping", self._stub.Ping, peer_pb2.SessionRef(session=session), timeout)
 
+    async def reverse(self, session: bytes) -> "GrpcReverseStream":
+        """Open the reverse control path of a link (the linking side calls this once per link)."""
+        call = self._stub.Reverse()
+        try:
+            await call.write(peer_pb2.ReverseReply(session=session))
+        except grpc.RpcError as err:
+            raise error_from_rpc(err, f"reverse on {self.address}") from None
+        return GrpcReverseStream(call, self.address)
+
     async def close(self) -> None:
         await self._channel.close()
+
+
+class GrpcReverseStream:
+    """The linking side's end of ``Peer.Reverse``: commands in, replies out."""
+
+    def __init__(self, call, address: str) -> None:  # noqa: ANN001
+        self._call = call
+        self._address = address
+
+    async def commands(self):  # noqa: ANN201 - async iterator of ReverseCmd
+        while True:
+            try:
+                msg = await self._call.read()
+            except grpc.RpcError as err:
+                raise error_from_rpc(err, f"reverse on {self._address}") from None
+            if msg is grpc.aio.EOF:
+                return
+            cmd: ReverseCmd = convert.reverse_command_from_pb(msg)
+            yield cmd
+
+    async def reply(self, reply: ReverseReply) -> None:
+        try:
+            await self._call.write(peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status,
+                                                         message=reply.message, transfer_id=reply.transfer_id))
+        except (grpc.RpcError, grpc.aio.UsageError) as err:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, f"reverse reply to {self._address}: {err}") from None
+
+    async def close(self) -> None:
+        self._call.cancel()

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from datadist.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
-from ..core.errors import require
+from ..core.errors import DataDistError, require
 from ..core.types import CacheKeyRef, IdIndexRef
+from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot
 from . import convert
-from .errors import guarded
+from .errors import error_trailers, grpc_code, guarded
 
 EMPTY = common_pb2.Empty()
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
-    def __init__(self, slot: EngineSlot) -> None:
+    def __init__(self, slot: EngineSlot, metrics: DaemonMetrics | None = None) -> None:
         self.slot = slot
+        self.metrics = metrics
+        self._write_blocks: dict[int, int] = {}  # open write transfer id -> blocks (for the metrics)
+
+    def _peer_cluster(self, session: bytes) -> int:
+        link = self.links.sessions.get(session)
+        return link.remote_cluster if link is not None else 0
 
     @property
     def links(self):  # noqa: ANN201
@@ -38,8 +47,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @guarded
     async def Read(self, request, context):  # noqa: N802, ANN001, ANN201
-        nbytes, release = await self.links.serve_read(request.session, request.transfer_id,
-                                                      convert.spec_from_pb(request), request.timeout_ms)
+        spec = convert.spec_from_pb(request)
+        with track_transfer(self.metrics, "serve_read", self.slot.engine.cluster_id,
+                            self._peer_cluster(request.session)) as tracked:
+            nbytes, release = await self.links.serve_read(request.session, request.transfer_id, spec,
+                                                          request.timeout_ms)
+            tracked.done(nbytes, len(request.blocks))
         return peer_pb2.ReadResponse(bytes=nbytes, release_needed=release)
 
     @guarded
@@ -52,9 +65,46 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @guarded
     async def OpenWrite(self, request, context):  # noqa: N802, ANN001, ANN201
         tid = self.links.serve_open_write(request.session, convert.spec_from_pb(request), request.timeout_ms)
+        if len(self._write_blocks) > 256:  # forget writes the link manager expired
+            self._write_blocks = {t: b for t, b in self._write_blocks.items() if t in self.links.writes}
+        self._write_blocks[tid] = len(request.blocks)
         return peer_pb2.WriteResponse(transfer_id=tid)
 
     @guarded
     async def CommitWrite(self, request, context):  # noqa: N802, ANN001, ANN201
-        await self.links.serve_commit_write(request.session, request.transfer_id, request.timeout_ms)
+        pending = self.links.writes.get(request.transfer_id)
+        nbytes = int(getattr(pending.receipt, "expected", 0)) if pending is not None else 0
+        blocks = self._write_blocks.pop(request.transfer_id, 0)
+        with track_transfer(self.metrics, "serve_write", self.slot.engine.cluster_id,
+                            self._peer_cluster(request.session)) as tracked:
+            await self.links.serve_commit_write(request.session, request.transfer_id, request.timeout_ms)
+            tracked.done(nbytes, blocks)
         return EMPTY
+
+    async def Reverse(self, request_iterator, context):  # noqa: N802, ANN001, ANN201
+        """The reverse control path of a link (see ``datadistd.reverse``): commands out, replies in."""
+        try:
+            first = await request_iterator.__anext__()
+            hub = self.links.attach_reverse(first.session)
+        except StopAsyncIteration:
+            return
+        except DataDistError as exc:
+            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
+            await context.abort(grpc_code(exc.code), exc.message)
+            return
+
+        async def replies() -> None:
+            async for msg in request_iterator:
+                hub.on_reply(convert.reverse_reply_from_pb(msg))
+            hub.close("the linking side closed the reverse path")
+
+        reader = asyncio.get_running_loop().create_task(replies())
+        try:
+            while True:
+                cmd = await hub.next_command()
+                if cmd is None:
+                    return
+                yield convert.reverse_command_to_pb(cmd)
+        finally:
+            reader.cancel()
+            hub.close("reverse stream ended")

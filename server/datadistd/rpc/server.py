@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
 
+from ..metrics import DaemonMetrics
 from ..node import EngineSlot, Node
 from .datadist_servicer import DataDistServicer
 from .peer_client import GrpcPeerClient
@@ -41,15 +42,15 @@ def _health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthSe
     return servicer
 
 
-async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660
+async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None
                                ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """The worker-facing server on a unix socket; health stays NOT_SERVING until ``set_serving``."""
+    """The worker-facing server on a unix socket; health stays NOT_SERVING until the caller sets SERVING."""
     path = Path(socket_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():
         path.unlink()
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    datadist_pb2_grpc.add_DataDistServicer_to_server(DataDistServicer(node, socket_path), server)
+    datadist_pb2_grpc.add_DataDistServicer_to_server(DataDistServicer(node, socket_path, metrics), server)
     health_servicer = _health(server, [DATADIST_SERVICE])
     for name in ("", DATADIST_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -72,9 +73,10 @@ class PeerListener:
 
 
 async def start_peer_listener(host: str, port: int, slot: EngineSlot,
-                              credentials: grpc.ServerCredentials | None = None) -> PeerListener:
+                              credentials: grpc.ServerCredentials | None = None,
+                              metrics: DaemonMetrics | None = None) -> PeerListener:
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(slot), server)
+    peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(slot, metrics), server)
     health_servicer = _health(server, [PEER_SERVICE])
     bind_host = f"[{host}]" if ":" in host else host
     address = f"{bind_host}:{port}"

@@ -1,0 +1,347 @@
+"""What a benchmark worker process does on request (first argument: the worker's state dict).
+
+Every op that moves cache bytes uses only the public ``llm_datadist`` API, as a real prompt or
+decoder worker would; the timed loops run here, in the worker, with ``time.perf_counter``.
+Caches are blocks caches of ``uint8`` rows: ``num_tensors`` tensors (K and V of each layer) of
+``num_blocks`` blocks of ``block_bytes`` bytes. Two kinds of memory:
+
+* ``allocated``: ``allocate_blocks_cache`` - the daemon's shared-memory pool, mapped by both
+  the worker and the daemon (zero copy: the daemon receives straight into it);
+* ``registered``: plain numpy arrays (anonymous memory, as vLLM/torch allocate) registered with
+  ``register_blocks_cache`` - the daemon reaches them by cross-memory attach
+  (``process_vm_readv``/``writev``), i.e. through a copy.
+
+Every block starts with a tag (tensor, block) so a pull can be verified without a second copy
+of the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import llm_datadist as ld
+import numpy as np
+from llm_datadist import views
+
+_TAG = np.uint64(0x5DA7_0000_0000_0000)
+
+
+def _tag(salt: int, tensor: int) -> np.uint64:
+    return _TAG | (np.uint64(salt) << np.uint64(40)) | (np.uint64(tensor) << np.uint64(24))
+
+
+def pid(state: dict) -> int:
+    return os.getpid()
+
+
+def init(state: dict, role: str, cluster_id: int, listen: str | None = None, mem_pool: int = 0,
+         timeout_ms: int = 60000) -> int:
+    cfg = ld.LLMConfig()
+    cfg.device_id = 0
+    cfg.enable_cache_manager = True
+    cfg.enable_remote_cache_accessible = True
+    cfg.sync_kv_timeout = timeout_ms
+    if listen:
+        cfg.listen_ip_info = listen
+    if mem_pool:
+        cfg.mem_pool_cfg = f'{{"memory_size": {mem_pool}, "page_shift": 16}}'
+    dd = ld.LLMDataDist(getattr(ld.LLMRole, role), cluster_id)
+    dd.init(cfg.generate_options())
+    state.update(dd=dd, caches={}, arrays={})
+    return dd.cluster_id
+
+
+def shutdown(state: dict) -> None:
+    dd = state.pop("dd", None)
+    if dd is not None:
+        try:
+            dd.finalize()
+        except Exception:  # noqa: BLE001 - the process is going away
+            pass
+
+
+def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int, block_bytes: int,
+          model_id: int | None = None) -> int:
+    """A blocks cache (``memory``: ``allocated`` or ``registered``); every page touched, blocks tagged."""
+    cm = state["dd"].cache_manager
+    shape = [num_blocks, block_bytes]
+    desc = ld.CacheDesc(num_tensors, shape, ld.DataType.DT_UINT8, ld.Placement.DEVICE)
+    key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
+    if memory == "allocated":
+        c = cm.allocate_blocks_cache(desc, key)
+        arrays = [a.reshape(num_blocks, block_bytes) for a in views.numpy_views(c)]
+    elif memory == "registered":
+        arrays = [np.empty((num_blocks, block_bytes), np.uint8) for _ in range(num_tensors)]
+        for a in arrays:
+            a.fill(0)  # fault every page in before anything is timed
+        c = cm.register_blocks_cache(desc, [a.ctypes.data for a in arrays], key)
+        state.setdefault("registered", set()).add(c.cache_id)
+    else:
+        raise ValueError(f"unknown memory kind {memory!r}")
+    state["caches"][name] = c
+    state["arrays"][name] = arrays
+    tag(state, name)
+    return c.cache_id
+
+
+def tag(state: dict, name: str, salt: int = 0) -> None:
+    """Write (salt, tensor, block) into the first 8 bytes of every block (every byte touched once)."""
+    for t, a in enumerate(state["arrays"][name]):
+        if a.shape[1] >= 8:
+            blocks = np.arange(a.shape[0], dtype=np.uint64)
+            a[:, :8].view(np.uint64)[:, 0] = _tag(salt, t) | blocks
+
+
+def clear(state: dict, name: str) -> None:
+    for a in state["arrays"][name]:
+        a[:, :8] = 0
+
+
+def verify(state: dict, name: str, tensors: list[int], src_blocks: list[int], dst_blocks: list[int],
+           salt: int = 0) -> int:
+    """How many (tensor, block) tags of ``dst_blocks`` differ from what ``src_blocks`` of the source held."""
+    arrays = state["arrays"][name]
+    wrong = 0
+    src = np.asarray(src_blocks, dtype=np.uint64)
+    for t in tensors:
+        a = arrays[t]
+        if a.shape[1] < 8:
+            continue
+        want = _tag(salt, t) | src
+        got = a[dst_blocks, :8].view(np.uint64)[:, 0]
+        wrong += int(np.count_nonzero(got != want))
+    return wrong
+
+
+def link(state: dict, remote_cluster: int, address: str, timeout_ms: int = 10000) -> float:
+    """``link_clusters`` to ``address``; returns its wall time in seconds."""
+    ip, port = address.rsplit(":", 1)
+    info = ld.LLMClusterInfo()
+    info.remote_cluster_id = remote_cluster
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info(ip, int(port))
+    t0 = time.perf_counter()
+    code, codes = state["dd"].link_clusters([info], timeout_ms)
+    seconds = time.perf_counter() - t0
+    if code != ld.LLMStatusCode.LLM_SUCCESS:
+        raise RuntimeError(f"link_clusters to {address} failed: {code} {codes}")
+    state.setdefault("links", {})[remote_cluster] = info
+    return seconds
+
+
+def unlink(state: dict, remote_cluster: int, timeout_ms: int = 10000) -> None:
+    info = state["links"].pop(remote_cluster)
+    state["dd"].unlink_clusters([info], timeout_ms)
+
+
+def _transfer(state: dict, op: str, remote_cluster: int, name: str, src_blocks: list[int], dst_blocks: list[int],
+              model_id: int) -> None:
+    cm = state["dd"].cache_manager
+    if op == "pull":
+        cm.pull_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][name], src_blocks, dst_blocks)
+    else:  # push our blocks ``src_blocks`` into the remote cache's ``dst_blocks``
+        cm.push_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][name], src_blocks, dst_blocks)
+
+
+def transfer_loop(state: dict, op: str, remote_cluster: int, name: str, tables: list[tuple[list[int], list[int]]],
+                  model_id: int = 0, warmup: int = 1) -> list[float]:
+    """Run ``op`` (pull/push) once per (src_blocks, dst_blocks) table after ``warmup`` untimed calls;
+    returns the seconds of each timed call."""
+    for src, dst in tables[:warmup]:
+        _transfer(state, op, remote_cluster, name, src, dst, model_id)
+    times = []
+    for src, dst in tables[warmup:]:
+        t0 = time.perf_counter()
+        _transfer(state, op, remote_cluster, name, src, dst, model_id)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_blocks: int, model_id: int = 0,
+                 warmup: int = 50) -> list[float]:
+    """``calls`` pulls of one block each (rotating block numbers); seconds per call."""
+    cm = state["dd"].cache_manager
+    key = ld.BlocksCacheKey(remote_cluster, model_id)
+    c = state["caches"][name]
+    out = []
+    for i in range(warmup + calls):
+        b = i % num_blocks
+        t0 = time.perf_counter()
+        cm.pull_blocks(key, c, [b], [(b * 7 + 3) % num_blocks])
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def grpc_loop(state: dict, target: str, calls: int, warmup: int = 50) -> list[float]:
+    """Bare unary round trips ``DataDist/GetStatus`` to the daemon at ``target`` (a fresh stub, same socket)."""
+    import grpc
+    from datadist.v1 import datadist_pb2, datadist_pb2_grpc
+
+    out = []
+    with grpc.insecure_channel(target) as ch:
+        stub = datadist_pb2_grpc.DataDistStub(ch)
+        req = datadist_pb2.StatusRequest()
+        for i in range(warmup + calls):
+            t0 = time.perf_counter()
+            stub.GetStatus(req, timeout=10)
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+    return out
+
+
+def health_loop(state: dict, address: str, calls: int, warmup: int = 50) -> list[float]:
+    """Bare unary round trips ``grpc.health.v1.Health/Check`` to a peer listener over TCP (one channel)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    out = []
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        req = health_pb2.HealthCheckRequest(service="")
+        for i in range(warmup + calls):
+            t0 = time.perf_counter()
+            stub.Check(req, timeout=10)
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+    return out
+
+
+def fresh_grpc_call(state: dict, address: str, calls: int) -> list[float]:
+    """Seconds for a fresh gRPC channel over TCP to ``address`` plus its first call (health Check)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        with grpc.insecure_channel(address) as ch:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def concurrent_pulls(state: dict, remote_cluster: int, name: str, threads: int, calls: int, blocks: int,
+                     model_id: int = 0, seed: int = 0) -> tuple[float, list[float], int]:
+    """``threads`` threads each pull ``calls`` times ``blocks`` random source blocks into their own
+    destination blocks; returns (wall seconds from the common start, per-call seconds, bytes moved)."""
+    cm = state["dd"].cache_manager
+    key = ld.BlocksCacheKey(remote_cluster, model_id)
+    c = state["caches"][name]
+    arrays = state["arrays"][name]
+    dst_blocks = arrays[0].shape[0]
+    per_call = blocks * arrays[0].shape[1] * len(arrays)
+    plans = []
+    for k in range(threads):
+        rng = np.random.default_rng(seed * 1000 + k)
+        dst = [(k * blocks + i) % dst_blocks for i in range(blocks)]
+        plans.append([(rng.choice(state.get("remote_blocks", dst_blocks), blocks, replace=False).tolist(), dst)
+                      for _ in range(calls)])
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            for src, dst in plans[k]:
+                t0 = time.perf_counter()
+                cm.pull_blocks(key, c, src, dst)
+                lat[k].append(time.perf_counter() - t0)
+        except BaseException as exc:  # noqa: BLE001 - reported to the bench
+            errors.append(exc)
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, [x for lst in lat for x in lst], per_call * threads * calls
+
+
+def remote_blocks(state: dict, n: int) -> None:
+    """How many blocks the remote cache of ``concurrent_pulls`` has (source blocks are drawn from them)."""
+    state["remote_blocks"] = n
+
+
+def drop(state: dict, name: str) -> None:
+    """Deallocate (allocated) or unregister (registered) cache ``name``."""
+    c = state["caches"].pop(name)
+    state["arrays"].pop(name, None)
+    cm = state["dd"].cache_manager
+    if c.cache_id in state.setdefault("registered", set()):
+        cm.unregister_cache(c.cache_id)
+    else:
+        cm.deallocate_blocks_cache(c)
+
+
+def start_at(state: dict, when: float) -> None:
+    """Sleep until the wall clock reaches ``when`` (lines several worker processes up)."""
+    delay = when - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def concurrent_pulls_at(state: dict, when: float, *args: Any, **kwargs: Any) -> tuple[float, list[float], int]:
+    start_at(state, when)
+    return concurrent_pulls(state, *args, **kwargs)
+
+
+def layerwise(state: dict, remote_cluster: int, name: str, layers: int, compute_s: float, src_blocks: list[int],
+              dst_blocks: list[int], model_id: int = 0, timeout_s: float = 120.0) -> tuple[float, list[float]]:
+    """``transfer_cache_async`` of layers ``[0, layers)`` to ``remote_cluster``'s blocks cache, with a
+    synchronizer that 'computes' ``compute_s`` per layer (sleeps) before reporting it ready.
+
+    Returns (seconds from the call until the task finished, when each layer was reported ready)."""
+    cm = state["dd"].cache_manager
+    c = state["caches"][name]
+    ready: list[float] = []
+
+    class Compute(ld.LayerSynchronizer):
+        def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None = None) -> bool:
+            time.sleep(compute_s)
+            ready.append(time.perf_counter())
+            return True
+
+    cfg = ld.TransferWithCacheKeyConfig(ld.BlocksCacheKey(remote_cluster, model_id), range(0, layers),
+                                        range(0, layers))
+    t0 = time.perf_counter()
+    task = cm.transfer_cache_async(c, Compute(), [cfg], src_blocks, dst_blocks)
+    code = task.synchronize(int(timeout_s * 1000))
+    total = time.perf_counter() - t0
+    if code != ld.LLMStatusCode.LLM_SUCCESS:
+        raise RuntimeError(f"transfer_cache_async failed: {code} {task.get_results(0)}")
+    return total, [r - t0 for r in ready]
+
+
+def memcpy_setup(state: dict, num_tensors: int, num_blocks: int, block_bytes: int) -> None:
+    """Two sets of ``num_tensors`` arrays of ``num_blocks`` x ``block_bytes`` bytes, every page touched."""
+    state["memcpy"] = ([np.full((num_blocks, block_bytes), 1, np.uint8) for _ in range(num_tensors)],
+                       [np.full((num_blocks, block_bytes), 2, np.uint8) for _ in range(num_tensors)])
+
+
+def memcpy_once(state: dict, src_blocks: list[int], dst_blocks: list[int]) -> tuple[float, float]:
+    """numpy copies between the two sets: (block-by-block slice copies of the table, one contiguous copy
+    of the same number of bytes per tensor), seconds each."""
+    src, dst = state["memcpy"]
+    n = len(src_blocks) * src[0].shape[1]
+    t0 = time.perf_counter()
+    for s_t, d_t in zip(src, dst, strict=True):
+        for s, d in zip(src_blocks, dst_blocks, strict=True):
+            d_t[d] = s_t[s]
+    t1 = time.perf_counter()
+    for s_t, d_t in zip(src, dst, strict=True):
+        np.copyto(d_t.reshape(-1)[:n], s_t.reshape(-1)[:n])
+    return t1 - t0, time.perf_counter() - t1
+
+
+def memcpy_done(state: dict) -> None:
+    state.pop("memcpy", None)

@@ -1,0 +1,598 @@
+"""The seven scenarios of ``make bench``; each appends table rows and plot series to a ``Run``.
+
+Topology: two daemons stand for two nodes (``P``, the prefill node whose worker listens, and ``D``,
+the decode node whose workers link to it) on loopback; a third daemon hosts two engines for the
+same-host path. Every scenario starts fresh worker processes (fresh engines, own cluster ids).
+Every figure is the median of ``reps`` repetitions with min and max; every ratio divides by a
+baseline measured in the same run, moments before, on the same machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import baselines
+from .procs import Daemon, Worker, WorkerError, free_port
+from .stats import Figure, Row, Target, figure, gib_per_s, paired, percentile, ratio
+
+__all__ = ["Config", "Run", "SCENARIOS", "count_steps"]
+
+P = 1              # the prefill cluster (its worker listens)
+D = 2              # the first decode cluster (more decode workers take 3, 4, ...)
+KIB = 1 << 10
+MIB = 1 << 20
+
+
+@dataclass
+class Config:
+    """Sizes of every scenario (``python -m bench --help`` lists the flags)."""
+
+    reps: int = 5
+    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7])
+    memory: list[str] = field(default_factory=lambda: ["allocated", "registered"])
+    bulk_mib: int = 256
+    block_kib: list[int] = field(default_factory=lambda: [16, 256, 4096])
+    layers: int = 8
+    iperf3: bool = True
+    latency_calls: int = 1000
+    latency_block_kib: int = 4
+    scaling_blocks: list[int] = field(default_factory=lambda: [1000, 10000, 100000])
+    scaling_block_kib: int = 4
+    scaling_tensors: int = 2
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    conc_workers: int = 4
+    conc_blocks: int = 32
+    conc_block_kib: int = 64
+    conc_tensors: int = 2
+    conc_pulls: int = 64
+    lw_layers: int = 8
+    lw_blocks: int = 64
+    lw_block_kib: int = 64
+    lw_compute_ms: float = 0.0        # 0: lw_compute_factor x one layer's measured transfer time
+    lw_compute_factor: float = 1.5
+    link_reps: int = 10
+    timeout_s: float = 600.0
+
+
+@dataclass
+class Run:
+    """State of one bench run: config, daemons and workers to clean up, rows, plot series, progress."""
+
+    cfg: Config
+    progress: Any = None
+    rows: list[Row] = field(default_factory=list)
+    series: dict[str, Any] = field(default_factory=dict)
+    daemons: dict[str, Daemon] = field(default_factory=dict)
+    workers: list[Worker] = field(default_factory=list)
+    log: Callable[[str], None] = print
+    raw_best: dict[int, Figure] = field(default_factory=dict)   # block bytes -> best raw stream GiB/s
+
+    def step(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.set_postfix_str(text, refresh=False)
+            self.progress.update(1)
+
+    def daemon(self, name: str) -> Daemon:
+        d = self.daemons.get(name)
+        if d is None:
+            d = self.daemons[name] = Daemon(name).start()
+        return d
+
+    def worker(self, daemon: Daemon | None) -> Worker:
+        w = Worker(daemon)
+        self.workers.append(w)
+        return w
+
+    def close_workers(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers.clear()
+
+    def close(self) -> None:
+        self.close_workers()
+        for d in self.daemons.values():
+            d.stop()
+        self.daemons.clear()
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row.judge())
+
+
+def _tables(rng: np.random.Generator, num_blocks: int, n: int, count: int) -> list[tuple[list[int], list[int]]]:
+    """``count`` (src_blocks, dst_blocks) pairs: ``n`` distinct blocks out of ``num_blocks``, shuffled, both sides."""
+    return [(rng.permutation(num_blocks)[:n].tolist(), rng.permutation(num_blocks)[:n].tolist())
+            for _ in range(count)]
+
+
+def _kib(n: int) -> str:
+    return f"{n // MIB} MiB" if n >= MIB and n % MIB == 0 else f"{n // KIB} KiB"
+
+
+def _pair(run: Run, pool: int, listen: bool = True) -> tuple[Worker, Worker, int]:
+    """A prefill worker on node P (listening) and a decode worker on node D, initialized and linked."""
+    dp, dd = run.daemon("P"), run.daemon("D")
+    wp, wd = run.worker(dp), run.worker(dd)
+    port = free_port()
+    wp.send("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=pool)
+    wd.send("init", "DECODER", D, mem_pool=pool)
+    wp.result()
+    wd.result()
+    wd.call("link", P, f"127.0.0.1:{port}")
+    return wp, wd, port
+
+
+# ---- 1 and 2: bulk transfers --------------------------------------------------------------------
+
+def _bulk_target(scenario: str, block: int) -> Target:
+    """tcp: >= 0.9x the raw stream at 256 KiB and larger blocks, >= 0.8x below; same-host: >= 0.8x memcpy."""
+    if scenario.startswith("2"):
+        return Target(">=", 0.8)
+    return Target(">=", 0.8 if block < 256 * KIB else 0.9)
+
+
+@dataclass
+class _Baseline:
+    """Baseline variants of one block size, each timed by a call; ``judge`` names the ones a ratio may use."""
+
+    variants: dict[str, Callable[[], float]]
+    judge: list[str]
+    notes: dict[str, str]
+    close: Callable[[], None] = lambda: None
+
+
+def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callable[[int, int, int], _Baseline]) -> None:
+    """Pull and push ``bulk_mib`` per request for every block size and memory kind between ``wp`` and ``wd``.
+
+    Repetition ``r`` times each baseline variant and then each datadist transfer, back to back, so a
+    ratio is the median of per-repetition ratios: a noisy neighbour slows both sides of a pair alike.
+    """
+    cfg = run.cfg
+    total = cfg.bulk_mib * MIB
+    tensors = 2 * cfg.layers
+    rng = np.random.default_rng(11)
+    series = run.series.setdefault(scenario, {})
+    model = 0
+    for block in [k * KIB for k in cfg.block_kib]:
+        n = max(1, total // tensors // block)           # blocks per tensor per request
+        num_blocks = 2 * n                               # caches hold twice the request: shuffles spread out
+        nbytes = n * block * tensors
+        base = baseline_for(block, n, num_blocks)
+        try:
+            for name in base.variants:
+                base.variants[name]()                    # warm-up
+            names = []
+            for memory in cfg.memory:
+                name = f"{memory}-{block}"
+                names.append((memory, name, model))
+                wp.send("cache", name, memory, tensors, num_blocks, block, model_id=model)
+                wd.send("cache", name, memory, tensors, num_blocks, block, model_id=model)
+                wp.result()
+                wd.result()
+                model += 1
+            tables = _tables(rng, num_blocks, n, cfg.reps + 1)
+            b_times: dict[str, list[float]] = {k: [] for k in base.variants}
+            d_times: dict[tuple[str, str], list[float]] = {}
+            for r, table in enumerate(tables):              # repetition 0 warms the datadist path up
+                for k, once in base.variants.items():
+                    t = once()
+                    if r:
+                        b_times[k].append(t)
+                for memory, name, mid in names:
+                    for op in ("pull", "push"):
+                        t = wd.call("transfer_loop", op, P, name, [table], model_id=mid, warmup=0,
+                                    timeout=cfg.timeout_s)[0]
+                        if r:
+                            d_times.setdefault((memory, op), []).append(t)
+                run.step(f"{scenario}: {_kib(block)} rep {r}")
+            b_gibs = {k: gib_per_s(nbytes, v) for k, v in b_times.items()}
+            b_figs = {k: figure(v, "GiB/s") for k, v in b_gibs.items()}
+            for k, fig in b_figs.items():
+                run.add(Row(scenario, f"baseline: {k} ({_kib(block)} blocks)", fig, note=base.notes.get(k, "")))
+                series.setdefault(k, {})[block] = fig
+            best = max(base.judge, key=lambda k: b_figs[k].median)
+            for memory, name, mid in names:
+                _verify(wp, wd, name, tensors, tables[-1], mid, f"{scenario} {name}")
+                for op in ("pull", "push"):
+                    gibs = gib_per_s(nbytes, d_times[(memory, op)])
+                    fig = figure(gibs, "GiB/s")
+                    med, lo, hi = paired(gibs, b_gibs[best])
+                    run.add(Row(scenario, f"{op} {_kib(block)} blocks, {memory}", fig, best, b_figs[best], ratio=med,
+                                ratio_min=lo, ratio_max=hi, target=_bulk_target(scenario, block),
+                                note=f"{nbytes // MIB} MiB/request: {tensors} tensors x {n} shuffled blocks; "
+                                     f"ratio = median of paired repetitions"))
+                    series.setdefault(f"{op} ({memory})", {})[block] = fig
+                wp.send("drop", name)
+                wd.send("drop", name)
+                wp.result()
+                wd.result()
+        finally:
+            base.close()
+
+
+def _verify(wp: Worker, wd: Worker, name: str, tensors: int, table: tuple[list[int], list[int]], model: int,
+            what: str) -> None:
+    """One pull and one push of ``table`` after fresh tags (prompt salt 0, decoder salt 1), checked block by block."""
+    src, dst = table
+    everything = list(range(tensors))
+    wp.call("tag", name, 0)
+    wd.call("tag", name, 1)
+    wd.call("transfer_loop", "pull", P, name, [table], model_id=model, warmup=0)
+    wrong = wd.call("verify", name, everything, src, dst, 0)
+    wd.call("tag", name, 1)
+    wd.call("transfer_loop", "push", P, name, [table], model_id=model, warmup=0)
+    wrong += wp.call("verify", name, everything, src, dst, 1)
+    if wrong:
+        raise RuntimeError(f"{what}: {wrong} blocks hold wrong bytes after a pull and a push")
+
+
+def bulk_tcp(run: Run) -> None:
+    cfg = run.cfg
+    total = cfg.bulk_mib * MIB
+    scenario = "1 tcp bulk"
+    tensors = 2 * cfg.layers
+    series = run.series.setdefault(scenario, {})
+    if cfg.iperf3:
+        secs = baselines.iperf3(total, cfg.reps)
+        if secs is None:
+            run.add(Row(scenario, "baseline: iperf3 loopback", None, note="iperf3 not installed: skipped"))
+        else:
+            fig = figure(gib_per_s(total, secs), "GiB/s")
+            run.add(Row(scenario, "baseline: iperf3 loopback (C, 1 stream)", fig, note="information only"))
+            series["iperf3"] = fig
+    run.step(f"{scenario}: iperf3")
+
+    def raw(block: int, n: int, num_blocks: int) -> _Baseline:
+        nbytes = n * block * tensors
+        contig = baselines.RawStream(nbytes, block, per_block=False)
+        per_block = baselines.RawStream(nbytes, block, per_block=True)
+
+        def close() -> None:
+            contig.close()
+            per_block.close()
+
+        return _Baseline({"raw stream, contiguous": contig.once, "raw stream, recv_into per block": per_block.once},
+                         ["raw stream, contiguous", "raw stream, recv_into per block"],
+                         {"raw stream, contiguous": f"Python, 1 connection: sendmsg gather, recv_into "
+                                                    f"{baselines.RECV_SIZE >> 10} KiB at a time",
+                          "raw stream, recv_into per block": "Python, 1 connection: one recv_into per block "
+                                                             "into a shuffled block table"}, close)
+
+    pool = 2 * total + 64 * MIB if "allocated" in cfg.memory else 0
+    wp, wd, _ = _pair(run, pool)
+    try:
+        _bulk(run, scenario, wp, wd, raw)
+        for block in [k * KIB for k in cfg.block_kib]:
+            run.raw_best[block] = max((series[k][block] for k in ("raw stream, contiguous",
+                                                                   "raw stream, recv_into per block")),
+                                      key=lambda f: f.median)
+    finally:
+        run.close_workers()
+
+
+def bulk_local(run: Run) -> None:
+    cfg = run.cfg
+    total = cfg.bulk_mib * MIB
+    scenario = "2 same-host"
+    tensors = 2 * cfg.layers
+    dl = run.daemon("L")
+    wp, wd, wm = run.worker(dl), run.worker(dl), run.worker(None)
+    try:
+        port = free_port()
+        pool = 2 * total + 64 * MIB if "allocated" in cfg.memory else 0
+        wp.send("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=pool)
+        wd.send("init", "DECODER", D, mem_pool=pool)
+        wp.result()
+        wd.result()
+        wd.call("link", P, f"127.0.0.1:{port}")
+        tables: dict[str, Any] = {}
+
+        def memcpy(block: int, n: int, num_blocks: int) -> _Baseline:
+            wm.call("memcpy_setup", tensors, num_blocks, block, timeout=cfg.timeout_s)
+            rng = np.random.default_rng(block)
+            last: dict[str, float] = {}
+
+            def pattern() -> float:
+                src, dst = _tables(rng, num_blocks, n, 1)[0]
+                last["pattern"], last["contiguous"] = wm.call("memcpy_once", src, dst, timeout=cfg.timeout_s)
+                return last["pattern"]
+
+            return _Baseline({"numpy memcpy, same block pattern": pattern,
+                              "numpy memcpy, contiguous": lambda: last["contiguous"]},
+                             ["numpy memcpy, same block pattern"],
+                             {"numpy memcpy, same block pattern": "one slice copy per block, in one process",
+                              "numpy memcpy, contiguous": "information only"},
+                             lambda: wm.call("memcpy_done"))
+
+        _ = tables
+        _bulk(run, scenario, wp, wd, memcpy)
+    finally:
+        run.close_workers()
+
+
+# ---- 3: small-transfer latency -------------------------------------------------------------------
+
+def latency(run: Run) -> None:
+    cfg = run.cfg
+    scenario = "3 latency"
+    block = cfg.latency_block_kib * KIB
+    num_blocks = 256
+    wp, wd, port = _pair(run, 0)
+    try:
+        wp.send("cache", "lat", "registered", 1, num_blocks, block, model_id=0)
+        wd.send("cache", "lat", "registered", 1, num_blocks, block, model_id=0)
+        wp.result()
+        wd.result()
+        rounds = max(2, min(cfg.reps, 10))
+        per = max(1, math.ceil(cfg.latency_calls / rounds))
+        pulls: list[list[float]] = []
+        rpcs: list[list[float]] = []
+        peer: list[float] = []
+        for r in range(rounds):  # alternate, so drift on a noisy machine hits both the same
+            rpcs.append(wd.call("grpc_loop", run.daemons["D"].target, per, warmup=20 if r else 100))
+            pulls.append(wd.call("latency_loop", P, "lat", per, num_blocks, warmup=20 if r else 100))
+            peer += wd.call("health_loop", f"127.0.0.1:{port}", max(10, per // 4), warmup=10)
+            run.step(f"{scenario}: round {r + 1}/{rounds}")
+        all_pull = [x * 1e6 for lst in pulls for x in lst]
+        all_rpc = [x * 1e6 for lst in rpcs for x in lst]
+        for q in (50, 99):
+            fp = Figure(percentile(all_pull, q), min(percentile([x * 1e6 for x in lst], q) for lst in pulls),
+                        max(percentile([x * 1e6 for x in lst], q) for lst in pulls), rounds, "µs")
+            fb = Figure(percentile(all_rpc, q), min(percentile([x * 1e6 for x in lst], q) for lst in rpcs),
+                        max(percentile([x * 1e6 for x in lst], q) for lst in rpcs), rounds, "µs")
+            med, lo, hi = paired([percentile(lst, q) for lst in pulls], [percentile(lst, q) for lst in rpcs])
+            run.add(Row(scenario, f"pull_blocks of 1 block ({_kib(block)}) p{q}", fp,
+                        f"bare gRPC unary round trip (GetStatus) p{q}", fb, ratio=ratio(fp, fb), ratio_min=lo,
+                        ratio_max=hi, target=Target("<=", 3.0) if q == 50 else None,
+                        note=f"{len(all_pull)} calls over tcp between two daemons, in {rounds} rounds alternating "
+                             f"with the baseline; ranges: per round"))
+        peer_us = [x * 1e6 for x in peer]
+        fpeer = Figure(percentile(peer_us, 50), percentile(peer_us, 5), percentile(peer_us, 95), len(peer_us), "µs")
+        run.add(Row(scenario, "information: bare gRPC round trip over TCP to the peer's listener (Health/Check) p50",
+                    fpeer, "bare gRPC unary round trip (GetStatus) p50", None,
+                    note="the second hop every pull makes (daemon -> peer daemon); range: p5-p95"))
+        run.series[scenario] = {"pull": all_pull, "grpc": all_rpc, "peer": peer_us}
+    finally:
+        run.close_workers()
+
+
+# ---- 4: block-list scaling ---------------------------------------------------------------------
+
+def scaling(run: Run) -> None:
+    cfg = run.cfg
+    scenario = "4 block-list scaling"
+    block = cfg.scaling_block_kib * KIB
+    tensors = cfg.scaling_tensors
+    top = max(cfg.scaling_blocks)
+    memory = cfg.memory[0]
+    pool = top * block * tensors + 64 * MIB if memory == "allocated" else 0
+    wp, wd, _ = _pair(run, pool)
+    try:
+        wp.send("cache", "sc", memory, tensors, top, block, model_id=0)
+        wd.send("cache", "sc", memory, tensors, top, block, model_id=0)
+        wp.result()
+        wd.result()
+        rng = np.random.default_rng(3)
+        series = {}
+        for n in cfg.scaling_blocks:
+            shuffled = _tables(rng, top, n, cfg.reps + 1)
+            seq = (list(range(n)), list(range(n)))
+            tables = [t for s in shuffled for t in (s, seq)]  # shuffled, contiguous, shuffled, ...
+            times = wd.call("transfer_loop", "pull", P, "sc", tables, warmup=2, timeout=cfg.timeout_s)
+            t_shuf, t_seq = times[0::2], times[1::2]
+            over = [(a - b) / n * 1e6 for a, b in zip(t_shuf, t_seq, strict=True)]
+            fig = figure(over, "µs/block")
+            base = figure([b / n * 1e6 for b in t_seq], "µs/block")
+            wall = figure([a / n * 1e6 for a in t_shuf], "µs/block")
+            med, lo, hi = paired(t_shuf, t_seq)
+            run.add(Row(scenario, f"per-block overhead at {n:,} blocks ({_kib(block)}, {tensors} tensors)", fig,
+                        "the same bytes as contiguous blocks: time per block", base, ratio=med, ratio_min=lo,
+                        ratio_max=hi, target=Target("<=", 2.0, on="figure") if n == top else None,
+                        note=f"shuffled {wall.median:.2f} µs/block; overhead = shuffled - contiguous, "
+                             f"per interleaved pair; ratio = shuffled / contiguous"))
+            series[n] = {"overhead": fig, "shuffled": wall, "contiguous": base}
+            run.step(f"{scenario}: {n} blocks")
+        run.series[scenario] = series
+    finally:
+        run.close_workers()
+
+
+# ---- 5: concurrency ------------------------------------------------------------------------------
+
+def concurrency(run: Run) -> None:
+    cfg = run.cfg
+    scenario = "5 concurrency"
+    block = cfg.conc_block_kib * KIB
+    tensors = cfg.conc_tensors
+    per_call = cfg.conc_blocks * block * tensors
+    top = max(cfg.concurrency)
+    nw = max(1, min(cfg.conc_workers, top))
+    threads_max = math.ceil(top / nw)
+    src_blocks = max(4 * cfg.conc_blocks, 256)
+    dst_blocks = max(threads_max * cfg.conc_blocks, cfg.conc_blocks)
+    dp, dd = run.daemon("P"), run.daemon("D")
+    wp = run.worker(dp)
+    ws = [run.worker(dd) for _ in range(nw)]
+    try:
+        port = free_port()
+        wp.send("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
+        for i, w in enumerate(ws):
+            w.send("init", "DECODER", D + i)
+        wp.result()
+        for w in ws:
+            w.result()
+        wp.call("cache", "cc", "registered", tensors, src_blocks, block, model_id=0)
+        for w in ws:
+            w.send("cache", "cc", "registered", tensors, dst_blocks, block)
+        for w in ws:
+            w.result()
+        for w in ws:
+            w.call("link", P, f"127.0.0.1:{port}")
+            w.call("remote_blocks", src_blocks)
+        raw = run.raw_best.get(block) or run.raw_best.get(max(run.raw_best) if run.raw_best else -1)
+        if raw is None:
+            secs = baselines.raw_stream(64 * MIB, 64 * MIB // 64, False, cfg.reps)
+            raw = figure(gib_per_s(64 * MIB, secs), "GiB/s")
+        series = {}
+        p99_one = None
+        for c in cfg.concurrency:
+            used = min(nw, c)
+            threads = [c // used + (1 if i < c % used else 0) for i in range(used)]
+            calls = max(2, math.ceil(cfg.conc_pulls / c))
+            aggs, p99s, lat_all = [], [], []
+            for r in range(cfg.reps):
+                when = time.time() + 0.3
+                for i in range(used):
+                    ws[i].send("concurrent_pulls_at", when, P, "cc", threads[i], calls, cfg.conc_blocks,
+                               seed=r * 100 + i)
+                results = [ws[i].result(cfg.timeout_s) for i in range(used)]
+                wall = max(x[0] for x in results)
+                nbytes = sum(x[2] for x in results)
+                lats = [v * 1e3 for x in results for v in x[1]]
+                aggs.append(nbytes / wall / 2**30)
+                p99s.append(percentile(lats, 99))
+                lat_all += lats
+            agg = figure(aggs, "GiB/s")
+            p99 = Figure(percentile(lat_all, 99), min(p99s), max(p99s), len(p99s), "ms")
+            p99_one = p99_one or p99
+            run.add(Row(scenario, f"{c} concurrent pulls ({used} processes): aggregate", agg,
+                        "best raw TCP stream (scenario 1)", raw, ratio=ratio(agg, raw),
+                        note=f"{_kib(per_call)} per pull ({cfg.conc_blocks} x {_kib(block)} x {tensors} tensors), "
+                             f"{calls} pulls per thread"))
+            run.add(Row(scenario, f"{c} concurrent pulls: p99 latency", p99, "p99 at concurrency 1", p99_one,
+                        ratio=ratio(p99, p99_one), note=f"p50 {percentile(lat_all, 50):.2f} ms"))
+            series[c] = {"gibs": agg, "p99": p99, "p50": percentile(lat_all, 50)}
+            run.step(f"{scenario}: {c}")
+        run.series[scenario] = {"raw": raw, "levels": series}
+    finally:
+        run.close_workers()
+
+
+# ---- 6: layer-wise overlap -----------------------------------------------------------------------
+
+def layerwise(run: Run) -> None:
+    cfg = run.cfg
+    scenario = "6 layer-wise overlap"
+    block = cfg.lw_block_kib * KIB
+    layers = cfg.lw_layers
+    tensors = 2 * layers
+    num_blocks = 2 * cfg.lw_blocks
+    pool = tensors * num_blocks * block + 64 * MIB
+    wp, wd, _ = _pair(run, pool)
+    try:
+        wp.send("cache", "lw", "allocated", tensors, num_blocks, block, model_id=0)
+        wd.send("cache", "lw", "allocated", tensors, num_blocks, block, model_id=0)
+        wp.result()
+        wd.result()
+        rng = np.random.default_rng(9)
+        src, dst = _tables(rng, num_blocks, cfg.lw_blocks, 1)[0]
+        layer_bytes = 2 * cfg.lw_blocks * block
+        try:
+            wp.call("layerwise", D, "lw", layers, 0.0, src, dst, timeout=cfg.timeout_s)  # warm-up, and availability
+        except WorkerError as exc:
+            why = str(exc).splitlines()[0]
+            run.add(Row(scenario, "transfer_cache_async: total / max(compute, transfer)", None,
+                        note=f"not available yet: {why[:200]}"))
+            run.step(f"{scenario}: not available")
+            return
+        # transfer only: the same task with no compute between layers
+        pushes = [wp.call("layerwise", D, "lw", layers, 0.0, src, dst, timeout=cfg.timeout_s)[0]
+                  for _ in range(cfg.reps)]
+        transfer = figure([t * 1e3 for t in pushes], "ms")
+        layer_ms = transfer.median / layers
+        cases = [(cfg.lw_compute_ms or cfg.lw_compute_factor * layer_ms, True)]
+        if not cfg.lw_compute_ms and cfg.lw_compute_factor != 1.0:
+            cases.append((layer_ms, False))   # information: compute exactly as long as a layer's transfer
+        for compute_ms, judged in cases:
+            totals, readies = [], []
+            for _ in range(cfg.reps):
+                total, ready = wp.call("layerwise", D, "lw", layers, compute_ms / 1e3, src, dst, timeout=cfg.timeout_s)
+                totals.append(total * 1e3)
+                readies.append([r * 1e3 for r in ready])
+            total_fig = figure(totals, "ms")
+            bound = max(compute_ms * layers, transfer.median)
+            base = Figure(bound, bound, bound, 1, "ms")
+            med, lo, hi = paired(totals, [bound] * len(totals))
+            what = (f"compute {compute_ms / layer_ms:.1f}x a layer's transfer" if not cfg.lw_compute_ms
+                    else f"compute {compute_ms:.1f} ms per layer")
+            run.add(Row(scenario, f"transfer_cache_async total, {layers} layers x {_kib(layer_bytes)}, {what}",
+                        total_fig, "max(compute, transfer): the perfect overlap", base, ratio=med, ratio_min=lo,
+                        ratio_max=hi, target=Target("<=", 1.2) if judged else None,
+                        note=f"compute {compute_ms:.1f} ms/layer (the synchronizer sleeps); transfer = the same "
+                             f"task without compute, {transfer.text(1)}; the best possible ratio is "
+                             f"{(compute_ms * layers + min(compute_ms, layer_ms)) / bound:.2f} (the last layer's "
+                             f"transfer cannot overlap)"))
+            if judged:
+                run.series[scenario] = {"total": total_fig, "compute_ms": compute_ms * layers, "transfer": transfer,
+                                        "ready": readies[len(readies) // 2], "layers": layers}
+        wrong = wd.call("verify", "lw", list(range(tensors)), src, dst, 0)
+        if wrong:
+            raise RuntimeError(f"{scenario}: {wrong} blocks hold wrong bytes")
+        run.step(f"{scenario}: done")
+    finally:
+        run.close_workers()
+
+
+# ---- 7: link setup -------------------------------------------------------------------------------
+
+def link_setup(run: Run) -> None:
+    cfg = run.cfg
+    scenario = "7 link setup"
+    dp, dd = run.daemon("P"), run.daemon("D")
+    wp, wd = run.worker(dp), run.worker(dd)
+    try:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        wp.send("init", "PROMPT", P, listen=address)
+        wd.send("init", "DECODER", D)
+        wp.result()
+        wd.result()
+        wp.call("cache", "ls", "registered", 2, 64, 4 * KIB, model_id=0)
+        wd.call("cache", "ls", "registered", 2, 64, 4 * KIB)
+        links, firsts = [], []
+        for _ in range(cfg.link_reps):
+            t_link = wd.call("link", P, address)
+            t_pull = wd.call("transfer_loop", "pull", P, "ls", [([1], [2])], warmup=0)[0]
+            wd.call("unlink", P)
+            links.append(t_link * 1e3)
+            firsts.append((t_link + t_pull) * 1e3)
+        fresh = [x * 1e3 for x in wd.call("fresh_grpc_call", address, cfg.link_reps)]
+        base = figure(fresh, "ms")
+        lf, ff = figure(links, "ms"), figure(firsts, "ms")
+        run.add(Row(scenario, "link_clusters", lf, "fresh gRPC channel + first call to the peer", base,
+                    ratio=ratio(lf, base), note="handshake (HMAC) + data connections opened and acknowledged"))
+        run.add(Row(scenario, "link_clusters + first pulled byte", ff, "fresh gRPC channel + first call to the peer",
+                    base, ratio=ratio(ff, base), note="1 block of 4 KiB x 2 tensors, right after the link"))
+        run.series[scenario] = {"link": lf, "first": ff, "baseline": base}
+        run.step(f"{scenario}: done")
+    finally:
+        run.close_workers()
+
+
+# ---- registry ------------------------------------------------------------------------------------
+
+SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
+    1: ("tcp bulk", bulk_tcp),
+    2: ("same-host", bulk_local),
+    3: ("latency", latency),
+    4: ("block-list scaling", scaling),
+    5: ("concurrency", concurrency),
+    6: ("layer-wise overlap", layerwise),
+    7: ("link setup", link_setup),
+}
+
+
+def count_steps(cfg: Config) -> int:
+    """How many ``Run.step`` calls the selected scenarios make (the progress bar's total)."""
+    bulk = len(cfg.block_kib) * (cfg.reps + 1)
+    per = {1: 1 + bulk, 2: bulk, 3: max(2, min(cfg.reps, 10)),
+           4: len(cfg.scaling_blocks), 5: len(cfg.concurrency), 6: 1, 7: 1}
+    return sum(per[s] for s in cfg.scenarios)
+
+
+_ = Path

@@ -1,0 +1,234 @@
+"""Private: what ``CacheManager`` (v2) and ``KvCacheManager`` (v1) share -- the daemon RPCs behind them.
+
+Both managers validate their own public arguments (CANN's two APIs differ in names, roles and
+rules), then call these helpers, which build the protobuf requests, map daemon-owned memory into
+this process and tell the daemon where the worker sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from datadist.v1 import common_pb2, datadist_pb2
+
+from . import _memory
+from . import _validate as v
+from ._rpc import RPC_MARGIN_S
+from .llm_types import BlocksCacheKey, CacheDesc, CacheKey, CacheKeyByIdAndIndex
+from .status import LLMException, LLMStatusCode
+
+__all__ = ["CacheOps", "desc_pb", "cache_key_pb", "any_key_pb", "worker_memory", "check_range", "range_pb",
+           "check_blocks", "UINT64_MAX"]
+
+log = logging.getLogger(__name__)
+
+UINT64_MAX = 2**64 - 1
+_NUM_TENSORS_PER_LAYER = 2
+
+
+def desc_pb(desc: CacheDesc) -> common_pb2.CacheDesc:
+    return common_pb2.CacheDesc(num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=desc.data_type.value,
+                                placement=int(desc.placement))
+
+
+def cache_key_pb(key: CacheKey) -> common_pb2.CacheKey:
+    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id, model_id=key.model_id,
+                               prefix_id=key.prefix_id)
+
+
+def blocks_key_pb(key: BlocksCacheKey) -> common_pb2.BlocksCacheKey:
+    return common_pb2.BlocksCacheKey(cluster_id=key.cluster_id, model_id=key.model_id)
+
+
+def any_key_pb(key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey]) -> common_pb2.AnyKey:
+    if isinstance(key, CacheKey):
+        return common_pb2.AnyKey(cache_key=cache_key_pb(key))
+    if isinstance(key, CacheKeyByIdAndIndex):
+        return common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(
+            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
+    return common_pb2.AnyKey(blocks_key=blocks_key_pb(key))
+
+
+def worker_memory(address: int, length: int) -> datadist_pb2.WorkerMemory:
+    info = _memory.describe(address, length)
+    if info["kind"] == "shared_file":
+        return datadist_pb2.WorkerMemory(shared_file=datadist_pb2.SharedFileMemory(
+            path=info["path"], file_offset=info["file_offset"], length=length))
+    _memory.allow_ptrace()
+    return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(
+        pid=info["pid"], address=address, length=length))
+
+
+def check_range(name: str, value: Optional[range]) -> None:
+    v.check_isinstance(name, value, [range])
+    if value is not None:
+        v.raise_if_false(value.step == 1, f"{name} step must be 1, got {value.step}")
+        v.raise_if_false(0 <= value.start < value.stop, f"{name} must satisfy 0 <= start < stop, got {value}")
+
+
+def range_pb(value: Optional[range]) -> Optional[common_pb2.LayerRange]:
+    return None if value is None else common_pb2.LayerRange(start=value.start, stop=value.stop)
+
+
+def check_blocks(name: str, blocks: Any) -> List[int]:
+    v.check_isinstance(name, blocks, [list, tuple])
+    out = list(blocks or ())
+    for b in out:
+        v.check_uint64(f"{name} element", b)
+    return out
+
+
+def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Optional[range], Optional[range], int]:
+    """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (spec §6)."""
+    unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer", *extra}
+    v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
+    src = kwargs.get("src_layer_range")
+    dst = kwargs.get("dst_layer_range")
+    per = kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER)
+    check_range("src_layer_range", src)
+    check_range("dst_layer_range", dst)
+    v.check_uint32("tensor_num_per_layer", per)
+    v.raise_if_false(per > 0, "tensor_num_per_layer must be > 0")
+    if src is not None and dst is not None:
+        v.raise_if_false(len(src) == len(dst), f"src_layer_range {src} and dst_layer_range {dst} differ in length")
+    return src, dst, per
+
+
+class CacheOps:
+    """The daemon side of a cache manager: one engine, its mapped memory, its RPCs."""
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = owner
+        self._initialized = True
+        self._mapper = _memory.Mapper()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def _finalize(self) -> None:
+        self._initialized = False
+        self._mapper.unmap_all()
+
+    def _call(self, method: str, request: Any, func_name: str, timeout: Optional[float] = None) -> Any:
+        if not self._initialized:
+            raise RuntimeError("llm datadist is not initialized")
+        return self._owner._call(method, request, func_name, timeout)
+
+    @property
+    def _engine_id(self) -> int:
+        return self._owner._engine_id
+
+    # ---- memory --------------------------------------------------------------------------------
+
+    def _allocate_rpc(self, func: str, desc: CacheDesc, is_blocks: bool, keys: Sequence[CacheKey] = (),
+                      blocks_key: Optional[BlocksCacheKey] = None) -> Tuple[Any, List[int]]:
+        """Allocate from the engine pool and map it here; returns (CacheInfo, addresses in this process)."""
+        req = datadist_pb2.AllocateCacheRequest(engine_id=self._engine_id, desc=desc_pb(desc), is_blocks=is_blocks,
+                                                cache_keys=[cache_key_pb(k) for k in keys])
+        if blocks_key is not None:
+            req.blocks_key.CopyFrom(blocks_key_pb(blocks_key))
+        info = self._call("AllocateCache", req, func)
+        addrs = [self._mapper.map(t.path, t.file_offset, t.length) for t in info.tensors]
+        # so that peers can name these tensors by raw address (TransferConfig.dst_addrs)
+        self._call("SetWorkerAddrs", datadist_pb2.WorkerAddrsRequest(engine_id=self._engine_id,
+                                                                     cache_id=info.cache_id, addrs=addrs), func)
+        return info, addrs
+
+    def _register_rpc(self, func: str, desc: CacheDesc, addrs: Sequence[int], is_blocks: bool,
+                      keys: Sequence[CacheKey] = (), blocks_key: Optional[BlocksCacheKey] = None,
+                      remote_accessible: Optional[bool] = None) -> Any:
+        try:
+            mem = [worker_memory(a, desc.size) for a in addrs]
+        except ValueError as exc:
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        req = datadist_pb2.RegisterCacheRequest(engine_id=self._engine_id, desc=desc_pb(desc), is_blocks=is_blocks,
+                                                tensors=mem, cache_keys=[cache_key_pb(k) for k in keys],
+                                                worker_addrs=list(addrs))
+        if blocks_key is not None:
+            req.blocks_key.CopyFrom(blocks_key_pb(blocks_key))
+        if remote_accessible is not None:
+            req.remote_accessible = remote_accessible
+        return self._call("RegisterCache", req, func)
+
+    def _deallocate_rpc(self, func: str, cache_id: int, is_blocks: bool) -> None:
+        self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id,
+                                                            is_blocks=is_blocks), func)
+
+    def _remove_key_rpc(self, func: str, key: CacheKey) -> None:
+        self._call("RemoveCacheKey", datadist_pb2.RemoveCacheKeyRequest(engine_id=self._engine_id,
+                                                                        cache_key=cache_key_pb(key)), func)
+
+    # ---- local copies --------------------------------------------------------------------------
+
+    def _copy_cache_rpc(self, func: str, dst_id: int, src_id: int, dst_batch_index: int, src_batch_index: int,
+                        offset: int, size: int) -> None:
+        self._call("CopyCache", datadist_pb2.CopyCacheRequest(
+            engine_id=self._engine_id, dst_cache_id=dst_id, src_cache_id=src_id, dst_batch_index=dst_batch_index,
+            src_batch_index=src_batch_index, offset=offset, size=size), func)
+
+    def _copy_blocks_rpc(self, func: str, cache_id: int, copy_block_info: Dict[int, List[int]]) -> None:
+        v.check_isinstance("copy_block_info", copy_block_info, [dict], allow_none=False)
+        copies = []
+        for src, dsts in copy_block_info.items():
+            v.check_uint64("src block", src)
+            v.check_isinstance("dst blocks", dsts, [list, tuple], allow_none=False)
+            for d in dsts:
+                v.check_uint64("dst block", d)
+            copies.append(datadist_pb2.BlockCopy(src_block=src, dst_blocks=list(dsts)))
+        self._call("CopyBlocks", datadist_pb2.CopyBlocksRequest(engine_id=self._engine_id, cache_id=cache_id,
+                                                                copies=copies), func)
+
+    def _operand_pb(self, cache_id: int, desc: CacheDesc, addrs: Sequence[int]) -> datadist_pb2.CacheOperand:
+        if cache_id >= 0:
+            return datadist_pb2.CacheOperand(cache_id=cache_id)
+        return datadist_pb2.CacheOperand(cache_id=-1, desc=desc_pb(desc),
+                                         tensors=[worker_memory(a, desc.size) for a in addrs])
+
+    def _swap_rpc(self, func: str, src: Tuple[int, CacheDesc, Sequence[int]], dst: Tuple[int, CacheDesc, Sequence[int]],
+                  src_to_dst: Dict[int, int]) -> None:
+        v.check_isinstance("src_to_dst", src_to_dst, [dict], allow_none=False)
+        for s, d in src_to_dst.items():
+            v.check_uint64("src block", s)
+            v.check_uint64("dst block", d)
+        try:
+            src_op, dst_op = self._operand_pb(*src), self._operand_pb(*dst)
+        except ValueError as exc:
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        self._call("SwapBlocks", datadist_pb2.SwapBlocksRequest(engine_id=self._engine_id, src=src_op, dst=dst_op,
+                                                                src_to_dst=dict(src_to_dst)), func)
+
+    # ---- transfers -----------------------------------------------------------------------------
+
+    def _transfer(self, method: str, func: str, req: datadist_pb2.TransferRequest) -> None:
+        timeout_s = self._owner._sync_kv_timeout_s
+        self._call(method, req, func, timeout_s + RPC_MARGIN_S)
+
+    def _request(self, kind: int, remote: Any, local_cache_id: int, remote_blocks: Sequence[int],
+                 local_blocks: Sequence[int], batch_index: int, size: int, src: Optional[range],
+                 dst: Optional[range], per: int) -> datadist_pb2.TransferRequest:
+        req = datadist_pb2.TransferRequest(engine_id=self._engine_id, kind=kind, remote=any_key_pb(remote),
+                                           local_cache_id=local_cache_id, remote_blocks=list(remote_blocks),
+                                           local_blocks=list(local_blocks), local_batch_index=batch_index, size=size,
+                                           tensor_num_per_layer=per)
+        if src is not None:
+            req.src_layer_range.CopyFrom(range_pb(src))
+        if dst is not None:
+            req.dst_layer_range.CopyFrom(range_pb(dst))
+        return req
+
+    def _transfer_async(self, src_cache_id: int, src_desc: CacheDesc, layer_synchronizer: Any,
+                        transfer_configs: Sequence[Any], src_block_indices: Optional[Sequence[int]],
+                        dst_block_indices: Optional[Sequence[int]], dst_block_memory_size: Optional[int],
+                        default_error: LLMStatusCode, remote_cache_accessible: bool, v1: bool) -> Any:
+        """Validate as CANN does, then start the layer-wise push (``_layerwise``)."""
+        from ._layerwise import check_transfer_args, start_transfer
+
+        ranges = check_transfer_args(src_desc.num_tensors, src_desc.batch_size, layer_synchronizer, transfer_configs,
+                                     src_block_indices, dst_block_indices, dst_block_memory_size,
+                                     remote_cache_accessible, v1)
+        if not self._initialized:
+            raise RuntimeError("llm datadist is not initialized")
+        return start_transfer(self._owner, src_cache_id, src_desc, layer_synchronizer, list(transfer_configs),
+                              src_block_indices, dst_block_indices, dst_block_memory_size, default_error, ranges)

@@ -1,0 +1,293 @@
+"""Shared helpers of the reliability tests: daemon probes, a test-controlled peer, network namespaces.
+
+Nothing here changes product behaviour. ``PeerAgent`` plays a peer daemon that knows the shared
+secret (as any configured node of the cluster does): it handshakes with an engine's listener,
+opens the authenticated data channel with the derived token and then sends hand-made ``Peer``
+requests, so a test can check what the owner does with hostile or out-of-range requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+STATUS_KEY = "datadist-status-code"
+DEV_SECRET = b"datadist-development-secret"
+
+IS_ROOT = os.geteuid() == 0
+HAVE_NETNS = IS_ROOT and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+# ---- daemon probes --------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def stub(daemon: Any) -> Iterator[datadist_pb2_grpc.DataDistStub]:
+    with grpc.insecure_channel(daemon.target) as ch:
+        yield datadist_pb2_grpc.DataDistStub(ch)
+
+
+def status(daemon: Any) -> datadist_pb2.DaemonStatus:
+    with stub(daemon) as s:
+        return s.GetStatus(datadist_pb2.StatusRequest(), timeout=10)
+
+
+def links(daemon: Any) -> list:
+    with stub(daemon) as s:
+        return list(s.ListLinks(datadist_pb2.StatusRequest(), timeout=10).links)
+
+
+def caches(daemon: Any) -> list:
+    with stub(daemon) as s:
+        return [(g.cluster_id, c.cache_id) for g in s.ListCaches(datadist_pb2.StatusRequest(), timeout=10).engines
+                for c in g.caches]
+
+
+def pool_used(daemon: Any) -> int:
+    return sum(p.used for e in status(daemon).engines for p in e.pools)
+
+
+def code_of(err: grpc.RpcError) -> int | None:
+    for key, value in err.trailing_metadata() or ():
+        if key == STATUS_KEY:
+            return int(value)
+    return None
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds passed (bounded); returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return bool(value)
+        time.sleep(interval)
+
+
+def _hex_addr(text: str) -> str:
+    """An address field of /proc/net/tcp{,6} (``0100007F:1F90``) -> printable ip."""
+    raw = bytes.fromhex(text)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    # tcp6: four little-endian 32-bit words
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """(ip, port) of every TCP socket in LISTEN state that process ``pid`` holds open."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local, state, inode = parts[1], parts[3], parts[9]
+                    if state != "0A" or inode not in inodes:
+                        continue
+                    addr, port = local.split(":")
+                    ip = _hex_addr(addr)
+                    found.add((ip.removeprefix("::ffff:") if "." in ip else ip, int(port, 16)))  # v4-mapped
+        except FileNotFoundError:
+            continue
+    return found
+
+
+# ---- memory the test process owns -----------------------------------------------------------------
+
+class Buffer:
+    """A numpy byte buffer of this process as a daemon ``MemoryHandle`` (for a test-side data plane)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.array = np.zeros(nbytes, np.uint8)
+        self.size = nbytes
+        self._view = memoryview(self.array).cast("B")
+
+    def view(self) -> memoryview:
+        return self._view
+
+    def read_into(self, offset: int, dst: memoryview) -> None:
+        out = memoryview(dst).cast("B")
+        out[:] = self._view[offset:offset + len(out)]
+
+    def write_from(self, offset: int, src: Any) -> None:
+        data = memoryview(src).cast("B")
+        self._view[offset:offset + len(data)] = data
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def address(self) -> int:
+        return self.array.ctypes.data
+
+
+# ---- a peer under the test's control ---------------------------------------------------------------
+
+@dataclass
+class PeerAgent:
+    """A fake linking daemon: handshake with the right secret, data channel with the derived token."""
+
+    address: str
+    client_cluster: int
+    server_cluster: int
+    secret: bytes = DEV_SECRET
+    session: bytes = b""
+    endpoint: str = ""
+    token: bytes = b""
+    channel: Any = None
+    transport: Any = None
+    _grpc: Any = field(default=None, repr=False)
+    peer: Any = field(default=None, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _pinger: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._grpc = grpc.insecure_channel(self.address)
+        self.peer = peer_pb2_grpc.PeerStub(self._grpc)
+
+    def offer(self, **override: Any) -> peer_pb2.HandshakeRequest:
+        from datadistd.peering import make_offer
+        from datadistd.rpc.convert import offer_to_pb
+
+        msg = offer_to_pb(make_offer(self.secret, self.client_cluster, self.server_cluster, "reliability-test"))
+        for key, value in override.items():
+            setattr(msg, key, value)
+        return msg
+
+    def handshake(self, connect: bool = True, streams: int = 2) -> "PeerAgent":
+        from datadistd.peering import data_token
+        from datadistd.transport.tcp import TcpTransport
+
+        answer = self.peer.Handshake(self.offer(), timeout=10)
+        self.session, self.endpoint = answer.session, answer.data_endpoint
+        self.token = data_token(self.secret, self.session)
+        if connect:
+            self.transport = TcpTransport(host="127.0.0.1", port=0, connect_timeout=5.0)
+            self.transport.start()
+            self.channel = self.transport.connect(self.endpoint, self.token, streams, time.monotonic() + 10)
+        self._stop.clear()
+        self._pinger = threading.Thread(target=self._heartbeat, daemon=True, name="peer-agent-heartbeat")
+        self._pinger.start()
+        return self
+
+    def _heartbeat(self) -> None:
+        """Ping like a linking daemon does, so the owner keeps the link (bounded by ``close``)."""
+        while not self._stop.wait(0.5):
+            try:
+                self.peer.Ping(peer_pb2.SessionRef(session=self.session), timeout=5)
+            except grpc.RpcError:
+                pass
+
+    def expect(self, buf: Buffer, nbytes: int | None = None) -> Any:
+        from datadistd.memory.base import Segment
+
+        return self.transport.expect([Segment(buf, 0, buf.size if nbytes is None else nbytes)], channel=self.channel)
+
+    def send(self, transfer_id: int, buf: Buffer, nbytes: int) -> None:
+        from datadistd.memory.base import Segment
+
+        self.channel.send(transfer_id, [Segment(buf, 0, nbytes)], time.monotonic() + 10)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._pinger is not None:
+            self._pinger.join(10)
+            self._pinger = None
+        if self.transport is not None:
+            self.transport.stop()
+            self.transport = None
+        self._grpc.close()
+
+
+def blocks_key(cluster: int, model_id: int = 0) -> Any:
+    from datadist.v1 import common_pb2
+
+    return common_pb2.AnyKey(blocks_key=common_pb2.BlocksCacheKey(cluster_id=cluster, model_id=model_id))
+
+
+# ---- network namespaces -----------------------------------------------------------------------------
+
+def _sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=15)
+
+
+class Hosts:
+    """Namespaces ``a`` (prompt node) and ``b`` (decode node) joined by a rate-limited veth pair.
+
+    Addresses are 10.232.x.0/24, private to the two namespaces; everything is removed by ``remove``.
+    """
+
+    def __init__(self, rate: str = "200mbit") -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.a, self.b = f"rla-{tag}", f"rlb-{tag}"
+        self.va, self.vb = f"ra{tag}", f"rb{tag}"
+        subnet = int(tag, 16) % 250 + 1
+        self.ip_a, self.ip_b = f"10.232.{subnet}.1", f"10.232.{subnet}.2"
+        try:
+            _sh("ip", "netns", "add", self.a)
+            _sh("ip", "netns", "add", self.b)
+            _sh("ip", "link", "add", self.va, "type", "veth", "peer", "name", self.vb)
+            _sh("ip", "link", "set", self.va, "netns", self.a)
+            _sh("ip", "link", "set", self.vb, "netns", self.b)
+            for ns, dev, ip in ((self.a, self.va, self.ip_a), (self.b, self.vb, self.ip_b)):
+                _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+                _sh("ip", "-n", ns, "link", "set", dev, "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                    "burst", "256kb", "latency", "100ms")
+        except BaseException:
+            self.remove()
+            raise
+
+    def cut(self) -> None:
+        _sh("ip", "-n", self.a, "link", "set", self.va, "down")
+
+    def mend(self) -> None:
+        _sh("ip", "-n", self.a, "link", "set", self.va, "up")
+        _sh("ip", "-n", self.a, "neigh", "flush", "dev", self.va)
+        _sh("ip", "-n", self.b, "neigh", "flush", "dev", self.vb)
+
+    def remove(self) -> None:
+        for ns in (self.a, self.b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=15)
+
+
+_ = ctypes

@@ -1,0 +1,265 @@
+"""Faults: a peer daemon killed (or the network cut) mid-transfer, a worker killed mid-call, the local
+daemon restarted under a live client. Every fault ends in a clear status code within its deadline, the
+pool and the link table stay consistent, and every transfer that reported success is byte-exact.
+
+Transfers that must be *in flight* when the fault hits run between two network namespaces joined by a
+rate-limited veth (64 MiB at 200 mbit/s take ~2.7 s), so the kill lands mid-transfer every time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from datadist.status import LLMStatusCode as S
+from datadist.v1 import common_pb2, datadist_pb2
+
+from tests.harness import WorkerError
+from tests.reliability.common import (
+    HAVE_NETNS,
+    Hosts,
+    caches,
+    code_of,
+    links,
+    pool_used,
+    status,
+    stub,
+    wait_until,
+)
+from tests.reliability.ops import OPS
+
+pytestmark = pytest.mark.integration
+
+P, D, D2 = 1, 2, 3
+PORT = 26000
+MIB = 1 << 20
+# 16 tensors x 256 blocks x 16 KiB = 64 MiB per cache
+TENSORS, BLOCKS, BLOCK_SHAPE = 16, 256, (16, 8, 64)
+BLOCK_BYTES = 16 * 8 * 64 * 2
+SYNC_MS = 5000
+MARGIN_S = 2.5
+HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "0.5"}
+
+netns = pytest.mark.skipif(not HAVE_NETNS, reason="needs root and iproute2/tc to create network namespaces")
+
+
+def _in_background(fn, *args, **kwargs):  # noqa: ANN001, ANN202
+    """Run ``fn`` in a thread; returns (thread, outcome dict with 'result' and 'seconds')."""
+    outcome: dict = {}
+
+    def body() -> None:
+        t0 = time.monotonic()
+        try:
+            outcome["result"] = fn(*args, **kwargs)
+        except WorkerError as exc:
+            outcome["result"] = exc.status_code if exc.status_code is not None else exc.kind
+        except Exception as exc:  # noqa: BLE001 - e.g. the worker died under the call
+            outcome["result"] = type(exc).__name__
+        outcome["seconds"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
+    """Let a started transfer get going (bytes on the wire) before the fault."""
+    time.sleep(min_seconds)
+
+
+# ---- a peer daemon killed, or the network cut, in the middle of a transfer -----------------------------
+
+@netns
+@pytest.mark.parametrize("fault,direction", [("kill", "pull"), ("kill", "push"), ("cut", "push")])
+def test_peer_lost_mid_transfer(fault: str, direction: str, daemon_factory, worker_factory) -> None:
+    hosts = Hosts(rate="200mbit")
+    try:
+        da = daemon_factory("a", netns=hosts.a, env=HEARTBEAT)
+        db = daemon_factory("b", netns=hosts.b, env=HEARTBEAT)
+        prompt, decoder = worker_factory(da), worker_factory(db)
+        prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
+                    sync_kv_timeout=SYNC_MS)
+        decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
+        prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        prompt.call("fill", "kv", 5)
+        decoder.call("fill", "kv", 9)
+        assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        half = list(range(BLOCKS // 2))
+        untouched = list(range(BLOCKS // 2, BLOCKS))
+        before = decoder.call("rows", "kv", None, untouched)
+        op = "pull_blocks" if direction == "pull" else "push_blocks"
+        thread, outcome = _in_background(decoder.call, op, P, "kv", half, half, timeout=60)
+        _wait_in_flight(db)
+        if fault == "kill":
+            da.kill()
+        else:
+            hosts.cut()
+        thread.join(60)
+        assert not thread.is_alive(), "the transfer hung"
+        got = outcome["result"]
+        print(f"\n{fault} mid-{direction}: {S(got).name if isinstance(got, int) else got} after "
+              f"{outcome['seconds']:.2f}s (sync_kv_timeout {SYNC_MS / 1000:.0f}s)")
+        assert outcome["result"] == S.LLM_TIMEOUT, outcome
+        assert outcome["seconds"] < SYNC_MS / 1000 + MARGIN_S, outcome
+        # the link is broken, and further transfers say so at once
+        assert [lk.state for lk in links(db)] == ["broken"]
+        with pytest.raises(WorkerError) as info:
+            decoder.call("pull_blocks", P, "kv", [0], [0])
+        assert info.value.status_code == S.LLM_TIMEOUT
+        # a failed transfer leaves the rest of the cache alone
+        np.testing.assert_array_equal(decoder.call("rows", "kv", None, untouched), before)
+        # the peer comes back (a new daemon and worker on the same address, or the network mends)
+        if fault == "kill":
+            prompt.kill()
+            da.start()
+            prompt = worker_factory(da)
+            prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
+                        sync_kv_timeout=SYNC_MS)
+            prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+            prompt.call("fill", "kv", 6)
+        else:
+            hosts.mend()
+        for _ in range(20):  # bounded: the veth / the new listener needs a moment
+            result = decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b)
+            if result == (0, [0]):
+                break
+            time.sleep(0.25)
+        assert result == (0, [0])
+        assert [lk.state for lk in links(db)] == ["established"]
+        # the next transfer is byte-exact (and reported success only because it is)
+        src, dst = [7, 200, 201, 13], [130, 3, 4, 250]
+        decoder.call("pull_blocks", P, "kv", src, dst)
+        np.testing.assert_array_equal(decoder.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
+        decoder.call("fill", "kv", 10)
+        decoder.call("push_blocks", P, "kv", dst, src)
+        np.testing.assert_array_equal(prompt.call("rows", "kv", None, src), decoder.call("rows", "kv", None, dst))
+    finally:
+        hosts.remove()
+
+
+# ---- a worker killed in the middle of a call -----------------------------------------------------------
+
+@netns
+def test_worker_killed_mid_pull_releases_everything(daemon_factory, worker_factory) -> None:
+    hosts = Hosts(rate="200mbit")
+    try:
+        da = daemon_factory("a", netns=hosts.a, env=HEARTBEAT)
+        # the node cap fits the survivor's pool and the doomed worker's pool, not one more of that size
+        db = daemon_factory("b", netns=hosts.b, env={**HEARTBEAT, "DATADISTD_MEMORY_MAX_TOTAL_BYTES": str(84 * MIB)})
+        prompt = worker_factory(da)
+        prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
+                    sync_kv_timeout=SYNC_MS)
+        prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        prompt.call("fill", "kv", 5)
+        source = prompt.call("digest", "kv")
+        survivor = worker_factory(db)
+        survivor.call("init", "DECODER", D2, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS, mem_pool=4 * MIB)
+        survivor.call("allocate", "kv", TENSORS, (8, *BLOCK_SHAPE), blocks=True)
+        assert survivor.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        baseline_used, baseline_files = pool_used(db), sorted(glob.glob(os.path.join(db.shm_dir, "datadist-*")))
+        baseline_caches = caches(db)
+        doomed = worker_factory(db)
+        doomed.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS, mem_pool=80 * MIB)
+        doomed.call("allocate", "kv", TENSORS, (BLOCKS, *BLOCK_SHAPE), blocks=True)   # 64 MiB of the pool
+        doomed.call("register_blocks", "mine", 2, 8, (16, 16))                         # its own memory
+        assert doomed.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        assert pool_used(db) > baseline_used
+        doomed_files = set(glob.glob(os.path.join(db.shm_dir, "datadist-*"))) - set(baseline_files)
+        thread, outcome = _in_background(doomed.call, "pull_blocks", P, "kv", list(range(BLOCKS)),
+                                         list(range(BLOCKS)), timeout=60)
+        _wait_in_flight(db)
+        doomed.kill()
+        # a newcomer asks for the same 80 MiB at once: refused while the dead worker's pool still exists
+        # (the node cap is never over-committed), granted once it is gone
+        newcomer, refusals = _init_until_granted(db, 80 * MIB, deadline=time.monotonic() + SYNC_MS / 1000 + 8)
+        assert not any(os.path.exists(f) for f in doomed_files), "two pools over the node cap at once"
+        with stub(db) as s:
+            s.Finalize(datadist_pb2.EngineRef(engine_id=newcomer), timeout=20)
+        print(f"\nnewcomer's pool granted after {refusals} LLM_OUT_OF_MEMORY answers")
+        thread.join(10)
+        # its engine, caches, registrations, pool and link go; the daemon's accounting returns to before
+        assert wait_until(lambda: [e.cluster_id for e in status(db).engines] == [D2], SYNC_MS / 1000 + 8)
+        # the engine leaves the table first; its memory goes once in-flight copies drained (bounded)
+        assert wait_until(lambda: sorted(glob.glob(os.path.join(db.shm_dir, "datadist-*"))) == baseline_files, 10)
+        assert pool_used(db) == baseline_used
+        assert "removed: worker session ended; 67108864 owned bytes returned" in db.log()
+        assert caches(db) == baseline_caches
+        assert wait_until(lambda: [lk.remote_cluster_id for lk in links(da)] == [D2], 10), links(da)
+        # the other worker on the same daemon is unaffected, and the source was never touched
+        assert [lk.state for lk in links(db)] == ["established"]
+        src, dst = [3, 250, 17], [0, 1, 7]
+        survivor.call("pull_blocks", P, "kv", src, dst)
+        np.testing.assert_array_equal(survivor.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
+        assert prompt.call("digest", "kv") == source
+    finally:
+        hosts.remove()
+
+
+def _init_until_granted(daemon, pool_bytes: int, deadline: float) -> tuple[int, int]:  # noqa: ANN001
+    """Init an engine with a pool of ``pool_bytes`` until the daemon grants it: (engine id, refusals)."""
+    refusals = 0
+    with stub(daemon) as s:
+        while True:
+            try:
+                resp = s.Init(datadist_pb2.InitRequest(
+                    cluster_id=4, role=common_pb2.ROLE_DECODER, pid=os.getpid(),
+                    options={"llm.EnableCacheManager": "1",
+                             "llm.MemPoolConfig": f'{{"memory_size": {pool_bytes}, "page_shift": 16}}'}), timeout=10)
+                return resp.engine_id, refusals
+            except grpc.RpcError as err:
+                assert code_of(err) == S.LLM_OUT_OF_MEMORY, err.details()
+                assert time.monotonic() < deadline, "the dead worker's memory was never returned"
+                refusals += 1
+                time.sleep(0.02)
+
+
+# ---- the local daemon restarted under a live client ------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_local_daemon_restart_under_a_live_client(sig: int, daemon_factory, worker_factory) -> None:
+    d = daemon_factory(env={"DATADISTD_DAEMON_DRAIN_SECONDS": "1"})  # live session streams hold SIGTERM that long
+    w = worker_factory(d)
+    w.call("init", "DECODER", D, mem_pool=4 * MIB)
+    w.call("allocate", "x", 2, (8, 64), dtype="uint8", blocks=True)
+    d.stop(sig)
+    # the daemon is down: a clear code, and the message says it is not reachable
+    outcome, message = w.call("run", OPS, "try_op", "allocate", "y", 1, (4, 64), dtype="uint8", blocks=True)
+    assert outcome == "LLM_FAILED" and "not reachable" in message, (outcome, message)
+    d.start()
+    # a new worker gets an engine on the restarted daemon first; the stale client must not reach it
+    other = worker_factory(d)
+    other.call("init", "PROMPT", P, mem_pool=4 * MIB)
+    other.call("allocate", "o", 1, (4, 64), dtype="uint8", blocks=True)
+    other.call("fill", "o", 3)
+    held = pool_used(d)
+    deadline = time.monotonic() + 10  # the client's channel may still be in its (short) reconnect backoff
+    while True:
+        outcome, message = w.call("run", OPS, "try_op", "allocate", "y", 1, (4, 64), dtype="uint8", blocks=True)
+        if not (outcome == "LLM_FAILED" and "not reachable" in message) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert outcome == "LLM_ENGINE_FINALIZED", (outcome, message)
+    assert pool_used(d) == held
+    # finalize is clean and releases the singleton; init again with a new instance in the same process
+    w.call("finalize")
+    assert w.call("run", OPS, "singleton_released")
+    assert [e.cluster_id for e in status(d).engines] == [P]   # finalize did not touch the other engine
+    w.call("init", "DECODER", D, mem_pool=4 * MIB)
+    w.call("allocate", "x", 2, (8, 64), dtype="uint8", blocks=True)
+    w.call("fill", "x", 4)
+    w.call("copy_blocks", "x", {1: [5, 6]})
+    rows = w.call("rows", "x")
+    np.testing.assert_array_equal(rows[:, 5], rows[:, 1])
+    np.testing.assert_array_equal(rows[:, 6], rows[:, 1])
+    assert other.call("rows", "o").any()
+    assert sorted(e.cluster_id for e in status(d).engines) == [P, D]
+    if sig == signal.SIGKILL:  # the dead daemon's shared memory was swept at restart
+        files = glob.glob(os.path.join(d.shm_dir, "datadist-*"))
+        assert all(f"-{d.proc.pid}-" in os.path.basename(f) for f in files), files

@@ -31,32 +31,7 @@ TOKEN = b"t" * 32
 
 # ---- fake memory --------------------------------------------------------------------------------
 
-class ArrayHandle:
-    """Mapped memory: ``view()`` is a writable byte view of a numpy array."""
-
-    def __init__(self, size: int, seed: int | None = None) -> None:
-        if seed is None:
-            self.arr = np.zeros(size, np.uint8)
-        else:
-            self.arr = np.frombuffer(bytearray(np.random.default_rng(seed).bytes(size)), np.uint8)
-
-    @property
-    def size(self) -> int:
-        return self.arr.size
-
-    def view(self) -> memoryview | None:
-        return memoryview(self.arr)
-
-    def read_into(self, offset: int, dst: memoryview) -> None:
-        out = np.frombuffer(dst, np.uint8)
-        out[:] = self.arr[offset:offset + out.size]
-
-    def write_from(self, offset: int, src: memoryview | bytes) -> None:
-        data = np.frombuffer(src, np.uint8)
-        self.arr[offset:offset + data.size] = data
-
-    def close(self) -> None:
-        pass
+from tests.fakes import ArrayHandle  # noqa: E402
 
 
 class CopyHandle(ArrayHandle):

@@ -66,7 +66,25 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 30.0) -> "Daemon":
+    def start(self, timeout: float = 30.0, attempts: int = 2) -> "Daemon":
+        """Start and wait for SERVING; a daemon that dies while starting (a busy machine can refuse it
+        a thread) is tried once more before giving up."""
+        for attempt in range(attempts):  # bounded retries
+            try:
+                return self._start(timeout)
+            except (RuntimeError, TimeoutError):
+                if self.proc is not None and self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait(5)
+                if self._log is not None:
+                    self._log.close()
+                    self._log = None
+                if attempt + 1 == attempts:
+                    shutil.rmtree(self.dir, ignore_errors=True)
+                    raise
+        return self
+
+    def _start(self, timeout: float) -> "Daemon":
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "datadistd", "--socket", self.socket, *self.args],
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT,

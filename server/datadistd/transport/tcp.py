@@ -17,22 +17,24 @@ Wire format (little endian, ``struct``):
 
   A malformed header closes that connection and marks its channel broken.
 
-Threads: one accept thread per transport; each accepted socket gets a thread that does the
-hello and then reads frames; each connected socket gets a reader thread. Readers
-``recv_into`` DATA payloads straight into the destination memory (``memoryview`` of the
-handle) or, for handles without a mapping, through a per-thread staging buffer and
-``write_from``. Senders split the stream into ``chunk_size`` chunks, stripe chunk *k* over
-socket *(base + k) % n* (one worker thread per socket, the caller being one of them; ``base``
-rotates per transfer) and write each chunk with one ``socket.sendmsg([header, view, view, ...])``
-under that socket's lock (first come, first served), so concurrent transfers interleave at chunk
-granularity. Pieces of handles without a view are read into the worker's staging buffer first,
-outside the lock.
+Segments travel as a ``memory.segments.SegmentTable`` (numpy arrays: handle, offset, length);
+a plain segment list is converted once. Nothing is built per segment up front: each frame's pieces
+are cut from the table when the frame is sent or received.
 
-Sockets stay in blocking mode (one system call per ``recv_into``/``sendmsg``, no poll first)
-with kernel timeouts per direction: ``SO_RCVTIMEO`` wakes the reader every ``_POLL`` seconds so
-it notices a close or a cancelled receipt; ``SO_SNDTIMEO`` is set from the remaining time
-before every ``sendmsg``, so no send blocks past its deadline. Payloads are read with
-``MSG_WAITALL`` (a whole piece per call when the bytes are flowing).
+Threads: one accept thread per transport; each accepted socket gets a thread that does the
+hello and then reads frames; each connected socket gets a reader thread. Readers scatter DATA
+payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
+and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
+staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,
+``IOV_MAX`` pieces per system call; else ``write_from``). Senders split the stream into frames of
+``chunk_size`` bytes (or ``_FRAME_PIECES`` pieces, whichever ends first), stripe frame *k* over
+socket *(base + k) % w* (``w`` = the stripe width, one worker thread per stripe, the caller being
+one of them; ``base`` rotates per transfer, so concurrent transfers use every connection) and
+write each frame with one ``socket.sendmsg([header, view, view, ...])`` under that socket's lock
+(first come, first served), so concurrent transfers interleave at frame granularity. Pieces of
+handles without a view are read into the worker's staging buffer first (``read_raw`` batches),
+outside the lock. ``TcpChannel.try_send`` sends a small transfer as one frame from the calling
+thread (the event loop) when a connection is idle, or declines without a side effect.
 
 Memory safety: a reader touches a receipt's destination only between ``_begin_io`` and
 ``_end_io``; once a receipt failed or was cancelled, ``wait``/``cancel`` return only after every
@@ -95,6 +97,7 @@ _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 _DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _INLINE_MAX = 256 << 10      # try_send: the largest transfer sent from the caller's thread
 _FEW = 4                     # up to this many staged pieces: per-piece read_into/write_from, no batch
+_FRAME_PIECES = _IOV_MAX     # at most this many pieces per DATA frame (see _frames)
 _INLINE_FINISH = 0.05        # try_send: how long a frame cut short by a full socket may take to finish
 _WAITALL = socket.MSG_WAITALL
 
@@ -826,7 +829,7 @@ class TcpChannel:
         plan = _SendPlan(table)
         total = plan.total
         size = self._transport.chunk_size
-        chunks = [(offset, min(size, total - offset)) for offset in range(0, total, size)]
+        chunks = _frames(plan.table, size)
         n = len(conns)
         base = next(self._rr)
         workers = min(n, len(chunks), self._transport.stripe)
@@ -1000,6 +1003,19 @@ class TcpChannel:
         if self._closed or self._transport._stopping or not reason:
             return
         self._break(f"connection #{conn.index}: {reason}", clean)
+
+
+def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_PIECES`` pieces end
+    first (tiny blocks: one ``sendmsg`` per frame, and no per-frame list or array of more than that many)."""
+    total = table.nbytes
+    if len(table) <= _FRAME_PIECES:
+        return [(offset, min(chunk_size, total - offset)) for offset in range(0, total, chunk_size)]
+    piece_cuts = table.ends[_FRAME_PIECES - 1::_FRAME_PIECES]
+    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), piece_cuts[piece_cuts < total])
+    starts = np.concatenate((np.zeros(1, np.int64), cuts))
+    lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
+    return list(zip(starts.tolist(), lengths.tolist(), strict=True))
 
 
 class _SendPlan:

@@ -22,6 +22,7 @@ from .memory import get_backend
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
 from .rpc.server import DATADIST_SERVICE, create_worker_server, grpc_peer_connector, start_peer_listener
+from .rpc.tls import PeerTls, TlsFiles
 
 __all__ = ["DaemonApp"]
 
@@ -37,6 +38,7 @@ class DaemonApp:
         self.on_ready = on_ready
         self.metrics = DaemonMetrics()
         self.metrics_server: MetricsServer | None = None
+        self.tls: PeerTls | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -49,14 +51,17 @@ class DaemonApp:
 
     async def start(self) -> None:
         cfg = self.config
+        # TLS files are checked first: a bad set stops the start before any memory is set up
+        self.tls = (PeerTls(TlsFiles(cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file), cfg.tls.server_name)
+                    if cfg.tls.enabled else None)
         backend = get_backend(cfg.memory.backend, shm_dir=cfg.memory.shm_dir, file_mode=cfg.memory.file_mode)
         cleanup = getattr(backend, "cleanup_stale", None)
         if cleanup is not None:
             removed = cleanup(cfg.memory.shm_dir)
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
-        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(),
-                         listener_factory=functools.partial(start_peer_listener, metrics=self.metrics))
+        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls),
+                         listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics))
         self.metrics.attach(self.node)
         if cfg.metrics.listen:
             try:
@@ -68,8 +73,9 @@ class DaemonApp:
                                                               metrics=self.metrics)
         for name in ("", DATADIST_SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("datadistd ready: socket=%s backend=%s transport=%s metrics=%s", self.socket_path,
+        log.info("datadistd ready: socket=%s backend=%s transport=%s peers=%s metrics=%s", self.socket_path,
                  cfg.memory.backend, cfg.transport.name,
+                 self.tls.describe() if self.tls is not None else "plaintext (HMAC-authenticated handshake)",
                  f"http://{self.metrics_server.address}/metrics" if self.metrics_server else "off")
         if self.on_ready is not None:
             self.on_ready()

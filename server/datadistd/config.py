@@ -19,8 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Config", "DaemonSection", "MemorySection", "PeerSection", "TransportSection", "MetricsSection",
-           "load_config", "default_socket_path", "ConfigError", "parse_listen_address"]
+__all__ = ["Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection", "TransportSection",
+           "MetricsSection", "load_config", "default_socket_path", "ConfigError", "parse_listen_address"]
 
 
 class ConfigError(ValueError):
@@ -73,6 +73,18 @@ class PeerSection:
 
 
 @dataclass
+class TlsSection:
+    enabled: bool = _doc("Mutual TLS on the peer plane (daemon-to-daemon gRPC): listeners require a client "
+                         "certificate from ca_file, linking daemons present cert_file and verify the peer's.",
+                         default=False)
+    cert_file: str = _doc("This node's certificate chain (PEM): server and client certificate.", default="")
+    key_file: str = _doc("The private key of cert_file (PEM); keep it mode 0600.", default="")
+    ca_file: str = _doc("CA bundle (PEM) the peers' certificates must chain to.", default="")
+    server_name: str = _doc("Verify peer listeners' certificates against this name instead of the address "
+                            "dialled (for certificates without IP SANs); empty = the address.", default="")
+
+
+@dataclass
 class TransportSection:
     name: str = _doc("Data-plane transport by name: tcp (default), local (same daemon only), hccl (Ascend).",
                      default="tcp")
@@ -94,6 +106,7 @@ class Config:
     daemon: DaemonSection = field(default_factory=DaemonSection)
     memory: MemorySection = field(default_factory=MemorySection)
     peer: PeerSection = field(default_factory=PeerSection)
+    tls: TlsSection = field(default_factory=TlsSection)
     transport: TransportSection = field(default_factory=TransportSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
 
@@ -200,6 +213,10 @@ def _check(cfg: Config) -> None:
     for name, mode in (("daemon.socket_mode", cfg.daemon.socket_mode), ("memory.file_mode", cfg.memory.file_mode)):
         if not 0 <= mode <= 0o777 or mode & 0o007:  # the socket and the KV-cache memory stay private to the node
             raise ConfigError(f"{name}: {mode:#o} would give the world access; use group bits only (e.g. 0o660)")
+    if cfg.tls.enabled:
+        missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
+        if missing:
+            raise ConfigError(f"tls.enabled needs {', '.join('tls.' + key for key in missing)}")
     if cfg.metrics.listen:
         try:
             parse_listen_address(cfg.metrics.listen)

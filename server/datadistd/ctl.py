@@ -28,6 +28,7 @@ from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from . import __version__
 from .config import ConfigError, default_socket_path, load_config
+from .rpc.tls import PeerTls, TlsError, TlsFiles
 
 __all__ = ["main", "resolve_socket", "CtlError"]
 
@@ -188,7 +189,8 @@ def _key(key: common_pb2.AnyKey) -> str:
 
 def render_status(status: datadist_pb2.DaemonStatus) -> str:
     head = (f"datadistd {status.version} on {status.socket or '?'}: backend {status.backend}, transport "
-            f"{status.transport}, up {human_duration(status.uptime_seconds)}, {len(status.engines)} engine(s)")
+            f"{status.transport}, peers {status.peer_security or '?'}, up {human_duration(status.uptime_seconds)}, "
+            f"{len(status.engines)} engine(s)")
     if not status.engines:
         return head + "\n(no engines: no worker has called LLMDataDist.init on this daemon)"
     rows = []
@@ -238,15 +240,43 @@ def _diagnostic(method: str, render: Callable[[Any], str]) -> Callable[[argparse
     return run
 
 
+def _peer_tls(args: argparse.Namespace) -> PeerTls | None:
+    """``--tls-*`` flags, else ``[tls]`` of ``--config`` / ``DATADISTD_TLS_*`` when enabled, else plaintext."""
+    flags = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(flags):
+        if not all(flags):
+            raise CtlError("--tls-cert, --tls-key and --tls-ca go together (peers require a client certificate)")
+        files, name = TlsFiles(*flags), args.tls_server_name or ""
+    else:
+        try:
+            tls = load_config(args.config).tls
+        except ConfigError as exc:
+            raise CtlError(str(exc)) from None
+        if not tls.enabled:
+            return None
+        files, name = TlsFiles(tls.cert_file, tls.key_file, tls.ca_file), args.tls_server_name or tls.server_name
+    try:
+        return PeerTls(files, name)
+    except TlsError as exc:
+        raise CtlError(str(exc)) from None
+
+
+def _peer_channel(peer: str, tls: PeerTls | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(peer, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(peer, tls.channel_credentials(), options=[*CHANNEL_OPTIONS, *tls.channel_options()])
+
+
 def ping(args: argparse.Namespace) -> int:
     peer = args.peer
     if ":" not in peer or not peer.rsplit(":", 1)[1].isdigit():
         raise CtlError(f"PEER must be host:port of a peer daemon's listen address, got {peer!r}")
     if args.count < 1:
         raise CtlError("--count must be >= 1")
-    where = f"peer {peer}"
+    tls = _peer_tls(args)
+    where = f"peer {peer}" + (" over mutual TLS" if tls is not None else "")
     request = health_pb2.HealthCheckRequest(service=args.service)
-    with grpc.insecure_channel(peer, options=CHANNEL_OPTIONS) as channel:
+    with _peer_channel(peer, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
 
         def check() -> tuple[str, float]:
@@ -262,13 +292,15 @@ def ping(args: argparse.Namespace) -> int:
         for _ in range(args.count):
             status, rtt = check()
             rtts.append(rtt)
-    result = {"peer": peer, "service": args.service, "status": status, "connect_ms": round(connect_ms, 3),
+    result = {"peer": peer, "service": args.service, "tls": tls is not None, "status": status,
+              "connect_ms": round(connect_ms, 3),
               "rtt_ms": [round(r, 3) for r in rtts], "min_ms": round(min(rtts), 3),
               "avg_ms": round(sum(rtts) / len(rtts), 3), "max_ms": round(max(rtts), 3)}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{peer} {status}: connect {connect_ms:.2f} ms, health check min/avg/max "
+        secured = " (mutual TLS)" if tls is not None else ""
+        print(f"{peer} {status}{secured}: connect {connect_ms:.2f} ms, health check min/avg/max "
               f"{result['min_ms']:.2f}/{result['avg_ms']:.2f}/{result['max_ms']:.2f} ms over {len(rtts)}")
     return 0 if status == "SERVING" else 1
 
@@ -310,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--count", "-n", type=int, default=3,
                     help="health checks timed after the first one, which opens the connection (default 3)")
     sp.add_argument("--service", default="", help="health service name (default: the whole server)")
+    sp.add_argument("--tls-cert", metavar="PEM", help="client certificate for a peer with [tls] enabled "
+                    "(default: [tls] cert_file of --config / DATADISTD_TLS_* when enabled there)")
+    sp.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    sp.add_argument("--tls-ca", metavar="PEM", help="CA bundle the peer's certificate must chain to")
+    sp.add_argument("--tls-server-name", metavar="NAME",
+                    help="verify the peer's certificate against NAME instead of the host of PEER")
     sp.set_defaults(func=ping)
     return p
 

@@ -1,8 +1,9 @@
 """Security: peers authenticate before touching memory; hostile bytes change nothing; nothing listens
 or opens wider than configured; peer requests outside a cache's bounds are refused before a byte moves.
 
-Mutual TLS for gRPC is not built (see docs/reliability.md): peers prove a shared secret with
-HMAC in the handshake and the data plane admits only the token derived from it.
+Here the peer plane runs without ``[tls]`` (the default): peers prove a shared secret with HMAC in
+the handshake and the data plane admits only the token derived from it. Mutual TLS on top of that:
+``test_tls.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from datadistd.config import Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +45,15 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) 
     with pytest.raises(ConfigError) as info:
         load_config(p, env={})
     assert needle in str(info.value)
+
+
+def test_tls_needs_its_three_files() -> None:
+    with pytest.raises(ConfigError, match="tls.enabled needs tls.key_file, tls.ca_file"):
+        load_config(env={"DATADISTD_TLS_ENABLED": "yes", "DATADISTD_TLS_CERT_FILE": "/etc/datadist/node.pem"})
+    cfg = load_config(env={"DATADISTD_TLS_ENABLED": "on", "DATADISTD_TLS_CERT_FILE": "c", "DATADISTD_TLS_KEY_FILE": "k",
+                           "DATADISTD_TLS_CA_FILE": "a"})
+    assert (cfg.tls.enabled, cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file) == (True, "c", "k", "a")
+    assert not load_config(env={}).tls.enabled
 
 
 def test_bad_env_is_a_clear_error() -> None:

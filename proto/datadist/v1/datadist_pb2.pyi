@@ -463,20 +463,22 @@ class EngineStatus(_message.Message):
     def __init__(self, engine_id: _Optional[int] = ..., cluster_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., listen_address: _Optional[str] = ..., caches: _Optional[int] = ..., links: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("version", "backend", "transport", "uptime_seconds", "socket", "engines")
+    __slots__ = ("version", "backend", "transport", "uptime_seconds", "socket", "engines", "peer_security")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SOCKET_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    PEER_SECURITY_FIELD_NUMBER: _ClassVar[int]
     version: str
     backend: str
     transport: str
     uptime_seconds: float
     socket: str
     engines: _containers.RepeatedCompositeFieldContainer[EngineStatus]
-    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., transport: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., socket: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ...) -> None: ...
+    peer_security: str
+    def __init__(self, version: _Optional[str] = ..., backend: _Optional[str] = ..., transport: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., socket: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ..., peer_security: _Optional[str] = ...) -> None: ...
 
 class LinkInfo(_message.Message):
     __slots__ = ("engine_id", "local_cluster_id", "remote_cluster_id", "state", "transport", "peer_address", "data_endpoint", "streams", "initiator", "bytes_in", "bytes_out")

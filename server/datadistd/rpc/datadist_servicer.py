@@ -304,7 +304,8 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         status = datadist_pb2.DaemonStatus(version=__version__, backend=self.node.backend.name,
                                            transport=self.node.config.transport.name,
                                            uptime_seconds=time.monotonic() - self.node.started,
-                                           socket=self.socket_path)
+                                           socket=self.socket_path,
+                                           peer_security="mtls" if self.node.config.tls.enabled else "plaintext")
         for slot in self._slots(request.engine_id):
             e = status.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id,
                                    role=int(slot.engine.role), listen_address=slot.listen_address,

@@ -26,10 +26,13 @@ _OPTIONS = [
 
 
 class GrpcPeerClient:
-    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None,
+                 options: list[tuple[str, str]] | None = None) -> None:
         self.address = address
-        self._channel = (grpc.aio.secure_channel(address, credentials, options=_OPTIONS) if credentials is not None
-                         else grpc.aio.insecure_channel(address, options=_OPTIONS))
+        self.tls = credentials is not None
+        opts = [*_OPTIONS, *(options or [])]
+        self._channel = (grpc.aio.secure_channel(address, credentials, options=opts) if credentials is not None
+                         else grpc.aio.insecure_channel(address, options=opts))
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
 
     async def _call(self, what: str, method, request, timeout: float):  # noqa: ANN001, ANN202
@@ -41,8 +44,22 @@ class GrpcPeerClient:
             raise error_from_rpc(err, f"{what} on {self.address}") from None
 
     async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer:
-        answer = await self._call("handshake", self._stub.Handshake, convert.offer_to_pb(offer), timeout)
+        try:
+            answer = await self._call("handshake", self._stub.Handshake, convert.offer_to_pb(offer), timeout)
+        except DataDistError as exc:
+            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message)) from None
         return convert.answer_from_pb(answer)
+
+    def _tls_hint(self, message: str) -> str:
+        """Name the likely cause of a TLS mismatch: grpc only says the socket closed or the handshake failed."""
+        if not self.tls and "Socket closed" in message:
+            return "; if the peer has [tls] enabled, enable [tls] on this node too"
+        if self.tls and ("WRONG_VERSION_NUMBER" in message or "Tls handshake failed" in message
+                         or "Hostname Verification" in message):
+            return "; check that both nodes' certificates chain to each other's [tls] ca_file, that the peer's " \
+                   "certificate names the address dialled (or set [tls] server_name) and that the peer has [tls] " \
+                   "enabled"
+        return ""
 
     async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
         request = convert.spec_to_read_pb(session, transfer_id, spec, max(1, int(timeout * 1000)))

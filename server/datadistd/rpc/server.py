@@ -18,6 +18,7 @@ from ..node import EngineSlot, Node
 from .datadist_servicer import DataDistServicer
 from .peer_client import GrpcPeerClient
 from .peer_servicer import PeerServicer
+from .tls import PeerTls
 
 __all__ = ["create_worker_server", "PeerListener", "start_peer_listener", "grpc_peer_connector", "SERVER_OPTIONS"]
 
@@ -72,15 +73,15 @@ class PeerListener:
         await self.server.stop(grace=0.5)
 
 
-async def start_peer_listener(host: str, port: int, slot: EngineSlot,
-                              credentials: grpc.ServerCredentials | None = None,
+async def start_peer_listener(host: str, port: int, slot: EngineSlot, tls: PeerTls | None = None,
                               metrics: DaemonMetrics | None = None) -> PeerListener:
+    """Peer + health + reflection on ``host:port``; with ``tls`` only clients with a certificate get in."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(slot, metrics), server)
     health_servicer = _health(server, [PEER_SERVICE])
     bind_host = f"[{host}]" if ":" in host else host
     address = f"{bind_host}:{port}"
-    bound = (server.add_secure_port(address, credentials) if credentials is not None
+    bound = (server.add_secure_port(address, tls.server_credentials()) if tls is not None
              else server.add_insecure_port(address))
     if bound == 0:
         raise OSError(f"cannot listen on {address}")
@@ -88,12 +89,16 @@ async def start_peer_listener(host: str, port: int, slot: EngineSlot,
     for name in ("", PEER_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     actual = f"{bind_host}:{bound}"
-    log.info("cluster %s listening for peers on %s", slot.engine.cluster_id, actual)
+    log.info("cluster %s listening for peers on %s (%s)", slot.engine.cluster_id, actual,
+             "mutual TLS" if tls is not None else "plaintext")
     return PeerListener(server, actual)
 
 
-def grpc_peer_connector(credentials: grpc.ChannelCredentials | None = None):  # noqa: ANN201
+def grpc_peer_connector(tls: PeerTls | None = None):  # noqa: ANN201
+    """address -> ``GrpcPeerClient``; with ``tls`` every new link dials with the current certificate files."""
     def connect(address: str) -> GrpcPeerClient:
-        return GrpcPeerClient(address, credentials)
+        if tls is None:
+            return GrpcPeerClient(address)
+        return GrpcPeerClient(address, tls.channel_credentials(), tls.channel_options())
 
     return connect

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -290,3 +291,24 @@ def register_shared(state: dict, name: str, kind: str, num_tensors: int, num_blo
     from llm_datadist import _memory
 
     return _memory.describe(arrays[0].ctypes.data, size)["kind"]
+
+
+def capture_logs(state: dict) -> None:
+    """Keep this worker's ``llm_datadist`` log records from now on (read them with ``logs``)."""
+    import logging
+
+    records: list[str] = state.setdefault("logs", [])
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("llm_datadist").addHandler(Keep(logging.INFO))
+
+
+def logs(state: dict, wait_for: str = "", timeout: float = 5.0) -> str:
+    """The captured records, after waiting (bounded) for one containing ``wait_for``."""
+    deadline = time.monotonic() + timeout
+    while wait_for and not any(wait_for in r for r in state.get("logs", [])) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "\n".join(state.get("logs", []))

@@ -87,8 +87,11 @@ class DaemonClient:
 
         def consume() -> None:
             try:
-                for _event in call:
+                for event in call:
                     ready.set()
+                    if event.event == "stopping":
+                        log.warning("datadistd at %s is stopping: this engine and its caches are released; "
+                                    "finalize and init again once it is back", self.target)
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
                     log.warning("datadist session with %s ended: %s", self.target, err.details())  # type: ignore

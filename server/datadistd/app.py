@@ -99,6 +99,8 @@ class DaemonApp:
         grace = self.config.daemon.drain_seconds if grace is None else grace
         if self.health is not None:
             await self.health.enter_graceful_shutdown()
+        if self.node is not None:
+            self.node.draining.set()  # lease streams end now; only real in-flight calls use the grace
         if self.server is not None:
             await self.server.stop(grace)
         if self.node is not None:

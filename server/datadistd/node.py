@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import secrets
@@ -86,6 +87,7 @@ class Node:
         self.heartbeat_seconds = config.peer.heartbeat_seconds
         self.max_clock_skew_seconds = config.peer.max_clock_skew_seconds
         self.started = time.monotonic()
+        self.draining = asyncio.Event()  # set when the daemon begins to stop: worker leases end first
 
     # ---- NodeContext -------------------------------------------------------------------------
 

@@ -129,14 +129,28 @@ def test_worker_death_returns_its_memory(daemon_factory, worker_factory) -> None
 
 
 def test_sigterm_drains_frees_and_removes_segments(daemon_factory, worker_factory) -> None:
-    d = daemon_factory()
+    # a connected worker's lease stream ends with "stopping" at once: it must not hold the stop for
+    # the whole drain time (60 s here; the harness kills after 30 s, which fails the exit code)
+    d = daemon_factory(env={"DATADISTD_DAEMON_DRAIN_SECONDS": "60"})
     w = worker_factory(d)
     w.call("init", "PROMPT", 31, mem_pool=4 * MIB)
     w.call("allocate", "x", 1, (4, 4096), dtype="uint8", blocks=True)
     assert glob.glob(os.path.join(d.shm_dir, "datadist-*"))
-    assert d.stop(signal.SIGTERM) == 0
+    w.call("capture_logs")
+    assert d.stop(signal.SIGTERM, timeout=30) == 0
+    assert "is stopping: this engine and its caches are released" in w.call("logs", "is stopping")
     assert not glob.glob(os.path.join(d.shm_dir, "datadist-*"))
     assert not os.path.exists(d.socket)
+
+
+def test_session_of_an_unknown_engine_carries_the_status_code(daemon_factory) -> None:
+    d = daemon_factory()
+    with grpc.insecure_channel(d.target) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            next(iter(datadist_pb2_grpc.DataDistStub(ch).Session(datadist_pb2.EngineRef(engine_id=999), timeout=10)))
+    trailers = dict(info.value.trailing_metadata())
+    assert int(trailers["datadist-status-code"]) == LLMStatusCode.LLM_ENGINE_FINALIZED
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_socket_is_private(daemon_factory) -> None:

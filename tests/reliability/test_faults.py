@@ -224,7 +224,7 @@ def _init_until_granted(daemon, pool_bytes: int, deadline: float) -> tuple[int, 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_local_daemon_restart_under_a_live_client(sig: int, daemon_factory, worker_factory) -> None:
-    d = daemon_factory(env={"DATADISTD_DAEMON_DRAIN_SECONDS": "1"})  # live session streams hold SIGTERM that long
+    d = daemon_factory()
     w = worker_factory(d)
     w.call("init", "DECODER", D, mem_pool=4 * MIB)
     w.call("allocate", "x", 2, (8, 64), dtype="uint8", blocks=True)

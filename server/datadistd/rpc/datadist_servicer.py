@@ -28,6 +28,8 @@ from .errors import error_trailers, grpc_code, guarded
 log = logging.getLogger(__name__)
 
 EMPTY = common_pb2.Empty()
+#: CANN's engine options are a few dozen keys; a bigger map is refused before it is converted
+MAX_INIT_OPTIONS = 1024
 
 
 def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
@@ -52,6 +54,8 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def Init(self, request, context):  # noqa: N802, ANN001, ANN201
+        require(len(request.options) <= MAX_INIT_OPTIONS,  # before converting a map of any size
+                f"{len(request.options)} options; at most {MAX_INIT_OPTIONS} are accepted")
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), request.pid)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
@@ -69,18 +73,30 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         return EMPTY
 
     async def Session(self, request, context) -> AsyncIterator[datadist_pb2.SessionEvent]:  # noqa: N802, ANN001
-        """Lease: while this stream is open the engine lives; when the worker goes, so does its engine."""
+        """Lease: while this stream is open the engine lives; when the worker goes, so does its engine.
+
+        When the daemon drains (SIGTERM) the stream ends with a ``stopping`` event at once, so open
+        leases do not hold the shutdown for the whole drain time; the daemon then frees every engine.
+        """
         engine_id = request.engine_id
-        if engine_slot_or_none(self.node, engine_id) is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"engine {engine_id} does not exist")
+        try:
+            self.node.slot(engine_id)
+        except DataDistError as exc:
+            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
+            await context.abort(grpc_code(exc.code), exc.message)
         interval = self.node.config.daemon.session_keepalive_seconds
         try:
             yield datadist_pb2.SessionEvent(event="ready")
             while engine_slot_or_none(self.node, engine_id) is not None:
-                await asyncio.sleep(interval)
-                yield datadist_pb2.SessionEvent(event="keepalive")
+                try:
+                    await asyncio.wait_for(self.node.draining.wait(), interval)
+                except asyncio.TimeoutError:
+                    yield datadist_pb2.SessionEvent(event="keepalive")
+                    continue
+                yield datadist_pb2.SessionEvent(event="stopping")
+                return
         finally:
-            if engine_slot_or_none(self.node, engine_id) is not None:
+            if engine_slot_or_none(self.node, engine_id) is not None and not self.node.draining.is_set():
                 log.warning("engine %s: worker session ended without finalize; releasing its caches", engine_id)
                 await asyncio.shield(self.node.finalize_engine(engine_id, reason="worker session ended"))
 

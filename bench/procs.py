@@ -1,129 +1,39 @@
 """Processes of a benchmark run: real ``datadistd`` daemons and remote-controlled worker processes.
 
 ``Daemon`` starts ``python -m datadistd`` on a private socket (its pools in a private directory)
-and waits until its health check says SERVING. ``Worker`` is a spawned process that runs the
-functions of ``bench.ops`` on request, so a scenario drives a prompt worker and decoder workers
-step by step, each with its own ``LLMDataDist``, exactly as real worker processes would; the
-timed loops run inside the worker, so the pipe to the bench process is never on a clock.
+and waits until its health check says SERVING (``datadistd.tools.daemonproc``, shared with the
+tests and the demo). ``Worker`` is a spawned process that runs the functions of ``bench.ops`` on
+request, so a scenario drives a prompt worker and decoder workers step by step, each with its own
+``LLMDataDist``, exactly as real worker processes would; the timed loops run inside the worker, so
+the pipe to the bench process is never on a clock.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from datadistd.tools.daemonproc import DaemonProcess, free_port
 
 __all__ = ["Daemon", "Worker", "WorkerError", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the bench process dies, so no daemon outlives a crashed run."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    """One ``datadistd`` process; ``args`` are extra command-line flags, ``env`` extra variables."""
+class Daemon(DaemonProcess):
+    """A bench daemon: logs at WARNING, dies with the bench process, and its directory goes with ``stop``."""
 
     def __init__(self, name: str, env: dict[str, str] | None = None, args: list[str] | None = None) -> None:
-        self.name = name
-        self.dir = tempfile.mkdtemp(prefix=f"datadist-bench-{name}-")
-        self.socket = os.path.join(self.dir, "datadistd.sock")
-        self.target = f"unix://{self.socket}"
-        self.log_path = os.path.join(self.dir, "daemon.log")
-        self.env = {**os.environ, "DATADISTD_MEMORY_SHM_DIR": self.dir, "DATADISTD_DAEMON_LOG_LEVEL": "WARNING",
-                    **(env or {})}
-        self.args = args or []
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: Any = None
+        super().__init__(name, {"DATADISTD_DAEMON_LOG_LEVEL": "WARNING", **(env or {})}, args or (),
+                         die_with_parent=True, dir_prefix="datadist-bench-")
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 30.0, attempts: int = 2) -> "Daemon":
-        """Start and wait for SERVING; a daemon that dies while starting (a busy machine can refuse it
-        a thread) is tried once more before giving up."""
-        for attempt in range(attempts):  # bounded retries
-            try:
-                return self._start(timeout)
-            except (RuntimeError, TimeoutError):
-                if self.proc is not None and self.proc.poll() is None:
-                    self.proc.kill()
-                    self.proc.wait(5)
-                if self._log is not None:
-                    self._log.close()
-                    self._log = None
-                if attempt + 1 == attempts:
-                    shutil.rmtree(self.dir, ignore_errors=True)
-                    raise
-        return self
-
-    def _start(self, timeout: float) -> "Daemon":
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "datadistd", "--socket", self.socket, *self.args],
-                                     env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # polls every 50 ms until SERVING, exit or the deadline
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"datadistd {self.name} exited with {self.proc.returncode}:\n{self.log()}")
-            if os.path.exists(self.socket) and self._serving():
-                return self
-            time.sleep(0.05)
-        raise TimeoutError(f"datadistd {self.name} not serving after {timeout}s:\n{self.log()}")
-
-    def _serving(self) -> bool:
-        try:
-            with grpc.insecure_channel(self.target) as ch:
-                resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                return resp.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
-    def log(self) -> str:
-        try:
-            return Path(self.log_path).read_text(errors="replace")[-6000:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def start(self, timeout: float = 30.0, attempts: int = 2) -> Daemon:
+        """Start and wait for SERVING; a daemon that dies while starting is tried once more by default."""
+        return super().start(timeout, attempts)
 
 
 def _worker_main(conn: Any, env: dict[str, str]) -> None:

@@ -17,24 +17,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+from .tools.daemonproc import DaemonProcess, free_port
+
 LAYERS, BLOCK_TOKENS, HEADS, HEAD_DIM = 8, 16, 8, 64
 NUM_BLOCKS = 512
 PREFILL_CLUSTER, DECODE_CLUSTER = 1, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _expected(tensor: int, num_blocks: int) -> np.ndarray:
@@ -128,20 +120,6 @@ def decode_worker(daemon: str, listen: str, num_blocks: int, pulled: int, batch:
     result.put(("ok", total, seconds, wrong, link_ms))
 
 
-def _start_daemon(name: str, tmp: str) -> tuple[subprocess.Popen, str]:
-    sock = os.path.join(tmp, f"{name}.sock")
-    log = open(os.path.join(tmp, f"{name}.log"), "wb")
-    env = {**os.environ, "DATADISTD_MEMORY_SHM_DIR": tmp, "DATADISTD_DAEMON_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "datadistd", "--socket", sock], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"datadistd {name} did not start; see {log.name}")
-        time.sleep(0.05)
-    return proc, f"unix://{sock}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--blocks", type=int, default=NUM_BLOCKS, help="blocks in each node's KV cache")
@@ -149,19 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64, help="blocks per pull_blocks call")
     args = p.parse_args(argv)
     args.pull = min(args.pull, args.blocks)
-    tmp = tempfile.mkdtemp(prefix="datadist-demo-")
     block_kib = BLOCK_TOKENS * HEADS * HEAD_DIM * 2 // 1024
     print(f"datadist demo: {LAYERS} layers x (K, V), {args.blocks} blocks of {BLOCK_TOKENS} tokens "
           f"({block_kib} KiB per block per tensor), {2 * LAYERS * args.blocks * block_kib // 1024} MiB per node")
-    daemons = []
+    daemons = [DaemonProcess(name, {"DATADISTD_DAEMON_LOG_LEVEL": "WARNING"}, dir_prefix="datadist-demo-")
+               for name in ("prefill-node", "decode-node")]
     ctx = mp.get_context("spawn")
     try:
-        prefill_proc, prefill_sock = _start_daemon("prefill-node", tmp)
-        daemons.append(prefill_proc)
-        decode_proc, decode_sock = _start_daemon("decode-node", tmp)
-        daemons.append(decode_proc)
+        for d in daemons:
+            d.start()
+        prefill_sock, decode_sock = (d.target for d in daemons)
         print(f"  prefill node daemon: {prefill_sock}\n  decode node daemon:  {decode_sock}")
-        listen = f"127.0.0.1:{_free_port()}"
+        listen = f"127.0.0.1:{free_port()}"
         ready, done, result = ctx.Event(), ctx.Event(), ctx.Queue()
         prefill = ctx.Process(target=prefill_worker, args=(prefill_sock, listen, args.blocks, ready, done))
         prefill.start()
@@ -177,13 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         done.set()
         prefill.join(30)
     finally:
-        for proc in daemons:
-            proc.send_signal(signal.SIGTERM)
-        for proc in daemons:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for d in daemons:
+            d.stop()
     if outcome[0] != "ok":
         print(f"FAILED: {outcome}", file=sys.stderr)
         return 1

@@ -1,0 +1,48 @@
+"""``datadistd.tools.daemonproc``: the daemon child process and port helper shared by tests, bench and demo."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from datadistd.tools.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    low, high = _ephemeral_range()
+    ports = [free_port() for _ in range(64)]
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if low <= p <= high], (low, high, ports)
+    for port in ports[:8]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+@given(st.integers(1024, 65535), st.integers(0, 65535))
+def test_port_pool_is_everything_from_10000_but_the_ephemeral_range(low: int, span: int) -> None:
+    high = min(65535, low + span)
+    pool = port_pool((low, high))
+    assert set(pool) == {p for p in range(10000, 65536) if p < low or p > high}
+    assert pool == sorted(pool)
+
+
+def test_ephemeral_range_falls_back_to_linux_default(tmp_path) -> None:
+    assert _ephemeral_range(str(tmp_path / "missing")) == (32768, 60999)
+    bad = tmp_path / "bad"
+    bad.write_text("not numbers\n")
+    assert _ephemeral_range(str(bad)) == (32768, 60999)
+    good = tmp_path / "good"
+    good.write_text("20000\t40000\n")
+    assert _ephemeral_range(str(good)) == (20000, 40000)
+
+
+def test_a_daemon_that_cannot_start_says_why_and_leaves_nothing() -> None:
+    d = DaemonProcess("bad", args=["--no-such-flag"])
+    with pytest.raises(RuntimeError, match="exited with 2") as info:
+        d.start(timeout=30, attempts=2)
+    assert "--no-such-flag" in str(info.value)   # the log tail names the cause
+    assert d.proc is not None and d.proc.returncode == 2
+    assert not os.path.exists(d.dir)

@@ -1,6 +1,7 @@
 """``DataType`` (CANN ``llm_datadist.data_type``): the 14 ``ge::DataType`` members exposed to Python.
 
-The numeric values are ``ge::DataType`` numbers, hardcoded (CANN takes them from its C++ wrapper).
+The numeric values are ``ge::DataType`` numbers, hardcoded once in ``datadist.dtypes``, the table
+shared with the daemon (CANN takes them from its C++ wrapper).
 ``dtype_to_np_dtype`` / ``np_dtype_to_dtype`` are dicts in CANN; here they are dicts that can also
 be called like functions. datadist does not support ``DT_STRING`` tensors, so it has no numpy
 mapping and no item size.
@@ -8,41 +9,14 @@ mapping and no item size.
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Any, Dict, List
+from typing import Any, List
 
 import numpy as np
+from datadist.dtypes import ITEMSIZE, DataType
 
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["DataType", "dtype_to_np_dtype", "np_dtype_to_dtype", "valid_np_dtypes"]
-
-
-class DataType(Enum):
-    """Element type of cache tensors; values are ``ge::DataType`` numbers. ``Enum``, not ``IntEnum`` (as CANN)."""
-
-    DT_FLOAT = 0
-    DT_FLOAT16 = 1
-    DT_INT8 = 2
-    DT_INT32 = 3
-    DT_UINT8 = 4
-    DT_INT16 = 6
-    DT_UINT16 = 7
-    DT_UINT32 = 8
-    DT_INT64 = 9
-    DT_UINT64 = 10
-    DT_DOUBLE = 11
-    DT_BOOL = 12
-    DT_STRING = 13
-    DT_BF16 = 27
-
-
-_ITEMSIZE: Dict[DataType, int] = {
-    DataType.DT_FLOAT: 4, DataType.DT_FLOAT16: 2, DataType.DT_INT8: 1, DataType.DT_INT32: 4,
-    DataType.DT_UINT8: 1, DataType.DT_INT16: 2, DataType.DT_UINT16: 2, DataType.DT_UINT32: 4,
-    DataType.DT_INT64: 8, DataType.DT_UINT64: 8, DataType.DT_DOUBLE: 8, DataType.DT_BOOL: 1,
-    DataType.DT_BF16: 2,
-}
 
 
 def _unsupported(what: Any) -> LLMException:
@@ -54,7 +28,7 @@ def _itemsize(data_type: DataType) -> int:
     if not isinstance(data_type, DataType):
         raise TypeError(f"data_type only support ['DataType'], but got {type(data_type)}.")
     try:
-        return _ITEMSIZE[data_type]
+        return ITEMSIZE[data_type]
     except KeyError:
         raise _unsupported(data_type) from None
 

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import NewType, Union
 
+from datadist.dtypes import ITEMSIZE, DataType
+
 from .errors import DataDistError, StatusCode, require
 
 __all__ = [
@@ -35,37 +37,17 @@ class Placement(enum.IntEnum):
     DEVICE = 1
 
 
-class DType(enum.IntEnum):
-    """``ge::DataType`` values of the 14 types CANN exposes in Python."""
-
-    DT_FLOAT = 0
-    DT_FLOAT16 = 1
-    DT_INT8 = 2
-    DT_INT32 = 3
-    DT_UINT8 = 4
-    DT_INT16 = 6
-    DT_UINT16 = 7
-    DT_UINT32 = 8
-    DT_INT64 = 9
-    DT_UINT64 = 10
-    DT_DOUBLE = 11
-    DT_BOOL = 12
-    DT_STRING = 13
-    DT_BF16 = 27
-
-    @property
-    def itemsize(self) -> int:
-        size = _ITEMSIZE.get(self)
-        if size is None:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"data type {self.name} has no fixed size")
-        return size
+#: ``ge::DataType`` values of the 14 types CANN exposes in Python, as ints: the shared ``datadist.dtypes`` table
+DType = enum.IntEnum("DType", [(m.name, m.value) for m in DataType], module=__name__)  # type: ignore[misc]  # members from a table
 
 
-_ITEMSIZE = {
-    DType.DT_FLOAT: 4, DType.DT_FLOAT16: 2, DType.DT_INT8: 1, DType.DT_INT32: 4, DType.DT_UINT8: 1,
-    DType.DT_INT16: 2, DType.DT_UINT16: 2, DType.DT_UINT32: 4, DType.DT_INT64: 8, DType.DT_UINT64: 8,
-    DType.DT_DOUBLE: 8, DType.DT_BOOL: 1, DType.DT_BF16: 2,
-}
+def _itemsize(dtype: DType) -> int:
+    """Bytes per element; LLM_PARAM_INVALID for ``DT_STRING``, which has no fixed size."""
+    size = ITEMSIZE.get(DataType[dtype.name])
+    if size is None:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"data type {dtype.name} has no fixed size")
+    return size
+
 
 MAX_RANK = 32
 
@@ -87,12 +69,12 @@ class CacheDesc:
                 f"shape dims must be positive, got {list(self.shape)}")
         object.__setattr__(self, "dtype", DType(self.dtype))
         object.__setattr__(self, "placement", Placement(self.placement))
-        self.dtype.itemsize  # noqa: B018 - raises for DT_STRING
+        _itemsize(self.dtype)  # raises for DT_STRING
 
     @property
     def tensor_size(self) -> int:
         """Bytes of one tensor."""
-        return math.prod(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)
 
     @property
     def rows(self) -> int:

@@ -80,7 +80,7 @@ def _read(files: TlsFiles) -> _Pem:
         raise TlsError(f"[tls] cert_file {files.cert_file} and key_file {files.key_file} are not a matching "
                        f"PEM certificate and private key: {exc}") from None
     try:
-        context.load_verify_locations(cafile=files.ca_file)
+        context.load_verify_locations(cadata=ca.decode("ascii", "replace"))  # the bytes that will be served
     except (ssl.SSLError, ValueError) as exc:
         raise TlsError(f"[tls] ca_file {files.ca_file} is not a PEM CA bundle: {exc}") from None
     return _Pem(cert, key, ca, stamp)

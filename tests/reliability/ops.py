@@ -64,8 +64,15 @@ def soak_blocks(n_workers: int) -> int:
     return INBOX + 4 * n_workers
 
 
-def soak_setup(state: dict, cluster: int, listen: str, seed: int, n_workers: int) -> int:
-    worker_ops.init(state, "MIX", cluster, listen=listen, remote_cache_accessible=True, sync_kv_timeout=10000)
+def soak_setup(state: dict, cluster: int, listen: str, seed: int, n_workers: int, daemon: str | None = None) -> int:
+    """Init (on ``daemon``, else ``$DATADIST_DAEMON``), register and fill the soak cache; the worker's pid.
+
+    Naming the daemon here (the ``datadist.daemon`` option) lets a test spawn its workers before the
+    daemons exist, so the workers' imports overlap the daemons' start-up.
+    """
+    extra = {"datadist.daemon": daemon} if daemon else None
+    worker_ops.init(state, "MIX", cluster, listen=listen, remote_cache_accessible=True, sync_kv_timeout=10000,
+                    extra=extra)
     worker_ops.register_blocks(state, "kv", SOAK_TENSORS, soak_blocks(n_workers), SOAK_BLOCK, model_id=0)
     worker_ops.fill(state, "kv", seed)
     state["soak"] = {"seed": seed, "n": n_workers}

@@ -76,7 +76,7 @@ def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
 # ---- a peer daemon killed, or the network cut, in the middle of a transfer -----------------------------
 
 @netns
-@pytest.mark.parametrize("fault,direction", [("kill", "pull"), ("kill", "push"), ("cut", "push")])
+@pytest.mark.parametrize("fault,direction", [("kill", "pull"), ("kill", "push"), ("cut", "pull"), ("cut", "push")])
 def test_peer_lost_mid_transfer(fault: str, direction: str, daemon_factory, worker_factory) -> None:
     hosts = Hosts(rate="200mbit")
     try:

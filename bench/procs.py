@@ -10,14 +10,10 @@ the pipe to the bench process is never on a clock.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import sys
-import traceback
 from pathlib import Path
-from typing import Any
 
 from datadistd.tools.daemonproc import DaemonProcess, free_port
+from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["Daemon", "Worker", "WorkerError", "free_port"]
 
@@ -36,71 +32,12 @@ class Daemon(DaemonProcess):
         return super().start(timeout, attempts)
 
 
-def _worker_main(conn: Any, env: dict[str, str]) -> None:
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-    import importlib
-
-    ops = importlib.import_module("bench.ops")
-    state: dict[str, Any] = {}
-    while True:  # one request per pass; ends when the bench closes the pipe or sends None
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg is None:
-            break
-        name, args, kwargs = msg
-        try:
-            conn.send(("ok", getattr(ops, name)(state, *args, **kwargs)))
-        except BaseException as exc:  # noqa: BLE001 - shipped to the bench
-            conn.send(("err", (type(exc).__name__, str(exc), traceback.format_exc())))
-    ops.shutdown(state)
-
-
-class WorkerError(Exception):
-    def __init__(self, kind: str, message: str, tb: str) -> None:
-        super().__init__(f"{kind}: {message}\n{tb}")
-        self.kind = kind
-
-
-class Worker:
-    """A worker process; ``w.call("op", ...)`` runs ``bench.ops.op(state, ...)`` in it and returns the result."""
+class Worker(WorkerProcess):
+    """A worker process; ``w.call("op", ...)`` runs ``bench.ops.op(state, ...)`` in it (600 s by default) and
+    ``bench.ops.shutdown`` finalizes its ``LLMDataDist`` when it is closed."""
 
     def __init__(self, daemon: Daemon | None = None, env: dict[str, str] | None = None) -> None:
         env = dict(env or {})
         if daemon is not None:
             env["DATADIST_DAEMON"] = daemon.target
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, env), daemon=True)
-        self.proc.start()
-        child.close()
-
-    def send(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Start an op without waiting (several workers run at once); collect it with ``result``."""
-        self.conn.send((name, args, kwargs))
-
-    def result(self, timeout: float = 600.0) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"worker did not answer in {timeout}s")
-        status, payload = self.conn.recv()
-        if status == "err":
-            raise WorkerError(*payload)
-        return payload
-
-    def call(self, name: str, *args: Any, timeout: float = 600.0, **kwargs: Any) -> Any:
-        self.send(name, *args, **kwargs)
-        return self.result(timeout)
-
-    def close(self, timeout: float = 15.0) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            self.proc.join(timeout)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.conn.close()
+        super().__init__("bench.ops", env, path=str(ROOT), timeout=600.0, on_exit="shutdown")

@@ -43,9 +43,10 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m datadistd.tools.protogen --check
 
+## make lint: ruff (pinned in pyproject's lint extra) over every Python folder
 lint: $(STAMP)
-	$(PY) -m pip install --quiet ruff
-	$(VENV)/bin/ruff check client server tests
+	$(PY) -m pip install --quiet -e '.[test,lint]'
+	$(VENV)/bin/ruff check client server tests bench
 
 ## make deploy-check: systemd-analyze verify on deploy/datadistd.service (+ drop-ins, sysusers snippet).
 ## verify needs an existing ExecStart executable: deploy/check.sh renders a temporary copy of the unit

@@ -22,8 +22,9 @@ import threading
 import time
 from typing import Any
 
-import llm_datadist as ld
 import numpy as np
+
+import llm_datadist as ld
 from llm_datadist import views
 
 _TAG = np.uint64(0x5DA7_0000_0000_0000)
@@ -179,6 +180,7 @@ def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_bl
 def grpc_loop(state: dict, target: str, calls: int, warmup: int = 50) -> list[float]:
     """Bare unary round trips ``DataDist/GetStatus`` to the daemon at ``target`` (a fresh stub, same socket)."""
     import grpc
+
     from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
     out = []

@@ -58,7 +58,8 @@ def _cm(state: dict) -> Any:
     return state["dd"].cache_manager
 
 
-def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, block_shape: tuple, dtype: str = "float16",
+def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, block_shape: tuple,
+                    dtype: str = "float16",
                     model_id: int | None = None, remote_accessible: bool | None = None,
                     placement: str = "DEVICE") -> int:
     """vLLM-style: the worker allocates its own (anonymous) KV tensors and registers them."""

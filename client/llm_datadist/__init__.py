@@ -15,8 +15,19 @@ from .configs import LLMClusterInfo, LLMConfig, LlmConfig, LLMRole
 from .data_type import DataType
 from .llm_datadist import LLMDataDist
 from .llm_types import (
-    BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, KvCache, LayerSynchronizer, MemInfo, Memtype,
-    Placement, RegisterMemStatus, TransferConfig, TransferWithCacheKeyConfig,
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    KvCache,
+    LayerSynchronizer,
+    MemInfo,
+    Memtype,
+    Placement,
+    RegisterMemStatus,
+    TransferConfig,
+    TransferWithCacheKeyConfig,
 )
 from .status import LLMException, LLMStatusCode, Status
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import itertools
 import math
 import mmap
 import os
@@ -179,7 +180,7 @@ def describe(address: int, length: int) -> Dict[str, Any]:
                              f"process: the mapping ends at 0x{covered[-1].end:x}")
         covered.append(regions[i])
     shared = [r.shareable for r in covered]
-    if all(shared) and all(b.continues(a) for a, b in zip(covered, covered[1:])):
+    if all(shared) and all(b.continues(a) for a, b in itertools.pairwise(covered)):
         return {"kind": "shared_file", "path": _file_path(first),
                 "file_offset": first.offset + (address - first.start), "length": length}
     if any(shared):

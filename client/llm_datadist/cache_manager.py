@@ -13,11 +13,20 @@ from datadist.v1 import datadist_pb2
 
 from . import _validate as v
 from ._cache_ops import UINT64_MAX, CacheOps, check_blocks, layer_kwargs
-from .llm_types import (
-    BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, LayerSynchronizer, MemInfo, Memtype, Placement,
-    TransferConfig, TransferWithCacheKeyConfig,
-)
 from ._task import CacheTask
+from .llm_types import (
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    LayerSynchronizer,
+    MemInfo,
+    Memtype,
+    Placement,
+    TransferConfig,
+    TransferWithCacheKeyConfig,
+)
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheManager"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, List
 
 import numpy as np
+
 from datadist.dtypes import ITEMSIZE, DataType
 
 from .status import LLMException, LLMStatusCode

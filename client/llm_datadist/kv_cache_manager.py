@@ -19,7 +19,14 @@ from ._cache_ops import UINT64_MAX, CacheOps, layer_kwargs
 from ._task import CacheTask
 from .configs import LLMRole
 from .llm_types import (
-    BlocksCacheKey, CacheDesc, CacheKey, CacheKeyByIdAndIndex, KvCache, LayerSynchronizer, Placement, TransferConfig,
+    BlocksCacheKey,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    KvCache,
+    LayerSynchronizer,
+    Placement,
+    TransferConfig,
 )
 from .status import LLMStatusCode
 

@@ -182,7 +182,7 @@ def _collect_params(limit: int, names: Tuple[str, ...], args: Tuple[Any, ...], k
     """Merge positional ``args`` into ``kwargs`` under ``names`` (CANN's key constructors)."""
     v.raise_if_false(len(args) + len(kwargs) <= limit, "Param num is over limit")
     params = dict(kwargs)
-    for name, value in zip(names, args):
+    for name, value in zip(names, args, strict=False):
         v.raise_if_true(name in params, "Param {} is given twice", name)
         params[name] = value
     return params

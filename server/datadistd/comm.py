@@ -149,7 +149,7 @@ class CommManager:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown comm id {comm_id}")
         if domain.task is not None:
             domain.task.cancel()
-        for cluster, (ip, port) in domain.peers.items():
+        for cluster in domain.peers:
             if any(cluster in d.peers for d in self.domains.values()):
                 continue  # still needed by another domain
             for link in (self.links.links.get(cluster), self.links.served.get(cluster)):

@@ -18,14 +18,31 @@ from typing import Sequence
 
 from .core.errors import DataDistError, StatusCode, require
 from .core.layout import (
-    BlockSpans, Span, block_copy_pairs, block_runs, block_spans, slot_spans, swap_pairs, total_length,
+    BlockSpans,
+    Span,
+    block_copy_pairs,
+    block_runs,
+    block_spans,
+    slot_spans,
+    swap_pairs,
+    total_length,
 )
 from .core.options import EngineOptions
 from .core.plan import AddrRef
 from .core.registry import CacheEntry, CacheRegistry
 from .core.types import (
-    BlocksKeyRef, CacheDesc, CacheId, CacheKeyRef, ClusterId, EngineId, IdIndexRef, KeyKind, OwnerKey, Placement,
-    ReadMode, RemoteSpec,
+    BlocksKeyRef,
+    CacheDesc,
+    CacheId,
+    CacheKeyRef,
+    ClusterId,
+    EngineId,
+    IdIndexRef,
+    KeyKind,
+    OwnerKey,
+    Placement,
+    ReadMode,
+    RemoteSpec,
 )
 from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 from .memory.copy import copy_segments

@@ -32,7 +32,14 @@ from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from .engine import Engine, segments_of
 from .memory.copy import copy_segments
 from .peering import (
-    PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, PeerClient, answer_mac, data_token, make_offer, offer_mac,
+    PROTOCOL_VERSION,
+    HandshakeAnswer,
+    HandshakeOffer,
+    PeerClient,
+    answer_mac,
+    data_token,
+    make_offer,
+    offer_mac,
 )
 from .reverse import OpenWriteCmd, ReverseCmd, ReverseHub, ReverseReply
 from .transport.base import Channel, Transport
@@ -392,7 +399,8 @@ class LinkManager:
         elif link.initiator:
             if notify and link.state == LinkState.ESTABLISHED and link.peer is not None:
                 try:
-                    await link.peer.unlink(link.session, max(0.1, (deadline or time.monotonic() + 1) - time.monotonic()))
+                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
+                    await link.peer.unlink(link.session, max(0.1, remaining))
                 except DataDistError as exc:
                     failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
                                             f"local end removed, but the serving side was not told: {exc}")

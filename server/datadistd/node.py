@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Mapping, Protocol
 
 from . import __version__
+from .comm import CommManager
 from .config import Config
 from .core.errors import DataDistError, StatusCode, require
 from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
-from .comm import CommManager
 from .links import LinkManager
 from .memory import MemoryBackend, Pool, get_backend
 from .peering import PeerClient
@@ -103,7 +103,8 @@ class Node:
         slot = self.engines.get(EngineId(engine_id))
         if slot is None:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED,
-                                f"engine {engine_id} does not exist on this daemon (finalized, or the daemon restarted)")
+                                f"engine {engine_id} does not exist on this daemon "
+                                "(finalized, or the daemon restarted)")
         return slot
 
     def _make_pools(self, options: EngineOptions) -> dict[Placement, Pool]:

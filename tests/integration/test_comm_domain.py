@@ -52,7 +52,8 @@ def test_comm_domain_link_pull_push_unlink(daemon_factory, worker_factory) -> No
     assert wait_ok(decoder, 1) == "OK" and wait_ok(prompt, 1) == "OK"
     # two-sided: the decoder pulls from the prompt, and the prompt pushes to the decoder
     decoder.call("pull_blocks", P, "kv", [1, 2, 3], [5, 6, 7])
-    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [5, 6, 7]), prompt.call("rows", "kv", None, [1, 2, 3]))
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [5, 6, 7]),
+                                  prompt.call("rows", "kv", None, [1, 2, 3]))
     prompt.call("push_blocks", D, "kv", [9], [0])
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [0]), prompt.call("rows", "kv", None, [9]))
     # registrations after link() cannot be made remotely accessible

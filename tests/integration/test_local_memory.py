@@ -57,7 +57,8 @@ def test_register_worker_numpy_memory_and_copy_into_it(daemon_factory, worker_fa
     d = daemon_factory()
     w = worker_factory(d)
     w.call("init", "DECODER", 12, mem_pool=8 * MIB)
-    w.call("register_blocks", "mine", 2, 10, (4, 64), model_id=0, placement="HOST")  # anonymous numpy memory of the worker
+    # anonymous numpy memory of the worker
+    w.call("register_blocks", "mine", 2, 10, (4, 64), model_id=0, placement="HOST")
     w.call("allocate", "pool", 2, (10, 4, 64), blocks=True, placement="DEVICE")
     w.call("fill", "pool", 9)
     src = w.call("rows", "pool")

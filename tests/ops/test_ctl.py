@@ -9,8 +9,8 @@ import sys
 
 import grpc
 import pytest
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 from tests.harness import free_port
 
 from .conftest import BLOCK_BYTES, PULLED, TENSORS, D, P, run, tool

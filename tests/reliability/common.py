@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import grpc
 import numpy as np
+
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 STATUS_KEY = "datadist-status-code"

@@ -10,9 +10,9 @@ import os
 import time
 from typing import Any
 
-import llm_datadist as ld
 import numpy as np
 
+import llm_datadist as ld
 from tests import worker_ops
 
 OPS = "tests.reliability.ops"

@@ -21,12 +21,12 @@ from typing import Any, Callable
 import grpc
 import numpy as np
 import pytest
-from datadist.status import LLMStatusCode as S
-from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
 from google.protobuf import message_factory
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from datadist.status import LLMStatusCode as S
+from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
 from tests.harness import Daemon, free_port
 from tests.reliability.common import (
     Buffer,

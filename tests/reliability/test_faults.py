@@ -17,9 +17,9 @@ import time
 import grpc
 import numpy as np
 import pytest
+
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2
-
 from tests.harness import WorkerError
 from tests.reliability.common import (
     HAVE_NETNS,

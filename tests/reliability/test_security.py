@@ -19,9 +19,9 @@ import time
 import grpc
 import numpy as np
 import pytest
+
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2
-
 from tests.harness import Daemon, WorkerError, free_port
 from tests.reliability.common import (
     DEV_SECRET,

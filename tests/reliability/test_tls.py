@@ -20,9 +20,9 @@ import grpc
 import numpy as np
 import pytest
 import trustme
+
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-
 from tests.harness import WorkerError, free_port
 from tests.ops.conftest import tool
 from tests.reliability.common import links, status, wait_until

@@ -13,8 +13,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llm_datadist import (
-    BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, DataType, KvCache, LayerSynchronizer,
-    LLMException, LLMStatusCode, MemInfo, Memtype, Placement, RegisterMemStatus, Status, TransferConfig,
+    BlocksCacheKey,
+    Cache,
+    CacheDesc,
+    CacheKey,
+    CacheKeyByIdAndIndex,
+    DataType,
+    KvCache,
+    LayerSynchronizer,
+    LLMException,
+    LLMStatusCode,
+    MemInfo,
+    Memtype,
+    Placement,
+    RegisterMemStatus,
+    Status,
+    TransferConfig,
     TransferWithCacheKeyConfig,
 )
 from llm_datadist import _validate as v

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from datadistd.config import Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,8 @@ def test_every_field_is_documented_in_code_and_in_the_deploy_file() -> None:
     text = (ROOT / "deploy" / "datadistd.toml").read_text()
     for section in dataclasses.fields(Config):
         assert f"[{section.name}]" in text
-        for f in dataclasses.fields(section.type if isinstance(section.type, type) else getattr(Config(), section.name)):
+        kind = section.type if isinstance(section.type, type) else getattr(Config(), section.name)
+        for f in dataclasses.fields(kind):
             assert f.metadata.get("doc"), f"{section.name}.{f.name} has no doc"
             assert f.name in text, f"{section.name}.{f.name} missing from deploy/datadistd.toml"
 

@@ -110,12 +110,12 @@ def test_copy_matches_numpy_oracle(case):
     # destination pieces do not overlap: each lands after the previous one in its buffer, past a gap
     cursor = [0] * len(dst_kinds)
     dst_pieces = []
-    for b, n, gap in zip(dst_choice, dst_lengths, gaps):
+    for b, n, gap in zip(dst_choice, dst_lengths, gaps, strict=True):
         dst_pieces.append((b, cursor[b] + gap, n))
         cursor[b] += gap + n
     dst_bufs = [rng.integers(0, 256, c + 10, dtype=np.uint8) for c in cursor]
-    src_handles = [make_handle(k, a) for k, a in zip(src_kinds, src_bufs)]
-    dst_handles = [make_handle(k, a) for k, a in zip(dst_kinds, dst_bufs)]
+    src_handles = [make_handle(k, a) for k, a in zip(src_kinds, src_bufs, strict=True)]
+    dst_handles = [make_handle(k, a) for k, a in zip(dst_kinds, dst_bufs, strict=True)]
 
     stream = np.concatenate([src_bufs[b][o:o + n] for b, o, n in src_pieces] or [np.zeros(0, np.uint8)])
     expected = [a.copy() for a in dst_bufs]
@@ -127,7 +127,7 @@ def test_copy_matches_numpy_oracle(case):
     src = [Segment(src_handles[b], o, n) for b, o, n in src_pieces]
     dst = [Segment(dst_handles[b], o, n) for b, o, n in dst_pieces]
     assert copy_segments(dst, src) == len(stream)
-    for got, want in zip(dst_bufs, expected):
+    for got, want in zip(dst_bufs, expected, strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -6,9 +6,10 @@ import os
 import socket
 
 import pytest
-from datadistd.tools.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
 from hypothesis import given
 from hypothesis import strategies as st
+
+from datadistd.tools.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
 
 
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:

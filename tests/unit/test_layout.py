@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -11,8 +12,16 @@ from hypothesis import strategies as st
 
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.layout import (
-    Span, block_copy_pairs, block_runs, block_spans, inclusive_pair_to_range, layer_range_to_tensor_indices,
-    slot_as_blocks_spans, slot_spans, swap_pairs, total_length,
+    Span,
+    block_copy_pairs,
+    block_runs,
+    block_spans,
+    inclusive_pair_to_range,
+    layer_range_to_tensor_indices,
+    slot_as_blocks_spans,
+    slot_spans,
+    swap_pairs,
+    total_length,
 )
 from datadistd.core.types import CacheDesc, DType
 
@@ -250,7 +259,7 @@ def test_block_spans_select_the_same_bytes_as_a_per_block_gather(case, seed: int
     per_tensor = [block_spans(desc, [t], blocks) for t in tensors]
     assert spans == [s for group in per_tensor for s in group]
     for group in per_tensor:
-        for prev, nxt in zip(group, group[1:]):
+        for prev, nxt in itertools.pairwise(group):
             assert prev.offset + prev.length != nxt.offset
     for s in spans:
         assert s.length > 0 and s.length % row == 0 and s.offset % row == 0

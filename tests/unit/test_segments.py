@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from datadistd.core.layout import BlockSpans, Span, block_runs, block_spans, total_length
 from datadistd.core.types import CacheDesc, DType
 from datadistd.memory import segments as seg_mod
 from datadistd.memory.base import Segment
 from datadistd.memory.segments import SegmentTable, cut
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 class Mem:

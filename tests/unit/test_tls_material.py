@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+
 from datadistd.rpc.tls import PeerTls, TlsError, TlsFiles
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
 import time
 
@@ -16,8 +17,6 @@ from datadistd.core.errors import DataDistError
 from datadistd.memory.base import Segment
 from datadistd.transport import get_transport
 from datadistd.transport.local import LocalTransport
-
-
 from tests.fakes import ArrayHandle  # noqa: E402
 
 
@@ -65,7 +64,7 @@ def test_copy_random_segment_lists_byte_exact(data) -> None:  # noqa: ANN001
         bounds = [0, *points, total]
         cursor = {id(h): 0 for h in handles}
         segments = []
-        for a, b in zip(bounds, bounds[1:]):  # zero-length pieces included on purpose
+        for a, b in itertools.pairwise(bounds):  # zero-length pieces included on purpose
             h = handles[data.draw(st.integers(0, 1), label=f"{what} handle")]
             gap = data.draw(st.integers(0, 64), label=f"{what} gap")
             segments.append(Segment(h, cursor[id(h)] + gap, b - a))
@@ -80,7 +79,7 @@ def test_copy_random_segment_lists_byte_exact(data) -> None:  # noqa: ANN001
         oracle[dst_handles.index(seg.handle)][seg.offset:seg.offset + seg.length] = stream[pos:pos + seg.length]
         pos += seg.length
     assert t.copy(dst, src, deadline()) == total
-    for h, want in zip(dst_handles, oracle):
+    for h, want in zip(dst_handles, oracle, strict=True):
         np.testing.assert_array_equal(h.arr, want)
     assert t.stats()["bytes_copied"] == total
 

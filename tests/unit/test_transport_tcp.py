@@ -7,6 +7,7 @@ view: ``read_into``/``write_from`` copies, with a ``delay`` knob to make a sende
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
@@ -159,7 +160,7 @@ def raw_hello(endpoint: str, token: bytes, index: int = 0, count: int = 1, versi
 def layout(data, total: int, handles: list[ArrayHandle], what: str) -> list[Segment]:  # noqa: ANN001
     """Cut ``total`` bytes into segments laid out with gaps over ``handles`` (no two overlap)."""
     cuts = sorted(data.draw(st.lists(st.integers(1, max(1, total - 1)), max_size=8, unique=True), label=f"{what} cuts"))
-    lengths = [b - a for a, b in zip([0, *cuts], [*cuts, total]) if b > a]
+    lengths = [b - a for a, b in itertools.pairwise([0, *cuts, total]) if b > a]
     cursor = {id(h): 0 for h in handles}
     segments = []
     for n in lengths:
@@ -192,7 +193,7 @@ def test_random_segment_lists_byte_exact(small_chunks: Pair, data) -> None:  # n
         small_chunks.a_to_b(src, dst)
     else:
         small_chunks.b_to_a(src, dst)
-    for h, want in zip(dst_handles, oracle):
+    for h, want in zip(dst_handles, oracle, strict=True):
         np.testing.assert_array_equal(h.arr, want)
 
 
@@ -244,7 +245,7 @@ def test_several_concurrent_transfers_interleave() -> None:
         for r in receipts:
             r.wait(deadline())
         assert not errors
-        for s, d in zip(srcs, dsts):
+        for s, d in zip(srcs, dsts, strict=True):
             np.testing.assert_array_equal(d.arr, s.arr)
         assert p.b.stats()["pending_receipts"] == 0
     finally:

@@ -94,14 +94,14 @@ def test_vectored_many_pieces_cross_iov_max(child):
     offsets = rng.choice(SIZE // 64, size=n, replace=False) * 64
     lengths = rng.integers(1, 64, size=n)
     bufs = [bytearray(int(k)) for k in lengths]
-    pieces = [(child.addr + int(o), memoryview(b)) for o, b in zip(offsets, bufs)]
+    pieces = [(child.addr + int(o), memoryview(b)) for o, b in zip(offsets, bufs, strict=True)]
     assert xmem.readv_remote(child.pid, pieces) == int(lengths.sum())
-    for o, b in zip(offsets, bufs):
+    for o, b in zip(offsets, bufs, strict=True):
         assert bytes(b) == child.expected[o:o + len(b)].tobytes()
     # write them back shifted by one value, then compare the child's whole buffer
     expected = child.expected.copy()
     src = []
-    for o, b in zip(offsets, bufs):
+    for o, b in zip(offsets, bufs, strict=True):
         new = bytes((x + 1) % 256 for x in b)
         expected[o:o + len(new)] = np.frombuffer(new, dtype=np.uint8)
         src.append((child.addr + int(o), new))

@@ -7,8 +7,19 @@ from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
 from ..core.types import (
-    UINT64_MAX, BlocksKeyRef, CacheDesc, CacheKeyRef, DType, IdIndexRef, KeyKind, KeyRef, OwnerKey, Placement,
-    ReadMode, RemoteSpec, Role,
+    UINT64_MAX,
+    BlocksKeyRef,
+    CacheDesc,
+    CacheKeyRef,
+    DType,
+    IdIndexRef,
+    KeyKind,
+    KeyRef,
+    OwnerKey,
+    Placement,
+    ReadMode,
+    RemoteSpec,
+    Role,
 )
 from ..links import ClusterSpec
 from ..memory.base import MemoryRef, ProcessRef, SharedFileRef
@@ -103,7 +114,8 @@ def _blocks(values: object, what: str) -> tuple[int, ...]:
 def _range(msg: common_pb2.LayerRange, present: bool) -> tuple[int, int] | None:
     if not present:
         return None
-    require(0 <= msg.start < msg.stop, f"layer range must satisfy 0 <= start < stop, got range({msg.start}, {msg.stop})")
+    require(0 <= msg.start < msg.stop,
+            f"layer range must satisfy 0 <= start < stop, got range({msg.start}, {msg.stop})")
     return int(msg.start), int(msg.stop)
 
 

@@ -7,15 +7,13 @@ import logging
 import time
 from typing import AsyncIterator
 
-import grpc
-
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import LayerTask
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
-from ..core.plan import LayerTask
 from ..engine import MAX_REGISTERED_ADDRS, Operand
 from ..layerwise import LayerPush
 from ..links import MAX_CLUSTERS_PER_CALL

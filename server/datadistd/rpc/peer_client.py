@@ -78,7 +78,8 @@ class GrpcPeerClient:
         return resp.transfer_id
 
     async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
-        request = peer_pb2.CommitRequest(session=session, transfer_id=transfer_id, timeout_ms=max(1, int(timeout * 1000)))
+        request = peer_pb2.CommitRequest(session=session, transfer_id=transfer_id,
+                                         timeout_ms=max(1, int(timeout * 1000)))
         await self._call("commit_write", self._stub.CommitWrite, request, timeout)
 
     async def unlink(self, session: bytes, timeout: float) -> None:

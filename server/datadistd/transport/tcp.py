@@ -57,6 +57,7 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
+
 from datadist.status import LLMStatusCode, code_2_status
 
 from ..core.errors import DataDistError

@@ -21,8 +21,8 @@ def daemon_factory():
         return d
 
     yield make
-    for d in daemons:
-        d.stop()
+    for d in daemons:  # stopped, and their directories (socket, log, pools) removed
+        d.discard()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 import threading
 
@@ -32,7 +33,7 @@ class Raiser(datadist_pb2_grpc.DataDistServicer):
 
 @pytest.fixture(scope="module")
 def server_target():
-    tmp = tempfile.mkdtemp()
+    tmp = tempfile.mkdtemp(prefix="datadist-roundtrip-")
     sock = os.path.join(tmp, "s.sock")
     loop = asyncio.new_event_loop()
     ready = threading.Event()
@@ -56,6 +57,7 @@ def server_target():
         fut.result(10)
     except Exception:  # noqa: BLE001 - teardown of a daemon thread; the socket dir is private
         pass
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_every_code_round_trips(server_target: str) -> None:

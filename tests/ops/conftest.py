@@ -101,4 +101,4 @@ def pair():
         for w in workers:
             w.close()
         for d in daemons:
-            d.stop()
+            d.discard()

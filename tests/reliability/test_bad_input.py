@@ -76,7 +76,7 @@ def fuzz_daemon():
         d.baseline = {"fds": fd_count(d.proc.pid), "rss": rss_kib(d.proc.pid), "threads": thread_count(d.proc.pid)}
         yield d
     finally:
-        d.stop()
+        d.discard()
 
 
 def _options(port: int | None, role: str) -> dict[str, str]:

@@ -415,7 +415,7 @@ def test_worker_socket_and_pool_files_are_private(daemon_factory, worker_factory
         bad = Daemon("bad", env=env)
         with pytest.raises(RuntimeError, match="world"):
             bad.start(timeout=20)
-        bad.stop()
+        bad.discard()
 
 
 def test_tcp_listeners_bind_where_configured_and_nowhere_else(daemon_factory, worker_factory) -> None:

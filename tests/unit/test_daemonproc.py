@@ -47,3 +47,15 @@ def test_a_daemon_that_cannot_start_says_why_and_leaves_nothing() -> None:
     assert "--no-such-flag" in str(info.value)   # the log tail names the cause
     assert d.proc is not None and d.proc.returncode == 2
     assert not os.path.exists(d.dir)
+
+
+def test_a_kept_directory_survives_stop_and_restart_and_goes_with_discard() -> None:
+    d = DaemonProcess("keep", keep_dir=True).start(timeout=30)
+    try:
+        first = d.pid
+        assert d.stop() == 0 and os.path.isdir(d.dir)     # SIGTERM: a clean exit, the directory stays
+        d.start(timeout=30)
+        assert d.pid != first and d.serving()
+    finally:
+        d.discard()
+    assert not d.serving() and not os.path.exists(d.dir)

@@ -119,13 +119,14 @@ class DaemonProcess:
     def start(self: _Self, timeout: float = 20.0, attempts: int = 1) -> _Self:
         """Start and wait for SERVING: RuntimeError if the daemon exits, TimeoutError after ``timeout``
         seconds, both with the log tail. A failed daemon is killed and, up to ``attempts`` times in all,
-        started again (a busy machine can refuse it a thread)."""
+        started again (a busy machine can refuse it a thread); after the last failure its directory
+        is removed (the error has the log tail)."""
         for attempt in range(1, attempts + 1):  # bounded retries
             try:
                 return self._start(timeout)
             except (RuntimeError, TimeoutError):
                 if attempt == attempts:
-                    self.stop(signal.SIGKILL)
+                    self.discard(signal.SIGKILL, 5.0)
                     raise
                 self._end(signal.SIGKILL, 5.0)
         raise ValueError(f"attempts must be at least 1, not {attempts}")
@@ -170,6 +171,12 @@ class DaemonProcess:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+    def discard(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        """``stop`` and remove the private directory whatever ``keep_dir`` says (the end of its use)."""
+        returncode = self._end(sig, timeout)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return returncode
 
     def _end(self, sig: int, timeout: float) -> int | None:
         if self.proc is not None and self.proc.poll() is None:

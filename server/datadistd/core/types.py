@@ -41,9 +41,12 @@ class Placement(enum.IntEnum):
 DType = enum.IntEnum("DType", [(m.name, m.value) for m in DataType], module=__name__)  # type: ignore[misc]  # members from a table
 
 
+_ITEMSIZE: dict[DType, int] = {DType[t.name]: size for t, size in ITEMSIZE.items()}
+
+
 def _itemsize(dtype: DType) -> int:
     """Bytes per element; LLM_PARAM_INVALID for ``DT_STRING``, which has no fixed size."""
-    size = ITEMSIZE.get(DataType[dtype.name])
+    size = _ITEMSIZE.get(dtype)
     if size is None:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"data type {dtype.name} has no fixed size")
     return size

@@ -7,6 +7,7 @@ the gRPC health check says SERVING, and stops it. ``free_port`` hands out free T
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -46,6 +47,11 @@ def port_pool(ephemeral: tuple[int, int]) -> list[int]:
     return [p for p in range(10000, 65536) if not low <= p <= high]
 
 
+@functools.cache
+def _pool() -> list[int]:
+    return port_pool(_ephemeral_range())
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now, not handed out before by this process (bounded retries).
 
@@ -54,7 +60,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     it (a daemon's data-plane listener took a worker's listen port that way under a 32-worker soak);
     ports outside that range are never assigned by the kernel, only by whoever names them.
     """
-    pool = port_pool(_ephemeral_range())
+    pool = _pool()
     for _ in range(100):
         if pool:
             port = _rng.choice(pool)
@@ -164,10 +170,9 @@ class DaemonProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         """Send ``sig`` and wait ``timeout`` seconds, then SIGKILL; the exit status (None if never started).
         Removes the private directory unless ``keep_dir``."""
-        returncode = self._end(sig, timeout)
         if not self._keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        return returncode
+            return self.discard(sig, timeout)
+        return self._end(sig, timeout)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

@@ -89,6 +89,12 @@ def test_a_slow_operation_times_out_naming_it(worker: WorkerProcess) -> None:
     with pytest.raises(TimeoutError, match="worker op nap did not answer in 0.2s"):
         worker.call("nap", 5, timeout=0.2)
     assert time.monotonic() - t0 < 5
+    worker.send("nap", 5)                          # send / result name the operation too
+    with pytest.raises(TimeoutError, match="worker op nap did not answer in 0.1s"):
+        worker.result(timeout=0.1)
+    t0 = time.monotonic()
+    worker.close(timeout=0.5)                      # busy: asked, then killed within the bound
+    assert not worker.proc.is_alive() and time.monotonic() - t0 < 5
 
 
 def test_close_runs_on_exit_and_a_killed_worker_fails_at_once(worker: WorkerProcess, tmp_path) -> None:

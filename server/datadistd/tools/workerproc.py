@@ -73,6 +73,7 @@ class WorkerProcess:
                  timeout: float = 60.0, on_exit: str | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.timeout = timeout
+        self._sent = ""                                   # the operation ``result`` waits for
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, module, dict(env or {}), path, on_exit), daemon=True)
         self.proc.start()
@@ -80,13 +81,14 @@ class WorkerProcess:
 
     def send(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Start ``name(state, *args, **kwargs)`` without waiting; collect it with ``result``."""
+        self._sent = name
         self.conn.send((name, args, kwargs))
 
     def result(self, timeout: float | None = None) -> Any:
         """The answer of the operation sent last: TimeoutError after ``timeout`` (default: the worker's)."""
         wait = self.timeout if timeout is None else timeout
         if not self.conn.poll(wait):
-            raise TimeoutError(f"worker did not answer in {wait}s")
+            raise TimeoutError(f"worker op {self._sent} did not answer in {wait}s")
         status, payload = self.conn.recv()
         if status == "err":
             raise WorkerError(*payload)
@@ -95,11 +97,7 @@ class WorkerProcess:
     def call(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """Run ``name(state, *args, **kwargs)`` in the worker and return its result."""
         self.send(name, *args, **kwargs)
-        try:
-            return self.result(timeout)
-        except TimeoutError:
-            raise TimeoutError(f"worker op {name} did not answer in "
-                               f"{self.timeout if timeout is None else timeout}s") from None
+        return self.result(timeout)
 
     def close(self, timeout: float = 15.0) -> None:
         """Ask the worker to end, wait ``timeout`` seconds, then kill it."""

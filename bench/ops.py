@@ -5,11 +5,11 @@ decoder worker would; the timed loops run here, in the worker, with ``time.perf_
 Caches are blocks caches of ``uint8`` rows: ``num_tensors`` tensors (K and V of each layer) of
 ``num_blocks`` blocks of ``block_bytes`` bytes. Two kinds of memory:
 
-* ``allocated``: ``allocate_blocks_cache`` - the daemon's shared-memory pool, mapped by both
-  the worker and the daemon (zero copy: the daemon receives straight into it);
+* ``allocated``: ``allocate_blocks_cache`` - the daemon's memfd pool, mapped by both the worker
+  and the daemon (zero copy: the daemon receives straight into it);
 * ``registered``: plain numpy arrays (anonymous memory, as vLLM/torch allocate) registered with
-  ``register_blocks_cache`` - the daemon reaches them by cross-memory attach
-  (``process_vm_readv``/``writev``), i.e. through a copy.
+  ``register_blocks_cache`` - the client re-backs them in place with a sealed memfd and hands it
+  over; the daemon maps it (zero copy too, after one copy at registration).
 
 Every block starts with a tag (tensor, block) so a pull can be verified without a second copy
 of the cache.

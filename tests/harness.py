@@ -10,14 +10,29 @@ worker processes would.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port"]
+__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "pool_memfds"]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pool_memfds(pid: int) -> set[str]:
+    """The pool memfds process ``pid`` holds open (``/memfd:datadist-<pid>-<placement>-<id> (deleted)``):
+    pools are in no directory, so this is how a test sees one exist and go."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:datadist-"):
+            out.add(target)
+    return out
 
 
 class Daemon(DaemonProcess):

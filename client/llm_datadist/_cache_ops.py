@@ -8,13 +8,14 @@ this process and tell the daemon where the worker sees it.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from datadist.v1 import common_pb2, datadist_pb2
 
 from . import _memory
 from . import _validate as v
-from ._rpc import RPC_MARGIN_S
+from ._rpc import RPC_MARGIN_S, DaemonClient
 from .llm_types import BlocksCacheKey, CacheDesc, CacheKey, CacheKeyByIdAndIndex
 from .status import LLMException, LLMStatusCode
 
@@ -50,14 +51,26 @@ def any_key_pb(key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey]) -> co
     return common_pb2.AnyKey(blocks_key=blocks_key_pb(key))
 
 
-def worker_memory(address: int, length: int) -> datadist_pb2.WorkerMemory:
-    info = _memory.describe(address, length)
-    if info["kind"] == "shared_file":
-        return datadist_pb2.WorkerMemory(shared_file=datadist_pb2.SharedFileMemory(
-            path=info["path"], file_offset=info["file_offset"], length=length))
-    _memory.allow_ptrace()
-    return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(
-        pid=info["pid"], address=address, length=length))
+def worker_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
+    """Hand ``length`` bytes at ``address`` of this process to the daemon (``ValueError`` when impossible).
+
+    Embedded mode: the daemon is this process and takes the address as it is. Otherwise the memory
+    crosses as file descriptors on the attach socket (``_memory.share``)."""
+    if client.embedded:
+        if address <= 0 or length <= 0 or address + length > 1 << 64:
+            raise ValueError(f"invalid memory range: address={address!r}, length={length!r}")
+        return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(pid=os.getpid(), address=address,
+                                                                            length=length))
+    shared = _memory.share(address, length)
+    try:
+        memory_id = client.attach().import_memory(shared.fds, shared.pieces, shared.offset, shared.length, func)
+    finally:
+        shared.close()
+    return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
+
+
+def _attached_ids(mem: Sequence[datadist_pb2.WorkerMemory]) -> List[int]:
+    return [m.attached.memory_id for m in mem if m.WhichOneof("kind") == "attached"]
 
 
 def check_range(name: str, value: Optional[range]) -> None:
@@ -101,7 +114,7 @@ class CacheOps:
     def __init__(self, owner: Any) -> None:
         self._owner = owner
         self._initialized = True
-        self._mapper = _memory.Mapper()
+        self._mapper = _memory.Mapper(self._fetch_pool)
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -118,6 +131,33 @@ class CacheOps:
     def _engine_id(self) -> int:
         return self._owner._engine_id
 
+    @property
+    def _client(self) -> DaemonClient:
+        return self._owner._check_init()
+
+    def _fetch_pool(self, pool: str) -> Tuple[int, int]:
+        return self._client.attach().export_pool(self._engine_id, pool, "allocate_cache")
+
+    def _hand_over(self, func: str, addrs: Sequence[int], size: int) -> List[datadist_pb2.WorkerMemory]:
+        mem: List[datadist_pb2.WorkerMemory] = []
+        try:
+            for a in addrs:
+                mem.append(worker_memory(self._client, a, size, func))
+        except ValueError as exc:
+            self._release(mem)
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
+                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        except BaseException:
+            self._release(mem)
+            raise
+        return mem
+
+    def _release(self, mem: Sequence[datadist_pb2.WorkerMemory]) -> None:
+        """Give back memory handed over for a call that failed (the daemon may not have used it)."""
+        ids = _attached_ids(mem)
+        if ids and self._client.attachment is not None:
+            self._client.attachment.release_memory(ids)
+
     # ---- memory --------------------------------------------------------------------------------
 
     def _allocate_rpc(self, func: str, desc: CacheDesc, is_blocks: bool, keys: Sequence[CacheKey] = (),
@@ -128,7 +168,7 @@ class CacheOps:
         if blocks_key is not None:
             req.blocks_key.CopyFrom(blocks_key_pb(blocks_key))
         info = self._call("AllocateCache", req, func)
-        addrs = [self._mapper.map(t.path, t.file_offset, t.length) for t in info.tensors]
+        addrs = [self._mapper.map(t.pool, t.file_offset, t.length) for t in info.tensors]
         # so that peers can name these tensors by raw address (TransferConfig.dst_addrs)
         self._call("SetWorkerAddrs", datadist_pb2.WorkerAddrsRequest(engine_id=self._engine_id,
                                                                      cache_id=info.cache_id, addrs=addrs), func)
@@ -137,11 +177,7 @@ class CacheOps:
     def _register_rpc(self, func: str, desc: CacheDesc, addrs: Sequence[int], is_blocks: bool,
                       keys: Sequence[CacheKey] = (), blocks_key: Optional[BlocksCacheKey] = None,
                       remote_accessible: Optional[bool] = None) -> Any:
-        try:
-            mem = [worker_memory(a, desc.size) for a in addrs]
-        except ValueError as exc:
-            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
+        mem = self._hand_over(func, addrs, desc.size)
         req = datadist_pb2.RegisterCacheRequest(engine_id=self._engine_id, desc=desc_pb(desc), is_blocks=is_blocks,
                                                 tensors=mem, cache_keys=[cache_key_pb(k) for k in keys],
                                                 worker_addrs=list(addrs))
@@ -149,7 +185,11 @@ class CacheOps:
             req.blocks_key.CopyFrom(blocks_key_pb(blocks_key))
         if remote_accessible is not None:
             req.remote_accessible = remote_accessible
-        return self._call("RegisterCache", req, func)
+        try:
+            return self._call("RegisterCache", req, func)
+        except LLMException:
+            self._release(mem)
+            raise
 
     def _deallocate_rpc(self, func: str, cache_id: int, is_blocks: bool) -> None:
         self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id,
@@ -179,11 +219,12 @@ class CacheOps:
         self._call("CopyBlocks", datadist_pb2.CopyBlocksRequest(engine_id=self._engine_id, cache_id=cache_id,
                                                                 copies=copies), func)
 
-    def _operand_pb(self, cache_id: int, desc: CacheDesc, addrs: Sequence[int]) -> datadist_pb2.CacheOperand:
+    def _operand_pb(self, func: str, cache_id: int, desc: CacheDesc, addrs: Sequence[int]
+                    ) -> datadist_pb2.CacheOperand:
         if cache_id >= 0:
             return datadist_pb2.CacheOperand(cache_id=cache_id)
         return datadist_pb2.CacheOperand(cache_id=-1, desc=desc_pb(desc),
-                                         tensors=[worker_memory(a, desc.size) for a in addrs])
+                                         tensors=self._hand_over(func, addrs, desc.size))
 
     def _swap_rpc(self, func: str, src: Tuple[int, CacheDesc, Sequence[int]], dst: Tuple[int, CacheDesc, Sequence[int]],
                   src_to_dst: Dict[int, int]) -> None:
@@ -191,13 +232,19 @@ class CacheOps:
         for s, d in src_to_dst.items():
             v.check_uint64("src block", s)
             v.check_uint64("dst block", d)
+        src_op = self._operand_pb(func, *src)
         try:
-            src_op, dst_op = self._operand_pb(*src), self._operand_pb(*dst)
-        except ValueError as exc:
-            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
-                               status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
-        self._call("SwapBlocks", datadist_pb2.SwapBlocksRequest(engine_id=self._engine_id, src=src_op, dst=dst_op,
-                                                                src_to_dst=dict(src_to_dst)), func)
+            dst_op = self._operand_pb(func, *dst)
+        except BaseException:
+            self._release(src_op.tensors)
+            raise
+        try:
+            self._call("SwapBlocks", datadist_pb2.SwapBlocksRequest(engine_id=self._engine_id, src=src_op, dst=dst_op,
+                                                                    src_to_dst=dict(src_to_dst)), func)
+        except LLMException:
+            # a transient CPU cache: whatever the daemon did not take (the call failed first) goes back
+            self._release([*src_op.tensors, *dst_op.tensors])
+            raise
 
     # ---- transfers -----------------------------------------------------------------------------
 

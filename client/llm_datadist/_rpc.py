@@ -11,6 +11,7 @@ import grpc
 from datadist.status import STATUS_METADATA_KEY, LLMStatusCode, code_2_status
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
+from ._attach import AttachClient
 from .status import LLMException
 
 log = logging.getLogger(__name__)
@@ -53,24 +54,37 @@ def rpc_exception(err: grpc.RpcError, func_name: str) -> LLMException:
 
 
 class DaemonClient:
-    """Synchronous stub calls on the local daemon's DataDist service."""
+    """Synchronous stub calls on the local daemon's DataDist service.
 
-    def __init__(self, target: str) -> None:
+    ``attach()`` opens the attach connection (``_attach``) first: every call then carries the
+    capability it answered, and memory crosses to the daemon through it."""
+
+    def __init__(self, target: str, embedded: bool = False) -> None:
         self.target = target
+        self.embedded = embedded        # the daemon runs inside this process
         self._channel = grpc.insecure_channel(target, options=_OPTIONS)
         self._stub = datadist_pb2_grpc.DataDistStub(self._channel)
         self._session: threading.Thread | None = None
         self._session_call: Any = None
+        self.attachment: AttachClient | None = None
+        self._metadata: tuple[tuple[str, str], ...] = ()
+
+    def attach(self) -> AttachClient:
+        if self.attachment is None:
+            self.attachment = AttachClient(self.target)
+            self._metadata = self.attachment.metadata
+        return self.attachment
 
     def call(self, method: str, request: Any, func_name: str, timeout: float | None = None) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=timeout or DEFAULT_RPC_TIMEOUT_S)
+            return getattr(self._stub, method)(request, timeout=timeout or DEFAULT_RPC_TIMEOUT_S,
+                                               metadata=self._metadata)
         except grpc.RpcError as err:
             raise rpc_exception(err, func_name) from None
 
     def stream(self, method: str, requests: Any) -> Any:
         """A bidirectional call: ``requests`` is consumed by gRPC's thread; iterate the result for replies."""
-        return getattr(self._stub, method)(requests)
+        return getattr(self._stub, method)(requests, metadata=self._metadata)
 
     def wait_ready(self, timeout: float) -> None:
         try:
@@ -82,7 +96,7 @@ class DaemonClient:
 
     def start_session(self, engine_id: int) -> None:
         """Hold the engine's lease open: the daemon frees this worker's caches when the stream ends."""
-        call = self._stub.Session(datadist_pb2.EngineRef(engine_id=engine_id))
+        call = self._stub.Session(datadist_pb2.EngineRef(engine_id=engine_id), metadata=self._metadata)
         ready = threading.Event()
 
         def consume() -> None:
@@ -111,3 +125,6 @@ class DaemonClient:
             self._session.join(timeout=5.0)
             self._session = None
         self._channel.close()
+        if self.attachment is not None:
+            self.attachment.close()   # ends the lease: the daemon releases whatever this worker left
+            self.attachment = None

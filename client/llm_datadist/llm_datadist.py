@@ -103,16 +103,6 @@ def _cluster_pb(info: LLMClusterInfo) -> datadist_pb2.ClusterLink:
     return msg
 
 
-def _prove_pid(client: DaemonClient, engine_id: int, challenge: bytes) -> None:
-    """Show the daemon this process is the pid it declared: the challenge sits in our own memory."""
-    if not challenge:
-        return
-    import ctypes
-
-    buf = ctypes.create_string_buffer(challenge, len(challenge))
-    client.call("ProvePid", datadist_pb2.ProvePidRequest(engine_id=engine_id, address=ctypes.addressof(buf)), "init")
-
-
 class LLMDataDist:
     """``LLMDataDist(role, cluster_id)``; call ``init(options)`` before anything else."""
 
@@ -154,13 +144,13 @@ class LLMDataDist:
 
                 embedded = EmbeddedDaemon()
                 target = embedded.target
-            client = DaemonClient(target)
+            client = DaemonClient(target, embedded=embedded is not None)
             try:
                 client.wait_ready(timeout=10.0)
+                client.attach()
                 resp = client.call("Init", datadist_pb2.InitRequest(
-                    cluster_id=self._cluster_id, role=int(self._role), options=opts, pid=os.getpid()), "init")
+                    cluster_id=self._cluster_id, role=int(self._role), options=opts), "init")
                 client.start_session(resp.engine_id)
-                _prove_pid(client, resp.engine_id, resp.pid_challenge)
             except BaseException:
                 client.close()
                 if embedded is not None:

@@ -1,9 +1,11 @@
 """``DaemonApp``: the daemon as an object — used by the ``datadistd`` command and by embedded mode.
 
-``start()`` brings up the memory backend, the worker socket (health NOT_SERVING until ready),
-the metrics endpoint when ``[metrics] listen`` is set, then marks health SERVING; ``stop(grace)``
-stops accepting, drains in-flight calls for up to ``grace`` seconds, finalizes every engine
-(freeing its memory), stops the metrics endpoint and removes the socket.
+``start()`` checks the socket directory (owned by the daemon's uid, writable by nobody else),
+brings up the memory backend, the attach socket (worker identity from the kernel, memory as
+descriptors), the worker socket and the admin socket (health NOT_SERVING until ready), the metrics
+endpoint when ``[metrics] listen`` is set, then marks health SERVING; ``stop(grace)`` stops
+accepting, drains in-flight calls for up to ``grace`` seconds, finalizes every engine (freeing its
+memory), stops the metrics endpoint and removes the sockets.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from typing import Callable
 
 from grpc_health.v1 import health_pb2
 
-from .config import Config
+from .config import Config, secure_socket_dir
 from .memory import get_backend
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
-from .rpc.server import DATADIST_SERVICE, create_worker_server, grpc_peer_connector, start_peer_listener
+from .rpc.attach import AttachServer, attach_path
+from .rpc.server import DATADIST_SERVICE, admin_path, create_worker_server, grpc_peer_connector, start_peer_listener
 from .rpc.tls import PeerTls, TlsFiles
 
 __all__ = ["DaemonApp"]
@@ -35,6 +38,9 @@ class DaemonApp:
         self.node: Node | None = None
         self.server = None
         self.health = None
+        self.admin_server = None
+        self.admin_health = None
+        self.attach: AttachServer | None = None
         self.on_ready = on_ready
         self.metrics = DaemonMetrics()
         self.metrics_server: MetricsServer | None = None
@@ -51,6 +57,7 @@ class DaemonApp:
 
     async def start(self) -> None:
         cfg = self.config
+        secure_socket_dir(self.socket_path)   # ConfigError (exit 2) before anything is bound
         # TLS files are checked first: a bad set stops the start before any memory is set up
         self.tls = (PeerTls(TlsFiles(cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file), cfg.tls.server_name)
                     if cfg.tls.enabled else None)
@@ -69,10 +76,15 @@ class DaemonApp:
             except OSError:
                 await self.node.close()
                 raise
+        self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode)
+        await self.attach.start()
+        self.admin_server, self.admin_health = await create_worker_server(
+            self.node, admin_path(self.socket_path), 0o600, metrics=self.metrics, admin=True)
         self.server, self.health = await create_worker_server(self.node, self.socket_path, cfg.daemon.socket_mode,
                                                               metrics=self.metrics)
-        for name in ("", DATADIST_SERVICE):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for health in (self.health, self.admin_health):
+            for name in ("", DATADIST_SERVICE):
+                await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("datadistd ready: socket=%s backend=%s transport=%s peers=%s metrics=%s", self.socket_path,
                  cfg.memory.backend, cfg.transport.name,
                  self.tls.describe() if self.tls is not None else "plaintext (HMAC-authenticated handshake)",
@@ -97,20 +109,24 @@ class DaemonApp:
             return
         self._stopped.set()
         grace = self.config.daemon.drain_seconds if grace is None else grace
-        if self.health is not None:
-            await self.health.enter_graceful_shutdown()
+        for health in (self.health, self.admin_health):
+            if health is not None:
+                await health.enter_graceful_shutdown()
         if self.node is not None:
             self.node.draining.set()  # lease streams end now; only real in-flight calls use the grace
-        if self.server is not None:
-            await self.server.stop(grace)
+        if self.attach is not None:
+            await self.attach.stop()
+        servers = [s for s in (self.server, self.admin_server) if s is not None]
+        await asyncio.gather(*(s.stop(grace) for s in servers))
         if self.node is not None:
             await self.node.close()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
-        try:
-            Path(self.socket_path).unlink()
-        except FileNotFoundError:
-            pass
+        for path in (self.socket_path, admin_path(self.socket_path)):
+            try:
+                Path(path).unlink()
+            except FileNotFoundError:
+                pass
         log.info("datadistd stopped")
 
     async def wait_stopped(self) -> None:

@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(config.daemon.log_level)
     try:
         asyncio.run(_run(DaemonApp(config)))
+    except ConfigError as exc:  # found at start (the socket directory, ...): restarting will not help
+        log.error("cannot start: %s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -28,14 +28,45 @@ class ConfigError(ValueError):
 
 
 def default_socket_path() -> str:
-    """``$RUNTIME_DIRECTORY`` (systemd), else ``/run/datadist`` as root, else ``$XDG_RUNTIME_DIR/datadist``."""
+    """``$RUNTIME_DIRECTORY`` (systemd), else ``/run/datadist`` as root, else ``$XDG_RUNTIME_DIR/datadist``,
+    else ``/tmp/datadist-<uid>`` (which ``secure_socket_dir`` refuses when another user made it first)."""
     runtime = os.environ.get("RUNTIME_DIRECTORY")
     if runtime:
         return str(Path(runtime.split(":")[0]) / "datadistd.sock")
     if os.geteuid() == 0:
         return "/run/datadist/datadistd.sock"
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/datadist-{os.getuid()}"
-    return str(Path(base) / "datadist" / "datadistd.sock")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return str(Path(xdg) / "datadist" / "datadistd.sock")
+    return f"/tmp/datadist-{os.getuid()}/datadistd.sock"
+
+
+def secure_socket_dir(socket_path: str, mode: int = 0o750) -> Path:
+    """Create the socket's directory if needed (``mode``) and check nobody else can swap what is in it.
+
+    Every directory from the socket's up to ``/`` must be owned by the daemon's uid or root and be
+    writable by nobody else, unless it is a root-owned sticky directory such as ``/tmp`` (where
+    others cannot rename or remove our entries). Raises ``ConfigError`` (exit 2) naming the culprit.
+    """
+    directory = Path(os.path.abspath(socket_path)).parent
+    if not directory.exists():
+        try:
+            directory.mkdir(mode=mode, parents=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
+    me = os.geteuid()
+    here = Path(os.path.realpath(directory))
+    for d in (here, *here.parents):
+        st = d.stat()
+        writable_by_others = st.st_mode & 0o022
+        sticky_root = st.st_uid == 0 and st.st_mode & 0o1000
+        if st.st_uid not in (me, 0) or (writable_by_others and not sticky_root):
+            raise ConfigError(
+                f"socket directory {directory} is not safe: {d} is owned by uid {st.st_uid} with mode "
+                f"{st.st_mode & 0o7777:#o}; another user could replace the daemon's sockets there. Use a "
+                f"directory owned by uid {me} that only it can write (e.g. systemd's RuntimeDirectory=, or "
+                "set [daemon] socket / --socket)")
+    return directory
 
 
 def _doc(text: str, **kw: Any) -> Any:
@@ -44,8 +75,12 @@ def _doc(text: str, **kw: Any) -> Any:
 
 @dataclass
 class DaemonSection:
-    socket: str = _doc("Unix socket for local workers (the DataDist service).", default_factory=default_socket_path)
-    socket_mode: int = _doc("Permission bits of the worker socket (group-accessible, never world).", default=0o660)
+    socket: str = _doc("Unix socket for local workers (the DataDist service). Beside it: <socket>.attach (worker "
+                       "identity and memory descriptors, same mode) and <socket>.admin (the whole-node view, mode "
+                       "0600: root and the daemon's user). Its directory must be owned by the daemon's user and "
+                       "writable by nobody else.", default_factory=default_socket_path)
+    socket_mode: int = _doc("Permission bits of the worker and attach sockets (group-accessible, never world).",
+                            default=0o660)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
     session_keepalive_seconds: float = _doc("Interval of keepalive events on a worker's session stream.",
@@ -55,9 +90,10 @@ class DaemonSection:
 @dataclass
 class MemorySection:
     backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl, cuda.", default="host")
-    shm_dir: str = _doc("Directory of the host backend's shared-memory files.", default="/dev/shm")
+    shm_dir: str = _doc("Where stale pool files of datadist versions before 0.2 are cleaned up at start. Pools "
+                        "are private memfds now: no file, no path another process could open.", default="/dev/shm")
     max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)
-    file_mode: int = _doc("Permission bits of the pool files workers map.", default=0o660)
+    file_mode: int = _doc("Unused since pools are memfds (kept so older config files load).", default=0o660)
 
 
 @dataclass

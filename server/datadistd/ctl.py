@@ -103,8 +103,23 @@ def _rpc_error(err: grpc.RpcError, where: str, timeout: float) -> CtlError:
     return CtlError(f"{where}: {code.name}: {details}")
 
 
+def _admin_or_worker(socket_path: str) -> str:
+    """The admin socket beside ``socket_path`` (every engine) when this user may use it, else the worker socket.
+
+    The admin socket is mode 0600: root and the daemon's user. Anyone else in the datadist group sees the
+    daemon itself but no engine (engines are private to the worker that created them)."""
+    admin = socket_path + ".admin"
+    if os.path.exists(admin) and os.access(admin, os.R_OK | os.W_OK):
+        return admin
+    if os.path.exists(admin):
+        print(f"datadistctl: {admin} needs root or the daemon's user (e.g. sudo -u datadist datadistctl ...); "
+              "showing the daemon without its engines", file=sys.stderr)
+    return socket_path
+
+
 def _call(socket_path: str, method: str, request: Any, timeout: float) -> Any:
     _check_socket(socket_path)
+    socket_path = _admin_or_worker(socket_path)
     where = f"datadistd at {socket_path}"
     with grpc.insecure_channel(f"unix:{os.path.abspath(socket_path)}", options=CHANNEL_OPTIONS) as channel:
         stub = datadist_pb2_grpc.DataDistStub(channel)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -44,7 +42,7 @@ from .core.types import (
     ReadMode,
     RemoteSpec,
 )
-from .memory.base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
+from .memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from .memory.copy import copy_segments
 from .memory.segments import SegmentTable
 
@@ -61,7 +59,7 @@ class CacheMemory:
     """Where a cache's tensors live: one whole-tensor segment per tensor."""
 
     tensors: tuple[Segment, ...]
-    exports: tuple[tuple[str, int], ...] = ()       # (path, file_offset) per tensor, daemon-owned only
+    exports: tuple[tuple[str, int], ...] = ()       # (pool id, file_offset) per tensor, daemon-owned only
     allocation: Allocation | None = None
     pool: Pool | None = None
     handles: tuple[MemoryHandle, ...] = ()           # imported worker memory to close
@@ -102,20 +100,17 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
-                 pools: dict[Placement, Pool], pid: int = 0) -> None:
+                 pools: dict[Placement, Pool]) -> None:
         self.engine_id = engine_id
         self.options = options
         self.cluster_id = ClusterId(options.cluster_id)
         self.role = options.role
         self.backend = backend
         self.pools = pools
-        self.pid = pid
         self.registry = CacheRegistry()
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
-        self.pid_challenge = os.urandom(16)
-        self.pid_verified = False   # set by prove_pid: the worker showed it controls memory of `pid`
         self._busy = 0              # byte copies running in worker threads on this engine's memory
         self._idle: asyncio.Event | None = None
 
@@ -167,7 +162,7 @@ class Engine:
             raise
         size = desc.tensor_size
         tensors = tuple(Segment(allocation.handle, i * size, size) for i in range(desc.num_tensors))
-        exports = tuple((allocation.path, allocation.file_offset + i * size) for i in range(desc.num_tensors))
+        exports = tuple((allocation.pool, allocation.file_offset + i * size) for i in range(desc.num_tensors))
         memory = CacheMemory(tensors, exports, allocation, pool)
         entry = self.registry.add(desc, is_blocks=is_blocks, owned=True, remote_accessible=True, memory=memory)
         if is_blocks and blocks_key is not None:
@@ -186,68 +181,51 @@ class Engine:
             return
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"BlocksCacheKey model_id={model_id} is already bound")
 
-    def prove_pid(self, address: int) -> None:
-        """The worker wrote ``pid_challenge`` at ``address`` of its memory: it is (or controls) ``pid``."""
-        self._check_open()
-        require(self.pid > 0, "the engine was initialized without a worker pid")
-        handle = self.backend.import_memory(ProcessRef(self.pid, address, len(self.pid_challenge)))
-        try:
-            got = bytearray(len(self.pid_challenge))
-            handle.read_into(0, memoryview(got))
-        finally:
-            handle.close()
-        require(bytes(got) == self.pid_challenge, f"pid proof failed: process {self.pid} does not hold the "
-                                                  f"challenge at {address:#x}")
-        self.pid_verified = True
+    def pool_named(self, name: str) -> Pool:
+        """One of this engine's pools by its id (what a worker asks for to map an allocated cache)."""
+        for pool in self.pools.values():
+            if pool.name == name:
+                return pool
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"engine {self.engine_id} has no pool {name!r}")
 
-    def check_ref_owner(self, ref: MemoryRef) -> None:
-        """Only the worker's own memory may be registered (never another process's, via pid or /proc)."""
-        if isinstance(ref, ProcessRef):
-            pid = ref.pid
-        else:
-            match = re.match(r"^/proc/(\d+)/", ref.path)
-            if match is None:
-                return
-            pid = int(match.group(1))
-        require(self.pid_verified and pid == self.pid,
-                f"memory of process {pid} cannot be registered by this worker (pid {self.pid}, "
-                f"{'verified' if self.pid_verified else 'not verified'}): only a worker's own memory is accepted")
-
-    def register_cache(self, desc: CacheDesc, *, is_blocks: bool, refs: Sequence[MemoryRef],
+    def register_cache(self, desc: CacheDesc, *, is_blocks: bool, handles: Sequence[MemoryHandle],
                        keys: Sequence[CacheKeyRef] = (), blocks_key: BlocksKeyRef | None = None,
                        remote_accessible: bool | None = None, worker_addrs: Sequence[int] = ()) -> CacheEntry:
+        """Register worker memory the worker handed over (``handles``: the engine owns them from now on,
+        closes them when the cache goes, or at once when registration fails)."""
+        try:
+            return self._register(desc, is_blocks, handles, keys, blocks_key, remote_accessible, worker_addrs)
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+
+    def _register(self, desc: CacheDesc, is_blocks: bool, handles: Sequence[MemoryHandle],
+                  keys: Sequence[CacheKeyRef], blocks_key: BlocksKeyRef | None, remote_accessible: bool | None,
+                  worker_addrs: Sequence[int]) -> CacheEntry:
         self._check_open()
-        require(not worker_addrs or len(worker_addrs) == len(refs),
-                f"worker_addrs has {len(worker_addrs)} entries for {len(refs)} tensors")
-        require(len(refs) == desc.num_tensors,
-                f"register needs one address per tensor: {len(refs)} addresses for num_tensors={desc.num_tensors}")
-        require(self.registered_addrs + len(refs) <= MAX_REGISTERED_ADDRS,
+        require(not worker_addrs or len(worker_addrs) == len(handles),
+                f"worker_addrs has {len(worker_addrs)} entries for {len(handles)} tensors")
+        require(len(handles) == desc.num_tensors,
+                f"register needs one address per tensor: {len(handles)} addresses for num_tensors={desc.num_tensors}")
+        require(self.registered_addrs + len(handles) <= MAX_REGISTERED_ADDRS,
                 f"at most {MAX_REGISTERED_ADDRS} addresses may be registered per engine "
-                f"({self.registered_addrs} already, {len(refs)} more asked)")
+                f"({self.registered_addrs} already, {len(handles)} more asked)")
         if remote_accessible is None:
             remote_accessible = desc.placement == Placement.DEVICE and not self.linked_once
         elif remote_accessible and self.linked_once:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 "remote_accessible=True is not allowed after link(); register before linking")
-        for ref in refs:
-            self.check_ref_owner(ref)
-            require(ref.length >= desc.tensor_size,
-                    f"registered memory of {ref.length} bytes is smaller than one tensor ({desc.tensor_size} bytes)")
-        handles: list[MemoryHandle] = []
-        try:
-            for ref in refs:
-                handles.append(self.backend.import_memory(ref))
-        except BaseException:
-            for handle in handles:
-                handle.close()
-            raise
+        for handle in handles:
+            require(handle.size >= desc.tensor_size,
+                    f"registered memory of {handle.size} bytes is smaller than one tensor ({desc.tensor_size} bytes)")
         tensors = tuple(Segment(h, 0, desc.tensor_size) for h in handles)
         if not worker_addrs:
-            worker_addrs = [ref.address if isinstance(ref, ProcessRef) else 0 for ref in refs]
+            worker_addrs = [0] * len(handles)
         memory = CacheMemory(tensors, handles=tuple(handles), worker_addrs=tuple(int(a) for a in worker_addrs))
         entry = self.registry.add(desc, is_blocks=is_blocks, owned=False, remote_accessible=remote_accessible,
                                   memory=memory)
-        self.registered_addrs += len(refs)
+        self.registered_addrs += len(handles)
         if is_blocks and blocks_key is not None:
             self.registry.bind_blocks_key(entry.cache_id, blocks_key.model_id, overwrite=True)
         elif not is_blocks and keys:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from .engine import Engine
 from .links import LinkManager
 from .memory import MemoryBackend, Pool, get_backend
 from .peering import PeerClient
+from .sessions import SessionTable, WorkerSession
 from .transport import Transport, get_transport
 
 __all__ = ["Node", "EngineSlot", "ListenerFactory", "Listener"]
@@ -47,7 +49,7 @@ class EngineSlot:
     engine: Engine
     links: LinkManager
     transport: Transport
-    pid: int
+    session: WorkerSession | None             # the worker that created the engine (None: tests, tools)
     listener: Listener | None = None
     comm: CommManager | None = None
     extra_listeners: list[Listener] = field(default_factory=list)   # comm-domain listen addresses
@@ -60,6 +62,15 @@ class EngineSlot:
     @property
     def engine_id(self) -> EngineId:
         return self.engine.engine_id
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid as the kernel reported it on the attach socket (0 without a session)."""
+        return self.session.cred.pid if self.session is not None else 0
+
+    @property
+    def uid(self) -> int:
+        return self.session.cred.uid if self.session is not None else os.getuid()
 
     @property
     def listen_address(self) -> str:
@@ -76,6 +87,7 @@ class Node:
         self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers
         self.listener_factory = listener_factory
         self.engines: dict[EngineId, EngineSlot] = {}
+        self.sessions = SessionTable()
         self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
@@ -107,6 +119,24 @@ class Node:
                                 "(finalized, or the daemon restarted)")
         return slot
 
+    def owned_slot(self, session: WorkerSession | None, engine_id: int) -> EngineSlot:
+        """``engine_id`` if ``session`` created it; any other engine looks like one that does not exist."""
+        slot = self.engines.get(EngineId(engine_id))
+        if slot is None or session is None or slot.session is not session or session.closed:
+            raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED,
+                                f"engine {engine_id} is not an engine of this worker (never created with this "
+                                "worker's capability, finalized, or the daemon restarted)")
+        return slot
+
+    async def end_session(self, session: WorkerSession) -> None:
+        """The worker's attach connection closed: it exited or died; its engines go with it."""
+        for engine_id in list(session.engines):
+            if EngineId(engine_id) in self.engines:
+                log.warning("engine %s: worker pid %s detached without finalize; releasing its caches", engine_id,
+                            session.cred.pid)
+                await self.finalize_engine(engine_id, reason="worker detached")
+        session.engines.clear()
+
     def _make_pools(self, options: EngineOptions) -> dict[Placement, Pool]:
         pools: dict[Placement, Pool] = {}
         cap = self.config.memory.max_total_bytes
@@ -126,15 +156,19 @@ class Node:
             raise
         return pools
 
-    async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str], pid: int = 0) -> EngineSlot:
+    async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str],
+                          session: WorkerSession | None = None) -> EngineSlot:
+        """A new engine owned by ``session`` (the rpc layer always passes one; ``None`` only in unit tests)."""
+        if session is not None and session.closed:
+            raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection is closed")
         opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
         for other in self.engines.values():
-            require(other.engine.cluster_id != cluster_id,
-                    f"cluster id {cluster_id} is already used by engine {other.engine_id} (pid {other.pid}) "
-                    f"on this node; cluster ids must be unique")
+            require(other.engine.cluster_id != cluster_id,   # naming the other engine or its pid would leak it
+                    f"cluster id {cluster_id} is already used by another engine on this node; cluster ids must be "
+                    "unique")
         pools = self._make_pools(opts)
         engine_id = EngineId(next(self._ids))
-        engine = Engine(engine_id, opts, self.backend, pools, pid)
+        engine = Engine(engine_id, opts, self.backend, pools)
         host = opts.listen[0] if opts.listen else self.config.transport.host
         transport = get_transport(self.config.transport.name, host=host, port=0,
                                   chunk_size=self.config.transport.chunk_bytes,
@@ -142,7 +176,7 @@ class Node:
         try:
             transport.start()
             links = LinkManager(engine, transport, self)
-            slot = EngineSlot(engine, links, transport, pid, options=dict(options))
+            slot = EngineSlot(engine, links, transport, session, options=dict(options))
             slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
                                     self.config.peer.default_port)
             if opts.listen:
@@ -152,9 +186,12 @@ class Node:
             engine.close()
             raise
         self.engines[engine_id] = slot
+        if session is not None:
+            session.engines.add(engine_id)
         links.start()
-        log.info("engine %s up: cluster %s role %s pid %s listen=%s pools=%s", engine_id, cluster_id, opts.role.name,
-                 pid, slot.listen_address or "-", {p.name: c.memory_size for p, c in opts.pools})
+        log.info("engine %s up: cluster %s role %s pid %s uid %s listen=%s pools=%s", engine_id, cluster_id,
+                 opts.role.name, slot.pid, slot.uid, slot.listen_address or "-",
+                 {p.name: c.memory_size for p, c in opts.pools})
         return slot
 
     async def _listen(self, slot: EngineSlot, host: str, port: int) -> None:
@@ -189,6 +226,8 @@ class Node:
         slot = self.engines.pop(EngineId(engine_id), None)
         if slot is None:
             return
+        if slot.session is not None:
+            slot.session.retire(EngineId(engine_id))
         self._retiring[EngineId(engine_id)] = slot  # its pools count against the node cap until freed
         try:
             for listener in slot.listeners():
@@ -231,6 +270,8 @@ class Node:
     async def close(self) -> None:
         for engine_id in list(self.engines):
             await self.finalize_engine(engine_id, reason="daemon stopping")
+        for session in self.sessions.sessions():
+            self.sessions.close(session)
         self.backend.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 

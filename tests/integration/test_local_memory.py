@@ -13,7 +13,7 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError
+from tests.harness import WorkerError, pool_memfds
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ MIB = 1 << 20
 
 
 def status(daemon) -> datadist_pb2.DaemonStatus:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.target) as ch:
+    with grpc.insecure_channel(daemon.admin_target) as ch:
         return datadist_pb2_grpc.DataDistStub(ch).GetStatus(datadist_pb2.StatusRequest(), timeout=5)
 
 
@@ -136,17 +136,18 @@ def test_sigterm_drains_frees_and_removes_segments(daemon_factory, worker_factor
     w = worker_factory(d)
     w.call("init", "PROMPT", 31, mem_pool=4 * MIB)
     w.call("allocate", "x", 1, (4, 4096), dtype="uint8", blocks=True)
-    assert glob.glob(os.path.join(d.shm_dir, "datadist-*"))
+    assert pool_memfds(d.proc.pid)          # the pool: a private memfd, no file in any directory
+    assert not glob.glob(os.path.join(d.shm_dir, "datadist-*"))
     w.call("capture_logs")
     assert d.stop(signal.SIGTERM, timeout=30) == 0
     assert "is stopping: this engine and its caches are released" in w.call("logs", "is stopping")
-    assert not glob.glob(os.path.join(d.shm_dir, "datadist-*"))
     assert not os.path.exists(d.socket)
+    assert not os.path.exists(d.socket + ".attach") and not os.path.exists(d.socket + ".admin")
 
 
 def test_session_of_an_unknown_engine_carries_the_status_code(daemon_factory) -> None:
     d = daemon_factory()
-    with grpc.insecure_channel(d.target) as ch:
+    with grpc.insecure_channel(d.admin_target) as ch:
         with pytest.raises(grpc.RpcError) as info:
             next(iter(datadist_pb2_grpc.DataDistStub(ch).Session(datadist_pb2.EngineRef(engine_id=999), timeout=10)))
     trailers = dict(info.value.trailing_metadata())

@@ -22,7 +22,7 @@ BLOCK_SHAPE = (4, 32)  # float16 -> 256 bytes per block per tensor
 
 
 def links(daemon) -> list:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.target) as ch:
+    with grpc.insecure_channel(daemon.admin_target) as ch:
         return list(datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5).links)
 
 

@@ -30,7 +30,7 @@ def ctl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
 
 
 def get_status(daemon) -> datadist_pb2.DaemonStatus:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.target) as ch:
+    with grpc.insecure_channel(daemon.admin_target) as ch:
         return datadist_pb2_grpc.DataDistStub(ch).GetStatus(datadist_pb2.StatusRequest(), timeout=5)
 
 

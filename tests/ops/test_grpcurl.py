@@ -52,7 +52,7 @@ def test_health_check_serving(pair) -> None:
 
 
 def test_get_status_shows_version_backend_transport_and_engines(pair) -> None:
-    code, out, err = grpcurl(pair.decoder_daemon.socket, "datadist.v1.DataDist/GetStatus")
+    code, out, err = grpcurl(pair.decoder_daemon.socket + ".admin", "datadist.v1.DataDist/GetStatus")
     assert code == 0, err
     status = json.loads(out)
     assert status["version"] and status["backend"] == "host" and status["transport"] == "tcp"
@@ -65,7 +65,7 @@ def test_get_status_shows_version_backend_transport_and_engines(pair) -> None:
 
 
 def test_list_links_and_caches_after_a_link(pair) -> None:
-    code, out, err = grpcurl(pair.decoder_daemon.socket, "datadist.v1.DataDist/ListLinks")
+    code, out, err = grpcurl(pair.decoder_daemon.socket + ".admin", "datadist.v1.DataDist/ListLinks")
     assert code == 0, err
     (link,) = json.loads(out)["links"]
     assert link["remote_cluster_id"] == str(P) and link["state"] == "established"
@@ -74,7 +74,7 @@ def test_list_links_and_caches_after_a_link(pair) -> None:
     assert int(link["bytes_in"]) == len(PULLED[0]) * TENSORS * BLOCK_BYTES
     assert int(link["bytes_out"]) == len(PUSHED[0]) * TENSORS * BLOCK_BYTES
 
-    code, out, err = grpcurl(pair.prompt_daemon.socket, "datadist.v1.DataDist/ListCaches")
+    code, out, err = grpcurl(pair.prompt_daemon.socket + ".admin", "datadist.v1.DataDist/ListCaches")
     assert code == 0, err
     (group,) = json.loads(out)["engines"]
     assert group["cluster_id"] == str(P)
@@ -85,9 +85,27 @@ def test_list_links_and_caches_after_a_link(pair) -> None:
 
 
 def test_a_failed_call_shows_the_status_code_name(pair) -> None:
-    code, out, err = grpcurl(pair.decoder_daemon.socket, "-d", '{"engine_id": 999}', "datadist.v1.DataDist/GetStatus")
+    code, out, err = grpcurl(pair.decoder_daemon.socket + ".admin", "-d", '{"engine_id": 999}',
+                             "datadist.v1.DataDist/GetStatus")
     assert code != 0
     assert "Code: FailedPrecondition" in err
     assert "LLM_ENGINE_FINALIZED" in err
     assert str(int(LLMStatusCode.LLM_ENGINE_FINALIZED)) in err  # ErrorInfo.metadata.status_code
     assert "engine 999 does not exist" in err
+
+
+def test_worker_socket_shows_no_engine_without_its_capability(pair) -> None:
+    """The group-accessible worker socket answers grpcurl, but engines are private to the worker that created
+    them: without that worker's capability, GetStatus shows the daemon and no engine, and naming an engine
+    that exists gets the same answer as one that does not."""
+    code, out, err = grpcurl(pair.decoder_daemon.socket, "datadist.v1.DataDist/GetStatus")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["backend"] == "host" and "engines" not in status
+    code, out, err = grpcurl(pair.decoder_daemon.socket, "datadist.v1.DataDist/ListCaches")
+    assert code == 0 and "engines" not in json.loads(out), (out, err)
+    admin = json.loads(grpcurl(pair.decoder_daemon.socket + ".admin", "datadist.v1.DataDist/GetStatus")[1])
+    engine_id = admin["engines"][0]["engine_id"]
+    code, out, err = grpcurl(pair.decoder_daemon.socket, "-d", f'{{"engine_id": {engine_id}}}',
+                             "datadist.v1.DataDist/GetStatus")
+    assert code != 0 and "LLM_ENGINE_FINALIZED" in err and "not an engine of this worker" in err

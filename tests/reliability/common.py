@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 import shutil
 import socket
@@ -24,6 +25,8 @@ import grpc
 import numpy as np
 
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
+from llm_datadist import _memory
+from llm_datadist._attach import AttachClient
 
 STATUS_KEY = "datadist-status-code"
 DEV_SECRET = b"datadist-development-secret"
@@ -34,24 +37,91 @@ HAVE_NETNS = IS_ROOT and shutil.which("ip") is not None and shutil.which("tc") i
 
 # ---- daemon probes --------------------------------------------------------------------------------
 
+def attachment(daemon: Any) -> AttachClient:
+    """This test process as a worker of ``daemon``: one attach connection per daemon, kept while it runs."""
+    att = getattr(daemon, "_test_attachment", None)
+    if att is None:
+        att = daemon._test_attachment = AttachClient(daemon.target)
+    return att
+
+
+class _Capability(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                  grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds the worker's capability to every call, as llm_datadist does."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
+
+    def _with(self, details: Any) -> Any:
+        return details._replace(metadata=[*(details.metadata or ()), *self.metadata])
+
+    def intercept_unary_unary(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._with(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):  # noqa: ANN001, ANN201
+        return continuation(self._with(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):  # noqa: ANN001, ANN201
+        return continuation(self._with(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):  # noqa: ANN001, ANN201
+        return continuation(self._with(details), requests)
+
+
+def with_capability(daemon: Any, channel: grpc.Channel) -> grpc.Channel:
+    """``channel`` (to the worker socket) carrying this test process's capability on every call."""
+    return grpc.intercept_channel(channel, _Capability(attachment(daemon).metadata))
+
+
 @contextlib.contextmanager
 def stub(daemon: Any) -> Iterator[datadist_pb2_grpc.DataDistStub]:
+    """The worker socket, as this test process's worker session (its engines only)."""
     with grpc.insecure_channel(daemon.target) as ch:
+        yield datadist_pb2_grpc.DataDistStub(with_capability(daemon, ch))
+
+
+@contextlib.contextmanager
+def admin_stub(daemon: Any) -> Iterator[datadist_pb2_grpc.DataDistStub]:
+    """The admin socket: every engine of the daemon."""
+    with grpc.insecure_channel(daemon.admin_target) as ch:
         yield datadist_pb2_grpc.DataDistStub(ch)
 
 
+def hand_over(daemon: Any, address: int, length: int) -> datadist_pb2.WorkerMemory:
+    """Memory of this process handed to the daemon as descriptors (as llm_datadist registers it)."""
+    shared = _memory.share(address, length)
+    try:
+        memory_id = attachment(daemon).import_memory(shared.fds, shared.pieces, shared.offset, shared.length, "test")
+    finally:
+        shared.close()
+    return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
+
+
+def map_tensors(daemon: Any, engine_id: int, info: datadist_pb2.CacheInfo) -> list[np.ndarray]:
+    """The tensors of a daemon-owned cache, mapped into this process (as a worker maps them)."""
+    out = []
+    for t in info.tensors:
+        fd, size = attachment(daemon).export_pool(engine_id, t.pool, "test")
+        try:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        out.append(np.frombuffer(mm, np.uint8)[t.file_offset:t.file_offset + t.length])
+    return out
+
+
 def status(daemon: Any) -> datadist_pb2.DaemonStatus:
-    with stub(daemon) as s:
+    with admin_stub(daemon) as s:
         return s.GetStatus(datadist_pb2.StatusRequest(), timeout=10)
 
 
 def links(daemon: Any) -> list:
-    with stub(daemon) as s:
+    with admin_stub(daemon) as s:
         return list(s.ListLinks(datadist_pb2.StatusRequest(), timeout=10).links)
 
 
 def caches(daemon: Any) -> list:
-    with stub(daemon) as s:
+    with admin_stub(daemon) as s:
         return [(g.cluster_id, c.cache_id) for g in s.ListCaches(datadist_pb2.StatusRequest(), timeout=10).engines
                 for c in g.caches]
 

@@ -11,8 +11,6 @@ Examples per RPC: ``DATADIST_FUZZ_EXAMPLES`` (default 40), derandomized (same ru
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,11 +32,14 @@ from tests.reliability.common import (
     blocks_key,
     code_of,
     fd_count,
+    hand_over,
+    map_tensors,
     rss_kib,
     status,
     stub,
     thread_count,
     wait_until,
+    with_capability,
 )
 
 pytestmark = pytest.mark.integration
@@ -95,29 +96,13 @@ def _options(port: int | None, role: str) -> dict[str, str]:
 
 
 def _init(s: Any, cluster: int, role: int, port: int | None) -> int:
-    resp = s.Init(datadist_pb2.InitRequest(cluster_id=cluster, role=role, pid=os.getpid(),
+    resp = s.Init(datadist_pb2.InitRequest(cluster_id=cluster, role=role,
                                            options=_options(port, "Prompt" if role == 1 else "Decoder")), timeout=10)
-    proof = ctypes.create_string_buffer(resp.pid_challenge, len(resp.pid_challenge))
-    s.ProvePid(datadist_pb2.ProvePidRequest(engine_id=resp.engine_id, address=ctypes.addressof(proof)), timeout=10)
     return resp.engine_id
 
 
 def _desc(placement: int = common_pb2.PLACEMENT_DEVICE, rows: int = ROWS) -> common_pb2.CacheDesc:
     return common_pb2.CacheDesc(num_tensors=2, shape=[rows, *ROW_SHAPE], data_type=1, placement=placement)
-
-
-def _map(info: datadist_pb2.CacheInfo) -> list[np.ndarray]:
-    """The tensors of a daemon-owned cache, mapped into this process (as a worker maps them)."""
-    out = []
-    for t in info.tensors:
-        delta = t.file_offset % mmap.ALLOCATIONGRANULARITY
-        fd = os.open(t.path, os.O_RDWR)
-        try:
-            mm = mmap.mmap(fd, delta + t.length, mmap.MAP_SHARED, offset=t.file_offset - delta)
-        finally:
-            os.close(fd)
-        out.append(np.frombuffer(mm, np.uint8)[delta:])
-    return out
 
 
 @dataclass
@@ -142,19 +127,17 @@ class Ctx:
             blocks = s.AllocateCache(datadist_pb2.AllocateCacheRequest(
                 engine_id=ctx.e1, desc=_desc(), is_blocks=True,
                 blocks_key=common_pb2.BlocksCacheKey(cluster_id=P_CLUSTER, model_id=0)), timeout=10)
-            ctx.tensors = _map(blocks)
+            ctx.tensors = map_tensors(daemon, ctx.e1, blocks)
             for i, t in enumerate(ctx.tensors):
                 t[:] = np.random.default_rng(i).integers(0, 256, t.size, dtype=np.uint8)
-            ctx.pool_path = blocks.tensors[0].path
+            ctx.pool_path = blocks.tensors[0].pool
             cont = s.AllocateCache(datadist_pb2.AllocateCacheRequest(
                 engine_id=ctx.e1, desc=_desc(rows=4), cache_keys=[
                     common_pb2.CacheKey(cluster_id=P_CLUSTER, req_id=r, model_id=0, prefix_id=U64MAX)
                     for r in (10, 11)]), timeout=10)
             host = s.AllocateCache(datadist_pb2.AllocateCacheRequest(
                 engine_id=ctx.e1, desc=_desc(common_pb2.PLACEMENT_HOST), is_blocks=True), timeout=10)
-            mem = [datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(
-                pid=os.getpid(), address=ctx.buf.address + i * ROWS * ROW_BYTES, length=ROWS * ROW_BYTES))
-                for i in range(2)]
+            mem = [hand_over(daemon, ctx.buf.address + i * ROWS * ROW_BYTES, ROWS * ROW_BYTES) for i in range(2)]
             reg = s.RegisterCache(datadist_pb2.RegisterCacheRequest(
                 engine_id=ctx.e1, desc=_desc(), is_blocks=True, tensors=mem, remote_accessible=True,
                 blocks_key=common_pb2.BlocksCacheKey(cluster_id=P_CLUSTER, model_id=1)), timeout=10)
@@ -164,7 +147,7 @@ class Ctx:
                 engine_id=ctx.e2, desc=_desc(), is_blocks=True,
                 blocks_key=common_pb2.BlocksCacheKey(cluster_id=D_CLUSTER, model_id=0)), timeout=10)
             ctx.caches2 = [mine.cache_id]
-            ctx.mine = _map(mine)
+            ctx.mine = map_tensors(daemon, ctx.e2, mine)
             resp = s.LinkClusters(datadist_pb2.LinkClustersRequest(engine_id=ctx.e2, timeout_ms=3000, clusters=[
                 datadist_pb2.ClusterLink(remote_cluster_id=P_CLUSTER, remote_ip_info=[
                     datadist_pb2.IpPort(ip="127.0.0.1", port=ctx.port)])]), timeout=10)
@@ -212,12 +195,12 @@ def legit_roundtrip(daemon: Any) -> None:
         e1 = _init(s, 201, common_pb2.ROLE_PROMPT, port)
         e2 = _init(s, 202, common_pb2.ROLE_DECODER, None)
         try:
-            src = _map(s.AllocateCache(datadist_pb2.AllocateCacheRequest(
+            src = map_tensors(daemon, e1, s.AllocateCache(datadist_pb2.AllocateCacheRequest(
                 engine_id=e1, desc=_desc(), is_blocks=True,
                 blocks_key=common_pb2.BlocksCacheKey(cluster_id=201, model_id=0)), timeout=10))
             dst_info = s.AllocateCache(datadist_pb2.AllocateCacheRequest(engine_id=e2, desc=_desc(), is_blocks=True),
                                        timeout=10)
-            dst = _map(dst_info)
+            dst = map_tensors(daemon, e2, dst_info)
             for i, t in enumerate(src):
                 t[:] = np.random.default_rng(50 + i).integers(0, 256, t.size, dtype=np.uint8)
             resp = s.LinkClusters(datadist_pb2.LinkClustersRequest(engine_id=e2, timeout_ms=3000, clusters=[
@@ -611,7 +594,7 @@ def test_datadist_rpc_survives_hostile_messages(method: str, fuzz_daemon) -> Non
     strategy = request_strategy(m, ctx)
     try:
         with grpc.insecure_channel(d.target, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
-            s = datadist_pb2_grpc.DataDistStub(ch)
+            s = datadist_pb2_grpc.DataDistStub(with_capability(d, ch))   # as the worker that owns the engines
 
             @FUZZ_SETTINGS
             @given(request=strategy)
@@ -777,8 +760,9 @@ def test_z_outsized_requests_are_bounded_and_leave_nothing(fuzz_daemon) -> None:
     results: dict[str, tuple[str, float]] = {}
     big = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
     try:
-        with grpc.insecure_channel(d.target, options=big) as ch, \
+        with grpc.insecure_channel(d.target, options=big) as raw, \
                 grpc.insecure_channel(f"127.0.0.1:{ctx.port}", options=big) as pch:
+            ch = with_capability(d, raw)
             cases = _huge_cases(ctx)
             for method, name, build, allowed in cases:
                 code, seconds = _run_huge(ch, pch, method, build())

@@ -399,19 +399,20 @@ def test_garbage_on_the_data_plane_changes_nothing(daemon_factory, worker_factor
 
 # ---- what is open, and to whom -------------------------------------------------------------------------
 
-def test_worker_socket_and_pool_files_are_private(daemon_factory, worker_factory) -> None:
+def test_worker_socket_and_pools_are_private(daemon_factory, worker_factory) -> None:
     d = daemon_factory()
     w = worker_factory(d)
     w.call("init", "PROMPT", P, mem_pool=1 << 20)
     w.call("allocate", "x", 1, (4, 64), dtype="uint8", blocks=True)
-    mode = stat.S_IMODE(os.stat(d.socket).st_mode)
-    assert mode & ~0o660 == 0, oct(mode)
-    pools = glob.glob(os.path.join(d.shm_dir, "datadist-*"))
-    assert pools
-    for path in pools:
-        assert stat.S_IMODE(os.stat(path).st_mode) & 0o007 == 0, path
+    for path, allowed in ((d.socket, 0o660), (d.socket + ".attach", 0o660), (d.socket + ".admin", 0o600)):
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        assert mode & ~allowed == 0, (path, oct(mode))
+    # pools are memfds: open in the daemon, in no directory anyone could list or open
+    memfds = [os.readlink(f"/proc/{d.proc.pid}/fd/{n}") for n in os.listdir(f"/proc/{d.proc.pid}/fd")]
+    assert any(t.startswith("/memfd:datadist-") for t in memfds)
+    assert not glob.glob(os.path.join(d.shm_dir, "datadist-*")) and not glob.glob("/dev/shm/datadist-*-device-*")
     # a world-accessible mode is a configuration error, not a silent exposure
-    for env in ({"DATADISTD_DAEMON_SOCKET_MODE": "0o666"}, {"DATADISTD_MEMORY_FILE_MODE": "0o664"}):
+    for env in ({"DATADISTD_DAEMON_SOCKET_MODE": "0o666"},):
         bad = Daemon("bad", env=env)
         with pytest.raises(RuntimeError, match="world"):
             bad.start(timeout=20)

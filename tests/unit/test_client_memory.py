@@ -1,8 +1,13 @@
-"""The worker-side memory helper: describe(), Mapper, numpy_view, address_of, allow_ptrace."""
+"""The worker-side memory helper: ``share`` (descriptors, re-backing private memory), Mapper, numpy views.
+
+Each sharing test hands the descriptors to the daemon's real host backend (in this process) and checks
+both directions byte-exact: what the worker writes the daemon reads, and the other way round.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import shutil
@@ -10,8 +15,15 @@ import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from datadistd.core.types import Placement
+from datadistd.memory.base import FdPiece, FdRef
+from datadistd.memory.host import FdHandle, HostBackend
 from llm_datadist import _memory
+
+PAGE = mmap.PAGESIZE
 
 
 @pytest.fixture
@@ -21,201 +33,256 @@ def shm_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _read_file(path: str, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+@pytest.fixture(scope="module")
+def backend():
+    b = HostBackend(shm_dir=tempfile.gettempdir())
+    yield b
+    b.close()
+
+
+def daemon_handle(backend: HostBackend, shared: _memory.Shared):  # noqa: ANN201
+    """What the daemon makes of the descriptors (as the attach socket would hand them over: duplicates)."""
     try:
-        return os.pread(fd, length, offset)
+        pieces = tuple(FdPiece(os.dup(fd), off, n) for fd, (off, n) in zip(shared.fds, shared.pieces, strict=True))
+        return backend.import_memory(FdRef(pieces, shared.offset, shared.length))
     finally:
-        os.close(fd)
+        shared.close()
 
 
-def test_describe_devshm_mapping(shm_dir):
-    path = os.path.join(shm_dir, "kv")
-    with open(path, "w+b") as f:
-        f.truncate(3 * mmap.PAGESIZE)
-        m = mmap.mmap(f.fileno(), 2 * mmap.PAGESIZE, offset=mmap.PAGESIZE)
+def region_of(address: int) -> str:
+    """The /proc/self/maps line covering ``address``."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return line.strip()
+    return ""
+
+
+def anon(pages: int) -> tuple[mmap.mmap, np.ndarray]:
+    m = mmap.mmap(-1, pages * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    arr = np.frombuffer(m, np.uint8)
+    arr[:] = np.random.default_rng(pages).integers(0, 256, arr.size, dtype=np.uint8)
+    return m, arr
+
+
+# ---- private memory is re-backed in place -----------------------------------------------------
+
+def test_numpy_array_is_rebacked_in_place_and_shared_zero_copy(backend):
+    arr = np.arange(300_000, dtype=np.uint8)          # big enough for its own mmap from malloc
+    before = arr.copy()
+    address = arr.ctypes.data
+    h = daemon_handle(backend, _memory.share(address, arr.nbytes))
     try:
-        arr = np.frombuffer(m, dtype=np.uint8)
-        arr[100:110] = np.arange(10)
-        info = _memory.describe(_memory.address_of(arr) + 100, 10)
-        assert info == {"kind": "shared_file", "path": path, "file_offset": mmap.PAGESIZE + 100, "length": 10}
-        assert _read_file(info["path"], info["file_offset"], 10) == bytes(range(10))
-        del arr
+        assert arr.ctypes.data == address and np.array_equal(arr, before)   # same address, same bytes
+        assert "/memfd:datadist-registered" in region_of(address)
+        v = h.view()
+        assert v is not None and bytes(v) == before.tobytes()               # mapped by the daemon: zero copy
+        v[7] = 201                                                          # daemon writes, worker reads
+        assert arr[7] == 201
+        arr[299_999] = 9                                                    # worker writes, daemon reads
+        assert v[299_999] == 9
     finally:
-        m.close()
+        h.close()
+    arr[0] = 1   # still the worker's memory after the daemon let go
 
 
-def test_describe_deleted_devshm_file(shm_dir):
-    path = os.path.join(shm_dir, "gone")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def test_unaligned_range_keeps_neighbours_and_seals(backend):
+    m, whole = anon(4)
+    want = whole.copy()
+    start, length = PAGE + 123, 2 * PAGE - 200          # starts and ends inside pages
+    shared = _memory.share(whole.ctypes.data + start, length)
+    assert shared.offset == 123 and shared.length == length and len(shared.fds) == 1
+    assert fcntl.fcntl(shared.fds[0], fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    h = daemon_handle(backend, shared)
     try:
-        os.ftruncate(fd, 8192)
-        m = mmap.mmap(fd, 8192)
-        os.unlink(path)
-        m[5000:5004] = b"live"
-        arr = np.frombuffer(m, dtype=np.uint8)
-        info = _memory.describe(_memory.address_of(arr) + 5000, 4)
-        assert info["kind"] == "shared_file" and info["path"] == f"/proc/{os.getpid()}/fd/{fd}"
-        assert _read_file(info["path"], info["file_offset"], 4) == b"live"
-        del arr
-        m.close()
+        np.testing.assert_array_equal(whole, want)                          # neighbours intact
+        assert bytes(h.view()) == want[start:start + length].tobytes()
+        whole[PAGE + 5] = want[PAGE + 5] ^ 0xFF                             # a neighbour in the same page
+        assert whole[PAGE + 5] == want[PAGE + 5] ^ 0xFF
     finally:
-        os.close(fd)
+        h.close()
+    del whole
+    m.close()
 
 
-def test_describe_memfd():
-    fd = os.memfd_create("kv-cache")
+def test_neighbouring_registrations_share_the_page_they_meet_in(backend):
+    m, whole = anon(3)
+    base = whole.ctypes.data
+    first = daemon_handle(backend, _memory.share(base + 100, PAGE + 200))    # pages 0-1
+    shared = _memory.share(base + PAGE + 100, PAGE + 50)                      # pages 1-2: page 1 is first's memfd
+    assert len(shared.fds) == 2 and shared.pieces[0] == (PAGE, PAGE)
+    second = daemon_handle(backend, shared)
     try:
-        os.ftruncate(fd, 4 * mmap.PAGESIZE)
-        m = mmap.mmap(fd, 4 * mmap.PAGESIZE)
-        arr = np.frombuffer(m, dtype=np.uint8)
-        arr[mmap.PAGESIZE:mmap.PAGESIZE + 5] = np.frombuffer(b"memfd", dtype=np.uint8)
-        info = _memory.describe(_memory.address_of(arr) + mmap.PAGESIZE, 2 * mmap.PAGESIZE)
-        assert info["kind"] == "shared_file" and info["length"] == 2 * mmap.PAGESIZE
-        assert info["file_offset"] == mmap.PAGESIZE
-        assert info["path"].startswith(f"/proc/{os.getpid()}/")
-        assert _read_file(info["path"], info["file_offset"], 5) == b"memfd"
-        del arr
-        m.close()
+        second.view()[0] = 77                                               # both daemon views see one page
+        assert first.view()[PAGE] == 77 and whole[PAGE + 100] == 77
+        first.view()[PAGE - 1] = 66                                         # the byte just before second's range
+        assert whole[PAGE + 99] == 66 and second.view()[0] == 77
     finally:
-        os.close(fd)
+        first.close()
+        second.close()
+    del whole
+    m.close()
 
 
-def _libc():  # noqa: ANN202
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
-
-
-PROT_RW, MAP_SHARED, MAP_PRIVATE_ANON, MAP_FIXED = 3, 0x01, 0x22, 0x10
-
-
-def test_describe_memfd_without_open_fd_uses_map_files():
-    # Python's mmap keeps a dup of the descriptor, so map with libc to hold no descriptor at all
-    libc = _libc()
-    size = 2 * mmap.PAGESIZE
-    fd = os.memfd_create("kv-cache-closed")
-    os.ftruncate(fd, size)
-    os.pwrite(fd, b"abc", 10)
-    base = libc.mmap(None, size, PROT_RW, MAP_SHARED, fd, 0)
-    os.close(fd)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pages=st.integers(1, 6), data=st.data())
+def test_any_range_round_trips_byte_exact(backend, pages, data):
+    """Property: for any range inside private memory, the daemon's view is exactly those bytes, both ways."""
+    m, whole = anon(pages + 1)
+    want = whole.copy()
+    start = data.draw(st.integers(0, pages * PAGE - 1))
+    length = data.draw(st.integers(1, pages * PAGE - start))
+    h = daemon_handle(backend, _memory.share(whole.ctypes.data + start, length))
     try:
-        info = _memory.describe(base + 10, 3)
-        assert info["kind"] == "shared_file" and info["file_offset"] == 10
-        assert info["path"] == f"/proc/{os.getpid()}/map_files/{base:x}-{base + size:x}"
-        try:
-            assert _read_file(info["path"], info["file_offset"], 3) == b"abc"
-        except PermissionError:
-            pytest.skip("opening map_files needs CAP_SYS_ADMIN")
+        np.testing.assert_array_equal(whole, want)
+        assert bytes(h.view()) == want[start:start + length].tobytes()
+        h.view()[length - 1] ^= 0xFF
+        assert whole[start + length - 1] == want[start + length - 1] ^ 0xFF
     finally:
-        libc.munmap(base, size)
+        h.close()
+    del whole
+    m.close()
 
 
-def test_describe_numpy_array_is_process_memory():
-    arr = np.zeros(1 << 20, dtype=np.float32)
-    addr = _memory.address_of(arr)
-    assert _memory.describe(addr, arr.nbytes) == {"kind": "process", "pid": os.getpid(), "address": addr,
-                                                 "length": arr.nbytes}
-    small = bytearray(64)  # heap
-    assert _memory.describe(_memory.address_of(small), 64)["kind"] == "process"
-
-
-def test_describe_private_file_mapping_is_process_memory(shm_dir):
-    path = os.path.join(shm_dir, "private")
-    with open(path, "w+b") as f:
-        f.truncate(mmap.PAGESIZE)
-        m = mmap.mmap(f.fileno(), mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+FORK_SCRIPT = """
+import mmap, os, numpy as np
+from llm_datadist import _memory
+m = mmap.mmap(-1, 2 * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+whole = np.frombuffer(m, np.uint8)
+whole[:] = 5
+shared = _memory.share(whole.ctypes.data, whole.nbytes)
+fd = os.dup(shared.fds[0])
+shared.close()
+pid = os.fork()
+if pid == 0:  # the child writes its copy; it must not reach the parent's (shared) pages
+    code = 4
     try:
-        arr = np.frombuffer(m, dtype=np.uint8)
-        assert _memory.describe(_memory.address_of(arr), 10)["kind"] == "process"
-        del arr
+        whole[0] = 200
+        code = 0 if "memfd" not in open("/proc/self/maps").read() else 3
     finally:
-        m.close()
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert os.pread(fd, 1, 0)[0] == whole[0] == 5       # the parent's byte, unchanged by the child
+whole[1] = 6
+assert os.pread(fd, 2, 0)[1] == 6                    # and the parent still shares its pages
+print("ok")
+"""
 
 
-def test_describe_unmapped_and_mixed_ranges(shm_dir):
-    m = mmap.mmap(-1, 3 * mmap.PAGESIZE)
-    arr = np.frombuffer(m, dtype=np.uint8)
-    addr = _memory.address_of(arr)
+def test_fork_child_gets_private_copies():
+    """In a fresh interpreter (a test runner with live gRPC threads is no place to fork)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# ---- shared mappings go as their file ----------------------------------------------------------
+
+def test_devshm_mapping_goes_as_its_file_unsealed(backend, shm_dir):
+    path = os.path.join(shm_dir, "worker")
+    with open(path, "wb") as f:
+        f.write(b"s" * 4 * PAGE)
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4 * PAGE)
+    arr = np.frombuffer(m, np.uint8)
+    shared = _memory.share(arr.ctypes.data + PAGE + 10, 100)
+    assert shared.pieces == [(PAGE, PAGE)] and shared.offset == 10
+    assert os.readlink(f"/proc/self/fd/{shared.fds[0]}") == path     # the file itself: nothing re-backed
+    h = daemon_handle(backend, shared)
+    try:
+        assert isinstance(h, FdHandle)                   # a file the worker could shrink: never mapped
+        h.write_from(0, b"hi")
+        assert bytes(arr[PAGE + 10:PAGE + 12]) == b"hi"
+    finally:
+        h.close()
     del arr
     m.close()
-    with pytest.raises(ValueError, match="not mapped"):
-        _memory.describe(addr, 10)
-    with pytest.raises(ValueError):
-        _memory.describe(0, 10)
-    with pytest.raises(ValueError):
-        _memory.describe(4096, 0)
-    # a shared file mapping directly followed by anonymous memory: reserve, then map the file in front
-    path = os.path.join(shm_dir, "mixed")
-    with open(path, "w+b") as f:
-        f.truncate(mmap.PAGESIZE)
-    libc = _libc()
-    base = libc.mmap(None, 2 * mmap.PAGESIZE, PROT_RW, MAP_PRIVATE_ANON, -1, 0)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        assert libc.mmap(base, mmap.PAGESIZE, PROT_RW, MAP_SHARED | MAP_FIXED, fd, 0) == base
-        assert _memory.describe(base, 100)["kind"] == "shared_file"
-        assert _memory.describe(base + mmap.PAGESIZE, 100)["kind"] == "process"
-        with pytest.raises(ValueError, match="different backing"):
-            _memory.describe(base + mmap.PAGESIZE - 10, 20)
-    finally:
-        os.close(fd)
-        libc.munmap(base, 2 * mmap.PAGESIZE)
 
 
-def test_describe_mapping_split_by_mprotect_is_one_file(shm_dir):
-    path = os.path.join(shm_dir, "split")
-    with open(path, "w+b") as f:
-        f.truncate(3 * mmap.PAGESIZE)
-        m = mmap.mmap(f.fileno(), 3 * mmap.PAGESIZE)
-    try:
-        arr = np.frombuffer(m, dtype=np.uint8)
-        addr = _memory.address_of(arr)
-        libc = _libc()
-        assert libc.mprotect(addr + mmap.PAGESIZE, mmap.PAGESIZE, 1) == 0  # PROT_READ splits the VMA
-        info = _memory.describe(addr + 10, 2 * mmap.PAGESIZE)
-        assert info == {"kind": "shared_file", "path": path, "file_offset": 10, "length": 2 * mmap.PAGESIZE}
-        libc.mprotect(addr + mmap.PAGESIZE, mmap.PAGESIZE, 3)
-        del arr
-    finally:
+def test_memfd_mapping_goes_as_its_descriptor(backend):
+    fd = os.memfd_create("worker-memfd")
+    os.ftruncate(fd, 2 * PAGE)
+    m = mmap.mmap(fd, 2 * PAGE)
+    arr = np.frombuffer(m, np.uint8)
+    h = daemon_handle(backend, _memory.share(arr.ctypes.data, 2 * PAGE))
+    h.write_from(5, b"x")
+    assert arr[5] == ord("x")
+    h.close()
+    os.close(fd)
+    del arr
+    m.close()
+
+
+@pytest.mark.parametrize("what", ["unmapped", "readonly", "private_file", "stack_overflow"])
+def test_what_cannot_be_shared(what, tmp_path):
+    if what == "unmapped":
+        m = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(m))
         m.close()
+        with pytest.raises(ValueError, match="not mapped"):
+            _memory.share(address, 10)
+    elif what == "readonly":
+        m = mmap.mmap(-1, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+        address = int(np.frombuffer(m, np.uint8).ctypes.data)
+        with pytest.raises(ValueError, match="cannot be handed"):
+            _memory.share(address, 10)
+    elif what == "private_file":
+        p = tmp_path / "f"
+        p.write_bytes(b"x" * PAGE)
+        with open(p, "r+b") as f:
+            m = mmap.mmap(f.fileno(), PAGE, flags=mmap.MAP_PRIVATE)
+        arr = np.frombuffer(m, np.uint8)
+        with pytest.raises(ValueError, match="cannot be handed"):
+            _memory.share(arr.ctypes.data, 10)
+    else:
+        with pytest.raises(ValueError, match="overflows"):
+            _memory.share(2**64 - 10, 20)
+    for bad in ((0, 10), (4096, 0), (-5, 5)):
+        with pytest.raises(ValueError):
+            _memory.share(*bad)
 
 
-def test_mapper_round_trip_with_daemon_pool(shm_dir):
-    from datadistd.core.types import Placement
-    from datadistd.memory.host import HostBackend
+# ---- daemon pools --------------------------------------------------------------------------------
 
-    backend = HostBackend(shm_dir=shm_dir)
-    mapper = _memory.Mapper()
+def test_mapper_round_trip_with_daemon_pool():
+    backend = HostBackend()
+    fetched = []
+
+    def fetch(pool_name: str) -> tuple[int, int]:
+        fetched.append(pool_name)
+        return os.dup(pool.export_fd()), pool.capacity
+
+    mapper = _memory.Mapper(fetch)
     try:
         pool = backend.create_pool(Placement.DEVICE, 1 << 20, page_shift=12)
         a = pool.allocate(4 * 1024)
         b = pool.allocate(4 * 1024)
-        addr_a = mapper.map(a.path, a.file_offset, a.length)
-        addr_b = mapper.map(b.path, b.file_offset, b.length)
-        assert mapper.mapped_paths() == [pool.path]  # one mapping per file
+        addr_a = mapper.map(a.pool, a.file_offset, a.length)
+        addr_b = mapper.map(b.pool, b.file_offset, b.length)
+        assert fetched == [pool.name] and mapper.mapped_pools() == [pool.name]   # one mapping per pool
         assert addr_b - addr_a == b.file_offset - a.file_offset
-        # daemon writes, worker reads
-        a.handle.view()[:8] = np.arange(2, dtype=np.float32).tobytes()
+        a.handle.view()[:8] = np.arange(2, dtype=np.float32).tobytes()           # daemon writes, worker reads
         worker = _memory.numpy_view(addr_a, (4, 256), np.float32)
         assert worker.flags.writeable and worker[0, 0] == 0.0 and worker[0, 1] == 1.0
-        # worker writes, daemon reads
-        worker[3, 255] = 42.5
+        worker[3, 255] = 42.5                                                    # worker writes, daemon reads
         assert np.frombuffer(a.handle.view(), dtype=np.float32)[-1] == 42.5
-        # the worker would register its mapped cache as a shared file pointing back at the pool
-        info = _memory.describe(addr_b, b.length)
-        assert info == {"kind": "shared_file", "path": pool.path, "file_offset": b.file_offset, "length": b.length}
+        # registering a mapped pool cache again goes as the pool's own (sealed) memfd: no re-backing
+        shared = _memory.share(addr_b, b.length)
+        assert shared.pieces == [(b.file_offset - b.file_offset % PAGE, PAGE)]
+        assert fcntl.fcntl(shared.fds[0], fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+        shared.close()
         with pytest.raises(ValueError):
-            mapper.map(a.path, (1 << 20) - 10, 11)
+            mapper.map(a.pool, (1 << 20) - 10, 11)
         del worker
     finally:
         mapper.unmap_all()
         mapper.unmap_all()
         backend.close()
-    assert mapper.mapped_paths() == [] and os.listdir(shm_dir) == []
+    assert mapper.mapped_pools() == []
 
 
 def test_numpy_view_and_address_of():
@@ -234,11 +301,3 @@ def test_numpy_view_and_address_of():
         assert _memory.numpy_view(_memory.address_of(m), (3,), np.uint8).tobytes() == b"abc"
     with pytest.raises(ValueError):
         _memory.numpy_view(0, (4,), np.uint8)
-
-
-def test_allow_ptrace_is_idempotent():
-    first = _memory.allow_ptrace()
-    assert isinstance(first, bool)
-    assert _memory.allow_ptrace() == first or _memory.allow_ptrace() is True
-    if os.path.exists("/proc/sys/kernel/yama/ptrace_scope"):
-        assert first is True

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -17,8 +17,15 @@ import pytest
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import Placement
 from datadistd.memory import get_backend
-from datadistd.memory.base import Allocation, MemoryHandle, ProcessRef, SharedFileRef
-from datadistd.memory.host import DirectHandle, HostBackend, HostPool, MappedFileHandle
+from datadistd.memory.base import Allocation, FdPiece, FdRef, MemoryHandle, ProcessRef
+from datadistd.memory.host import (
+    DirectHandle,
+    FdHandle,
+    HostBackend,
+    HostPool,
+    MappedFdHandle,
+    PiecesHandle,
+)
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -52,27 +59,25 @@ def test_registry_loads_host_backend(shm_dir):
         b.close()
 
 
+def _fd_target(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
 @pytest.mark.parametrize("placement", [Placement.HOST, Placement.DEVICE])
-def test_pool_file_name_size_and_mode(backend, shm_dir, placement):
+def test_pool_is_a_sealed_private_memfd(backend, shm_dir, placement):
     pool = backend.create_pool(placement, 1 * MiB, page_shift=12)
-    name = os.path.basename(pool.path)
-    prefix, pid, place, token = name.split("-")
+    prefix, pid, place, token = pool.name.split("-")
     assert (prefix, int(pid), place) == ("datadist", os.getpid(), placement.name.lower())
     int(token, 16)
-    st = os.stat(pool.path)
-    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 1 * MiB
+    fd = pool.export_fd()
+    assert _fd_target(fd).startswith(f"/memfd:{pool.name}")     # no file in any directory
+    assert os.listdir(shm_dir) == []
+    assert os.fstat(fd).st_size == 1 * MiB
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW and seals & fcntl.F_SEAL_SEAL
+    with pytest.raises(OSError):
+        os.ftruncate(fd, 4096)      # a worker holding the descriptor cannot shrink it under the daemon
     assert pool.placement == placement and pool.capacity == 1 * MiB and pool.used == 0
-
-
-def test_file_mode_ignores_umask(shm_dir):
-    old = os.umask(0o077)
-    try:
-        b = HostBackend(shm_dir=shm_dir, file_mode=0o660)
-        pool = b.create_pool(Placement.HOST, 64 * KiB, page_shift=12)
-        assert stat.S_IMODE(os.stat(pool.path).st_mode) == 0o660
-        b.close()
-    finally:
-        os.umask(old)
 
 
 def test_allocate_free_accounting(backend):
@@ -80,7 +85,7 @@ def test_allocate_free_accounting(backend):
     a = pool.allocate(5000)
     b = pool.allocate(4096)
     assert isinstance(a, Allocation) and isinstance(a.handle, MemoryHandle)
-    assert a.path == pool.path and a.length == 5000 and a.handle.size == 5000
+    assert a.pool == pool.name and a.length == 5000 and a.handle.size == 5000
     assert a.file_offset % 4096 == 0 and b.file_offset % 4096 == 0
     assert pool.used == 8192 + 4096
     assert a.file_offset + 8192 <= b.file_offset or b.file_offset + 4096 <= a.file_offset
@@ -116,29 +121,32 @@ def test_bad_capacity_and_page_shift(backend):
         backend.create_pool(Placement.HOST, 0)
     with pytest.raises(DataDistError):
         backend.create_pool(Placement.HOST, 1 * MiB, page_shift=40)
-    assert os.listdir(backend.shm_dir) == []  # a failed pool leaves no file
+    assert os.listdir(backend.shm_dir) == []  # a failed pool leaves nothing
 
 
-def test_close_removes_file_and_is_idempotent(backend):
+def test_close_closes_the_memfd_and_is_idempotent(backend):
     pool = backend.create_pool(Placement.HOST, 256 * KiB, page_shift=12)
     a = pool.allocate(1000)
     view = a.handle.view()
     view[:3] = b"abc"
     del view
+    fd = pool.export_fd()
     pool.close()
-    assert not os.path.exists(pool.path)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    with pytest.raises(DataDistError):
+        pool.export_fd()
     pool.close()
     pool.free(a)  # after close: a no-op
     with pytest.raises(DataDistError):
         pool.allocate(10)
 
 
-def test_close_with_live_views_still_unlinks(backend):
+def test_close_with_live_views_keeps_them_valid(backend):
     pool = backend.create_pool(Placement.HOST, 64 * KiB, page_shift=12)
     a = pool.allocate(1000)
     arr = np.frombuffer(a.handle.view(), dtype=np.uint8)  # an export the pool cannot revoke
     pool.close()
-    assert not os.path.exists(pool.path)
     arr[0] = 7  # still mapped until the array goes
     assert arr[0] == 7
 
@@ -153,13 +161,13 @@ def test_backend_close_closes_pools(shm_dir):
     assert os.listdir(shm_dir) == []
 
 
-def test_zero_copy_views_alias_the_file(backend):
+def test_zero_copy_views_alias_the_memfd(backend):
     pool = backend.create_pool(Placement.HOST, 256 * KiB, page_shift=12)
     a = pool.allocate(10_000)
     v = a.handle.view()
     assert isinstance(v, memoryview) and v.format == "B" and not v.readonly and len(v) == 10_000
     v[:] = bytes(range(256)) * 39 + bytes(16)
-    with open(a.path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+    with mmap.mmap(pool.export_fd(), 0) as m:   # what the worker maps
         assert m[a.file_offset:a.file_offset + 10_000] == bytes(v)
         m[a.file_offset + 5] = 0xEE  # the other way round: a worker's write shows in the daemon's view
     assert v[5] == 0xEE
@@ -223,75 +231,95 @@ def test_cleanup_stale_other_prefix(shm_dir):
 
 # ---- importing worker memory ------------------------------------------------------------------
 
-def test_import_shared_file_unaligned(backend, shm_dir):
-    path = os.path.join(shm_dir, "worker-file")
-    data = np.random.default_rng(1).integers(0, 256, 64 * KiB, dtype=np.uint8)
-    with open(path, "wb") as f:
-        f.write(data.tobytes())
-    h = backend.import_memory(SharedFileRef(path, 5000, 20_000))
+def _memfd(data: bytes, sealed: bool) -> int:
+    fd = os.memfd_create("datadist-test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, len(data))
+    os.pwrite(fd, data, 0)
+    if sealed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def test_import_sealed_memfd_is_mapped_zero_copy(backend):
+    data = np.random.default_rng(1).integers(0, 256, 64 * KiB, dtype=np.uint8).tobytes()
+    fd = _memfd(data, sealed=True)
+    keep = os.dup(fd)
+    h = backend.import_memory(FdRef((FdPiece(fd, 0, len(data)),), 5000, 20_000))
     try:
-        assert isinstance(h, MappedFileHandle) and h.size == 20_000
+        assert isinstance(h, MappedFdHandle) and h.size == 20_000
         v = h.view()
-        assert bytes(v) == data[5000:25_000].tobytes()
-        v[0] = (int(data[5000]) + 1) % 256
-        with open(path, "rb") as f:
-            f.seek(5000)
-            assert f.read(1)[0] == v[0]
+        assert bytes(v) == data[5000:25_000]
+        v[0] = (data[5000] + 1) % 256
+        assert os.pread(keep, 1, 5000)[0] == v[0]      # the same pages
     finally:
         h.close()
         h.close()
+        os.close(keep)
 
 
-def test_import_devshm_file_and_memfd(backend):
-    fd = os.memfd_create("datadist-test")
-    try:
-        os.ftruncate(fd, 8192)
-        os.pwrite(fd, b"memfd!", 4096)
-        h = backend.import_memory(SharedFileRef(f"/proc/{os.getpid()}/fd/{fd}", 4096, 4096))
-        assert bytes(h.view()[:6]) == b"memfd!"
-        h.write_from(0, b"M")
-        assert os.pread(fd, 1, 4096) == b"M"
-        h.close()
-    finally:
-        os.close(fd)
-    with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="datadist-test-") as f:
-        f.write(b"x" * 4096)
-        f.flush()
-        h = backend.import_memory(SharedFileRef(f.name, 0, 4096))
-        assert bytes(h.view()[:2]) == b"xx"
-        h.close()
-
-
-@pytest.mark.parametrize("ref, words", [
-    (SharedFileRef("/etc/hostname", 0, 1), "not under"),
-    (SharedFileRef("relative", 0, 1), "not under"),
-    (SharedFileRef("/dev/shm/../../etc/hostname", 0, 1), "not under"),
-    (SharedFileRef("/dev/shm/datadist-test-missing-file", 0, 1), "cannot open"),
-    (SharedFileRef("/dev/shm/x", -1, 1), "file_offset"),
-    (SharedFileRef("/dev/shm/x", 0, 0), "length"),
-])
-def test_import_shared_file_refused(backend, ref, words):
-    with pytest.raises(DataDistError) as e:
-        backend.import_memory(ref)
-    assert _code(e) == StatusCode.LLM_PARAM_INVALID and words in e.value.message
-
-
-def test_import_proc_link_to_regular_file_refused(backend, tmp_path):
-    path = tmp_path / "plain"
-    path.write_bytes(b"x" * 4096)
-    with open(path, "r+b") as f:
-        with pytest.raises(DataDistError) as e:
-            backend.import_memory(SharedFileRef(f"/proc/self/fd/{f.fileno()}", 0, 10))
-    assert "neither a memfd" in e.value.message
-
-
-def test_import_shared_file_range_too_large(backend, shm_dir):
-    path = os.path.join(shm_dir, "small")
+def test_import_unsealed_file_is_never_mapped_and_survives_truncation(backend, shm_dir):
+    """A file the worker could shrink is read and written through the descriptor: truncating it makes the next
+    access fail with LLM_PARAM_INVALID instead of killing the daemon with SIGBUS."""
+    path = os.path.join(shm_dir, "worker-file")
     with open(path, "wb") as f:
-        f.write(b"x" * 100)
-    with pytest.raises(DataDistError) as e:
-        backend.import_memory(SharedFileRef(path, 50, 51))
-    assert _code(e) == StatusCode.LLM_PARAM_INVALID and "does not fit" in e.value.message
+        f.write(b"y" * 3 * 4096)
+    fd = os.open(path, os.O_RDWR)
+    h = backend.import_memory(FdRef((FdPiece(fd, 4096, 8192),), 10, 8000))
+    try:
+        assert isinstance(h, FdHandle) and h.view() is None and h.size == 8000
+        h.write_from(0, b"abc")
+        with open(path, "rb") as f:
+            f.seek(4096 + 10)
+            assert f.read(3) == b"abc"
+        out = bytearray(5)
+        h.read_into(1, memoryview(out))
+        assert bytes(out) == b"bcyyy"
+        os.truncate(path, 4096)                         # the worker shrinks it under the daemon
+        with pytest.raises(DataDistError) as e:
+            h.read_into(0, memoryview(bytearray(100)))
+        assert _code(e) == StatusCode.LLM_PARAM_INVALID and "shrank" in e.value.message
+    finally:
+        h.close()
+
+
+def test_import_pieces_are_laid_end_to_end(backend):
+    page = mmap.PAGESIZE
+    a, b = _memfd(b"A" * page, sealed=True), _memfd(b"B" * 2 * page, sealed=True)
+    h = backend.import_memory(FdRef((FdPiece(a, 0, page), FdPiece(b, page, page)), page - 3, 6))
+    try:
+        assert isinstance(h, PiecesHandle) and bytes(h.view()) == b"AAABBB"
+        h.write_from(2, b"xy")
+        assert bytes(h.view()) == b"AAxyBB"
+    finally:
+        h.close()
+
+
+def test_import_refusals(backend, tmp_path):
+    page = mmap.PAGESIZE
+
+    def sealed() -> int:
+        return _memfd(b"z" * 2 * page, sealed=True)
+
+    cases = [
+        (lambda: FdRef((FdPiece(sealed(), 0, 2 * page),), 0, 2 * page + 1), "outside"),
+        (lambda: FdRef((FdPiece(sealed(), 0, 3 * page),), 0, 10), "does not fit"),
+        (lambda: FdRef((FdPiece(sealed(), 1, page),), 0, 10), "page-aligned"),
+        (lambda: FdRef((FdPiece(sealed(), 0, page),), 0, 0), "length"),
+        (lambda: FdRef((FdPiece(sealed(), 0, page),), 2**64 - 1, 2), "outside"),          # offset + length wraps
+        (lambda: FdRef((FdPiece(sealed(), 2**63, page),), 0, 1), "out of range"),
+        (lambda: FdRef((FdPiece(sealed(), 0, page), FdPiece(_memfd(b"u" * page, False), 0, page)), 0, 10),
+         "sealed"),
+        (lambda: FdRef((FdPiece(os.open("/dev/null", os.O_RDWR), 0, 1),), 0, 1), "regular file"),
+        (lambda: FdRef((FdPiece(os.open(__file__, os.O_RDONLY), 0, 1),), 0, 1), "read-write"),
+        (lambda: FdRef(tuple(FdPiece(sealed(), 0, page) for _ in range(17)), 0, 1), "pieces"),
+        (lambda: FdRef((), 0, 1), "pieces"),
+    ]
+    before = len(os.listdir("/proc/self/fd"))
+    for make, words in cases:
+        with pytest.raises(DataDistError) as e:
+            backend.import_memory(make())
+        assert _code(e) == StatusCode.LLM_PARAM_INVALID and words in e.value.message, (words, e.value.message)
+    assert len(os.listdir("/proc/self/fd")) <= before   # every refused descriptor was closed
 
 
 def test_import_process_memory_in_process(backend):
@@ -324,10 +352,12 @@ def test_import_process_memory_in_process_bad_ranges(backend):
             backend.import_memory(ref)
 
 
-def test_import_process_memory_dead_pid(backend):
-    with pytest.raises(DataDistError) as e:
-        backend.import_memory(ProcessRef(_dead_pid(), 0x10000, 16))
-    assert _code(e) == StatusCode.LLM_PARAM_INVALID and "cross-memory attach" in e.value.message
+def test_import_process_memory_of_another_process_is_refused(backend):
+    """The daemon never attaches to a process: a pid other than its own gets nothing."""
+    for pid in (1, _dead_pid()):
+        with pytest.raises(DataDistError) as e:
+            backend.import_memory(ProcessRef(pid, 0x10000, 16))
+        assert _code(e) == StatusCode.LLM_PARAM_INVALID and "never attaches" in e.value.message
 
 
 def test_pool_is_a_hostpool(backend):

@@ -67,22 +67,32 @@ class SessionEvent(_message.Message):
     def __init__(self, event: _Optional[str] = ...) -> None: ...
 
 class SharedExport(_message.Message):
-    __slots__ = ("path", "file_offset", "length")
+    __slots__ = ("path", "file_offset", "length", "pool")
     PATH_FIELD_NUMBER: _ClassVar[int]
     FILE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     path: str
     file_offset: int
     length: int
-    def __init__(self, path: _Optional[str] = ..., file_offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    pool: str
+    def __init__(self, path: _Optional[str] = ..., file_offset: _Optional[int] = ..., length: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
 
 class WorkerMemory(_message.Message):
-    __slots__ = ("shared_file", "process")
+    __slots__ = ("shared_file", "process", "attached")
     SHARED_FILE_FIELD_NUMBER: _ClassVar[int]
     PROCESS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
     shared_file: SharedFileMemory
     process: ProcessMemory
-    def __init__(self, shared_file: _Optional[_Union[SharedFileMemory, _Mapping]] = ..., process: _Optional[_Union[ProcessMemory, _Mapping]] = ...) -> None: ...
+    attached: AttachedMemory
+    def __init__(self, shared_file: _Optional[_Union[SharedFileMemory, _Mapping]] = ..., process: _Optional[_Union[ProcessMemory, _Mapping]] = ..., attached: _Optional[_Union[AttachedMemory, _Mapping]] = ...) -> None: ...
+
+class AttachedMemory(_message.Message):
+    __slots__ = ("memory_id",)
+    MEMORY_ID_FIELD_NUMBER: _ClassVar[int]
+    memory_id: int
+    def __init__(self, memory_id: _Optional[int] = ...) -> None: ...
 
 class SharedFileMemory(_message.Message):
     __slots__ = ("path", "file_offset", "length")
@@ -443,7 +453,7 @@ class PoolStatus(_message.Message):
     def __init__(self, placement: _Optional[_Union[_common_pb2.Placement, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("engine_id", "cluster_id", "role", "listen_address", "caches", "links", "pools", "pid")
+    __slots__ = ("engine_id", "cluster_id", "role", "listen_address", "caches", "links", "pools", "pid", "uid")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -452,6 +462,7 @@ class EngineStatus(_message.Message):
     LINKS_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     cluster_id: int
     role: _common_pb2.Role
@@ -460,7 +471,8 @@ class EngineStatus(_message.Message):
     links: int
     pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
     pid: int
-    def __init__(self, engine_id: _Optional[int] = ..., cluster_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., listen_address: _Optional[str] = ..., caches: _Optional[int] = ..., links: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
+    uid: int
+    def __init__(self, engine_id: _Optional[int] = ..., cluster_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., listen_address: _Optional[str] = ..., caches: _Optional[int] = ..., links: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
     __slots__ = ("version", "backend", "transport", "uptime_seconds", "socket", "engines", "peer_security")

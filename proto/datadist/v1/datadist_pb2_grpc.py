@@ -278,7 +278,7 @@ class DataDistServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ProvePid(self, request, context):
-        """Prove the worker is the process it claims to be (before registering its memory).
+        """Retired: answers LLM_FEATURE_NOT_ENABLED. Workers are identified by the kernel on the attach socket.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

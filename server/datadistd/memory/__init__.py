@@ -1,18 +1,18 @@
 """Memory backends: where cache bytes live and how the daemon reaches them.
 
-``get_backend(name)`` loads a backend module by name, only when asked for: ``host`` (shared
-memory, runs everywhere) is built in; ``acl`` (Ascend) and ``cuda`` are registered names whose
+``get_backend(name)`` loads a backend module by name, only when asked for: ``host`` (memfd
+pools, runs everywhere) is built in; ``acl`` (Ascend) and ``cuda`` are registered names whose
 modules import their device libraries lazily and fail with a clear error where absent.
 """
 
 from __future__ import annotations
 
 from ..plugins import load_named
-from .base import Allocation, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment, SharedFileRef
+from .base import Allocation, FdPiece, FdRef, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 
 __all__ = [
-    "Allocation", "MemoryBackend", "MemoryHandle", "MemoryRef", "Pool", "ProcessRef", "Segment",
-    "SharedFileRef", "BACKENDS", "get_backend",
+    "Allocation", "FdPiece", "FdRef", "MemoryBackend", "MemoryHandle", "MemoryRef", "Pool", "ProcessRef",
+    "Segment", "BACKENDS", "get_backend",
 ]
 
 #: backend name -> "module:factory"; modules are imported only by get_backend()

@@ -1,9 +1,14 @@
 """The ``MemoryBackend`` seam and the records that cross it.
 
 A *handle* is a piece of memory the daemon can touch: part of a daemon-owned pool, or
-worker-owned memory the worker registered. Handles that are mapped into the daemon give a
-zero-copy ``memoryview``; handles reached only by cross-memory attach give ``None`` from
-``view()`` and are read/written with copies (``read_into`` / ``write_from``).
+worker-owned memory the worker handed over. Handles that are mapped into the daemon give a
+zero-copy ``memoryview``; handles reached through a file descriptor only (files that could be
+shrunk under a mapping) give ``None`` from ``view()`` and are read/written with copies
+(``read_into`` / ``write_from``).
+
+Worker memory reaches the daemon only as file descriptors the worker sent over the attach
+socket (``FdRef``), or, in embedded mode, as addresses of the daemon's own process
+(``ProcessRef``). The daemon never opens a path a worker names and never attaches to a process.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from typing import Protocol, Union, runtime_checkable
 from ..core.types import Placement
 
 __all__ = [
-    "MemoryHandle", "Segment", "SharedFileRef", "ProcessRef", "MemoryRef", "Allocation", "Pool",
-    "MemoryBackend",
+    "MemoryHandle", "Segment", "FdPiece", "FdRef", "ProcessRef", "MemoryRef", "Allocation", "Pool",
+    "MemoryBackend", "MAX_PIECES",
 ]
 
 
@@ -48,33 +53,47 @@ class Segment:
     length: int
 
 
-@dataclass(frozen=True)
-class SharedFileRef:
-    """Worker memory inside a shareable mapping: the daemon maps ``path`` at ``file_offset``."""
+#: pieces (file descriptors) one piece of handed-over memory may consist of
+MAX_PIECES = 16
 
-    path: str
+
+@dataclass(frozen=True)
+class FdPiece:
+    """``length`` bytes at ``file_offset`` of the open file ``fd`` (a descriptor the daemon owns)."""
+
+    fd: int
     file_offset: int
     length: int
 
 
 @dataclass(frozen=True)
+class FdRef:
+    """Memory a worker handed over: its pieces laid end to end, and the range ``[offset, offset+length)``
+    of that concatenation that is registered (the worker's pages around an unaligned range)."""
+
+    pieces: tuple[FdPiece, ...]
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class ProcessRef:
-    """Plain (anonymous) worker memory, reached by cross-memory attach into process ``pid``."""
+    """Memory of the daemon's own process: only in embedded mode, where the worker is this process."""
 
     pid: int
     address: int
     length: int
 
 
-MemoryRef = Union[SharedFileRef, ProcessRef]
+MemoryRef = Union[FdRef, ProcessRef]
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """Daemon-owned memory from a pool, and how a worker maps it (``path`` at ``file_offset``)."""
+    """Daemon-owned memory from a pool, and how its worker maps it (``file_offset`` in pool ``pool``)."""
 
     handle: MemoryHandle
-    path: str
+    pool: str
     file_offset: int
     length: int
 
@@ -91,13 +110,20 @@ class Pool(Protocol):
     @property
     def used(self) -> int: ...
 
+    @property
+    def name(self) -> str:
+        """The pool's id, as workers name it when they ask for its descriptor."""
+
+    def export_fd(self) -> int:
+        """A descriptor of the pool's memory for the engine's own worker (sealed: it cannot shrink it)."""
+
     def allocate(self, size: int) -> Allocation:
         """Raise ``DataDistError(LLM_OUT_OF_MEMORY)`` when ``size`` does not fit."""
 
     def free(self, allocation: Allocation) -> None: ...
 
     def close(self) -> None:
-        """Release the pool's memory and remove its shared-memory file."""
+        """Release the pool's memory (workers that mapped it keep their mapping until they unmap)."""
 
 
 class MemoryBackend(Protocol):
@@ -106,6 +132,8 @@ class MemoryBackend(Protocol):
     def create_pool(self, placement: Placement, capacity: int, page_shift: int = 16) -> Pool: ...
 
     def import_memory(self, ref: MemoryRef) -> MemoryHandle:
-        """Reach worker-owned memory; ``DataDistError(LLM_PARAM_INVALID)`` saying why when impossible."""
+        """Reach worker-owned memory; ``DataDistError(LLM_PARAM_INVALID)`` saying why when impossible.
+
+        Takes ownership of the descriptors of an ``FdRef``: they are closed here, or by the handle."""
 
     def close(self) -> None: ...

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.errors import DataDistError, StatusCode
-from . import xmem
+from . import addr
 from .base import Segment
 from .segments import SegmentTable, byte_view, cut
 
@@ -70,7 +70,7 @@ class _Side:
     def addrs(self) -> np.ndarray:
         """Base address of each mapped handle's view (0 for the others)."""
         if self._addrs is None:
-            self._addrs = np.array([xmem.buffer_address(v)[0] if v is not None and len(v) else 0
+            self._addrs = np.array([addr.buffer_address(v)[0] if v is not None and len(v) else 0
                                     for v in self.views], np.int64)
         return self._addrs
 
@@ -173,7 +173,7 @@ def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndar
     cap = min(total, STAGE_MAX)
     stage = bytearray(cap)
     view = memoryview(stage)
-    base = xmem.buffer_address(view)[0]
+    base = addr.buffer_address(view)[0]
     ends = np.cumsum(n)
     pos = ends - n                                 # stream position of each piece
     try:

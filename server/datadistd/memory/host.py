@@ -1,32 +1,37 @@
-"""The ``host`` memory backend: pools in POSIX shared memory, worker memory by mapping or attach.
+"""The ``host`` memory backend: pools in private memfds, worker memory by file descriptor.
 
-Pools. ``create_pool`` makes one file ``{shm_dir}/{prefix}-{daemon pid}-{placement}-{random hex}``
-of ``capacity`` bytes, reserves its pages (``posix_fallocate``, so a full ``/dev/shm`` fails now
-with ``LLM_OUT_OF_MEMORY`` instead of a ``SIGBUS`` on first touch), maps it ``MAP_SHARED`` and
-hands out page-aligned pieces with ``PageAllocator``. A worker maps the same file (``Allocation.path``
-at ``Allocation.file_offset``), so its tensors and the daemon's handles alias the same pages.
+Pools. ``create_pool`` makes one memfd of ``capacity`` bytes, reserves its pages
+(``posix_fallocate``, so a full shmem fails now with ``LLM_OUT_OF_MEMORY`` instead of a ``SIGBUS``
+on first touch), seals its size (``F_SEAL_SHRINK | F_SEAL_GROW``, then ``F_SEAL_SEAL``), maps it
+``MAP_SHARED`` and hands out page-aligned pieces with ``PageAllocator``. The memfd has no name in
+any file system: no other process can open it. The engine's own worker gets its descriptor over
+the attach socket (``export_fd``) and maps it, so its tensors and the daemon's handles alias the
+same pages; the seals mean that worker cannot shrink it under the daemon's mapping.
 
 **Both placements are host RAM here.** A ``DEVICE`` pool of this backend is emulated with host
 shared memory, exactly like a ``HOST`` pool; real device memory is the job of the ``acl`` and
 ``cuda`` backends. This keeps the whole API usable (and testable) on any Linux machine.
 
-Worker memory (``import_memory``):
+Worker memory (``import_memory``) arrives as descriptors the worker sent (``FdRef``):
 
-* ``SharedFileRef`` - a file under ``/dev/shm`` (or the configured ``shm_dir``), or a memfd reached
-  through ``/proc/<pid>/fd/<n>`` / ``/proc/<pid>/map_files/<range>``: mapped ``MAP_SHARED``, zero copy.
-  Other paths are refused, so a worker cannot make the daemon write into arbitrary files.
-* ``ProcessRef`` of the daemon's own process (embedded mode): a direct view of that address range.
-* ``ProcessRef`` of another process: cross-memory attach (``process_vm_readv``/``writev``, see
-  ``xmem``); ``view()`` is ``None``. The first and last byte are probed at import so a bad pid,
-  address or permission fails at registration with a message that says what to do.
+* every piece a memfd sealed against shrinking (``F_SEAL_SHRINK``; the client seals the memfds
+  it makes): mapped ``MAP_SHARED``, zero copy (``MappedFdHandle``; several pieces are mapped
+  end to end into one reserved range, ``PiecesHandle``). Nobody can truncate the file, so a
+  daemon access can never fault with ``SIGBUS``;
+* one piece that is not sealed (a ``/dev/shm`` file, an unsealed memfd, ``torch``'s shared
+  memory): read and written with ``preadv``/``pwritev`` on the descriptor, never mapped
+  (``FdHandle``), so a later truncation only makes a transfer fail with ``LLM_PARAM_INVALID``;
+* several pieces not all sealed: refused.
 
-``HostBackend.cleanup_stale`` removes pool files of daemons that died without closing them.
+Each descriptor must be a regular file opened read-write that covers its piece. ``ProcessRef``
+is accepted only for the daemon's own process (embedded mode: ``DirectHandle``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -36,21 +41,18 @@ import stat
 import threading
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..core.allocator import PageAllocator
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
-from . import xmem
-from .base import Allocation, MemoryRef, ProcessRef, SharedFileRef
+from . import addr
+from .base import MAX_PIECES, Allocation, FdPiece, FdRef, MemoryRef, ProcessRef
 
-__all__ = ["HostBackend", "HostPool", "PoolHandle", "MappedFileHandle", "DirectHandle", "ProcessHandle"]
+__all__ = ["HostBackend", "HostPool", "PoolHandle", "MappedFdHandle", "PiecesHandle", "FdHandle", "DirectHandle",
+           "is_sealed"]
 
 log = logging.getLogger(__name__)
 
-_PAGE = mmap.ALLOCATIONGRANULARITY
 _DEFAULT_SHM_DIR = "/dev/shm"
-_DELETED = " (deleted)"
 
 
 def _check_range(handle: Any, offset: int, length: int) -> None:
@@ -128,44 +130,56 @@ class PoolHandle(_ViewHandle):
         return f"PoolHandle({self.pool.path!r}, offset={self.offset}, size={self._size})"
 
 
-class MappedFileHandle(_ViewHandle):
-    """Worker memory in a shared file, mapped into the daemon (``SharedFileRef``)."""
+class MappedFdHandle(_ViewHandle):
+    """One sealed descriptor mapped into the daemon: ``length`` bytes at ``offset`` of its piece."""
 
-    def __init__(self, path: str, file_offset: int, length: int, fd: int) -> None:
-        """Map ``length`` bytes at ``file_offset`` of the open file ``fd`` (closed here, mapped or not)."""
-        self.path = path
-        self.file_offset = file_offset
+    def __init__(self, piece: FdPiece, offset: int, length: int) -> None:
+        self.file_offset = piece.file_offset
         self._size = length
-        self._mm: mmap.mmap | None = None
         self._view = None
-        delta = file_offset % _PAGE
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"shared memory {path!r} is not a regular file")
-            if file_offset + length > st.st_size:
-                raise DataDistError(
-                    StatusCode.LLM_PARAM_INVALID,
-                    f"shared memory {path!r} is {st.st_size} bytes; range [{file_offset}, {file_offset + length}) "
-                    "does not fit")
-            try:
-                self._mm = mmap.mmap(fd, delta + length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                                     offset=file_offset - delta)
-            except OSError as exc:
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"cannot map shared memory {path!r}: {os.strerror(exc.errno or 0)}") from None
-        finally:
-            os.close(fd)
-        self._view = memoryview(self._mm)[delta:delta + length]
+        self._mm: mmap.mmap | None = mmap.mmap(piece.fd, piece.length, mmap.MAP_SHARED,
+                                               mmap.PROT_READ | mmap.PROT_WRITE, offset=piece.file_offset)
+        self._view = memoryview(self._mm)[offset:offset + length]
 
     def close(self) -> None:
         view, self._view = self._view, None
         _release(view)
         mm, self._mm = self._mm, None
-        _close_mmap(mm, f"mapping of {self.path!r}")
+        _close_mmap(mm, "mapping of worker memory")
 
     def __repr__(self) -> str:
-        return f"MappedFileHandle({self.path!r}, file_offset={self.file_offset}, size={self._size})"
+        return f"MappedFdHandle(file_offset={self.file_offset}, size={self._size})"
+
+
+class PiecesHandle(_ViewHandle):
+    """Several sealed descriptors mapped end to end into one reserved address range, viewed as one.
+
+    The range stays mapped until ``close``; like every handle, it is closed only once no copy or
+    transfer uses it (the engine drains its in-flight work before it frees memory)."""
+
+    def __init__(self, pieces: Sequence[FdPiece], offset: int, length: int) -> None:
+        self._total = sum(p.length for p in pieces)
+        self._size = length
+        self._base = addr.reserve(self._total)
+        try:
+            at = self._base
+            for p in pieces:
+                addr.map_fixed(at, p.length, p.fd, p.file_offset)
+                at += p.length
+        except BaseException:
+            addr.unmap(self._base, self._total)
+            raise
+        self._view = memoryview((ctypes.c_char * length).from_address(self._base + offset)).cast("B")
+
+    def close(self) -> None:
+        view, self._view = self._view, None
+        if view is None:
+            return
+        _release(view)
+        addr.unmap(self._base, self._total)
+
+    def __repr__(self) -> str:
+        return f"PiecesHandle(size={self._size}, mapped={self._total})"
 
 
 class DirectHandle(_ViewHandle):
@@ -186,18 +200,19 @@ class DirectHandle(_ViewHandle):
         return f"DirectHandle(address=0x{self.address:x}, size={self._size})"
 
 
-class ProcessHandle:
-    """Memory of another process, reached with ``process_vm_readv``/``writev``; ``view()`` is ``None``.
+class FdHandle:
+    """Worker memory reached through its descriptor with ``preadv``/``pwritev``; ``view()`` is ``None``.
 
-    Besides the ``MemoryHandle`` methods it offers ``read_raw``/``write_raw``: many pieces in few
-    system calls, used by ``copy_segments``.
+    For files that are not sealed against shrinking: mapping them would let the worker kill the
+    daemon with ``SIGBUS`` by truncating the file; a short read or write here is an error instead.
+    Besides the ``MemoryHandle`` methods it offers ``read_raw``/``write_raw`` (many pieces from or
+    to local addresses), used by ``copy_segments`` and the data plane.
     """
 
-    def __init__(self, pid: int, address: int, length: int) -> None:
-        self.pid = pid
-        self.address = address
+    def __init__(self, piece: FdPiece, offset: int, length: int) -> None:
+        self._fd: int | None = piece.fd
+        self._base = piece.file_offset + offset
         self._size = length
-        self._closed = False
 
     @property
     def size(self) -> int:
@@ -206,72 +221,72 @@ class ProcessHandle:
     def view(self) -> memoryview | None:
         return None
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def _live_fd(self) -> int:
+        if self._fd is None:
             raise DataDistError(StatusCode.LLM_FAILED, f"{self!r} is closed")
+        return self._fd
+
+    def _io(self, write: bool, offset: int, buf: memoryview) -> None:
+        fd = self._live_fd()
+        n = buf.nbytes
+        _check_range(self, offset, n)
+        done = 0
+        while done < n:
+            try:
+                got = (os.pwritev if write else os.preadv)(fd, [buf[done:]], self._base + offset + done)
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"worker memory: {'pwritev' if write else 'preadv'} at "
+                                    f"{self._base + offset + done}: {os.strerror(exc.errno or 0)}") from None
+            if got <= 0:
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"worker memory ended at file offset {self._base + offset + done}: the worker "
+                                    "shrank the file it registered")
+            done += got
 
     def read_into(self, offset: int, dst: memoryview) -> None:
-        self._check_open()
-        nbytes = memoryview(dst).nbytes
-        _check_range(self, offset, nbytes)
-        xmem.read_remote(self.pid, self.address + offset, dst)
+        self._io(False, offset, memoryview(dst).cast("B"))
 
     def write_from(self, offset: int, src: memoryview | bytes) -> None:
-        self._check_open()
-        nbytes = memoryview(src).nbytes
-        _check_range(self, offset, nbytes)
-        xmem.write_remote(self.pid, self.address + offset, src)
+        self._io(True, offset, memoryview(src).cast("B"))
+
+    def _raw(self, write: bool, pieces: Any) -> int:
+        total = 0
+        for offset, local, length in pieces:
+            length = int(length)
+            if length:
+                self._io(write, int(offset), memoryview((ctypes.c_char * length).from_address(int(local))).cast("B"))
+                total += length
+        return total
 
     def read_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int:
         """Copy ``(offset, local_addr, length)`` pieces of this memory to local addresses."""
-        self._check_open()
-        return xmem.readv_raw(self.pid, self._remote(pieces))
+        return self._raw(False, pieces)
 
     def write_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int:
         """Copy local addresses into ``(offset, local_addr, length)`` pieces of this memory."""
-        self._check_open()
-        return xmem.writev_raw(self.pid, self._remote(pieces))
-
-    def _remote(self, pieces: Sequence[tuple[int, int, int]]) -> np.ndarray:
-        """``(offset, local, length)`` rows -> ``(remote_addr, local, length)`` rows, bounds-checked."""
-        arr = np.array(pieces, dtype=np.int64).reshape(-1, 3)
-        if len(arr):
-            offsets, lengths = arr[:, 0], arr[:, 2]
-            bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > self._size)
-            if bad.any():
-                k = int(np.argmax(bad))
-                _check_range(self, int(offsets[k]), int(lengths[k]))
-            arr[:, 0] += self.address
-        return arr
-
-    def probe(self) -> None:
-        """Read the first and the last byte: fails now if the pid, the address or the permission is wrong."""
-        one = bytearray(1)
-        for addr in {self.address, self.address + self._size - 1}:
-            try:
-                xmem.read_remote(self.pid, addr, one)
-            except DataDistError as exc:
-                raise DataDistError(
-                    StatusCode.LLM_PARAM_INVALID,
-                    f"cannot reach memory 0x{self.address:x}+{self._size} of worker process {self.pid} by "
-                    f"cross-memory attach: {exc.message}") from None
+        return self._raw(True, pieces)
 
     def close(self) -> None:
-        self._closed = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def __repr__(self) -> str:
-        return f"ProcessHandle(pid={self.pid}, address=0x{self.address:x}, size={self._size})"
+        return f"FdHandle(file_offset={self._base}, size={self._size})"
 
 
 # ---- pools ------------------------------------------------------------------------------------
 
 class HostPool:
-    """A fixed-capacity pool in one shared-memory file; thread-safe; never over-commits."""
+    """A fixed-capacity pool in one sealed memfd; thread-safe; never over-commits."""
 
-    def __init__(self, path: str, placement: Placement, capacity: int, page_shift: int = 16,
-                 file_mode: int = 0o600, reserve: bool = True) -> None:
+    def __init__(self, name: str, placement: Placement, capacity: int, page_shift: int = 16,
+                 reserve: bool = True) -> None:
         require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
-        self.path = path
+        self.path = name                     # the pool's id (no file system name: it is a memfd)
         self._placement = Placement(placement)
         self._capacity = capacity
         self._allocator = PageAllocator(capacity, page_shift)
@@ -281,26 +296,36 @@ class HostPool:
         self._mm: mmap.mmap | None = None
         self._root: memoryview | None = None
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as exc:
-            raise DataDistError(StatusCode.LLM_FAILED,
-                                f"cannot create shared-memory file {path!r}: {os.strerror(exc.errno or 0)}") from None
+            raise DataDistError(StatusCode.LLM_FAILED, f"cannot create memfd for pool {name!r}: "
+                                                       f"{os.strerror(exc.errno or 0)}") from None
         try:
-            os.fchmod(fd, file_mode)  # the umask must not narrow what workers need
             os.ftruncate(fd, capacity)
-            _reserve(fd, capacity, path, reserve)
+            _reserve(fd, capacity, name, reserve)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._mm = mmap.mmap(fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
-            _unlink(path)
             raise
-        os.close(fd)
+        self._fd: int | None = fd
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 self._mm.madvise(mmap.MADV_HUGEPAGE)
             except OSError:
                 pass  # shmem huge pages disabled: plain pages are fine
         self._root = memoryview(self._mm)
+
+    @property
+    def name(self) -> str:
+        return self.path
+
+    def export_fd(self) -> int:
+        """The pool's memfd (still owned by the pool: the caller sends a copy, never closes it)."""
+        with self._lock:
+            if self._closed or self._fd is None:
+                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self.path!r} is closed")
+            return self._fd
 
     @property
     def placement(self) -> Placement:
@@ -347,7 +372,9 @@ class HostPool:
         handle.close()
 
     def close(self) -> None:
-        """Invalidate every allocation, unmap and unlink the file; idempotent."""
+        """Invalidate every allocation, unmap the pool and close its memfd; idempotent.
+
+        The memory goes back to the system once the worker that mapped it unmaps it too."""
         with self._lock:
             if self._closed:
                 return
@@ -356,11 +383,13 @@ class HostPool:
             self._live.clear()
             root, self._root = self._root, None
             mm, self._mm = self._mm, None
+            fd, self._fd = self._fd, None
         for handle in handles:
             handle.close()
         _release(root)
         _close_mmap(mm, f"pool {self.path!r}")
-        _unlink(self.path)
+        if fd is not None:
+            os.close(fd)
 
     def __repr__(self) -> str:
         return (f"HostPool({self.path!r}, placement={self._placement.name}, capacity={self._capacity}, "
@@ -381,63 +410,6 @@ def _reserve(fd: int, capacity: int, path: str, reserve: bool) -> None:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise DataDistError(StatusCode.LLM_FAILED,
                                 f"cannot reserve shared memory for {path!r}: {os.strerror(exc.errno or 0)}") from None
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("cannot remove shared-memory file %s: %s", path, os.strerror(exc.errno or 0))
-
-
-# ---- opening worker files ---------------------------------------------------------------------
-
-_PROC_LINK = re.compile(r"^/proc/(\d+|self)/(fd|map_files)/[0-9a-fA-F-]+$")
-
-
-def _under(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
-def _shareable_target(target: str, allowed_dirs: Sequence[str]) -> bool:
-    """A memfd, or a file inside an allowed shared-memory directory (possibly unlinked)."""
-    if target.endswith(_DELETED):
-        target = target[:-len(_DELETED)]
-    if target.startswith("/memfd:"):
-        return True
-    return any(_under(target, d) for d in allowed_dirs)
-
-
-def _open_shared(path: str, allowed_dirs: Sequence[str]) -> int:
-    """Open a worker's shared memory read-write, refusing anything but shm files and memfds."""
-    if _PROC_LINK.match(path):
-        try:
-            target = os.readlink(path)
-        except OSError as exc:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                f"cannot resolve shared memory {path!r}: {os.strerror(exc.errno or 0)} (the worker "
-                                "must keep the memfd open, or the daemon needs CAP_SYS_ADMIN for map_files)") from None
-        if not _shareable_target(target, allowed_dirs):
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                f"{path!r} points to {target!r}, which is neither a memfd nor a shared-memory file")
-        open_path, flags = path, 0
-    else:
-        real = os.path.realpath(path)
-        if not os.path.isabs(path) or not _shareable_target(real, allowed_dirs):
-            raise DataDistError(
-                StatusCode.LLM_PARAM_INVALID,
-                f"shared memory {path!r} is not under {' or '.join(allowed_dirs)}: register memory from "
-                "/dev/shm, a memfd, or plain process memory")
-        open_path, flags = real, os.O_NOFOLLOW
-    try:
-        return os.open(open_path, os.O_RDWR | os.O_CLOEXEC | flags)
-    except OSError as exc:
-        raise DataDistError(
-            StatusCode.LLM_PARAM_INVALID,
-            f"cannot open shared memory {path!r} read-write: {os.strerror(exc.errno or 0)} (the daemon's user needs "
-            "read-write access to it)") from None
 
 
 # ---- /proc/self/maps --------------------------------------------------------------------------
@@ -463,56 +435,114 @@ def _self_range_writable(address: int, length: int) -> str | None:
     return f"memory at 0x{cursor:x} is not mapped in the daemon process"
 
 
+# ---- importing worker descriptors -------------------------------------------------------------
+
+def is_sealed(fd: int) -> bool:
+    """Whether ``fd`` is a memfd sealed against shrinking (so a mapping of it can never fault)."""
+    try:
+        return bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+    except OSError:  # not a memfd (EINVAL), or no seal support
+        return False
+
+
+def _check_piece(piece: FdPiece, index: int) -> None:
+    """A regular file opened read-write that covers the piece; the offset page-aligned for mapping."""
+    where = f"memory piece {index}"
+    require(piece.length > 0, f"{where}: length must be > 0, got {piece.length}")
+    require(0 <= piece.file_offset < 1 << 62 and piece.length < 1 << 62,
+            f"{where}: file_offset {piece.file_offset} + length {piece.length} is out of range")
+    require(piece.file_offset % addr.PAGE == 0, f"{where}: file_offset {piece.file_offset} is not page-aligned")
+    try:
+        st = os.fstat(piece.fd)
+        flags = fcntl.fcntl(piece.fd, fcntl.F_GETFL)
+    except OSError as exc:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"{where}: {os.strerror(exc.errno or 0)}") from None
+    require(stat.S_ISREG(st.st_mode), f"{where} is not a regular file (memfd or shared-memory file)")
+    require(flags & os.O_ACCMODE == os.O_RDWR, f"{where} was not opened read-write")
+    require(piece.file_offset + piece.length <= st.st_size,
+            f"{where}: the file has {st.st_size} bytes; [{piece.file_offset}, {piece.file_offset + piece.length}) "
+            "does not fit")
+
+
+def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
+    """The handle for memory handed over as descriptors (see the module doc); owns the descriptors."""
+    pieces = ref.pieces
+    keep = False
+    try:
+        require(0 < len(pieces) <= MAX_PIECES, f"memory must come in 1..{MAX_PIECES} pieces, got {len(pieces)}")
+        for i, piece in enumerate(pieces):
+            _check_piece(piece, i)
+        total = sum(p.length for p in pieces)
+        require(ref.length > 0, f"length must be > 0, got {ref.length}")
+        require(0 <= ref.offset and ref.offset + ref.length <= total,
+                f"range [{ref.offset}, {ref.offset + ref.length}) is outside the {total} bytes handed over")
+        sealed = [is_sealed(p.fd) for p in pieces]
+        if len(pieces) == 1 and not sealed[0]:
+            keep = True
+            return FdHandle(pieces[0], ref.offset, ref.length)
+        require(all(sealed), f"memory in {len(pieces)} pieces needs every piece to be a memfd sealed with "
+                             f"F_SEAL_SHRINK (pieces {[i for i, s in enumerate(sealed) if not s]} are not)")
+        for p in pieces[:-1]:
+            require(p.length % addr.PAGE == 0, "every piece but the last must be whole pages")
+        try:
+            if len(pieces) == 1:
+                return MappedFdHandle(pieces[0], ref.offset, ref.length)
+            return PiecesHandle(pieces, ref.offset, ref.length)
+        except OSError as exc:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"cannot map worker memory: {os.strerror(exc.errno or 0)}") from None
+    finally:
+        if not keep:
+            for p in pieces:
+                try:
+                    os.close(p.fd)
+                except OSError:
+                    pass
+
+
 # ---- the backend ------------------------------------------------------------------------------
 
 class HostBackend:
-    """Shared-memory pools and worker memory by mapping or cross-memory attach (see the module doc)."""
+    """Memfd pools and worker memory by file descriptor (see the module doc)."""
 
     name = "host"
 
     def __init__(self, shm_dir: str = _DEFAULT_SHM_DIR, prefix: str = "datadist", file_mode: int = 0o600,
                  reserve: bool = True) -> None:
+        """``shm_dir``/``file_mode`` are kept for old callers and configs; pools no longer live in files."""
         require(bool(prefix) and "/" not in prefix, f"prefix must be a non-empty file name part, got {prefix!r}")
         self.shm_dir = shm_dir
         self.prefix = prefix
-        self.file_mode = file_mode
         self.reserve = reserve
         self._pools: list[HostPool] = []
         self._lock = threading.Lock()
-        # where worker shared files may live: /dev/shm and our own shm_dir (memfds are always fine)
-        self._allowed_dirs = tuple(dict.fromkeys(os.path.realpath(d) for d in (_DEFAULT_SHM_DIR, shm_dir)))
 
     def create_pool(self, placement: Placement, capacity: int, page_shift: int = 16) -> HostPool:
         placement = Placement(placement)
-        path = os.path.join(self.shm_dir,
-                            f"{self.prefix}-{os.getpid()}-{placement.name.lower()}-{secrets.token_hex(8)}")
-        pool = HostPool(path, placement, capacity, page_shift, self.file_mode, self.reserve)
+        name = f"{self.prefix}-{os.getpid()}-{placement.name.lower()}-{secrets.token_hex(8)}"
+        pool = HostPool(name, placement, capacity, page_shift, self.reserve)
         with self._lock:
             self._pools = [p for p in self._pools if not p.closed]
             self._pools.append(pool)
-        log.debug("created %s pool %s of %d bytes", placement.name, path, capacity)
+        log.debug("created %s pool %s of %d bytes", placement.name, name, capacity)
         return pool
 
-    def import_memory(self, ref: MemoryRef) -> MappedFileHandle | DirectHandle | ProcessHandle:
-        if isinstance(ref, SharedFileRef):
-            require(isinstance(ref.path, str) and ref.path != "", "shared memory path is empty")
-            require(ref.file_offset >= 0, f"file_offset must be >= 0, got {ref.file_offset}")
-            require(ref.length > 0, f"length must be > 0, got {ref.length}")
-            fd = _open_shared(ref.path, self._allowed_dirs)
-            return MappedFileHandle(ref.path, ref.file_offset, ref.length, fd)
+    def import_memory(self, ref: MemoryRef) -> MappedFdHandle | PiecesHandle | FdHandle | DirectHandle:
+        if isinstance(ref, FdRef):
+            return import_fds(ref)
         if isinstance(ref, ProcessRef):
-            require(ref.pid > 0, f"pid must be > 0, got {ref.pid}")
+            require(ref.pid == os.getpid(),
+                    f"memory of process {ref.pid} cannot be reached: the daemon never attaches to a process; "
+                    "hand memory over as a file descriptor")
             require(ref.address > 0, f"address must be > 0, got 0x{ref.address:x}")
             require(ref.length > 0, f"length must be > 0, got {ref.length}")
-            if ref.pid == os.getpid():
-                why = _self_range_writable(ref.address, ref.length)
-                if why is not None:
-                    raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                        f"cannot use memory 0x{ref.address:x}+{ref.length}: {why}")
-                return DirectHandle(ref.address, ref.length)
-            handle = ProcessHandle(ref.pid, ref.address, ref.length)
-            handle.probe()
-            return handle
+            require(ref.address + ref.length <= 1 << 64,
+                    f"address 0x{ref.address:x} + length {ref.length} overflows the address space")
+            why = _self_range_writable(ref.address, ref.length)
+            if why is not None:
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"cannot use memory 0x{ref.address:x}+{ref.length}: {why}")
+            return DirectHandle(ref.address, ref.length)
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unsupported memory reference {type(ref).__name__}")
 
     @staticmethod

@@ -22,7 +22,6 @@ from ..core.types import (
     Role,
 )
 from ..links import ClusterSpec
-from ..memory.base import MemoryRef, ProcessRef, SharedFileRef
 from ..peering import HandshakeAnswer, HandshakeOffer
 from ..reverse import CommitWriteCmd, OpenWriteCmd, ReverseCmd, ReverseReply
 
@@ -92,17 +91,6 @@ def owner_key_to_pb(key: OwnerKey, cluster_id: int) -> common_pb2.AnyKey:
     if key.kind == KeyKind.PREFIX:
         return key_to_pb(CacheKeyRef(cluster_id, UINT64_MAX, key.model_id, key.ident))
     return key_to_pb(CacheKeyRef(cluster_id, key.ident, key.model_id, UINT64_MAX))
-
-
-def memory_from_pb(msg: datadist_pb2.WorkerMemory) -> MemoryRef:
-    which = msg.WhichOneof("kind")
-    if which == "shared_file":
-        require(bool(msg.shared_file.path), "shared_file.path is required")
-        return SharedFileRef(msg.shared_file.path, msg.shared_file.file_offset, msg.shared_file.length)
-    if which == "process":
-        require(msg.process.pid > 0 and msg.process.address != 0, "process memory needs a pid and a non-zero address")
-        return ProcessRef(msg.process.pid, msg.process.address, msg.process.length)
-    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "worker memory must be shared_file or process")
 
 
 def _blocks(values: object, what: str) -> tuple[int, ...]:

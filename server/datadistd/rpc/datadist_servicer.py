@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
@@ -17,15 +18,18 @@ from ..core.types import BlocksKeyRef
 from ..engine import MAX_REGISTERED_ADDRS, Operand
 from ..layerwise import LayerPush
 from ..links import MAX_CLUSTERS_PER_CALL
-from ..memory.base import Segment
+from ..memory.base import MemoryHandle, ProcessRef, Segment
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
+from ..sessions import WorkerSession
 from . import convert
 from .errors import error_trailers, grpc_code, guarded
 
 log = logging.getLogger(__name__)
 
 EMPTY = common_pb2.Empty()
+#: metadata key of the capability a worker got on the attach socket (hex)
+CAPABILITY_METADATA_KEY = "datadist-capability"
 #: CANN's engine options are a few dozen keys; a bigger map is refused before it is converted
 MAX_INIT_OPTIONS = 1024
 
@@ -35,18 +39,69 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
     info = datadist_pb2.CacheInfo(cache_id=entry.cache_id, desc=convert.desc_to_pb(entry.desc),
                                   is_blocks=entry.is_blocks, registered=not entry.owned,
                                   remote_accessible=entry.remote_accessible)
-    for path, offset in memory.exports:
-        info.tensors.add(path=path, file_offset=offset, length=entry.desc.tensor_size)
+    for pool, offset in memory.exports:
+        info.tensors.add(pool=pool, file_offset=offset, length=entry.desc.tensor_size)
     for key in slot.engine.registry.keys_of(entry.cache_id):
         info.keys.append(convert.owner_key_to_pb(key, slot.engine.cluster_id))
     return info
 
 
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
-    def __init__(self, node: Node, socket_path: str = "", metrics: DaemonMetrics | None = None) -> None:
+    """The DataDist service. On the worker socket (``admin=False``) a call reaches only the engines of the
+    worker whose capability it carries; on the admin socket (mode 0600: root and the daemon's user) it
+    reaches every engine."""
+
+    def __init__(self, node: Node, socket_path: str = "", metrics: DaemonMetrics | None = None,
+                 admin: bool = False) -> None:
         self.node = node
         self.socket_path = socket_path
         self.metrics = metrics
+        self.admin = admin
+
+    # ---- who is calling ------------------------------------------------------------------------
+
+    def _session(self, context) -> WorkerSession | None:  # noqa: ANN001
+        for key, value in context.invocation_metadata() or ():
+            if key == CAPABILITY_METADATA_KEY:
+                try:
+                    return self.node.sessions.find(bytes.fromhex(value))
+                except ValueError:
+                    return None
+        return None
+
+    def _slot(self, context, engine_id: int) -> EngineSlot:  # noqa: ANN001
+        """The engine if the caller may reach it (see the class doc); otherwise LLM_ENGINE_FINALIZED."""
+        if self.admin:
+            return self.node.slot(engine_id)
+        return self.node.owned_slot(self._session(context), engine_id)
+
+    def _memory(self, context, msgs: Sequence[datadist_pb2.WorkerMemory]) -> list[MemoryHandle]:  # noqa: ANN001
+        """Worker memory the caller handed over on the attach socket (or its own addresses in embedded mode)."""
+        session = self._session(context)
+        handles: list[MemoryHandle] = []
+        try:
+            for msg in msgs:
+                which = msg.WhichOneof("kind")
+                if which == "attached":
+                    require(session is not None, "attached memory needs the capability of the worker that handed "
+                                                 "it over")
+                    assert session is not None
+                    handles.append(session.take_memory(msg.attached.memory_id))
+                elif which == "process":
+                    require(session is not None and session.embedded and msg.process.pid == os.getpid(),
+                            "process memory is accepted only from the daemon's own process (embedded mode); "
+                            "hand memory over as a file descriptor on the attach socket")
+                    handles.append(self.node.backend.import_memory(
+                        ProcessRef(msg.process.pid, msg.process.address, msg.process.length)))
+                else:
+                    raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                        "the daemon never opens a path a worker names: hand memory over as a file "
+                                        "descriptor on the attach socket (llm_datadist does this)")
+        except BaseException:
+            for handle in handles:
+                handle.close()
+            raise
+        return handles
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -54,20 +109,28 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     async def Init(self, request, context):  # noqa: N802, ANN001, ANN201
         require(len(request.options) <= MAX_INIT_OPTIONS,  # before converting a map of any size
                 f"{len(request.options)} options; at most {MAX_INIT_OPTIONS} are accepted")
+        session = self._session(context)
+        require(session is not None,
+                f"attach first: a worker connects to {self.socket_path}.attach, gets its capability and sends it "
+                f"as metadata {CAPABILITY_METADATA_KEY!r} (llm_datadist does this)")
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
-                                           dict(request.options), request.pid)
+                                           dict(request.options), session)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
-                                         listen_address=slot.listen_address,
-                                         pid_challenge=slot.engine.pid_challenge)
+                                         listen_address=slot.listen_address)
 
     @guarded
     async def ProvePid(self, request, context):  # noqa: N802, ANN001, ANN201
-        self.node.slot(request.engine_id).engine.prove_pid(request.address)
-        return EMPTY
+        raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
+                            "ProvePid is retired: the daemon takes a worker's identity from the kernel on the attach "
+                            "socket, and never reaches a process's memory by pid")
 
     @guarded
     async def Finalize(self, request, context):  # noqa: N802, ANN001, ANN201
-        await self.node.finalize_engine(request.engine_id)
+        session = self._session(context)
+        if not self.admin and session is not None and request.engine_id in session.retired:
+            return EMPTY  # this worker's own engine, already finalized: finalize is idempotent
+        slot = self._slot(context, request.engine_id)
+        await self.node.finalize_engine(slot.engine_id)
         return EMPTY
 
     async def Session(self, request, context) -> AsyncIterator[datadist_pb2.SessionEvent]:  # noqa: N802, ANN001
@@ -78,7 +141,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         """
         engine_id = request.engine_id
         try:
-            self.node.slot(engine_id)
+            self._slot(context, engine_id)
         except DataDistError as exc:
             context.set_trailing_metadata(error_trailers(exc.code, exc.message))
             await context.abort(grpc_code(exc.code), exc.message)
@@ -102,7 +165,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def AllocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         _check_counts(request)
         desc = convert.desc_from_pb(request.desc)
         keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
@@ -113,81 +176,75 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def RegisterCache(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         _check_counts(request)
         require(len(request.tensors) <= MAX_REGISTERED_ADDRS,
                 f"{len(request.tensors)} addresses; at most {MAX_REGISTERED_ADDRS} may be registered per engine")
         desc = convert.desc_from_pb(request.desc)
-        refs = [convert.memory_from_pb(m) for m in request.tensors]
         keys = [convert.cache_key_from_pb(k) for k in request.cache_keys]
         blocks_key = (BlocksKeyRef(request.blocks_key.cluster_id, request.blocks_key.model_id)
                       if request.HasField("blocks_key") else None)
         remote = request.remote_accessible if request.HasField("remote_accessible") else None
-        entry = slot.engine.register_cache(desc, is_blocks=request.is_blocks, refs=refs, keys=keys,
+        handles = self._memory(context, request.tensors)
+        entry = slot.engine.register_cache(desc, is_blocks=request.is_blocks, handles=handles, keys=keys,
                                            blocks_key=blocks_key, remote_accessible=remote,
                                            worker_addrs=list(request.worker_addrs))
         return cache_info(entry, slot)
 
     @guarded
     async def SetWorkerAddrs(self, request, context):  # noqa: N802, ANN001, ANN201
-        self.node.slot(request.engine_id).engine.set_worker_addrs(request.cache_id, list(request.addrs))
+        self._slot(context, request.engine_id).engine.set_worker_addrs(request.cache_id, list(request.addrs))
         return EMPTY
 
     @guarded
     async def DeallocateCache(self, request, context):  # noqa: N802, ANN001, ANN201
-        self.node.slot(request.engine_id).engine.deallocate_cache(request.cache_id, is_blocks=request.is_blocks)
+        self._slot(context, request.engine_id).engine.deallocate_cache(request.cache_id, is_blocks=request.is_blocks)
         return EMPTY
 
     @guarded
     async def UnregisterCache(self, request, context):  # noqa: N802, ANN001, ANN201
-        self.node.slot(request.engine_id).engine.unregister_cache(request.cache_id)
+        self._slot(context, request.engine_id).engine.unregister_cache(request.cache_id)
         return EMPTY
 
     @guarded
     async def RemoveCacheKey(self, request, context):  # noqa: N802, ANN001, ANN201
-        self.node.slot(request.engine_id).engine.remove_cache_key(convert.cache_key_from_pb(request.cache_key))
+        self._slot(context, request.engine_id).engine.remove_cache_key(convert.cache_key_from_pb(request.cache_key))
         return EMPTY
 
     @guarded
     async def CopyCache(self, request, context):  # noqa: N802, ANN001, ANN201
-        engine = self.node.slot(request.engine_id).engine
+        engine = self._slot(context, request.engine_id).engine
         await engine.copy_cache(request.dst_cache_id, request.src_cache_id, request.dst_batch_index,
                                 request.src_batch_index, request.offset, request.size)
         return EMPTY
 
     @guarded
     async def CopyBlocks(self, request, context):  # noqa: N802, ANN001, ANN201
-        engine = self.node.slot(request.engine_id).engine
+        engine = self._slot(context, request.engine_id).engine
         copies = {c.src_block: list(c.dst_blocks) for c in request.copies}
         require(len(copies) == len(request.copies), "copy_block_info has a source block twice")
         await engine.copy_blocks(request.cache_id, copies)
         return EMPTY
 
-    def _operand(self, slot: EngineSlot, msg: datadist_pb2.CacheOperand) -> Operand:
+    def _operand(self, context, slot: EngineSlot, msg: datadist_pb2.CacheOperand) -> Operand:  # noqa: ANN001
         if msg.cache_id >= 0 and not msg.tensors:
             return slot.engine.operand(msg.cache_id)
         desc = convert.desc_from_pb(msg.desc)
         require(len(msg.tensors) == desc.num_tensors,
                 f"a CPU cache needs one address per tensor: {len(msg.tensors)} for {desc.num_tensors} tensors")
-        handles = []
-        try:
-            for m in msg.tensors:
-                ref = convert.memory_from_pb(m)
-                slot.engine.check_ref_owner(ref)
-                require(ref.length >= desc.tensor_size, "CPU cache memory smaller than one tensor")
-                handles.append(self.node.backend.import_memory(ref))
-        except BaseException:
+        handles = self._memory(context, msg.tensors)
+        if any(h.size < desc.tensor_size for h in handles):
             for h in handles:
                 h.close()
-            raise
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "CPU cache memory smaller than one tensor")
         return Operand(desc, tuple(Segment(h, 0, desc.tensor_size) for h in handles), True, -1, tuple(handles))
 
     @guarded
     async def SwapBlocks(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
-        src = self._operand(slot, request.src)
+        slot = self._slot(context, request.engine_id)
+        src = self._operand(context, slot, request.src)
         try:
-            dst = self._operand(slot, request.dst)
+            dst = self._operand(context, slot, request.dst)
         except BaseException:
             for h in src.handles:
                 h.close()
@@ -203,7 +260,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def LinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         if len(request.clusters) > MAX_CLUSTERS_PER_CALL:  # before converting a list of any length
             return _too_many_clusters(len(request.clusters))
         code, codes = await slot.links.link_clusters([convert.cluster_from_pb(c) for c in request.clusters],
@@ -212,7 +269,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def UnlinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         if len(request.clusters) > MAX_CLUSTERS_PER_CALL:
             return _too_many_clusters(len(request.clusters))
         code, codes = await slot.links.unlink_clusters([convert.cluster_from_pb(c) for c in request.clusters],
@@ -221,12 +278,13 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def SwitchRole(self, request, context):  # noqa: N802, ANN001, ANN201
-        await self.node.switch_role(request.engine_id, convert.role_from_pb(request.role), dict(request.options))
+        slot = self._slot(context, request.engine_id)
+        await self.node.switch_role(slot.engine_id, convert.role_from_pb(request.role), dict(request.options))
         return EMPTY
 
     @guarded
     async def Link(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         assert slot.comm is not None
         comm_id = await slot.comm.link(request.comm_name, [(m.cluster_id, m.rank) for m in request.members],
                                        request.rank_table)
@@ -234,21 +292,21 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def Unlink(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         assert slot.comm is not None
         await slot.comm.unlink(request.comm_id)
         return EMPTY
 
     @guarded
     async def QueryRegisterMemStatus(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         assert slot.comm is not None
         state, detail = slot.comm.status(request.comm_id)
         return datadist_pb2.RegisterMemStatusResponse(status=int(state), detail=detail)
 
     @guarded
     async def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         order = convert.order_from_pb(request)
         with track_transfer(self.metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
                             order.local_cache_id) as tracked:
@@ -258,7 +316,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         order = convert.order_from_pb(request)
         with track_transfer(self.metrics, "push", slot.engine.cluster_id, order.remote.cluster_id,
                             order.local_cache_id) as tracked:
@@ -268,7 +326,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def CheckLinkStatus(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self.node.slot(request.engine_id)
+        slot = self._slot(context, request.engine_id)
         await slot.links.check_link(request.remote_cluster_id,
                                     request.timeout_ms if request.HasField("timeout_ms") else None)
         return EMPTY
@@ -280,7 +338,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
             first = await request_iterator.__anext__()
             require(first.WhichOneof("msg") == "start", "the first message of a layer-wise transfer must be start")
             start = first.start
-            slot = self.node.slot(start.engine_id)
+            slot = self._slot(context, start.engine_id)
             targets = tuple(convert.layer_target_from_pb(t) for t in start.targets)
             desc = slot.engine.entry(start.src_cache_id).desc
             task = LayerPush(slot.links, start.src_cache_id, LayerTask(
@@ -308,10 +366,14 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     # ---- diagnostics -----------------------------------------------------------------------------
 
-    def _slots(self, engine_id: int) -> list[EngineSlot]:
+    def _slots(self, context, engine_id: int) -> list[EngineSlot]:  # noqa: ANN001
+        """What a diagnostics call shows: one engine, or all the caller may see (own ones; every one on admin)."""
         if engine_id:
-            return [self.node.slot(engine_id)]
-        return list(self.node.engines.values())
+            return [self._slot(context, engine_id)]
+        if self.admin:
+            return list(self.node.engines.values())
+        session = self._session(context)
+        return [slot for slot in self.node.engines.values() if session is not None and slot.session is session]
 
     @guarded
     async def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
@@ -320,11 +382,11 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
                                            uptime_seconds=time.monotonic() - self.node.started,
                                            socket=self.socket_path,
                                            peer_security="mtls" if self.node.config.tls.enabled else "plaintext")
-        for slot in self._slots(request.engine_id):
+        for slot in self._slots(context, request.engine_id):
             e = status.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id,
                                    role=int(slot.engine.role), listen_address=slot.listen_address,
                                    caches=len(slot.engine.registry.entries()), links=len(slot.links.all_links()),
-                                   pid=slot.pid)
+                                   pid=slot.pid, uid=slot.uid)
             for placement, capacity, used in slot.engine.pool_usage():
                 e.pools.add(placement=int(placement), capacity=capacity, used=used)
         return status
@@ -332,7 +394,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def ListLinks(self, request, context):  # noqa: N802, ANN001, ANN201
         out = datadist_pb2.LinkList()
-        for slot in self._slots(request.engine_id):
+        for slot in self._slots(context, request.engine_id):
             for link in slot.links.all_links():
                 out.links.add(engine_id=slot.engine_id, local_cluster_id=slot.engine.cluster_id,
                               remote_cluster_id=link.remote_cluster, state=link.state.value,
@@ -345,7 +407,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     @guarded
     async def ListCaches(self, request, context):  # noqa: N802, ANN001, ANN201
         out = datadist_pb2.CacheList()
-        for slot in self._slots(request.engine_id):
+        for slot in self._slots(context, request.engine_id):
             group = out.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id)
             for entry in slot.engine.registry.entries():
                 group.caches.append(cache_info(entry, slot))

@@ -20,7 +20,8 @@ from .peer_client import GrpcPeerClient
 from .peer_servicer import PeerServicer
 from .tls import PeerTls
 
-__all__ = ["create_worker_server", "PeerListener", "start_peer_listener", "grpc_peer_connector", "SERVER_OPTIONS"]
+__all__ = ["create_worker_server", "PeerListener", "start_peer_listener", "grpc_peer_connector", "SERVER_OPTIONS",
+           "ADMIN_SUFFIX", "admin_path"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,14 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
 ]
+
+#: the admin socket is the worker socket's path plus this (mode 0600)
+ADMIN_SUFFIX = ".admin"
+
+
+def admin_path(worker_socket: str) -> str:
+    return worker_socket + ADMIN_SUFFIX
+
 
 DATADIST_SERVICE = datadist_pb2.DESCRIPTOR.services_by_name["DataDist"].full_name
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
@@ -43,15 +52,18 @@ def _health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthSe
     return servicer
 
 
-async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None
-                               ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """The worker-facing server on a unix socket; health stays NOT_SERVING until the caller sets SERVING."""
+async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
+                               admin: bool = False) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The DataDist server on a unix socket; health stays NOT_SERVING until the caller sets SERVING.
+
+    ``admin``: the whole-node view (every engine) -- only on a socket of mode 0600 (see ``DataDistServicer``).
+    The caller checked the directory (``config.secure_socket_dir``)."""
     path = Path(socket_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() or path.is_symlink():
+    if path.is_socket() or path.is_symlink():
         path.unlink()
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    datadist_pb2_grpc.add_DataDistServicer_to_server(DataDistServicer(node, socket_path, metrics), server)
+    servicer = DataDistServicer(node, socket_path[:-len(ADMIN_SUFFIX)] if admin else socket_path, metrics, admin)
+    datadist_pb2_grpc.add_DataDistServicer_to_server(servicer, server)
     health_servicer = _health(server, [DATADIST_SERVICE])
     for name in ("", DATADIST_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

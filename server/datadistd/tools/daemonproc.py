@@ -107,6 +107,8 @@ class DaemonProcess:
         self.dir = tempfile.mkdtemp(prefix=f"{dir_prefix}{name}-")
         self.socket = os.path.join(self.dir, "datadistd.sock")
         self.target = f"unix://{self.socket}"
+        #: the whole-node view (every engine): the admin socket, mode 0600 (this test process is the daemon's user)
+        self.admin_target = f"unix://{self.socket}.admin"
         self.log_path = os.path.join(self.dir, "daemon.log")
         self.shm_dir = shm_dir or self.dir
         self.env = {**os.environ, "DATADISTD_MEMORY_SHM_DIR": self.shm_dir, **(env or {})}

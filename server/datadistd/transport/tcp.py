@@ -62,7 +62,7 @@ from datadist.status import LLMStatusCode, code_2_status
 
 from ..core.errors import DataDistError
 from ..core.types import TransferId
-from ..memory import xmem
+from ..memory import addr as memaddr
 from ..memory.base import Segment
 from ..memory.segments import SegmentTable, byte_view, cut
 
@@ -1065,7 +1065,7 @@ class _SendPlan:
             return
         mapped = self.mapped[which]
         local = np.cumsum(lens) - lens           # where each piece sits in the staging buffer
-        base = xmem.buffer_address(staging)[0]
+        base = memaddr.buffer_address(staging)[0]
         handles = self.table.handles
         unmapped = ~mapped
         for h, sel in _by_handle(which, unmapped):
@@ -1347,7 +1347,7 @@ class TcpTransport:
         buf = getattr(self._local, "staging", None)
         if buf is None:
             view = memoryview(bytearray(_STAGING))
-            buf = self._local.staging = (view, xmem.buffer_address(view)[0])
+            buf = self._local.staging = (view, memaddr.buffer_address(view)[0])
         return buf
 
     def _take_staging(self, n: int) -> memoryview:

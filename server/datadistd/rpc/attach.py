@@ -1,0 +1,237 @@
+"""The attach socket: kernel-verified worker identity and memory by file descriptor.
+
+A unix ``SOCK_SEQPACKET`` socket beside the gRPC worker socket (``<worker socket>.attach``, same
+mode). gRPC's Python server can neither read a unix peer's credentials nor carry descriptors,
+so this small protocol does the two things only the kernel can vouch for (``attach.proto``):
+
+* on accept, ``SO_PEERCRED`` gives the caller's pid/uid/gid (``SO_PEERPIDFD`` a pidfd where the
+  kernel has it); the first message (``hello``) is answered with a fresh capability bound to this
+  connection, which every DataDist call then carries as metadata;
+* ``import_memory`` takes memory as descriptors (``SCM_RIGHTS``) and answers a memory id the
+  worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
+  pool of one of *its own* engines.
+
+The connection is the lease: when it closes, the session's engines are finalized and its
+imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
+``add_reader``); each message is one datagram of at most ``MAX_MESSAGE`` bytes with at most
+``MAX_PIECES`` descriptors, so a caller cannot make the daemon buffer more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from pathlib import Path
+
+from datadist.v1 import attach_pb2
+
+from .. import __version__
+from ..core.errors import DataDistError, StatusCode, require
+from ..memory.base import MAX_PIECES, FdPiece, FdRef
+from ..node import Node
+from ..sessions import PeerCred, WorkerSession
+
+__all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE = 64 << 10
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
+_LOG_EVERY_S = 10.0
+
+
+def attach_path(worker_socket: str) -> str:
+    """Where the attach socket of the daemon serving ``worker_socket`` lives."""
+    return worker_socket + ".attach"
+
+
+def read_peer_cred(sock: socket.socket) -> PeerCred:
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return PeerCred(pid, uid, gid)
+
+
+def _peer_pidfd(sock: socket.socket) -> int | None:
+    try:
+        return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, 4))[0]
+    except OSError:  # older kernel: the connection itself still ties the session to the process
+        return None
+
+
+class _Conn:
+    __slots__ = ("sock", "session", "greeted")
+
+    def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
+        self.sock = sock
+        self.session = session
+        self.greeted = False
+
+
+class AttachServer:
+    def __init__(self, node: Node, path: str, mode: int = 0o660) -> None:
+        self.node = node
+        self.path = path
+        self.mode = mode
+        self._sock: socket.socket | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refused = 0
+        self._refused_logged = 0.0
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        path = Path(self.path)
+        if path.is_socket() or path.is_symlink():
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(self.path)
+            os.chmod(self.path, self.mode)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._loop.add_reader(sock.fileno(), self._accept)
+
+    async def stop(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for conn in list(self._conns.values()):
+            self._drop(conn, finalize=False)
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self._sock is not None and self._loop is not None
+        for _ in range(64):  # bounded per wake-up; the reader fires again while more are queued
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: refuse quietly, say so in the log at a bounded rate
+                self._refuse(f"accept failed: {os.strerror(exc.errno or 0)}")
+                return
+            sock.setblocking(False)
+            try:
+                cred = read_peer_cred(sock)
+                session = self.node.sessions.open(cred, _peer_pidfd(sock))
+            except (OSError, DataDistError) as exc:
+                self._refuse(str(exc))
+                sock.close()
+                continue
+            conn = _Conn(sock, session)
+            self._conns[sock.fileno()] = conn
+            self._loop.add_reader(sock.fileno(), self._on_readable, conn)
+            log.debug("worker attached: pid %s uid %s gid %s (session %s)", cred.pid, cred.uid, cred.gid,
+                      session.session_id)
+
+    def _refuse(self, why: str) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= _LOG_EVERY_S:
+            log.warning("attach socket: refused %d connection(s) in the last %.0f s; last: %s", self._refused,
+                        _LOG_EVERY_S, why)
+            self._refused, self._refused_logged = 0, now
+
+    def _drop(self, conn: _Conn, finalize: bool = True) -> None:
+        assert self._loop is not None
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self._loop.remove_reader(fd)
+            self._conns.pop(fd, None)
+        conn.sock.close()
+        session = conn.session
+        self.node.sessions.close(session)
+        if finalize and session.engines:
+            self._loop.create_task(self.node.end_session(session))
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_MESSAGE, MAX_PIECES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not data and not fds:
+            self._drop(conn)  # the worker closed the connection (or died)
+            return
+        request = attach_pb2.AttachRequest()
+        try:
+            require(not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC),
+                    f"an attach message is at most {MAX_MESSAGE} bytes with at most {MAX_PIECES} descriptors")
+            try:
+                request.ParseFromString(data)
+            except Exception:  # noqa: BLE001 - any malformed message gets the same answer
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
+            reply, out_fd = self._handle(conn, request, fds)
+            fds = []  # handed on: the handlers own (and close) them
+        except DataDistError as exc:
+            reply, out_fd = attach_pb2.AttachReply(status=int(exc.code), message=exc.message), None
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
+            log.exception("attach message from pid %s failed", conn.session.cred.pid)
+            reply, out_fd = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc)), None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        reply.request_id = request.request_id
+        try:
+            socket.send_fds(conn.sock, [reply.SerializeToString()], [out_fd] if out_fd is not None else [])
+        except OSError as exc:
+            # replies are small and the worker waits for each: a full buffer means it stopped reading
+            if exc.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET):
+                log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
+            self._drop(conn)
+
+    # ---- messages ------------------------------------------------------------------------------
+
+    def _handle(self, conn: _Conn, request: attach_pb2.AttachRequest, fds: list[int]
+                ) -> tuple[attach_pb2.AttachReply, int | None]:
+        which = request.WhichOneof("msg")
+        session = conn.session
+        if which != "import_memory":
+            require(not fds, f"{which or 'this message'} carries no descriptors")
+        if which == "hello":
+            conn.greeted = True
+            cred = session.cred
+            return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
+                capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
+                daemon_version=__version__, protocol_version=PROTOCOL_VERSION)), None
+        require(conn.greeted, "the first attach message must be hello")
+        if which == "import_memory":
+            msg = request.import_memory
+            if len(fds) != len(msg.pieces):
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
+            ref = FdRef(tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True)),
+                        msg.offset, msg.length)
+            fds.clear()
+            handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
+            memory_id = next(self.node.sessions.memory_ids)
+            session.add_memory(memory_id, handle)
+            return attach_pb2.AttachReply(imported=attach_pb2.MemoryImported(
+                memory_id=memory_id, mapped=handle.view() is not None)), None
+        if which == "export_pool":
+            msg = request.export_pool
+            slot = self.node.owned_slot(session, msg.engine_id)
+            pool = slot.engine.pool_named(msg.pool)
+            return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
+        if which == "release_memory":
+            session.release_memory(request.release_memory.memory_id)
+            return attach_pb2.AttachReply(), None
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message")

@@ -67,7 +67,8 @@ def test_transfer_cache_async_argument_rules(rca) -> None:
     pinv(lambda: tca(cont, Never(), [cfg], dst_block_memory_size=64))           # size while dst is not blocks
     by_id = ld.TransferWithCacheKeyConfig(ld.CacheKeyByIdAndIndex(9, 1), range(0, 2), range(0, 2))
     assert tca(cont, Never(), [by_id], dst_block_memory_size=0).synchronize() is S.LLM_PARAM_INVALID  # 0 allowed
-    pinv(lambda: tca(cont, Never(), [cfg]))  # daemon: a BlocksCacheKey destination needs dst_block_indices
+    # no dst_block_indices: CANN's cache-to-cache path, accepted (the synchronizer then refuses layer 0)
+    assert tca(cont, Never(), [cfg]).synchronize() is S.LLM_PARAM_INVALID
     odd = cm.allocate_blocks_cache(CacheDesc(3, [8, 64], U8))
     pinv(lambda: tca(odd, Never(), [cfg], [0], [0]))                              # num_tensors must be even
     pinv(lambda: tca(blocks, Never(), [ld.TransferWithCacheKeyConfig(ld.CacheKeyByIdAndIndex(9, 1), range(0, 2),

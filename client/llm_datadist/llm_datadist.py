@@ -228,6 +228,7 @@ class LLMDataDist:
         v.check_isinstance("clusters", clusters, [list, tuple], allow_none=False)
         for cluster in clusters:
             v.check_isinstance("cluster", cluster, [LLMClusterInfo], allow_none=False)
+            v.check_uint64("remote_cluster_id", cluster.remote_cluster_id)  # CANN: None is a TypeError, not 0
         v.raise_if_false(len(clusters) > 0, "clusters must not be empty")
         return [_cluster_pb(c) for c in clusters]
 

@@ -217,7 +217,7 @@ class LinkManager:
     async def _link_one(self, spec: ClusterSpec, deadline: float) -> None:
         cid = spec.remote_cluster_id
         require(cid != self.cluster_id, f"cannot link cluster {cid} to itself")
-        existing = self.links.get(cid)
+        existing = self.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
         if existing is not None:
             if existing.state == LinkState.ESTABLISHED:
                 raise DataDistError(StatusCode.LLM_ALREADY_LINK, f"cluster {cid} is already linked")
@@ -368,7 +368,11 @@ class LinkManager:
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
-            link = self.links.get(spec.remote_cluster_id) or self.served.get(spec.remote_cluster_id)
+            link = self.links_to(spec.remote_cluster_id)
+            if link is None and force:  # CANN: DestroyEntity of an unknown cluster only logs a warning
+                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.cluster_id,
+                            spec.remote_cluster_id)
+                return
             if link is None:
                 raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"no link to cluster {spec.remote_cluster_id}")
             if link.inflight:

@@ -333,3 +333,15 @@ def test_init_option_rules(local_dd) -> None:
     assert dd._options["llm.EnableCacheManager"] == "1" and dd._options["llm.EnableRemoteCacheAccessible"] == "1"
     assert (dd._options["llm.ListenIp"], dd._options["llm.ListenPort"]) == ("127.0.0.1", "0")
     assert dd.cache_manager is not None
+
+
+def test_unset_remote_cluster_id_is_a_type_error(local_dd) -> None:
+    """CANN's link_clusters / unlink_clusters run check_uint64 on remote_cluster_id: None -> TypeError."""
+    dd = local_dd("DECODER", cluster_id=3)
+    info = ld.LLMClusterInfo()
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info("127.0.0.1", 1)
+    with pytest.raises(TypeError, match="remote_cluster_id"):
+        dd.link_clusters([info], 1000)
+    with pytest.raises(TypeError, match="remote_cluster_id"):
+        dd.unlink_clusters([info], 1000, force=True)

@@ -1,0 +1,53 @@
+"""CANN's link rules that callers rely on (issue "behave like CANN for the real callers", items 5, 6, 8).
+
+Each rule cites the CANN source it follows (see docs/choices.md, "Links"). Two daemons, two worker
+processes, both engines listening, so either may link to the other.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from datadist.status import LLMStatusCode as S
+from tests.harness import free_port
+
+pytestmark = pytest.mark.integration
+
+P, D = 1, 2
+
+
+@pytest.fixture
+def both_listen(daemon_factory, worker_factory):
+    dp, dd = daemon_factory("p"), daemon_factory("d")
+    pport, dport = free_port(), free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{pport}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, listen=f"127.0.0.1:{dport}", remote_cache_accessible=True)
+    return prompt, decoder, pport, dport
+
+
+def test_one_link_per_cluster_pair_whichever_side_set_it_up(both_listen) -> None:
+    """LinkMsgHandler::ExchangeInfoProcess: an entity for the peer cluster exists -> LLM_ALREADY_LINK."""
+    prompt, decoder, pport, dport = both_listen
+    assert decoder.call("link", P, "127.0.0.1", pport) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", pport) == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
+    # the listening side linking back to the cluster that linked to it: the same link, already there
+    assert prompt.call("link", D, "127.0.0.1", dport) == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
+    assert decoder.call("unlink", P, "127.0.0.1", pport) == (0, [0])
+    # unlinked on both ends: now the prompt may set the link up in the other direction
+    assert prompt.call("link", D, "127.0.0.1", dport) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", pport) == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
+
+
+def test_force_unlink_of_a_cluster_not_linked_succeeds(both_listen) -> None:
+    """CommEntityManager::DestroyEntity of an unknown cluster logs a warning and returns SUCCESS."""
+    prompt, decoder, pport, _ = both_listen
+    assert decoder.call("unlink", P, "127.0.0.1", pport, force=True) == (0, [0])
+    assert decoder.call("unlink", 77, "127.0.0.1", pport, force=True) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", pport) == (0, [0])
+    assert decoder.call("unlink", P, "127.0.0.1", pport, force=True) == (0, [0])
+    assert decoder.call("unlink", P, "127.0.0.1", pport, force=True) == (0, [0])  # omni_npu's reconnect path
+    # without force an unknown cluster is still an error here (docs/choices.md)
+    assert decoder.call("unlink", P, "127.0.0.1", pport) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])
+    # the prompt was not told (force): its end stays until the decoder links again, which replaces it
+    assert decoder.call("link", P, "127.0.0.1", pport) == (0, [0])

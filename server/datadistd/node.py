@@ -128,10 +128,8 @@ class Node:
 
     async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str], pid: int = 0) -> EngineSlot:
         opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
-        for other in self.engines.values():
-            require(other.engine.cluster_id != cluster_id,
-                    f"cluster id {cluster_id} is already used by engine {other.engine_id} (pid {other.pid}) "
-                    f"on this node; cluster ids must be unique")
+        # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
+        # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         pools = self._make_pools(opts)
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, pid)

@@ -6,6 +6,7 @@ processes, both engines listening, so either may link to the other.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
@@ -51,3 +52,31 @@ def test_force_unlink_of_a_cluster_not_linked_succeeds(both_listen) -> None:
     assert decoder.call("unlink", P, "127.0.0.1", pport) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])
     # the prompt was not told (force): its end stays until the decoder links again, which replaces it
     assert decoder.call("link", P, "127.0.0.1", pport) == (0, [0])
+
+
+def test_engines_of_one_daemon_may_share_a_cluster_id(daemon_factory, worker_factory) -> None:
+    """omni-infer's older manager: every prefill TP rank has the same cluster id, one node daemon for them all.
+
+    CANN requires ids to be unique only among parties that link to each other; a peer reaches the
+    right engine by its listen address (and checks the cluster id there).
+    """
+    dp, dd = daemon_factory("p"), daemon_factory("d")
+    ports = [free_port(), free_port()]
+    prefill = [worker_factory(dp), worker_factory(dp)]
+    decode = [worker_factory(dd), worker_factory(dd)]
+    for rank in range(2):
+        prefill[rank].call("init", "PROMPT", 1000, listen=f"127.0.0.1:{ports[rank]}", remote_cache_accessible=True)
+        decode[rank].call("init", "DECODER", 2000, remote_cache_accessible=True)
+        prefill[rank].call("register_blocks", "kv", 2, 8, (4, 16), dtype="uint8", model_id=0)
+        decode[rank].call("register_blocks", "kv", 2, 8, (4, 16), dtype="uint8")
+        prefill[rank].call("fill", "kv", 10 + rank)
+    for rank in range(2):
+        assert decode[rank].call("link", 1000, "127.0.0.1", ports[rank]) == (0, [0])
+        decode[rank].call("pull_blocks", 1000, "kv", [1, 2, 5], [0, 3, 7])
+    for rank in range(2):
+        np.testing.assert_array_equal(decode[rank].call("rows", "kv", None, [0, 3, 7]),
+                                      prefill[rank].call("rows", "kv", None, [1, 2, 5]))
+    assert not np.array_equal(prefill[0].call("rows", "kv"), prefill[1].call("rows", "kv"))
+    for rank in range(2):
+        assert decode[rank].call("unlink", 1000, "127.0.0.1", ports[rank]) == (0, [0])
+        prefill[rank].call("finalize")

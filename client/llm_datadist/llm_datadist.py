@@ -375,7 +375,6 @@ class LLMDataDist:
         return self._cluster_id
 
 
-@atexit.register
 def _finalize_at_exit() -> None:
     inst = LLMDataDist.llm_engine_instance
     if inst is not None:
@@ -383,6 +382,26 @@ def _finalize_at_exit() -> None:
             inst.finalize()
         except LLMException:
             pass
+
+
+def _register_exit_finalize() -> None:
+    """CANN registers an exit-time finalize (``atexit.register(_shutdown_handler)``); ours must run earlier.
+
+    Plain ``atexit`` hooks run after ``threading._shutdown`` has stopped every ``ThreadPoolExecutor``
+    (``concurrent.futures.thread._python_exit``), and an embedded daemon needs its executor to unlink
+    and tell the peers. Threading's exit hooks run in reverse order of registration, so ours,
+    registered after ``concurrent.futures.thread`` registered its own, runs before it. The ``atexit``
+    hook stays as a fallback (finalize is idempotent).
+    """
+    import concurrent.futures.thread  # noqa: F401 - registers the executors' exit hook first
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_finalize_at_exit)
+    atexit.register(_finalize_at_exit)
+
+
+_register_exit_finalize()
 
 
 _ = common_pb2

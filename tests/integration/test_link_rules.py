@@ -1,10 +1,14 @@
-"""CANN's link rules that callers rely on (issue "behave like CANN for the real callers", items 5, 6, 8).
+"""CANN's link rules that callers rely on (issue "behave like CANN for the real callers", items 4-8).
 
-Each rule cites the CANN source it follows (see docs/choices.md, "Links"). Two daemons, two worker
-processes, both engines listening, so either may link to the other.
+Each rule cites the CANN source it follows (see docs/choices.md, "Links"). Daemons and worker
+processes on loopback; in `both_listen` either engine may link to the other.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -80,3 +84,39 @@ def test_engines_of_one_daemon_may_share_a_cluster_id(daemon_factory, worker_fac
     for rank in range(2):
         assert decode[rank].call("unlink", 1000, "127.0.0.1", ports[rank]) == (0, [0])
         prefill[rank].call("finalize")
+
+
+_EXITING_DECODER = """
+import sys
+import llm_datadist as ld
+
+cfg = ld.LLMConfig()
+cfg.device_id = 0
+cfg.enable_cache_manager = True
+dd = ld.LLMDataDist(ld.LLMRole.DECODER, 2)
+dd.init(cfg.generate_options())
+info = ld.LLMClusterInfo()
+info.remote_cluster_id = 1
+info.append_local_ip_info("127.0.0.1", 0)
+info.append_remote_ip_info("127.0.0.1", int(sys.argv[1]))
+code, _ = dd.link_clusters([info], 5000)
+print("linked", int(code), flush=True)
+# no finalize: the exit-time hook must unlink and tell the prompt
+"""
+
+
+def test_exit_time_finalize_of_an_embedded_engine_tells_the_peer(daemon_factory, worker_factory, tmp_path) -> None:
+    """CANN finalizes at exit (``atexit.register(_shutdown_handler)``): the link goes on both ends, quietly."""
+    dp = daemon_factory("p")
+    port = free_port()
+    prompt = worker_factory(dp)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    script = tmp_path / "decoder.py"
+    script.write_text(_EXITING_DECODER)
+    done = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "DATADIST_DAEMON"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["linked", "0"]
+    assert "Traceback" not in done.stderr and "LLM_FAILED" not in done.stderr, done.stderr
+    # the prompt heard of the unlink: it has no link left to cluster 2
+    assert prompt.call("unlink", D, "127.0.0.1", 1) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])

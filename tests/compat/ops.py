@@ -70,3 +70,126 @@ def now_ms(state: dict) -> float:
 
 
 _ = np
+
+
+# ---- shapes the callers use ----------------------------------------------------------------------
+
+NP = {"DT_FLOAT": np.float32, "DT_FLOAT16": np.float16, "DT_BF16": np.uint16, "DT_INT8": np.int8,
+      "DT_UINT8": np.uint8}
+
+
+def init(state: dict, role: str, cluster_id: int, config: dict, extra: dict | None = None) -> dict:
+    """``LLMConfig`` with the caller's attributes (``config``), ``generate_options()``, ``init``."""
+    cfg = ld.LLMConfig()
+    for name, value in config.items():
+        setattr(cfg, name, value)
+    options = cfg.generate_options()
+    options.update(extra or {})
+    dd = ld.LLMDataDist(getattr(ld.LLMRole, role), cluster_id)
+    dd.init(options)
+    state.update(dd=dd, caches={}, arrays={})
+    return dict(options)
+
+
+def init_raw(state: dict, role: str, cluster_id: int, options: dict) -> None:
+    """``init`` with a raw option dict (vllm-ascend's V0 connector)."""
+    dd = ld.LLMDataDist(getattr(ld.LLMRole, role), cluster_id)
+    dd.init(dict(options))
+    state.update(dd=dd, caches={}, arrays={})
+
+
+def register_blocks(state: dict, name: str, tensors: list, dtype: str = "DT_FLOAT",
+                    key: tuple | None = None, placement: str = "DEVICE") -> int:
+    """The caller allocated its own tensors (``tensors``: one (shape, fill value) each) and registers them
+    as one blocks cache; ``key`` = (cluster_id, model_id) of the ``BlocksCacheKey`` or None."""
+    arrays = [np.full(tuple(shape), value, dtype=NP[dtype]) for shape, value in tensors]
+    desc = ld.CacheDesc(num_tensors=len(arrays), shape=list(arrays[0].shape), data_type=getattr(ld.DataType, dtype),
+                        placement=getattr(ld.Placement, placement))
+    blocks_key = ld.BlocksCacheKey(*key) if key is not None else None
+    cache = _cm(state).register_blocks_cache(desc, [a.ctypes.data for a in arrays], blocks_key)
+    state["caches"][name] = cache
+    state["arrays"][name] = arrays
+    return cache.cache_id
+
+
+def fill_random(state: dict, name: str, seed: int) -> None:
+    for i, arr in enumerate(state["arrays"][name]):
+        flat = arr.reshape(-1).view(np.uint8)
+        flat[:] = np.random.default_rng(seed * 100 + i).integers(0, 256, flat.size, dtype=np.uint8)
+
+
+def blocks_of(state: dict, name: str, tensors: list | None = None, blocks: list | None = None) -> np.ndarray:
+    """Bytes of blocks (rows) ``blocks`` of tensors ``tensors``: uint8 [tensor, block, bytes]."""
+    arrays = state["arrays"][name]
+    out = []
+    for i in (range(len(arrays)) if tensors is None else tensors):
+        per = arrays[i].reshape(arrays[i].shape[0], -1).view(np.uint8)
+        out.append(per if blocks is None else per[list(blocks)])
+    return np.stack(out).copy()
+
+
+def link_clusters(state: dict, clusters: list, timeout: int = 5000) -> tuple:
+    """``clusters``: (remote_cluster_id, remote_ip, remote_port, local_ip, local_port) each."""
+    infos = [cluster_info(c, rip, rport, lip, lport) for c, rip, rport, lip, lport in clusters]
+    code, codes = state["dd"].link_clusters(infos, timeout)
+    return code.name, [c.name for c in codes]
+
+
+def unlink_clusters(state: dict, clusters: list, timeout: int = 5000, force: bool = False) -> tuple:
+    """``clusters``: (remote_cluster_id, remote_ip or None, remote_port) each; no local ip, as CANN's samples."""
+    infos = []
+    for cid, rip, rport in clusters:
+        info = ld.LLMClusterInfo()
+        info.remote_cluster_id = cid
+        if rip is not None:
+            info.append_remote_ip_info(rip, rport)
+        infos.append(info)
+    code, codes = state["dd"].unlink_clusters(infos, timeout, force=force)
+    return code.name, [c.name for c in codes]
+
+
+def pull_blocks(state: dict, remote_cluster: int, model_id: int, dst: str, src_blocks: list, dst_blocks: list,
+                **kw: Any) -> None:
+    _cm(state).pull_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][dst],
+                           src_blocks=src_blocks, dst_blocks=dst_blocks, **_ranges(kw))
+
+
+def push_blocks(state: dict, remote_cluster: int, model_id: int, src: str, src_blocks: list, dst_blocks: list,
+                **kw: Any) -> None:
+    _cm(state).push_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][src],
+                           src_blocks=src_blocks, dst_blocks=dst_blocks, **_ranges(kw))
+
+
+def _ranges(kw: dict) -> dict:
+    return {k: range(*v) if k.endswith("_range") else v for k, v in kw.items()}
+
+
+def switch_role(state: dict, role: str, listen: str | None = None) -> None:
+    """CANN's switch_role_sample: to PROMPT with ``LLMConfig(listen_ip_info=...).generate_options()``."""
+    options = None
+    if listen is not None:
+        cfg = ld.LLMConfig()
+        cfg.listen_ip_info = listen
+        options = cfg.generate_options()
+    state["dd"].switch_role(getattr(ld.LLMRole, role), options)
+
+
+class _Ready(ld.LayerSynchronizer):
+    def synchronize_layer(self, layer_index: int, timeout_in_millis: int | None) -> bool:
+        return True
+
+
+def transfer_blocks_key_async(state: dict, src: str, remote_cluster: int, model_id: int, src_layers: tuple,
+                              dst_layers: tuple) -> tuple:
+    """``transfer_cache_async(cache, sync, [TransferWithCacheKeyConfig(BlocksCacheKey(...), range, range)])``
+    without block indices (CANN's transfer_cache_async_sample)."""
+    config = ld.TransferWithCacheKeyConfig(ld.BlocksCacheKey(remote_cluster, model_id), range(*src_layers),
+                                           range(*dst_layers))
+    task = _cm(state).transfer_cache_async(state["caches"][src], _Ready(), [config])
+    results = task.get_results()
+    return task.synchronize().name, [r.name for r in results]
+
+
+def unregister_and_finalize(state: dict, name: str) -> None:
+    _cm(state).unregister_cache(state["caches"].pop(name).cache_id)
+    state.pop("dd").finalize()

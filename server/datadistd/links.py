@@ -687,6 +687,8 @@ class LinkManager:
                 reply = ReverseReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)
+                if self.links.get(link.remote_cluster) is link:  # gone before the serving end hears back
+                    del self.links[link.remote_cluster]
                 reply = ReverseReply(cmd.command_id)
         except DataDistError as exc:
             reply = ReverseReply(cmd.command_id, int(exc.code), exc.message)
@@ -695,7 +697,7 @@ class LinkManager:
         except DataDistError as exc:
             log.info("cluster %s: cannot answer reverse call %s of cluster %s: %s", self.cluster_id,
                      cmd.command_id, link.remote_cluster, exc)
-        if isinstance(cmd, UnlinkCmd) and self.links.get(link.remote_cluster) is link:
+        if isinstance(cmd, UnlinkCmd):
             log.info("cluster %s: cluster %s unlinked from its end", self.cluster_id, link.remote_cluster)
             await self._close_link(link, notify=False)
 

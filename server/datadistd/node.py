@@ -189,11 +189,11 @@ class Node:
             return
         self._retiring[EngineId(engine_id)] = slot  # its pools count against the node cap until freed
         try:
-            for listener in slot.listeners():
-                await listener.stop()
             if slot.comm is not None:
                 await slot.comm.close()
-            await slot.links.close()
+            await slot.links.close()  # while the listeners still carry the reverse paths: the peers are told
+            for listener in slot.listeners():
+                await listener.stop()
             await slot.engine.drain(timeout=5.0)
             usage = slot.engine.registry.bytes_owned
             slot.engine.close()

@@ -193,3 +193,61 @@ def transfer_blocks_key_async(state: dict, src: str, remote_cluster: int, model_
 def unregister_and_finalize(state: dict, name: str) -> None:
     _cm(state).unregister_cache(state["caches"].pop(name).cache_id)
     state.pop("dd").finalize()
+
+
+# ---- comm domains (vllm-ascend's c_mgr connector, omni-infer's LLMDataDistManager) ------------------
+
+def comm_link(state: dict, comm_name: str, cluster_rank_info: list, rank_table: str) -> int:
+    return state["dd"].link(comm_name, {c: r for c, r in cluster_rank_info}, rank_table)
+
+
+def wait_registered(state: dict, comm_id: int, poll_s: float = 0.1, timeout_s: float = 30.0) -> str:
+    """Poll ``query_register_mem_status`` until OK, as the callers do (bounded here)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = state["dd"].query_register_mem_status(comm_id)
+        if status == ld.RegisterMemStatus.OK:
+            return status.name
+        if status == ld.RegisterMemStatus.FAILED:
+            raise RuntimeError(f"link {comm_id} failed")
+        time.sleep(poll_s)
+    return "PREPARING"
+
+
+def comm_unlink(state: dict, comm_id: int) -> None:
+    state["dd"].unlink(comm_id)
+
+
+#: omni-infer retries a pull on these codes (spec §14.4)
+RETRYABLE = {"LLM_REPEAT_REQUEST", "LLM_CLUSTER_NUM_EXCEED_LIMIT", "LLM_PROCESSING_LINK", "LLM_DEVICE_OUT_OF_MEMORY",
+             "LLM_TIMEOUT", "LLM_WAIT_PROCESS_TIMEOUT", "LLM_LINK_BUSY"}
+
+
+def pull_blocks_with_retry(state: dict, remote_cluster: int, model_id: int, dst: str, src_blocks: list,
+                           dst_blocks: list, retries: int = 3, pause_s: float = 0.2) -> int:
+    """omni-infer's pull: up to ``retries`` more attempts while the code is retryable; returns the attempts."""
+    for attempt in range(retries + 1):
+        try:
+            _cm(state).pull_blocks(ld.BlocksCacheKey(remote_cluster, model_id=model_id), state["caches"][dst],
+                                   src_blocks, dst_blocks)
+            return attempt + 1
+        except ld.LLMException as exc:
+            if exc.status_code.name not in RETRYABLE or attempt == retries:
+                raise
+            time.sleep(pause_s)
+    return retries + 1
+
+
+def reconnect(state: dict, remote_cluster: int, remote_ip: str, remote_port: int, timeout: int = 5000) -> None:
+    """omni_npu's reconnect path: force-unlink, then link; anything but success raises."""
+    info = cluster_info(remote_cluster, remote_ip, remote_port)
+    code, _ = state["dd"].unlink_clusters([info], timeout, force=True)
+    if code != ld.LLMStatusCode.LLM_SUCCESS:
+        raise RuntimeError(f"unlink_clusters(force=True) returned {code.name}")
+    code, codes = state["dd"].link_clusters([info], timeout)
+    if code != ld.LLMStatusCode.LLM_SUCCESS:
+        raise RuntimeError(f"link_clusters returned {code.name} {[c.name for c in codes]}")
+
+
+def finalize(state: dict) -> None:
+    state.pop("dd").finalize()

@@ -251,3 +251,22 @@ def reconnect(state: dict, remote_cluster: int, remote_ip: str, remote_port: int
 
 def finalize(state: dict) -> None:
     state.pop("dd").finalize()
+
+
+def sglang_push_requests(state: dict, decode_cluster: int, requests: list, threads: int = 12) -> list:
+    """SGLang's prefill ``add_transfer_request``: a 12-thread pool; each request pushes its KV blocks to the
+    decoder's ``BlocksCacheKey(cluster, 0)`` and, with its last chunk, its aux row to the aux cache.
+    ``requests``: (kv_src, kv_dst, aux_src, aux_dst) each; returns one status name per request."""
+    kv, aux = state["caches"]["kv"], state["caches"]["aux"]
+
+    def one(req: tuple) -> str:
+        kv_src, kv_dst, aux_src, aux_dst = req
+        try:
+            _cm(state).push_blocks(ld.BlocksCacheKey(decode_cluster, 0), kv, list(kv_src), list(kv_dst))
+            _cm(state).push_blocks(ld.BlocksCacheKey(decode_cluster, 1), aux, [aux_src], [aux_dst])
+        except ld.LLMException as exc:
+            return exc.status_code.name
+        return "LLM_SUCCESS"
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(one, requests))

@@ -270,3 +270,51 @@ def sglang_push_requests(state: dict, decode_cluster: int, requests: list, threa
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         return list(pool.map(one, requests))
+
+
+def vllm_pull_blocks(state: dict, remote_cluster: int, caches: list, remote_block_ids: list,
+                     local_block_ids: list) -> str:
+    """vllm-ascend's c_mgr connector: one ``pull_blocks`` per cache (model_id = its index), remote ids trimmed to
+    the last ``len(local)``; TypeError/ValueError and LLMException are caught and reported, as it does."""
+    remote = remote_block_ids[-len(local_block_ids):]
+    for model_id, name in enumerate(caches):
+        try:
+            _cm(state).pull_blocks(ld.BlocksCacheKey(cluster_id=remote_cluster, model_id=model_id),
+                                   state["caches"][name], remote, local_block_ids)
+        except (TypeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        except ld.LLMException as exc:
+            return exc.status_code.name
+    return "ok"
+
+
+# ---- vllm-ascend's V0 connector (KvCacheManager mode) ---------------------------------------------
+
+def v0_send(state: dict, cluster_id: int, model_id: int, num_tensors: int, shape: list, seq_dim: int,
+            seed: int) -> list:
+    """``send_tensor``: allocate under ``CacheKey(cluster, 0, model_id)``, write through the tensor addresses,
+    drop the cache id at once (the key keeps the memory until the decoder pulled). Returns the bytes written."""
+    from llm_datadist import views
+
+    kv = state["dd"].kv_cache_manager
+    desc = ld.CacheDesc(num_tensors, shape, ld.DataType.DT_FLOAT16, seq_len_dim_index=seq_dim)
+    buffer = kv.allocate_cache(desc, [ld.CacheKey(cluster_id, 0, model_id)])
+    written = []
+    for i, arr in enumerate(views.numpy_views(buffer)):
+        flat = arr.reshape(-1).view(np.uint8)
+        flat[:] = np.random.default_rng(seed * 10 + i).integers(0, 256, flat.size, dtype=np.uint8)
+        written.append(flat.copy())
+    kv.deallocate_cache(buffer)
+    return written
+
+
+def v0_recv(state: dict, remote_cluster: int, cache_id: int, num_tensors: int, shape: list, seq_dim: int) -> list:
+    """``recv_tensor``: allocate a buffer, ``pull_cache(CacheKeyByIdAndIndex(remote, cache_id, 0), buffer, 0)``."""
+    from llm_datadist import views
+
+    kv = state["dd"].kv_cache_manager
+    desc = ld.CacheDesc(num_tensors, shape, ld.DataType.DT_FLOAT16, seq_len_dim_index=seq_dim)
+    buffer = kv.allocate_cache(desc)
+    kv.pull_cache(ld.CacheKeyByIdAndIndex(remote_cluster, cache_id, 0), buffer, 0)
+    state.setdefault("buffers", []).append(buffer)
+    return [arr.reshape(-1).view(np.uint8).copy() for arr in views.numpy_views(buffer)]

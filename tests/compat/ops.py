@@ -20,34 +20,18 @@ def _cm(state: dict) -> Any:
     return state["dd"].cache_manager
 
 
-def push_blocks_threads(state: dict, remote_cluster: int, src: str, jobs: list, threads: int = 12,
-                        model_id: int = 0) -> list:
-    """``threads`` threads call ``push_blocks`` at once, one job (src_blocks, dst_blocks) each (SGLang's
-    transfer worker pool); returns one status name per job ("LLM_SUCCESS" or the exception's)."""
-    cache = state["caches"][src]
-    key = ld.BlocksCacheKey(remote_cluster, model_id)
+def blocks_threads(state: dict, method: str, remote_cluster: int, cache: str, jobs: list, threads: int = 12,
+                   model_id: int = 0) -> list:
+    """``threads`` threads call ``push_blocks`` or ``pull_blocks`` (``method``) at once, one job
+    (src_blocks, dst_blocks) each, as SGLang's transfer pool does; returns one status name per job
+    ("LLM_SUCCESS" or the ``LLMException``'s code)."""
+    call = getattr(_cm(state), method)
+    key, local = ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][cache]
 
     def one(job: tuple) -> str:
         src_blocks, dst_blocks = job
         try:
-            _cm(state).push_blocks(key, cache, list(src_blocks), list(dst_blocks))
-        except ld.LLMException as exc:
-            return exc.status_code.name
-        return "LLM_SUCCESS"
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(one, jobs))
-
-
-def pull_blocks_threads(state: dict, remote_cluster: int, dst: str, jobs: list, threads: int = 12,
-                        model_id: int = 0) -> list:
-    cache = state["caches"][dst]
-    key = ld.BlocksCacheKey(remote_cluster, model_id)
-
-    def one(job: tuple) -> str:
-        src_blocks, dst_blocks = job
-        try:
-            _cm(state).pull_blocks(key, cache, list(src_blocks), list(dst_blocks))
+            call(key, local, list(src_blocks), list(dst_blocks))
         except ld.LLMException as exc:
             return exc.status_code.name
         return "LLM_SUCCESS"
@@ -64,12 +48,6 @@ def cluster_info(remote_cluster: int, remote_ip: str, remote_port: int, local_ip
     info.append_remote_ip_info(remote_ip, remote_port)
     return info
 
-
-def now_ms(state: dict) -> float:
-    return time.monotonic() * 1000
-
-
-_ = np
 
 
 # ---- shapes the callers use ----------------------------------------------------------------------

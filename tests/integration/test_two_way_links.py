@@ -79,13 +79,15 @@ def test_twelve_threads_push_from_the_listening_side_at_once(linked) -> None:
     dp, dd, prompt, decoder, port = linked
     jobs = [([4 * i, 4 * i + 1, 4 * i + 2], [63 - 4 * i, 62 - 4 * i, 61 - 4 * i]) for i in range(12)]
     for _ in range(3):
-        assert prompt.call("run", OPS, "push_blocks_threads", D, "kv", jobs, threads=12) == ["LLM_SUCCESS"] * 12
+        pushed = prompt.call("run", OPS, "blocks_threads", "push_blocks", D, "kv", jobs, threads=12)
+        assert pushed == ["LLM_SUCCESS"] * 12
         src, dst = prompt.call("rows", "kv"), decoder.call("rows", "kv")
         for s, d in jobs:
             np.testing.assert_array_equal(dst[:, d], src[:, s])
     # pulls from the listening side, concurrently too
     pulls = [([63 - i], [i]) for i in range(12)]
-    assert prompt.call("run", OPS, "pull_blocks_threads", D, "kv", pulls, threads=12) == ["LLM_SUCCESS"] * 12
+    pulled = prompt.call("run", OPS, "blocks_threads", "pull_blocks", D, "kv", pulls, threads=12)
+    assert pulled == ["LLM_SUCCESS"] * 12
     np.testing.assert_array_equal(prompt.call("rows", "kv", None, list(range(12))),
                                   decoder.call("rows", "kv", None, [63 - i for i in range(12)]))
     # the link is healthy afterwards, on both ends

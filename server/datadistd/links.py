@@ -427,7 +427,8 @@ class LinkManager:
                 await link.peer.close()
         else:
             hub = link.reverse
-            if notify and link.state == LinkState.ESTABLISHED and hub is not None and hub.attached:
+            # a reverse path not attached yet (a link just made) is waited for within the deadline
+            if notify and link.state == LinkState.ESTABLISHED and hub is not None and not hub.closed:
                 try:
                     remaining = (deadline or time.monotonic() + 1) - time.monotonic()
                     await hub.unlink(link.session, max(0.1, remaining))

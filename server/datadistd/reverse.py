@@ -129,10 +129,6 @@ class ReverseHub:
 
     # ---- the push side (what LinkManager calls, shaped like PeerClient) --------------------------
 
-    @property
-    def attached(self) -> bool:
-        return self._attached.is_set()
-
     async def _call(self, make: "type[ReverseCmd]", timeout: float, *args: object) -> ReverseReply:
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,

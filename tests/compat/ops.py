@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 import llm_datadist as ld
+from tests.worker_ops import _ranges
 
 
 def _cm(state: dict) -> Any:
@@ -90,22 +91,6 @@ def register_blocks(state: dict, name: str, tensors: list, dtype: str = "DT_FLOA
     return cache.cache_id
 
 
-def fill_random(state: dict, name: str, seed: int) -> None:
-    for i, arr in enumerate(state["arrays"][name]):
-        flat = arr.reshape(-1).view(np.uint8)
-        flat[:] = np.random.default_rng(seed * 100 + i).integers(0, 256, flat.size, dtype=np.uint8)
-
-
-def blocks_of(state: dict, name: str, tensors: list | None = None, blocks: list | None = None) -> np.ndarray:
-    """Bytes of blocks (rows) ``blocks`` of tensors ``tensors``: uint8 [tensor, block, bytes]."""
-    arrays = state["arrays"][name]
-    out = []
-    for i in (range(len(arrays)) if tensors is None else tensors):
-        per = arrays[i].reshape(arrays[i].shape[0], -1).view(np.uint8)
-        out.append(per if blocks is None else per[list(blocks)])
-    return np.stack(out).copy()
-
-
 def link_clusters(state: dict, clusters: list, timeout: int = 5000) -> tuple:
     """``clusters``: (remote_cluster_id, remote_ip, remote_port, local_ip, local_port) each."""
     infos = [cluster_info(c, rip, rport, lip, lport) for c, rip, rport, lip, lport in clusters]
@@ -136,10 +121,6 @@ def push_blocks(state: dict, remote_cluster: int, model_id: int, src: str, src_b
                 **kw: Any) -> None:
     _cm(state).push_blocks(ld.BlocksCacheKey(remote_cluster, model_id), state["caches"][src],
                            src_blocks=src_blocks, dst_blocks=dst_blocks, **_ranges(kw))
-
-
-def _ranges(kw: dict) -> dict:
-    return {k: range(*v) if k.endswith("_range") else v for k, v in kw.items()}
 
 
 def switch_role(state: dict, role: str, listen: str | None = None) -> None:
@@ -175,10 +156,6 @@ def unregister_and_finalize(state: dict, name: str) -> None:
 
 # ---- comm domains (vllm-ascend's c_mgr connector, omni-infer's LLMDataDistManager) ------------------
 
-def comm_link(state: dict, comm_name: str, cluster_rank_info: list, rank_table: str) -> int:
-    return state["dd"].link(comm_name, {c: r for c, r in cluster_rank_info}, rank_table)
-
-
 def wait_registered(state: dict, comm_id: int, poll_s: float = 0.1, timeout_s: float = 30.0) -> str:
     """Poll ``query_register_mem_status`` until OK, as the callers do (bounded here)."""
     deadline = time.monotonic() + timeout_s
@@ -190,10 +167,6 @@ def wait_registered(state: dict, comm_id: int, poll_s: float = 0.1, timeout_s: f
             raise RuntimeError(f"link {comm_id} failed")
         time.sleep(poll_s)
     return "PREPARING"
-
-
-def comm_unlink(state: dict, comm_id: int) -> None:
-    state["dd"].unlink(comm_id)
 
 
 #: omni-infer retries a pull on these codes (spec §14.4)
@@ -225,10 +198,6 @@ def reconnect(state: dict, remote_cluster: int, remote_ip: str, remote_port: int
     code, codes = state["dd"].link_clusters([info], timeout)
     if code != ld.LLMStatusCode.LLM_SUCCESS:
         raise RuntimeError(f"link_clusters returned {code.name} {[c.name for c in codes]}")
-
-
-def finalize(state: dict) -> None:
-    state.pop("dd").finalize()
 
 
 def sglang_push_requests(state: dict, decode_cluster: int, requests: list, threads: int = 12) -> list:

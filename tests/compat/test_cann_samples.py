@@ -36,12 +36,12 @@ def test_push_blocks_sample_decoder_pushes_to_the_listening_prompt(spawn) -> Non
     run(decoder, "init", "DECODER", DECODER, {"device_id": 0, "local_comm_res": "", "listen_ip_info": f"{IP}:{dport}"})
     run(prompt, "register_blocks", "kv", ONES, key=(PROMPT, 0))
     run(decoder, "register_blocks", "kv", ZEROS, key=(DECODER, 0))
-    run(decoder, "fill_random", "kv", 3)
+    decoder.call("fill", "kv", 3)
     assert run(decoder, "link_clusters", [(PROMPT, IP, pport, IP, dport)]) == SUCCESS
     run(decoder, "push_blocks", PROMPT, 0, "kv", [0, 1], [0, 2])
-    np.testing.assert_array_equal(run(prompt, "blocks_of", "kv", None, [0, 2]),
-                                  run(decoder, "blocks_of", "kv", None, [0, 1]))
-    assert (run(prompt, "blocks_of", "kv", None, [1]).view(np.float32) == 1.0).all()
+    np.testing.assert_array_equal(prompt.call("rows", "kv", None, [0, 2]),
+                                  decoder.call("rows", "kv", None, [0, 1]))
+    assert (prompt.call("rows", "kv", None, [1]).view(np.float32) == 1.0).all()
     assert run(decoder, "unlink_clusters", [(PROMPT, None, 0)], force=True) == SUCCESS
     assert run(prompt, "unlink_clusters", [(DECODER, None, 0)], force=True) == SUCCESS
     run(decoder, "unregister_and_finalize", "kv")
@@ -57,19 +57,19 @@ def test_switch_role_sample_then_the_listening_side_pushes(spawn) -> None:
     run(decoder, "init", "DECODER", DECODER, {"device_id": 0, "local_comm_res": ""})
     run(prompt, "register_blocks", "kv", ONES, key=(PROMPT, 0))
     run(decoder, "register_blocks", "kv", ZEROS, key=(DECODER, 0))
-    run(prompt, "fill_random", "kv", 1)
+    prompt.call("fill", "kv", 1)
     assert run(decoder, "link_clusters", [(PROMPT, IP, pport, IP, dport)]) == SUCCESS
     run(decoder, "pull_blocks", PROMPT, 0, "kv", src_blocks=[0, 1], dst_blocks=[0, 2])
-    np.testing.assert_array_equal(run(decoder, "blocks_of", "kv", None, [0, 2]),
-                                  run(prompt, "blocks_of", "kv", None, [0, 1]))
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [0, 2]),
+                                  prompt.call("rows", "kv", None, [0, 1]))
     assert run(decoder, "unlink_clusters", [(PROMPT, IP, pport)]) == SUCCESS
     run(prompt, "switch_role", "DECODER")
     run(decoder, "switch_role", "PROMPT", listen=f"{IP}:{dport}")
     assert run(prompt, "link_clusters", [(DECODER, IP, dport, IP, pport)]) == SUCCESS
-    run(decoder, "fill_random", "kv", 2)
+    decoder.call("fill", "kv", 2)
     run(decoder, "push_blocks", PROMPT, 0, "kv", [0, 1, 2], [0, 1, 2], src_layer_range=(0, 2),
         dst_layer_range=(0, 2), tensor_num_per_layer=1)
-    np.testing.assert_array_equal(run(prompt, "blocks_of", "kv"), run(decoder, "blocks_of", "kv"))
+    np.testing.assert_array_equal(prompt.call("rows", "kv"), decoder.call("rows", "kv"))
     assert run(prompt, "unlink_clusters", [(DECODER, None, 0)], force=True) == SUCCESS
     assert run(decoder, "unlink_clusters", [(PROMPT, None, 0)], force=True) == SUCCESS
     run(prompt, "unregister_and_finalize", "kv")
@@ -88,7 +88,7 @@ def test_transfer_cache_async_sample_layer_wise_without_indices(spawn) -> None:
     run(decoder, "register_blocks", "kv", ZEROS, key=(DECODER, 0))
     assert run(prompt, "link_clusters", [(DECODER, IP, dport, IP, pport)]) == SUCCESS
     assert run(prompt, "transfer_blocks_key_async", "kv", DECODER, 0, (0, 1), (0, 1)) == SUCCESS
-    got = run(decoder, "blocks_of", "kv").view(np.float32)   # [tensor, block, 10 floats]
+    got = decoder.call("rows", "kv").view(np.float32)   # [tensor, block, 10 floats]
     assert (got[:, 0] == 1.0).all() and (got[:, 1:] == 0.0).all()
     assert run(prompt, "unlink_clusters", [(DECODER, None, 0)], force=True) == SUCCESS
     assert run(decoder, "unlink_clusters", [(PROMPT, None, 0)], force=True) == SUCCESS
@@ -115,7 +115,7 @@ def test_pull_blocks_xpyd_sample(spawn) -> None:
     for i, p in enumerate(prompts):
         run(p, "init", "PROMPT", p_ids[i], {"device_id": 0, "local_comm_res": "", "listen_ip_info": f"{IP}:{ports[i]}"})
         run(p, "register_blocks", "kv", one, key=(p_ids[i], 0))
-        run(p, "fill_random", "kv", 10 + i)
+        p.call("fill", "kv", 10 + i)
     for i, d in enumerate(decoders):
         run(d, "init", "DECODER", d_ids[i], {"device_id": 0, "local_comm_res": ""})
         run(d, "register_blocks", "kv", one, key=(d_ids[i], 0))
@@ -125,8 +125,8 @@ def test_pull_blocks_xpyd_sample(spawn) -> None:
     for d in decoders:
         for i, p in enumerate(prompts):
             run(d, "pull_blocks", p_ids[i], 0, "kv", src_blocks=[0, 1], dst_blocks=[0, 2])
-            np.testing.assert_array_equal(run(d, "blocks_of", "kv", None, [0, 2]),
-                                          run(p, "blocks_of", "kv", None, [0, 1]))
+            np.testing.assert_array_equal(d.call("rows", "kv", None, [0, 2]),
+                                          p.call("rows", "kv", None, [0, 1]))
     for d in decoders:
         assert run(d, "unlink_clusters", [(p_ids[i], IP, ports[i]) for i in range(2)]) == (
             "LLM_SUCCESS", ["LLM_SUCCESS", "LLM_SUCCESS"])

@@ -58,14 +58,14 @@ def test_llmdatadist_manager_tp_ranks_share_a_cluster_id(spawn) -> None:
             run(prefill[rank], "register_blocks", f"g{g}", [(shape, 0.0)] * LAYERS, dtype="DT_FLOAT16",
                 key=(PREFILL, g))
             run(decode[rank], "register_blocks", f"g{g}", [(shape, 0.0)] * LAYERS, dtype="DT_FLOAT16")
-            run(prefill[rank], "fill_random", f"g{g}", 10 * rank + g)
+            prefill[rank].call("fill", f"g{g}", 10 * rank + g)
     comm = {}
     for rank in range(TP):
         table = rank_table(free_port(), free_port())
         name = f"{IP}-{PREFILL}-{IP}-{DECODE}-p{rank}-d{rank}"
         members = [(PREFILL, 0), (DECODE, 1)]
-        comm[rank] = (run(prefill[rank], "comm_link", name, members, table),
-                      run(decode[rank], "comm_link", name, members, table))
+        comm[rank] = (prefill[rank].call("comm_link", name, members, table),
+                      decode[rank].call("comm_link", name, members, table))
     for rank in range(TP):
         assert run(prefill[rank], "wait_registered", comm[rank][0]) == "OK"
         assert run(decode[rank], "wait_registered", comm[rank][1]) == "OK"
@@ -73,15 +73,15 @@ def test_llmdatadist_manager_tp_ranks_share_a_cluster_id(spawn) -> None:
     for rank in range(TP):
         for g in range(len(GROUPS)):
             assert run(decode[rank], "pull_blocks_with_retry", PREFILL, g, f"g{g}", src, dst) == 1
-            np.testing.assert_array_equal(run(decode[rank], "blocks_of", f"g{g}", None, dst),
-                                          run(prefill[rank], "blocks_of", f"g{g}", None, src),
+            np.testing.assert_array_equal(decode[rank].call("rows", f"g{g}", None, dst),
+                                          prefill[rank].call("rows", f"g{g}", None, src),
                                           err_msg=f"rank {rank} group {g}")
-    assert not np.array_equal(run(prefill[0], "blocks_of", "g0"), run(prefill[1], "blocks_of", "g0"))
+    assert not np.array_equal(prefill[0].call("rows", "g0"), prefill[1].call("rows", "g0"))
     for rank in range(TP):
-        run(decode[rank], "comm_unlink", comm[rank][1])
-        run(prefill[rank], "comm_unlink", comm[rank][0])
-        run(decode[rank], "finalize")
-        run(prefill[rank], "finalize")
+        decode[rank].call("comm_unlink", comm[rank][1])
+        prefill[rank].call("comm_unlink", comm[rank][0])
+        decode[rank].call("finalize")
+        prefill[rank].call("finalize")
 
 
 def test_omni_npu_reconnect_path(spawn) -> None:
@@ -96,15 +96,15 @@ def test_omni_npu_reconnect_path(spawn) -> None:
         prefill = spawn()
         run(prefill, "init", "PROMPT", PREFILL, {**config, "listen_ip_info": f"{IP}:{port}"})
         run(prefill, "register_blocks", "kv", kv, dtype="DT_FLOAT16", key=(PREFILL, 0))
-        run(prefill, "fill_random", "kv", life)
+        prefill.call("fill", "kv", life)
         run(decode, "reconnect", PREFILL, IP, port)   # force unlink (linked or not), then link
         run(decode, "pull_blocks", PREFILL, 0, "kv", src_blocks=[1, 2], dst_blocks=[5, 6])
-        np.testing.assert_array_equal(run(decode, "blocks_of", "kv", None, [5, 6]),
-                                      run(prefill, "blocks_of", "kv", None, [1, 2]))
+        np.testing.assert_array_equal(decode.call("rows", "kv", None, [5, 6]),
+                                      prefill.call("rows", "kv", None, [1, 2]))
         run(decode, "reconnect", PREFILL, IP, port)   # reconnecting a live link works too
-        run(prefill, "finalize")
+        prefill.call("finalize")
         with pytest.raises(WorkerError) as info:      # the prefill's finalize unlinked both ends
             run(decode, "pull_blocks", PREFILL, 0, "kv", src_blocks=[1], dst_blocks=[5])
         assert info.value.status_code == S.LLM_NOT_YET_LINK
         prefill.close()
-    run(decode, "finalize")
+    decode.call("finalize")

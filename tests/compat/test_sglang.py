@@ -51,22 +51,22 @@ def test_prefill_pushes_to_the_decoder_that_linked_from_12_threads(spawn) -> Non
                                                                                          ["LLM_SUCCESS"])
     rng = np.random.default_rng(7)
     for wave in range(3):  # three waves of 12 requests, each with its own block tables on both sides
-        run(prefill, "fill_random", "kv", wave)
-        run(prefill, "fill_random", "aux", 10 + wave)
+        prefill.call("fill", "kv", wave)
+        prefill.call("fill", "aux", 10 + wave)
         src = rng.permutation(BLOCKS)[:THREADS * 4].reshape(THREADS, 4).tolist()
         dst = rng.permutation(BLOCKS)[:THREADS * 4].reshape(THREADS, 4).tolist()
         aux_src, aux_dst = rng.permutation(64)[:THREADS].tolist(), rng.permutation(64)[:THREADS].tolist()
         requests = list(zip(src, dst, aux_src, aux_dst, strict=True))
         assert run(prefill, "sglang_push_requests", DECODE, requests, threads=THREADS) == ["LLM_SUCCESS"] * THREADS
-        mine, theirs = run(prefill, "blocks_of", "kv"), run(decode, "blocks_of", "kv")
-        mine_aux, theirs_aux = run(prefill, "blocks_of", "aux"), run(decode, "blocks_of", "aux")
+        mine, theirs = prefill.call("rows", "kv"), decode.call("rows", "kv")
+        mine_aux, theirs_aux = prefill.call("rows", "aux"), decode.call("rows", "aux")
         for s, d, a_s, a_d in requests:
             np.testing.assert_array_equal(theirs[:, d], mine[:, s], err_msg=f"wave {wave}")
             np.testing.assert_array_equal(theirs_aux[:, a_d], mine_aux[:, a_s], err_msg=f"wave {wave}")
     # the link survived the concurrent pushes: one more request goes through, then the decoder unlinks
     assert run(prefill, "sglang_push_requests", DECODE, [([5, 6], [90, 91], 3, 63)], threads=1) == ["LLM_SUCCESS"]
-    np.testing.assert_array_equal(run(decode, "blocks_of", "kv", None, [90, 91]),
-                                  run(prefill, "blocks_of", "kv", None, [5, 6]))
+    np.testing.assert_array_equal(decode.call("rows", "kv", None, [90, 91]),
+                                  prefill.call("rows", "kv", None, [5, 6]))
     assert run(decode, "unlink_clusters", [(PREFILL, IP, port)]) == ("LLM_SUCCESS", ["LLM_SUCCESS"])
-    run(decode, "finalize")
-    run(prefill, "finalize")
+    decode.call("finalize")
+    prefill.call("finalize")

@@ -49,26 +49,26 @@ def test_c_mgr_connector_mla_pull(spawn) -> None:
         run(worker, "init", role, cid, config)
         run(worker, "register_blocks", "k_normed", K_NORMED, dtype="DT_BF16", key=(cid, 0))
         run(worker, "register_blocks", "k_pe", K_PE, dtype="DT_BF16", key=(cid, 1))
-    run(prefill, "fill_random", "k_normed", 1)
-    run(prefill, "fill_random", "k_pe", 2)
+    prefill.call("fill", "k_normed", 1)
+    prefill.call("fill", "k_pe", 2)
     table = rank_table(free_port(), free_port())
     name, members = f"pd_comm_{IP}_{IP}", [(PREFILL, 0), (DECODE, 1)]
-    d_comm = run(decode, "comm_link", name, members, table)     # the decoder links first ...
-    p_comm = run(prefill, "comm_link", name, members, table)    # ... the prefill on the decoder's metadata
+    d_comm = decode.call("comm_link", name, members, table)     # the decoder links first ...
+    p_comm = prefill.call("comm_link", name, members, table)    # ... the prefill on the decoder's metadata
     assert run(decode, "wait_registered", d_comm) == "OK" and run(prefill, "wait_registered", p_comm) == "OK"
     remote = [7, 8, 9, 10, 11, 12]           # the prefill's block table; the decoder holds the last 4
     local = [40, 3, 33, 5]
     assert run(decode, "vllm_pull_blocks", PREFILL, ["k_normed", "k_pe"], remote, local) == "ok"
     for name_ in ("k_normed", "k_pe"):
-        np.testing.assert_array_equal(run(decode, "blocks_of", name_, None, local),
-                                      run(prefill, "blocks_of", name_, None, remote[-4:]))
+        np.testing.assert_array_equal(decode.call("rows", name_, None, local),
+                                      prefill.call("rows", name_, None, remote[-4:]))
     # a bad table is caught the way the connector catches it (ValueError from the argument checks)
     assert run(decode, "vllm_pull_blocks", PREFILL, ["k_normed"], [-1], [0]).startswith("ValueError")
-    run(decode, "comm_unlink", d_comm)
-    run(prefill, "comm_unlink", p_comm)
+    decode.call("comm_unlink", d_comm)
+    prefill.call("comm_unlink", p_comm)
     assert run(decode, "vllm_pull_blocks", PREFILL, ["k_normed"], [1], [1]) == "LLM_NOT_YET_LINK"
-    run(decode, "finalize")
-    run(prefill, "finalize")
+    decode.call("finalize")
+    prefill.call("finalize")
 
 
 def test_v0_connector_kv_cache_manager_flow(spawn) -> None:

@@ -50,7 +50,6 @@ def cluster_info(remote_cluster: int, remote_ip: str, remote_port: int, local_ip
     return info
 
 
-
 # ---- shapes the callers use ----------------------------------------------------------------------
 
 NP = {"DT_FLOAT": np.float32, "DT_FLOAT16": np.float16, "DT_BF16": np.uint16, "DT_INT8": np.int8,

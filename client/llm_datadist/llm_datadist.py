@@ -218,6 +218,7 @@ class LLMDataDist:
         v.check_isinstance("clusters", clusters, [list, tuple], allow_none=False)
         for cluster in clusters:
             v.check_isinstance("cluster", cluster, [LLMClusterInfo], allow_none=False)
+            v.check_uint64("remote_cluster_id", cluster.remote_cluster_id)  # CANN: None is a TypeError, not 0
         v.raise_if_false(len(clusters) > 0, "clusters must not be empty")
         return [_cluster_pb(c) for c in clusters]
 
@@ -364,7 +365,6 @@ class LLMDataDist:
         return self._cluster_id
 
 
-@atexit.register
 def _finalize_at_exit() -> None:
     inst = LLMDataDist.llm_engine_instance
     if inst is not None:
@@ -372,6 +372,26 @@ def _finalize_at_exit() -> None:
             inst.finalize()
         except LLMException:
             pass
+
+
+def _register_exit_finalize() -> None:
+    """CANN registers an exit-time finalize (``atexit.register(_shutdown_handler)``); ours must run earlier.
+
+    Plain ``atexit`` hooks run after ``threading._shutdown`` has stopped every ``ThreadPoolExecutor``
+    (``concurrent.futures.thread._python_exit``), and an embedded daemon needs its executor to unlink
+    and tell the peers. Threading's exit hooks run in reverse order of registration, so ours,
+    registered after ``concurrent.futures.thread`` registered its own, runs before it. The ``atexit``
+    hook stays as a fallback (finalize is idempotent).
+    """
+    import concurrent.futures.thread  # noqa: F401 - registers the executors' exit hook first
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_finalize_at_exit)
+    atexit.register(_finalize_at_exit)
+
+
+_register_exit_finalize()
 
 
 _ = common_pb2

@@ -1,11 +1,15 @@
 """Links of one engine, and the transfers that run over them.
 
-A link is made by the *linking* engine (``link_clusters`` on the decoder, typically) towards a
-*serving* engine (one that set ``listen_ip_info``): an authenticated Peer handshake, then a
-data channel of several connections. Transfers are initiated by the linking side: a pull asks
-the owner to ``Read`` (bytes flow back over the channel, straight into the destination), a
-push asks the owner to ``OpenWrite`` and then streams the bytes to it. When both engines live
-in this daemon the link is ``local`` and transfers are plain memory copies.
+A link is set up by the *linking* engine (``link_clusters`` on the decoder, typically) towards a
+*serving* engine (one that set ``listen_ip_info``): an authenticated Peer handshake, then a data
+channel of several connections, then the reverse control path (``reverse.py``). As in CANN, a
+link then has two ends and **either end may pull and push** over it, single and layer-wise; the
+roles of client and server say nothing about prompt and decoder. A pull asks the owner at the
+other end to ``Read`` (bytes flow back over the data channel, straight into the destination), a
+push asks it to ``OpenWrite`` and then streams the bytes to it. The linking end reaches the owner
+through the peer's ``Peer`` service, the serving end through the reverse path; the transfer code
+is the same (``_calls``). Unlinking either end tears down both. When both engines live in this
+daemon the link is ``local`` and transfers are plain memory copies.
 
 Deadlines: every transfer has ``sync_kv_timeout`` (or the call's timeout); a peer that is
 unreachable or breaks mid-transfer ends the call with ``LLM_TIMEOUT`` (CANN's "the link is
@@ -41,7 +45,16 @@ from .peering import (
     make_offer,
     offer_mac,
 )
-from .reverse import OpenWriteCmd, ReverseCmd, ReverseHub, ReverseReply
+from .reverse import (
+    CommitWriteCmd,
+    OpenWriteCmd,
+    ReadCmd,
+    ReleaseCmd,
+    ReverseCmd,
+    ReverseHub,
+    ReverseReply,
+    UnlinkCmd,
+)
 from .transport.base import Channel, Transport
 
 __all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
@@ -88,8 +101,8 @@ class Link:
     bytes_out: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     heartbeat: "asyncio.Task[None] | None" = None
-    reverse: "ReverseHub | None" = None             # serving side: commands to the linking side (pushes)
-    reverse_task: "asyncio.Task[None] | None" = None  # linking side: serves the reverse path
+    reverse: "ReverseHub | None" = None             # serving end: its owner calls to the linking end
+    reverse_task: "asyncio.Task[None] | None" = None  # linking end: answers the serving end's calls
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, spec §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
 
@@ -121,8 +134,8 @@ class LinkManager:
         self.engine = engine
         self.transport = transport
         self.node = node
-        self.links: dict[int, Link] = {}       # links this engine made (it initiates transfers on them)
-        self.served: dict[int, Link] = {}      # links other engines made to this one
+        self.links: dict[int, Link] = {}       # links this engine set up (it is their linking end)
+        self.served: dict[int, Link] = {}      # links other engines set up to this one (their serving end)
         self.sessions: dict[bytes, Link] = {}
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
@@ -217,7 +230,7 @@ class LinkManager:
     async def _link_one(self, spec: ClusterSpec, deadline: float) -> None:
         cid = spec.remote_cluster_id
         require(cid != self.cluster_id, f"cannot link cluster {cid} to itself")
-        existing = self.links.get(cid)
+        existing = self.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
         if existing is not None:
             if existing.state == LinkState.ESTABLISHED:
                 raise DataDistError(StatusCode.LLM_ALREADY_LINK, f"cluster {cid} is already linked")
@@ -368,7 +381,11 @@ class LinkManager:
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
-            link = self.links.get(spec.remote_cluster_id) or self.served.get(spec.remote_cluster_id)
+            link = self.links_to(spec.remote_cluster_id)
+            if link is None and force:  # CANN: DestroyEntity of an unknown cluster only logs a warning
+                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.cluster_id,
+                            spec.remote_cluster_id)
+                return
             if link is None:
                 raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"no link to cluster {spec.remote_cluster_id}")
             if link.inflight:
@@ -409,6 +426,15 @@ class LinkManager:
             if link.peer is not None:
                 await link.peer.close()
         else:
+            hub = link.reverse
+            # a reverse path not attached yet (a link just made) is waited for within the deadline
+            if notify and link.state == LinkState.ESTABLISHED and hub is not None and not hub.closed:
+                try:
+                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
+                    await hub.unlink(link.session, max(0.1, remaining))
+                except DataDistError as exc:
+                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+                                            f"local end removed, but the linking side was not told: {exc}")
             self._drop_serving(link)
         log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
         if failure is not None:
@@ -416,25 +442,26 @@ class LinkManager:
 
     # ---- transfers (requester side) --------------------------------------------------------------
 
-    def _transfer_link(self, cluster: int, push: bool = False) -> Link:
-        link = self.links.get(cluster)
+    def _transfer_link(self, cluster: int) -> Link:
+        """The link to ``cluster``, whichever end of it this engine is: both ends may pull and push."""
+        link = self.links_to(cluster)
         if link is None:
-            served = self.served.get(cluster)
-            if served is not None and served.local_peer is not None:
-                link = served  # same daemon: either side may transfer
-            elif served is not None and push and served.reverse is not None:
-                link = served  # the serving side pushes over the reverse path
-            elif served is not None:
-                raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                    f"cluster {cluster} linked to this engine; transfers are initiated by the linking "
-                                    f"side (or link both ways, as comm-domain links do)")
-            else:
-                raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                    f"cluster {self.cluster_id} has no link to cluster {cluster}")
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_TIMEOUT,
                                 f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
         return link
+
+    def _calls(self, link: Link, timeout_ms: int):  # noqa: ANN202 - PeerClient or ReverseHub
+        """The owner calls of the other end of ``link`` and the data channel: the peer's Peer service from the
+        linking end, the reverse path from the serving end."""
+        calls = link.peer if link.initiator else link.reverse
+        channel = self._channel_of(link)
+        if calls is None or channel is None or channel.broken:
+            raise self._transfer_failure(link, DataDistError(
+                StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
+        return calls, channel
 
     def _deadline(self, order: TransferOrder) -> tuple[float, int]:
         timeout_ms = order.timeout_ms or self.engine.options.sync_kv_timeout_ms
@@ -488,10 +515,10 @@ class LinkManager:
 
     async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: list, deadline: float,  # type: ignore[type-arg]
                            timeout_ms: int) -> None:
-        assert link.peer is not None
-        receipt = self.transport.expect(dst, channel=link.channel)  # type: ignore[call-arg]
+        calls, channel = self._calls(link, timeout_ms)
+        receipt = self.transport.expect(dst, channel=channel)  # type: ignore[call-arg]
         try:
-            _, release = await link.peer.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
+            _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
             if getattr(receipt, "done", False):  # the bytes usually land before the answer: no executor hop
                 receipt.wait(deadline)
             else:
@@ -505,8 +532,8 @@ class LinkManager:
         if release:
             assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
             try:
-                await link.peer.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
-                                        max(0.5, deadline - time.monotonic()))
+                await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+                                    max(0.5, deadline - time.monotonic()))
             except DataDistError as exc:
                 log.warning("cluster %s: pulled key from cluster %s but could not release it: %s", self.cluster_id,
                             link.remote_cluster, exc)
@@ -545,7 +572,7 @@ class LinkManager:
 
     async def _write_owner(self, link: Link, spec: RemoteSpec, src: list, deadline: float,  # type: ignore[type-arg]
                            timeout_ms: int) -> None:
-        """Push ``src`` into what ``spec`` names on the other end of ``link`` (same daemon, peer or reverse path)."""
+        """Push ``src`` into what ``spec`` names at the other end of ``link`` (same daemon, either end)."""
         if link.local_peer is not None:
             owner = link.local_peer.engine
             cache_id, dst = owner.prepare_write(spec)
@@ -554,11 +581,7 @@ class LinkManager:
             finally:
                 owner.unpin(cache_id)
             return
-        calls = link.peer if link.initiator else link.reverse
-        channel = self._channel_of(link)
-        if calls is None or channel is None or channel.broken:
-            raise self._transfer_failure(link, DataDistError(
-                StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
+        calls, channel = self._calls(link, timeout_ms)
         try:
             tid = await calls.open_write(link.session, spec, deadline - time.monotonic())
             try:
@@ -573,7 +596,7 @@ class LinkManager:
     async def push_pieces(self, cluster: int, cache_id: int, pieces: Sequence[tuple[list, RemoteSpec]],
                           timeout_ms: int | None = None) -> int:
         """Send pieces (spans, owner spec) of local cache ``cache_id`` to ``cluster``: a layer of a layer-wise push."""
-        link = self._transfer_link(cluster, push=True)
+        link = self._transfer_link(cluster)
         if link.pulls:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"a pull is running on the link to cluster {cluster}; transfer_cache_async and pulls "
@@ -650,11 +673,23 @@ class LinkManager:
                 await stream.close()
 
     async def _answer_reverse(self, link: Link, stream: object, cmd: ReverseCmd) -> None:
+        """Linking end: run one owner call of the serving end (any number run at once) and answer it."""
         try:
             if isinstance(cmd, OpenWriteCmd):
                 reply = ReverseReply(cmd.command_id, transfer_id=self.open_write_for(link, cmd.spec, cmd.timeout_ms))
-            else:
+            elif isinstance(cmd, CommitWriteCmd):
                 await self.commit_write_for(link, cmd.transfer_id, cmd.timeout_ms)
+                reply = ReverseReply(cmd.command_id)
+            elif isinstance(cmd, ReadCmd):
+                nbytes, release = await self.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
+                reply = ReverseReply(cmd.command_id, nbytes=nbytes, release_needed=release)
+            elif isinstance(cmd, ReleaseCmd):
+                self.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
+                reply = ReverseReply(cmd.command_id)
+            else:
+                assert isinstance(cmd, UnlinkCmd)
+                if self.links.get(link.remote_cluster) is link:  # gone before the serving end hears back
+                    del self.links[link.remote_cluster]
                 reply = ReverseReply(cmd.command_id)
         except DataDistError as exc:
             reply = ReverseReply(cmd.command_id, int(exc.code), exc.message)
@@ -663,13 +698,19 @@ class LinkManager:
         except DataDistError as exc:
             log.info("cluster %s: cannot answer reverse call %s of cluster %s: %s", self.cluster_id,
                      cmd.command_id, link.remote_cluster, exc)
+        if isinstance(cmd, UnlinkCmd):
+            log.info("cluster %s: cluster %s unlinked from its end", self.cluster_id, link.remote_cluster)
+            await self._close_link(link, notify=False)
 
     # ---- transfers (owner side, called by the Peer service) -----------------------------------
 
     async def serve_read(self, session: bytes, transfer_id: int, spec: RemoteSpec,
                          timeout_ms: int) -> tuple[int, bool]:
-        link = self.session_link(session)
-        channel = self.transport.channel(link.token)
+        return await self.read_for(self.session_link(session), transfer_id, spec, timeout_ms)
+
+    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
+        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
+        channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         cache_id, src, release = self.engine.prepare_read(spec)

@@ -162,10 +162,8 @@ class Node:
         if session is not None and session.closed:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection is closed")
         opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
-        for other in self.engines.values():
-            require(other.engine.cluster_id != cluster_id,   # naming the other engine or its pid would leak it
-                    f"cluster id {cluster_id} is already used by another engine on this node; cluster ids must be "
-                    "unique")
+        # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
+        # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         pools = self._make_pools(opts)
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools)
@@ -230,11 +228,11 @@ class Node:
             slot.session.retire(EngineId(engine_id))
         self._retiring[EngineId(engine_id)] = slot  # its pools count against the node cap until freed
         try:
-            for listener in slot.listeners():
-                await listener.stop()
             if slot.comm is not None:
                 await slot.comm.close()
-            await slot.links.close()
+            await slot.links.close()  # while the listeners still carry the reverse paths: the peers are told
+            for listener in slot.listeners():
+                await listener.stop()
             await slot.engine.drain(timeout=5.0)
             usage = slot.engine.registry.bytes_owned
             slot.engine.close()

@@ -1,15 +1,18 @@
-"""The reverse control path of a link: lets the *serving* engine push to the *linking* one.
+"""The reverse control path of a link: makes the *serving* end of a link as able as the linking one.
 
-``link_clusters`` is one-sided: the decoder links to the prompt's listener and the prompt has no
-address of the decoder to call. Yet CANN's prompt pushes over that link (``transfer_cache_async``
-is PROMPT-only in v1 mode). So right after the handshake the linking daemon opens a
+``link_clusters`` is one-sided to set up: the decoder links to the prompt's listener and the prompt
+has no address of the decoder to call. Yet in CANN a link has two ends and either may pull and
+push over it (its docs: client/server is unrelated to the prompt/decoder role; its C++ builds a
+full link entity on the server too). So right after the handshake the linking daemon opens a
 ``Peer.Reverse`` stream to the serving daemon and keeps it open for the life of the link; over it
-the serving side sends the two owner calls a push needs (``OpenWrite`` / ``CommitWrite`` on the
-linking side's caches) and the linking side answers each one. The bytes themselves travel over
-the link's data channel as for any push.
+the serving side sends the owner calls a transfer needs (``Read`` / ``Release`` for a pull,
+``OpenWrite`` / ``CommitWrite`` for a push, on the linking side's caches) and ``Unlink``; the
+linking side answers each one. The bytes themselves travel over the link's data channel, in
+whichever direction the transfer goes.
 
-``ReverseHub`` (serving side) looks like the part of ``PeerClient`` a push uses, so the push code
-is the same in both directions. No grpc here: the rpc layer moves the records.
+``ReverseHub`` (serving side) looks like the part of ``PeerClient`` a transfer uses, so the
+transfer code is the same at both ends. Any number of calls may be in flight at once: commands
+carry ids, replies are matched to them. No grpc here: the rpc layer moves the records.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from dataclasses import dataclass
 from typing import Union
 
 from .core.errors import DataDistError, StatusCode
-from .core.types import RemoteSpec
+from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
-__all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReverseCmd", "ReverseReply", "ReverseHub"]
+__all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "ReverseCmd", "ReverseReply",
+           "ReverseHub"]
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,31 @@ class CommitWriteCmd:
     timeout_ms: int
 
 
-ReverseCmd = Union[OpenWriteCmd, CommitWriteCmd]
+@dataclass(frozen=True)
+class ReadCmd:
+    command_id: int
+    session: bytes
+    transfer_id: int
+    spec: RemoteSpec
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class ReleaseCmd:
+    command_id: int
+    session: bytes
+    key: "CacheKeyRef | IdIndexRef"
+    tensor_start: int
+    tensor_count: int
+
+
+@dataclass(frozen=True)
+class UnlinkCmd:
+    command_id: int
+    session: bytes
+
+
+ReverseCmd = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd]
 
 
 @dataclass(frozen=True)
@@ -53,6 +81,8 @@ class ReverseReply:
     status: int = 0
     message: str = ""
     transfer_id: int = 0
+    nbytes: int = 0                 # read: bytes sent
+    release_needed: bool = False    # read: confirm the receipt with a release
 
 
 class ReverseHub:
@@ -99,8 +129,7 @@ class ReverseHub:
 
     # ---- the push side (what LinkManager calls, shaped like PeerClient) --------------------------
 
-    async def _call(self, make: "type[OpenWriteCmd] | type[CommitWriteCmd]", timeout: float,
-                    *args: object) -> ReverseReply:
+    async def _call(self, make: "type[ReverseCmd]", timeout: float, *args: object) -> ReverseReply:
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"reverse path to cluster {self.remote_cluster} is closed ({self.reason})")
@@ -114,10 +143,11 @@ class ReverseHub:
             except asyncio.TimeoutError:
                 raise DataDistError(StatusCode.LLM_TIMEOUT,
                                     f"cluster {self.remote_cluster} never opened the reverse path of its link "
-                                    f"(an older daemon?); it cannot receive pushes from this side") from None
+                                    f"(an older daemon?); this side cannot transfer over it") from None
         command_id = next(self._ids)
         timeout_ms = max(1, int((deadline - loop.time()) * 1000))
-        cmd = make(command_id, *args, timeout_ms)  # type: ignore[call-arg]
+        cmd = (make(command_id, *args, timeout_ms) if make in _TIMED  # type: ignore[call-arg]
+               else make(command_id, *args))  # type: ignore[call-arg]
         fut: asyncio.Future[ReverseReply] = loop.create_future()
         self._pending[command_id] = fut
         self._queue.put_nowait(cmd)
@@ -142,3 +172,17 @@ class ReverseHub:
 
     async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
         await self._call(CommitWriteCmd, timeout, session, transfer_id)
+
+    async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
+        reply = await self._call(ReadCmd, timeout, session, transfer_id, spec)
+        return reply.nbytes, reply.release_needed
+
+    async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
+                      timeout: float) -> None:
+        await self._call(ReleaseCmd, timeout, session, key, tensor_start, tensor_count)
+
+    async def unlink(self, session: bytes, timeout: float) -> None:
+        await self._call(UnlinkCmd, timeout, session)
+
+
+_TIMED = (OpenWriteCmd, CommitWriteCmd, ReadCmd)  # commands that carry the caller's remaining time

@@ -110,6 +110,25 @@ def test_contiguous_targets_by_id_and_link_busy(v2_pair) -> None:
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [12, 13]), slot)
 
 
+def test_blocks_key_without_indices_takes_the_cache_to_cache_path(v2_pair) -> None:
+    """CANN's transfer_cache_async_sample: BlocksCacheKey config, no block indices (issue: item 3).
+
+    CANN's layer-wise job then copies one source stride per tensor to the start of the destination
+    tensor (``GenerateCacheToCacheTask``); for blocks caches a stride is one block: block 0 to block 0.
+    """
+    prompt, decoder, _ = v2_pair
+    run(prompt, "tca_start", "kv", [{"kind": "blocks", "cluster": D, "model_id": 0, "src": (0, 1), "dst": (1, 2)}])
+    assert run(prompt, "tca_release", 0)
+    assert run(prompt, "tca_results") == ("LLM_SUCCESS", ["LLM_SUCCESS"])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", _layer(1), [0]), prompt.call("rows", "kv", _layer(0), [0]))
+    assert not decoder.call("rows", "kv", _layer(1), list(range(1, BLOCKS))).any()
+    assert not decoder.call("rows", "kv", _layer(0) + _layer(2)).any()
+    # a contiguous source: its batch slot (128 bytes) does not fit one 64-byte destination block -> refused per config
+    run(prompt, "tca_start", "c", [{"kind": "blocks", "cluster": D, "model_id": 0, "src": (0, 1), "dst": (0, 1)}])
+    assert run(prompt, "tca_release", 0)
+    assert run(prompt, "tca_results") == ("LLM_PARAM_INVALID", ["LLM_PARAM_INVALID"])
+
+
 @pytest.fixture
 def v1_pair(daemon_factory, worker_factory):
     """KvCacheManager mode: the prompt listens and pushes with raw remote addresses (TransferConfig)."""

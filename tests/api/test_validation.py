@@ -67,7 +67,8 @@ def test_transfer_cache_async_argument_rules(rca) -> None:
     pinv(lambda: tca(cont, Never(), [cfg], dst_block_memory_size=64))           # size while dst is not blocks
     by_id = ld.TransferWithCacheKeyConfig(ld.CacheKeyByIdAndIndex(9, 1), range(0, 2), range(0, 2))
     assert tca(cont, Never(), [by_id], dst_block_memory_size=0).synchronize() is S.LLM_PARAM_INVALID  # 0 allowed
-    pinv(lambda: tca(cont, Never(), [cfg]))  # daemon: a BlocksCacheKey destination needs dst_block_indices
+    # no dst_block_indices: CANN's cache-to-cache path, accepted (the synchronizer then refuses layer 0)
+    assert tca(cont, Never(), [cfg]).synchronize() is S.LLM_PARAM_INVALID
     odd = cm.allocate_blocks_cache(CacheDesc(3, [8, 64], U8))
     pinv(lambda: tca(odd, Never(), [cfg], [0], [0]))                              # num_tensors must be even
     pinv(lambda: tca(blocks, Never(), [ld.TransferWithCacheKeyConfig(ld.CacheKeyByIdAndIndex(9, 1), range(0, 2),
@@ -332,3 +333,15 @@ def test_init_option_rules(local_dd) -> None:
     assert dd._options["llm.EnableCacheManager"] == "1" and dd._options["llm.EnableRemoteCacheAccessible"] == "1"
     assert (dd._options["llm.ListenIp"], dd._options["llm.ListenPort"]) == ("127.0.0.1", "0")
     assert dd.cache_manager is not None
+
+
+def test_unset_remote_cluster_id_is_a_type_error(local_dd) -> None:
+    """CANN's link_clusters / unlink_clusters run check_uint64 on remote_cluster_id: None -> TypeError."""
+    dd = local_dd("DECODER", cluster_id=3)
+    info = ld.LLMClusterInfo()
+    info.append_local_ip_info("127.0.0.1", 0)
+    info.append_remote_ip_info("127.0.0.1", 1)
+    with pytest.raises(TypeError, match="remote_cluster_id"):
+        dd.link_clusters([info], 1000)
+    with pytest.raises(TypeError, match="remote_cluster_id"):
+        dd.unlink_clusters([info], 1000, force=True)

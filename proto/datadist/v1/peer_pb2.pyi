@@ -16,28 +16,38 @@ READ_BLOCKS: ReadMode
 READ_SLOT: ReadMode
 
 class ReverseCommand(_message.Message):
-    __slots__ = ("command_id", "open_write", "commit_write")
+    __slots__ = ("command_id", "open_write", "commit_write", "read", "release", "unlink")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
     COMMIT_WRITE_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    UNLINK_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     open_write: WriteRequest
     commit_write: CommitRequest
-    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ...) -> None: ...
+    read: ReadRequest
+    release: ReleaseRequest
+    unlink: SessionRef
+    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
 
 class ReverseReply(_message.Message):
-    __slots__ = ("session", "command_id", "status", "message", "transfer_id")
+    __slots__ = ("session", "command_id", "status", "message", "transfer_id", "bytes", "release_needed")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
     session: bytes
     command_id: int
     status: int
     message: str
     transfer_id: int
-    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ...) -> None: ...
+    bytes: int
+    release_needed: bool
+    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "nonce", "timestamp_ms", "mac", "client_version")

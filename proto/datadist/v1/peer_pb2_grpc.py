@@ -131,9 +131,10 @@ class PeerServicer:
 
     def Reverse(self, request_iterator, context):
         """The reverse control path of a link: opened by the linking daemon right after the handshake,
-        it lets the serving side push (transfer_cache_async on a prompt that others linked to). The
-        serving side sends ReverseCommands (OpenWrite / CommitWrite on the linking side's caches);
-        the linking side answers each with a ReverseReply. The first ReverseReply names the session.
+        it makes the link usable from the serving side too (a link has two ends; either may pull and
+        push). The serving side sends ReverseCommands (the owner calls above, on the linking side's
+        caches, and Unlink); the linking side answers each with a ReverseReply, in any order, one
+        write at a time. The first ReverseReply names the session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -238,8 +238,6 @@ def check_layer_task(task: LayerTask, own_cluster: int) -> None:
                     and t.dst_layers[0] >= 0,
                     f"transfer_configs[{i}]: dst_layer_range must have the length of src_layer_range")
             if isinstance(t.key, BlocksKeyRef):
-                require(len(task.dst_blocks) > 0,
-                        f"transfer_configs[{i}]: a BlocksCacheKey destination needs dst_block_indices")
                 require(t.src_batch_index == 0, "src_batch_index should be 0 when cache_key is BlocksCacheKey.")
 
 
@@ -259,6 +257,10 @@ def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[list[Span
 
     if task.dst_blocks:
         mode, blocks, size = ReadMode.BLOCKS, tuple(task.dst_blocks), -1
+    elif isinstance(t.key, BlocksKeyRef):
+        # CANN's cache-to-cache path (no dst_block_indices): one source stride per tensor to the start of the
+        # destination tensor, i.e. its block 0 (LayerWiseTransferJob::GenerateCacheToCacheTask)
+        mode, blocks, size = ReadMode.BLOCKS, (0,), -1
     else:
         mode, blocks, size = ReadMode.SLOT, (), src.row_size
     if t.key is not None:

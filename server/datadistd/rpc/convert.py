@@ -23,7 +23,7 @@ from ..core.types import (
 )
 from ..links import ClusterSpec
 from ..peering import HandshakeAnswer, HandshakeOffer
-from ..reverse import CommitWriteCmd, OpenWriteCmd, ReverseCmd, ReverseReply
+from ..reverse import CommitWriteCmd, OpenWriteCmd, ReadCmd, ReleaseCmd, ReverseCmd, ReverseReply, UnlinkCmd
 
 MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
 
@@ -191,23 +191,50 @@ def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
 
 
 def reverse_command_to_pb(cmd: ReverseCmd) -> peer_pb2.ReverseCommand:
+    cid = cmd.command_id
     if isinstance(cmd, OpenWriteCmd):
-        return peer_pb2.ReverseCommand(command_id=cmd.command_id,
-                                       open_write=spec_to_write_pb(cmd.session, cmd.spec, cmd.timeout_ms))
-    return peer_pb2.ReverseCommand(command_id=cmd.command_id, commit_write=peer_pb2.CommitRequest(
-        session=cmd.session, transfer_id=cmd.transfer_id, timeout_ms=cmd.timeout_ms))
+        return peer_pb2.ReverseCommand(command_id=cid, open_write=spec_to_write_pb(cmd.session, cmd.spec,
+                                                                                   cmd.timeout_ms))
+    if isinstance(cmd, CommitWriteCmd):
+        return peer_pb2.ReverseCommand(command_id=cid, commit_write=peer_pb2.CommitRequest(
+            session=cmd.session, transfer_id=cmd.transfer_id, timeout_ms=cmd.timeout_ms))
+    if isinstance(cmd, ReadCmd):
+        return peer_pb2.ReverseCommand(command_id=cid, read=spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec,
+                                                                            cmd.timeout_ms))
+    if isinstance(cmd, ReleaseCmd):
+        return peer_pb2.ReverseCommand(command_id=cid, release=peer_pb2.ReleaseRequest(
+            session=cmd.session, key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start,
+            tensor_count=cmd.tensor_count))
+    return peer_pb2.ReverseCommand(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
 
 
 def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
     which = msg.WhichOneof("command")
+    cid = msg.command_id
     if which == "open_write":
         w = msg.open_write
-        return OpenWriteCmd(msg.command_id, w.session, spec_from_pb(w), w.timeout_ms)
+        return OpenWriteCmd(cid, w.session, spec_from_pb(w), w.timeout_ms)
     if which == "commit_write":
         c = msg.commit_write
-        return CommitWriteCmd(msg.command_id, c.session, c.transfer_id, c.timeout_ms)
-    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a reverse command needs open_write or commit_write")
+        return CommitWriteCmd(cid, c.session, c.transfer_id, c.timeout_ms)
+    if which == "read":
+        r = msg.read
+        return ReadCmd(cid, r.session, r.transfer_id, spec_from_pb(r), r.timeout_ms)
+    if which == "release":
+        key = key_from_pb(msg.release.key)
+        require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
+        return ReleaseCmd(cid, msg.release.session, key, msg.release.tensor_start,  # type: ignore[arg-type]
+                          msg.release.tensor_count)
+    if which == "unlink":
+        return UnlinkCmd(cid, msg.unlink.session)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"reverse command {cid} names no call this daemon knows")
 
 
 def reverse_reply_from_pb(msg: peer_pb2.ReverseReply) -> ReverseReply:
-    return ReverseReply(msg.command_id, int(msg.status), msg.message, msg.transfer_id)
+    return ReverseReply(msg.command_id, int(msg.status), msg.message, msg.transfer_id, msg.bytes, msg.release_needed)
+
+
+def reverse_reply_to_pb(reply: ReverseReply) -> peer_pb2.ReverseReply:
+    return peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status, message=reply.message,
+                                 transfer_id=reply.transfer_id, bytes=reply.nbytes,
+                                 release_needed=reply.release_needed)

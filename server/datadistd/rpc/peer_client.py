@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from datadist.v1 import peer_pb2, peer_pb2_grpc
@@ -102,11 +104,17 @@ class GrpcPeerClient:
 
 
 class GrpcReverseStream:
-    """The linking side's end of ``Peer.Reverse``: commands in, replies out."""
+    """The linking side's end of ``Peer.Reverse``: commands in, replies out.
+
+    Replies come from concurrent transfers; a grpc stream takes one write at a time (a second one
+    while the first is in flight fails with ``TOO_MANY_OPERATIONS`` and kills the stream), so
+    writes are serialised by a lock.
+    """
 
     def __init__(self, call, address: str) -> None:  # noqa: ANN001
         self._call = call
         self._address = address
+        self._write_lock = asyncio.Lock()
 
     async def commands(self):  # noqa: ANN201 - async iterator of ReverseCmd
         while True:
@@ -116,14 +124,18 @@ class GrpcReverseStream:
                 raise error_from_rpc(err, f"reverse on {self._address}") from None
             if msg is grpc.aio.EOF:
                 return
-            cmd: ReverseCmd = convert.reverse_command_from_pb(msg)
+            try:
+                cmd: ReverseCmd = convert.reverse_command_from_pb(msg)
+            except DataDistError as exc:  # a call this daemon does not know: answer it, keep the stream
+                await self.reply(ReverseReply(msg.command_id, int(exc.code), exc.message))
+                continue
             yield cmd
 
     async def reply(self, reply: ReverseReply) -> None:
         try:
-            await self._call.write(peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status,
-                                                         message=reply.message, transfer_id=reply.transfer_id))
-        except (grpc.RpcError, grpc.aio.UsageError) as err:
+            async with self._write_lock:
+                await self._call.write(convert.reverse_reply_to_pb(reply))
+        except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, f"reverse reply to {self._address}: {err}") from None
 
     async def close(self) -> None:

@@ -16,23 +16,26 @@ from pathlib import Path
 from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "pool_memfds"]
+__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds"]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What every open descriptor of process ``pid`` points at (``readlink /proc/<pid>/fd/N``)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return out
 
 
 def pool_memfds(pid: int) -> set[str]:
     """The pool memfds process ``pid`` holds open (``/memfd:datadist-<pid>-<placement>-<id> (deleted)``):
     pools are in no directory, so this is how a test sees one exist and go."""
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/memfd:datadist-"):
-            out.add(target)
-    return out
+    return {t for t in fd_targets(pid) if t.startswith("/memfd:datadist-")}
 
 
 class Daemon(DaemonProcess):

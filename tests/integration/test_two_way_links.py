@@ -26,7 +26,7 @@ OPS = "tests.compat.ops"
 
 
 def link_states(daemon) -> list:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.target) as ch:
+    with grpc.insecure_channel(daemon.admin_target) as ch:
         reply = datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5)
     return [(li.remote_cluster_id, li.state, li.initiator) for li in reply.links]
 

@@ -27,6 +27,7 @@ import numpy as np
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
 from llm_datadist import _memory
 from llm_datadist._attach import AttachClient
+from tests.harness import fd_targets
 
 STATUS_KEY = "datadist-status-code"
 DEV_SECRET = b"datadist-development-secret"
@@ -175,14 +176,7 @@ def _hex_addr(text: str) -> str:
 
 def listening_sockets(pid: int) -> set[tuple[str, int]]:
     """(ip, port) of every TCP socket in LISTEN state that process ``pid`` holds open."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = {t[8:-1] for t in fd_targets(pid) if t.startswith("socket:[")}
     found = set()
     for table in ("tcp", "tcp6"):
         try:

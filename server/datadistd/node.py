@@ -186,6 +186,9 @@ class Node:
         self.engines[engine_id] = slot
         if session is not None:
             session.engines.add(engine_id)
+            if session.closed:  # the worker went while its engine was being made: it goes too
+                await self.finalize_engine(engine_id, reason="worker detached during init")
+                raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection closed")
         links.start()
         log.info("engine %s up: cluster %s role %s pid %s uid %s listen=%s pools=%s", engine_id, cluster_id,
                  opts.role.name, slot.pid, slot.uid, slot.listen_address or "-",

@@ -13,6 +13,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import Placement
@@ -362,3 +364,41 @@ def test_import_process_memory_of_another_process_is_refused(backend):
 
 def test_pool_is_a_hostpool(backend):
     assert isinstance(backend.create_pool(Placement.HOST, 64 * KiB, 12), HostPool)
+
+
+U64 = 2**64 - 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pages=st.lists(st.integers(1, 3), min_size=1, max_size=3), sealed=st.booleans(),
+       offset=st.one_of(st.integers(0, 4 * 4096), st.integers(0, U64)),
+       length=st.one_of(st.integers(0, 4 * 4096), st.integers(0, U64)),
+       file_offset_pages=st.integers(0, 1))
+def test_import_accepts_exactly_the_ranges_inside(backend, pages, sealed, offset, length, file_offset_pages):
+    """Property: memory handed over is accepted iff 0 < length and offset + length fits the pieces (no wrap,
+    whatever uint64 the wire carries); an accepted handle reads exactly those bytes."""
+    page = mmap.PAGESIZE
+    data = bytes(np.random.default_rng(len(pages)).integers(0, 256, (sum(pages) + 1) * page, dtype=np.uint8))
+    pieces, blobs, at = [], [], file_offset_pages * page
+    for n in pages:
+        fd = _memfd(data, sealed=sealed)
+        pieces.append(FdPiece(fd, at, n * page))
+        blobs.append(data[at:at + n * page])
+    joined = b"".join(blobs)
+    ok = 0 < length and offset + length <= len(joined) and (sealed or len(pieces) == 1)
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        h = backend.import_memory(FdRef(tuple(pieces), offset, length))
+    except DataDistError as e:
+        assert not ok and e.code == StatusCode.LLM_PARAM_INVALID, e
+    else:
+        assert ok
+        try:
+            got = bytearray(length)
+            h.read_into(0, memoryview(got))
+            assert bytes(got) == joined[offset:offset + length]
+            with pytest.raises(DataDistError):
+                h.read_into(1, memoryview(bytearray(length)))        # one past the end
+        finally:
+            h.close()
+    assert len(os.listdir("/proc/self/fd")) <= before                 # every descriptor taken over was closed

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 _V1_NAMES = {"KvCacheManager": "kv_cache_manager", "Tensor": "tensor", "TensorDesc": "tensor",
-             # the model API of CANN 8.0.RC2-8.2 (spec §9): importable, not in __all__ (as in CANN's current package)
+             # the model API of CANN 8.0.RC2-8.2 (docs/spec.md §9): importable, not in __all__ (as in CANN's package)
              "LLMReq": "llm_model", "ModelConfig": "llm_model", "ModelRunner": "llm_model", "LLMModel": "llm_model",
              "CapacityState": "llm_model"}
 

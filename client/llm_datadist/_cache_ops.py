@@ -93,7 +93,7 @@ def check_blocks(name: str, blocks: Any) -> List[int]:
 
 
 def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Optional[range], Optional[range], int]:
-    """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (spec §6)."""
+    """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (docs/spec.md §6)."""
     unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer", *extra}
     v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
     src = kwargs.get("src_layer_range")

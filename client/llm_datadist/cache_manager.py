@@ -253,7 +253,7 @@ class CacheManager(CacheOps):
                              src_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
                              dst_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
                              dst_block_memory_size: Optional[int] = None) -> CacheTask:
-        """Layer-wise asynchronous push (spec §5.7, §7): one ``CacheTask`` with a result per config."""
+        """Layer-wise asynchronous push (docs/spec.md §5.7, §7): one ``CacheTask`` with a result per config."""
         v.check_isinstance("src_cache", src_cache, [Cache], allow_none=False)
         v.raise_if_true(src_cache.cache_desc.placement == Placement.HOST, "src cache not support placement HOST")
         return self._transfer_async(src_cache.cache_id, src_cache.cache_desc, layer_synchronizer, transfer_configs,

@@ -1,7 +1,7 @@
 """``LLMRole``, ``LLMConfig`` (alias ``LlmConfig``) and ``LLMClusterInfo`` (CANN ``llm_datadist.configs``).
 
 ``LLMConfig.generate_options()`` produces the ``Dict[str, str]`` that ``LLMDataDist.init`` takes,
-with CANN's exact option keys and value formats (spec §3.1, §12).
+with CANN's exact option keys and value formats (docs/spec.md §3.1, §12).
 """
 
 from __future__ import annotations

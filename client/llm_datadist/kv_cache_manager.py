@@ -1,6 +1,6 @@
 """v1 ``KvCacheManager`` ("KvCacheManager mode", CANN GE's ``llm_datadist_v1``).
 
-Obtained from ``LLMDataDist.kv_cache_manager`` when cache-manager mode is off (spec §0, §8).
+Obtained from ``LLMDataDist.kv_cache_manager`` when cache-manager mode is off (docs/spec.md §0, §8).
 Memory comes from the engine's pool (``ge.flowGraphMemMaxSize`` x ``mem_utilization``), every
 allocation is ``Placement.DEVICE``, and roles matter: only the DECODER pulls, only the PROMPT
 binds ``CacheKey``s, removes them and pushes layer-wise. The daemon side is the one

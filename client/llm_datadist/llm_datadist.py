@@ -34,7 +34,7 @@ _NOT_INITIALIZED = "llm datadist is not initialized"
 
 
 def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, str]:
-    """CANN's ``_setup_engine_option`` (spec §3.2)."""
+    """CANN's ``_setup_engine_option`` (docs/spec.md §3.2)."""
     opts = dict(options)
     opts["llm.Role"] = _ROLE_OPTION[role]
     if "llm.LocalCommRes" in opts:
@@ -62,7 +62,7 @@ def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, st
 
 
 def _gen_cluster_info_if_not_exist(cluster_id: int, role: LLMRole, opts: Dict[str, str]) -> None:
-    """v1 mode: CANN's ``EngineConfig.gen_cluster_info_if_not_exist`` (spec §3.2), minus the NUMA stub file."""
+    """v1 mode: CANN's ``EngineConfig.gen_cluster_info_if_not_exist`` (docs/spec.md §3.2), minus the NUMA stub file."""
     if "llm.ClusterInfo" in opts:
         return
     device_ids = opts.get("ge.exec.deviceId")
@@ -337,7 +337,7 @@ class LLMDataDist:
         v.raise_if_true(self._enable_cache_manager, "kv_cache_manager is not available in cache manager mode")
         return self._kv_cache_manager
 
-    # ---- the model API of CANN 8.0.RC2-8.2 (spec §9; see llm_model.py) -------------------------
+    # ---- the model API of CANN 8.0.RC2-8.2 (docs/spec.md §9; see llm_model.py) -------------------------
 
     def add_model(self, model_options: Dict[str, str], model_runner: Optional[object] = None):  # noqa: ANN201
         """A model whose KV caches this node keeps (KvCacheManager mode): returns an ``LLMModel``."""

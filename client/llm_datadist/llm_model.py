@@ -1,4 +1,4 @@
-"""The model API of CANN 8.0.RC2-8.2 (spec §9): ``add_model`` -> ``LLMModel``, ``ModelConfig``, ``ModelRunner``,
+"""The model API of CANN 8.0.RC2-8.2 (docs/spec.md §9): ``add_model`` -> ``LLMModel``, ``ModelConfig``, ``ModelRunner``,
 ``LLMReq``, ``check_capacity`` -> ``CapacityState``, ``complete_request``.
 
 These names are not in the current package's ``__all__``; ``from llm_datadist import LLMReq`` works

@@ -449,7 +449,7 @@ class Engine:
             self._free(self.registry.unpin(CacheId(cache_id)))
 
     def release_pulled(self, spec_key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int) -> None:
-        """A requester confirmed a pull: consume the key once all tensors were pulled (spec §10.2)."""
+        """A requester confirmed a pull: consume the key once all tensors were pulled (docs/spec.md §10.2)."""
         self._check_open()
         if isinstance(spec_key, CacheKeyRef):
             owner_key = spec_key.owner_key()

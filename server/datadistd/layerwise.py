@@ -1,14 +1,14 @@
 """The source side of ``transfer_cache_async``: a layer-wise push driven by the worker's readiness.
 
 The worker opens one ``TransferCacheAsync`` stream per task. This object validates the task
-(everything spec §5.7/§7 lets the source check) before anything moves, then, for each layer the
+(everything docs/spec.md §5.7/§7 lets the source check) before anything moves, then, for each layer the
 worker reports ready, sends that layer to every target whose ``src_layer_range`` holds it and
 reports one event per (target, layer). As in CANN the task ends at its first failure, and an
 aborted layer (``synchronize_layer`` returned False) fails the targets holding it with
 ``LLM_PARAM_INVALID``; targets never completed keep no result (``None`` on the client).
 
 While the task runs it marks the links it uses, so a pull on one of them gets ``LLM_LINK_BUSY``
-(spec §1.4: "pull_cache + transfer_cache_async" on one link), and a layer push meeting a running
+(docs/spec.md §1.4: "pull_cache + transfer_cache_async" on one link), and a layer push meeting a running
 pull fails the same way.
 """
 

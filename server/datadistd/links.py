@@ -103,7 +103,7 @@ class Link:
     heartbeat: "asyncio.Task[None] | None" = None
     reverse: "ReverseHub | None" = None             # serving end: its owner calls to the linking end
     reverse_task: "asyncio.Task[None] | None" = None  # linking end: answers the serving end's calls
-    pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, spec §1.4)
+    pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
 
 

@@ -246,7 +246,7 @@ class Node:
 
     async def switch_role(self, engine_id: int, role: Role, options: Mapping[str, str]) -> None:
         slot = self.slot(engine_id)
-        if not slot.engine.options.cache_manager:  # v1 (KvCacheManager mode) rules, spec §4
+        if not slot.engine.options.cache_manager:  # v1 (KvCacheManager mode) rules, docs/spec.md §4
             if slot.options.get("llm.EnableSwitchRole") != "1":
                 raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
                                     "switch_role needs enable_switch_role=True (llm.EnableSwitchRole) at init")

@@ -6,7 +6,7 @@ tensor is ``desc.row_size`` bytes. A transfer lists its bytes in one logical ord
 tensor in the order given, and inside a tensor row by row in list order. A ``Span`` is one
 contiguous byte range inside one tensor; consecutive ascending blocks become one span.
 
-Layer ranges follow spec §6: Python ranges are half-open, layer ``L`` holds tensors
+Layer ranges follow docs/spec.md §6: Python ranges are half-open, layer ``L`` holds tensors
 ``[L*N, L*N + N)`` with ``N = tensor_num_per_layer``; C++ ``KvCacheExtParam`` pairs are
 inclusive with ``{-1, -1}`` meaning all layers.
 

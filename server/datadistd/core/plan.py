@@ -144,7 +144,7 @@ def plan_push(order: TransferOrder, src: CacheDesc, src_is_blocks: bool, own_clu
 
 # ---- layer-wise push (transfer_cache_async) ------------------------------------------------------
 
-LAYER_TENSORS = 2  # transfer_cache_async always moves K and V of a layer (spec §5.7)
+LAYER_TENSORS = 2  # transfer_cache_async always moves K and V of a layer (docs/spec.md §5.7)
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class LayerTask:
 
 
 def check_layer_task(task: LayerTask, own_cluster: int) -> None:
-    """Every rule of spec §5.7/§7 that the source side can check, before any byte moves."""
+    """Every rule of docs/spec.md §5.7/§7 that the source side can check, before any byte moves."""
     src = task.src
     require(src.num_tensors % LAYER_TENSORS == 0, f"cache_desc.num_tensors ({src.num_tensors}) is not even")
     require(len(task.targets) > 0, "transfer_configs must not be empty")

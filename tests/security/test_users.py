@@ -158,6 +158,11 @@ try:
     open(f"/proc/{daemon_pid}/mem", "rb").read(1); out["proc_mem"] = "open"
 except OSError as e:
     out["proc_mem"] = e.strerror
+import socket
+try:
+    socket.socket(socket.AF_UNIX).connect(target[len("unix://"):] + ".admin"); out["admin"] = "connected"
+except OSError as e:
+    out["admin"] = e.strerror
 print(json.dumps(out), flush=True)
 """
 
@@ -187,6 +192,7 @@ def test_two_users_one_daemon_without_capabilities(daemon):
         assert seen["refused"]["prove_daemon_pid"] == disabled
         assert seen["refused"]["alice_memory"] == invalid and seen["refused"]["daemon_memory"] == invalid
         assert seen["proc_mem"] != "open"
+        assert seen["admin"] == "Permission denied"                         # the whole-node view is not Bob's
         # the whole-node view (root here) shows Alice's engine with the uid the kernel reported; Bob's went
         # with his attach connection when he exited
         with grpc.insecure_channel(f"unix://{sock}.admin") as ch:

@@ -2,8 +2,12 @@
 
 One ``SOCK_SEQPACKET`` connection per ``LLMDataDist``: the daemon learns who we are from the
 kernel, answers the capability every DataDist call carries, takes memory we register as file
-descriptors and hands us the descriptors of our engine's pools. Closing it (or exiting) ends our
-lease: the daemon then releases our engines.
+descriptors and hands us the descriptors of our engine's pools, and (protocol 2) runs our pulls and
+pushes without a gRPC call. Closing it (or exiting) ends our lease: the daemon then releases our
+engines.
+
+Requests may be in flight from many threads at once: each carries a request id, one reader thread
+hands every reply to the caller waiting for that id.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import struct
 import threading
-from typing import List, Sequence, Tuple
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from datadist.status import LLMStatusCode, code_2_status
 from datadist.v1 import attach_pb2
@@ -22,7 +29,7 @@ from .status import LLMException
 __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"]
 
 CAPABILITY_METADATA_KEY = "datadist-capability"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _MAX_MESSAGE = 64 << 10
 _TIMEOUT_S = 30.0
 
@@ -43,15 +50,28 @@ def attach_path(target: str) -> str:
     return unix_path(target) + ".attach"
 
 
+_Reply = Tuple[attach_pb2.AttachReply, int]
+
+
 class AttachClient:
     def __init__(self, target: str, timeout: float = _TIMEOUT_S) -> None:
         self.path = attach_path(target)
+        self.timeout = timeout
+        self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._pending: Dict[int, "Future[_Reply]"] = {}
+        self._broken: Optional[str] = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(self.path)
+            self._sock.settimeout(None)         # the reader blocks; every caller waits with its own deadline,
+            # and a send the daemon does not take within `timeout` fails (SO_SNDTIMEO) instead of hanging
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                  struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
+            self._reader = threading.Thread(target=self._read, name="datadist-attach", daemon=True)
+            self._reader.start()
             welcome = self._call(attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
                 protocol_version=PROTOCOL_VERSION)), "init")[0].welcome
         except OSError as exc:
@@ -64,43 +84,83 @@ class AttachClient:
             raise
         self.capability = bytes(welcome.capability)
         self.uid, self.pid = welcome.uid, welcome.pid
+        self.protocol = welcome.protocol_version
 
     @property
     def metadata(self) -> Tuple[Tuple[str, str], ...]:
         return ((CAPABILITY_METADATA_KEY, self.capability.hex()),)
 
-    def _call(self, request: attach_pb2.AttachRequest, func: str, fds: Sequence[int] = ()
-              ) -> Tuple[attach_pb2.AttachReply, int]:
-        """One request, one reply (and the descriptor it carried, or -1)."""
+    def _read(self) -> None:
+        """The reader thread: every reply to the caller waiting for its request id."""
+        why = "datadistd closed the attach connection"
+        try:
+            while True:
+                data, fds, _, _ = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
+                if not data:
+                    break
+                reply = attach_pb2.AttachReply()
+                reply.ParseFromString(data)
+                with self._lock:
+                    waiter = self._pending.pop(reply.request_id, None)
+                if waiter is None or not waiter.set_running_or_notify_cancel():
+                    for fd in fds:       # nobody waits for it any more (it timed out)
+                        os.close(fd)
+                    continue
+                waiter.set_result((reply, fds[0] if fds else -1))
+        except OSError as exc:
+            why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
         with self._lock:
+            self._broken = why
+            pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            if waiter.set_running_or_notify_cancel():
+                waiter.set_exception(ConnectionError(why))
+
+    def _call(self, request: attach_pb2.AttachRequest, func: str, fds: Sequence[int] = (),
+              timeout: Optional[float] = None) -> _Reply:
+        """One request, its reply (and the descriptor it carried, or -1); LLMException on failure."""
+        waiter: "Future[_Reply]" = Future()
+        with self._lock:
+            if self._broken is not None:
+                raise self._failed(func, self._broken)
             request.request_id = next(self._ids)
-            socket.send_fds(self._sock, [request.SerializeToString()], list(fds))
-            data, got_fds, _, _ = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
-        if not data:
-            for fd in got_fds:
-                os.close(fd)
-            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd closed the "
-                               "attach connection", status_code=LLMStatusCode.LLM_FAILED)
-        reply = attach_pb2.AttachReply()
-        reply.ParseFromString(data)
+            self._pending[request.request_id] = waiter
+        try:
+            with self._send_lock:
+                socket.send_fds(self._sock, [request.SerializeToString()], list(fds))
+            reply, fd = waiter.result(self.timeout if timeout is None else timeout)
+        except FutureTimeout:
+            with self._lock:
+                self._pending.pop(request.request_id, None)
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not answer "
+                               "in time.", status_code=LLMStatusCode.LLM_TIMEOUT) from None
+        except (OSError, ConnectionError) as exc:
+            with self._lock:
+                self._pending.pop(request.request_id, None)
+            raise self._failed(func, str(exc)) from None
         if reply.status:
-            for fd in got_fds:
+            if fd >= 0:
                 os.close(fd)
             code = code_2_status(reply.status)
             raise LLMException(f"[{func}] failed, error code is {code}, {reply.message}.", status_code=code)
-        for fd in got_fds[1:]:
-            os.close(fd)
-        return reply, (got_fds[0] if got_fds else -1)
+        return reply, fd
+
+    @staticmethod
+    def _failed(func: str, why: str) -> LLMException:
+        return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, {why}",
+                            status_code=LLMStatusCode.LLM_FAILED)
+
+    def transfer(self, push: bool, request: Any, func: str, timeout: float) -> Any:
+        """A DataDist Pull or Push over this connection (protocol 2): the ``TransferResponse``."""
+        msg = attach_pb2.AttachRequest(push=request) if push else attach_pb2.AttachRequest(pull=request)
+        return self._call(msg, func, timeout=timeout)[0].transfer
 
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,
                       func: str) -> int:
         """Hand ``pieces`` (``(file_offset, length)`` of each descriptor) over; returns the memory id."""
         msg = attach_pb2.ImportMemory(pieces=[attach_pb2.MemoryPiece(file_offset=o, length=n) for o, n in pieces],
                                       offset=offset, length=length)
-        try:
-            return self._call(attach_pb2.AttachRequest(import_memory=msg), func, fds)[0].imported.memory_id
-        except OSError as exc:
-            raise self._broken(func, exc) from None
+        return self._call(attach_pb2.AttachRequest(import_memory=msg), func, fds)[0].imported.memory_id
 
     def release_memory(self, memory_ids: List[int]) -> None:
         """Give back imported memory the daemon did not put into a cache (best effort)."""
@@ -108,24 +168,23 @@ class AttachClient:
             try:
                 self._call(attach_pb2.AttachRequest(release_memory=attach_pb2.ReleaseMemory(memory_id=memory_id)),
                            "release")
-            except (OSError, LLMException):
+            except LLMException:
                 return
 
     def export_pool(self, engine_id: int, pool: str, func: str) -> Tuple[int, int]:
         """``(fd, size)`` of one of our engine's pools; the caller closes the descriptor."""
-        try:
-            reply, fd = self._call(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(engine_id=engine_id,
-                                                                                              pool=pool)), func)
-        except OSError as exc:
-            raise self._broken(func, exc) from None
+        reply, fd = self._call(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(engine_id=engine_id,
+                                                                                          pool=pool)), func)
         if fd < 0:
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd sent no "
                                "descriptor for the pool", status_code=LLMStatusCode.LLM_FAILED)
         return fd, int(reply.pool.size)
 
-    def _broken(self, func: str, exc: OSError) -> LLMException:
-        return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, the attach connection to "
-                            f"datadistd failed: {exc.strerror or exc}", status_code=LLMStatusCode.LLM_FAILED)
-
     def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)   # wakes the reader, which fails whatever still waits
+        except OSError:
+            pass
         self._sock.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(5.0)

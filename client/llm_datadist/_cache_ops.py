@@ -25,6 +25,8 @@ __all__ = ["CacheOps", "desc_pb", "cache_key_pb", "any_key_pb", "worker_memory",
 log = logging.getLogger(__name__)
 
 UINT64_MAX = 2**64 - 1
+#: "grpc" sends pulls and pushes as gRPC calls instead of on the attach connection (for comparison)
+LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 _NUM_TENSORS_PER_LAYER = 2
 
 
@@ -249,8 +251,16 @@ class CacheOps:
     # ---- transfers -----------------------------------------------------------------------------
 
     def _transfer(self, method: str, func: str, req: datadist_pb2.TransferRequest) -> None:
-        timeout_s = self._owner._sync_kv_timeout_s
-        self._call(method, req, func, timeout_s + RPC_MARGIN_S)
+        """Pull/Push on the attach connection (no gRPC call: the local hot path), or over gRPC where the daemon
+        does not take transfers there (protocol 1) or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
+        if not self._initialized:
+            raise RuntimeError("llm datadist is not initialized")
+        timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
+        attachment = self._client.attachment
+        if attachment is not None and attachment.protocol >= 2 and os.environ.get(LOCAL_TRANSFERS_ENV) != "grpc":
+            attachment.transfer(method == "Push", req, func, timeout_s)
+            return
+        self._call(method, req, func, timeout_s)
 
     def _request(self, kind: int, remote: Any, local_cache_id: int, remote_blocks: Sequence[int],
                  local_blocks: Sequence[int], batch_index: int, size: int, src: Optional[range],

@@ -76,7 +76,7 @@ class DaemonApp:
             except OSError:
                 await self.node.close()
                 raise
-        self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode)
+        self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode, self.metrics)
         await self.attach.start()
         self.admin_server, self.admin_health = await create_worker_server(
             self.node, admin_path(self.socket_path), 0o600, metrics=self.metrics, admin=True)

@@ -213,3 +213,30 @@ def test_local_path_same_daemon(daemon_factory, worker_factory) -> None:
     initiator = [link for link in links(d) if link.initiator]
     assert initiator[0].transport == "local" and initiator[0].streams == 0
     assert initiator[0].bytes_in == 3 * 2 * 16 * 16 * 2
+
+
+def test_grpc_and_attach_transfer_paths_agree(daemon_factory, worker_factory) -> None:
+    """Pulls and pushes go on the attach connection by default; DATADIST_LOCAL_TRANSFERS=grpc sends them as the
+    DataDist Pull/Push RPCs. Both paths move the same bytes and report the same errors."""
+    dp, dd = daemon_factory("p"), daemon_factory("d")
+    port = free_port()
+    prompt = worker_factory(dp)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=3000)
+    prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+    prompt.call("fill", "kv", 3)
+    src_all = prompt.call("rows", "kv")
+    for i, mode in enumerate(("grpc", "attach")):
+        decoder = worker_factory(dd, DATADIST_LOCAL_TRANSFERS=mode)
+        decoder.call("init", "DECODER", D + i, remote_cache_accessible=True, sync_kv_timeout=3000)
+        decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+        decoder.call("pull_blocks", P, "kv", [5, 1, 30], [0, 7, 8])
+        np.testing.assert_array_equal(decoder.call("rows", "kv", None, [0, 7, 8]), src_all[:, [5, 1, 30]])
+        decoder.call("fill", "kv", 9 + i)
+        decoder.call("push_blocks", P, "kv", [2], [20 + i])   # local block 2 -> the prompt's block 20 + i
+        np.testing.assert_array_equal(prompt.call("rows", "kv", None, [20 + i]), decoder.call("rows", "kv", None, [2]))
+        with pytest.raises(WorkerError) as info:
+            decoder.call("pull_blocks", P, "kv", [BLOCKS], [0])
+        assert info.value.status_code == S.LLM_PARAM_INVALID, mode
+        decoder.call("unlink", P, "127.0.0.1", port)
+        decoder.call("finalize")

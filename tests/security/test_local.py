@@ -400,3 +400,34 @@ def test_7_default_socket_without_runtime_dir_is_checked(tmp_path):
     assert path.endswith("datadistd.sock")
     ok = tmp_path / "private" / "d.sock"
     assert secure_socket_dir(str(ok)) == ok.parent and stat.S_IMODE(os.stat(ok.parent).st_mode) & 0o022 == 0
+
+
+# ---- the attach socket's transfers (the local hot path) obey the same ownership --------------------
+
+def test_attach_transfers_reach_only_the_callers_engines(daemon):
+    victim, intruder = Worker(daemon), Worker(daemon)
+    try:
+        engine = victim.init(1)
+        intruder.init(2)
+        request = datadist_pb2.TransferRequest(engine_id=engine, kind=datadist_pb2.TRANSFER_BLOCKS, local_cache_id=1,
+                                               remote_blocks=[0], local_blocks=[0])
+        for push in (False, True):
+            with pytest.raises(LLMException) as info:
+                intruder.attach.transfer(push, request, "pull_blocks", 10)
+            assert info.value.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED
+            # the owner gets past the ownership check to the transfer's own validation (no link yet)
+            with pytest.raises(LLMException) as info:
+                victim.attach.transfer(push, request, "pull_blocks", 10)
+            assert info.value.status_code != LLMStatusCode.LLM_ENGINE_FINALIZED
+        # a transfer sent before hello is refused like any other message
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.settimeout(10)
+        s.connect(daemon.socket + ".attach")
+        socket.send_fds(s, [attach_pb2.AttachRequest(pull=request).SerializeToString()], [])
+        reply = attach_pb2.AttachReply()
+        reply.ParseFromString(s.recv(1 << 16))
+        assert reply.status == LLMStatusCode.LLM_PARAM_INVALID and "hello" in reply.message
+        s.close()
+    finally:
+        victim.close()
+        intruder.close()

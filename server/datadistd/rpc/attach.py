@@ -9,7 +9,10 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   connection, which every DataDist call then carries as metadata;
 * ``import_memory`` takes memory as descriptors (``SCM_RIGHTS``) and answers a memory id the
   worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
-  pool of one of *its own* engines.
+  pool of one of *its own* engines;
+* ``pull``/``push`` (protocol 2) run the DataDist Pull/Push of one of the session's engines without a
+  gRPC call: the local hot path. Each runs as its own task on the event loop; replies go out in
+  completion order, matched by request id, so a worker may have many in flight.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -34,14 +37,17 @@ from datadist.v1 import attach_pb2
 from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
 from ..memory.base import MAX_PIECES, FdPiece, FdRef
+from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
+from .datadist_servicer import run_transfer
+from .errors import count_error
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_MESSAGE = 64 << 10
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
@@ -65,19 +71,25 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
 
 
 class _Conn:
-    __slots__ = ("sock", "session", "greeted")
+    __slots__ = ("sock", "session", "greeted", "tasks")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
         self.session = session
         self.greeted = False
+        self.tasks: set[asyncio.Task[None]] = set()     # transfers in flight on this connection
+
+
+#: transfers one connection may have in flight (more wait in the worker's socket buffer)
+MAX_TRANSFERS_IN_FLIGHT = 256
 
 
 class AttachServer:
-    def __init__(self, node: Node, path: str, mode: int = 0o660) -> None:
+    def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None) -> None:
         self.node = node
         self.path = path
         self.mode = mode
+        self.metrics = metrics
         self._sock: socket.socket | None = None
         self._conns: dict[int, _Conn] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,6 +162,8 @@ class AttachServer:
 
     def _drop(self, conn: _Conn, finalize: bool = True) -> None:
         assert self._loop is not None
+        for task in conn.tasks:
+            task.cancel()
         fd = conn.sock.fileno()
         if fd >= 0:
             self._loop.remove_reader(fd)
@@ -161,6 +175,10 @@ class AttachServer:
             self._loop.create_task(self.node.end_session(session))
 
     def _on_readable(self, conn: _Conn) -> None:
+        if len(conn.tasks) >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
+            assert self._loop is not None
+            self._loop.remove_reader(conn.sock.fileno())
+            return
         try:
             data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_MESSAGE, MAX_PIECES)
         except (BlockingIOError, InterruptedError):
@@ -179,6 +197,13 @@ class AttachServer:
                 request.ParseFromString(data)
             except Exception:  # noqa: BLE001 - any malformed message gets the same answer
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
+            if request.WhichOneof("msg") in ("pull", "push"):
+                require(not fds, "a transfer carries no descriptors")
+                require(conn.greeted, "the first attach message must be hello")
+                task = asyncio.ensure_future(self._transfer(conn, request))
+                conn.tasks.add(task)
+                task.add_done_callback(lambda t: self._transfer_done(conn, t))
+                return
             reply, out_fd = self._handle(conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
         except DataDistError as exc:
@@ -190,13 +215,42 @@ class AttachServer:
             for fd in fds:
                 os.close(fd)
         reply.request_id = request.request_id
+        self._reply(conn, reply, out_fd)
+
+    def _reply(self, conn: _Conn, reply: attach_pb2.AttachReply, out_fd: int | None = None) -> None:
+        if conn.session.closed:
+            return
         try:
             socket.send_fds(conn.sock, [reply.SerializeToString()], [out_fd] if out_fd is not None else [])
         except OSError as exc:
-            # replies are small and the worker waits for each: a full buffer means it stopped reading
+            # replies are small and the worker reads them as they come: a full buffer means it stopped reading
             if exc.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET):
                 log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
             self._drop(conn)
+
+    async def _transfer(self, conn: _Conn, request: attach_pb2.AttachRequest) -> None:
+        push = request.WhichOneof("msg") == "push"
+        msg = request.push if push else request.pull
+        try:
+            slot = self.node.owned_slot(conn.session, msg.engine_id)
+            reply = attach_pb2.AttachReply(transfer=await run_transfer(slot, msg, push=push, metrics=self.metrics))
+        except DataDistError as exc:
+            count_error(self.metrics, "Push" if push else "Pull", exc.code)
+            reply = attach_pb2.AttachReply(status=int(exc.code), message=exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
+            log.exception("attach transfer of pid %s failed", conn.session.cred.pid)
+            count_error(self.metrics, "Push" if push else "Pull", StatusCode.LLM_FAILED)
+            reply = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc))
+        reply.request_id = request.request_id
+        self._reply(conn, reply)
+
+    def _transfer_done(self, conn: _Conn, task: asyncio.Task[None]) -> None:
+        conn.tasks.discard(task)
+        if (len(conn.tasks) == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
+                and conn.sock.fileno() >= 0):
+            self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
 
     # ---- messages ------------------------------------------------------------------------------
 

@@ -46,6 +46,18 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
     return info
 
 
+async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
+                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
+    """One Pull or Push of ``slot``'s engine (the caller checked it may reach it): the gRPC RPCs and the
+    attach socket's transfers both run this."""
+    order = convert.order_from_pb(request)
+    with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
+                        order.local_cache_id) as tracked:
+        nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
+        tracked.done(nbytes, len(request.local_blocks))
+    return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+
+
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     """The DataDist service. On the worker socket (``admin=False``) a call reaches only the engines of the
     worker whose capability it carries; on the admin socket (mode 0600: root and the daemon's user) it
@@ -306,23 +318,11 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self._slot(context, request.engine_id)
-        order = convert.order_from_pb(request)
-        with track_transfer(self.metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
-                            order.local_cache_id) as tracked:
-            nbytes, transport = await slot.links.pull(order)
-            tracked.done(nbytes, len(request.local_blocks))
-        return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+        return await run_transfer(self._slot(context, request.engine_id), request, push=False, metrics=self.metrics)
 
     @guarded
     async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
-        slot = self._slot(context, request.engine_id)
-        order = convert.order_from_pb(request)
-        with track_transfer(self.metrics, "push", slot.engine.cluster_id, order.remote.cluster_id,
-                            order.local_cache_id) as tracked:
-            nbytes, transport = await slot.links.push(order)
-            tracked.done(nbytes, len(request.local_blocks))
-        return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+        return await run_transfer(self._slot(context, request.engine_id), request, push=True, metrics=self.metrics)
 
     @guarded
     async def CheckLinkStatus(self, request, context):  # noqa: N802, ANN001, ANN201

@@ -19,7 +19,7 @@ from datadist.status import ERROR_DOMAIN, STATUS_METADATA_KEY, LLMStatusCode
 
 from ..core.errors import DataDistError
 
-__all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc"]
+__all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "count_error"]
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,8 @@ def error_trailers(code: LLMStatusCode, message: str) -> tuple[tuple[str, Any], 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def _count_error(servicer: Any, method: str, code: LLMStatusCode) -> None:
-    """Errors by status code for the metrics (``datadist_rpc_errors_total``), when the servicer has them."""
-    metrics = getattr(servicer, "metrics", None)
+def count_error(metrics: Any, method: str, code: LLMStatusCode) -> None:
+    """Errors by status code for the metrics (``datadist_rpc_errors_total``), when there are metrics."""
     if metrics is not None:
         try:
             metrics.rpc_error(method, code.name)
@@ -95,14 +94,14 @@ def guarded(fn: F) -> F:
         try:
             return await fn(self, request, context)
         except DataDistError as exc:
-            _count_error(self, fn.__name__, exc.code)
+            count_error(getattr(self, "metrics", None), fn.__name__, exc.code)
             context.set_trailing_metadata(error_trailers(exc.code, exc.message))
             await context.abort(grpc_code(exc.code), exc.message)
         except (grpc.aio.AbortError, grpc.RpcError):  # already aborted / propagated
             raise
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("%s failed unexpectedly", fn.__name__)
-            _count_error(self, fn.__name__, LLMStatusCode.LLM_FAILED)
+            count_error(getattr(self, "metrics", None), fn.__name__, LLMStatusCode.LLM_FAILED)
             message = f"internal error in {fn.__name__}: {type(exc).__name__}: {exc}"
             context.set_trailing_metadata(error_trailers(LLMStatusCode.LLM_FAILED, message))
             await context.abort(G.INTERNAL, message)

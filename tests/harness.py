@@ -38,11 +38,20 @@ def pool_memfds(pid: int) -> set[str]:
     return {t for t in fd_targets(pid) if t.startswith("/memfd:datadist-")}
 
 
+#: the secret of test daemons that listen on non-loopback addresses (network namespaces): a daemon with the
+#: public development secret listens on loopback only
+NETNS_SECRET = "datadist-test-hosts-secret"
+
+
 class Daemon(DaemonProcess):
-    """A test daemon (``ip netns exec`` in ``netns`` if given); its directory outlives ``stop``, so it can restart."""
+    """A test daemon (``ip netns exec`` in ``netns`` if given); its directory outlives ``stop``, so it can restart.
+
+    In a network namespace it gets ``NETNS_SECRET``: it listens on the namespace's own address."""
 
     def __init__(self, name: str = "d", env: dict[str, str] | None = None, args: list[str] | None = None,
                  shm_dir: str | None = None, netns: str | None = None) -> None:
+        if netns:
+            env = {"DATADISTD_PEER_SECRET": NETNS_SECRET, **(env or {})}
         super().__init__(name, env, args or (), shm_dir=shm_dir, keep_dir=True, dir_prefix="datadist-test-",
                          command=["ip", "netns", "exec", netns] if netns else ())
 

@@ -19,8 +19,28 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection", "TransportSection",
-           "MetricsSection", "load_config", "default_socket_path", "ConfigError", "parse_listen_address"]
+__all__ = ["DEV_SECRET", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection",
+           "TransportSection", "MetricsSection", "load_config", "default_socket_path", "ConfigError",
+           "parse_listen_address"]
+
+
+#: the built-in secret of an unconfigured daemon: public, so good for loopback only
+DEV_SECRET = "datadist-development-secret"
+
+SECRET_FIX = ("set a secret shared by the cluster's daemons: [peer] secret_file = \"/etc/datadist/peer.secret\" "
+              "(first line; mode 0600) or DATADISTD_PEER_SECRET_FILE")
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an IP or ``localhost``) is a loopback address; anything else can be reached by other hosts."""
+    import ipaddress
+
+    if host.strip("[]") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ConfigError(ValueError):
@@ -99,7 +119,7 @@ class MemorySection:
 @dataclass
 class PeerSection:
     secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. "
-                       "Empty = the built-in development secret; set one in production.", default="")
+                       "Empty = the public development secret: the daemon then listens on loopback only.", default="")
     secret_file: str = _doc("Read the secret from this file instead (first line).", default="")
     max_clock_skew_seconds: float = _doc("Handshakes older/newer than this are refused (replay guard).",
                                          default=300.0)
@@ -150,7 +170,12 @@ class Config:
         if self.peer.secret_file:
             text = Path(self.peer.secret_file).read_text().splitlines()
             return (text[0] if text else "").encode()
-        return (self.peer.secret or "datadist-development-secret").encode()
+        return (self.peer.secret or DEV_SECRET).encode()
+
+    def has_real_secret(self) -> bool:
+        """A secret of the operator's (not empty, not the public development secret)."""
+        secret = self.secret_bytes()
+        return bool(secret) and secret != DEV_SECRET.encode()
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
         """A copy with ``{"section.key": value}`` applied (values coerced to the field type)."""
@@ -258,3 +283,6 @@ def _check(cfg: Config) -> None:
             parse_listen_address(cfg.metrics.listen)
         except ValueError as exc:
             raise ConfigError(f"metrics.listen: {exc}") from None
+    if not is_loopback(cfg.transport.host) and not cfg.peer.secret_file and cfg.peer.secret in ("", DEV_SECRET):
+        raise ConfigError(f"transport.host = {cfg.transport.host!r} would serve the data plane to other hosts with "
+                          f"no secret (or the public development secret): {SECRET_FIX}")

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Mapping, Protocol
 
 from . import __version__
 from .comm import CommManager
-from .config import Config
+from .config import SECRET_FIX, Config, is_loopback
 from .core.errors import DataDistError, StatusCode, require
 from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
@@ -94,6 +94,10 @@ class Node:
         self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
         self.executor = ThreadPoolExecutor(max_workers=128, thread_name_prefix="datadist-io")
         self.secret = config.secret_bytes()
+        self.real_secret = config.has_real_secret()
+        if not self.real_secret:
+            log.warning("no [peer] secret is set: peers authenticate with the public development secret, so this "
+                        "daemon listens on loopback addresses only; %s", SECRET_FIX)
         self.version = __version__
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
@@ -162,6 +166,8 @@ class Node:
         if session is not None and session.closed:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection is closed")
         opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
+        if opts.listen:
+            self.check_listen_host(opts.listen[0])   # before any pool or socket is made
         # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
         # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         pools = self._make_pools(opts)
@@ -195,7 +201,15 @@ class Node:
                  {p.name: c.memory_size for p, c in opts.pools})
         return slot
 
+    def check_listen_host(self, host: str) -> None:
+        """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
+        if not self.real_secret and not is_loopback(host):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"this daemon has no [peer] secret of its own, so it does not listen on {host} (a "
+                                f"non-loopback address anyone could link to); {SECRET_FIX}")
+
     async def _listen(self, slot: EngineSlot, host: str, port: int) -> None:
+        self.check_listen_host(host)
         if self.listener_factory is None:
             raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, "this daemon cannot open peer listeners")
         try:
@@ -210,6 +224,7 @@ class Node:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if any(_same_address(listener.address, address) for listener in slot.listeners()):
             return
+        self.check_listen_host(host)
         other = self.local_links_at(address)
         if other is not None:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,

@@ -6,7 +6,7 @@ import asyncio
 
 from datadist.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
-from ..core.errors import DataDistError, require
+from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot
@@ -32,6 +32,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @guarded
     async def Handshake(self, request, context):  # noqa: N802, ANN001, ANN201
+        if not isinstance(request, peer_pb2.HandshakeRequest):   # rpc.server refused it unparsed (too big)
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"handshake of {request.size} bytes refused: an unauthenticated handshake is at most "
+                                f"{4 << 10} bytes")
         answer = await self.links.serve_handshake(convert.offer_from_pb(request))
         return convert.answer_to_pb(answer)
 

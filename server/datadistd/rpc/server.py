@@ -8,10 +8,11 @@ import os
 from pathlib import Path
 
 import grpc
+from google.protobuf import message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2
 
 from ..metrics import DaemonMetrics
 from ..node import EngineSlot, Node
@@ -85,11 +86,46 @@ class PeerListener:
         await self.server.stop(grace=0.5)
 
 
+#: an unauthenticated Handshake is a few dozen bytes; more is refused before it is parsed
+MAX_HANDSHAKE_BYTES = 4 << 10
+#: what an authenticated peer request needs at most: a block list of MAX_LIST (2**20) varints of <= 10 bytes
+PEER_MAX_MESSAGE = 16 << 20
+PEER_SERVER_OPTIONS = [*[(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"],
+                       ("grpc.max_receive_message_length", PEER_MAX_MESSAGE)]
+
+
+class OversizedHandshake:
+    """What a Handshake request larger than ``MAX_HANDSHAKE_BYTES`` deserializes to: refused unparsed."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _bounded_handshake(data: bytes) -> peer_pb2.HandshakeRequest | OversizedHandshake:
+    if len(data) > MAX_HANDSHAKE_BYTES:
+        return OversizedHandshake(len(data))
+    return peer_pb2.HandshakeRequest.FromString(data)
+
+
+def _peer_handlers(servicer: PeerServicer) -> grpc.GenericRpcHandler:
+    """The Peer service's method handlers, built from its descriptor; Handshake's deserializer is bounded."""
+    handlers = {}
+    for method in peer_pb2.DESCRIPTOR.services_by_name["Peer"].methods:
+        parse = (_bounded_handshake if method.name == "Handshake"
+                 else message_factory.GetMessageClass(method.input_type).FromString)
+        serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+        kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = kind(getattr(servicer, method.name), request_deserializer=parse,
+                                     response_serializer=serialize)
+    return grpc.method_handlers_generic_handler(PEER_SERVICE, handlers)
+
+
 async def start_peer_listener(host: str, port: int, slot: EngineSlot, tls: PeerTls | None = None,
                               metrics: DaemonMetrics | None = None) -> PeerListener:
     """Peer + health + reflection on ``host:port``; with ``tls`` only clients with a certificate get in."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(slot, metrics), server)
+    server = grpc.aio.server(options=PEER_SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((_peer_handlers(PeerServicer(slot, metrics)),))
     health_servicer = _health(server, [PEER_SERVICE])
     bind_host = f"[{host}]" if ":" in host else host
     address = f"{bind_host}:{port}"

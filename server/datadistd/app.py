@@ -68,7 +68,8 @@ class DaemonApp:
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
         self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls),
-                         listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics))
+                         listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics,
+                                                            limits=cfg.peer.admission()))
         self.metrics.attach(self.node)
         if cfg.metrics.listen:
             try:

@@ -12,7 +12,10 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from .admission import AdmissionLimits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,11 +124,27 @@ class PeerSection:
     secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. "
                        "Empty = the public development secret: the daemon then listens on loopback only.", default="")
     secret_file: str = _doc("Read the secret from this file instead (first line).", default="")
-    max_clock_skew_seconds: float = _doc("Handshakes older/newer than this are refused (replay guard).",
+    max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
+                                         "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)
     default_port: int = _doc("Peer port assumed for a rank-table device_ip without one (comm-domain link).",
                              default=26000)
     heartbeat_seconds: float = _doc("Interval at which a linking daemon pings its peers.", default=2.0)
+    preauth_seconds: float = _doc("A connection to a peer or data-plane port that has not proved the secret "
+                                  "within this long is closed.", default=10.0)
+    max_preauth_per_source: int = _doc("Unauthenticated connections one remote address may hold per listener; "
+                                       "past it its oldest one is closed.", default=8)
+    max_preauth: int = _doc("Unauthenticated connections per listener in all; past it the oldest of the address "
+                            "holding most is closed.", default=64)
+    max_connections: int = _doc("Connections per listener in all (authenticated included); past it new ones are "
+                                "refused.", default=1024)
+
+    def admission(self) -> "AdmissionLimits":
+        """The caps every peer and data-plane listener applies (``datadistd.admission``)."""
+        from .admission import AdmissionLimits
+
+        return AdmissionLimits(self.preauth_seconds, self.max_preauth_per_source, self.max_preauth,
+                               self.max_connections)
 
 
 @dataclass
@@ -278,6 +297,10 @@ def _check(cfg: Config) -> None:
         missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
         if missing:
             raise ConfigError(f"tls.enabled needs {', '.join('tls.' + key for key in missing)}")
+    try:
+        cfg.peer.admission()
+    except ValueError as exc:
+        raise ConfigError(f"[peer] connection caps: {exc}") from None
     if cfg.metrics.listen:
         try:
             parse_listen_address(cfg.metrics.listen)

@@ -37,6 +37,7 @@ from .engine import Engine, segments_of
 from .memory.copy import copy_segments
 from .peering import (
     PROTOCOL_VERSION,
+    ChallengeStore,
     HandshakeAnswer,
     HandshakeOffer,
     PeerClient,
@@ -122,7 +123,6 @@ class NodeContext(Protocol):
     version: str
     streams: int
     heartbeat_seconds: float
-    max_clock_skew_seconds: float
     peer_connector: Callable[[str], PeerClient]
     executor: object
 
@@ -142,7 +142,7 @@ class LinkManager:
         self._sweeper: asyncio.Task[None] | None = None
         self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
         self.closed = False
-        self._nonces: dict[bytes, float] = {}   # nonces of accepted handshakes -> when they leave the window
+        self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -246,8 +246,9 @@ class LinkManager:
             raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout before contacting {spec.address}")
         peer = self.node.peer_connector(spec.address)
         try:
-            offer = make_offer(self.node.secret, self.cluster_id, cid, self.node.version)
-            answer = await peer.handshake(offer, remaining)
+            challenge = await peer.challenge(self.cluster_id, cid, remaining)
+            offer = make_offer(self.node.secret, self.cluster_id, cid, challenge, self.node.version)
+            answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
             self._verify_answer(offer, answer, spec)
             token = data_token(self.node.secret, answer.session)
             streams = max(1, min(self.node.streams, answer.streams or self.node.streams))
@@ -264,7 +265,7 @@ class LinkManager:
                  spec.address, self.transport.name, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
-        expected = answer_mac(self.node.secret, offer.nonce, answer.session, answer.server_cluster_id,
+        expected = answer_mac(self.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
                               answer.data_endpoint)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
@@ -311,32 +312,34 @@ class LinkManager:
             except asyncio.CancelledError:
                 raise
 
+    def serve_challenge(self, client: int, server: int) -> bytes:
+        """Serving side, first step of a link: a single-use challenge for the handshake that follows."""
+        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        if server != self.cluster_id:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"cluster id mismatch: the linking side expects cluster {server}, "
+                                f"this engine is cluster {self.cluster_id}")
+        return self._challenges.issue()
+
     async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
         require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
         expected = offer_mac(self.node.secret, offer.protocol_version, offer.client_cluster_id,
-                             offer.server_cluster_id, offer.timestamp_ms, offer.nonce)
+                             offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
         if not hmac.compare_digest(expected, offer.mac):
             log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.cluster_id,
                         offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
-        skew = abs(time.time() * 1000 - offer.timestamp_ms) / 1000
-        if skew > self.node.max_clock_skew_seconds:
-            log.warning("cluster %s: refused a handshake from cluster %s: timestamp off by %.0fs", self.cluster_id,
-                        offer.client_cluster_id, skew)
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"handshake timestamp off by {skew:.0f}s (max {self.node.max_clock_skew_seconds:.0f}s)")
-        now = time.monotonic()
-        self._nonces = {n: t for n, t in self._nonces.items() if t > now}
-        if offer.nonce in self._nonces:  # a captured handshake sent again would replace the real link
-            log.warning("cluster %s: refused a handshake from cluster %s: replayed nonce", self.cluster_id,
-                        offer.client_cluster_id)
-            raise DataDistError(StatusCode.LLM_LINK_FAILED, "handshake refused: replayed (nonce already used)")
-        self._nonces[offer.nonce] = now + 2 * self.node.max_clock_skew_seconds
         if offer.protocol_version != PROTOCOL_VERSION:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"protocol version mismatch: peer speaks v{offer.protocol_version}, "
                                 f"this daemon v{PROTOCOL_VERSION}")
+        if not self._challenges.redeem(offer.challenge):  # replayed, stale, or of an earlier daemon
+            log.warning("cluster %s: refused a handshake from cluster %s: challenge unknown, used or expired",
+                        self.cluster_id, offer.client_cluster_id)
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                "handshake refused: its challenge is unknown, already used or expired (a replayed "
+                                "or stale handshake)")
         if offer.server_cluster_id != self.cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {offer.server_cluster_id}, "
@@ -356,7 +359,7 @@ class LinkManager:
         log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
         endpoint = self.transport.endpoint
         return HandshakeAnswer(PROTOCOL_VERSION, self.cluster_id, session, endpoint, self.node.streams,
-                               answer_mac(self.node.secret, offer.nonce, session, self.cluster_id, endpoint),
+                               answer_mac(self.node.secret, offer.challenge, session, self.cluster_id, endpoint),
                                self.node.version)
 
     def session_link(self, session: bytes) -> Link:

@@ -101,7 +101,6 @@ class Node:
         self.version = __version__
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
-        self.max_clock_skew_seconds = config.peer.max_clock_skew_seconds
         self.started = time.monotonic()
         self.draining = asyncio.Event()  # set when the daemon begins to stop: worker leases end first
 
@@ -176,7 +175,8 @@ class Node:
         host = opts.listen[0] if opts.listen else self.config.transport.host
         transport = get_transport(self.config.transport.name, host=host, port=0,
                                   chunk_size=self.config.transport.chunk_bytes,
-                                  connect_timeout=self.config.transport.connect_timeout_seconds)
+                                  connect_timeout=self.config.transport.connect_timeout_seconds,
+                                  admission=self.config.peer.admission())
         try:
             transport.start()
             links = LinkManager(engine, transport, self)

@@ -12,15 +12,22 @@ import hashlib
 import hmac
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "make_offer", "offer_mac",
-           "answer_mac", "data_token"]
+           "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S"]
 
-PROTOCOL_VERSION = 1
+#: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge
+PROTOCOL_VERSION = 2
+CHALLENGE_BYTES = 32
+#: how long an issued challenge may be answered (a handshake answers it within milliseconds)
+CHALLENGE_TTL_S = 30.0
+#: challenges outstanding per serving engine; past it the oldest is forgotten
+MAX_CHALLENGES = 1024
 
 
 @dataclass(frozen=True)
@@ -28,8 +35,8 @@ class HandshakeOffer:
     protocol_version: int
     client_cluster_id: int
     server_cluster_id: int
-    nonce: bytes
-    timestamp_ms: int
+    challenge: bytes           # issued by the serving engine (Peer/Challenge), single use
+    timestamp_ms: int          # informational since protocol 2 (freshness is the challenge's)
     mac: bytes
     client_version: str = ""
 
@@ -45,13 +52,13 @@ class HandshakeAnswer:
     server_version: str = ""
 
 
-def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_ms: int, nonce: bytes) -> bytes:
-    msg = f"datadist-offer|{version}|{client}|{server}|{timestamp_ms}|".encode() + nonce
+def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_ms: int, challenge: bytes) -> bytes:
+    msg = f"datadist-offer|{version}|{client}|{server}|{timestamp_ms}|".encode() + challenge
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def answer_mac(secret: bytes, nonce: bytes, session: bytes, server: int, data_endpoint: str) -> bytes:
-    msg = b"datadist-answer|" + nonce + b"|" + session + f"|{server}|{data_endpoint}".encode()
+def answer_mac(secret: bytes, challenge: bytes, session: bytes, server: int, data_endpoint: str) -> bytes:
+    msg = b"datadist-answer|" + challenge + b"|" + session + f"|{server}|{data_endpoint}".encode()
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
@@ -59,11 +66,40 @@ def data_token(secret: bytes, session: bytes) -> bytes:
     return hmac.new(secret, b"datadist-data|" + session, hashlib.sha256).digest()
 
 
-def make_offer(secret: bytes, client: int, server: int, version: str = "") -> HandshakeOffer:
-    nonce = os.urandom(16)
+def make_offer(secret: bytes, client: int, server: int, challenge: bytes, version: str = "") -> HandshakeOffer:
+    """The linking side's offer over ``challenge`` (what the serving engine's ``Peer/Challenge`` returned)."""
     ts = int(time.time() * 1000)
-    return HandshakeOffer(PROTOCOL_VERSION, client, server, nonce, ts,
-                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, nonce), version)
+    return HandshakeOffer(PROTOCOL_VERSION, client, server, challenge, ts,
+                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, challenge), version)
+
+
+class ChallengeStore:
+    """The challenges one serving engine issued: each good once, for ``ttl`` seconds; at most ``cap``.
+
+    Nothing here survives the process, which is the point: an offer made over a challenge of an
+    earlier daemon (or an earlier handshake) finds nothing to redeem. ``clock`` is injectable."""
+
+    def __init__(self, ttl: float = CHALLENGE_TTL_S, cap: int = MAX_CHALLENGES, clock=time.monotonic) -> None:  # noqa: ANN001
+        self.ttl = ttl
+        self.cap = cap
+        self._clock = clock
+        self._issued: OrderedDict[bytes, float] = OrderedDict()   # challenge -> expiry, oldest first
+
+    def __len__(self) -> int:
+        return len(self._issued)
+
+    def issue(self) -> bytes:
+        now = self._clock()
+        while self._issued and (len(self._issued) >= self.cap or next(iter(self._issued.values())) <= now):
+            self._issued.popitem(last=False)
+        challenge = os.urandom(CHALLENGE_BYTES)
+        self._issued[challenge] = now + self.ttl
+        return challenge
+
+    def redeem(self, challenge: bytes) -> bool:
+        """True once for a challenge issued here within the TTL; False for anything else."""
+        expiry = self._issued.pop(bytes(challenge), None)
+        return expiry is not None and expiry > self._clock()
 
 
 class PeerClient(Protocol):
@@ -71,6 +107,8 @@ class PeerClient(Protocol):
     an unreachable peer raises ``LLM_LINK_FAILED`` and a missed deadline ``LLM_TIMEOUT``."""
 
     address: str
+
+    async def challenge(self, client: int, server: int, timeout: float) -> bytes: ...
 
     async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer: ...
 

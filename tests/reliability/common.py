@@ -248,11 +248,21 @@ class PeerAgent:
         self._grpc = grpc.insecure_channel(self.address)
         self.peer = peer_pb2_grpc.PeerStub(self._grpc)
 
-    def offer(self, **override: Any) -> peer_pb2.HandshakeRequest:
+    def challenge(self) -> bytes:
+        """A fresh challenge from the serving engine (what a linking daemon asks for first)."""
+        from datadistd.peering import PROTOCOL_VERSION
+
+        request = peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=self.client_cluster,
+                                            server_cluster_id=self.server_cluster)
+        return self.peer.Challenge(request, timeout=10).challenge
+
+    def offer(self, challenge: bytes | None = None, **override: Any) -> peer_pb2.HandshakeRequest:
+        """A signed offer over ``challenge`` (default: a fresh one from the server); ``override`` fields after."""
         from datadistd.peering import make_offer
         from datadistd.rpc.convert import offer_to_pb
 
-        msg = offer_to_pb(make_offer(self.secret, self.client_cluster, self.server_cluster, "reliability-test"))
+        fresh = self.challenge() if challenge is None else challenge
+        msg = offer_to_pb(make_offer(self.secret, self.client_cluster, self.server_cluster, fresh, "reliability-test"))
         for key, value in override.items():
             setattr(msg, key, value)
         return msg

@@ -5,13 +5,25 @@
    start with exit 2, both naming the fix; loopback development keeps working, with one warning.
 9. An unauthenticated ``Handshake`` over 4 KiB is refused before it is parsed; the peer listener takes
    messages up to what an authenticated request needs (16 MiB), not 64 MiB.
+10. Strangers holding silent connections to the data-plane port do not keep a linking peer out;
+    a connection that has not sent a good hello within ``[peer] preauth_seconds`` is closed; the
+    refusals cost the log a line per interval, not one each.
+11. The same on the gRPC peer port (through its admission front), where idle connections were
+    unlimited: they are capped per source and in all, closed at the pre-auth deadline (also when
+    they keep making unauthenticated calls), and the daemon's descriptors stay bounded; the
+    private gRPC port behind the front refuses calls that did not come through it.
+12. A captured handshake is worthless: the serving engine issues each handshake's challenge and
+    accepts it once, so replaying it fails -- after the daemon restarted, after the serving worker
+    restarted, and right away.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -21,7 +33,7 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from datadistd.config import ConfigError, load_config
 from datadistd.tools.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
-from tests.reliability.common import PeerAgent
+from tests.reliability.common import PeerAgent, fd_count, listening_sockets, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +127,158 @@ def test_9_oversized_unauthenticated_handshakes_are_refused_unparsed(dev_daemon)
         assert dev_daemon.proc.poll() is None
     finally:
         w.close()
+
+
+def test_12_a_captured_handshake_is_refused_after_restarts():
+    port = free_port()
+    d = DaemonProcess("replay").start()
+    w = Worker({"DATADIST_DAEMON": d.target})
+    agent = PeerAgent(f"127.0.0.1:{port}", 77, P)
+    try:
+        w.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
+        captured = agent.offer()                      # what an eavesdropper saw on the wire ...
+        agent.peer.Handshake(captured, timeout=10)    # ... of a handshake that worked
+        for restart in ("none", "serving worker", "daemon"):
+            if restart == "serving worker":
+                w.close()
+                w = Worker({"DATADIST_DAEMON": d.target})
+                w.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
+            elif restart == "daemon":
+                w.close()
+                d.discard()
+                d = DaemonProcess("replay").start()
+                w = Worker({"DATADIST_DAEMON": d.target})
+                w.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
+            agent.close()
+            agent = PeerAgent(f"127.0.0.1:{port}", 77, P)
+            with pytest.raises(grpc.RpcError) as info:
+                agent.peer.Handshake(captured, timeout=10)
+            assert int(dict(info.value.trailing_metadata())["datadist-status-code"]) == \
+                LLMStatusCode.LLM_LINK_FAILED, restart
+            assert "challenge is unknown, already used or expired" in info.value.details(), restart
+        # the legitimate handshake next to it: a fresh challenge links
+        assert agent.handshake(streams=1).session
+    finally:
+        agent.close()
+        w.close()
+        d.discard()
+
+
+PREAUTH = 2.0   # [peer] preauth_seconds of the daemons below
+TENSORS, BLOCKS, BLOCK_SHAPE = 2, 8, (8, 32)
+
+
+def _connect_from(source: str, port: int) -> socket.socket:
+    """A stranger's TCP connection to loopback ``port`` from the loopback address ``source``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1 << 16) == b""
+    except BlockingIOError:
+        return False
+    except OSError:   # reset
+        return True
+
+
+def _strangers(port: int, per_source: dict[str, int]) -> list[socket.socket]:
+    return [_connect_from(source, port) for source, n in per_source.items() for _ in range(n)]
+
+
+@pytest.fixture
+def pair():
+    """One daemon, a prompt engine listening on loopback with blocks filled, a decoder engine (not linked)."""
+    d = DaemonProcess("admission", env={"DATADISTD_PEER_PREAUTH_SECONDS": str(PREAUTH)}).start()
+    port = free_port()
+    prompt, decoder = Worker({"DATADIST_DAEMON": d.target}), Worker({"DATADIST_DAEMON": d.target})
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, mem_pool=1 << 20)
+    prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+    prompt.call("fill", "kv", 7)
+    decoder.call("init", "DECODER", D, mem_pool=1 << 20)
+    decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE)
+    yield d, port, prompt, decoder
+    for w in (prompt, decoder):
+        w.close()
+    d.discard()
+
+
+def _link_and_pull(port: int, prompt: Worker, decoder: Worker) -> None:
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", P, "kv", [1, 2, 3], [5, 6, 7])
+    assert (decoder.call("rows", "kv", None, [5, 6, 7]) == prompt.call("rows", "kv", None, [1, 2, 3])).all()
+
+
+def test_10_silent_strangers_on_the_data_plane_do_not_keep_a_peer_out(pair):
+    d, port, prompt, decoder = pair
+    probe = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(connect=False)   # learns the data endpoint
+    data_port = int(probe.endpoint.rsplit(":", 1)[1])
+    probe.close()
+    fds = fd_count(d.proc.pid)
+    # 80 silent connections from the linking peer's own address, 40 more from four others: far over the
+    # 64 unauthenticated slots the data plane had, which used to make link_clusters fail
+    held = _strangers(data_port, {"127.0.0.1": 80, **{f"127.0.0.{i}": 10 for i in range(2, 6)}})
+    try:
+        assert fd_count(d.proc.pid) <= fds + 64 + 8        # the pre-auth total, not one per stranger
+        _link_and_pull(port, prompt, decoder)              # the peer gets in: the oldest strangers make room
+        assert wait_until(lambda: all(_closed_by_peer(s) for s in held), PREAUTH + 10)   # the deadline
+    finally:
+        for s in held:
+            s.close()
+    # still linked and moving bytes after the deadline: an authenticated connection has none
+    time.sleep(PREAUTH + 0.5)
+    decoder.call("pull_blocks", P, "kv", [4], [0])
+    assert (decoder.call("rows", "kv", None, [0]) == prompt.call("rows", "kv", None, [4])).all()
+    refusals = [line for line in d.log().splitlines() if "connection refused or closed" in line]
+    assert refusals and len(refusals) <= 6, refusals[:10]   # 120+ refusals, a handful of lines
+
+
+def test_11_idle_strangers_on_the_peer_port_are_capped_and_timed_out(pair):
+    d, port, prompt, decoder = pair
+    fds = fd_count(d.proc.pid)
+    held = _strangers(port, {"127.0.0.1": 150, **{f"127.0.0.{i}": 30 for i in range(2, 7)}})   # 300 idle
+    try:
+        # the front holds at most 64 pre-auth connections (each with its private twin): not 300
+        assert wait_until(lambda: fd_count(d.proc.pid) <= fds + 2 * 64 + 8, 10), fd_count(d.proc.pid)
+        _link_and_pull(port, prompt, decoder)
+        assert wait_until(lambda: all(_closed_by_peer(s) for s in held), PREAUTH + 10)
+    finally:
+        for s in held:
+            s.close()
+    # a stranger that speaks gRPC but never authenticates (health checks, challenges) is closed on time too
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        states: list[grpc.ChannelConnectivity] = []
+        ch.subscribe(states.append)
+        stub = peer_pb2_grpc.PeerStub(ch)
+        stub.Challenge(peer_pb2.ChallengeRequest(protocol_version=2, client_cluster_id=9, server_cluster_id=P),
+                       timeout=10)
+        assert grpc.ChannelConnectivity.READY in states
+        ready = states.index(grpc.ChannelConnectivity.READY)
+        assert wait_until(lambda: len(states) > ready + 1, PREAUTH + 10), states   # the front hung up
+    # the legitimate link outlived the deadline: still established, still moving bytes
+    decoder.call("pull_blocks", P, "kv", [4], [0])
+    assert (decoder.call("rows", "kv", None, [0]) == prompt.call("rows", "kv", None, [4])).all()
+    assert wait_until(lambda: fd_count(d.proc.pid) <= fds + 16, 10), (fd_count(d.proc.pid), fds)
+
+
+def test_11_the_private_port_behind_the_front_serves_nobody_directly(pair):
+    d, port, prompt, decoder = pair
+    private = [p for ip, p in listening_sockets(d.proc.pid) if ip == "127.0.0.1" and p != port]
+    assert private, listening_sockets(d.proc.pid)
+    denied = 0
+    for candidate in private:   # the data plane's port does not speak gRPC at all; the private one refuses
+        with grpc.insecure_channel(f"127.0.0.1:{candidate}") as ch:
+            try:
+                peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(protocol_version=2, server_cluster_id=P),
+                                                     timeout=5)
+            except grpc.RpcError as err:
+                denied += err.code() == grpc.StatusCode.PERMISSION_DENIED
+            else:
+                raise AssertionError(f"port {candidate} answered a call that bypassed the front")
+    assert denied == 1
+    _link_and_pull(port, prompt, decoder)    # through the front, all is well

@@ -49,23 +49,41 @@ class ReverseReply(_message.Message):
     release_needed: bool
     def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ...) -> None: ...
 
-class HandshakeRequest(_message.Message):
-    __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "nonce", "timestamp_ms", "mac", "client_version")
+class ChallengeRequest(_message.Message):
+    __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SERVER_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
-    NONCE_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    client_cluster_id: int
+    server_cluster_id: int
+    def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ...) -> None: ...
+
+class ChallengeResponse(_message.Message):
+    __slots__ = ("protocol_version", "challenge")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    challenge: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., challenge: _Optional[bytes] = ...) -> None: ...
+
+class HandshakeRequest(_message.Message):
+    __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "challenge", "timestamp_ms", "mac", "client_version")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     client_cluster_id: int
     server_cluster_id: int
-    nonce: bytes
+    challenge: bytes
     timestamp_ms: int
     mac: bytes
     client_version: str
-    def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., nonce: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., mac: _Optional[bytes] = ..., client_version: _Optional[str] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., challenge: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., mac: _Optional[bytes] = ..., client_version: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("protocol_version", "server_cluster_id", "session", "data_endpoint", "streams", "mac", "server_version", "caches")

@@ -35,6 +35,11 @@ class PeerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Challenge = channel.unary_unary(
+                '/datadist.v1.Peer/Challenge',
+                request_serializer=datadist_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_peer__pb2.ChallengeResponse.FromString,
+                _registered_method=True)
         self.Handshake = channel.unary_unary(
                 '/datadist.v1.Peer/Handshake',
                 request_serializer=datadist_dot_v1_dot_peer__pb2.HandshakeRequest.SerializeToString,
@@ -79,6 +84,14 @@ class PeerStub:
 
 class PeerServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Challenge(self, request, context):
+        """A fresh single-use challenge for the Handshake that follows (protocol 2): the serving engine
+        issues it, so a captured handshake cannot be used again, not even after a restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Handshake(self, request, context):
         """Authenticate and create a link; returns the session and the data-plane endpoint.
@@ -143,6 +156,11 @@ class PeerServicer:
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=datadist_dot_v1_dot_peer__pb2.ChallengeRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_peer__pb2.ChallengeResponse.SerializeToString,
+            ),
             'Handshake': grpc.unary_unary_rpc_method_handler(
                     servicer.Handshake,
                     request_deserializer=datadist_dot_v1_dot_peer__pb2.HandshakeRequest.FromString,
@@ -193,6 +211,33 @@ def add_PeerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Peer:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.Peer/Challenge',
+            datadist_dot_v1_dot_peer__pb2.ChallengeRequest.SerializeToString,
+            datadist_dot_v1_dot_peer__pb2.ChallengeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Handshake(request,

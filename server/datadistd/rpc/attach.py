@@ -29,12 +29,12 @@ import os
 import socket
 import stat
 import struct
-import time
 from pathlib import Path
 
 from datadist.v1 import attach_pb2
 
 from .. import __version__
+from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
 from ..memory.base import MAX_PIECES, FdPiece, FdRef
 from ..metrics import DaemonMetrics
@@ -93,8 +93,7 @@ class AttachServer:
         self._sock: socket.socket | None = None
         self._conns: dict[int, _Conn] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._refused = 0
-        self._refused_logged = 0.0
+        self._refusals = RefusalLog(log, "attach socket: connection refused", _LOG_EVERY_S)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -153,12 +152,7 @@ class AttachServer:
                       session.session_id)
 
     def _refuse(self, why: str) -> None:
-        self._refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged >= _LOG_EVERY_S:
-            log.warning("attach socket: refused %d connection(s) in the last %.0f s; last: %s", self._refused,
-                        _LOG_EVERY_S, why)
-            self._refused, self._refused_logged = 0, now
+        self._refusals(why)
 
     def _drop(self, conn: _Conn, finalize: bool = True) -> None:
         assert self._loop is not None

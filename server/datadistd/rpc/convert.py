@@ -168,13 +168,13 @@ def spec_from_pb(msg: peer_pb2.ReadRequest | peer_pb2.WriteRequest) -> RemoteSpe
 def offer_to_pb(offer: HandshakeOffer) -> peer_pb2.HandshakeRequest:
     return peer_pb2.HandshakeRequest(protocol_version=offer.protocol_version,
                                      client_cluster_id=offer.client_cluster_id,
-                                     server_cluster_id=offer.server_cluster_id, nonce=offer.nonce,
+                                     server_cluster_id=offer.server_cluster_id, challenge=offer.challenge,
                                      timestamp_ms=offer.timestamp_ms, mac=offer.mac,
                                      client_version=offer.client_version)
 
 
 def offer_from_pb(msg: peer_pb2.HandshakeRequest) -> HandshakeOffer:
-    return HandshakeOffer(msg.protocol_version, msg.client_cluster_id, msg.server_cluster_id, msg.nonce,
+    return HandshakeOffer(msg.protocol_version, msg.client_cluster_id, msg.server_cluster_id, msg.challenge,
                           msg.timestamp_ms, msg.mac, msg.client_version)
 
 

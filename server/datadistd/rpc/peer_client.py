@@ -10,7 +10,7 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec
-from ..peering import HandshakeAnswer, HandshakeOffer
+from ..peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer
 from ..reverse import ReverseCmd, ReverseReply
 from . import convert
 from .errors import error_from_rpc
@@ -44,6 +44,20 @@ class GrpcPeerClient:
             return await method(request, timeout=timeout, wait_for_ready=False)
         except grpc.RpcError as err:
             raise error_from_rpc(err, f"{what} on {self.address}") from None
+
+    async def challenge(self, client: int, server: int, timeout: float) -> bytes:
+        try:
+            reply = await self._call("handshake", self._stub.Challenge,
+                                     peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION,
+                                                               client_cluster_id=client, server_cluster_id=server),
+                                     timeout)
+        except DataDistError as exc:
+            if "Method not found" in exc.message or "UNIMPLEMENTED" in exc.message:
+                raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                    f"protocol version mismatch: the peer at {self.address} speaks protocol 1 (no "
+                                    f"Challenge); this daemon speaks v{PROTOCOL_VERSION} -- upgrade it") from None
+            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message)) from None
+        return bytes(reply.challenge)
 
     async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer:
         try:

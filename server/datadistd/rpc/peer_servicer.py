@@ -10,16 +10,27 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot
+from ..peering import PROTOCOL_VERSION
 from . import convert
 from .errors import error_trailers, grpc_code, guarded
+from .front import PeerFront
 
 EMPTY = common_pb2.Empty()
 
 
+def _refuse_oversized(request, kind: type) -> None:  # noqa: ANN001
+    """``rpc.server`` hands an unauthenticated request over ``MAX_UNAUTHENTICATED_BYTES`` over unparsed."""
+    if not isinstance(request, kind):
+        raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                            f"{kind.__name__} of {request.size} bytes refused: an unauthenticated request is at "
+                            f"most {request.limit} bytes")
+
+
 class PeerServicer(peer_pb2_grpc.PeerServicer):
-    def __init__(self, slot: EngineSlot, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, slot: EngineSlot, metrics: DaemonMetrics | None = None, front: PeerFront | None = None) -> None:
         self.slot = slot
         self.metrics = metrics
+        self.front = front      # told when a connection proved the secret (see rpc/front.py)
         self._write_blocks: dict[int, int] = {}  # open write transfer id -> blocks (for the metrics)
 
     def _peer_cluster(self, session: bytes) -> int:
@@ -31,12 +42,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         return self.slot.links
 
     @guarded
+    async def Challenge(self, request, context):  # noqa: N802, ANN001, ANN201
+        _refuse_oversized(request, peer_pb2.ChallengeRequest)
+        challenge = self.links.serve_challenge(request.client_cluster_id, request.server_cluster_id)
+        return peer_pb2.ChallengeResponse(protocol_version=PROTOCOL_VERSION, challenge=challenge)
+
+    @guarded
     async def Handshake(self, request, context):  # noqa: N802, ANN001, ANN201
-        if not isinstance(request, peer_pb2.HandshakeRequest):   # rpc.server refused it unparsed (too big)
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"handshake of {request.size} bytes refused: an unauthenticated handshake is at most "
-                                f"{4 << 10} bytes")
+        _refuse_oversized(request, peer_pb2.HandshakeRequest)
         answer = await self.links.serve_handshake(convert.offer_from_pb(request))
+        if self.front is not None:
+            self.front.authenticate(context.peer())
         return convert.answer_to_pb(answer)
 
     @guarded
@@ -90,6 +106,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         try:
             first = await request_iterator.__anext__()
             hub = self.links.attach_reverse(first.session)
+            if self.front is not None:
+                self.front.authenticate(context.peer())
         except StopAsyncIteration:
             return
         except DataDistError as exc:

@@ -14,9 +14,11 @@ from grpc_reflection.v1alpha import reflection
 
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2
 
+from ..admission import AdmissionLimits
 from ..metrics import DaemonMetrics
 from ..node import EngineSlot, Node
 from .datadist_servicer import DataDistServicer
+from .front import PeerFront
 from .peer_client import GrpcPeerClient
 from .peer_servicer import PeerServicer
 from .tls import PeerTls
@@ -76,70 +78,113 @@ async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, 
 
 
 class PeerListener:
-    """A Peer service listening on one engine's ``listen_ip_info`` address."""
+    """A Peer service on one engine's ``listen_ip_info`` address: ``front`` owns the address (admission),
+    ``server`` answers on a private loopback port behind it (see ``rpc/front.py``)."""
 
-    def __init__(self, server: grpc.aio.Server, address: str) -> None:
+    def __init__(self, server: grpc.aio.Server, address: str, front: PeerFront) -> None:
         self.server = server
         self.address = address
+        self.front = front
 
     async def stop(self) -> None:
+        await self.front.stop()
         await self.server.stop(grace=0.5)
 
 
-#: an unauthenticated Handshake is a few dozen bytes; more is refused before it is parsed
-MAX_HANDSHAKE_BYTES = 4 << 10
+#: an unauthenticated request (Challenge, Handshake) is a few dozen bytes; more is refused before it is parsed
+MAX_UNAUTHENTICATED_BYTES = 4 << 10
+UNAUTHENTICATED_METHODS = ("Challenge", "Handshake")
 #: what an authenticated peer request needs at most: a block list of MAX_LIST (2**20) varints of <= 10 bytes
 PEER_MAX_MESSAGE = 16 << 20
 PEER_SERVER_OPTIONS = [*[(k, v) for k, v in SERVER_OPTIONS if k != "grpc.max_receive_message_length"],
                        ("grpc.max_receive_message_length", PEER_MAX_MESSAGE)]
 
 
-class OversizedHandshake:
-    """What a Handshake request larger than ``MAX_HANDSHAKE_BYTES`` deserializes to: refused unparsed."""
+class Oversized:
+    """What an unauthenticated request larger than ``MAX_UNAUTHENTICATED_BYTES`` deserializes to: refused unparsed."""
+
+    limit = MAX_UNAUTHENTICATED_BYTES
 
     def __init__(self, size: int) -> None:
         self.size = size
 
 
-def _bounded_handshake(data: bytes) -> peer_pb2.HandshakeRequest | OversizedHandshake:
-    if len(data) > MAX_HANDSHAKE_BYTES:
-        return OversizedHandshake(len(data))
-    return peer_pb2.HandshakeRequest.FromString(data)
+def _bounded(parse):  # noqa: ANN001, ANN202
+    def bounded(data: bytes):  # noqa: ANN202
+        return Oversized(len(data)) if len(data) > MAX_UNAUTHENTICATED_BYTES else parse(data)
+
+    return bounded
 
 
-def _peer_handlers(servicer: PeerServicer) -> grpc.GenericRpcHandler:
-    """The Peer service's method handlers, built from its descriptor; Handshake's deserializer is bounded."""
+_NOT_VIA_FRONT = "connect to the engine's peer port: this private port serves only its front"
+
+
+def _gated(handler, front: PeerFront, streaming: bool):  # noqa: ANN001, ANN202
+    """Refuse calls that did not come through ``front``; a request naming a live session authenticates its
+    connection there (Handshake and Reverse do it in the servicer, once they succeeded)."""
+    if streaming:
+        async def stream(request_iterator, context):  # noqa: ANN001, ANN202
+            if not front.admitted(context.peer()):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, _NOT_VIA_FRONT)
+            async for reply in handler(request_iterator, context):
+                yield reply
+
+        return stream
+
+    async def unary(request, context):  # noqa: ANN001, ANN202
+        peer = context.peer()
+        if not front.admitted(peer):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _NOT_VIA_FRONT)
+        session = getattr(request, "session", b"")
+        if session and handler.__self__.links.sessions.get(session) is not None:
+            front.authenticate(peer)
+        return await handler(request, context)
+
+    return unary
+
+
+def _peer_handlers(servicer: PeerServicer, front: PeerFront) -> grpc.GenericRpcHandler:
+    """The Peer service's method handlers, built from its descriptor; unauthenticated requests are bounded."""
     handlers = {}
     for method in peer_pb2.DESCRIPTOR.services_by_name["Peer"].methods:
-        parse = (_bounded_handshake if method.name == "Handshake"
-                 else message_factory.GetMessageClass(method.input_type).FromString)
+        parse = message_factory.GetMessageClass(method.input_type).FromString
+        if method.name in UNAUTHENTICATED_METHODS:
+            parse = _bounded(parse)
         serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
         kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
                 else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = kind(getattr(servicer, method.name), request_deserializer=parse,
-                                     response_serializer=serialize)
+        handlers[method.name] = kind(_gated(getattr(servicer, method.name), front, method.client_streaming),
+                                     request_deserializer=parse, response_serializer=serialize)
     return grpc.method_handlers_generic_handler(PEER_SERVICE, handlers)
 
 
 async def start_peer_listener(host: str, port: int, slot: EngineSlot, tls: PeerTls | None = None,
-                              metrics: DaemonMetrics | None = None) -> PeerListener:
-    """Peer + health + reflection on ``host:port``; with ``tls`` only clients with a certificate get in."""
+                              metrics: DaemonMetrics | None = None,
+                              limits: AdmissionLimits | None = None) -> PeerListener:
+    """Peer + health + reflection on ``host:port`` behind a ``PeerFront`` (connection caps, pre-auth
+    deadline); with ``tls`` only clients with a certificate get in."""
     server = grpc.aio.server(options=PEER_SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((_peer_handlers(PeerServicer(slot, metrics)),))
+    front = PeerFront(0, limits)
+    server.add_generic_rpc_handlers((_peer_handlers(PeerServicer(slot, metrics, front), front),))
     health_servicer = _health(server, [PEER_SERVICE])
     bind_host = f"[{host}]" if ":" in host else host
-    address = f"{bind_host}:{port}"
-    bound = (server.add_secure_port(address, tls.server_credentials()) if tls is not None
-             else server.add_insecure_port(address))
-    if bound == 0:
-        raise OSError(f"cannot listen on {address}")
+    private = (server.add_secure_port("127.0.0.1:0", tls.server_credentials()) if tls is not None
+               else server.add_insecure_port("127.0.0.1:0"))
+    if private == 0:
+        raise OSError("cannot open the private loopback port of the peer listener")
+    front.inner_port = private
     await server.start()
+    try:
+        bound = await front.start(host, port)
+    except OSError as exc:
+        await server.stop(grace=None)
+        raise OSError(f"cannot listen on {bind_host}:{port}: {exc.strerror or exc}") from None
     for name in ("", PEER_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     actual = f"{bind_host}:{bound}"
     log.info("cluster %s listening for peers on %s (%s)", slot.engine.cluster_id, actual,
              "mutual TLS" if tls is not None else "plaintext")
-    return PeerListener(server, actual)
+    return PeerListener(server, actual, front)
 
 
 def grpc_peer_connector(tls: PeerTls | None = None):  # noqa: ANN201

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import hmac
 import itertools
 import logging
@@ -60,6 +61,7 @@ import numpy as np
 
 from datadist.status import LLMStatusCode, code_2_status
 
+from ..admission import Admission, AdmissionLimits, Ticket
 from ..core.errors import DataDistError
 from ..core.types import TransferId
 from ..memory import addr as memaddr
@@ -91,7 +93,6 @@ _RECV_MAX = 1 << 20          # bytes asked of one receive call (see _Conn._recv_
 _IOV_MAX = 1024              # buffers per sendmsg/recvmsg_into call (Linux IOV_MAX)
 _SPARES = 8                  # send staging buffers kept for reuse ...
 _SPARE_BYTES = 16 << 20      # ... of at most this size
-_MAX_PENDING_HELLOS = 64     # unauthenticated connections in flight
 _JOIN = 2.0                  # bound on joining threads at stop()
 _ABORT_TIMEOUT = 0.5
 _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -1103,7 +1104,7 @@ class TcpTransport:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, nodelay: bool = True, sndbuf: int | None = None,
-                 rcvbuf: int | None = None, stripe: int = 0) -> None:
+                 rcvbuf: int | None = None, stripe: int = 0, admission: AdmissionLimits | None = None) -> None:
         if chunk_size <= 0 or chunk_size > MAX_FRAME:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"chunk_size must be in (0, {MAX_FRAME}]")
         if stripe < 0:
@@ -1118,6 +1119,8 @@ class TcpTransport:
         self.sndbuf = sndbuf
         self.rcvbuf = rcvbuf
         self.stripe = stripe or _auto_stripe()
+        self.admission_limits = admission or AdmissionLimits()
+        self._admission: Admission | None = None      # made at start(): caps on who holds the listener
         self._listener: socket.socket | None = None
         self._lock = threading.Lock()
         self._allowed: set[bytes] = set()
@@ -1165,6 +1168,7 @@ class TcpTransport:
         self._listener = listener
         self.port = listener.getsockname()[1]
         self._started = True
+        self._admission = Admission(f"tcp data plane {self.endpoint}", self.admission_limits, log)
         self._spawn(self._accept_loop, f"datadist-tcp-accept:{self.port}")
         log.debug("tcp data plane listening on %s", self.endpoint)
 
@@ -1386,44 +1390,49 @@ class TcpTransport:
             except OSError as exc:
                 if self._stopping:
                     break
-                log.warning("tcp data plane %s: accept failed: %s", self.endpoint, exc)
+                self._refuse("-", f"accept failed: {exc}")   # EMFILE and the like: rate-limited
                 time.sleep(_POLL)
                 continue
             peer = f"{addr[0]}:{addr[1]}"
-            with self._lock:
-                busy = len(self._hellos) >= _MAX_PENDING_HELLOS or self._stopping
-                if not busy:
-                    self._hellos.add(sock)
-            if busy:
-                log.warning("tcp data plane %s: refused connection from %s: too many pending handshakes",
-                            self.endpoint, peer)
+            assert self._admission is not None
+            self._admission.expire()   # the deadline of a silent hello is its own recv timeout; this is the sweep
+            ticket = None if self._stopping else self._admission.admit(addr[0], functools.partial(_shut, sock))
+            if ticket is None:
                 sock.close()
                 continue
-            self._spawn(self._serve, f"datadist-tcp-read:{peer}", sock, peer)
+            with self._lock:
+                self._hellos.add(sock)
+            self._spawn(self._serve, f"datadist-tcp-read:{peer}", sock, peer, ticket)
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, ticket: Ticket) -> None:
         """Hello, then this thread becomes the connection's reader."""
+        assert self._admission is not None
         conn: _Conn | None = None
         try:
-            conn = self._hello(sock, peer)
+            conn = self._hello(sock, peer, ticket)
         except Exception:  # noqa: BLE001
             log.exception("tcp data plane %s: handshake with %s failed", self.endpoint, peer)
         finally:
             with self._lock:
                 self._hellos.discard(sock)
-        if conn is None:
-            sock.close()
-            return
-        conn.run(self)
+        try:
+            if conn is None:
+                sock.close()
+                return
+            conn.run(self)
+        finally:
+            self._admission.release(ticket)
 
     def _refuse(self, peer: str, why: str) -> None:
-        """One warning line naming the remote address (never the token); quiet while stopping."""
-        if not self._stopping:
-            log.warning("tcp data plane %s: refused connection from %s: %s", self.endpoint, peer, why)
+        """A rate-limited warning naming the remote address (never the token); quiet while stopping."""
+        if not self._stopping and self._admission is not None:
+            self._admission.refusals(f"{peer}: {why}")
 
-    def _hello(self, sock: socket.socket, peer: str) -> _Conn | None:
-        """Check the hello; on success register the socket with its channel and acknowledge it."""
-        deadline = time.monotonic() + self.connect_timeout
+    def _hello(self, sock: socket.socket, peer: str, ticket: Ticket) -> _Conn | None:
+        """Check the hello (by the ticket's pre-auth deadline); on success register the socket with its
+        channel and acknowledge it."""
+        assert self._admission is not None
+        deadline = min(ticket.deadline, time.monotonic() + self.connect_timeout)
         try:
             _configure(sock, self.nodelay, self.sndbuf, self.rcvbuf)
             head = _recv_exact(sock, HELLO.size, deadline)
@@ -1442,7 +1451,7 @@ class TcpTransport:
                 return None
             token = _recv_exact(sock, tlen, deadline)
         except TimeoutError:
-            self._refuse(peer, f"no hello within {self.connect_timeout:.1f}s")
+            self._refuse(peer, f"no hello within {min(self.connect_timeout, self.admission_limits.preauth_seconds):g}s")
             return None
         except OSError as exc:
             self._refuse(peer, str(exc))
@@ -1458,6 +1467,9 @@ class TcpTransport:
                 match = candidate
         if match is None:
             self._refuse(peer, "token not accepted")
+            return None
+        self._admission.authenticate(ticket)
+        if not ticket.authenticated:   # closed to make room just now
             return None
         with self._lock:
             if self._stopping or match not in self._allowed:
@@ -1475,6 +1487,14 @@ class TcpTransport:
             conn.shutdown()
             channel._break(f"acknowledging connection #{index} from {peer} failed: {exc}")
         return conn
+
+
+def _shut(sock: socket.socket) -> None:
+    """How admission ends a pre-auth connection: wake its reader (it then closes the socket)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _auto_stripe() -> int:

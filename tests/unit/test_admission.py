@@ -1,0 +1,165 @@
+"""Admission of connections before they authenticate: caps per source and in all, eviction of the oldest,
+the pre-auth deadline, the hard cap, and a log that a flood cannot fill."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datadistd.admission import Admission, AdmissionLimits, RefusalLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Conn:
+    """A connection as a listener sees it: closed by admission through its callback."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.closed = False
+
+    def close(self) -> None:
+        assert not self.closed, "closed twice"
+        self.closed = True
+
+
+def admit(adm: Admission, source: str):  # noqa: ANN201
+    conn = Conn(source)
+    return conn, adm.admit(source, conn.close)
+
+
+def test_limits_are_checked() -> None:
+    for bad in (dict(preauth_seconds=0), dict(per_source=0), dict(per_source=9, preauth_total=8),
+                dict(preauth_total=2000, max_connections=1024)):
+        with pytest.raises(ValueError):
+            AdmissionLimits(**bad)
+
+
+def test_a_source_over_its_cap_loses_its_oldest_connection() -> None:
+    adm = Admission("t", AdmissionLimits(10, per_source=3, preauth_total=10, max_connections=20), clock=Clock())
+    a = [admit(adm, "10.0.0.1") for _ in range(3)]
+    other = admit(adm, "10.0.0.2")
+    newest = admit(adm, "10.0.0.1")
+    assert newest[1] is not None and a[0][0].closed and not any(c.closed for c, _ in a[1:])
+    assert not other[0].closed
+    assert adm.stats()["preauth"] == 4 and adm.evicted == 1
+
+
+def test_over_the_total_the_heaviest_source_pays() -> None:
+    adm = Admission("t", AdmissionLimits(10, per_source=4, preauth_total=6, max_connections=20), clock=Clock())
+    strangers = [admit(adm, "10.0.0.9") for _ in range(4)]
+    few = [admit(adm, f"10.0.1.{i}") for i in range(2)]
+    legit = admit(adm, "10.0.0.1")                     # the listener is full: the stranger with most pays
+    assert legit[1] is not None and strangers[0][0].closed
+    assert not any(c.closed for c, _ in few) and not legit[0].closed
+
+
+def test_authenticated_connections_leave_the_pre_auth_books_and_the_deadline() -> None:
+    clock = Clock()
+    adm = Admission("t", AdmissionLimits(5, per_source=2, preauth_total=4, max_connections=6), clock=clock)
+    conn, ticket = admit(adm, "10.0.0.1")
+    adm.authenticate(ticket)
+    for _ in range(3):
+        admit(adm, "10.0.0.1")                         # pre-auth ones come and go; the proven one stays
+    clock.now += 60
+    assert adm.expire() == 2 and not conn.closed and ticket.authenticated
+    assert adm.stats() == {"preauth": 0, "authenticated": 1, "sources": 0, "evicted": 1, "expired": 2,
+                           "refused": 0}
+    adm.release(ticket)
+    adm.release(ticket)                                # idempotent
+    assert adm.stats()["authenticated"] == 0
+
+
+def test_silent_connections_expire_oldest_first() -> None:
+    clock = Clock()
+    adm = Admission("t", AdmissionLimits(10, per_source=8, preauth_total=8, max_connections=8), clock=clock)
+    early = admit(adm, "a")
+    clock.now += 6
+    late = admit(adm, "b")
+    clock.now += 5
+    assert adm.expire() == 1 and early[0].closed and not late[0].closed
+    clock.now += 5
+    assert adm.expire() == 1 and late[0].closed
+    adm.release(late[1])                               # the listener notices the close: nothing more to do
+    assert adm.stats()["preauth"] == 0
+
+
+def test_the_hard_cap_refuses() -> None:
+    adm = Admission("t", AdmissionLimits(10, per_source=2, preauth_total=2, max_connections=3), clock=Clock())
+    tickets = [admit(adm, f"s{i}")[1] for i in range(2)]
+    for t in tickets:
+        adm.authenticate(t)
+    assert admit(adm, "x")[1] is not None
+    conn, refused = admit(adm, "y")
+    assert refused is None and not conn.closed and adm.refused == 1   # the listener closes it
+
+
+def test_an_evicted_ticket_cannot_authenticate_afterwards() -> None:
+    adm = Admission("t", AdmissionLimits(10, per_source=1, preauth_total=4, max_connections=4), clock=Clock())
+    first = admit(adm, "a")
+    admit(adm, "a")
+    adm.authenticate(first[1])
+    assert first[0].closed and not first[1].authenticated and adm.stats()["authenticated"] == 0
+
+
+def test_refusals_are_logged_at_a_bounded_rate(caplog) -> None:  # noqa: ANN001
+    clock = Clock()
+    log = RefusalLog(logging.getLogger("test.refusals"), "listener x", every=10, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="test.refusals"):
+        for i in range(10_000):
+            log(f"stranger {i}")
+            if i % 1000 == 999:
+                clock.now += 1
+        clock.now += 10
+        log("the last one")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "listener x: stranger 0"
+    assert len(lines) == 2 and "10000 refusals" in lines[1] and "the last one" in lines[1]
+    assert log.total == 10_001
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["admit", "auth", "release", "tick", "expire"]),
+                          st.integers(0, 4)), max_size=80))
+def test_the_books_hold_under_any_sequence(ops: list[tuple[str, int]]) -> None:
+    clock = Clock()
+    lim = AdmissionLimits(5, per_source=2, preauth_total=5, max_connections=7)
+    adm = Admission("t", lim, clock=clock)
+    live: list[tuple[Conn, object]] = []
+    for op, n in ops:
+        if op == "admit":
+            conn, ticket = admit(adm, f"s{n}")
+            if ticket is not None:
+                live.append((conn, ticket))
+        elif op == "tick":
+            clock.now += n
+        elif op == "expire":
+            adm.expire()
+        elif live:
+            conn, ticket = live[n % len(live)]
+            if op == "auth":
+                adm.authenticate(ticket)  # type: ignore[arg-type]
+            else:
+                adm.release(ticket)  # type: ignore[arg-type]
+                live.remove((conn, ticket))
+        stats = adm.stats()
+        open_preauth = [t for c, t in live if not c.closed and not t.authenticated]  # type: ignore[attr-defined]
+        open_auth = [t for c, t in live if t.authenticated and not t.closed]  # type: ignore[attr-defined]
+        assert stats["preauth"] == len(open_preauth) <= lim.preauth_total
+        assert stats["authenticated"] == len(open_auth)
+        assert stats["preauth"] + stats["authenticated"] <= lim.max_connections
+        per_source: dict[str, int] = {}
+        for t in open_preauth:
+            per_source[t.source] = per_source.get(t.source, 0) + 1  # type: ignore[attr-defined]
+        assert all(v <= lim.per_source for v in per_source.values())
+        if op == "expire":   # nothing pre-auth outlives its deadline past a sweep
+            assert all(t.deadline > clock.now for t in open_preauth)  # type: ignore[attr-defined]

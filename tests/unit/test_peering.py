@@ -1,0 +1,83 @@
+"""The handshake's freshness: challenges the serving engine issued, each good once, within its TTL."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datadistd.peering import CHALLENGE_BYTES, ChallengeStore, make_offer, offer_mac
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_challenge_is_redeemed_once() -> None:
+    store = ChallengeStore(ttl=30, cap=8, clock=Clock())
+    c = store.issue()
+    assert len(c) == CHALLENGE_BYTES
+    assert store.redeem(c)
+    assert not store.redeem(c)            # a replay
+    assert not store.redeem(b"")
+    assert not store.redeem(bytes(32))   # never issued
+
+
+def test_challenges_expire() -> None:
+    clock = Clock()
+    store = ChallengeStore(ttl=30, cap=8, clock=clock)
+    c = store.issue()
+    clock.now += 30.0
+    assert not store.redeem(c)
+    fresh = store.issue()
+    clock.now += 29.9
+    assert store.redeem(fresh)
+
+
+def test_expired_challenges_are_forgotten_and_the_cap_drops_the_oldest() -> None:
+    clock = Clock()
+    store = ChallengeStore(ttl=30, cap=4, clock=clock)
+    first = [store.issue() for _ in range(4)]
+    late = store.issue()                   # over the cap: the oldest goes
+    assert len(store) == 4 and not store.redeem(first[0]) and store.redeem(first[1]) and store.redeem(late)
+    clock.now += 31
+    store.issue()                          # expired ones leave as new ones come
+    assert len(store) == 1
+
+
+def test_a_new_store_knows_nothing_of_an_old_ones_challenges() -> None:
+    """A daemon restart: an offer captured before it has nothing to redeem."""
+    old, new = ChallengeStore(), ChallengeStore()
+    c = old.issue()
+    assert not new.redeem(c)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["issue", "redeem-last", "redeem-first", "tick"]), max_size=60))
+def test_no_sequence_redeems_a_challenge_twice(ops: list[str]) -> None:
+    clock = Clock()
+    store = ChallengeStore(ttl=10, cap=5, clock=clock)
+    issued: list[tuple[bytes, float]] = []
+    redeemed: set[bytes] = set()
+    for op in ops:
+        if op == "issue":
+            issued.append((store.issue(), clock.now))
+        elif op == "tick":
+            clock.now += 3
+        elif issued:
+            c, at = issued[-1] if op == "redeem-last" else issued[0]
+            ok = store.redeem(c)
+            if ok:
+                assert c not in redeemed and clock.now < at + 10
+                redeemed.add(c)
+    assert len(store) <= 5
+
+
+def test_the_offer_mac_covers_the_challenge() -> None:
+    offer = make_offer(b"s", 1, 2, b"c" * 32)
+    assert offer.challenge == b"c" * 32
+    assert offer.mac == offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"c" * 32)
+    assert offer.mac != offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"d" * 32)

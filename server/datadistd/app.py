@@ -24,6 +24,7 @@ from .memory import get_backend
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
 from .rpc.attach import AttachServer, attach_path
+from .rpc.convert import CALL_CODEC
 from .rpc.server import DATADIST_SERVICE, admin_path, create_worker_server, grpc_peer_connector, start_peer_listener
 from .rpc.tls import PeerTls, TlsFiles
 
@@ -67,10 +68,11 @@ class DaemonApp:
             removed = cleanup(cfg.memory.shm_dir)
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
-        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls),
+        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls), call_codec=CALL_CODEC,
                          listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics,
                                                             limits=cfg.peer.admission()))
         self.metrics.attach(self.node)
+        self.node.metrics = self.metrics
         if cfg.metrics.listen:
             try:
                 await self._start_metrics(cfg.metrics.listen)

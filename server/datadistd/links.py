@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from datadist.status import LLMStatusCode
 
@@ -35,6 +35,7 @@ from .core.plan import TransferOrder, plan_pull, plan_push
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from .engine import Engine, segments_of
 from .memory.copy import copy_segments
+from .metrics import DaemonMetrics, track_transfer
 from .peering import (
     PROTOCOL_VERSION,
     ChallengeStore,
@@ -47,7 +48,9 @@ from .peering import (
     offer_mac,
 )
 from .reverse import (
+    CallCodec,
     CommitWriteCmd,
+    FrameCalls,
     OpenWriteCmd,
     ReadCmd,
     ReleaseCmd,
@@ -56,7 +59,7 @@ from .reverse import (
     ReverseReply,
     UnlinkCmd,
 )
-from .transport.base import Channel, Transport
+from .transport.base import CONTROL_CALL, CONTROL_REPLY, CallChannel, CallTransport, Channel, Transport
 
 __all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
 
@@ -106,6 +109,7 @@ class Link:
     reverse_task: "asyncio.Task[None] | None" = None  # linking end: answers the serving end's calls
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
+    frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
 
 
 @dataclass
@@ -114,6 +118,7 @@ class _PendingWrite:
     cache_id: int
     deadline: float
     link: Link
+    blocks: int = 0
 
 
 class NodeContext(Protocol):
@@ -125,6 +130,8 @@ class NodeContext(Protocol):
     heartbeat_seconds: float
     peer_connector: Callable[[str], PeerClient]
     executor: object
+    call_codec: "CallCodec | None"
+    metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
 
     def local_links_at(self, address: str) -> "LinkManager | None": ...
 
@@ -143,6 +150,7 @@ class LinkManager:
         self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
         self.closed = False
         self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
+        self._jobs: set[asyncio.Task[None]] = set()   # owner calls that came as frames, running
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -187,6 +195,8 @@ class LinkManager:
     def _drop_serving(self, link: Link) -> None:
         if link.reverse is not None:
             link.reverse.close("the link was dropped")
+        if link.frames is not None:
+            link.frames.close("the link was dropped")
         self.sessions.pop(link.session, None)
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
@@ -197,6 +207,8 @@ class LinkManager:
         if link.state != LinkState.BROKEN:
             link.state = LinkState.BROKEN
             link.reason = reason
+            if link.frames is not None:
+                link.frames.close(reason)
             log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
                         link.address or link.transport, reason)
 
@@ -258,6 +270,9 @@ class LinkManager:
             raise
         link = Link(cid, True, self.transport.name, answer.session, spec.address, answer.data_endpoint, peer,
                     channel, token)  # type: ignore[arg-type]
+        if self.node.call_codec is not None and isinstance(channel, CallChannel):
+            link.frames = self._frame_calls(link)
+            channel.on_control(self._control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
         link.reverse_task = asyncio.get_running_loop().create_task(self._serve_reverse(link))
         self.links[cid] = link
@@ -354,6 +369,9 @@ class LinkManager:
         self.transport.allow(token)
         link = Link(offer.client_cluster_id, False, self.transport.name, session, token=token,
                     data_endpoint=self.transport.endpoint, reverse=ReverseHub(offer.client_cluster_id))
+        if self.node.call_codec is not None and isinstance(self.transport, CallTransport):
+            link.frames = self._frame_calls(link)
+            self.transport.on_control(token, self._control_handler(link))
         self.served[offer.client_cluster_id] = link
         self.sessions[session] = link
         log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
@@ -407,6 +425,8 @@ class LinkManager:
             link.heartbeat.cancel()
         if link.reverse_task is not None:
             link.reverse_task.cancel()
+        if link.frames is not None:
+            link.frames.close("unlinked")
         failure: DataDistError | None = None
         if link.local_peer is not None:
             other = link.local_peer
@@ -456,10 +476,11 @@ class LinkManager:
                                 f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
         return link
 
-    def _calls(self, link: Link, timeout_ms: int):  # noqa: ANN202 - PeerClient or ReverseHub
-        """The owner calls of the other end of ``link`` and the data channel: the peer's Peer service from the
-        linking end, the reverse path from the serving end."""
-        calls = link.peer if link.initiator else link.reverse
+    def _calls(self, link: Link, timeout_ms: int):  # noqa: ANN202 - FrameCalls, PeerClient or ReverseHub
+        """The owner calls of the other end of ``link`` and the data channel: frames on the data channel when
+        both ends speak them; else the peer's Peer service from the linking end, the reverse path from the
+        serving end."""
+        calls = link.frames or (link.peer if link.initiator else link.reverse)
         channel = self._channel_of(link)
         if calls is None or channel is None or channel.broken:
             raise self._transfer_failure(link, DataDistError(
@@ -646,6 +667,62 @@ class LinkManager:
 
     # ---- the reverse path (see reverse.py) --------------------------------------------------------
 
+    # ---- owner calls as data-channel frames ---------------------------------------------------------
+
+    def _frame_calls(self, link: Link) -> FrameCalls:
+        codec = self.node.call_codec
+        assert codec is not None
+
+        async def send(payload: bytes, deadline: float) -> None:
+            await self._control_frame(link, CONTROL_CALL, payload, deadline)
+
+        return FrameCalls(link.remote_cluster, codec, send)
+
+    async def _control_frame(self, link: Link, kind: int, payload: bytes, deadline: float) -> None:
+        """One control frame on the link's channel: from the event loop when a connection is idle (no thread
+        hop), else from the executor, waiting for a connection until ``deadline``."""
+        channel = self._channel_of(link)
+        if not isinstance(channel, CallChannel) or channel.broken:  # type: ignore[union-attr]
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}")
+        if not channel.try_control(kind, payload, deadline):
+            await self._in_thread(channel.send_control, kind, payload, deadline)
+
+    def _control_handler(self, link: Link) -> Callable[[int, bytes], None]:
+        """What the data channel's reader threads call with a control frame: hand it to the event loop."""
+        loop = asyncio.get_running_loop()
+
+        def handler(kind: int, payload: bytes) -> None:
+            try:
+                loop.call_soon_threadsafe(self._on_control, link, kind, payload)
+            except RuntimeError:   # the loop is closed: the daemon is stopping
+                pass
+
+        return handler
+
+    def _on_control(self, link: Link, kind: int, payload: bytes) -> None:
+        codec, frames = self.node.call_codec, link.frames
+        if codec is None or frames is None or self.closed:
+            return
+        try:
+            if kind == CONTROL_REPLY:
+                frames.on_reply(codec.decode_reply(payload))
+                return
+            cmd = codec.decode_command(payload)
+        except DataDistError as exc:
+            log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.cluster_id,
+                        link.remote_cluster, exc.message)
+            return
+        if isinstance(cmd, UnlinkCmd):   # unlinking stays on the control plane (gRPC)
+            return
+
+        async def send_reply(reply: ReverseReply) -> None:
+            deadline = time.monotonic() + max(1.0, self.engine.options.sync_kv_timeout_ms / 1000)
+            await self._control_frame(link, CONTROL_REPLY, codec.encode_reply(reply), deadline)
+
+        job = asyncio.get_running_loop().create_task(self._answer_reverse(link, send_reply, cmd))
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
     def attach_reverse(self, session: bytes) -> ReverseHub:
         """Serving side: the linking daemon opened the reverse stream of its link."""
         link = self.session_link(session)
@@ -664,7 +741,7 @@ class LinkManager:
         try:
             stream = await opener(link.session)
             async for cmd in stream.commands():
-                job = asyncio.get_running_loop().create_task(self._answer_reverse(link, stream, cmd))
+                job = asyncio.get_running_loop().create_task(self._answer_reverse(link, stream.reply, cmd))
                 jobs.add(job)
                 job.add_done_callback(jobs.discard)
         except DataDistError as exc:
@@ -675,8 +752,10 @@ class LinkManager:
             if stream is not None:
                 await stream.close()
 
-    async def _answer_reverse(self, link: Link, stream: object, cmd: ReverseCmd) -> None:
-        """Linking end: run one owner call of the serving end (any number run at once) and answer it."""
+    async def _answer_reverse(self, link: Link, send_reply: Callable[[ReverseReply], Awaitable[None]],
+                              cmd: ReverseCmd) -> None:
+        """Run one owner call of the other end (any number run at once) and answer it: the serving end's
+        calls on the reverse stream, or either end's as data-channel frames."""
         try:
             if isinstance(cmd, OpenWriteCmd):
                 reply = ReverseReply(cmd.command_id, transfer_id=self.open_write_for(link, cmd.spec, cmd.timeout_ms))
@@ -697,7 +776,7 @@ class LinkManager:
         except DataDistError as exc:
             reply = ReverseReply(cmd.command_id, int(exc.code), exc.message)
         try:
-            await stream.reply(reply)  # type: ignore[attr-defined]
+            await send_reply(reply)
         except DataDistError as exc:
             log.info("cluster %s: cannot answer reverse call %s of cluster %s: %s", self.cluster_id,
                      cmd.command_id, link.remote_cluster, exc)
@@ -716,16 +795,18 @@ class LinkManager:
         channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        cache_id, src, release = self.engine.prepare_read(spec)
-        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
-        deadline = time.monotonic() + timeout / 1000
-        try:
-            # a small read goes out from the event loop when a connection is idle (no executor hop)
-            try_send = getattr(channel, "try_send", None)
-            if try_send is None or not try_send(transfer_id, src, deadline):
-                await self._in_thread(channel.send, transfer_id, src, deadline)
-        finally:
-            self.engine.unpin(cache_id)
+        with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
+            cache_id, src, release = self.engine.prepare_read(spec)
+            timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+            deadline = time.monotonic() + timeout / 1000
+            try:
+                # a small read goes out from the event loop when a connection is idle (no executor hop)
+                try_send = getattr(channel, "try_send", None)
+                if try_send is None or not try_send(transfer_id, src, deadline):
+                    await self._in_thread(channel.send, transfer_id, src, deadline)
+            finally:
+                self.engine.unpin(cache_id)
+            tracked.done(spec.expected_bytes, len(spec.blocks))
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
@@ -744,7 +825,8 @@ class LinkManager:
         cache_id, dst = self.engine.prepare_write(spec)
         receipt = self.transport.expect(dst, channel=channel)  # type: ignore[call-arg]
         timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
-        self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, time.monotonic() + timeout / 1000, link)
+        self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, time.monotonic() + timeout / 1000, link,
+                                                         len(spec.blocks))
         return receipt.transfer_id
 
     async def serve_commit_write(self, session: bytes, transfer_id: int, timeout_ms: int) -> None:
@@ -756,14 +838,16 @@ class LinkManager:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown transfer {transfer_id}")
         timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = min(pw.deadline, time.monotonic() + timeout / 1000)
-        try:
-            await self._in_thread(pw.receipt.wait, deadline)  # type: ignore[attr-defined]
-            link.bytes_in += pw.receipt.expected  # type: ignore[attr-defined]
-        except DataDistError:
-            pw.receipt.cancel()  # type: ignore[attr-defined]
-            raise
-        finally:
-            self.engine.unpin(pw.cache_id)
+        with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
+            try:
+                await self._in_thread(pw.receipt.wait, deadline)  # type: ignore[attr-defined]
+                link.bytes_in += pw.receipt.expected  # type: ignore[attr-defined]
+                tracked.done(pw.receipt.expected, pw.blocks)  # type: ignore[attr-defined]
+            except DataDistError:
+                pw.receipt.cancel()  # type: ignore[attr-defined]
+                raise
+            finally:
+                self.engine.unpin(pw.cache_id)
 
     # ---- life cycle ------------------------------------------------------------------------------
 

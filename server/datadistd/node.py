@@ -26,7 +26,9 @@ from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .links import LinkManager
 from .memory import MemoryBackend, Pool, get_backend
+from .metrics import DaemonMetrics
 from .peering import PeerClient
+from .reverse import CallCodec
 from .sessions import SessionTable, WorkerSession
 from .transport import Transport, get_transport
 
@@ -80,8 +82,11 @@ class EngineSlot:
 class Node:
     def __init__(self, config: Config, *, backend: MemoryBackend | None = None,
                  peer_connector: Callable[[str], PeerClient] | None = None,
-                 listener_factory: ListenerFactory | None = None) -> None:
+                 listener_factory: ListenerFactory | None = None, call_codec: CallCodec | None = None) -> None:
         self.config = config
+        # how owner calls travel as data-channel frames (rpc.convert.CALL_CODEC); None: over gRPC only
+        self.call_codec = call_codec
+        self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
         self.backend = backend or get_backend(config.memory.backend, shm_dir=config.memory.shm_dir,
                                               file_mode=config.memory.file_mode)
         self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers

@@ -13,6 +13,12 @@ whichever direction the transfer goes.
 ``ReverseHub`` (serving side) looks like the part of ``PeerClient`` a transfer uses, so the
 transfer code is the same at both ends. Any number of calls may be in flight at once: commands
 carry ids, replies are matched to them. No grpc here: the rpc layer moves the records.
+
+``FrameCalls`` is the same calls on the link's *data channel* (transports that can carry control
+frames: ``transport.base.CallChannel``): a command is one CALL frame, its answer one REPLY frame,
+read and answered by the data plane's reader threads -- no gRPC call on a transfer's path. Both ends
+of a link use it when both speak it (peer protocol 2); ``CallCodec`` turns the records into bytes
+(the rpc layer provides the protobuf one, ``ReverseCommand``/``ReverseReply``).
 """
 
 from __future__ import annotations
@@ -21,13 +27,13 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Union
+from typing import Awaitable, Callable, Protocol, Union
 
 from .core.errors import DataDistError, StatusCode
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "ReverseCmd", "ReverseReply",
-           "ReverseHub"]
+           "CallHub", "ReverseHub", "FrameCalls", "CallCodec"]
 
 log = logging.getLogger(__name__)
 
@@ -85,30 +91,34 @@ class ReverseReply:
     release_needed: bool = False    # read: confirm the receipt with a release
 
 
-class ReverseHub:
-    """Serving side of one link's reverse path: queue commands, match replies, bound every wait."""
+class CallCodec(Protocol):
+    """Commands and replies as bytes (for ``FrameCalls``)."""
+
+    def encode_command(self, cmd: ReverseCmd) -> bytes: ...
+
+    def decode_command(self, data: bytes) -> ReverseCmd: ...
+
+    def encode_reply(self, reply: ReverseReply) -> bytes: ...
+
+    def decode_reply(self, data: bytes) -> ReverseReply: ...
+
+
+class CallHub:
+    """Owner calls to the other end of one link: command ids, replies matched to them, every wait bounded.
+    Subclasses say how a command leaves (``_send``)."""
+
+    what = "owner calls"
 
     def __init__(self, remote_cluster: int) -> None:
         self.remote_cluster = remote_cluster
-        self._queue: asyncio.Queue[ReverseCmd | None] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future[ReverseReply]] = {}
         self._ids = itertools.count(1)
         self._attached = asyncio.Event()
         self.closed = False
         self.reason = ""
 
-    # ---- the rpc side (the Reverse stream of the Peer service) ---------------------------------
-
-    def attach(self) -> None:
-        if self.closed:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"the link of cluster {self.remote_cluster} is gone")
-        self._attached.set()
-
-    async def next_command(self) -> ReverseCmd | None:
-        """The next command to send; ``None`` once the hub is closed."""
-        if self.closed:
-            return None
-        return await self._queue.get()
+    async def _send(self, cmd: ReverseCmd, deadline: float) -> None:
+        raise NotImplementedError
 
     def on_reply(self, reply: ReverseReply) -> None:
         fut = self._pending.pop(reply.command_id, None)
@@ -120,11 +130,10 @@ class ReverseHub:
             return
         self.closed = True
         self.reason = reason
-        self._queue.put_nowait(None)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DataDistError(StatusCode.LLM_LINK_FAILED,
-                                                f"reverse path to cluster {self.remote_cluster} closed: {reason}"))
+                                                f"{self.what} to cluster {self.remote_cluster} closed: {reason}"))
         self._pending.clear()
 
     # ---- the push side (what LinkManager calls, shaped like PeerClient) --------------------------
@@ -132,7 +141,7 @@ class ReverseHub:
     async def _call(self, make: "type[ReverseCmd]", timeout: float, *args: object) -> ReverseReply:
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"reverse path to cluster {self.remote_cluster} is closed ({self.reason})")
+                                f"{self.what} to cluster {self.remote_cluster} closed ({self.reason})")
         if timeout <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, "deadline passed before the reverse call")
         loop = asyncio.get_running_loop()
@@ -150,12 +159,12 @@ class ReverseHub:
                else make(command_id, *args))  # type: ignore[call-arg]
         fut: asyncio.Future[ReverseReply] = loop.create_future()
         self._pending[command_id] = fut
-        self._queue.put_nowait(cmd)
         try:
+            await self._send(cmd, deadline)
             reply = await asyncio.wait_for(fut, max(0.001, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise DataDistError(StatusCode.LLM_TIMEOUT,
-                                f"cluster {self.remote_cluster} did not answer a reverse call in time") from None
+                                f"cluster {self.remote_cluster} did not answer a call ({self.what}) in time") from None
         finally:
             self._pending.pop(command_id, None)
         if reply.status != 0:
@@ -183,6 +192,57 @@ class ReverseHub:
 
     async def unlink(self, session: bytes, timeout: float) -> None:
         await self._call(UnlinkCmd, timeout, session)
+
+
+class ReverseHub(CallHub):
+    """Serving side of one link's reverse path: commands queue for the linking side's ``Reverse`` stream."""
+
+    what = "reverse path"
+
+    def __init__(self, remote_cluster: int) -> None:
+        super().__init__(remote_cluster)
+        self._queue: asyncio.Queue[ReverseCmd | None] = asyncio.Queue()
+
+    # ---- the rpc side (the Reverse stream of the Peer service) ---------------------------------
+
+    def attach(self) -> None:
+        if self.closed:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"the link of cluster {self.remote_cluster} is gone")
+        self._attached.set()
+
+    async def next_command(self) -> ReverseCmd | None:
+        """The next command to send; ``None`` once the hub is closed."""
+        if self.closed:
+            return None
+        return await self._queue.get()
+
+    async def _send(self, cmd: ReverseCmd, deadline: float) -> None:
+        self._queue.put_nowait(cmd)
+
+    def close(self, reason: str) -> None:
+        if not self.closed:
+            self._queue.put_nowait(None)
+        super().close(reason)
+
+
+class FrameCalls(CallHub):
+    """Owner calls as CALL/REPLY frames on the link's data channel (either end of the link).
+
+    ``send(payload, deadline)`` puts one CALL frame on the channel (awaitable; the caller's transport
+    code decides whether that needs a thread); replies arrive through ``on_reply``, commands of the
+    other end through the link manager (it decodes them with the same ``codec``)."""
+
+    what = "data-channel calls"
+
+    def __init__(self, remote_cluster: int, codec: CallCodec,
+                 send: Callable[[bytes, float], Awaitable[None]]) -> None:
+        super().__init__(remote_cluster)
+        self.codec = codec
+        self._send_frame = send
+        self._attached.set()
+
+    async def _send(self, cmd: ReverseCmd, deadline: float) -> None:
+        await self._send_frame(self.codec.encode_command(cmd), deadline)
 
 
 _TIMED = (OpenWriteCmd, CommitWriteCmd, ReadCmd)  # commands that carry the caller's remaining time

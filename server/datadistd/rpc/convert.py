@@ -238,3 +238,30 @@ def reverse_reply_to_pb(reply: ReverseReply) -> peer_pb2.ReverseReply:
     return peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status, message=reply.message,
                                  transfer_id=reply.transfer_id, bytes=reply.nbytes,
                                  release_needed=reply.release_needed)
+
+
+class ProtobufCallCodec:
+    """``reverse.CallCodec`` as the Peer service's own messages (``ReverseCommand``/``ReverseReply``):
+    the owner calls carried as data-channel frames are byte for byte what the Reverse stream carries."""
+
+    def encode_command(self, cmd: ReverseCmd) -> bytes:
+        return reverse_command_to_pb(cmd).SerializeToString()
+
+    def decode_command(self, data: bytes) -> ReverseCmd:
+        try:
+            msg = peer_pb2.ReverseCommand.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable call frame") from None
+        return reverse_command_from_pb(msg)
+
+    def encode_reply(self, reply: ReverseReply) -> bytes:
+        return reverse_reply_to_pb(reply).SerializeToString()
+
+    def decode_reply(self, data: bytes) -> ReverseReply:
+        try:
+            return reverse_reply_from_pb(peer_pb2.ReverseReply.FromString(data))
+        except Exception:  # noqa: BLE001
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable reply frame") from None
+
+
+CALL_CODEC = ProtobufCallCodec()

@@ -8,7 +8,7 @@ from datadist.v1 import common_pb2, peer_pb2, peer_pb2_grpc
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef
-from ..metrics import DaemonMetrics, track_transfer
+from ..metrics import DaemonMetrics
 from ..node import EngineSlot
 from ..peering import PROTOCOL_VERSION
 from . import convert
@@ -31,11 +31,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.slot = slot
         self.metrics = metrics
         self.front = front      # told when a connection proved the secret (see rpc/front.py)
-        self._write_blocks: dict[int, int] = {}  # open write transfer id -> blocks (for the metrics)
-
-    def _peer_cluster(self, session: bytes) -> int:
-        link = self.links.sessions.get(session)
-        return link.remote_cluster if link is not None else 0
 
     @property
     def links(self):  # noqa: ANN201
@@ -67,12 +62,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @guarded
     async def Read(self, request, context):  # noqa: N802, ANN001, ANN201
-        spec = convert.spec_from_pb(request)
-        with track_transfer(self.metrics, "serve_read", self.slot.engine.cluster_id,
-                            self._peer_cluster(request.session)) as tracked:
-            nbytes, release = await self.links.serve_read(request.session, request.transfer_id, spec,
-                                                          request.timeout_ms)
-            tracked.done(nbytes, len(request.blocks))
+        spec = convert.spec_from_pb(request)   # counted in the metrics by the link manager (every path)
+        nbytes, release = await self.links.serve_read(request.session, request.transfer_id, spec, request.timeout_ms)
         return peer_pb2.ReadResponse(bytes=nbytes, release_needed=release)
 
     @guarded
@@ -85,20 +76,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @guarded
     async def OpenWrite(self, request, context):  # noqa: N802, ANN001, ANN201
         tid = self.links.serve_open_write(request.session, convert.spec_from_pb(request), request.timeout_ms)
-        if len(self._write_blocks) > 256:  # forget writes the link manager expired
-            self._write_blocks = {t: b for t, b in self._write_blocks.items() if t in self.links.writes}
-        self._write_blocks[tid] = len(request.blocks)
         return peer_pb2.WriteResponse(transfer_id=tid)
 
     @guarded
     async def CommitWrite(self, request, context):  # noqa: N802, ANN001, ANN201
-        pending = self.links.writes.get(request.transfer_id)
-        nbytes = int(getattr(pending.receipt, "expected", 0)) if pending is not None else 0
-        blocks = self._write_blocks.pop(request.transfer_id, 0)
-        with track_transfer(self.metrics, "serve_write", self.slot.engine.cluster_id,
-                            self._peer_cluster(request.session)) as tracked:
-            await self.links.serve_commit_write(request.session, request.transfer_id, request.timeout_ms)
-            tracked.done(nbytes, blocks)
+        await self.links.serve_commit_write(request.session, request.transfer_id, request.timeout_ms)
         return EMPTY
 
     async def Reverse(self, request_iterator, context):  # noqa: N802, ANN001, ANN201

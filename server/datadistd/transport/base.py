@@ -16,18 +16,25 @@ Life cycle of a link's data plane (TCP shown; others follow the same shape):
    the sender aborted with).
 
 All deadlines are absolute ``time.monotonic()`` values. No call blocks past its deadline.
+
+Declared capability: a transport whose channels can also carry small *control frames* (the owner
+calls of a transfer, so they need no gRPC call) implements ``CallTransport`` and its channels
+``CallChannel``; the link manager checks with ``isinstance`` and otherwise keeps the gRPC path.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from datadist.status import LLMStatusCode
 
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt"]
+__all__ = ["Transport", "Channel", "Receipt", "CallChannel", "CallTransport", "CONTROL_CALL", "CONTROL_REPLY"]
+
+#: control frame kinds: an owner call, and its answer
+CONTROL_CALL, CONTROL_REPLY = 4, 5
 
 
 class Receipt(Protocol):
@@ -90,3 +97,25 @@ class Transport(Protocol):
         """The inbound channel made with ``token``, once at least one connection presented it."""
 
     def expect(self, segments: Sequence[Segment]) -> Receipt: ...
+
+
+@runtime_checkable
+class CallChannel(Protocol):
+    """A channel that carries control frames (``CONTROL_CALL``/``CONTROL_REPLY``) beside the bytes."""
+
+    def on_control(self, handler: Callable[[int, bytes], None]) -> None:
+        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""
+
+    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """Send one frame without blocking; False (nothing sent) when that is not possible now."""
+
+    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
+        """Send one frame, blocking until ``deadline`` at most."""
+
+
+@runtime_checkable
+class CallTransport(Protocol):
+    """A transport whose inbound channels carry control frames: the handler is set by token, before the
+    channel exists (the serving end learns the token at the handshake, the channel comes later)."""
+
+    def on_control(self, token: bytes, handler: Callable[[int, bytes], None]) -> None: ...

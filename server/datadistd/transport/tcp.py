@@ -13,7 +13,12 @@ Wire format (little endian, ``struct``):
   - ``DATA``: ``length`` payload bytes that belong at byte ``offset`` of the concatenated
     stream of transfer ``transfer_id`` (the receiver's ``expect`` segments);
   - ``ABORT``: the sender gave up on ``transfer_id``; ``length`` carries the status code;
-  - ``PING``: no payload; ignored (keeps the door open for liveness probes).
+  - ``PING``: no payload; ignored (keeps the door open for liveness probes);
+  - ``CALL`` / ``REPLY``: ``length`` (at most ``MAX_CONTROL``) bytes of a control message for the
+    link manager (an owner call of ``reverse.FrameCalls`` and its answer); ``transfer id`` and
+    ``offset`` are 0. The reader hands the payload to the channel's control handler (``on_control``)
+    in its own thread; frames that arrive before a handler is set wait for it (at most
+    ``_CONTROL_BACKLOG``). Peers that handshook with peer protocol 2 speak these.
 
   A malformed header closes that connection and marks its channel broken.
 
@@ -55,7 +60,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -67,6 +72,7 @@ from ..core.types import TransferId
 from ..memory import addr as memaddr
 from ..memory.base import Segment
 from ..memory.segments import SegmentTable, byte_view, cut
+from .base import CONTROL_CALL, CONTROL_REPLY
 
 __all__ = ["TcpTransport", "TcpChannel", "TcpReceipt", "PROTOCOL_VERSION"]
 
@@ -82,7 +88,10 @@ MAX_STREAMS = 64
 HEADER = struct.Struct("<4sBxxxQQQ")
 FRAME_MAGIC = b"DDFR"
 KIND_DATA, KIND_ABORT, KIND_PING = 1, 2, 3
+KIND_CALL, KIND_REPLY = CONTROL_CALL, CONTROL_REPLY
 MAX_FRAME = 1 << 30          # a DATA frame longer than this is a protocol error
+MAX_CONTROL = 16 << 20       # a CALL/REPLY payload longer than this is a protocol error (2**20 block ids fit)
+_CONTROL_BACKLOG = 256       # control frames kept for a channel whose handler is not set yet
 _U64 = (1 << 64) - 1
 
 _POLL = 0.2                  # reader wake-up interval (notices close / cancel)
@@ -524,6 +533,15 @@ class _Conn:
                 elif kind == KIND_PING:
                     if length or offset:
                         raise _ProtocolError("PING with a payload")
+                elif kind in (KIND_CALL, KIND_REPLY):
+                    if length > MAX_CONTROL or tid or offset:
+                        raise _ProtocolError(f"malformed control frame ({length} bytes)")
+                    payload = bytearray(length)
+                    pv, got = memoryview(payload), 0
+                    while got < length:  # each pass reads >= 1 byte or polls (ends with the connection)
+                        got += self._recv_once(pv[got:])
+                    self.bytes_received += length
+                    self.channel._on_control(kind, bytes(payload))
                 else:
                     raise _ProtocolError(f"unknown frame kind {kind}")
                 self.frames_received += 1
@@ -767,6 +785,8 @@ class TcpChannel:
         self._closed = False
         self._reason = ""
         self._rr = itertools.count()
+        self._control: ControlHandler | None = None
+        self._backlog: list[tuple[int, bytes]] = []   # control frames before a handler was set
 
     def __repr__(self) -> str:
         return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
@@ -961,6 +981,64 @@ class TcpChannel:
                     return
         log.warning("data channel to %s: could not send ABORT for transfer %s in time", self._peer, transfer_id)
 
+    # -- control frames (transport.base.CallChannel) --
+
+    def on_control(self, handler: "ControlHandler") -> None:
+        """``handler(kind, payload)`` gets every CALL/REPLY frame, in a reader thread (keep it short);
+        frames that came before are handed over now."""
+        with self._lock:
+            self._control = handler
+            backlog, self._backlog = self._backlog, []
+        for kind, payload in backlog:
+            handler(kind, payload)
+
+    def _on_control(self, kind: int, payload: bytes) -> None:
+        with self._lock:
+            handler = self._control
+            if handler is None:
+                if len(self._backlog) >= _CONTROL_BACKLOG:
+                    raise _ProtocolError(f"more than {_CONTROL_BACKLOG} control frames before the link was ready")
+                self._backlog.append((kind, payload))
+                return
+        handler(kind, payload)
+
+    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """One control frame from the calling thread (the event loop) on an idle connection, without
+        blocking; False (nothing sent) when every connection is busy or would block."""
+        return self._control_frame(kind, payload, deadline, wait=False)
+
+    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
+        """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
+        self._control_frame(kind, payload, deadline, wait=True)
+
+    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool) -> bool:
+        if kind not in (KIND_CALL, KIND_REPLY) or len(payload) > MAX_CONTROL:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
+                                                                 f"{len(payload)} bytes")
+        conns = self._live()
+        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload))), memoryview(payload)]
+        base = next(self._rr)
+        order = [conns[(base + k) % len(conns)] for k in range(len(conns))]
+        for conn in order if not wait else order[:1]:
+            if not wait and not conn.lock.acquire(timeout=0):
+                continue
+            try:
+                if wait:
+                    conn.send_frame(bufs, deadline)
+                elif not conn.write_nowait(bufs, min(deadline, time.monotonic() + _INLINE_FINISH)):
+                    continue
+                conn.frames_sent += 1
+                return True
+            except _SendError as exc:
+                if exc.unusable:
+                    conn.shutdown()
+                    self._break(f"sending a control frame failed: {exc.message}")
+                raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+            finally:
+                if not wait:
+                    conn.lock.release()
+        return False
+
     def ping(self, deadline: float) -> None:
         """Send a PING on every connection (raises ``DataDistError`` when the channel is unusable)."""
         header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_PING, 0, 0, 0))
@@ -1124,6 +1202,7 @@ class TcpTransport:
         self._listener: socket.socket | None = None
         self._lock = threading.Lock()
         self._allowed: set[bytes] = set()
+        self._control_handlers: dict[bytes, ControlHandler] = {}   # token -> handler of its inbound channel
         self._inbound: dict[bytes, TcpChannel] = {}
         self._outbound: list[TcpChannel] = []
         self._receipts: dict[int, TcpReceipt] = {}
@@ -1210,9 +1289,18 @@ class TcpTransport:
         with self._lock:
             self._allowed.add(bytes(token))
 
+    def on_control(self, token: bytes, handler: ControlHandler) -> None:
+        """The control handler of the inbound channel ``token`` makes (set before its first frame)."""
+        with self._lock:
+            self._control_handlers[bytes(token)] = handler
+            channel = self._inbound.get(bytes(token))
+        if channel is not None:
+            channel.on_control(handler)
+
     def revoke(self, token: bytes) -> None:
         with self._lock:
             self._allowed.discard(token)
+            self._control_handlers.pop(token, None)
             channel = self._inbound.get(token)
         if channel is not None:
             channel.close()  # leaves the table via _retire, its counters kept in the totals
@@ -1477,6 +1565,7 @@ class TcpTransport:
             channel = self._inbound.get(match)
             if channel is None:
                 channel = self._inbound[match] = TcpChannel(self, match, peer, outbound=False)
+                channel._control = self._control_handlers.get(match)   # before its first frame is read
         conn = channel._attach(sock, index, peer)
         if conn is None:
             self._refuse(peer, "the channel of its token is already broken")
@@ -1487,6 +1576,9 @@ class TcpTransport:
             conn.shutdown()
             channel._break(f"acknowledging connection #{index} from {peer} failed: {exc}")
         return conn
+
+
+ControlHandler = Callable[[int, bytes], None]
 
 
 def _shut(sock: socket.socket) -> None:

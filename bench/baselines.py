@@ -6,6 +6,9 @@
   (``recv_into(..., MSG_WAITALL)`` of ``RECV_SIZE`` bytes at a time, the fastest size here) or one
   ``recv_into`` per block into its own shuffled block table. Timed by the receiver from "go" to the
   last byte.
+* ``RequestReply`` - the floor of a small transfer: one loopback TCP connection (``TCP_NODELAY``)
+  between two fresh Python processes, a 16-byte request answered by a 4 KiB reply, timed per
+  round trip by the asking process (the shape of a 1-block pull, without anything in between).
 * ``iperf3`` - ``iperf3 -c 127.0.0.1 -n <bytes>`` against a one-off server, when installed.
 """
 
@@ -23,7 +26,7 @@ import numpy as np
 
 from .procs import free_port
 
-__all__ = ["RawStream", "raw_stream", "iperf3", "iperf3_available", "RECV_SIZE"]
+__all__ = ["RawStream", "raw_stream", "RequestReply", "iperf3", "iperf3_available", "RECV_SIZE"]
 
 _IOV_MAX = 1024
 #: receive size of the contiguous baseline: 256 KiB receives beat both smaller and larger ones on
@@ -134,6 +137,85 @@ class RawStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _answerer(port: int, request: int, reply: int) -> None:
+    """The serving half of ``RequestReply``: answers every ``request``-byte message with ``reply`` bytes."""
+    answer = bytes(reply)
+    buf = bytearray(request)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            got = 0
+            while got < request:
+                n = s.recv_into(memoryview(buf)[got:], request - got)
+                if n == 0:
+                    return
+                got += n
+            s.sendall(answer)
+
+
+def _asker(conn: Any, request: int, reply: int) -> None:
+    """The timing half of ``RequestReply``: ``conn`` sends a call count, gets back seconds per round trip."""
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(1)
+        conn.send(ls.getsockname()[1])
+        sock, _ = ls.accept()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    ask = bytes(request)
+    buf = bytearray(reply)
+    mv = memoryview(buf)
+    with sock:
+        while True:
+            calls = conn.recv()
+            if not calls:
+                return
+            out = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                sock.sendall(ask)
+                got = 0
+                while got < reply:
+                    n = sock.recv_into(mv[got:], reply - got)
+                    if n == 0:
+                        raise ConnectionError("the answering process went away")
+                    got += n
+                out.append(time.perf_counter() - t0)
+            conn.send(out)
+
+
+class RequestReply:
+    """Two processes, one loopback connection; ``loop(calls)`` returns seconds per request/reply round trip."""
+
+    def __init__(self, request: int = 16, reply: int = 4096) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.asker = ctx.Process(target=_asker, args=(child, request, reply), daemon=True)
+        self.asker.start()
+        if not self.conn.poll(60):
+            raise TimeoutError("request/reply baseline did not start")
+        port = self.conn.recv()
+        self.answerer = ctx.Process(target=_answerer, args=(port, request, reply), daemon=True)
+        self.answerer.start()
+
+    def loop(self, calls: int, timeout: float = 120.0) -> list[float]:
+        self.conn.send(calls)
+        if not self.conn.poll(timeout):
+            raise TimeoutError("request/reply baseline did not answer")
+        return self.conn.recv()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(0)
+        except OSError:
+            pass
+        for p in (self.asker, self.answerer):
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        self.conn.close()
 
 
 def raw_stream(total: int, block: int, per_block: bool, reps: int, shuffled: bool = True) -> list[float]:

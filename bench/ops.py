@@ -347,3 +347,50 @@ def memcpy_once(state: dict, src_blocks: list[int], dst_blocks: list[int]) -> tu
 
 def memcpy_done(state: dict) -> None:
     state.pop("memcpy", None)
+
+
+def model_requests(state: dict, op: str, remote_cluster: int, caches: list[tuple[str, int]], in_flight: int,
+                   requests: int, blocks: int, src_blocks: int, dst_blocks: int) -> tuple[float, list[float], int]:
+    """Requests shaped like a model's KV cache: one request = ``op`` (pull/push) of ``blocks`` blocks on every
+    cache of ``caches`` ((name, model_id): DeepSeek's MLA has a "rope" and a "latent" cache, a GQA model one
+    cache of K and V tensors), run by ``in_flight`` threads, ``requests`` each.
+
+    Request ``i`` uses the source blocks ``[(i * blocks) % src_blocks, ...)`` and the destination blocks of its
+    thread's slot (``k * blocks`` modulo ``dst_blocks``): with more requests in flight than slots, requests
+    share destination blocks, whose bytes are then the same anyway (see docs/performance.md).
+    Returns (wall seconds from the common start, seconds per request, bytes moved)."""
+    cm = state["dd"].cache_manager
+    per_request = sum(blocks * state["arrays"][name][0].shape[1] * len(state["arrays"][name]) for name, _ in caches)
+    lat: list[list[float]] = [[] for _ in range(in_flight)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(in_flight + 1)
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            for r in range(requests):
+                i = k * requests + r
+                here = [(k * blocks + j) % dst_blocks for j in range(blocks)]
+                there = [(i * blocks + j) % src_blocks for j in range(blocks)]
+                t0 = time.perf_counter()
+                for name, model_id in caches:
+                    key = ld.BlocksCacheKey(remote_cluster, model_id)
+                    if op == "pull":
+                        cm.pull_blocks(key, state["caches"][name], there, here)
+                    else:
+                        cm.push_blocks(key, state["caches"][name], here, there)
+                lat[k].append(time.perf_counter() - t0)
+        except BaseException as exc:  # noqa: BLE001 - reported to the bench
+            errors.append(exc)
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(in_flight)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, [x for lst in lat for x in lst], per_request * in_flight * requests

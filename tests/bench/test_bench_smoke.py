@@ -28,7 +28,7 @@ def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "latest.json").read_text())
     rows = data["rows"]
     scenarios = {r["scenario"].split()[0] for r in rows}
-    assert scenarios == {"1", "2", "3", "4", "5", "6", "7"}, scenarios
+    assert scenarios == {"1", "2", "3", "4", "5", "6", "7", "8"}, scenarios
     failed = [r for r in rows if r["case"] == "scenario failed"]
     assert not failed, failed
     for r in rows:
@@ -41,7 +41,7 @@ def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
     judged = [r for r in rows if r["target"] is not None and r["figure"] is not None]
     assert judged and all(r["met"] in (True, False) for r in judged)
     table = (tmp_path / "latest.md").read_text()
-    assert "| scenario | case |" in table and "1 tcp bulk" in table and "7 link setup" in table
+    assert "| scenario | case |" in table and "1 tcp bulk" in table and "8 model-shaped" in table
     assert list(tmp_path.glob("run-*.json"))
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = {p.name for p in tmp_path.glob("*.png")}

@@ -30,9 +30,17 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
-__all__ = ["AdmissionLimits", "Admission", "Ticket", "RefusalLog"]
+__all__ = ["AdmissionLimits", "Admission", "Ticket", "RefusalLog", "Admitting"]
+
+
+@runtime_checkable
+class Admitting(Protocol):
+    """A listener with admission (the peer front, the tcp data plane): its books, for metrics and status."""
+
+    def admission_stats(self) -> dict[str, int]:
+        """``Admission.stats()``: preauth, authenticated, sources, evicted, expired, refused."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,14 @@ class Admission:
                 ticket.closed = True
             else:
                 self._forget(ticket)
+
+    def timed_out(self, ticket: Ticket) -> None:
+        """The listener closed a pre-auth connection at its deadline itself (a receive timeout): count it."""
+        with self._lock:
+            if ticket.closed or ticket.authenticated:
+                return
+            self._forget(ticket)
+            self.expired += 1
 
     def expire(self) -> int:
         """Close every pre-auth connection past its deadline; how many."""

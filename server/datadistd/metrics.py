@@ -25,10 +25,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from .admission import Admitting
 from .config import parse_listen_address
 from .core.errors import DataDistError
 
@@ -188,6 +189,23 @@ class NodeCollector(Collector):
         link_in_flight = GaugeMetricFamily("datadist_link_transfers_in_flight",
                                            "Transfers running on a link this engine initiated.",
                                            labels=["cluster_id", "peer_cluster_id"])
+        conns = GaugeMetricFamily("datadist_listener_connections",
+                                  "Connections a peer-reachable listener holds, by state (preauth: not yet proved "
+                                  "the secret).", labels=["cluster_id", "listener", "state"])
+        closed = CounterMetricFamily("datadist_listener_connections_closed",
+                                     "Connections a peer-reachable listener closed before they authenticated: "
+                                     "evicted (to make room), expired (pre-auth deadline), refused (hard cap).",
+                                     labels=["cluster_id", "listener", "reason"])
+        for slot in slots:
+            cid = str(slot.engine.cluster_id)
+            for kind, listener in [("data", slot.transport), *[("peer", x) for x in slot.listeners()]]:
+                if not isinstance(listener, Admitting):
+                    continue
+                books = listener.admission_stats()
+                for state in ("preauth", "authenticated"):
+                    conns.add_metric([cid, kind, state], books.get(state, 0))
+                for reason in ("evicted", "expired", "refused"):
+                    closed.add_metric([cid, kind, reason], books.get(reason, 0))
         for slot in slots:
             engine = slot.engine
             cid = str(engine.cluster_id)
@@ -202,7 +220,7 @@ class NodeCollector(Collector):
                 up = 1 if getattr(link.state, "value", link.state) == "established" else 0
                 link_up.add_metric([cid, str(link.remote_cluster), link.transport, str(link.initiator).lower()], up)
                 link_in_flight.add_metric([cid, str(link.remote_cluster)], link.inflight)
-        yield from (role, caches, capacity, used, link_up, link_in_flight)
+        yield from (role, caches, capacity, used, link_up, link_in_flight, conns, closed)
 
 
 def _links_of(slot: object) -> list:  # type: ignore[type-arg]

@@ -194,7 +194,8 @@ def _strangers(port: int, per_source: dict[str, int]) -> list[socket.socket]:
 @pytest.fixture
 def pair():
     """One daemon, a prompt engine listening on loopback with blocks filled, a decoder engine (not linked)."""
-    d = DaemonProcess("admission", env={"DATADISTD_PEER_PREAUTH_SECONDS": str(PREAUTH)}).start()
+    d = DaemonProcess("admission", env={"DATADISTD_PEER_PREAUTH_SECONDS": str(PREAUTH),
+                                        "DATADISTD_METRICS_LISTEN": f"127.0.0.1:{free_port()}"}).start()
     port = free_port()
     prompt, decoder = Worker({"DATADIST_DAEMON": d.target}), Worker({"DATADIST_DAEMON": d.target})
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, mem_pool=1 << 20)
@@ -206,6 +207,16 @@ def pair():
     for w in (prompt, decoder):
         w.close()
     d.discard()
+
+
+def _closed_count(d: DaemonProcess, listener: str, reason: str) -> float:
+    """``datadist_listener_connections_closed_total`` of the prompt engine's ``listener`` (data/peer)."""
+    import urllib.request
+
+    address = d.env["DATADISTD_METRICS_LISTEN"]
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    want = f'datadist_listener_connections_closed_total{{cluster_id="{P}",listener="{listener}",reason="{reason}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(want))
 
 
 def _link_and_pull(port: int, prompt: Worker, decoder: Worker) -> None:
@@ -236,6 +247,8 @@ def test_10_silent_strangers_on_the_data_plane_do_not_keep_a_peer_out(pair):
     assert (decoder.call("rows", "kv", None, [0]) == prompt.call("rows", "kv", None, [4])).all()
     refusals = [line for line in d.log().splitlines() if "connection refused or closed" in line]
     assert refusals and len(refusals) <= 6, refusals[:10]   # 120+ refusals, a handful of lines
+    # ... and the operator sees them counted
+    assert _closed_count(d, "data", "evicted") >= 50 and _closed_count(d, "data", "expired") >= 1
 
 
 def test_11_idle_strangers_on_the_peer_port_are_capped_and_timed_out(pair):
@@ -264,6 +277,7 @@ def test_11_idle_strangers_on_the_peer_port_are_capped_and_timed_out(pair):
     decoder.call("pull_blocks", P, "kv", [4], [0])
     assert (decoder.call("rows", "kv", None, [0]) == prompt.call("rows", "kv", None, [4])).all()
     assert wait_until(lambda: fd_count(d.proc.pid) <= fds + 16, 10), (fd_count(d.proc.pid), fds)
+    assert _closed_count(d, "peer", "evicted") >= 200 and _closed_count(d, "peer", "expired") >= 1
 
 
 def test_11_the_private_port_behind_the_front_serves_nobody_directly(pair):

@@ -93,6 +93,14 @@ def test_silent_connections_expire_oldest_first() -> None:
     assert adm.stats()["preauth"] == 0
 
 
+def test_a_listener_own_timeout_counts_as_expired() -> None:
+    adm = Admission("t", AdmissionLimits(10, per_source=2, preauth_total=2, max_connections=3), clock=Clock())
+    conn, ticket = admit(adm, "a")
+    adm.timed_out(ticket)
+    adm.timed_out(ticket)
+    assert adm.stats()["expired"] == 1 and adm.stats()["preauth"] == 0 and not conn.closed
+
+
 def test_the_hard_cap_refuses() -> None:
     adm = Admission("t", AdmissionLimits(10, per_source=2, preauth_total=2, max_connections=3), clock=Clock())
     tickets = [admit(adm, f"s{i}")[1] for i in range(2)]

@@ -86,6 +86,9 @@ class PeerListener:
         self.address = address
         self.front = front
 
+    def admission_stats(self) -> dict[str, int]:
+        return self.front.admission.stats()
+
     async def stop(self) -> None:
         await self.front.stop()
         await self.server.stop(grace=0.5)

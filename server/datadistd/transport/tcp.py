@@ -1289,6 +1289,12 @@ class TcpTransport:
         with self._lock:
             self._allowed.add(bytes(token))
 
+    def admission_stats(self) -> dict[str, int]:
+        """The books of the listener's admission (``admission.Admitting``)."""
+        if self._admission is None:
+            return {}
+        return self._admission.stats()
+
     def on_control(self, token: bytes, handler: ControlHandler) -> None:
         """The control handler of the inbound channel ``token`` makes (set before its first frame)."""
         with self._lock:
@@ -1539,6 +1545,7 @@ class TcpTransport:
                 return None
             token = _recv_exact(sock, tlen, deadline)
         except TimeoutError:
+            self._admission.timed_out(ticket)
             self._refuse(peer, f"no hello within {min(self.connect_timeout, self.admission_limits.preauth_seconds):g}s")
             return None
         except OSError as exc:

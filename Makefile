@@ -43,10 +43,12 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m datadistd.tools.protogen --check
 
-## make lint: ruff (pinned in pyproject's lint extra) over every Python folder
+## make lint: ruff (pinned in pyproject's lint extra) over every Python folder; mypy over the daemon's seams
+## and the link code ([tool.mypy] files in pyproject.toml)
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,lint]'
 	$(VENV)/bin/ruff check client server tests bench
+	$(PY) -m mypy
 
 ## make deploy-check: systemd-analyze verify on deploy/datadistd.service (+ drop-ins, sysusers snippet).
 ## verify needs an existing ExecStart executable: deploy/check.sh renders a temporary copy of the unit

@@ -85,6 +85,13 @@ class Operand:
     handles: tuple[MemoryHandle, ...] = field(default=())
 
 
+def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
+    """The whole-tensor segments of a registry entry (its opaque ``memory`` is a ``CacheMemory`` here)."""
+    memory = entry.memory
+    assert isinstance(memory, CacheMemory)
+    return memory.tensors
+
+
 def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[Segment]:
     """Turn byte spans inside tensors into segments of the tensors' memory.
 

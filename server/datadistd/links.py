@@ -26,14 +26,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence, TypeVar
 
 from datadist.status import LLMStatusCode
 
 from .core.errors import DataDistError, StatusCode, require
 from .core.plan import TransferOrder, plan_pull, plan_push
-from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
-from .engine import Engine, segments_of
+from .core.registry import CacheEntry
+from .core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
+from .engine import Engine, segments_of, tensors_of
+from .memory.base import Segment
 from .memory.copy import copy_segments
 from .metrics import DaemonMetrics, track_transfer
 from .peering import (
@@ -59,11 +61,13 @@ from .reverse import (
     ReverseReply,
     UnlinkCmd,
 )
-from .transport.base import CONTROL_CALL, CONTROL_REPLY, CallChannel, CallTransport, Channel, Transport
+from .transport.base import CONTROL_CALL, CONTROL_REPLY, CallChannel, CallTransport, Channel, Receipt, Transport
 
 __all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 MAX_CLUSTERS_PER_CALL = 16
 
@@ -114,7 +118,7 @@ class Link:
 
 @dataclass
 class _PendingWrite:
-    receipt: object
+    receipt: Receipt
     cache_id: int
     deadline: float
     link: Link
@@ -158,7 +162,7 @@ class LinkManager:
     def cluster_id(self) -> int:
         return self.engine.cluster_id
 
-    async def _in_thread(self, fn: Callable[..., object], *args: object) -> object:
+    async def _in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()
         self._busy += 1
         try:
@@ -186,7 +190,7 @@ class LinkManager:
             for tid, pw in list(self.writes.items()):
                 if now > pw.deadline + 1.0:
                     self.writes.pop(tid, None)
-                    pw.receipt.cancel()  # type: ignore[attr-defined]
+                    pw.receipt.cancel()
                     self.engine.unpin(pw.cache_id)
 
     def all_links(self) -> list[Link]:
@@ -224,13 +228,14 @@ class LinkManager:
         codes = await asyncio.gather(*(self._guarded(self._link_one, c, deadline) for c in clusters))
         return _overall(codes), codes
 
-    async def _guarded(self, fn: Callable[[ClusterSpec, float], object], spec: ClusterSpec, deadline: float) -> int:
+    async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
+                       deadline: float) -> int:
         cid = spec.remote_cluster_id
         if cid in self.pending:
             return int(StatusCode.LLM_PROCESSING_LINK)
         self.pending.add(cid)
         try:
-            await fn(spec, deadline)  # type: ignore[misc]
+            await fn(spec, deadline)
             return int(StatusCode.LLM_SUCCESS)
         except DataDistError as exc:
             log.warning("cluster %s: %s cluster %s at %s failed: %s", self.cluster_id, fn.__name__.strip("_"),
@@ -269,7 +274,7 @@ class LinkManager:
             await peer.close()
             raise
         link = Link(cid, True, self.transport.name, answer.session, spec.address, answer.data_endpoint, peer,
-                    channel, token)  # type: ignore[arg-type]
+                    channel, token)
         if self.node.call_codec is not None and isinstance(channel, CallChannel):
             link.frames = self._frame_calls(link)
             channel.on_control(self._control_handler(link))
@@ -491,8 +496,8 @@ class LinkManager:
         timeout_ms = order.timeout_ms or self.engine.options.sync_kv_timeout_ms
         return time.monotonic() + timeout_ms / 1000, timeout_ms
 
-    def _local_entry(self, cache_id: int):  # noqa: ANN202
-        entry = self.engine.registry.find(cache_id)  # type: ignore[arg-type]
+    def _local_entry(self, cache_id: int) -> CacheEntry:
+        entry = self.engine.registry.find(CacheId(cache_id))
         if entry is None:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
         return entry
@@ -502,7 +507,7 @@ class LinkManager:
         plan = plan_pull(order, entry.desc, entry.is_blocks, self.cluster_id)
         link = self._transfer_link(order.remote.cluster_id)
         deadline, timeout_ms = self._deadline(order)
-        dst = segments_of(entry.memory.tensors, plan.local_spans)
+        dst = segments_of(tensors_of(entry), plan.local_spans)
         if link.layerwise:
             raise DataDistError(StatusCode.LLM_LINK_BUSY, f"a transfer_cache_async task is using the link to "
                                                           f"cluster {link.remote_cluster}; pull after it ends")
@@ -525,7 +530,7 @@ class LinkManager:
         log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
         return plan.nbytes, link.transport
 
-    async def _local_pull(self, link: Link, spec: RemoteSpec, dst: list) -> None:  # type: ignore[type-arg]
+    async def _local_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
         owner = link.local_peer
         assert owner is not None
         cache_id, src, release = owner.engine.prepare_read(spec)
@@ -537,13 +542,13 @@ class LinkManager:
             assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
             owner.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
 
-    async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: list, deadline: float,  # type: ignore[type-arg]
+    async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
-        receipt = self.transport.expect(dst, channel=channel)  # type: ignore[call-arg]
+        receipt = self.transport.expect(dst, channel=channel)
         try:
             _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
-            if getattr(receipt, "done", False):  # the bytes usually land before the answer: no executor hop
+            if receipt.done:  # the bytes usually land before the answer: no executor hop
                 receipt.wait(deadline)
             else:
                 await self._in_thread(receipt.wait, deadline)
@@ -577,7 +582,7 @@ class LinkManager:
         plan = plan_push(order, entry.desc, entry.is_blocks, self.cluster_id)
         link = self._transfer_link(order.remote.cluster_id)
         deadline, timeout_ms = self._deadline(order)
-        src = segments_of(entry.memory.tensors, plan.local_spans)
+        src = segments_of(tensors_of(entry), plan.local_spans)
         self.engine.registry.pin(entry.cache_id)
         link.inflight += 1
         try:
@@ -594,7 +599,7 @@ class LinkManager:
             return link.channel
         return self.transport.channel(link.token) if link.token else None
 
-    async def _write_owner(self, link: Link, spec: RemoteSpec, src: list, deadline: float,  # type: ignore[type-arg]
+    async def _write_owner(self, link: Link, spec: RemoteSpec, src: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         """Push ``src`` into what ``spec`` names at the other end of ``link`` (same daemon, either end)."""
         if link.local_peer is not None:
@@ -627,12 +632,12 @@ class LinkManager:
                                 f"must not overlap on one link")
         timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
-        entry = self.engine.registry.pin(cache_id)  # type: ignore[arg-type]
+        entry = self.engine.registry.pin(CacheId(cache_id))
         link.inflight += 1
         nbytes = 0
         try:
             for spans, spec in pieces:
-                await self._write_owner(link, spec, segments_of(entry.memory.tensors, spans), deadline, timeout_ms)
+                await self._write_owner(link, spec, segments_of(tensors_of(entry), spans), deadline, timeout_ms)
                 nbytes += spec.expected_bytes
                 link.bytes_out += spec.expected_bytes
         finally:
@@ -682,7 +687,7 @@ class LinkManager:
         """One control frame on the link's channel: from the event loop when a connection is idle (no thread
         hop), else from the executor, waiting for a connection until ``deadline``."""
         channel = self._channel_of(link)
-        if not isinstance(channel, CallChannel) or channel.broken:  # type: ignore[union-attr]
+        if not isinstance(channel, CallChannel) or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}")
         if not channel.try_control(kind, payload, deadline):
             await self._in_thread(channel.send_control, kind, payload, deadline)
@@ -733,13 +738,12 @@ class LinkManager:
 
     async def _serve_reverse(self, link: Link) -> None:
         """Linking side: answer the serving side's owner calls for the life of the link."""
-        opener = getattr(link.peer, "reverse", None)
-        if opener is None:
+        if link.peer is None:
             return
         stream = None
         jobs: set[asyncio.Task[None]] = set()  # keep references: the loop holds tasks only weakly
         try:
-            stream = await opener(link.session)
+            stream = await link.peer.reverse(link.session)
             async for cmd in stream.commands():
                 job = asyncio.get_running_loop().create_task(self._answer_reverse(link, stream.reply, cmd))
                 jobs.add(job)
@@ -801,9 +805,8 @@ class LinkManager:
             deadline = time.monotonic() + timeout / 1000
             try:
                 # a small read goes out from the event loop when a connection is idle (no executor hop)
-                try_send = getattr(channel, "try_send", None)
-                if try_send is None or not try_send(transfer_id, src, deadline):
-                    await self._in_thread(channel.send, transfer_id, src, deadline)
+                if not channel.try_send(TransferId(transfer_id), src, deadline):
+                    await self._in_thread(channel.send, TransferId(transfer_id), src, deadline)
             finally:
                 self.engine.unpin(cache_id)
             tracked.done(spec.expected_bytes, len(spec.blocks))
@@ -823,7 +826,7 @@ class LinkManager:
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         cache_id, dst = self.engine.prepare_write(spec)
-        receipt = self.transport.expect(dst, channel=channel)  # type: ignore[call-arg]
+        receipt = self.transport.expect(dst, channel=channel)
         timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
         self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, time.monotonic() + timeout / 1000, link,
                                                          len(spec.blocks))
@@ -840,11 +843,11 @@ class LinkManager:
         deadline = min(pw.deadline, time.monotonic() + timeout / 1000)
         with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
             try:
-                await self._in_thread(pw.receipt.wait, deadline)  # type: ignore[attr-defined]
-                link.bytes_in += pw.receipt.expected  # type: ignore[attr-defined]
-                tracked.done(pw.receipt.expected, pw.blocks)  # type: ignore[attr-defined]
+                await self._in_thread(pw.receipt.wait, deadline)
+                link.bytes_in += pw.receipt.expected
+                tracked.done(pw.receipt.expected, pw.blocks)
             except DataDistError:
-                pw.receipt.cancel()  # type: ignore[attr-defined]
+                pw.receipt.cancel()
                 raise
             finally:
                 self.engine.unpin(pw.cache_id)
@@ -865,7 +868,7 @@ class LinkManager:
             except DataDistError as exc:
                 log.info("cluster %s: finalize: %s", self.cluster_id, exc)
         for pw in self.writes.values():
-            pw.receipt.cancel()  # type: ignore[attr-defined]
+            pw.receipt.cancel()
         self.writes.clear()
         await self._in_thread(self.transport.stop)  # fails every wait and send still running
         for _ in range(100):  # bounded: let those jobs return before the engine frees memory

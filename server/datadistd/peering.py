@@ -14,12 +14,13 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import AsyncIterator, Protocol
 
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
+from .reverse import ReverseCmd, ReverseReply
 
-__all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "make_offer", "offer_mac",
-           "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S"]
+__all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "ReverseStream", "make_offer",
+           "offer_mac", "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S"]
 
 #: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge
 PROTOCOL_VERSION = 2
@@ -102,6 +103,17 @@ class ChallengeStore:
         return expiry is not None and expiry > self._clock()
 
 
+class ReverseStream(Protocol):
+    """The linking side's end of a link's reverse path (``Peer.Reverse``): the serving side's owner calls in,
+    the answers out (see ``datadistd.reverse``)."""
+
+    def commands(self) -> AsyncIterator[ReverseCmd]: ...
+
+    async def reply(self, reply: ReverseReply) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class PeerClient(Protocol):
     """Calls on one peer daemon's Peer service. Failures raise ``DataDistError`` with the peer's code;
     an unreachable peer raises ``LLM_LINK_FAILED`` and a missed deadline ``LLM_TIMEOUT``."""
@@ -124,5 +136,8 @@ class PeerClient(Protocol):
     async def unlink(self, session: bytes, timeout: float) -> None: ...
 
     async def ping(self, session: bytes, timeout: float) -> None: ...
+
+    async def reverse(self, session: bytes) -> ReverseStream:
+        """Open the reverse path of the link ``session`` (right after the handshake)."""
 
     async def close(self) -> None: ...

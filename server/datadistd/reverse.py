@@ -138,7 +138,8 @@ class CallHub:
 
     # ---- the push side (what LinkManager calls, shaped like PeerClient) --------------------------
 
-    async def _call(self, make: "type[ReverseCmd]", timeout: float, *args: object) -> ReverseReply:
+    async def _call(self, make: Callable[[int, int], ReverseCmd], timeout: float) -> ReverseReply:
+        """``make(command_id, timeout_ms)`` builds the command once its id and the time left are known."""
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"{self.what} to cluster {self.remote_cluster} closed ({self.reason})")
@@ -155,8 +156,7 @@ class CallHub:
                                     f"(an older daemon?); this side cannot transfer over it") from None
         command_id = next(self._ids)
         timeout_ms = max(1, int((deadline - loop.time()) * 1000))
-        cmd = (make(command_id, *args, timeout_ms) if make in _TIMED  # type: ignore[call-arg]
-               else make(command_id, *args))  # type: ignore[call-arg]
+        cmd = make(command_id, timeout_ms)
         fut: asyncio.Future[ReverseReply] = loop.create_future()
         self._pending[command_id] = fut
         try:
@@ -176,22 +176,22 @@ class CallHub:
         return reply
 
     async def open_write(self, session: bytes, spec: RemoteSpec, timeout: float) -> int:
-        reply = await self._call(OpenWriteCmd, timeout, session, spec)
+        reply = await self._call(lambda cid, ms: OpenWriteCmd(cid, session, spec, ms), timeout)
         return reply.transfer_id
 
     async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
-        await self._call(CommitWriteCmd, timeout, session, transfer_id)
+        await self._call(lambda cid, ms: CommitWriteCmd(cid, session, transfer_id, ms), timeout)
 
     async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
-        reply = await self._call(ReadCmd, timeout, session, transfer_id, spec)
+        reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
 
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:
-        await self._call(ReleaseCmd, timeout, session, key, tensor_start, tensor_count)
+        await self._call(lambda cid, ms: ReleaseCmd(cid, session, key, tensor_start, tensor_count), timeout)
 
     async def unlink(self, session: bytes, timeout: float) -> None:
-        await self._call(UnlinkCmd, timeout, session)
+        await self._call(lambda cid, ms: UnlinkCmd(cid, session), timeout)
 
 
 class ReverseHub(CallHub):
@@ -243,6 +243,3 @@ class FrameCalls(CallHub):
 
     async def _send(self, cmd: ReverseCmd, deadline: float) -> None:
         await self._send_frame(self.codec.encode_command(cmd), deadline)
-
-
-_TIMED = (OpenWriteCmd, CommitWriteCmd, ReadCmd)  # commands that carry the caller's remaining time

@@ -48,6 +48,10 @@ class Receipt(Protocol):
     @property
     def received(self) -> int: ...
 
+    @property
+    def done(self) -> bool:
+        """Every byte arrived already: ``wait`` would return at once (the caller may skip a thread hop)."""
+
     def wait(self, deadline: float) -> None:
         """Block until all bytes arrived; raise ``DataDistError`` on timeout, abort or broken channel."""
 
@@ -68,6 +72,10 @@ class Channel(Protocol):
 
     def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
         """Send the concatenation of ``segments`` as transfer ``transfer_id``; raise on deadline/breakage."""
+
+    def try_send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
+        """Send a small transfer from the calling thread (the event loop) without blocking, or decline with
+        ``False`` and no side effect (then the caller uses ``send`` from a thread). Declining is always allowed."""
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""
@@ -96,12 +104,17 @@ class Transport(Protocol):
     def channel(self, token: bytes) -> Channel | None:
         """The inbound channel made with ``token``, once at least one connection presented it."""
 
-    def expect(self, segments: Sequence[Segment]) -> Receipt: ...
+    def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> Receipt:
+        """Where the bytes of a new incoming transfer go; ``channel``: the one they will come on (its
+        breaking fails the receipt at once)."""
 
 
 @runtime_checkable
 class CallChannel(Protocol):
     """A channel that carries control frames (``CONTROL_CALL``/``CONTROL_REPLY``) beside the bytes."""
+
+    @property
+    def broken(self) -> bool: ...
 
     def on_control(self, handler: Callable[[int, bytes], None]) -> None:
         """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""

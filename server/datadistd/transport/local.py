@@ -62,7 +62,7 @@ class LocalTransport:
     def channel(self, token: bytes) -> Channel | None:
         return None
 
-    def expect(self, segments: Sequence[Segment], channel: object = None) -> Receipt:
+    def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> Receipt:
         raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED, _NO_WIRE)
 
     def copy(self, dst: Sequence[Segment], src: Sequence[Segment], deadline: float) -> int:

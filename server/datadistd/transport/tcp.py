@@ -72,7 +72,7 @@ from ..core.types import TransferId
 from ..memory import addr as memaddr
 from ..memory.base import Segment
 from ..memory.segments import SegmentTable, byte_view, cut
-from .base import CONTROL_CALL, CONTROL_REPLY
+from .base import CONTROL_CALL, CONTROL_REPLY, Channel
 
 __all__ = ["TcpTransport", "TcpChannel", "TcpReceipt", "PROTOCOL_VERSION"]
 
@@ -686,7 +686,7 @@ class _Conn:
                     v = views[one]
                     bufs = [v[a:b] for a, b in zip(starts[i:j], ends[i:j], strict=True)]  # type: ignore[index]
                 else:
-                    bufs = [views[h][a:b] for h, a, b in zip(hs[i:j], starts[i:j], ends[i:j], strict=True)]  # type: ignore[index]
+                    bufs = [views[h][a:b] for h, a, b in zip(hs[i:j], starts[i:j], ends[i:j], strict=True)]
                 if head:
                     bufs[0] = bufs[0][head:]
                 over = cum[j - 1] + ends[j - 1] - starts[j - 1] - limit   # the last piece past the limit
@@ -1119,9 +1119,9 @@ class _SendPlan:
             hs = which.tolist()
             if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()):
                 v = views[hs[0]]
-                bufs += [v[a:b] for a, b in zip(offs.tolist(), (offs + lens).tolist(), strict=True)]  # type: ignore[index]
+                bufs += [v[a:b] for a, b in zip(offs.tolist(), (offs + lens).tolist(), strict=True)]
             else:
-                bufs += [views[h][a:b] for h, a, b in zip(hs, offs.tolist(), (offs + lens).tolist(), strict=True)]  # type: ignore[index]
+                bufs += [views[h][a:b] for h, a, b in zip(hs, offs.tolist(), (offs + lens).tolist(), strict=True)]
             return
         if staging is None or len(staging) < length:
             raise _SendError(LLMStatusCode.LLM_FAILED, "internal: staging buffer too small", unusable=False)
@@ -1133,7 +1133,7 @@ class _SendPlan:
                     if run >= 0:
                         bufs.append(staging[run:pos])
                         run = -1
-                    bufs.append(views[h][a:a + n])  # type: ignore[index]
+                    bufs.append(views[h][a:a + n])
                 else:
                     handles[h].read_into(a, staging[pos:pos + n])
                     if run < 0:
@@ -1163,7 +1163,7 @@ class _SendPlan:
                 if run >= 0:
                     bufs.append(staging[run:loc])
                     run = -1
-                bufs.append(views[h][a:a + n])  # type: ignore[index]
+                bufs.append(views[h][a:a + n])
             elif run < 0:
                 run = loc
         if run >= 0:
@@ -1376,11 +1376,11 @@ class TcpTransport:
 
     # -- receiving --
 
-    def expect(self, segments: Sequence[Segment], channel: TcpChannel | None = None) -> TcpReceipt:
-        """Register where an incoming transfer goes. ``channel`` (extension): the channel the bytes
-        will come over; when it breaks the receipt fails at once instead of at its deadline."""
+    def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> TcpReceipt:
+        """Register where an incoming transfer goes. ``channel``: the channel the bytes will come over;
+        when it breaks the receipt fails at once instead of at its deadline."""
         table = _table(segments)
-        if channel is not None and channel._transport is not self:
+        if channel is not None and (not isinstance(channel, TcpChannel) or channel._transport is not self):
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "the channel belongs to another transport")
         tid = TransferId(next(self._ids) & _U64)
         receipt = TcpReceipt(self, tid, table, channel)
@@ -1461,7 +1461,7 @@ class TcpTransport:
             if len(self._spare) < _SPARES and len(buf) <= _SPARE_BYTES:
                 self._spare.append(buf)
 
-    def _spawn(self, target, name: str, *args: object) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(self, target, name: str, *args: object) -> None:
         def run() -> None:
             try:
                 target(*args)

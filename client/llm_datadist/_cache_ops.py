@@ -9,48 +9,26 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from datadist.v1 import common_pb2, datadist_pb2
+from datadist.v1 import datadist_pb2
 
 from . import _memory
 from . import _validate as v
+from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, range_pb
+from ._layerwise import check_transfer_args, start_transfer
 from ._rpc import RPC_MARGIN_S, DaemonClient
-from .llm_types import BlocksCacheKey, CacheDesc, CacheKey, CacheKeyByIdAndIndex
+from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey
 from .status import LLMException, LLMStatusCode
 
-__all__ = ["CacheOps", "desc_pb", "cache_key_pb", "any_key_pb", "worker_memory", "check_range", "range_pb",
-           "check_blocks", "UINT64_MAX"]
+__all__ = ["CacheOps", "desc_pb", "cache_key_pb", "blocks_key_pb", "any_key_pb", "worker_memory", "check_range",
+           "range_pb", "check_blocks", "UINT64_MAX"]   # the *_pb helpers live in _convert, re-exported here
 
 log = logging.getLogger(__name__)
 
 UINT64_MAX = 2**64 - 1
 #: "grpc" sends pulls and pushes as gRPC calls instead of on the attach connection (for comparison)
 LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
-_NUM_TENSORS_PER_LAYER = 2
-
-
-def desc_pb(desc: CacheDesc) -> common_pb2.CacheDesc:
-    return common_pb2.CacheDesc(num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=desc.data_type.value,
-                                placement=int(desc.placement))
-
-
-def cache_key_pb(key: CacheKey) -> common_pb2.CacheKey:
-    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id, model_id=key.model_id,
-                               prefix_id=key.prefix_id)
-
-
-def blocks_key_pb(key: BlocksCacheKey) -> common_pb2.BlocksCacheKey:
-    return common_pb2.BlocksCacheKey(cluster_id=key.cluster_id, model_id=key.model_id)
-
-
-def any_key_pb(key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey]) -> common_pb2.AnyKey:
-    if isinstance(key, CacheKey):
-        return common_pb2.AnyKey(cache_key=cache_key_pb(key))
-    if isinstance(key, CacheKeyByIdAndIndex):
-        return common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(
-            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
-    return common_pb2.AnyKey(blocks_key=blocks_key_pb(key))
 
 
 def worker_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
@@ -82,10 +60,6 @@ def check_range(name: str, value: Optional[range]) -> None:
         v.raise_if_false(0 <= value.start < value.stop, f"{name} must satisfy 0 <= start < stop, got {value}")
 
 
-def range_pb(value: Optional[range]) -> Optional[common_pb2.LayerRange]:
-    return None if value is None else common_pb2.LayerRange(start=value.start, stop=value.stop)
-
-
 def check_blocks(name: str, blocks: Any) -> List[int]:
     v.check_isinstance(name, blocks, [list, tuple])
     out = list(blocks or ())
@@ -100,7 +74,7 @@ def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Opt
     v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
     src = kwargs.get("src_layer_range")
     dst = kwargs.get("dst_layer_range")
-    per = kwargs.get("tensor_num_per_layer", _NUM_TENSORS_PER_LAYER)
+    per = kwargs.get("tensor_num_per_layer", TENSORS_PER_LAYER)
     check_range("src_layer_range", src)
     check_range("dst_layer_range", dst)
     v.check_uint32("tensor_num_per_layer", per)
@@ -280,8 +254,6 @@ class CacheOps:
                         dst_block_indices: Optional[Sequence[int]], dst_block_memory_size: Optional[int],
                         default_error: LLMStatusCode, remote_cache_accessible: bool, v1: bool) -> Any:
         """Validate as CANN does, then start the layer-wise push (``_layerwise``)."""
-        from ._layerwise import check_transfer_args, start_transfer
-
         ranges = check_transfer_args(src_desc.num_tensors, src_desc.batch_size, layer_synchronizer, transfer_configs,
                                      src_block_indices, dst_block_indices, dst_block_memory_size,
                                      remote_cache_accessible, v1)

@@ -21,17 +21,16 @@ import grpc
 from datadist.v1 import datadist_pb2
 
 from . import _validate as v
-from ._cache_ops import any_key_pb, range_pb
+from ._convert import any_key_pb, range_pb
 from ._rpc import rpc_exception
 from ._task import CacheTask
-from .llm_types import LayerSynchronizer, TransferConfig, TransferWithCacheKeyConfig
+from .llm_types import TENSORS_PER_LAYER, LayerSynchronizer, TransferConfig, TransferWithCacheKeyConfig
 from .status import LLMStatusCode
 
 __all__ = ["check_transfer_args", "start_transfer"]
 
 log = logging.getLogger(__name__)
 
-_TENSORS_PER_LAYER = 2
 _END = object()
 
 
@@ -68,8 +67,8 @@ def check_transfer_args(num_tensors: int, batch_size: int, layer_synchronizer: A
                            allow_none=False)
     v.raise_if_false(dst_block_indices or dst_block_memory_size in (None, 0),
                      "dst_block_memory_size ({0}) is neither None nor 0 while dst is not blocks", dst_block_memory_size)
-    v.raise_if_false(num_tensors % _TENSORS_PER_LAYER == 0, "cache_desc.num_tensors ({0}) is not even", num_tensors)
-    num_layers = num_tensors // _TENSORS_PER_LAYER
+    v.raise_if_false(num_tensors % TENSORS_PER_LAYER == 0, "cache_desc.num_tensors ({0}) is not even", num_tensors)
+    num_layers = num_tensors // TENSORS_PER_LAYER
     ranges = []
     for config in transfer_configs:
         layers = config.src_layer_range if config.src_layer_range is not None else range(0, num_layers)
@@ -82,7 +81,7 @@ def check_transfer_args(num_tensors: int, batch_size: int, layer_synchronizer: A
                              config.src_batch_index, batch_size)
         v.raise_if_false(0 <= layers.start < layers.stop <= num_layers,
                          "src_layer_range: {0} out of range, src_layer_num = {1}", layers, num_layers)
-        expected = len(layers) * _TENSORS_PER_LAYER
+        expected = len(layers) * TENSORS_PER_LAYER
         if isinstance(config, TransferConfig):
             v.raise_if_false(len(config.dst_addrs) == expected, "expect {0} dst_addrs, but len(dst_addrs) = {1}, "
                                                                 "range = {2}", expected, len(config.dst_addrs), layers)
@@ -172,7 +171,7 @@ def start_transfer(owner: Any, src_cache_id: int, src_desc: Any, layer_synchroni
                    default_error: LLMStatusCode, ranges: Optional[Sequence[range]] = None) -> CacheTask:
     """Open the task's stream, wait until the daemon accepted it (errors raise here), start the threads."""
     task = CacheTask(len(transfer_configs), default_error)
-    num_layers = src_desc.num_tensors // _TENSORS_PER_LAYER
+    num_layers = src_desc.num_tensors // TENSORS_PER_LAYER
     if ranges is None:
         ranges = [c.src_layer_range if c.src_layer_range is not None else range(0, num_layers)
                   for c in transfer_configs]

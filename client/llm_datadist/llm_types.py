@@ -495,7 +495,8 @@ def layer_range_to_tensor_indices(layer_range: Optional[range], tensor_num_per_l
     return list(range(layer_range.start * tensor_num_per_layer, layer_range.stop * tensor_num_per_layer))
 
 
-_TENSORS_PER_LAYER = 2  # transfer_cache_async always moves K and V of a layer
+#: K and V: the tensors of one layer (transfer_cache_async always moves both; tensor_num_per_layer's default)
+TENSORS_PER_LAYER = 2
 
 
 class TransferConfig:
@@ -513,7 +514,7 @@ class TransferConfig:
         _check_layer_range("src_layer_range", src_layer_range)
         v.check_uint32("src_batch_index", src_batch_index)
         if src_layer_range is not None:
-            expected = _TENSORS_PER_LAYER * len(src_layer_range)
+            expected = TENSORS_PER_LAYER * len(src_layer_range)
             v.raise_if_false(len(dst_addrs) == expected, "expect {0} dst_addrs, but len(dst_addrs) = {1}, range = {2}",
                              expected, len(dst_addrs), src_layer_range)
         self._dst_cluster_id = dst_cluster_id

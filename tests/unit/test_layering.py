@@ -48,3 +48,59 @@ def test_device_backends_fail_clearly_without_hardware() -> None:
             get_backend(name)
         assert info.value.code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
         assert "host" in info.value.message
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports, anywhere in it (deferred imports inside functions too, which
+    hide a cycle rather than break it); ``if TYPE_CHECKING:`` blocks are not imports at run time."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    packages = {"datadistd": root / "server" / "datadistd", "llm_datadist": root / "client" / "llm_datadist"}
+
+    def name_of(pkg: str, base: Path, path: Path) -> str:
+        parts = [pkg, *path.relative_to(base).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {name_of(pkg, base, p): p for pkg, base in packages.items() for p in base.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        deps: set[str] = set()
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):   # first drop what only the type checker sees
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = [ast.Pass()]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                target = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                subs = {f"{target}.{a.name}" for a in node.names} & files.keys()
+                deps.update(subs or {target})
+        graph[mod] = {d for d in deps if d in files and d != mod}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    """No module imports, even lazily, a module that imports it back (the architecture issue)."""
+    graph = _import_graph()
+    assert len(graph) > 50 and graph["datadistd.links"], "the graph was not read"
+    cycles, seen, done = [], [], set()
+
+    def visit(mod: str) -> None:
+        seen.append(mod)
+        for dep in sorted(graph[mod]):
+            if dep in seen:
+                cycles.append(seen[seen.index(dep):] + [dep])
+            elif dep not in done:
+                visit(dep)
+        seen.pop()
+        done.add(mod)
+
+    for mod in sorted(graph):
+        if mod not in done:
+            visit(mod)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)

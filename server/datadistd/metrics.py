@@ -29,7 +29,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .admission import Admitting
 from .config import parse_listen_address
 from .core.errors import DataDistError
 
@@ -166,16 +165,15 @@ class NodeCollector(Collector):
         return []  # the series depend on the engines present; collect() is authoritative
 
     def collect(self) -> Iterator[Metric]:
-        node = self.node
+        view = self.node.snapshot()
         info = GaugeMetricFamily("datadist_build_info", "Daemon version, memory backend and transport (value 1).",
                                  labels=["version", "backend", "transport"])
-        info.add_metric([node.version, getattr(node.backend, "name", ""), node.config.transport.name], 1)
+        info.add_metric([view.version, view.backend, view.transport], 1)
         yield info
         yield GaugeMetricFamily("datadist_uptime_seconds", "Seconds since the daemon started.",
-                                value=time.monotonic() - node.started)
-        slots = list(node.engines.values())
+                                value=view.uptime_seconds)
         yield GaugeMetricFamily("datadist_engines", "Engines (initialized LLMDataDist instances) on this daemon.",
-                                value=len(slots))
+                                value=len(view.engines))
         role = GaugeMetricFamily("datadist_engine_info", "One series per engine (value 1).",
                                  labels=["cluster_id", "engine_id", "role", "listen_address"])
         caches = GaugeMetricFamily("datadist_caches", "Caches (allocated or registered) per engine.",
@@ -196,38 +194,28 @@ class NodeCollector(Collector):
                                      "Connections a peer-reachable listener closed before they authenticated: "
                                      "evicted (to make room), expired (pre-auth deadline), refused (hard cap).",
                                      labels=["cluster_id", "listener", "reason"])
-        for slot in slots:
-            cid = str(slot.engine.cluster_id)
-            for kind, listener in [("data", slot.transport), *[("peer", x) for x in slot.listeners()]]:
-                if not isinstance(listener, Admitting):
-                    continue
-                books = listener.admission_stats()
-                for state in ("preauth", "authenticated"):
-                    conns.add_metric([cid, kind, state], books.get(state, 0))
-                for reason in ("evicted", "expired", "refused"):
-                    closed.add_metric([cid, kind, reason], books.get(reason, 0))
-        for slot in slots:
-            engine = slot.engine
-            cid = str(engine.cluster_id)
-            role.add_metric([cid, str(slot.engine_id), getattr(engine.role, "name", str(engine.role)),
-                             slot.listen_address], 1)
-            caches.add_metric([cid], len(engine.registry.entries()))
-            for placement, cap, in_use in engine.pool_usage():
-                name = getattr(placement, "name", str(placement))
-                capacity.add_metric([cid, name], cap)
-                used.add_metric([cid, name], in_use)
-            for link in _links_of(slot):
-                up = 1 if getattr(link.state, "value", link.state) == "established" else 0
-                link_up.add_metric([cid, str(link.remote_cluster), link.transport, str(link.initiator).lower()], up)
+        for ev in view.engines:
+            cid = str(ev.cluster_id)
+            role.add_metric([cid, str(ev.engine_id), ev.role_name, ev.listen_address], 1)
+            caches.add_metric([cid], ev.caches)
+            for pool in ev.pools:
+                capacity.add_metric([cid, pool.placement_name], pool.capacity)
+                used.add_metric([cid, pool.placement_name], pool.used)
+            for link in ev.links:
+                link_up.add_metric([cid, str(link.remote_cluster), link.transport, str(link.initiator).lower()],
+                                   1 if link.state == "established" else 0)
                 link_in_flight.add_metric([cid, str(link.remote_cluster)], link.inflight)
+            books: dict[tuple[str, str], int] = {}   # an engine may listen on several peer addresses: summed
+            for lst in ev.listeners:
+                for key, n in (("preauth", lst.preauth), ("authenticated", lst.authenticated),
+                               ("evicted", lst.evicted), ("expired", lst.expired), ("refused", lst.refused)):
+                    books[(lst.kind, key)] = books.get((lst.kind, key), 0) + n
+            for (kind, key), n in books.items():
+                if key in ("preauth", "authenticated"):
+                    conns.add_metric([cid, kind, key], n)
+                else:
+                    closed.add_metric([cid, kind, key], n)
         yield from (role, caches, capacity, used, link_up, link_in_flight, conns, closed)
-
-
-def _links_of(slot: object) -> list:  # type: ignore[type-arg]
-    """Links this engine made and links made to it (``LinkManager.all_links`` when it has one)."""
-    links = slot.links  # type: ignore[attr-defined]
-    all_links = getattr(links, "all_links", None)
-    return list(all_links()) if callable(all_links) else list(links.links.values())
 
 
 class MetricsServer:

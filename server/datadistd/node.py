@@ -15,9 +15,10 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
 from . import __version__
+from .admission import Admitting
 from .comm import CommManager
 from .config import SECRET_FIX, Config, is_loopback
 from .core.errors import DataDistError, StatusCode, require
@@ -30,6 +31,7 @@ from .metrics import DaemonMetrics
 from .peering import PeerClient
 from .reverse import CallCodec
 from .sessions import SessionTable, WorkerSession
+from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from .transport import Transport, get_transport
 
 __all__ = ["Node", "EngineSlot", "ListenerFactory", "Listener"]
@@ -116,6 +118,15 @@ class Node:
             if any(_same_address(listener.address, address) for listener in slot.listeners()):
                 return slot.links
         return None
+
+    # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------
+
+    def snapshot(self, slots: Iterable[EngineSlot] | None = None) -> NodeView:
+        """Frozen records of ``slots`` (default: every engine) and the node (``datadistd.snapshot``)."""
+        chosen = list(self.engines.values()) if slots is None else list(slots)
+        return NodeView(self.version, self.backend.name, self.config.transport.name,
+                        "mtls" if self.config.tls.enabled else "plaintext", time.monotonic() - self.started,
+                        tuple(_engine_view(slot) for slot in chosen))
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -332,3 +343,21 @@ def _same_address(a: str, b: str) -> bool:
 
 def _no_peers(address: str) -> PeerClient:
     raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"no peer connector configured; cannot reach {address}")
+
+
+def _engine_view(slot: EngineSlot) -> EngineView:
+    engine = slot.engine
+    links = tuple(LinkView(link.remote_cluster, link.state.value, link.transport, link.initiator, link.address,
+                           link.data_endpoint, link.channel.streams if link.channel is not None else 0,
+                           link.inflight, link.bytes_in, link.bytes_out) for link in slot.links.all_links())
+    listeners = []
+    for kind, listener, address in [("data", slot.transport, ""),
+                                    *[("peer", x, x.address) for x in slot.listeners()]]:
+        if isinstance(listener, Admitting):
+            books = listener.admission_stats()
+            listeners.append(ListenerView(kind, address, books.get("preauth", 0), books.get("authenticated", 0),
+                                          books.get("evicted", 0), books.get("expired", 0), books.get("refused", 0)))
+    pools = tuple(PoolView(int(p), p.name, capacity, used) for p, capacity, used in engine.pool_usage())
+    return EngineView(int(slot.engine_id), engine.cluster_id, int(engine.role), engine.role.name,
+                      slot.listen_address, slot.pid, slot.uid, len(engine.registry.entries()), pools, links,
+                      tuple(listeners))

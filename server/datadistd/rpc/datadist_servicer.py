@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import AsyncIterator, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
@@ -377,31 +376,28 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     @guarded
     async def GetStatus(self, request, context):  # noqa: N802, ANN001, ANN201
-        status = datadist_pb2.DaemonStatus(version=__version__, backend=self.node.backend.name,
-                                           transport=self.node.config.transport.name,
-                                           uptime_seconds=time.monotonic() - self.node.started,
-                                           socket=self.socket_path,
-                                           peer_security="mtls" if self.node.config.tls.enabled else "plaintext")
-        for slot in self._slots(context, request.engine_id):
-            e = status.engines.add(engine_id=slot.engine_id, cluster_id=slot.engine.cluster_id,
-                                   role=int(slot.engine.role), listen_address=slot.listen_address,
-                                   caches=len(slot.engine.registry.entries()), links=len(slot.links.all_links()),
-                                   pid=slot.pid, uid=slot.uid)
-            for placement, capacity, used in slot.engine.pool_usage():
-                e.pools.add(placement=int(placement), capacity=capacity, used=used)
+        view = self.node.snapshot(self._slots(context, request.engine_id))
+        status = datadist_pb2.DaemonStatus(version=view.version, backend=view.backend, transport=view.transport,
+                                           uptime_seconds=view.uptime_seconds, socket=self.socket_path,
+                                           peer_security=view.peer_security)
+        for ev in view.engines:
+            e = status.engines.add(engine_id=ev.engine_id, cluster_id=ev.cluster_id, role=ev.role,
+                                   listen_address=ev.listen_address, caches=ev.caches, links=len(ev.links),
+                                   pid=ev.pid, uid=ev.uid)
+            for pool in ev.pools:
+                e.pools.add(placement=pool.placement, capacity=pool.capacity, used=pool.used)
         return status
 
     @guarded
     async def ListLinks(self, request, context):  # noqa: N802, ANN001, ANN201
         out = datadist_pb2.LinkList()
-        for slot in self._slots(context, request.engine_id):
-            for link in slot.links.all_links():
-                out.links.add(engine_id=slot.engine_id, local_cluster_id=slot.engine.cluster_id,
-                              remote_cluster_id=link.remote_cluster, state=link.state.value,
-                              transport=link.transport, peer_address=link.address,
-                              data_endpoint=link.data_endpoint,
-                              streams=link.channel.streams if link.channel is not None else 0,
-                              initiator=link.initiator, bytes_in=link.bytes_in, bytes_out=link.bytes_out)
+        for ev in self.node.snapshot(self._slots(context, request.engine_id)).engines:
+            for link in ev.links:
+                out.links.add(engine_id=ev.engine_id, local_cluster_id=ev.cluster_id,
+                              remote_cluster_id=link.remote_cluster, state=link.state, transport=link.transport,
+                              peer_address=link.peer_address, data_endpoint=link.data_endpoint,
+                              streams=link.streams, initiator=link.initiator, bytes_in=link.bytes_in,
+                              bytes_out=link.bytes_out)
         return out
 
     @guarded

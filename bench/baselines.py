@@ -95,6 +95,20 @@ def _receiver(conn: Any, total: int, block: int, per_block: bool, shuffled: bool
             conn.send(time.perf_counter() - t0)
 
 
+def _stop(conn: Any, stop: object, procs: tuple[Any, ...]) -> None:
+    """Tell a baseline's processes to end (``stop`` on the pipe), then join them, killing what hangs (bounded)."""
+    try:
+        conn.send(stop)
+    except OSError:
+        pass
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    conn.close()
+
+
 class RawStream:
     """A sender and a receiver process on one loopback TCP connection; ``once()`` times one request.
 
@@ -121,16 +135,7 @@ class RawStream:
         return self.conn.recv()
 
     def close(self) -> None:
-        try:
-            self.conn.send(False)
-        except OSError:
-            pass
-        for p in (self.recv, self.send):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        self.conn.close()
+        _stop(self.conn, False, (self.recv, self.send))
 
     def __enter__(self) -> "RawStream":
         return self
@@ -206,16 +211,7 @@ class RequestReply:
         return self.conn.recv()
 
     def close(self) -> None:
-        try:
-            self.conn.send(0)
-        except OSError:
-            pass
-        for p in (self.asker, self.answerer):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        self.conn.close()
+        _stop(self.conn, 0, (self.asker, self.answerer))
 
 
 def raw_stream(total: int, block: int, per_block: bool, reps: int, shuffled: bool = True) -> list[float]:

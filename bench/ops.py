@@ -242,6 +242,21 @@ def concurrent_pulls(state: dict, remote_cluster: int, name: str, threads: int, 
         dst = [(k * blocks + i) % dst_blocks for i in range(blocks)]
         plans.append([(rng.choice(state.get("remote_blocks", dst_blocks), blocks, replace=False).tolist(), dst)
                       for _ in range(calls)])
+    def one(k: int) -> list[float]:
+        out = []
+        for src, dst in plans[k]:
+            t0 = time.perf_counter()
+            cm.pull_blocks(key, c, src, dst)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    wall, lat = _together(threads, one)
+    return wall, lat, per_call * threads * calls
+
+
+def _together(threads: int, work: Any) -> tuple[float, list[float]]:
+    """Run ``work(k)`` (-> seconds per call) in ``threads`` threads released at once; (wall seconds from the
+    common start, every thread's seconds); the first error of any thread is raised."""
     lat: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(threads + 1)
@@ -249,10 +264,7 @@ def concurrent_pulls(state: dict, remote_cluster: int, name: str, threads: int, 
     def run(k: int) -> None:
         try:
             barrier.wait()
-            for src, dst in plans[k]:
-                t0 = time.perf_counter()
-                cm.pull_blocks(key, c, src, dst)
-                lat[k].append(time.perf_counter() - t0)
+            lat[k] = work(k)
         except BaseException as exc:  # noqa: BLE001 - reported to the bench
             errors.append(exc)
 
@@ -266,7 +278,7 @@ def concurrent_pulls(state: dict, remote_cluster: int, name: str, threads: int, 
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return wall, [x for lst in lat for x in lst], per_call * threads * calls
+    return wall, [x for lst in lat for x in lst]
 
 
 def remote_blocks(state: dict, n: int) -> None:
@@ -361,36 +373,21 @@ def model_requests(state: dict, op: str, remote_cluster: int, caches: list[tuple
     Returns (wall seconds from the common start, seconds per request, bytes moved)."""
     cm = state["dd"].cache_manager
     per_request = sum(blocks * state["arrays"][name][0].shape[1] * len(state["arrays"][name]) for name, _ in caches)
-    lat: list[list[float]] = [[] for _ in range(in_flight)]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(in_flight + 1)
+    def one(k: int) -> list[float]:
+        out = []
+        for r in range(requests):
+            i = k * requests + r
+            here = [(k * blocks + j) % dst_blocks for j in range(blocks)]
+            there = [(i * blocks + j) % src_blocks for j in range(blocks)]
+            t0 = time.perf_counter()
+            for name, model_id in caches:
+                key = ld.BlocksCacheKey(remote_cluster, model_id)
+                if op == "pull":
+                    cm.pull_blocks(key, state["caches"][name], there, here)
+                else:
+                    cm.push_blocks(key, state["caches"][name], here, there)
+            out.append(time.perf_counter() - t0)
+        return out
 
-    def run(k: int) -> None:
-        try:
-            barrier.wait()
-            for r in range(requests):
-                i = k * requests + r
-                here = [(k * blocks + j) % dst_blocks for j in range(blocks)]
-                there = [(i * blocks + j) % src_blocks for j in range(blocks)]
-                t0 = time.perf_counter()
-                for name, model_id in caches:
-                    key = ld.BlocksCacheKey(remote_cluster, model_id)
-                    if op == "pull":
-                        cm.pull_blocks(key, state["caches"][name], there, here)
-                    else:
-                        cm.push_blocks(key, state["caches"][name], here, there)
-                lat[k].append(time.perf_counter() - t0)
-        except BaseException as exc:  # noqa: BLE001 - reported to the bench
-            errors.append(exc)
-
-    ts = [threading.Thread(target=run, args=(k,)) for k in range(in_flight)]
-    for t in ts:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return wall, [x for lst in lat for x in lst], per_request * in_flight * requests
+    wall, lat = _together(in_flight, one)
+    return wall, lat, per_request * in_flight * requests

@@ -114,6 +114,14 @@ def _tables(rng: np.random.Generator, num_blocks: int, n: int, count: int) -> li
             for _ in range(count)]
 
 
+def _both(wp: Worker, wd: Worker, op: str, *args: Any, **kwargs: Any) -> None:
+    """Run ``op`` on the prompt and the decode worker at once and wait for both."""
+    wp.send(op, *args, **kwargs)
+    wd.send(op, *args, **kwargs)
+    wp.result()
+    wd.result()
+
+
 def _kib(n: int) -> str:
     return f"{n // MIB} MiB" if n >= MIB and n % MIB == 0 else f"{n // KIB} KiB"
 
@@ -174,10 +182,7 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
             for memory in cfg.memory:
                 name = f"{memory}-{block}"
                 names.append((memory, name, model))
-                wp.send("cache", name, memory, tensors, num_blocks, block, model_id=model)
-                wd.send("cache", name, memory, tensors, num_blocks, block, model_id=model)
-                wp.result()
-                wd.result()
+                _both(wp, wd, "cache", name, memory, tensors, num_blocks, block, model_id=model)
                 model += 1
             tables = _tables(rng, num_blocks, n, cfg.reps + 1)
             b_times: dict[str, list[float]] = {k: [] for k in base.variants}
@@ -211,10 +216,7 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
                                 note=f"{nbytes // MIB} MiB/request: {tensors} tensors x {n} shuffled blocks; "
                                      f"ratio = median of paired repetitions"))
                     series.setdefault(f"{op} ({memory})", {})[block] = fig
-                wp.send("drop", name)
-                wd.send("drop", name)
-                wp.result()
-                wd.result()
+                _both(wp, wd, "drop", name)
         finally:
             base.close()
 
@@ -328,10 +330,7 @@ def latency(run: Run) -> None:
     num_blocks = 256
     wp, wd, port = _pair(run, 0)
     try:
-        wp.send("cache", "lat", "registered", 1, num_blocks, block, model_id=0)
-        wd.send("cache", "lat", "registered", 1, num_blocks, block, model_id=0)
-        wp.result()
-        wd.result()
+        _both(wp, wd, "cache", "lat", "registered", 1, num_blocks, block, model_id=0)
         rounds = max(2, min(cfg.reps, 10))
         per = max(1, math.ceil(cfg.latency_calls / rounds))
         pulls: list[list[float]] = []
@@ -391,10 +390,7 @@ def scaling(run: Run) -> None:
     pool = top * block * tensors + 64 * MIB if memory == "allocated" else 0
     wp, wd, _ = _pair(run, pool)
     try:
-        wp.send("cache", "sc", memory, tensors, top, block, model_id=0)
-        wd.send("cache", "sc", memory, tensors, top, block, model_id=0)
-        wp.result()
-        wd.result()
+        _both(wp, wd, "cache", "sc", memory, tensors, top, block, model_id=0)
         rng = np.random.default_rng(3)
         series = {}
         for n in cfg.scaling_blocks:
@@ -503,10 +499,7 @@ def layerwise(run: Run) -> None:
     pool = tensors * num_blocks * block + 64 * MIB
     wp, wd, _ = _pair(run, pool)
     try:
-        wp.send("cache", "lw", "allocated", tensors, num_blocks, block, model_id=0)
-        wd.send("cache", "lw", "allocated", tensors, num_blocks, block, model_id=0)
-        wp.result()
-        wd.result()
+        _both(wp, wd, "cache", "lw", "allocated", tensors, num_blocks, block, model_id=0)
         rng = np.random.default_rng(9)
         src, dst = _tables(rng, num_blocks, cfg.lw_blocks, 1)[0]
         layer_bytes = 2 * cfg.lw_blocks * block
@@ -639,10 +632,7 @@ def model_shaped(run: Run) -> None:
                     caches = []
                     for cname, tpl, b in shape.caches:
                         name = f"{shape.name}-{cname}-{memory}"
-                        wp.send("cache", name, memory, tpl * layers, slots * blocks, b, model_id=model)
-                        wd.send("cache", name, memory, tpl * layers, slots * blocks, b, model_id=model)
-                        wp.result()
-                        wd.result()
+                        _both(wp, wd, "cache", name, memory, tpl * layers, slots * blocks, b, model_id=model)
                         caches.append((name, model, tpl * layers))
                         model += 1
                     pairs = [(n, m) for n, m, _ in caches]
@@ -678,10 +668,7 @@ def model_shaped(run: Run) -> None:
                                                                                             "ms": per_ms}
                             run.step(f"{scenario}: {shape.name} {op} x{flight} {memory}")
                     for n, _, _ in caches:
-                        wp.send("drop", n)
-                        wd.send("drop", n)
-                        wp.result()
-                        wd.result()
+                        _both(wp, wd, "drop", n)
             finally:
                 raw.close()
     finally:

@@ -86,7 +86,8 @@ def test_a_hostile_peer_breaks_only_its_own_channel(pair: Pair, frame: str) -> N
             evil.sendall(HEADER.pack(b"DDFR", CONTROL_CALL, 0, 0, 3) + b"abc")
     assert closed_without_reply(evil, timeout=5)
     evil_channel = pair.b.channel(other)
-    assert evil_channel is None or evil_channel.broken
+    # the reader shuts the socket first, then marks its channel: wait (bounded) for the second step
+    assert evil_channel is None or wait_until(lambda: evil_channel.broken, 5)
     got, on = collector()
     pair.b.on_control(TOKEN, on)
     pair.out.send_control(CONTROL_CALL, b"still here", deadline())   # the honest channel is untouched

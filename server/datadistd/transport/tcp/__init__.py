@@ -1,0 +1,82 @@
+"""The TCP data plane: plain sockets, threads, scatter/gather, no staging copy for mapped memory.
+
+Wire format (little endian, ``struct``):
+
+* **Hello** (connecting side, once per socket): ``<4sBBHH`` = magic ``DDHL``, protocol version,
+  token length (1..64), stream index, stream count; then the token bytes. The accepting side
+  compares the token with every ``allow()``-ed token (``hmac.compare_digest``) and answers one
+  ``ACK`` byte, or closes the socket without a word (bad token, garbage, or no hello within
+  ``connect_timeout``).
+* **Frames** (both directions, after the ack): ``<4sBxxxQQQ`` = magic ``DDFR``, kind,
+  transfer id, stream offset, length; then the payload.
+
+  - ``DATA``: ``length`` payload bytes that belong at byte ``offset`` of the concatenated
+    stream of transfer ``transfer_id`` (the receiver's ``expect`` segments);
+  - ``ABORT``: the sender gave up on ``transfer_id``; ``length`` carries the status code;
+  - ``PING``: no payload; ignored (keeps the door open for liveness probes);
+  - ``CALL`` / ``REPLY``: ``length`` (at most ``MAX_CONTROL``) bytes of a control message for the
+    link manager (an owner call of ``reverse.FrameCalls`` and its answer); ``transfer id`` and
+    ``offset`` are 0. The reader hands the payload to the channel's control handler (``on_control``)
+    in its own thread; frames that arrive before a handler is set wait for it (at most
+    ``_CONTROL_BACKLOG``). Peers that handshook with peer protocol 2 speak these.
+
+  A malformed header closes that connection and marks its channel broken.
+
+Segments travel as a ``memory.segments.SegmentTable`` (numpy arrays: handle, offset, length);
+a plain segment list is converted once. Nothing is built per segment up front: each frame's pieces
+are cut from the table when the frame is sent or received.
+
+Threads: one accept thread per transport; each accepted socket gets a thread that does the
+hello and then reads frames; each connected socket gets a reader thread. Readers scatter DATA
+payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
+and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
+staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,
+``IOV_MAX`` pieces per system call; else ``write_from``). Senders split the stream into frames of
+``chunk_size`` bytes (or ``_FRAME_PIECES`` pieces, whichever ends first), stripe frame *k* over
+socket *(base + k) % w* (``w`` = the stripe width, one worker thread per stripe, the caller being
+one of them; ``base`` rotates per transfer, so concurrent transfers use every connection) and
+write each frame with one ``socket.sendmsg([header, view, view, ...])`` under that socket's lock
+(first come, first served), so concurrent transfers interleave at frame granularity. Pieces of
+handles without a view are read into the worker's staging buffer first (``read_raw`` batches),
+outside the lock. ``TcpChannel.try_send`` sends a small transfer as one frame from the calling
+thread (the event loop) when a connection is idle, or declines without a side effect.
+
+Memory safety: a reader touches a receipt's destination only between ``_begin_io`` and
+``_end_io``; once a receipt failed or was cancelled, ``wait``/``cancel`` return only after every
+reader left it, so the caller may reuse the memory at once.
+
+Modules: ``wire`` (constants, header structs, small helpers), ``receipt`` (``TcpReceipt``), ``conn``
+(``_Conn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
+control frames), ``transport`` (``TcpTransport``: listener, admission, hello, connect, buffers).
+At run time ``transport`` imports ``channel`` and ``receipt``, ``channel`` imports ``conn``; the other
+references are for the type checker only.
+"""
+
+from __future__ import annotations
+
+from .channel import TcpChannel
+from .receipt import TcpReceipt
+from .transport import TcpTransport
+from .wire import (
+    _CONTROL_BACKLOG,
+    _INLINE_MAX,
+    ACK,
+    FRAME_MAGIC,
+    HEADER,
+    HELLO,
+    HELLO_MAGIC,
+    KIND_ABORT,
+    KIND_CALL,
+    KIND_DATA,
+    KIND_PING,
+    KIND_REPLY,
+    MAX_CONTROL,
+    MAX_FRAME,
+    MAX_STREAMS,
+    MAX_TOKEN,
+    PROTOCOL_VERSION,
+)
+
+__all__ = ["TcpTransport", "TcpChannel", "TcpReceipt", "PROTOCOL_VERSION", "HEADER", "HELLO", "HELLO_MAGIC", "ACK",
+           "FRAME_MAGIC", "KIND_DATA", "KIND_ABORT", "KIND_PING", "KIND_CALL", "KIND_REPLY", "MAX_FRAME",
+           "MAX_CONTROL", "MAX_TOKEN", "MAX_STREAMS", "_CONTROL_BACKLOG", "_INLINE_MAX"]

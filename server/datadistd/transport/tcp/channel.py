@@ -1,0 +1,453 @@
+"""``TcpChannel``: the connections of one link, sending (striped frames, try_send, control frames)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from datadist.status import LLMStatusCode
+
+from ...core.errors import DataDistError
+from ...core.types import TransferId
+from ...memory import addr as memaddr
+from ...memory.base import Segment
+from ...memory.segments import SegmentTable, byte_view
+from .conn import _by_handle, _Conn
+from .wire import (
+    _ABORT_TIMEOUT,
+    _CONTROL_BACKLOG,
+    _FEW,
+    _FRAME_PIECES,
+    _INLINE_FINISH,
+    _INLINE_MAX,
+    _JOIN,
+    FRAME_MAGIC,
+    HEADER,
+    KIND_ABORT,
+    KIND_CALL,
+    KIND_DATA,
+    KIND_PING,
+    KIND_REPLY,
+    MAX_CONTROL,
+    ControlHandler,
+    _encode_code,
+    _ProtocolError,
+    _SendError,
+    _table,
+)
+
+if TYPE_CHECKING:
+    from .transport import TcpTransport
+
+log = logging.getLogger("datadistd.transport.tcp")
+
+
+class TcpChannel:
+    """The connections made with one token; carries frames both ways."""
+
+    def __init__(self, transport: "TcpTransport", token: bytes, peer: str, outbound: bool) -> None:
+        self._transport = transport
+        self._token = token
+        self._peer = peer
+        self._outbound = outbound
+        self._conns: list[_Conn] = []
+        self._lock = threading.Lock()
+        self._broken = False
+        self._closed = False
+        self._reason = ""
+        self._rr = itertools.count()
+        self._control: ControlHandler | None = None
+        self._backlog: list[tuple[int, bytes]] = []   # control frames before a handler was set
+
+    def __repr__(self) -> str:
+        return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
+                f"broken={self.broken})")
+
+    @property
+    def token(self) -> bytes:
+        return self._token
+
+    @property
+    def peer(self) -> str:
+        return self._peer
+
+    @property
+    def streams(self) -> int:
+        with self._lock:
+            return sum(1 for c in self._conns if not c.closed)
+
+    @property
+    def broken(self) -> bool:
+        return self._broken or self._closed
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            per = [c.stats() for c in self._conns]
+        total: dict[str, object] = {k: sum(p[k] for p in per) for k in
+                                    ("bytes_sent", "frames_sent", "bytes_received", "frames_received",
+                                     "bytes_discarded")}
+        total["connections"] = per
+        return total
+
+    def _attach(self, sock: socket.socket, index: int, peer: str) -> _Conn | None:
+        with self._lock:
+            if self._broken or self._closed:
+                return None
+            conn = _Conn(self, sock, index, peer)
+            self._conns.append(conn)
+            return conn
+
+    def _live(self) -> list[_Conn]:
+        with self._lock:
+            if self._broken or self._closed:
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                    f"data channel to {self._peer} is {'closed' if self._closed else 'broken'}"
+                                    f"{': ' + self._reason if self._reason else ''}")
+            conns = [c for c in self._conns if not c.closed]
+        if not conns:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel to {self._peer} has no connection")
+        return conns
+
+    # -- sending --
+
+    def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
+        table = _table(segments)
+        conns = self._live()
+        if table.nbytes == 0:
+            return
+        plan = _SendPlan(table)
+        total = plan.total
+        size = self._transport.chunk_size
+        chunks = _frames(plan.table, size)
+        n = len(conns)
+        base = next(self._rr)
+        workers = min(n, len(chunks), self._transport.stripe)
+        shares = [chunks[w::workers] for w in range(workers)]  # chunk k goes to worker k % workers
+        errors: list[_SendError] = []
+        stop = threading.Event()
+        transport = self._transport
+
+        def work(conn: _Conn, share: list[tuple[int, int]]) -> None:
+            staging: memoryview | None = None
+            try:
+                for offset, length in share:  # in order, one chunk per frame
+                    if stop.is_set():
+                        return
+                    if staging is None and not plan.all_mapped:
+                        staging = transport._take_staging(size)
+                    try:
+                        conn.send_chunk(transfer_id, offset, length, plan, staging, deadline)
+                    except _SendError as exc:
+                        if exc.unusable:
+                            conn.shutdown()
+                        errors.append(exc)
+                        stop.set()
+                        return
+                    except Exception as exc:  # noqa: BLE001 - e.g. a handle's read_into failed
+                        code = exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_FAILED
+                        errors.append(_SendError(code, f"reading the source failed: {exc}", unusable=False))
+                        stop.set()
+                        return
+            finally:
+                if staging is not None:
+                    transport._give_staging(staging)
+
+        threads = [threading.Thread(target=work, args=(conns[(base + w) % n], shares[w]), daemon=True,
+                                    name=f"datadist-tcp-send:{self._peer}#{(base + w) % n}")
+                   for w in range(1, workers)]
+        for t in threads:
+            t.start()
+        try:
+            work(conns[base % n], shares[0])
+            for t in threads:  # workers stop by the deadline: their socket timeouts come from it
+                t.join(max(0.0, deadline - time.monotonic()) + _JOIN)
+        finally:
+            plan.release()
+        if any(t.is_alive() for t in threads):
+            errors.append(_SendError(LLMStatusCode.LLM_TIMEOUT, "a sender thread did not finish", unusable=True))
+        if not errors:
+            return
+        first = errors[0]
+        if any(e.unusable for e in errors):
+            self._break(f"sending transfer {transfer_id} failed: {first.message}")
+        else:
+            self.abort(transfer_id, first.code)
+        raise DataDistError(first.code, f"sending transfer {transfer_id} ({total} bytes) to {self._peer}: "
+                                        f"{first.message}")
+
+    def try_send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
+        """Send a small transfer at once from the calling thread, or return False without a side effect.
+
+        For the event loop: a transfer of at most ``_INLINE_MAX`` bytes goes out as one frame on an idle
+        connection with a non-blocking ``sendmsg`` (unmapped pieces read into a staging buffer first); no
+        executor hop, no thread switch. ``False`` (nothing sent) when it is larger, every connection is
+        busy, or the socket would block. A frame cut short by a full socket is finished within
+        ``_INLINE_FINISH`` seconds or its connection is closed (a peer that stopped reading), and the
+        send raises, as ``send`` does."""
+        table = _table(segments)
+        if table.nbytes > _INLINE_MAX:
+            return False
+        conns = self._live()
+        if table.nbytes == 0:
+            return True
+        plan = _SendPlan(table)
+        staging = None if plan.all_mapped else self._transport._take_staging(plan.total)
+        try:
+            bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, transfer_id, 0, plan.total))]
+            try:
+                plan.gather(0, plan.total, staging, bufs)
+            except Exception as exc:  # noqa: BLE001 - e.g. the source process is gone
+                code = exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_FAILED
+                self.abort(transfer_id, code)
+                raise DataDistError(code, f"sending transfer {transfer_id} to {self._peer}: reading the source "
+                                          f"failed: {exc}") from None
+            n = len(conns)
+            base = next(self._rr)
+            for k in range(n):  # the first idle connection, starting where striping would
+                conn = conns[(base + k) % n]
+                if not conn.lock.acquire(timeout=0):
+                    continue
+                try:
+                    if not conn.write_nowait(bufs, min(deadline, time.monotonic() + _INLINE_FINISH)):
+                        continue
+                    conn.frames_sent += 1
+                    conn.bytes_sent += plan.total
+                    return True
+                except _SendError as exc:
+                    if exc.unusable:
+                        conn.shutdown()
+                        self._break(f"sending transfer {transfer_id} failed: {exc.message}")
+                    raise DataDistError(exc.code, f"sending transfer {transfer_id} ({plan.total} bytes) to "
+                                                  f"{self._peer}: {exc.message}") from None
+                finally:
+                    conn.lock.release()
+            return False
+        finally:
+            bufs = []
+            plan.release()
+            if staging is not None:
+                self._transport._give_staging(staging)
+
+    def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
+        """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
+        try:
+            conns = self._live()
+        except DataDistError:
+            return
+        header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_ABORT, transfer_id, 0, _encode_code(code)))
+        limit = time.monotonic() + _ABORT_TIMEOUT
+        # first any idle connection, then wait (bounded, in all) for the first one
+        for conn, until in [(c, time.monotonic() + 1e-3) for c in conns] + [(conns[0], limit)]:
+            try:
+                conn.send_frame([header], min(until, limit))
+                return
+            except _SendError as exc:
+                if exc.unusable:
+                    conn.shutdown()
+                    self._break(f"sending ABORT failed: {exc.message}")
+                    return
+        log.warning("data channel to %s: could not send ABORT for transfer %s in time", self._peer, transfer_id)
+
+    # -- control frames (transport.base.CallChannel) --
+
+    def on_control(self, handler: "ControlHandler") -> None:
+        """``handler(kind, payload)`` gets every CALL/REPLY frame, in a reader thread (keep it short);
+        frames that came before are handed over now."""
+        with self._lock:
+            self._control = handler
+            backlog, self._backlog = self._backlog, []
+        for kind, payload in backlog:
+            handler(kind, payload)
+
+    def _on_control(self, kind: int, payload: bytes) -> None:
+        with self._lock:
+            handler = self._control
+            if handler is None:
+                if len(self._backlog) >= _CONTROL_BACKLOG:
+                    raise _ProtocolError(f"more than {_CONTROL_BACKLOG} control frames before the link was ready")
+                self._backlog.append((kind, payload))
+                return
+        handler(kind, payload)
+
+    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """One control frame from the calling thread (the event loop) on an idle connection, without
+        blocking; False (nothing sent) when every connection is busy or would block."""
+        return self._control_frame(kind, payload, deadline, wait=False)
+
+    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
+        """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
+        self._control_frame(kind, payload, deadline, wait=True)
+
+    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool) -> bool:
+        if kind not in (KIND_CALL, KIND_REPLY) or len(payload) > MAX_CONTROL:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
+                                                                 f"{len(payload)} bytes")
+        conns = self._live()
+        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload))), memoryview(payload)]
+        base = next(self._rr)
+        order = [conns[(base + k) % len(conns)] for k in range(len(conns))]
+        for conn in order if not wait else order[:1]:
+            if not wait and not conn.lock.acquire(timeout=0):
+                continue
+            try:
+                if wait:
+                    conn.send_frame(bufs, deadline)
+                elif not conn.write_nowait(bufs, min(deadline, time.monotonic() + _INLINE_FINISH)):
+                    continue
+                conn.frames_sent += 1
+                return True
+            except _SendError as exc:
+                if exc.unusable:
+                    conn.shutdown()
+                    self._break(f"sending a control frame failed: {exc.message}")
+                raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+            finally:
+                if not wait:
+                    conn.lock.release()
+        return False
+
+    def ping(self, deadline: float) -> None:
+        """Send a PING on every connection (raises ``DataDistError`` when the channel is unusable)."""
+        header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_PING, 0, 0, 0))
+        for conn in self._live():
+            try:
+                conn.send_frame([header], deadline)
+            except _SendError as exc:
+                if exc.unusable:
+                    conn.shutdown()
+                    self._break(f"PING failed: {exc.message}")
+                raise DataDistError(exc.code, f"ping to {self._peer}: {exc.message}") from None
+
+    # -- life cycle --
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._reason = self._reason or "closed locally"
+            conns = list(self._conns)
+        for conn in conns:
+            conn.shutdown()
+        self._transport._channel_down(self, f"data channel to {self._peer} was closed")
+        self._transport._retire(self)
+
+    def _break(self, reason: str, clean: bool = False) -> None:
+        with self._lock:
+            if self._broken or self._closed:
+                return
+            self._broken = True
+            self._reason = reason
+            conns = list(self._conns)
+        log.log(logging.INFO if clean else logging.WARNING, "data channel %s %s %s: %s",
+                "to" if self._outbound else "from", self._peer, "closed by the peer" if clean else "broken", reason)
+        for conn in conns:
+            conn.shutdown()
+        self._transport._channel_down(self, f"data channel {'to' if self._outbound else 'from'} {self._peer} "
+                                            f"broke: {reason}")
+
+    def _conn_lost(self, conn: _Conn, reason: str, clean: bool) -> None:
+        if self._closed or self._transport._stopping or not reason:
+            return
+        self._break(f"connection #{conn.index}: {reason}", clean)
+
+
+def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_PIECES`` pieces end
+    first (tiny blocks: one ``sendmsg`` per frame, and no per-frame list or array of more than that many)."""
+    total = table.nbytes
+    if len(table) <= _FRAME_PIECES:
+        return [(offset, min(chunk_size, total - offset)) for offset in range(0, total, chunk_size)]
+    piece_cuts = table.ends[_FRAME_PIECES - 1::_FRAME_PIECES]
+    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), piece_cuts[piece_cuts < total])
+    starts = np.concatenate((np.zeros(1, np.int64), cuts))
+    lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
+    return list(zip(starts.tolist(), lengths.tolist(), strict=True))
+
+
+class _SendPlan:
+    """The source of one send: its segment table, one readable view per handle (``None``: no mapping)."""
+
+    def __init__(self, table: SegmentTable) -> None:
+        self.table = table.nonempty()
+        self.total = self.table.nbytes
+        self.views: list[memoryview | None] = [byte_view(h, writable=False) for h in self.table.handles]
+        self.mapped_l = [v is not None for v in self.views]
+        self.mapped = np.array(self.mapped_l, bool)
+        self.all_mapped = all(self.mapped_l)
+        self.raw = [hasattr(h, "read_raw") for h in self.table.handles]
+
+    def gather(self, offset: int, length: int, staging: memoryview | None, bufs: list[memoryview]) -> None:
+        """Append the buffers holding stream bytes ``[offset, offset + length)`` to ``bufs``: views of mapped
+        memory, and for the rest ``staging`` (filled here; piece k sits at its stream position - offset)."""
+        which, offs, lens = self.table.cut(offset, offset + length)
+        views = self.views
+        if self.all_mapped:
+            hs = which.tolist()
+            if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()):
+                v = views[hs[0]]
+                bufs += [v[a:b] for a, b in zip(offs.tolist(), (offs + lens).tolist(), strict=True)]
+            else:
+                bufs += [views[h][a:b] for h, a, b in zip(hs, offs.tolist(), (offs + lens).tolist(), strict=True)]
+            return
+        if staging is None or len(staging) < length:
+            raise _SendError(LLMStatusCode.LLM_FAILED, "internal: staging buffer too small", unusable=False)
+        if len(lens) <= _FEW:  # a few pieces: one read_into each beats building a batch
+            handles, mapped_l = self.table.handles, self.mapped_l
+            pos, run = 0, -1
+            for h, a, n in zip(which.tolist(), offs.tolist(), lens.tolist(), strict=True):
+                if mapped_l[h]:
+                    if run >= 0:
+                        bufs.append(staging[run:pos])
+                        run = -1
+                    bufs.append(views[h][a:a + n])
+                else:
+                    handles[h].read_into(a, staging[pos:pos + n])
+                    if run < 0:
+                        run = pos
+                pos += n
+            if run >= 0:
+                bufs.append(staging[run:pos])
+            return
+        mapped = self.mapped[which]
+        local = np.cumsum(lens) - lens           # where each piece sits in the staging buffer
+        base = memaddr.buffer_address(staging)[0]
+        handles = self.table.handles
+        unmapped = ~mapped
+        for h, sel in _by_handle(which, unmapped):
+            if self.raw[h]:
+                handles[h].read_raw(np.stack((offs[sel], base + local[sel], lens[sel]), axis=1))
+                continue
+            for off, loc, n in zip(offs[sel].tolist(), local[sel].tolist(), lens[sel].tolist(), strict=True):
+                handles[h].read_into(off, staging[loc:loc + n])
+        if not mapped.any():
+            bufs.append(staging[:length])
+            return
+        run = -1  # start (in staging) of the current run of staged pieces
+        pieces = zip(which.tolist(), offs.tolist(), lens.tolist(), local.tolist(), mapped.tolist(), strict=True)
+        for h, a, n, loc, m in pieces:
+            if m:
+                if run >= 0:
+                    bufs.append(staging[run:loc])
+                    run = -1
+                bufs.append(views[h][a:a + n])
+            elif run < 0:
+                run = loc
+        if run >= 0:
+            bufs.append(staging[run:length])
+
+    def release(self) -> None:
+        self.views = []
+
+
+# ---- the transport ---------------------------------------------------------------------------

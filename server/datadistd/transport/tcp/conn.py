@@ -1,0 +1,466 @@
+"""``_Conn``: one socket of a channel -- its send lock, its reader loop, scatter into the destination."""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from datadist.status import LLMStatusCode
+
+from ...core.errors import DataDistError
+from ...memory.segments import cut
+from .wire import (
+    _DONTWAIT,
+    _FEW,
+    _IOV_MAX,
+    _JOIN,
+    _POLL,
+    _RECV_MAX,
+    _SEND_FLAGS,
+    _WAITALL,
+    ACK,
+    FRAME_MAGIC,
+    HEADER,
+    KIND_ABORT,
+    KIND_CALL,
+    KIND_DATA,
+    KIND_PING,
+    KIND_REPLY,
+    MAX_CONTROL,
+    MAX_FRAME,
+    _Closed,
+    _decode_code,
+    _ProtocolError,
+    _SendError,
+    _timeval,
+)
+
+if TYPE_CHECKING:
+    from .channel import TcpChannel, _SendPlan
+    from .receipt import TcpReceipt
+    from .transport import TcpTransport
+
+log = logging.getLogger("datadistd.transport.tcp")
+
+
+class _FairLock:
+    """A lock with a timeout that is handed to waiters in arrival order.
+
+    ``threading.Lock`` lets the releasing thread take it straight back, so a sender streaming a
+    huge transfer could starve a small one on the same socket; with this lock they alternate per chunk.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._locked = False
+        self._waiters: collections.deque[threading.Event] = collections.deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._mutex:
+            if not self._locked:
+                self._locked = True
+                return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        turn.wait(max(0.0, timeout))
+        with self._mutex:
+            if turn.is_set():  # handed over (possibly just as we timed out): ours now
+                return True
+            self._waiters.remove(turn)
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()  # stays locked: ownership passes to the next waiter
+            else:
+                self._locked = False
+
+
+class _Conn:
+    """One socket of a channel: its reader and its send lock."""
+
+    def __init__(self, channel: "TcpChannel", sock: socket.socket, index: int, peer: str) -> None:
+        self.channel = channel
+        self.index = index
+        self.peer = peer
+        self.sock = sock
+        # blocking mode with kernel timeouts: one system call per recv/send (no poll first);
+        # receives wake every _POLL to notice a close, sends get the remaining time before each call
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
+        self.lock = _FairLock()           # held per frame by senders, handed over first come first served
+        self.closed = False
+        self.bytes_sent = self.frames_sent = 0          # under lock
+        self.bytes_received = self.frames_received = 0  # reader thread only
+        self.bytes_discarded = 0
+
+    def stats(self) -> dict[str, int]:
+        return {"bytes_sent": self.bytes_sent, "frames_sent": self.frames_sent,
+                "bytes_received": self.bytes_received, "frames_received": self.frames_received,
+                "bytes_discarded": self.bytes_discarded}
+
+    def shutdown(self) -> None:
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked recv (EOF) and send (EPIPE)
+        except OSError:
+            pass
+
+    def send_ack(self, deadline: float) -> None:
+        """Accepting side: the one-byte answer to a good hello."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(deadline - time.monotonic()))
+        self.sock.sendall(ACK)
+
+    # -- sending (caller holds nothing; takes self.lock per frame) --
+
+    def send_frame(self, bufs: list[memoryview], deadline: float) -> int:
+        """Write ``bufs`` (header first) as one frame; return payload bytes. Raises ``_SendError``."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not self.lock.acquire(timeout=remaining):
+            raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed while waiting for a data connection",
+                             unusable=False)
+        try:
+            return self._write(bufs, deadline)
+        finally:
+            self.lock.release()
+
+    def send_chunk(self, tid: int, offset: int, length: int, plan: "_SendPlan", staging: memoryview | None,
+                   deadline: float) -> None:
+        """One DATA frame: stream bytes ``[offset, offset + length)`` of ``plan``. Pieces of handles without
+        a view are first read into ``staging`` (the worker's own buffer, so a slow source never holds the
+        socket): in one batch per handle (``read_raw``) or per piece (``read_into``); then the socket is taken."""
+        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, tid, offset, length))]
+        plan.gather(offset, length, staging, bufs)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not self.lock.acquire(timeout=remaining):
+            raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed while waiting for a data connection",
+                             unusable=False)
+        try:
+            self._write(bufs, deadline)
+            self.frames_sent += 1
+            self.bytes_sent += length
+        finally:
+            self.lock.release()
+
+    def write_nowait(self, bufs: list[memoryview], finish_by: float) -> bool:
+        """Under ``self.lock``: one non-blocking ``sendmsg`` of the frame ``bufs``; False if the socket took
+        nothing. A partial write is finished with blocking sends bounded by ``finish_by``."""
+        if self.closed:
+            raise _SendError(LLMStatusCode.LLM_LINK_FAILED, "data connection is closed", unusable=True)
+        try:
+            sent = self.sock.sendmsg(bufs, [], _SEND_FLAGS | _DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise _SendError(LLMStatusCode.LLM_LINK_FAILED, f"send failed: {exc}", unusable=True) from None
+        total = sum(len(b) for b in bufs)
+        if sent < total:  # the socket filled up mid-frame: the rest must follow, briefly
+            rest = memoryview(b"".join(bytes(b) for b in bufs))[sent:]
+            self._write([rest], finish_by, partial=True)
+        return True
+
+    def _write(self, bufs: list[memoryview], deadline: float, partial: bool = False) -> int:
+        """Under ``self.lock``: ``sendmsg`` until every buffer is out; partial sends advance the list."""
+        if self.closed:
+            raise _SendError(LLMStatusCode.LLM_LINK_FAILED, "data connection is closed", unusable=True)
+        payload = sum(len(b) for b in bufs) - HEADER.size
+        written = 0
+        i = 0
+        bufs = [b for b in bufs if len(b)]
+        while i < len(bufs):  # each pass writes >= 1 byte or raises
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed in the middle of a frame",
+                                 unusable=written > 0 or partial)
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(remaining))
+                sent = self.sock.sendmsg(bufs[i:i + _IOV_MAX], [], _SEND_FLAGS)
+            except BlockingIOError:  # SO_SNDTIMEO expired before a byte went out
+                raise _SendError(LLMStatusCode.LLM_TIMEOUT, "the peer did not take the bytes before the deadline",
+                                 unusable=written > 0 or partial) from None
+            except OSError as exc:
+                raise _SendError(LLMStatusCode.LLM_LINK_FAILED, f"send failed: {exc}", unusable=True) from None
+            written += sent
+            while sent > 0:  # drop what went out
+                head = len(bufs[i])
+                if sent >= head:
+                    sent -= head
+                    i += 1
+                else:
+                    bufs[i] = bufs[i][sent:]
+                    sent = 0
+        return payload
+
+    # -- receiving (reader thread) --
+
+    def run(self, transport: "TcpTransport") -> None:
+        header = bytearray(HEADER.size)
+        hv = memoryview(header)
+        reason = ""
+        clean = False
+        try:
+            while True:  # one frame per pass; ends when the connection closes
+                if not self._read_header(hv):
+                    reason, clean = "the peer closed the connection", True
+                    break
+                magic, kind, tid, offset, length = HEADER.unpack(header)
+                if magic != FRAME_MAGIC:
+                    raise _ProtocolError(f"bad frame magic {magic!r}")
+                if kind == KIND_DATA:
+                    if length > MAX_FRAME:
+                        raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+                    self._on_data(transport, tid, offset, length)
+                elif kind == KIND_ABORT:
+                    receipt = transport._receipts.get(tid)
+                    if receipt is not None:
+                        code = _decode_code(length)
+                        if code == LLMStatusCode.LLM_SUCCESS:
+                            code = LLMStatusCode.LLM_FAILED
+                        receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
+                elif kind == KIND_PING:
+                    if length or offset:
+                        raise _ProtocolError("PING with a payload")
+                elif kind in (KIND_CALL, KIND_REPLY):
+                    if length > MAX_CONTROL or tid or offset:
+                        raise _ProtocolError(f"malformed control frame ({length} bytes)")
+                    payload = bytearray(length)
+                    pv, got = memoryview(payload), 0
+                    while got < length:  # each pass reads >= 1 byte or polls (ends with the connection)
+                        got += self._recv_once(pv[got:])
+                    self.bytes_received += length
+                    self.channel._on_control(kind, bytes(payload))
+                else:
+                    raise _ProtocolError(f"unknown frame kind {kind}")
+                self.frames_received += 1
+        except _Closed:
+            reason = ""
+        except _ProtocolError as exc:
+            reason = f"protocol error: {exc}"
+        except OSError as exc:
+            reason = f"connection lost: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a reader must always report and clean up
+            log.exception("data connection %s#%d: reader failed", self.peer, self.index)
+            reason = f"reader failed: {exc!r}"
+        finally:
+            self.shutdown()
+            self.channel._conn_lost(self, reason, clean)
+            if self.lock.acquire(timeout=_JOIN):  # a sender holding it fails at once after shutdown
+                self.sock.close()
+                self.lock.release()
+            else:
+                log.warning("data connection %s#%d: a sender still holds the socket; leaving it to the GC",
+                            self.peer, self.index)
+
+    def _recv_once(self, mv: memoryview) -> int:
+        """One ``recv_into``: bytes read, 0 on a quiet poll interval; EOF raises."""
+        try:
+            n = self.sock.recv_into(mv, 0, _WAITALL)
+        except BlockingIOError:  # SO_RCVTIMEO: a quiet poll interval
+            if self.closed:
+                raise _Closed() from None
+            return 0
+        if n == 0:
+            if self.closed:
+                raise _Closed()
+            raise ConnectionResetError("the peer closed the connection in the middle of a frame")
+        return n
+
+    def _read_header(self, hv: memoryview) -> bool:
+        got = 0
+        while got < len(hv):  # bounded by the connection's life; every pass polls at most _POLL
+            try:
+                n = self.sock.recv_into(hv[got:], 0, _WAITALL)
+            except BlockingIOError:
+                if self.closed:
+                    raise _Closed() from None
+                continue
+            if n == 0:
+                if self.closed:
+                    raise _Closed()
+                if got == 0:
+                    return False
+                raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
+            got += n
+        return True
+
+    def _discard(self, n: int) -> None:
+        buf = self.channel._transport._discard_buffer()
+        while n > 0:  # each pass reads >= 1 byte or polls (ends with the connection)
+            got = self._recv_once(buf[:min(n, len(buf))])
+            n -= got
+            self.bytes_received += got
+            self.bytes_discarded += got
+
+    def _recvmsg_once(self, bufs: list[memoryview]) -> int:
+        """One scatter ``recvmsg_into`` (at most ``_IOV_MAX`` buffers): bytes read, 0 on a quiet poll interval."""
+        try:
+            n = self.sock.recvmsg_into(bufs, 0, _WAITALL)[0]
+        except BlockingIOError:  # SO_RCVTIMEO: a quiet poll interval
+            if self.closed:
+                raise _Closed() from None
+            return 0
+        if n == 0:
+            if self.closed:
+                raise _Closed()
+            raise ConnectionResetError("the peer closed the connection in the middle of a frame")
+        return n
+
+    def _on_data(self, transport: "TcpTransport", tid: int, offset: int, length: int) -> None:
+        receipt = transport._receipts.get(tid)
+        if receipt is None:
+            self._discard(length)
+            return
+        why = receipt._claim(offset, length, self.channel)
+        if why == "":
+            self._discard(length)
+            return
+        if why is not None:
+            receipt._fail(LLMStatusCode.LLM_PARAM_INVALID, why)
+            raise _ProtocolError(why)
+        which, offs, lens = receipt._table.cut(offset, offset + length)
+        mapped = receipt._mapped[which]
+        done = 0
+        try:
+            if mapped.all():
+                done = self._recv_mapped(receipt, which, offs, lens)
+            elif not mapped.any():
+                done = self._recv_staged(transport, receipt, tid, which, offs, lens)
+            else:  # runs of mapped and unmapped pieces, in stream order
+                edges = [0, *(np.flatnonzero(mapped[1:] != mapped[:-1]) + 1).tolist(), len(mapped)]
+                for a, b in zip(edges[:-1], edges[1:], strict=True):
+                    want = int(lens[a:b].sum())
+                    if mapped[a]:
+                        got = self._recv_mapped(receipt, which[a:b], offs[a:b], lens[a:b])
+                    else:
+                        got = self._recv_staged(transport, receipt, tid, which[a:b], offs[a:b], lens[a:b])
+                    done += got
+                    if got < want:
+                        break
+        except (OSError, _Closed):
+            receipt._fail(LLMStatusCode.LLM_LINK_FAILED,
+                          f"transfer {tid}: data connection from {self.peer} lost in the middle of a frame")
+            raise
+        if done < length:  # the receipt ended (failed, cancelled) while its bytes were arriving
+            self._discard(length - done)
+            return
+        receipt._landed(length)
+
+    def _recv_mapped(self, receipt: TcpReceipt, which: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int:
+        """Scatter-receive pieces straight into mapped destination memory, ``_IOV_MAX`` buffers per call.
+
+        The destination is touched only between ``_begin_io`` and ``_end_io``, so a receipt that failed
+        or was cancelled is never written once ``wait()``/``cancel()`` returned. Returns the bytes read
+        (fewer than asked when the receipt ended)."""
+        starts = offs.tolist()
+        ends = (offs + lens).tolist()
+        hs = which.tolist()
+        one = hs[0] if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()) else -1
+        count = len(starts)
+        # pieces i..j of at most _RECV_MAX bytes per call: small receives keep the copy out of the
+        # socket cache-warm and let the sender refill the socket while this thread copies
+        cum = (np.cumsum(lens) - lens).tolist()
+        i = 0
+        head = 0       # bytes of piece i already received
+        done = 0
+        while i < count:  # each pass reads >= 1 byte, polls, or ends with the receipt
+            if not receipt._begin_io():
+                return done
+            try:
+                views = receipt._views
+                limit = cum[i] + head + _RECV_MAX
+                j = min(count, i + _IOV_MAX, bisect.bisect_left(cum, limit, i + 1))
+                if one >= 0:
+                    v = views[one]
+                    bufs = [v[a:b] for a, b in zip(starts[i:j], ends[i:j], strict=True)]  # type: ignore[index]
+                else:
+                    bufs = [views[h][a:b] for h, a, b in zip(hs[i:j], starts[i:j], ends[i:j], strict=True)]
+                if head:
+                    bufs[0] = bufs[0][head:]
+                over = cum[j - 1] + ends[j - 1] - starts[j - 1] - limit   # the last piece past the limit
+                if over > 0:
+                    bufs[-1] = bufs[-1][:len(bufs[-1]) - over]
+                got = self._recvmsg_once(bufs)
+            finally:
+                bufs = []
+                receipt._end_io()
+            done += got
+            self.bytes_received += got
+            while got:  # advance over what arrived
+                rest = ends[i] - starts[i] - head
+                if got >= rest:
+                    got -= rest
+                    i += 1
+                    head = 0
+                else:
+                    head += got
+                    got = 0
+        return done
+
+    def _recv_staged(self, transport: "TcpTransport", receipt: TcpReceipt, tid: int, which: np.ndarray,
+                     offs: np.ndarray, lens: np.ndarray) -> int:
+        """Pieces of handles without a mapping: receive a staging buffer full, then write it out in one
+        batch per handle (``write_raw``: one system call per ``IOV_MAX`` pieces) or per piece
+        (``write_from``). Returns the bytes read (fewer than asked when the receipt ended or failed)."""
+        staging, base = transport._staging_buffer()
+        ends = np.cumsum(lens)
+        pos = ends - lens
+        total = int(ends[-1])
+        done = 0
+        for lo in range(0, total, len(staging)):  # one staging buffer per pass
+            hi = min(lo + len(staging), total)
+            filled = 0
+            while filled < hi - lo:
+                got = self._recv_once(staging[filled:min(hi - lo, filled + _RECV_MAX)])
+                filled += got
+                self.bytes_received += got
+            i0, i1, k, (o, p) = cut(ends, lens, lo, hi, offs, pos)
+            if not receipt._begin_io():
+                return done + hi - lo   # read off the wire, dropped
+            failure: Exception | None = None
+            try:
+                _write_out(receipt, which[i0:i1], o, base + (p - lo), k, staging, base)
+            except Exception as exc:  # noqa: BLE001 - the destination failed, not the wire
+                failure = exc
+            finally:
+                receipt._end_io()
+            done += hi - lo
+            if failure is not None:
+                code = failure.code if isinstance(failure, DataDistError) else LLMStatusCode.LLM_FAILED
+                receipt._fail(code, f"transfer {tid}: writing into the destination failed: {failure}")
+                return done
+        return done
+
+
+def _by_handle(which: np.ndarray, among: np.ndarray | None = None) -> list[tuple[int, Any]]:
+    """``(handle index, selector)`` for each distinct handle of the pieces (``among``: only those pieces)."""
+    if among is None:
+        first = int(which[0])
+        if int(which[-1]) == first and (len(which) < 3 or bool((which == first).all())):
+            return [(first, slice(None))]       # the common case: one handle (one tensor) per window
+        return [(h, which == h) for h in np.unique(which).tolist()]
+    return [(h, among & (which == h)) for h in np.unique(which[among]).tolist()]
+
+
+def _write_out(receipt: TcpReceipt, which: np.ndarray, offs: np.ndarray, local: np.ndarray, lens: np.ndarray,
+               staging: memoryview, base: int) -> None:
+    """Under ``_begin_io``: staged pieces into their (unmapped) destination handles, one batch per handle."""
+    handles = receipt._table.handles
+    if len(which) <= _FEW:  # a few pieces: one write_from each beats building a batch
+        for h, off, loc, n in zip(which.tolist(), offs.tolist(), local.tolist(), lens.tolist(), strict=True):
+            handles[h].write_from(off, staging[loc - base:loc - base + n])
+        return
+    for h, sel in _by_handle(which):
+        handle = handles[h]
+        if receipt._raw[h]:
+            handle.write_raw(np.stack((offs[sel], local[sel], lens[sel]), axis=1))
+            continue
+        for off, loc, n in zip(offs[sel].tolist(), local[sel].tolist(), lens[sel].tolist(), strict=True):
+            handle.write_from(off, staging[loc - base:loc - base + n])

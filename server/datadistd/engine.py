@@ -2,7 +2,7 @@
 
 Local operations (allocate, register, copy, swap) and the *owner* side of transfers
 (``prepare_read`` / ``prepare_write``: validate a peer's request and return the memory it
-touches) live here. Linking and the requester side of transfers live in ``links.py``.
+touches) live here. Linking and the requester side of transfers live in ``links/``.
 Everything runs on the daemon's event-loop thread except the byte copies, which run in
 worker threads on pinned caches. No grpc here.
 """

@@ -1,0 +1,166 @@
+"""``LinkCore``: the state every side of a link manager shares -- the link tables, the sweeper, the
+helpers -- and the methods one side calls on another (declared here, defined by the sides)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, TypeVar
+
+from ..core.errors import DataDistError, StatusCode
+from ..core.types import RemoteSpec
+from ..engine import Engine
+from ..peering import (
+    ChallengeStore,
+)
+from ..reverse import (
+    FrameCalls,
+)
+from ..transport.base import Channel, Transport
+from .model import Link, LinkState, NodeContext, _PendingWrite
+
+log = logging.getLogger("datadistd.links")
+
+_T = TypeVar("_T")
+
+
+class LinkCore:
+    def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
+        self.engine = engine
+        self.transport = transport
+        self.node = node
+        self.links: dict[int, Link] = {}       # links this engine set up (it is their linking end)
+        self.served: dict[int, Link] = {}      # links other engines set up to this one (their serving end)
+        self.sessions: dict[bytes, Link] = {}
+        self.pending: set[int] = set()
+        self.writes: dict[int, _PendingWrite] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
+        self.closed = False
+        self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
+        self._jobs: set[asyncio.Task[None]] = set()   # owner calls that came as frames, running
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    @property
+    def cluster_id(self) -> int:
+        return self.engine.cluster_id
+
+    async def _in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        self._busy += 1
+        try:
+            return await loop.run_in_executor(self.node.executor, lambda: fn(*args))
+        finally:
+            self._busy -= 1
+
+    def start(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Drop serving links whose linking daemon vanished; expire abandoned writes."""
+        interval = max(0.2, min(1.0, self.node.heartbeat_seconds / 2))
+        stale_after = max(3 * self.node.heartbeat_seconds, 2.0)
+        while not self.closed:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for link in list(self.sessions.values()):
+                channel = self.transport.channel(link.token) if link.token else None
+                if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
+                    log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
+                                link.remote_cluster, "data channel closed" if channel is not None and channel.broken
+                                else f"no heartbeat for {now - link.last_seen:.1f}s")
+                    self._drop_serving(link)
+            for tid, pw in list(self.writes.items()):
+                if now > pw.deadline + 1.0:
+                    self.writes.pop(tid, None)
+                    pw.receipt.cancel()
+                    self.engine.unpin(pw.cache_id)
+
+    def all_links(self) -> list[Link]:
+        return [*self.links.values(), *self.served.values()]
+
+    def _drop_serving(self, link: Link) -> None:
+        if link.reverse is not None:
+            link.reverse.close("the link was dropped")
+        if link.frames is not None:
+            link.frames.close("the link was dropped")
+        self.sessions.pop(link.session, None)
+        if self.served.get(link.remote_cluster) is link:
+            del self.served[link.remote_cluster]
+        if link.token:
+            self.transport.revoke(link.token)
+
+    def _mark_broken(self, link: Link, reason: str) -> None:
+        if link.state != LinkState.BROKEN:
+            link.state = LinkState.BROKEN
+            link.reason = reason
+            if link.frames is not None:
+                link.frames.close(reason)
+            log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
+                        link.address or link.transport, reason)
+
+    def session_link(self, session: bytes) -> Link:
+        link = self.sessions.get(session)
+        if link is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "unknown or expired link session; link first")
+        link.last_seen = time.monotonic()
+        return link
+
+    def _channel_of(self, link: Link) -> Channel | None:
+        """The data channel of a link: the one this side opened, or the one the linking side opened to it."""
+        if link.initiator:
+            return link.channel
+        return self.transport.channel(link.token) if link.token else None
+
+    def links_to(self, cluster: int) -> Link | None:
+        return self.links.get(cluster) or self.served.get(cluster)
+
+    async def close(self) -> None:
+        """Engine finalize: tell linked peers (briefly), drop everything, stop the data plane."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        deadline = time.monotonic() + 1.0
+        for link in self.all_links():
+            try:
+                await self._close_link(link, notify=True, deadline=deadline)
+            except DataDistError as exc:
+                log.info("cluster %s: finalize: %s", self.cluster_id, exc)
+        for pw in self.writes.values():
+            pw.receipt.cancel()
+        self.writes.clear()
+        await self._in_thread(self.transport.stop)  # fails every wait and send still running
+        for _ in range(100):  # bounded: let those jobs return before the engine frees memory
+            if self._busy == 0:
+                break
+            await asyncio.sleep(0.05)
+
+    # ---- what one side calls on another (defined by the sides; declared here for the type checker) -----
+
+    def _frame_calls(self, link: Link) -> FrameCalls:
+        raise NotImplementedError
+
+    def _control_handler(self, link: Link) -> Callable[[int, bytes], None]:
+        raise NotImplementedError
+
+    async def _serve_reverse(self, link: Link) -> None:
+        raise NotImplementedError
+
+    async def _heartbeat(self, link: Link) -> None:
+        raise NotImplementedError
+
+    async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
+        raise NotImplementedError
+
+    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
+        raise NotImplementedError
+
+    def open_write_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> int:
+        raise NotImplementedError
+
+    async def commit_write_for(self, link: Link, transfer_id: int, timeout_ms: int) -> None:
+        raise NotImplementedError

@@ -1,0 +1,192 @@
+"""The requesting side of a transfer, at either end of a link: plan, find the owner calls, move the bytes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+from datadist.status import LLMStatusCode
+
+from ..core.errors import DataDistError, StatusCode
+from ..core.plan import TransferOrder, plan_pull, plan_push
+from ..core.registry import CacheEntry
+from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec
+from ..engine import segments_of, tensors_of
+from ..memory.base import Segment
+from ..memory.copy import copy_segments
+from .core import LinkCore
+from .model import Link, LinkState
+
+log = logging.getLogger("datadistd.links")
+
+
+class Requester(LinkCore):
+    def _transfer_link(self, cluster: int) -> Link:
+        """The link to ``cluster``, whichever end of it this engine is: both ends may pull and push."""
+        link = self.links_to(cluster)
+        if link is None:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
+        if link.state == LinkState.BROKEN:
+            raise DataDistError(StatusCode.LLM_TIMEOUT,
+                                f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+        return link
+
+    def _calls(self, link: Link, timeout_ms: int):  # noqa: ANN202 - FrameCalls, PeerClient or ReverseHub
+        """The owner calls of the other end of ``link`` and the data channel: frames on the data channel when
+        both ends speak them; else the peer's Peer service from the linking end, the reverse path from the
+        serving end."""
+        calls = link.frames or (link.peer if link.initiator else link.reverse)
+        channel = self._channel_of(link)
+        if calls is None or channel is None or channel.broken:
+            raise self._transfer_failure(link, DataDistError(
+                StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
+        return calls, channel
+
+    def _deadline(self, order: TransferOrder) -> tuple[float, int]:
+        timeout_ms = order.timeout_ms or self.engine.options.sync_kv_timeout_ms
+        return time.monotonic() + timeout_ms / 1000, timeout_ms
+
+    def _local_entry(self, cache_id: int) -> CacheEntry:
+        entry = self.engine.registry.find(CacheId(cache_id))
+        if entry is None:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
+        return entry
+
+    async def pull(self, order: TransferOrder) -> tuple[int, str]:
+        entry = self._local_entry(order.local_cache_id)
+        plan = plan_pull(order, entry.desc, entry.is_blocks, self.cluster_id)
+        link = self._transfer_link(order.remote.cluster_id)
+        deadline, timeout_ms = self._deadline(order)
+        dst = segments_of(tensors_of(entry), plan.local_spans)
+        if link.layerwise:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY, f"a transfer_cache_async task is using the link to "
+                                                          f"cluster {link.remote_cluster}; pull after it ends")
+        if order.exclusive and link.pulls:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"another pull is running on the link to cluster {link.remote_cluster}")
+        self.engine.registry.pin(entry.cache_id)
+        link.inflight += 1
+        link.pulls += 1
+        try:
+            if link.local_peer is not None:
+                await self._local_pull(link, plan.remote, dst)
+            else:
+                await self._remote_pull(link, plan.remote, dst, deadline, timeout_ms)
+            link.bytes_in += plan.nbytes
+        finally:
+            link.inflight -= 1
+            link.pulls -= 1
+            self.engine.unpin(entry.cache_id)
+        log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
+        return plan.nbytes, link.transport
+
+    async def _local_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
+        owner = link.local_peer
+        assert owner is not None
+        cache_id, src, release = owner.engine.prepare_read(spec)
+        try:
+            await self._in_thread(copy_segments, dst, src)
+        finally:
+            owner.engine.unpin(cache_id)
+        if release:
+            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+            owner.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
+
+    async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
+                           timeout_ms: int) -> None:
+        calls, channel = self._calls(link, timeout_ms)
+        receipt = self.transport.expect(dst, channel=channel)
+        try:
+            _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
+            if receipt.done:  # the bytes usually land before the answer: no executor hop
+                receipt.wait(deadline)
+            else:
+                await self._in_thread(receipt.wait, deadline)
+        except DataDistError as exc:
+            receipt.cancel()
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        except BaseException:
+            receipt.cancel()
+            raise
+        if release:
+            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+            try:
+                await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+                                    max(0.5, deadline - time.monotonic()))
+            except DataDistError as exc:
+                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s", self.cluster_id,
+                            link.remote_cluster, exc)
+
+    def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
+        if exc.code in (StatusCode.LLM_LINK_FAILED, StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
+            self._mark_broken(link, str(exc))
+            return DataDistError(StatusCode.LLM_TIMEOUT,
+                                 f"transfer with cluster {link.remote_cluster} failed within {timeout_ms} ms: "
+                                 f"{exc.message}; the link is broken, unlink and link again")
+        if exc.code == StatusCode.LLM_NOT_YET_LINK:
+            self._mark_broken(link, "the peer no longer knows this link")
+        return exc
+
+    async def push(self, order: TransferOrder) -> tuple[int, str]:
+        entry = self._local_entry(order.local_cache_id)
+        plan = plan_push(order, entry.desc, entry.is_blocks, self.cluster_id)
+        link = self._transfer_link(order.remote.cluster_id)
+        deadline, timeout_ms = self._deadline(order)
+        src = segments_of(tensors_of(entry), plan.local_spans)
+        self.engine.registry.pin(entry.cache_id)
+        link.inflight += 1
+        try:
+            await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
+            link.bytes_out += plan.nbytes
+        finally:
+            link.inflight -= 1
+            self.engine.unpin(entry.cache_id)
+        return plan.nbytes, link.transport
+
+    async def _write_owner(self, link: Link, spec: RemoteSpec, src: Sequence[Segment], deadline: float,
+                           timeout_ms: int) -> None:
+        """Push ``src`` into what ``spec`` names at the other end of ``link`` (same daemon, either end)."""
+        if link.local_peer is not None:
+            owner = link.local_peer.engine
+            cache_id, dst = owner.prepare_write(spec)
+            try:
+                await self._in_thread(copy_segments, dst, src)
+            finally:
+                owner.unpin(cache_id)
+            return
+        calls, channel = self._calls(link, timeout_ms)
+        try:
+            tid = await calls.open_write(link.session, spec, deadline - time.monotonic())
+            try:
+                await self._in_thread(channel.send, tid, src, deadline)
+            except DataDistError:
+                channel.abort(tid, LLMStatusCode.LLM_TIMEOUT)
+                raise
+            await calls.commit_write(link.session, tid, deadline - time.monotonic())
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+
+    async def push_pieces(self, cluster: int, cache_id: int, pieces: Sequence[tuple[list, RemoteSpec]],
+                          timeout_ms: int | None = None) -> int:
+        """Send pieces (spans, owner spec) of local cache ``cache_id`` to ``cluster``: a layer of a layer-wise push."""
+        link = self._transfer_link(cluster)
+        if link.pulls:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"a pull is running on the link to cluster {cluster}; transfer_cache_async and pulls "
+                                f"must not overlap on one link")
+        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        entry = self.engine.registry.pin(CacheId(cache_id))
+        link.inflight += 1
+        nbytes = 0
+        try:
+            for spans, spec in pieces:
+                await self._write_owner(link, spec, segments_of(tensors_of(entry), spans), deadline, timeout_ms)
+                nbytes += spec.expected_bytes
+                link.bytes_out += spec.expected_bytes
+        finally:
+            link.inflight -= 1
+            self.engine.unpin(entry.cache_id)
+        return nbytes

@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 
 from .config import Config, secure_socket_dir
 from .memory import get_backend
+from .memory.base import StaleCleanup
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
 from .rpc.attach import AttachServer, attach_path
@@ -63,9 +64,8 @@ class DaemonApp:
         self.tls = (PeerTls(TlsFiles(cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file), cfg.tls.server_name)
                     if cfg.tls.enabled else None)
         backend = get_backend(cfg.memory.backend, shm_dir=cfg.memory.shm_dir, file_mode=cfg.memory.file_mode)
-        cleanup = getattr(backend, "cleanup_stale", None)
-        if cleanup is not None:
-            removed = cleanup(cfg.memory.shm_dir)
+        if isinstance(backend, StaleCleanup):
+            removed = backend.cleanup_stale(cfg.memory.shm_dir)
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
         self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls), call_codec=CALL_CODEC,

@@ -19,6 +19,7 @@ from typing import Protocol, Union, runtime_checkable
 from ..core.types import Placement
 
 __all__ = [
+    "StaleCleanup",
     "MemoryHandle", "Segment", "FdPiece", "FdRef", "ProcessRef", "MemoryRef", "Allocation", "Pool",
     "MemoryBackend", "MAX_PIECES",
 ]
@@ -137,3 +138,12 @@ class MemoryBackend(Protocol):
         Takes ownership of the descriptors of an ``FdRef``: they are closed here, or by the handle."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class StaleCleanup(Protocol):
+    """Declared capability of a backend that leaves files behind a crashed daemon (``host`` before memfd
+    pools): the daemon calls it once at start."""
+
+    def cleanup_stale(self, shm_dir: str) -> list[str]:
+        """Remove what dead daemons left in ``shm_dir``; the paths removed."""

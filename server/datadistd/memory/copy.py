@@ -29,6 +29,7 @@ import numpy as np
 
 from ..core.errors import DataDistError, StatusCode
 from . import addr
+from .access import MAPPED, PLAIN, RAW, access_kind
 from .base import Segment
 from .segments import SegmentTable, byte_view, cut
 
@@ -37,7 +38,7 @@ __all__ = ["copy_segments", "STAGE_MAX"]
 #: the largest staging buffer used when neither side is mapped
 STAGE_MAX = 4 << 20
 
-_MAPPED, _RAW, _PLAIN = 0, 1, 2
+_MAPPED, _RAW, _PLAIN = MAPPED, RAW, PLAIN
 # modes of a piece: which side is mapped
 _VV, _DV, _SV, _NN = 0, 1, 2, 3   # both / only the destination / only the source / neither
 
@@ -56,14 +57,14 @@ def _table(segments: Sequence[Segment], side: str) -> SegmentTable:
 class _Side:
     """Per-handle facts of one side: view, base address of the view, kind."""
 
-    def __init__(self, table: SegmentTable, raw_attr: str) -> None:
+    def __init__(self, table: SegmentTable) -> None:
         self.handles = table.handles
         self.views: list[memoryview | None] = []
         kinds = []
         for h in self.handles:
             v = byte_view(h, writable=False)
             self.views.append(v)
-            kinds.append(_MAPPED if v is not None else _RAW if hasattr(h, raw_attr) else _PLAIN)
+            kinds.append(access_kind(h, v))
         self.kinds = np.array(kinds, np.int8)
         self._addrs: np.ndarray | None = None
 
@@ -105,7 +106,7 @@ def copy_segments(dst: Sequence[Segment], src: Sequence[Segment]) -> int:
     d_off = d.offsets[di] + (starts - (d.ends[di] - d.lengths[di]))
     s_off = s.offsets[si] + (starts - (s.ends[si] - s.lengths[si]))
     dw, sw = d.which[di], s.which[si]
-    ds, ss = _Side(d, "write_raw"), _Side(s, "read_raw")
+    ds, ss = _Side(d), _Side(s)
     try:
         dk, sk = ds.kinds[dw], ss.kinds[sw]
         mode = np.where(dk == _MAPPED, np.where(sk == _MAPPED, _VV, _DV), np.where(sk == _MAPPED, _SV, _NN))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -18,6 +18,9 @@ from google.rpc import error_details_pb2, status_pb2
 from datadist.status import ERROR_DOMAIN, STATUS_METADATA_KEY, LLMStatusCode
 
 from ..core.errors import DataDistError
+
+if TYPE_CHECKING:
+    from ..metrics import DaemonMetrics
 
 __all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "count_error"]
 
@@ -73,7 +76,7 @@ def error_trailers(code: LLMStatusCode, message: str) -> tuple[tuple[str, Any], 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-def count_error(metrics: Any, method: str, code: LLMStatusCode) -> None:
+def count_error(metrics: DaemonMetrics | None, method: str, code: LLMStatusCode) -> None:
     """Errors by status code for the metrics (``datadist_rpc_errors_total``), when there are metrics."""
     if metrics is not None:
         try:
@@ -82,26 +85,32 @@ def count_error(metrics: Any, method: str, code: LLMStatusCode) -> None:
             log.exception("counting an error of %s failed", method)
 
 
+class Counted(Protocol):
+    """A servicer whose failures ``guarded`` counts."""
+
+    metrics: DaemonMetrics | None
+
+
 def guarded(fn: F) -> F:
     """Servicer method wrapper: ``DataDistError`` -> its status; anything else -> INTERNAL/LLM_FAILED, logged.
 
     Every failure is also counted by method and status code name in the servicer's ``metrics``
-    (if it has any).
+    (``Counted``: every servicer has the attribute, ``None`` when the daemon keeps no metrics).
     """
 
     @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def wrapper(self: Counted, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await fn(self, request, context)
         except DataDistError as exc:
-            count_error(getattr(self, "metrics", None), fn.__name__, exc.code)
+            count_error(self.metrics, fn.__name__, exc.code)
             context.set_trailing_metadata(error_trailers(exc.code, exc.message))
             await context.abort(grpc_code(exc.code), exc.message)
         except (grpc.aio.AbortError, grpc.RpcError):  # already aborted / propagated
             raise
         except Exception as exc:  # a bug: say so, keep serving
             log.exception("%s failed unexpectedly", fn.__name__)
-            count_error(getattr(self, "metrics", None), fn.__name__, LLMStatusCode.LLM_FAILED)
+            count_error(self.metrics, fn.__name__, LLMStatusCode.LLM_FAILED)
             message = f"internal error in {fn.__name__}: {type(exc).__name__}: {exc}"
             context.set_trailing_metadata(error_trailers(LLMStatusCode.LLM_FAILED, message))
             await context.abort(G.INTERNAL, message)

@@ -16,6 +16,7 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory import addr as memaddr
+from ...memory.access import has_raw
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable, byte_view
 from .conn import _by_handle, _Conn
@@ -385,7 +386,7 @@ class _SendPlan:
         self.mapped_l = [v is not None for v in self.views]
         self.mapped = np.array(self.mapped_l, bool)
         self.all_mapped = all(self.mapped_l)
-        self.raw = [hasattr(h, "read_raw") for h in self.table.handles]
+        self.raw = [has_raw(h) for h in self.table.handles]
 
     def gather(self, offset: int, length: int, staging: memoryview | None, bufs: list[memoryview]) -> None:
         """Append the buffers holding stream bytes ``[offset, offset + length)`` to ``bufs``: views of mapped

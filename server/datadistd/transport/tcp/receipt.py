@@ -14,6 +14,7 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...core.types import TransferId
+from ...memory.access import has_raw
 from ...memory.segments import SegmentTable, byte_view
 from .wire import (
     _DONE,
@@ -41,7 +42,7 @@ class TcpReceipt:
         # dropped once the receipt is over and no reader is in
         self._views: list[memoryview | None] = [byte_view(h, writable=True) for h in self._table.handles]
         self._mapped = np.array([v is not None for v in self._views], bool)
-        self._raw = [hasattr(h, "write_raw") for h in self._table.handles]
+        self._raw = [has_raw(h) for h in self._table.handles]
         self._expected = self._table.nbytes
         self._received = 0
         self._lo: list[int] = []       # claimed stream ranges [lo, hi), sorted, disjoint, merged

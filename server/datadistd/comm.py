@@ -122,7 +122,7 @@ class CommManager:
             last = ""
             while time.monotonic() < deadline:  # the other member may not listen yet: retry until the deadline
                 attempt = min(deadline, time.monotonic() + 5.0)
-                code = await self.links._guarded(self.links._link_one, spec, attempt)
+                code = await self.links.link_one(spec, attempt)
                 if code in (StatusCode.LLM_SUCCESS, StatusCode.LLM_ALREADY_LINK):
                     return ""
                 last = StatusCode(code).name
@@ -155,7 +155,7 @@ class CommManager:
             for link in (self.links.links.get(cluster), self.links.served.get(cluster)):
                 if link is not None:
                     try:
-                        await self.links._close_link(link, notify=True, deadline=time.monotonic() + 1.0)
+                        await self.links.drop_link(link, notify=True, deadline=time.monotonic() + 1.0)
                     except DataDistError as exc:
                         log.info("cluster %s: comm unlink %r: %s", self.cluster_id, domain.name, exc)
         log.info("cluster %s: comm domain %r (id %d) unlinked", self.cluster_id, domain.name, comm_id)

@@ -53,7 +53,7 @@ class LayerPush:
         for cluster in {t.dst_cluster for t in self.task.targets}:
             link = links.links_to(cluster)
             if link is not None:
-                link.layerwise += 1
+                link.begin_layerwise()
                 self._marked.append(link)
         log.info("cluster %s: transfer_cache_async of cache %s to %d targets started", engine.cluster_id,
                  src_cache_id, len(self.task.targets))
@@ -96,5 +96,5 @@ class LayerPush:
 
     def close(self) -> None:
         for link in self._marked:
-            link.layerwise -= 1
+            link.end_layerwise()
         self._marked = []

@@ -33,8 +33,6 @@ class LinkState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-
-
 class ClusterSpec:
     remote_cluster_id: int
     remote_ip: str = ""
@@ -48,8 +46,6 @@ class ClusterSpec:
 
 
 @dataclass
-
-
 class Link:
     remote_cluster: int
     initiator: bool
@@ -74,10 +70,15 @@ class Link:
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
 
+    def begin_layerwise(self) -> None:
+        """A ``transfer_cache_async`` task uses this link (pulls on it are refused meanwhile)."""
+        self.layerwise += 1
+
+    def end_layerwise(self) -> None:
+        self.layerwise = max(0, self.layerwise - 1)
+
 
 @dataclass
-
-
 class _PendingWrite:
     receipt: Receipt
     cache_id: int

@@ -41,6 +41,15 @@ class LinkSetup(LinkCore):
         codes = await asyncio.gather(*(self._guarded(self._link_one, c, deadline) for c in clusters))
         return _overall(codes), codes
 
+    async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
+        """Link one cluster by ``deadline``: its status code (``LLM_PROCESSING_LINK`` while another call is
+        linking it); for callers that retry (comm domains)."""
+        return await self._guarded(self._link_one, spec, deadline)
+
+    async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
+        """Tear down ``link`` (either end); ``notify``: tell the other end too (its failure is raised)."""
+        await self._close_link(link, notify=notify, deadline=deadline)
+
     async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
                        deadline: float) -> int:
         cid = spec.remote_cluster_id

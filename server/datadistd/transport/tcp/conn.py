@@ -259,19 +259,24 @@ class _Conn:
                 log.warning("data connection %s#%d: a sender still holds the socket; leaving it to the GC",
                             self.peer, self.index)
 
+    def _received(self, n: int | None) -> int:
+        """What one receive call inside a frame returned: its bytes; 0 for a quiet poll interval (``None``:
+        ``SO_RCVTIMEO`` expired); raises on EOF (``_Closed`` when we closed it ourselves)."""
+        if n is None or n == 0:
+            if self.closed:
+                raise _Closed()
+            if n is None:
+                return 0
+            raise ConnectionResetError("the peer closed the connection in the middle of a frame")
+        return n
+
     def _recv_once(self, mv: memoryview) -> int:
         """One ``recv_into``: bytes read, 0 on a quiet poll interval; EOF raises."""
         try:
-            n = self.sock.recv_into(mv, 0, _WAITALL)
-        except BlockingIOError:  # SO_RCVTIMEO: a quiet poll interval
-            if self.closed:
-                raise _Closed() from None
-            return 0
-        if n == 0:
-            if self.closed:
-                raise _Closed()
-            raise ConnectionResetError("the peer closed the connection in the middle of a frame")
-        return n
+            n: int | None = self.sock.recv_into(mv, 0, _WAITALL)
+        except BlockingIOError:
+            n = None
+        return self._received(n)
 
     def _read_header(self, hv: memoryview) -> bool:
         got = 0
@@ -302,16 +307,10 @@ class _Conn:
     def _recvmsg_once(self, bufs: list[memoryview]) -> int:
         """One scatter ``recvmsg_into`` (at most ``_IOV_MAX`` buffers): bytes read, 0 on a quiet poll interval."""
         try:
-            n = self.sock.recvmsg_into(bufs, 0, _WAITALL)[0]
-        except BlockingIOError:  # SO_RCVTIMEO: a quiet poll interval
-            if self.closed:
-                raise _Closed() from None
-            return 0
-        if n == 0:
-            if self.closed:
-                raise _Closed()
-            raise ConnectionResetError("the peer closed the connection in the middle of a frame")
-        return n
+            n: int | None = self.sock.recvmsg_into(bufs, 0, _WAITALL)[0]
+        except BlockingIOError:
+            n = None
+        return self._received(n)
 
     def _on_data(self, transport: "TcpTransport", tid: int, offset: int, length: int) -> None:
         receipt = transport._receipts.get(tid)

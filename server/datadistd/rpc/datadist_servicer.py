@@ -22,7 +22,7 @@ from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
 from ..sessions import WorkerSession
 from . import convert
-from .errors import error_trailers, grpc_code, guarded
+from .errors import abort_with, guarded
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         try:
             self._slot(context, engine_id)
         except DataDistError as exc:
-            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
-            await context.abort(grpc_code(exc.code), exc.message)
+            await abort_with(context, exc)
         interval = self.node.config.daemon.session_keepalive_seconds
         try:
             yield datadist_pb2.SessionEvent(event="ready")
@@ -346,8 +345,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         except StopAsyncIteration:
             return
         except DataDistError as exc:
-            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
-            await context.abort(grpc_code(exc.code), exc.message)
+            await abort_with(context, exc)
             return
         try:
             yield datadist_pb2.LayerTransferEvent(accepted=True)

@@ -85,6 +85,12 @@ def count_error(metrics: DaemonMetrics | None, method: str, code: LLMStatusCode)
             log.exception("counting an error of %s failed", method)
 
 
+async def abort_with(context: grpc.aio.ServicerContext, exc: DataDistError) -> None:
+    """End the call with ``exc``: its LLMStatusCode in the trailers, the matching gRPC code and message."""
+    context.set_trailing_metadata(error_trailers(exc.code, exc.message))
+    await context.abort(grpc_code(exc.code), exc.message)
+
+
 class Counted(Protocol):
     """A servicer whose failures ``guarded`` counts."""
 
@@ -104,8 +110,7 @@ def guarded(fn: F) -> F:
             return await fn(self, request, context)
         except DataDistError as exc:
             count_error(self.metrics, fn.__name__, exc.code)
-            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
-            await context.abort(grpc_code(exc.code), exc.message)
+            await abort_with(context, exc)
         except (grpc.aio.AbortError, grpc.RpcError):  # already aborted / propagated
             raise
         except Exception as exc:  # a bug: say so, keep serving

@@ -12,7 +12,7 @@ from ..metrics import DaemonMetrics
 from ..node import EngineSlot
 from ..peering import PROTOCOL_VERSION
 from . import convert
-from .errors import error_trailers, grpc_code, guarded
+from .errors import abort_with, guarded
 from .front import PeerFront
 
 EMPTY = common_pb2.Empty()
@@ -93,8 +93,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         except StopAsyncIteration:
             return
         except DataDistError as exc:
-            context.set_trailing_metadata(error_trailers(exc.code, exc.message))
-            await context.abort(grpc_code(exc.code), exc.message)
+            await abort_with(context, exc)
             return
 
         async def replies() -> None:

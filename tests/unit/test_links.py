@@ -1,0 +1,271 @@
+"""The link manager without gRPC or daemons: two engines of one in-process ``Node`` each, the linking
+side reaching the serving side through ``InProcessPeer`` (a ``PeerClient`` that calls the serving
+``LinkManager`` directly, with failures injectable), bytes over real loopback TCP data planes.
+Milliseconds per test, and a failure points at the link code, not at a process or a socket file.
+
+Both ways owner calls travel are covered: ``call_codec=None`` (the Peer RPCs, here the fake peer and
+the reverse stream) and ``CALL_CODEC`` (CALL/REPLY frames on the data connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import numpy as np
+import pytest
+
+from datadist.status import LLMStatusCode as S
+from datadistd.config import Config
+from datadistd.core.errors import DataDistError
+from datadistd.core.plan import TransferKind, TransferOrder
+from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
+from datadistd.engine import tensors_of
+from datadistd.links import ClusterSpec, LinkManager, LinkState
+from datadistd.node import Node
+from datadistd.peering import HandshakeAnswer, HandshakeOffer
+from datadistd.reverse import ReverseCmd, ReverseHub, ReverseReply
+from datadistd.rpc.convert import CALL_CODEC
+
+pytestmark = pytest.mark.timeout(60)
+
+P, D = 1, 2
+BLOCKS, BLOCK = 8, 256
+POOL = '{"memory_size": 1048576}'
+
+
+class InProcessReverse:
+    """The linking side's end of the reverse path, wired straight to the serving side's hub."""
+
+    def __init__(self, hub: ReverseHub) -> None:
+        self.hub = hub
+
+    async def commands(self) -> AsyncIterator[ReverseCmd]:
+        while True:
+            cmd = await self.hub.next_command()
+            if cmd is None:
+                return
+            yield cmd
+
+    async def reply(self, reply: ReverseReply) -> None:
+        self.hub.on_reply(reply)
+
+    async def close(self) -> None:
+        self.hub.close("the linking side closed the reverse path")
+
+
+class InProcessPeer:
+    """``PeerClient`` of a serving ``LinkManager`` in the same process; ``fail[method]`` raises once."""
+
+    def __init__(self, server: LinkManager, address: str) -> None:
+        self.server = server
+        self.address = address
+        self.fail: dict[str, DataDistError] = {}
+        self.calls: list[str] = []
+        self.offers: list[HandshakeOffer] = []    # what an eavesdropper on the control plane would have seen
+
+    def _check(self, what: str) -> None:
+        self.calls.append(what)
+        exc = self.fail.pop(what, None)
+        if exc is not None:
+            raise exc
+
+    async def challenge(self, client: int, server: int, timeout: float) -> bytes:
+        self._check("challenge")
+        return self.server.serve_challenge(client, server)
+
+    async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer:
+        self._check("handshake")
+        self.offers.append(offer)
+        return await self.server.serve_handshake(offer)
+
+    async def read(self, session: bytes, transfer_id: int, spec: Any, timeout: float) -> tuple[int, bool]:
+        self._check("read")
+        return await self.server.serve_read(session, transfer_id, spec, int(timeout * 1000))
+
+    async def release(self, session: bytes, key: Any, tensor_start: int, tensor_count: int, timeout: float) -> None:
+        self._check("release")
+        self.server.serve_release(session, key, tensor_start, tensor_count)
+
+    async def open_write(self, session: bytes, spec: Any, timeout: float) -> int:
+        self._check("open_write")
+        return self.server.serve_open_write(session, spec, int(timeout * 1000))
+
+    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
+        self._check("commit_write")
+        await self.server.serve_commit_write(session, transfer_id, int(timeout * 1000))
+
+    async def unlink(self, session: bytes, timeout: float) -> None:
+        self._check("unlink")
+        self.server.serve_unlink(session)
+
+    async def ping(self, session: bytes, timeout: float) -> None:
+        self._check("ping")
+        self.server.session_link(session)
+
+    async def reverse(self, session: bytes) -> InProcessReverse:
+        return InProcessReverse(self.server.attach_reverse(session))
+
+    async def close(self) -> None:
+        pass
+
+
+class Pair:
+    """A serving engine (cluster P) on node ``p`` and a linking engine (cluster D) on node ``d``."""
+
+    def __init__(self, frames: bool, secrets: tuple[str, str] = ("s3cret", "s3cret")) -> None:
+        self.frames = frames
+        self.secrets = secrets
+        self.peers: list[InProcessPeer] = []
+
+    async def __aenter__(self) -> "Pair":
+        codec = CALL_CODEC if self.frames else None
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}), call_codec=codec)
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=codec,
+                      peer_connector=self._connect)
+        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts)
+        self.ds = await self.d.init_engine(D, Role.DECODER, opts)
+        return self
+
+    def _connect(self, address: str) -> InProcessPeer:
+        peer = InProcessPeer(self.ps.links, address)
+        self.peers.append(peer)
+        return peer
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.d.close()
+        await self.p.close()
+
+    @property
+    def links(self) -> tuple[LinkManager, LinkManager]:
+        return self.ps.links, self.ds.links
+
+    async def link(self) -> tuple[int, list[int]]:
+        return await self.ds.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000)
+
+    def caches(self) -> tuple[int, int]:
+        """A blocks cache on each side, bound to model 0; the prompt's filled with a pattern."""
+        desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+        src = self.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
+        dst = self.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
+        for t, seg in enumerate(tensors_of(src)):
+            seg.handle.write_from(seg.offset, memoryview(np.full(seg.length, t + 1, np.uint8)).cast("B"))
+        return int(src.cache_id), int(dst.cache_id)
+
+
+def _bytes(slot: Any, cache_id: int) -> list[np.ndarray]:
+    out = []
+    for seg in tensors_of(slot.engine.entry(cache_id)):
+        buf = np.zeros(seg.length, np.uint8)
+        seg.handle.read_into(seg.offset, memoryview(buf).cast("B"))
+        out.append(buf.reshape(BLOCKS, BLOCK))
+    return out
+
+
+def _order(remote_cluster: int, local_cache: int, remote: list[int], local: list[int]) -> TransferOrder:
+    """Blocks ``remote`` of the other end's model-0 cache <-> blocks ``local`` of ``local_cache``."""
+    return TransferOrder(TransferKind.BLOCKS, BlocksKeyRef(remote_cluster, 0), local_cache, tuple(remote),
+                         tuple(local))
+
+
+@pytest.mark.parametrize("frames", [False, True], ids=["peer-calls", "frames"])
+def test_both_ends_pull_and_push_byte_exact(frames: bool) -> None:
+    async def main() -> None:
+        async with Pair(frames) as pair:
+            assert await pair.link() == (0, [0])
+            serving, linking = pair.links
+            assert linking.links[P].state == LinkState.ESTABLISHED and D in serving.served
+            src, dst = pair.caches()
+            nbytes, transport = await linking.pull(_order(P, dst, [1, 2], [5, 6]))
+            assert (nbytes, transport) == (2 * 2 * BLOCK, "tcp")
+            got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
+            for t in range(2):
+                np.testing.assert_array_equal(got[t][[5, 6]], want[t][[1, 2]])
+                assert not got[t][[0, 1, 2, 3, 4, 7]].any()
+            # the serving end pushes its block 3 into the linking end's block 0 (two-way links)
+            await serving.push(_order(D, src, [0], [3]))
+            got = _bytes(pair.ds, dst)
+            for t in range(2):
+                np.testing.assert_array_equal(got[t][0], want[t][3])
+            peer = pair.peers[0]
+            # frames: no owner call went through the Peer service; otherwise reads did
+            assert ("read" in peer.calls) != frames and "challenge" in peer.calls
+
+    asyncio.run(main())
+
+
+def test_a_wrong_secret_is_refused_at_either_end() -> None:
+    async def main() -> None:
+        async with Pair(False, secrets=("alpha", "bravo")) as pair:
+            code, codes = await pair.link()
+            assert (code, codes) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+            serving, linking = pair.links
+            assert not linking.links and not serving.served
+
+    asyncio.run(main())
+
+
+def test_a_replayed_handshake_is_refused() -> None:
+    async def main() -> None:
+        async with Pair(False) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            offers = pair.peers[0].offers
+            with pytest.raises(DataDistError) as info:
+                await serving.serve_handshake(offers[0])
+            assert info.value.code == S.LLM_LINK_FAILED and "challenge" in info.value.message
+            with pytest.raises(DataDistError) as info:
+                serving.serve_challenge(D, P + 9)
+            assert "cluster id mismatch" in info.value.message
+
+    asyncio.run(main())
+
+
+def test_already_linked_and_relink_after_unlink() -> None:
+    async def main() -> None:
+        async with Pair(False) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            assert await pair.link() == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
+            code, _ = await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False)
+            assert code == 0 and not linking.links and not serving.served
+            assert await pair.link() == (0, [0])
+
+    asyncio.run(main())
+
+
+def test_a_failed_owner_call_breaks_the_link_and_says_relink() -> None:
+    async def main() -> None:
+        async with Pair(False) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            _, dst = pair.caches()
+            pair.peers[0].fail["read"] = DataDistError(S.LLM_LINK_FAILED, "peer unreachable (injected)")
+            with pytest.raises(DataDistError) as info:
+                await linking.pull(_order(P, dst, [1], [1]))
+            assert info.value.code == S.LLM_TIMEOUT and "injected" in info.value.message
+            assert linking.links[P].state == LinkState.BROKEN
+            with pytest.raises(DataDistError) as info:   # no retry on a broken link: the caller relinks
+                await linking.pull(_order(P, dst, [1], [1]))
+            assert info.value.code == S.LLM_TIMEOUT and "unlink and link again" in info.value.message
+            assert pair.peers[0].calls.count("read") == 1
+            # an owner-side refusal (not a link fault) leaves a healthy link alone
+            assert await pair.link() == (0, [0])
+            with pytest.raises(DataDistError) as info:
+                await linking.pull(_order(P, dst, [BLOCKS + 3], [1]))
+            assert info.value.code == S.LLM_PARAM_INVALID
+            assert linking.links[P].state == LinkState.ESTABLISHED
+
+    asyncio.run(main())
+
+
+def test_no_link_no_transfer() -> None:
+    async def main() -> None:
+        async with Pair(True) as pair:
+            _, dst = pair.caches()
+            with pytest.raises(DataDistError) as info:
+                await pair.ds.links.pull(_order(P, dst, [1], [1]))
+            assert info.value.code == S.LLM_NOT_YET_LINK
+
+    asyncio.run(main())

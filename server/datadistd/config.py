@@ -161,7 +161,8 @@ class TlsSection:
 
 @dataclass
 class TransportSection:
-    name: str = _doc("Data-plane transport by name: tcp (default), local (same daemon only), hccl (Ascend).",
+    name: str = _doc("Data-plane transport by name: tcp (default), hccl (Ascend). Links between engines of one daemon "
+                     "are memory copies whatever is set here.",
                      default="tcp")
     streams: int = _doc("TCP connections per link; large transfers are striped over them.", default=4)
     chunk_bytes: int = _doc("Striping unit; transfers interleave at this granularity.", default=4 << 20)
@@ -297,6 +298,11 @@ def _check(cfg: Config) -> None:
         missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
         if missing:
             raise ConfigError(f"tls.enabled needs {', '.join('tls.' + key for key in missing)}")
+    from .transport import TRANSPORTS
+
+    if cfg.transport.name not in TRANSPORTS:
+        raise ConfigError(f"transport.name: unknown transport {cfg.transport.name!r}; known: "
+                          f"{', '.join(sorted(TRANSPORTS))}")
     try:
         cfg.peer.admission()
     except ValueError as exc:

@@ -61,3 +61,12 @@ def test_tls_needs_its_three_files() -> None:
 def test_bad_env_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="DATADISTD|transport.streams"):
         load_config(env={"DATADISTD_TRANSPORT_STREAMS": "x"})
+
+
+def test_an_unknown_transport_stops_the_start() -> None:
+    import pytest
+
+    from datadistd.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="known: hccl, tcp"):
+        load_config(env={"DATADISTD_TRANSPORT_NAME": "local"})

@@ -1,7 +1,7 @@
 """Data-plane transports: move bytes between daemons' memory.
 
-``get_transport(name)`` loads by name, lazily: ``tcp`` (default), ``local`` (same daemon,
-plain memory copies), ``hccl`` (Ascend; not verifiable here).
+``get_transport(name)`` loads by name, lazily: ``tcp`` (default), ``hccl`` (Ascend; not verifiable
+here). Same-daemon links need no transport: they are memory copies (``links/setup.py``, ``memory/copy.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ __all__ = ["Channel", "Receipt", "Transport", "TRANSPORTS", "get_transport"]
 
 TRANSPORTS: dict[str, str] = {
     "tcp": "datadistd.transport.tcp:TcpTransport",
-    "local": "datadistd.transport.local:LocalTransport",
     "hccl": "datadistd.transport.hccl:HcclTransport",
 }
 

@@ -9,8 +9,8 @@ worker threads on pinned caches. No grpc here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -42,6 +42,7 @@ from .core.types import (
     ReadMode,
     RemoteSpec,
 )
+from .gate import Gate
 from .memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from .memory.copy import copy_segments
 from .memory.segments import SegmentTable
@@ -107,7 +108,7 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
-                 pools: dict[Placement, Pool]) -> None:
+                 pools: dict[Placement, Pool], executor: Executor | None = None) -> None:
         self.engine_id = engine_id
         self.options = options
         self.cluster_id = ClusterId(options.cluster_id)
@@ -118,8 +119,8 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
-        self._busy = 0              # byte copies running in worker threads on this engine's memory
-        self._idle: asyncio.Event | None = None
+        self.executor = executor    # the daemon's one executor (None: the loop's default, in unit tests)
+        self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -318,28 +319,19 @@ class Engine:
 
     async def _copy_pinned(self, cache_ids: Sequence[int], dst: list[Segment], src: list[Segment]) -> int:
         pinned = [self.registry.pin(CacheId(c)) for c in cache_ids if c >= 0]
-        self._busy += 1
         try:
-            return await asyncio.to_thread(copy_segments, dst, src)
+            return await self.gate.run(self.executor, copy_segments, dst, src)
         finally:
-            self._busy -= 1
-            if self._busy == 0 and self._idle is not None:
-                self._idle.set()
             for entry in pinned:
                 self.unpin(entry.cache_id)
 
     async def drain(self, timeout: float) -> bool:
-        """Wait (bounded) until no copy runs on this engine's memory; call before ``close``."""
-        if self._busy == 0:
+        """Wait (bounded) until no job runs on this engine's memory; call before ``close``."""
+        if await self.gate.drained(timeout):
             return True
-        self._idle = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            log.warning("engine %s: %d copies still running after %.1fs; freeing anyway", self.engine_id,
-                        self._busy, timeout)
-            return False
+        log.warning("engine %s: %d jobs still running after %.1fs; freeing anyway", self.engine_id,
+                    self.gate.busy, timeout)
+        return False
 
     async def copy_cache(self, dst_id: int, src_id: int, dst_batch: int, src_batch: int, offset: int,
                          size: int) -> int:

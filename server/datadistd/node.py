@@ -187,7 +187,7 @@ class Node:
         # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         pools = self._make_pools(opts)
         engine_id = EngineId(next(self._ids))
-        engine = Engine(engine_id, opts, self.backend, pools)
+        engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
         transport = get_transport(self.config.transport.name, host=host, port=0,
                                   chunk_size=self.config.transport.chunk_bytes,

@@ -35,3 +35,22 @@ def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
             await node.close()
 
     asyncio.run(main())
+
+
+def test_the_gate_counts_jobs_and_waits_bounded() -> None:
+    """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
+    import threading
+
+    from datadistd.gate import Gate
+
+    async def main() -> None:
+        gate = Gate()
+        assert await gate.drained(0.01)
+        release = threading.Event()
+        job = asyncio.get_running_loop().create_task(gate.run(None, release.wait, 5))
+        await asyncio.sleep(0.05)
+        assert gate.busy == 1 and not await gate.drained(0.05)   # still running: the wait ends on time
+        release.set()
+        assert await gate.drained(5) and await job is True and gate.busy == 0
+
+    asyncio.run(main())

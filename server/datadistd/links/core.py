@@ -36,7 +36,6 @@ class LinkCore:
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self._busy = 0              # executor jobs (sends, receipt waits, copies) touching cache memory
         self.closed = False
         self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
         self._jobs: set[asyncio.Task[None]] = set()   # owner calls that came as frames, running
@@ -48,12 +47,8 @@ class LinkCore:
         return self.engine.cluster_id
 
     async def _in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
-        loop = asyncio.get_running_loop()
-        self._busy += 1
-        try:
-            return await loop.run_in_executor(self.node.executor, lambda: fn(*args))
-        finally:
-            self._busy -= 1
+        """``fn(*args)`` on the daemon's executor, counted by the engine's gate (finalize waits for it)."""
+        return await self.engine.gate.run(self.engine.executor, fn, *args)
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -134,10 +129,7 @@ class LinkCore:
             pw.receipt.cancel()
         self.writes.clear()
         await self._in_thread(self.transport.stop)  # fails every wait and send still running
-        for _ in range(100):  # bounded: let those jobs return before the engine frees memory
-            if self._busy == 0:
-                break
-            await asyncio.sleep(0.05)
+        await self.engine.gate.drained(5.0)           # bounded: let those jobs return before memory is freed
 
     # ---- what one side calls on another (defined by the sides; declared here for the type checker) -----
 

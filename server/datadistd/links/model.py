@@ -95,7 +95,6 @@ class NodeContext(Protocol):
     streams: int
     heartbeat_seconds: float
     peer_connector: Callable[[str], PeerClient]
-    executor: object
     call_codec: "CallCodec | None"
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
 

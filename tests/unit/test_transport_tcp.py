@@ -780,3 +780,25 @@ def test_try_send_small_transfers_inline_and_declines_without_side_effects(pair:
             c.lock.release()
     assert pair.out.stats()["bytes_sent"] == sent
     assert pair.out.try_send(12345, [], deadline())  # nothing to send is done at once
+
+
+def test_stripe_senders_belong_to_the_channel_and_end_with_it() -> None:
+    """Striped sends reuse the channel's own sender threads (none per send), and they go with the channel."""
+    p = Pair(streams=3, chunk_size=4096)
+    try:
+        def senders() -> set[str]:
+            return {t.name for t in threading.enumerate() if t.name.startswith("datadist-tcp-send")}
+
+        for i in range(20):
+            src, dst = ArrayHandle(64 * 1024, seed=i), ArrayHandle(64 * 1024)
+            p.a_to_b(one(src), one(dst))
+            np.testing.assert_array_equal(dst.arr, src.arr)
+        running = senders()
+        assert 0 < len(running) <= 4 * (3 - 1), running      # bounded by the pool, not by the 20 sends
+        p.out.close()
+        deadline_ = time.monotonic() + 5
+        while senders() and time.monotonic() < deadline_:   # idle pool threads leave once shut down
+            time.sleep(0.02)
+        assert not senders()
+    finally:
+        p.stop()

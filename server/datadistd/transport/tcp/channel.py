@@ -7,6 +7,8 @@ import logging
 import socket
 import threading
 import time
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -64,6 +66,7 @@ class TcpChannel:
         self._reason = ""
         self._rr = itertools.count()
         self._control: ControlHandler | None = None
+        self._pool: ThreadPoolExecutor | None = None   # stripe senders, made on the first striped send
         self._backlog: list[tuple[int, bytes]] = []   # control frames before a handler was set
 
     def __repr__(self) -> str:
@@ -163,19 +166,30 @@ class TcpChannel:
                 if staging is not None:
                     transport._give_staging(staging)
 
-        threads = [threading.Thread(target=work, args=(conns[(base + w) % n], shares[w]), daemon=True,
-                                    name=f"datadist-tcp-send:{self._peer}#{(base + w) % n}")
-                   for w in range(1, workers)]
-        for t in threads:
-            t.start()
+        helpers: list[Future[None]] = []
+        try:
+            pool = self._senders() if workers > 1 else None
+            for w in range(1, workers):
+                assert pool is not None
+                helpers.append(pool.submit(work, conns[(base + w) % n], shares[w]))
+        except RuntimeError:   # the channel closed meanwhile: its sender pool takes no more work
+            stop.set()
+            errors.append(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed", unusable=False))
         try:
             work(conns[base % n], shares[0])
-            for t in threads:  # workers stop by the deadline: their socket timeouts come from it
-                t.join(max(0.0, deadline - time.monotonic()) + _JOIN)
+            for fut in helpers:  # workers stop by the deadline: their socket timeouts come from it
+                try:
+                    fut.result(max(0.0, deadline - time.monotonic()) + _JOIN)
+                except FutureTimeout:
+                    errors.append(_SendError(LLMStatusCode.LLM_TIMEOUT, "a sender thread did not finish",
+                                             unusable=True))
+                    stop.set()
+                except CancelledError:   # the channel went down before this share started
+                    errors.append(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed",
+                                             unusable=False))
+                    stop.set()
         finally:
             plan.release()
-        if any(t.is_alive() for t in threads):
-            errors.append(_SendError(LLMStatusCode.LLM_TIMEOUT, "a sender thread did not finish", unusable=True))
         if not errors:
             return
         first = errors[0]
@@ -331,6 +345,22 @@ class TcpChannel:
 
     # -- life cycle --
 
+    def _senders(self) -> ThreadPoolExecutor:
+        """The channel's own stripe sender threads (at most ``4 x (stripe - 1)``), ended with the channel."""
+        with self._lock:
+            if self._broken or self._closed:
+                raise RuntimeError("channel is down")
+            if self._pool is None:
+                width = max(1, 4 * (self._transport.stripe - 1))
+                self._pool = ThreadPoolExecutor(width, thread_name_prefix=f"datadist-tcp-send:{self._peer}")
+            return self._pool
+
+    def _stop_senders(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)   # running sends fail fast: their sockets are shut
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -340,6 +370,7 @@ class TcpChannel:
             conns = list(self._conns)
         for conn in conns:
             conn.shutdown()
+        self._stop_senders()
         self._transport._channel_down(self, f"data channel to {self._peer} was closed")
         self._transport._retire(self)
 
@@ -354,6 +385,7 @@ class TcpChannel:
                 "to" if self._outbound else "from", self._peer, "closed by the peer" if clean else "broken", reason)
         for conn in conns:
             conn.shutdown()
+        self._stop_senders()
         self._transport._channel_down(self, f"data channel {'to' if self._outbound else 'from'} {self._peer} "
                                             f"broke: {reason}")
 

@@ -786,8 +786,10 @@ def test_stripe_senders_belong_to_the_channel_and_end_with_it() -> None:
     """Striped sends reuse the channel's own sender threads (none per send), and they go with the channel."""
     p = Pair(streams=3, chunk_size=4096)
     try:
+        mine = f"datadist-tcp-send:{p.out.peer}_"   # only this channel's: other tests' channels may linger
+
         def senders() -> set[str]:
-            return {t.name for t in threading.enumerate() if t.name.startswith("datadist-tcp-send")}
+            return {t.name for t in threading.enumerate() if t.name.startswith(mine)}
 
         for i in range(20):
             src, dst = ArrayHandle(64 * 1024, seed=i), ArrayHandle(64 * 1024)

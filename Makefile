@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test bench proto proto-check lint run clean deploy-check
+.PHONY: venv nixl demo test bench proto proto-check lint run clean deploy-check
 
 venv: $(STAMP)
 
@@ -19,8 +19,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m datadistd.demo
 
-## make test: the whole test suite (unit, integration, reliability)
-test: $(STAMP) proto-check
+## make nixl: NIXL for the nixl transport ([transport] name = "nixl"; docs/nixl.md). --no-deps: the wheel asks
+## for torch, which NIXL's host-memory path never imports (~270 MB instead of several GB)
+NIXL_VERSION ?= 1.5.1
+NIXL_STAMP := $(VENV)/.nixl-$(NIXL_VERSION)
+
+$(NIXL_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps 'nixl-cu12==$(NIXL_VERSION)'
+	touch $(NIXL_STAMP)
+
+nixl: $(NIXL_STAMP)
+
+## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed)
+test: $(STAMP) $(NIXL_STAMP) proto-check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## make bench: every hot path against this machine's limits, ratios to baselines measured in the same run;

@@ -161,14 +161,26 @@ class TlsSection:
 
 @dataclass
 class TransportSection:
-    name: str = _doc("Data-plane transport by name: tcp (default), hccl (Ascend). Links between engines of one daemon "
-                     "are memory copies whatever is set here.",
+    name: str = _doc("Data-plane transport by name: tcp (default), nixl (NIXL: RDMA fabrics; docs/nixl.md), hccl "
+                     "(Ascend). Both ends of a link must set the same. Links between engines of one daemon are "
+                     "memory copies whatever is set here.",
                      default="tcp")
     streams: int = _doc("TCP connections per link; large transfers are striped over them.", default=4)
     chunk_bytes: int = _doc("Striping unit; transfers interleave at this granularity.", default=4 << 20)
     connect_timeout_seconds: float = _doc("Deadline for opening data connections.", default=5.0)
     host: str = _doc("Bind address of the data plane of engines that do not listen (loopback by default); "
                      "listening engines bind their listen IP.", default="127.0.0.1")
+    nixl_backend: str = _doc("nixl: the NIXL backend (UCX, LIBFABRIC); UCX picks its transports and devices from "
+                             "UCX_TLS / UCX_NET_DEVICES in the daemon's environment.", default="UCX")
+    nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
+                                     "endpoints (NIXL authenticates nobody; docs/nixl.md); nixl refuses to start "
+                                     "without it.", default=False)
+
+    def settings(self, host: str) -> dict[str, object]:
+        """The keyword arguments of the named transport for an engine whose data plane binds ``host``."""
+        common: dict[str, object] = {"host": host, "port": 0, "chunk_size": self.chunk_bytes,
+                                     "connect_timeout": self.connect_timeout_seconds}
+        return {**common, "backend": self.nixl_backend} if self.name == "nixl" else common
 
 
 @dataclass
@@ -303,6 +315,16 @@ def _check(cfg: Config) -> None:
     if cfg.transport.name not in TRANSPORTS:
         raise ConfigError(f"transport.name: unknown transport {cfg.transport.name!r}; known: "
                           f"{', '.join(sorted(TRANSPORTS))}")
+    if cfg.transport.name == "nixl":
+        if not cfg.transport.nixl_fabric_trusted:
+            raise ConfigError("transport.name = 'nixl' moves KV bytes through NIXL, whose backends authenticate "
+                              "nobody: set transport.nixl_fabric_trusted = true once only cluster nodes can reach "
+                              "the fabric (UCX_NET_DEVICES; docs/nixl.md)")
+        import importlib.util
+
+        from .transport.nixl.agent import MODULES, PACKAGE
+        if not any(importlib.util.find_spec(m) for m in MODULES):
+            raise ConfigError(f"transport.name = 'nixl' needs NIXL: pip install --no-deps {PACKAGE} (or make nixl)")
     try:
         cfg.peer.admission()
     except ValueError as exc:

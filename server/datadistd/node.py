@@ -189,9 +189,7 @@ class Node:
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
-        transport = get_transport(self.config.transport.name, host=host, port=0,
-                                  chunk_size=self.config.transport.chunk_bytes,
-                                  connect_timeout=self.config.transport.connect_timeout_seconds,
+        transport = get_transport(self.config.transport.name, **self.config.transport.settings(host),
                                   admission=self.config.peer.admission())
         try:
             transport.start()

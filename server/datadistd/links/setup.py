@@ -95,7 +95,7 @@ class LinkSetup(LinkCore):
         except BaseException:
             await peer.close()
             raise
-        link = Link(cid, True, self.transport.name, answer.session, spec.address, answer.data_endpoint, peer,
+        link = Link(cid, True, self.transport.label, answer.session, spec.address, answer.data_endpoint, peer,
                     channel, token)
         if self.node.call_codec is not None and isinstance(channel, CallChannel):
             link.frames = self._frame_calls(link)
@@ -104,7 +104,7 @@ class LinkSetup(LinkCore):
         link.reverse_task = asyncio.get_running_loop().create_task(self._serve_reverse(link))
         self.links[cid] = link
         log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
-                 spec.address, self.transport.name, answer.data_endpoint, streams)
+                 spec.address, self.transport.label, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
         expected = answer_mac(self.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
@@ -194,7 +194,7 @@ class LinkSetup(LinkCore):
         session = os.urandom(16)
         token = data_token(self.node.secret, session)
         self.transport.allow(token)
-        link = Link(offer.client_cluster_id, False, self.transport.name, session, token=token,
+        link = Link(offer.client_cluster_id, False, self.transport.label, session, token=token,
                     data_endpoint=self.transport.endpoint, reverse=ReverseHub(offer.client_cluster_id))
         if self.node.call_codec is not None and isinstance(self.transport, CallTransport):
             link.frames = self._frame_calls(link)

@@ -1,7 +1,8 @@
 """Data-plane transports: move bytes between daemons' memory.
 
-``get_transport(name)`` loads by name, lazily: ``tcp`` (default), ``hccl`` (Ascend; not verifiable
-here). Same-daemon links need no transport: they are memory copies (``links/setup.py``, ``memory/copy.py``).
+``get_transport(name)`` loads by name, lazily: ``tcp`` (default), ``nixl`` (NIXL: RDMA fabrics, over
+a tcp channel for everything but the bytes), ``hccl`` (Ascend; not verifiable here). Same-daemon links
+need no transport: they are memory copies (``links/setup.py``, ``memory/copy.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = ["Channel", "Receipt", "Transport", "TRANSPORTS", "get_transport"]
 TRANSPORTS: dict[str, str] = {
     "tcp": "datadistd.transport.tcp:TcpTransport",
     "hccl": "datadistd.transport.hccl:HcclTransport",
+    "nixl": "datadistd.transport.nixl:NixlTransport",
 }
 
 

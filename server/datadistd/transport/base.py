@@ -31,10 +31,14 @@ from datadist.status import LLMStatusCode
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "CallChannel", "CallTransport", "CONTROL_CALL", "CONTROL_REPLY"]
+__all__ = ["Transport", "Channel", "Receipt", "CallChannel", "CallTransport", "CONTROL_CALL", "CONTROL_REPLY",
+           "CONTROL_TRANSPORT", "CONTROL_KINDS"]
 
-#: control frame kinds: an owner call, and its answer
+#: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
+#: control frames of a transport layered on a channel (``nixl`` runs its own messages over a tcp channel)
+CONTROL_TRANSPORT = 6
+CONTROL_KINDS = (CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT)
 
 
 class Receipt(Protocol):
@@ -87,6 +91,11 @@ class Transport(Protocol):
     name: str
 
     @property
+    def label(self) -> str:
+        """What links report as their transport (``ListLinks``, metrics): the name, and for transports
+        over an engine with backends, which one (``nixl:UCX(UCX_TLS=tcp)``)."""
+
+    @property
     def endpoint(self) -> str:
         """Address peers connect to, e.g. ``tcp://127.0.0.1:40123``."""
 
@@ -111,7 +120,7 @@ class Transport(Protocol):
 
 @runtime_checkable
 class CallChannel(Protocol):
-    """A channel that carries control frames (``CONTROL_CALL``/``CONTROL_REPLY``) beside the bytes."""
+    """A channel that carries control frames (``CONTROL_KINDS``) beside the bytes."""
 
     @property
     def broken(self) -> bool: ...

@@ -31,6 +31,7 @@ def _find_bindings() -> str | None:
 
 class HcclTransport:
     name = "hccl"
+    label = "hccl"
 
     def __init__(self, **_settings: object) -> None:
         found = _find_bindings()

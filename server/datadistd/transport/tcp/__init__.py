@@ -19,6 +19,8 @@ Wire format (little endian, ``struct``):
     ``offset`` are 0. The reader hands the payload to the channel's control handler (``on_control``)
     in its own thread; frames that arrive before a handler is set wait for it (at most
     ``_CONTROL_BACKLOG``). Peers that handshook with peer protocol 2 speak these.
+  - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
+    metadata, destination descriptors and completions this way).
 
   A malformed header closes that connection and marks its channel broken.
 
@@ -67,9 +69,11 @@ from .wire import (
     HELLO_MAGIC,
     KIND_ABORT,
     KIND_CALL,
+    KIND_CONTROL,
     KIND_DATA,
     KIND_PING,
     KIND_REPLY,
+    KIND_TRANSPORT,
     MAX_CONTROL,
     MAX_FRAME,
     MAX_STREAMS,
@@ -78,5 +82,5 @@ from .wire import (
 )
 
 __all__ = ["TcpTransport", "TcpChannel", "TcpReceipt", "PROTOCOL_VERSION", "HEADER", "HELLO", "HELLO_MAGIC", "ACK",
-           "FRAME_MAGIC", "KIND_DATA", "KIND_ABORT", "KIND_PING", "KIND_CALL", "KIND_REPLY", "MAX_FRAME",
-           "MAX_CONTROL", "MAX_TOKEN", "MAX_STREAMS", "_CONTROL_BACKLOG", "_INLINE_MAX"]
+           "FRAME_MAGIC", "KIND_DATA", "KIND_ABORT", "KIND_PING", "KIND_CALL", "KIND_REPLY", "KIND_TRANSPORT",
+           "KIND_CONTROL", "MAX_FRAME", "MAX_CONTROL", "MAX_TOKEN", "MAX_STREAMS", "_CONTROL_BACKLOG", "_INLINE_MAX"]

@@ -33,10 +33,9 @@ from .wire import (
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
-    KIND_CALL,
+    KIND_CONTROL,
     KIND_DATA,
     KIND_PING,
-    KIND_REPLY,
     MAX_CONTROL,
     ControlHandler,
     _encode_code,
@@ -276,8 +275,8 @@ class TcpChannel:
     # -- control frames (transport.base.CallChannel) --
 
     def on_control(self, handler: "ControlHandler") -> None:
-        """``handler(kind, payload)`` gets every CALL/REPLY frame, in a reader thread (keep it short);
-        frames that came before are handed over now."""
+        """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
+        (keep it short); frames that came before are handed over now."""
         with self._lock:
             self._control = handler
             backlog, self._backlog = self._backlog, []
@@ -304,7 +303,7 @@ class TcpChannel:
         self._control_frame(kind, payload, deadline, wait=True)
 
     def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool) -> bool:
-        if kind not in (KIND_CALL, KIND_REPLY) or len(payload) > MAX_CONTROL:
+        if kind not in KIND_CONTROL or len(payload) > MAX_CONTROL:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
                                                                  f"{len(payload)} bytes")
         conns = self._live()

@@ -29,10 +29,9 @@ from .wire import (
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
-    KIND_CALL,
+    KIND_CONTROL,
     KIND_DATA,
     KIND_PING,
-    KIND_REPLY,
     MAX_CONTROL,
     MAX_FRAME,
     _Closed,
@@ -228,7 +227,7 @@ class _Conn:
                 elif kind == KIND_PING:
                     if length or offset:
                         raise _ProtocolError("PING with a payload")
-                elif kind in (KIND_CALL, KIND_REPLY):
+                elif kind in KIND_CONTROL:
                     if length > MAX_CONTROL or tid or offset:
                         raise _ProtocolError(f"malformed control frame ({length} bytes)")
                     payload = bytearray(length)

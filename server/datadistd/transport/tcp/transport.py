@@ -55,6 +55,7 @@ class TcpTransport:
     """TCP data plane of one engine: a listener for inbound channels, ``connect`` for outbound ones."""
 
     name = "tcp"
+    label = "tcp"
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, nodelay: bool = True, sndbuf: int | None = None,

@@ -13,7 +13,7 @@ from datadist.status import LLMStatusCode, code_2_status
 from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable
-from ..base import CONTROL_CALL, CONTROL_REPLY
+from ..base import CONTROL_CALL, CONTROL_KINDS, CONTROL_REPLY, CONTROL_TRANSPORT
 
 log = logging.getLogger("datadistd.transport.tcp")
 
@@ -27,9 +27,10 @@ MAX_STREAMS = 64
 HEADER = struct.Struct("<4sBxxxQQQ")
 FRAME_MAGIC = b"DDFR"
 KIND_DATA, KIND_ABORT, KIND_PING = 1, 2, 3
-KIND_CALL, KIND_REPLY = CONTROL_CALL, CONTROL_REPLY
+KIND_CALL, KIND_REPLY, KIND_TRANSPORT = CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT
+KIND_CONTROL = CONTROL_KINDS
 MAX_FRAME = 1 << 30          # a DATA frame longer than this is a protocol error
-MAX_CONTROL = 16 << 20       # a CALL/REPLY payload longer than this is a protocol error (2**20 block ids fit)
+MAX_CONTROL = 16 << 20       # a CALL/REPLY/TRANSPORT payload longer than this is a protocol error (2**20 block ids fit)
 _CONTROL_BACKLOG = 256       # control frames kept for a channel whose handler is not set yet
 _U64 = (1 << 64) - 1
 

@@ -1,0 +1,38 @@
+"""The ``nixl`` transport: KV bytes by NIXL (UCX: RDMA verbs, RoCE, shared memory, TCP; libfabric: EFA).
+
+Set ``[transport] name = "nixl"`` on both daemons (and ``nixl_fabric_trusted = true``, below). A link
+then runs on a tcp data channel exactly as with ``tcp`` -- the same token hello, admission, owner
+calls as control frames, liveness -- but the KV bytes of every pull and push move by one NIXL WRITE:
+
+1. ``connect``: after the tcp hello, the two sides swap agent name and metadata (``M`` messages in
+   ``CONTROL_TRANSPORT`` frames, over the authenticated channel); each loads the other's.
+2. ``expect(segments)`` (the receiving side: the puller, or the owner of a pushed-to cache):
+   registers the mapped handles the segments lie in (once per handle), and sends ``D``: the
+   transfer id, the rows ``(address, length)`` of the destination, and partial metadata of any
+   registration this peer has not seen yet.
+3. ``channel.send(transfer_id, segments)`` (the side that has the bytes): waits for that ``D``,
+   pairs source and destination rows (``pieces.pair_rows``), posts one NIXL WRITE and polls it to
+   completion under the call's deadline, then sends ``F`` (transfer id, status code).
+4. ``receipt.wait`` returns at ``F`` with status 0; fails with the code ``F`` carries, with
+   ``LLM_LINK_FAILED`` when the channel breaks (peer death, unlink), ``LLM_TIMEOUT`` at the deadline.
+5. ``receipt.cancel`` (a failed or timed-out transfer) sends ``X`` and waits (1 s at most) for the
+   sender's ``F`` saying it writes nothing more; without one it closes the channel.
+
+One NIXL agent per engine, like the tcp listener: engines of one daemon share no registrations.
+Only memory mapped into the daemon is registered (pools; sealed worker memory); worker memory reached
+through an unsealed file cannot be registered and is refused with ``LLM_FEATURE_NOT_ENABLED``.
+
+Trust: NIXL's backends authenticate nobody. Whoever can reach the UCX (or libfabric) endpoint and
+holds the registration keys a link handed out can read or write that memory, and UCX's TCP transport
+does not check keys at all. The daemon therefore starts ``nixl`` only when the operator says the
+fabric is trusted (``[transport] nixl_fabric_trusted = true``) and, in docs/nixl.md, how to bind UCX
+to that fabric (``UCX_NET_DEVICES``). The link handshake, tokens and owner calls stay authenticated
+as on ``tcp``; only bulk bytes bypass them.
+
+Verified here: UCX over TCP (``UCX_TLS=tcp``) and over shared memory, two daemons on one host, no
+RDMA NIC. Not verified here: InfiniBand/RoCE verbs, EFA, GPU memory.
+"""
+
+from .transport import SCHEME, NixlChannel, NixlReceipt, NixlTransport
+
+__all__ = ["NixlTransport", "NixlChannel", "NixlReceipt", "SCHEME"]

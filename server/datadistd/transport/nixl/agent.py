@@ -1,0 +1,261 @@
+"""The one module that imports NIXL: an agent, its memory registrations, and WRITEs with a deadline.
+
+NIXL (NVIDIA's inference transfer library, the ``nixl-cu12`` wheel) is loaded lazily, by the first
+``Agent``; without it the transport refuses with ``LLM_FEATURE_NOT_ENABLED`` naming the package.
+Only host memory that is mapped into the daemon is registered (``DRAM``): NIXL moves bytes between
+registered ranges of two agents, and a handle without a mapping has no address to give it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from datadist.status import LLMStatusCode
+
+from ...core.errors import DataDistError
+from ...memory.base import MemoryHandle, Segment
+
+__all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "status_of", "ucx_transports"]
+
+log = logging.getLogger("datadistd.transport.nixl")
+
+#: what to install, and the modules its wheels provide (the CUDA 12 wheel runs on CPU-only hosts too)
+PACKAGE = "nixl-cu12"
+MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
+
+_SPIN = 200          # status checks before the first sleep (a small WRITE completes in a few)
+_NAP_MAX = 0.0005    # the longest sleep between status checks
+
+
+def load_api() -> Any:
+    """NIXL's Python API module (``nixl_agent`` & co.); ``LLM_FEATURE_NOT_ENABLED`` naming the package without it."""
+    for name in MODULES:
+        try:
+            api = importlib.import_module(f"{name}._api")
+        except ImportError:
+            continue
+        logging.getLogger("NIXL").setLevel(logging.WARNING)   # its INFO lines say every agent and backend made
+        return api
+    raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                        f"the nixl transport needs NIXL: pip install --no-deps {PACKAGE} (or make nixl); "
+                        f"none of the modules {', '.join(MODULES)} is importable")
+
+
+#: NIXL's exception classes (``_bindings``) -> the status a caller sees
+_STATUS = {
+    "nixlInvalidParamError": LLMStatusCode.LLM_PARAM_INVALID,
+    "nixlNotFoundError": LLMStatusCode.LLM_FAILED,          # a range the peer never registered / shipped
+    "nixlMismatchError": LLMStatusCode.LLM_FAILED,
+    "nixlNotAllowedError": LLMStatusCode.LLM_FAILED,
+    "nixlNotSupportedError": LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+    "nixlBackendError": LLMStatusCode.LLM_LINK_FAILED,
+    "nixlRemoteDisconnectError": LLMStatusCode.LLM_LINK_FAILED,
+    "nixlCancelledError": LLMStatusCode.LLM_LINK_FAILED,
+}
+
+
+def status_of(exc: BaseException) -> LLMStatusCode:
+    """The status table's code for an exception NIXL raised (``LLM_FAILED`` for any it does not name)."""
+    return _STATUS.get(type(exc).__name__, LLMStatusCode.LLM_FAILED)
+
+
+def ucx_transports() -> str:
+    """The UCX transports this process may use, as UCX_TLS says (``auto``: UCX picks; shared memory and
+    CMA on one host, RDMA verbs where a NIC is present, TCP otherwise)."""
+    return os.environ.get("UCX_TLS", "") or "auto"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A handle's mapping, registered with the agent: ``size`` bytes at ``base``; ``serial`` tells it from
+    a later registration of a handle that happens to get the same ``key`` (``id``)."""
+
+    serial: int
+    key: int
+    base: int
+    size: int
+    descs: Any          # nixlRegDList, for deregistration and partial metadata
+
+
+class Agent:
+    """One NIXL agent with one backend, and the registrations of the handles it moved.
+
+    Registrations are made on first use of a handle and live until the handle is collected or found
+    closed; ``addresses`` gives a transfer's rows ``(address, length)`` and the registrations they use."""
+
+    def __init__(self, name: str, backend: str = "UCX") -> None:
+        api = load_api()
+        try:
+            config = api.nixl_agent_config(enable_prog_thread=True, backends=[backend],
+                                           sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)
+            self._agent = api.nixl_agent(name, config)
+        except Exception as exc:  # noqa: BLE001 - NIXL raises RuntimeError and its own classes
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                f"NIXL agent could not start ({type(exc).__name__}: {exc})") from None
+        if backend not in self._agent.backends:
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                f"NIXL backend {backend!r} is not available here; plugins found: "
+                                f"{', '.join(self._agent.get_plugin_list()) or 'none'}")
+        self.name = name
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._regs: dict[int, tuple[weakref.ReferenceType[Any], Registration]] = {}
+        self._serials = itertools.count(1)
+        self._closed = False
+
+    # -- metadata --
+
+    def metadata(self) -> bytes:
+        """Everything a peer needs to reach this agent: connection info and every registration so far."""
+        return bytes(self._agent.get_agent_metadata())
+
+    def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
+        """What a peer that already knows this agent needs to reach ``regs`` too."""
+        descs = self._agent.get_reg_descs([(r.base, r.size, 0, "") for r in regs], "DRAM")
+        return bytes(self._agent.get_partial_agent_metadata(descs, False, [self.backend]))
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Load a peer's (full or partial) metadata; its agent name."""
+        try:
+            name = self._agent.add_remote_agent(metadata)
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                f"NIXL could not load the peer's metadata ({type(exc).__name__}: {exc})") from None
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def drop_peer(self, name: str) -> None:
+        try:
+            self._agent.remove_remote_agent(name)
+        except Exception as exc:  # noqa: BLE001 - already gone, or never loaded
+            log.debug("NIXL remove_remote_agent(%s): %s", name, exc)
+
+    # -- registrations --
+
+    def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
+        """``(rows, used, new)``: ``rows`` an ``(N, 2)`` uint64 array of ``(address, length)`` of the non-empty
+        ``segments``; the registrations they lie in, and which of those were made by this call."""
+        rows = np.empty((len(segments), 2), dtype=np.uint64)
+        used: dict[int, Registration] = {}
+        new: list[Registration] = []
+        n = 0
+        for seg in segments:
+            if seg.length <= 0:
+                continue
+            reg = self._registration(seg.handle, new)
+            used[reg.key] = reg
+            rows[n, 0] = reg.base + seg.offset
+            rows[n, 1] = seg.length
+            n += 1
+        return rows[:n], list(used.values()), new
+
+    def _registration(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
+        key = id(handle)
+        with self._lock:
+            known = self._regs.get(key)
+            if known is not None and known[0]() is handle:
+                return known[1]
+        view = handle.view()
+        if view is None:
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                "the nixl transport moves only memory mapped into the daemon; this cache is worker "
+                                "memory reached through a file (unsealed); hand it over sealed, or use transport tcp")
+        base = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        size = len(view)
+        try:
+            descs = self._agent.register_memory([(base, size, 0, "")], "DRAM", [self.backend])
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL could not register {size} bytes "
+                                                f"({type(exc).__name__}: {exc})") from None
+        reg = Registration(next(self._serials), key, base, size, descs)
+        with self._lock:
+            stale = self._regs.pop(key, None)
+            self._regs[key] = (weakref.ref(handle), reg)
+        if stale is not None:
+            self._deregister(stale[1])
+        weakref.finalize(handle, self._forget, key, reg)
+        new.append(reg)
+        return reg
+
+    def _forget(self, key: int, reg: Registration) -> None:
+        with self._lock:
+            known = self._regs.get(key)
+            if known is not None and known[1] is reg:
+                del self._regs[key]
+        self._deregister(reg)
+
+    def _deregister(self, reg: Registration) -> None:
+        if self._closed:
+            return
+        try:
+            self._agent.deregister_memory(reg.descs, [self.backend])
+        except Exception as exc:  # noqa: BLE001 - deregistered already
+            log.debug("NIXL deregister_memory(%#x, %d): %s", reg.base, reg.size, exc)
+
+    def registered(self) -> int:
+        with self._lock:
+            return len(self._regs)
+
+    def serials(self) -> set[int]:
+        """The registrations that exist now (taken before ``metadata()``, they are all in it)."""
+        with self._lock:
+            return {reg.serial for _, reg in self._regs.values()}
+
+    # -- transfers --
+
+    def write(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float,
+              stop: Callable[[], DataDistError | None]) -> None:
+        """WRITE rows ``local`` (this agent's) to rows ``remote`` (``peer``'s), row for row of equal length;
+        return when NIXL reports it done. ``stop()`` is asked while it runs: an error it returns ends the
+        transfer (released) and is raised; so is ``LLM_TIMEOUT`` at ``deadline``."""
+        zeros = np.zeros((len(local), 1), dtype=np.uint64)
+        try:
+            handle = self._agent.initialize_xfer(
+                "WRITE", self._agent.get_xfer_descs(np.hstack([local, zeros]), "DRAM"),
+                self._agent.get_xfer_descs(np.hstack([remote, zeros]), "DRAM"), peer)
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL refused the transfer to {peer} "
+                                                f"({type(exc).__name__}: {exc})") from None
+        try:
+            state = self._agent.transfer(handle)
+            checks = 0
+            while state == "PROC":
+                checks += 1
+                if checks > _SPIN:
+                    if time.monotonic() >= deadline:
+                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL WRITE to {peer} not done by the "
+                                                                       f"deadline")
+                    reason = stop()
+                    if reason is not None:
+                        raise reason
+                    time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
+                state = self._agent.check_xfer_state(handle)
+            if state != "DONE":
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL WRITE to {peer} failed (state {state})")
+        except DataDistError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL WRITE to {peer} failed ({type(exc).__name__}: "
+                                                f"{exc})") from None
+        finally:
+            try:
+                handle.release()
+            except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
+                log.warning("NIXL could not release a transfer to %s: %s", peer, exc)
+
+    def close(self) -> None:
+        with self._lock:
+            regs = [reg for _, reg in self._regs.values()]
+            self._regs.clear()
+        for reg in regs:
+            self._deregister(reg)
+        self._closed = True

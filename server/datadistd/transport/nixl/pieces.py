@@ -1,0 +1,49 @@
+"""Pairing a transfer's source rows with its destination rows (pure arithmetic, no NIXL).
+
+A transfer is the concatenation of its source segments landing on the concatenation of the
+destination segments, as on the tcp data plane; the two sides cut the stream differently (a
+block of the prompt cache may be two ranges at the decoder). NIXL wants descriptor lists of equal
+length row by row, so both are cut at the union of their boundaries, and rows that continue the
+previous row on both sides are merged again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["pair_rows"]
+
+
+def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``src``/``dst``: ``(N, 2)`` arrays of ``(address, length)`` whose lengths add up to the same total.
+    Returns two ``(M, 2)`` uint64 arrays with equal lengths row by row that cover the same bytes in
+    the same order, with no empty row and no row that continues its predecessor on both sides."""
+    src = np.asarray(src, dtype=np.uint64).reshape(-1, 2)
+    dst = np.asarray(dst, dtype=np.uint64).reshape(-1, 2)
+    src = src[src[:, 1] > 0]
+    dst = dst[dst[:, 1] > 0]
+    s_end = np.cumsum(src[:, 1], dtype=np.uint64)
+    d_end = np.cumsum(dst[:, 1], dtype=np.uint64)
+    total = int(s_end[-1]) if len(s_end) else 0
+    if total != (int(d_end[-1]) if len(d_end) else 0):
+        raise ValueError(f"source has {total} bytes, destination {int(d_end[-1]) if len(d_end) else 0}")
+    if total == 0:
+        empty = np.empty((0, 2), dtype=np.uint64)
+        return empty, empty.copy()
+    cuts = np.union1d(s_end, d_end)                       # sorted ends of the pieces
+    starts = np.concatenate([np.zeros(1, dtype=np.uint64), cuts[:-1]])
+    lengths = cuts - starts
+
+    def place(rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ends, starts, side="right")   # the row each piece starts in
+        row_start = ends[i] - rows[i, 1]
+        return rows[i, 0] + (starts - row_start)
+
+    s_addr, d_addr = place(src, s_end), place(dst, d_end)
+    # a piece opens a new row unless it continues the previous one on both sides
+    joined = np.zeros(len(starts), dtype=bool)
+    joined[1:] = (s_addr[1:] == s_addr[:-1] + lengths[:-1]) & (d_addr[1:] == d_addr[:-1] + lengths[:-1])
+    heads = np.flatnonzero(~joined)
+    merged = np.add.reduceat(lengths, heads).astype(np.uint64)
+    return (np.column_stack([s_addr[heads], merged]).astype(np.uint64),
+            np.column_stack([d_addr[heads], merged]).astype(np.uint64))

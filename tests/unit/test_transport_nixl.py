@@ -1,0 +1,274 @@
+"""The ``nixl`` transport: two real NIXL agents (UCX) in this process, over a real tcp channel on loopback.
+
+Skipped when NIXL is not installed (``make test`` installs it: ``make nixl``). UCX runs over TCP on the
+loopback device here (``UCX_TLS=tcp``, ``UCX_NET_DEVICES=lo``, set before NIXL loads); the integration
+suite runs daemons over UCX's shared-memory transports too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+os.environ.setdefault("UCX_TLS", "tcp")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from datadist.status import LLMStatusCode as S  # noqa: E402
+from datadistd.core.errors import DataDistError  # noqa: E402
+from datadistd.memory.base import Segment  # noqa: E402
+from datadistd.transport.base import CONTROL_CALL  # noqa: E402
+from datadistd.transport.nixl.pieces import pair_rows  # noqa: E402
+from tests.fakes import ArrayHandle  # noqa: E402
+
+TOKEN = b"n" * 32
+
+
+def nixl_installed() -> bool:
+    from datadistd.transport.nixl.agent import load_api
+    try:
+        load_api()
+    except DataDistError:
+        return False
+    return True
+
+
+needs_nixl = pytest.mark.skipif(not nixl_installed(), reason="NIXL is not installed (make nixl)")
+
+
+def deadline(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
+
+
+class Pair:
+    """Transport ``a`` linked to ``b``: ``out`` is a's channel, ``inb`` b's."""
+
+    def __init__(self) -> None:
+        from datadistd.transport import get_transport
+        self.a = get_transport("nixl", host="127.0.0.1", port=0)
+        self.b = get_transport("nixl", host="127.0.0.1", port=0)
+        self.a.start()
+        self.b.start()
+        self.b.allow(TOKEN)
+        self.out = self.a.connect(self.b.endpoint, TOKEN, 1, deadline(10))
+        inb = self.b.channel(TOKEN)
+        assert inb is not None
+        self.inb = inb
+
+    def a_to_b(self, src: list[Segment], dst: list[Segment]) -> None:
+        receipt = self.b.expect(dst, channel=self.inb)
+        self.out.send(receipt.transfer_id, src, deadline())
+        receipt.wait(deadline())
+        assert receipt.received == receipt.expected
+
+    def stop(self) -> None:
+        self.a.stop()
+        self.b.stop()
+
+
+@pytest.fixture
+def pair():
+    p = Pair()
+    yield p
+    p.stop()
+
+
+def scattered(handle: ArrayHandle, rng: np.random.Generator, pieces: int, size: int) -> list[Segment]:
+    starts = rng.choice(handle.size // size, pieces, replace=False) * size
+    return [Segment(handle, int(s), size) for s in starts]
+
+
+@needs_nixl
+def test_scattered_blocks_both_ways_byte_exact(pair) -> None:
+    rng = np.random.default_rng(1)
+    src, dst = ArrayHandle(1 << 20, seed=1), ArrayHandle(1 << 20)
+    for _ in range(6):
+        s = scattered(src, rng, 16, 4096)
+        d = scattered(dst, rng, 16, 4096)
+        pair.a_to_b(s, d)
+        for a, b in zip(s, d, strict=True):
+            np.testing.assert_array_equal(dst.arr[b.offset:b.offset + 4096], src.arr[a.offset:a.offset + 4096])
+    # and back: b sends, a receives (a link is two-way)
+    back = ArrayHandle(64 << 10)
+    receipt = pair.a.expect([Segment(back, 0, 64 << 10)], channel=pair.out)
+    pair.inb.send(receipt.transfer_id, [Segment(src, 4096, 64 << 10)], deadline())
+    receipt.wait(deadline())
+    np.testing.assert_array_equal(back.arr, src.arr[4096:4096 + (64 << 10)])
+
+
+@needs_nixl
+def test_cut_differently_on_each_side(pair) -> None:
+    """One source range lands on three destination ranges, and three sources on one."""
+    src, dst = ArrayHandle(300, seed=2), ArrayHandle(1000)
+    pair.a_to_b([Segment(src, 0, 300)], [Segment(dst, 0, 100), Segment(dst, 500, 150), Segment(dst, 900, 50)])
+    np.testing.assert_array_equal(dst.arr[0:100], src.arr[0:100])
+    np.testing.assert_array_equal(dst.arr[500:650], src.arr[100:250])
+    np.testing.assert_array_equal(dst.arr[900:950], src.arr[250:300])
+
+
+@needs_nixl
+def test_links_report_the_backend_and_agents_stay_apart(pair) -> None:
+    assert pair.a.label.startswith("nixl:UCX(UCX_TLS=")
+    assert pair.a.endpoint.startswith("nixl+tcp://127.0.0.1:")
+    assert pair.out.peer_agent == pair.b.agent_name != pair.a.agent_name
+    assert pair.inb.peer_agent == pair.a.agent_name
+
+
+@needs_nixl
+def test_a_tcp_peer_is_refused_by_name() -> None:
+    from datadistd.transport import get_transport
+    a = get_transport("nixl", host="127.0.0.1", port=0)
+    b = get_transport("tcp", host="127.0.0.1", port=0)
+    a.start()
+    b.start()
+    try:
+        b.allow(TOKEN)
+        with pytest.raises(DataDistError) as err:
+            a.connect(b.endpoint, TOKEN, 1, deadline(5))
+        assert err.value.code == S.LLM_LINK_FAILED and "same [transport] name" in err.value.message
+        with pytest.raises(DataDistError) as err:
+            b.connect(a.endpoint, TOKEN, 1, deadline(5))   # and the other way: the tcp side refuses the scheme
+        assert "tcp://host:port" in err.value.message
+    finally:
+        a.stop()
+        b.stop()
+
+
+@needs_nixl
+def test_timeout_then_cancel_confirms_nothing_more_lands(pair) -> None:
+    """The sender never sends: the receiver times out; cancel asks the sender, which confirms at once,
+    and a late send of that transfer is refused instead of writing."""
+    dst = ArrayHandle(4096)
+    receipt = pair.b.expect([Segment(dst, 0, 4096)], channel=pair.inb)
+    with pytest.raises(DataDistError) as err:
+        receipt.wait(deadline(0.3))
+    assert err.value.code == S.LLM_TIMEOUT
+    t0 = time.monotonic()
+    receipt.cancel()
+    assert time.monotonic() - t0 < 0.9   # confirmed by FIN, not by waiting out the quiesce bound
+    assert not pair.inb.broken
+    with pytest.raises(DataDistError) as err:
+        pair.out.send(receipt.transfer_id, [Segment(ArrayHandle(4096, seed=3), 0, 4096)], deadline(2))
+    assert err.value.code == S.LLM_FAILED and "cancelled" in err.value.message
+    assert not dst.arr.any()
+    pair.a_to_b([Segment(ArrayHandle(4096, seed=4), 0, 4096)], [Segment(dst, 0, 4096)])   # the link still works
+
+
+@needs_nixl
+def test_size_mismatch_fails_both_ends(pair) -> None:
+    dst = ArrayHandle(4096)
+    receipt = pair.b.expect([Segment(dst, 0, 4096)], channel=pair.inb)
+    with pytest.raises(DataDistError) as err:
+        pair.out.send(receipt.transfer_id, [Segment(ArrayHandle(100, seed=5), 0, 100)], deadline(2))
+    assert err.value.code == S.LLM_PARAM_INVALID
+    with pytest.raises(DataDistError) as err:
+        receipt.wait(deadline(2))
+    assert err.value.code == S.LLM_PARAM_INVALID
+    assert not dst.arr.any()
+
+
+@needs_nixl
+def test_channel_closed_mid_wait_fails_the_receipt(pair) -> None:
+    receipt = pair.b.expect([Segment(ArrayHandle(4096), 0, 4096)], channel=pair.inb)
+    threading.Timer(0.2, pair.out.close).start()
+    with pytest.raises(DataDistError) as err:
+        receipt.wait(deadline(5))
+    assert err.value.code == S.LLM_LINK_FAILED
+
+
+@needs_nixl
+def test_control_frames_of_the_link_pass_through(pair) -> None:
+    got: list[tuple[int, bytes]] = []
+    arrived = threading.Event()
+    pair.b.on_control(TOKEN, lambda kind, payload: (got.append((kind, payload)), arrived.set()))
+    pair.out.send_control(CONTROL_CALL, b"hello", deadline())
+    assert arrived.wait(5) and got == [(CONTROL_CALL, b"hello")]
+
+
+@needs_nixl
+def test_registrations_are_made_once_per_handle_and_go_with_it(pair) -> None:
+    src = ArrayHandle(64 << 10, seed=6)
+    dst = ArrayHandle(64 << 10)
+    for _ in range(5):
+        pair.a_to_b([Segment(src, 0, 4096)], [Segment(dst, 0, 4096)])
+    assert pair.a._agent().registered() == 1 and pair.b._agent().registered() == 1
+    del dst
+    import gc
+    gc.collect()
+    assert pair.b._agent().registered() == 0
+
+
+@needs_nixl
+def test_unmapped_memory_is_refused_with_the_spec_code(pair) -> None:
+    class FileOnly(ArrayHandle):
+        def view(self) -> memoryview | None:
+            return None
+
+    with pytest.raises(DataDistError) as err:
+        pair.b.expect([Segment(FileOnly(4096), 0, 4096)], channel=pair.inb)
+    assert err.value.code == S.LLM_FEATURE_NOT_ENABLED
+
+
+def test_missing_wheel_names_the_package(monkeypatch) -> None:
+    import builtins
+
+    from datadistd.transport.nixl import agent
+    real = builtins.__import__
+
+    def no_nixl(name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        if name.split(".")[0] in agent.MODULES:
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_nixl)
+    monkeypatch.setattr(agent.importlib, "import_module", lambda name: no_nixl(name))
+    with pytest.raises(DataDistError) as err:
+        agent.load_api()
+    assert err.value.code == S.LLM_FEATURE_NOT_ENABLED and agent.PACKAGE in err.value.message
+
+
+# -- pairing rows: property tests (pure arithmetic) --
+
+def _rows(draw, total: int, base: int) -> np.ndarray:
+    cuts = sorted(set(draw(st.lists(st.integers(1, total - 1), max_size=8)))) if total > 1 else []
+    bounds = [0, *cuts, total]
+    gaps = draw(st.lists(st.integers(0, 3), min_size=len(bounds) - 1, max_size=len(bounds) - 1))
+    rows, at = [], base
+    for (lo, hi), gap in zip(zip(bounds[:-1], bounds[1:], strict=True), gaps, strict=True):
+        rows.append((at, hi - lo))
+        at += hi - lo + gap
+    return np.array(rows, dtype=np.uint64)
+
+
+@st.composite
+def two_sides(draw):  # noqa: ANN001, ANN201
+    total = draw(st.integers(1, 200))
+    return total, _rows(draw, total, 1000), _rows(draw, total, 100_000)
+
+
+def _bytes_of(rows: np.ndarray) -> list[int]:
+    return [int(a) + k for a, n in rows for k in range(int(n))]
+
+
+@given(two_sides())
+@settings(max_examples=200, deadline=None)
+def test_pair_rows_covers_the_same_bytes_in_order(case) -> None:
+    total, src, dst = case
+    s, d = pair_rows(src, dst)
+    assert len(s) == len(d) and (s[:, 1] == d[:, 1]).all() and (s[:, 1] > 0).all()
+    assert int(s[:, 1].sum()) == total
+    assert _bytes_of(s) == _bytes_of(src) and _bytes_of(d) == _bytes_of(dst)
+    for k in range(1, len(s)):   # merged: no row continues its predecessor on both sides
+        assert not (s[k, 0] == s[k - 1, 0] + s[k - 1, 1] and d[k, 0] == d[k - 1, 0] + d[k - 1, 1])
+
+
+def test_pair_rows_refuses_different_totals() -> None:
+    with pytest.raises(ValueError):
+        pair_rows(np.array([[0, 10]]), np.array([[0, 11]]))
+    s, d = pair_rows(np.empty((0, 2)), np.array([[5, 0]]))
+    assert len(s) == len(d) == 0

@@ -8,14 +8,25 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.harness import Daemon, Worker  # noqa: E402
+from tests.harness import DATA_PLANES, Daemon, Worker, nixl_installed  # noqa: E402
 
 
 @pytest.fixture
-def daemon_factory():
+def data_plane(request) -> dict[str, str]:
+    """The daemon environment of a data plane (``tests.harness.DATA_PLANES``): tcp unless a module
+    parametrizes it (``indirect``) to run its transfers over nixl too."""
+    name = getattr(request, "param", "tcp")
+    if name != "tcp" and not nixl_installed():
+        pytest.skip("NIXL is not installed (make nixl)")
+    return DATA_PLANES[name]
+
+
+@pytest.fixture
+def daemon_factory(data_plane):
     daemons: list[Daemon] = []
 
     def make(name: str = "d", **kwargs) -> Daemon:  # noqa: ANN003
+        kwargs["env"] = {**data_plane, **(kwargs.get("env") or {})}
         d = Daemon(name, **kwargs).start()
         daemons.append(d)
         return d

@@ -16,7 +16,8 @@ from pathlib import Path
 from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds"]
+__all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
+           "NIXL_PLANES", "nixl_installed"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +37,28 @@ def pool_memfds(pid: int) -> set[str]:
     """The pool memfds process ``pid`` holds open (``/memfd:datadist-<pid>-<placement>-<id> (deleted)``):
     pools are in no directory, so this is how a test sees one exist and go."""
     return {t for t in fd_targets(pid) if t.startswith("/memfd:datadist-")}
+
+
+_NIXL = {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true"}
+
+#: daemon environments of the data planes transfer tests run over: tcp, and nixl with UCX over TCP on the
+#: loopback device or over shared memory (the two UCX paths this host has; no RDMA NIC here). UCX does
+#: not start without one network transport: ``shm,tcp`` moves bytes by shared memory / CMA between the
+#: two daemons of one host and keeps tcp (loopback) for its wire-up.
+DATA_PLANES: dict[str, dict[str, str]] = {
+    "tcp": {},
+    "nixl-ucx-tcp": {**_NIXL, "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},
+    "nixl-ucx-shm": {**_NIXL, "UCX_TLS": "shm,tcp", "UCX_NET_DEVICES": "lo"},
+}
+NIXL_PLANES = ["nixl-ucx-tcp", "nixl-ucx-shm"]
+
+
+def nixl_installed() -> bool:
+    """NIXL's Python module is importable (``make nixl``)."""
+    import importlib.util
+
+    from datadistd.transport.nixl.agent import MODULES
+    return any(importlib.util.find_spec(m) is not None for m in MODULES)
 
 
 #: the secret of test daemons that listen on non-loopback addresses (network namespaces): a daemon with the

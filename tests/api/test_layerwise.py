@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.harness import WorkerError, free_port
+from tests.harness import NIXL_PLANES, WorkerError, free_port
 
-pytestmark = pytest.mark.integration
+#: over tcp and over nixl (UCX over TCP and over shared memory)
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
 
 P, D = 1, 2
 LAYERS = 3

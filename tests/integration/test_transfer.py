@@ -10,9 +10,10 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError, free_port
+from tests.harness import NIXL_PLANES, WorkerError, free_port
 
-pytestmark = pytest.mark.integration
+#: every transfer here runs over tcp and over nixl (UCX over TCP and over shared memory)
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
 
 P, D = 1, 2  # prompt / decoder cluster ids
 LAYERS = 3
@@ -65,13 +66,16 @@ def test_pull_blocks_random_tables_byte_exact(pair) -> None:
         np.testing.assert_array_equal(decoder.call("rows", "kv"), expected, err_msg=f"case {case}")
 
 
-def test_link_table_and_transport_visible(pair) -> None:
+def test_link_table_and_transport_visible(pair, data_plane) -> None:
+    """Both ends say which data plane the link runs on: for nixl, the backend and the UCX transports."""
     dp, dd, prompt, decoder, port = pair
+    label = f"nixl:UCX(UCX_TLS={data_plane['UCX_TLS']})" if data_plane else "tcp"
     (mine,) = links(dd)
-    assert mine.remote_cluster_id == P and mine.state == "established" and mine.transport == "tcp"
+    assert mine.remote_cluster_id == P and mine.state == "established" and mine.transport == label
     assert mine.initiator and mine.streams >= 1
+    assert mine.data_endpoint.startswith("nixl+tcp://" if data_plane else "tcp://")
     (theirs,) = links(dp)
-    assert theirs.remote_cluster_id == D and not theirs.initiator
+    assert theirs.remote_cluster_id == D and not theirs.initiator and theirs.transport == label
 
 
 def test_link_errors(pair, daemon_factory) -> None:

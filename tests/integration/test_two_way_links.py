@@ -14,9 +14,10 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError, free_port
+from tests.harness import NIXL_PLANES, WorkerError, free_port
 
-pytestmark = pytest.mark.integration
+#: over tcp and over nixl (UCX over TCP and over shared memory)
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
 
 P, D = 1, 2
 TENSORS = 4

@@ -68,5 +68,21 @@ def test_an_unknown_transport_stops_the_start() -> None:
 
     from datadistd.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="known: hccl, tcp"):
+    with pytest.raises(ConfigError, match="known: hccl, nixl, tcp"):
         load_config(env={"DATADISTD_TRANSPORT_NAME": "local"})
+
+
+def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -> None:
+    """NIXL's backends authenticate nobody: nixl does not start on a default config, and names the fix."""
+    import importlib.util
+
+    import pytest
+
+    from datadistd.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="nixl_fabric_trusted = true"):
+        load_config(env={"DATADISTD_TRANSPORT_NAME": "nixl"})
+    trusted = {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)   # as on a host without the wheel
+    with pytest.raises(ConfigError, match="pip install --no-deps nixl-cu12"):
+        load_config(env=trusted)

@@ -17,7 +17,7 @@ from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
-           "NIXL_PLANES", "nixl_installed"]
+           "NIXL_PLANES", "nixl_installed", "nixl_plane"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,11 @@ def pool_memfds(pid: int) -> set[str]:
     return {t for t in fd_targets(pid) if t.startswith("/memfd:datadist-")}
 
 
-_NIXL = {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true"}
+def nixl_plane(tls: str, devices: str = "lo") -> dict[str, str]:
+    """Daemon environment for the nixl transport with UCX limited to ``tls`` on network ``devices``."""
+    return {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true",
+            "UCX_TLS": tls, "UCX_NET_DEVICES": devices}
+
 
 #: daemon environments of the data planes transfer tests run over: tcp, and nixl with UCX over TCP on the
 #: loopback device or over shared memory (the two UCX paths this host has; no RDMA NIC here). UCX does
@@ -47,8 +51,8 @@ _NIXL = {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TR
 #: two daemons of one host and keeps tcp (loopback) for its wire-up.
 DATA_PLANES: dict[str, dict[str, str]] = {
     "tcp": {},
-    "nixl-ucx-tcp": {**_NIXL, "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"},
-    "nixl-ucx-shm": {**_NIXL, "UCX_TLS": "shm,tcp", "UCX_NET_DEVICES": "lo"},
+    "nixl-ucx-tcp": nixl_plane("tcp"),
+    "nixl-ucx-shm": nixl_plane("shm,tcp"),
 }
 NIXL_PLANES = ["nixl-ucx-tcp", "nixl-ucx-shm"]
 

@@ -21,8 +21,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 from datadist.status import LLMStatusCode as S  # noqa: E402
 from datadistd.core.errors import DataDistError  # noqa: E402
+from datadistd.core.types import TransferId  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402
-from datadistd.transport.base import CONTROL_CALL  # noqa: E402
+from datadistd.transport.base import CONTROL_CALL, CONTROL_TRANSPORT  # noqa: E402
 from datadistd.transport.nixl.pieces import pair_rows  # noqa: E402
 from tests.fakes import ArrayHandle  # noqa: E402
 
@@ -212,6 +213,64 @@ def test_unmapped_memory_is_refused_with_the_spec_code(pair) -> None:
     with pytest.raises(DataDistError) as err:
         pair.b.expect([Segment(FileOnly(4096), 0, 4096)], channel=pair.inb)
     assert err.value.code == S.LLM_FEATURE_NOT_ENABLED
+
+
+# -- a hostile or broken peer (it holds the link's token: the tcp hello let it in) --
+
+def _raw(channel) -> object:  # noqa: ANN001
+    """The tcp channel under a nixl channel: what a peer that speaks its own messages would write to."""
+    return channel._peer.channel()
+
+
+@needs_nixl
+def test_a_forged_fin_never_completes_a_receipt(pair) -> None:
+    """Only NIXL's notification -- delivered after the WRITE's bytes -- completes a receipt; a FIN saying
+    'success' (what a confused or hostile peer could send) can only fail it."""
+    from datadistd.transport.nixl.transport import _CODE, _FIN, _ID
+    receipt = pair.b.expect([Segment(ArrayHandle(4096), 0, 4096)], channel=pair.inb)
+    _raw(pair.out).send_control(CONTROL_TRANSPORT, _ID.pack(_FIN, receipt.transfer_id) + _CODE.pack(0), deadline())
+    with pytest.raises(DataDistError) as err:
+        receipt.wait(deadline(2))
+    assert err.value.code == S.LLM_FAILED and not receipt.done and receipt.received == 0
+    receipt.cancel()
+
+
+@needs_nixl
+def test_a_destination_outside_the_peers_registrations_is_refused(pair) -> None:
+    """A peer names memory of its own it never registered: NIXL refuses the WRITE, nothing moves."""
+    from datadistd.transport.nixl.transport import _DESCS, _ID, _MD_LEN
+    elsewhere = np.zeros(4096, np.uint8)
+    rows = np.array([[elsewhere.ctypes.data, 4096]], dtype=np.uint64)
+    _raw(pair.inb).send_control(CONTROL_TRANSPORT, _ID.pack(_DESCS, 77) + _MD_LEN.pack(0) + rows.tobytes(),
+                                deadline())
+    with pytest.raises(DataDistError) as err:
+        pair.out.send(TransferId(77), [Segment(ArrayHandle(4096, seed=8), 0, 4096)], deadline(3))
+    assert err.value.code == S.LLM_FAILED
+    assert not elsewhere.any()
+    pair.a_to_b([Segment(ArrayHandle(64, seed=9), 0, 64)], [Segment(ArrayHandle(64), 0, 64)])   # link unharmed
+
+
+@needs_nixl
+@pytest.mark.parametrize("message", [b"Z", b"D\x01", b"M\x00\x05\x00ab", b"F" + b"\x00" * 3])
+def test_a_malformed_message_drops_the_channel_not_the_daemon(pair, message: bytes) -> None:
+    _raw(pair.out).send_control(CONTROL_TRANSPORT, message, deadline())
+    end = deadline(5)
+    while not pair.inb.broken and time.monotonic() < end:
+        time.sleep(0.02)
+    assert pair.inb.broken
+    assert pair.b.agent_name is not None   # the transport (and its agent) lives on for its other links
+
+
+@needs_nixl
+def test_a_peer_claiming_our_own_agent_name_is_refused(pair) -> None:
+    from datadistd.transport.nixl.transport import _META, _META_HEAD
+    name = pair.b.agent_name.encode()
+    _raw(pair.out).send_control(CONTROL_TRANSPORT, _META_HEAD.pack(_META, 0, len(name)) + name + b"junk",
+                                deadline())
+    end = deadline(5)
+    while not pair.inb.broken and time.monotonic() < end:
+        time.sleep(0.02)
+    assert pair.inb.broken
 
 
 def test_missing_wheel_names_the_package(monkeypatch) -> None:

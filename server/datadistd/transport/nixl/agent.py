@@ -44,7 +44,7 @@ def load_api() -> Any:
             api = importlib.import_module(f"{name}._api")
         except ImportError:
             continue
-        logging.getLogger("NIXL").setLevel(logging.WARNING)   # its INFO lines say every agent and backend made
+        logging.getLogger("nixl").setLevel(logging.WARNING)    # its INFO lines say every agent and backend made
         return api
     raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                         f"the nixl transport needs NIXL: pip install --no-deps {PACKAGE} (or make nixl); "
@@ -212,16 +212,18 @@ class Agent:
 
     # -- transfers --
 
-    def write(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float,
+    def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
               stop: Callable[[], DataDistError | None]) -> None:
-        """WRITE rows ``local`` (this agent's) to rows ``remote`` (``peer``'s), row for row of equal length;
-        return when NIXL reports it done. ``stop()`` is asked while it runs: an error it returns ends the
-        transfer (released) and is raised; so is ``LLM_TIMEOUT`` at ``deadline``."""
+        """WRITE rows ``local`` (this agent's) to rows ``remote`` (``peer``'s), row for row of equal length,
+        then have NIXL deliver ``notif`` to the peer -- *after* the bytes: it is the peer's only proof they
+        landed (the local DONE means the request left, not that every byte arrived). Returns at DONE.
+        ``stop()`` is asked while it runs: an error it returns ends the transfer (released) and is raised;
+        so is ``LLM_TIMEOUT`` at ``deadline``."""
         zeros = np.zeros((len(local), 1), dtype=np.uint64)
         try:
             handle = self._agent.initialize_xfer(
                 "WRITE", self._agent.get_xfer_descs(np.hstack([local, zeros]), "DRAM"),
-                self._agent.get_xfer_descs(np.hstack([remote, zeros]), "DRAM"), peer)
+                self._agent.get_xfer_descs(np.hstack([remote, zeros]), "DRAM"), peer, notif)
         except Exception as exc:  # noqa: BLE001
             raise DataDistError(status_of(exc), f"NIXL refused the transfer to {peer} "
                                                 f"({type(exc).__name__}: {exc})") from None
@@ -251,6 +253,27 @@ class Agent:
                 handle.release()
             except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
                 log.warning("NIXL could not release a transfer to %s: %s", peer, exc)
+
+    def notify(self, peer: str, message: bytes) -> None:
+        """A notification with no transfer (an empty one has nothing to wait for)."""
+        try:
+            self._agent.send_notif(peer, message)
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL notification to {peer} failed ({type(exc).__name__}: "
+                                                f"{exc})") from None
+
+    def notifications(self) -> list[tuple[str, bytes]]:
+        """Notifications that arrived since the last call: ``(peer agent name, message)``."""
+        try:
+            got = self._agent.get_new_notifs()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("NIXL get_new_notifs failed: %s", exc)
+            return []
+        out: list[tuple[str, bytes]] = []
+        for name, messages in got.items():
+            peer = name.decode() if isinstance(name, bytes) else str(name)
+            out.extend((peer, bytes(m)) for m in messages)
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -34,24 +34,30 @@ ControlHandler = Callable[[int, bytes], None]
 # messages in CONTROL_TRANSPORT frames: one letter, then
 _META = b"M"      # u8 reply wanted, u16 name length, agent name, agent metadata
 _DESCS = b"D"     # u64 transfer id, u32 metadata length, partial metadata, then rows (u64 address, u64 length)
-_FIN = b"F"       # u64 transfer id, i64 status code (0: every byte written)
-_CANCEL = b"X"    # u64 transfer id: the receiver gave up; answer with FIN once nothing more will be written
+_FIN = b"F"       # u64 transfer id, i64 status code: the sender failed and wrote nothing that can still land
+_CANCEL = b"X"    # u64 transfer id: the receiver gave up; answered by FIN (nothing was posted) or by the
+                  # NIXL notification of the WRITE (it was posted: it completes, and the notification says so)
+_NOTIF = b"DDN"   # NIXL notification of a WRITE, delivered after its bytes: this, u64 transfer id
 _ID = struct.Struct("<cQ")
+_NOTIF_ID = struct.Struct("<3sQ")
 _CODE = struct.Struct("<q")
 _META_HEAD = struct.Struct("<cBH")
 _MD_LEN = struct.Struct("<I")
 
 _MAX_WAITING = 4096      # destination lists kept for transfers not sent yet (a peer's; the oldest go first)
 _MAX_BACKLOG = 256       # link control frames kept before the link manager set its handler
-_QUIESCE = 1.0           # how long cancel() waits for the sender to confirm it writes no more
+_QUIESCE = 2.0           # how long cancel() waits for the sender to confirm it writes no more
 _CONTROL_TIMEOUT = 5.0   # bound on sending one control frame
-_POLL = 0.1              # receipt waits look at the channel this often
+_POLL = 0.1              # waits look at the channel this often
+_NAP = 0.0002            # the longest sleep between two looks for a receipt's notification
 
 
 class NixlReceipt:
-    """A transfer the peer WRITEs into this daemon's memory; done when its FIN says every byte landed."""
+    """A transfer the peer WRITEs into this daemon's memory: done when NIXL delivers the WRITE's
+    notification (which comes after its bytes); failed by the sender's FIN, a broken channel or the deadline."""
 
-    def __init__(self, peer: "_Peer", transfer_id: TransferId, expected: int) -> None:
+    def __init__(self, transport: "NixlTransport", peer: "_Peer", transfer_id: TransferId, expected: int) -> None:
+        self._transport = transport
         self._peer = peer
         self._id = transfer_id
         self._expected = expected
@@ -72,6 +78,8 @@ class NixlReceipt:
 
     @property
     def done(self) -> bool:
+        if not self._event.is_set():
+            self._transport.poll()
         return self._event.is_set() and self._error is None
 
     def _finish(self, error: DataDistError | None) -> None:
@@ -79,21 +87,38 @@ class NixlReceipt:
             self._error = error
             self._event.set()
 
-    def wait(self, deadline: float) -> None:
-        while not self._event.wait(max(0.0, min(_POLL, deadline - time.monotonic()))):
+    def _settle(self, deadline: float) -> bool:
+        """Look for the notification until it came or something failed the receipt (True), or ``deadline``."""
+        nap = 1e-6
+        while not self._event.is_set():
+            self._transport.poll()
+            if self._event.is_set():
+                break
             if self._peer.broken:
                 self._finish(DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                            f"transfer {self._id}: data channel {self._peer.what} broke"))
-            elif time.monotonic() >= deadline:
-                raise DataDistError(LLMStatusCode.LLM_TIMEOUT,
-                                    f"transfer {self._id}: {self._expected} bytes not written by the deadline")
+                break
+            if time.monotonic() >= deadline:
+                return False
+            self._event.wait(nap)
+            nap = min(_NAP, nap * 2)
+        return True
+
+    def wait(self, deadline: float) -> None:
+        if not self._settle(deadline):
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT,
+                                f"transfer {self._id}: {self._expected} bytes not written by the deadline")
         if self._error is not None:
             raise self._error
+        self._transport._landed(self._id)
 
     def cancel(self) -> None:
-        """Forget the transfer, after the sender confirmed it writes nothing more (or the channel was closed)."""
+        """Forget the transfer, once the sender confirmed nothing more of it will land: its FIN (it posted
+        nothing), or the notification of the WRITE it had posted (the bytes are in). Without either within
+        ``_QUIESCE`` the link's data channel and the peer's NIXL agent are dropped."""
         if self._peer.forget(self._id) and not self._event.is_set():
-            self._peer.quiesce(self._id, self._event)
+            self._peer.quiesce(self)
+        self._transport._landed(self._id)
 
 
 class _Peer:
@@ -201,13 +226,12 @@ class _Peer:
         elif letter == _FIN:
             _, tid = _ID.unpack_from(payload)
             (code,) = _CODE.unpack_from(payload, _ID.size)
-            with self._cond:
-                receipt = self._receipts.get(tid)
-            if receipt is not None:
+            receipt = self.transport._landing.get(tid)
+            if receipt is not None and receipt._peer is self:
                 status = code_2_status(code)
-                receipt._finish(None if status == LLMStatusCode.LLM_SUCCESS else DataDistError(
-                    status if status != LLMStatusCode.LLM_SUCCESS else LLMStatusCode.LLM_FAILED,
-                    f"transfer {tid} failed at the sender ({status.name})"))
+                if status == LLMStatusCode.LLM_SUCCESS:
+                    status = LLMStatusCode.LLM_FAILED
+                receipt._finish(DataDistError(status, f"transfer {tid} failed at the sender ({status.name})"))
         elif letter == _CANCEL:
             _, tid = _ID.unpack_from(payload)
             with self._cond:
@@ -242,10 +266,12 @@ class _Peer:
                 self._cond.wait(min(remaining, _POLL))
 
     def stop_reason(self, tid: int) -> DataDistError | None:
-        if tid in self._cancelled:
-            return DataDistError(LLMStatusCode.LLM_FAILED, f"transfer {tid} was cancelled by the receiver")
+        """Why the send of ``tid`` must end now; a posted WRITE ends only with a broken channel (a cancel
+        lets it complete: its notification is what tells the receiver nothing more lands)."""
         if self.broken:
             return DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} broke")
+        if tid in self._cancelled and tid not in self._sending:
+            return DataDistError(LLMStatusCode.LLM_FAILED, f"transfer {tid} was cancelled by the receiver")
         return None
 
     def sent(self, tid: int) -> None:
@@ -264,23 +290,18 @@ class _Peer:
         with self._cond:
             return self._receipts.pop(tid, None) is not None
 
-    def quiesce(self, tid: int, finished: threading.Event) -> None:
-        """Ask the sender to stop ``tid`` and wait (bounded) for its FIN; without one the channel is closed,
-        so no late WRITE can land in memory the caller is about to reuse unnoticed."""
-        with self._cond:
-            self._receipts[tid] = NixlReceipt(self, TransferId(tid), 0)   # catches the FIN
-            catcher = self._receipts[tid]
+    def quiesce(self, receipt: NixlReceipt) -> None:
+        """Ask the sender to stop ``receipt``'s transfer and wait (bounded) until nothing more of it can land."""
+        tid = int(receipt.transfer_id)
         try:
             if not self.broken:
                 self.send(_ID.pack(_CANCEL, tid), time.monotonic() + _QUIESCE)
-                if catcher._event.wait(_QUIESCE) or finished.is_set():
+                if receipt._settle(time.monotonic() + _QUIESCE) and not self.broken:
                     return
-            log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; closing the channel",
-                        tid, self.what)
+            log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
+                        "and its NIXL connection", tid, self.what)
         except DataDistError as exc:
-            log.warning("nixl: could not cancel transfer %d at %s: %s; closing the channel", tid, self.what, exc)
-        finally:
-            self.forget(tid)
+            log.warning("nixl: could not cancel transfer %d at %s: %s; dropping the channel", tid, self.what, exc)
         self.transport._drop(self, f"transfer {tid} could not be cancelled")
 
     def close(self) -> None:
@@ -292,6 +313,7 @@ class _Peer:
             self._cond.notify_all()
         for receipt in receipts:
             receipt._finish(DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} was closed"))
+            self.transport._landed(int(receipt.transfer_id))
 
 
 class NixlChannel:
@@ -337,14 +359,16 @@ class NixlChannel:
             except ValueError as exc:
                 raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"transfer {tid}: {exc}") from None
             if len(src):
-                agent.write(src, dst, peer.agent_name, deadline, lambda: peer.stop_reason(tid))
+                agent.write(src, dst, peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid), deadline,
+                            lambda: peer.stop_reason(tid))
+            else:
+                agent.notify(peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid))
             self._transport.bytes_sent += int(src[:, 1].sum()) if len(src) else 0
         except DataDistError as exc:
             peer.fin(tid, exc.code)
             raise
         finally:
             peer.sent(tid)
-        peer.fin(tid, LLMStatusCode.LLM_SUCCESS)
 
     def try_send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
         return False   # a WRITE waits for its completion: always from a thread (declining is allowed)
@@ -386,6 +410,8 @@ class NixlTransport:
         self._names: dict[str, set[bytes]] = {}   # peer agent name -> tokens of the links that use it
         self._ids = int.from_bytes(os.urandom(4), "little") << 24
         self._deferred: ThreadPoolExecutor | None = None
+        self._landing: dict[int, NixlReceipt] = {}   # receipts whose notification has not been seen
+        self._polling = threading.Lock()
         self.bytes_sent = 0
 
     @property
@@ -541,6 +567,29 @@ class NixlTransport:
 
     # -- transfers --
 
+    def poll(self) -> None:
+        """Hand the NIXL notifications that arrived to their receipts (one thread at a time; the others
+        find their receipt finished by it)."""
+        agent = self._nixl
+        if agent is None or not self._polling.acquire(blocking=False):
+            return
+        try:
+            for name, message in agent.notifications():
+                if len(message) != _NOTIF_ID.size or not message.startswith(_NOTIF):
+                    log.warning("nixl: ignored a notification from %s that is not datadist's", name)
+                    continue
+                _, tid = _NOTIF_ID.unpack(message)
+                receipt = self._landing.get(tid)
+                if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
+                    log.debug("nixl: notification of transfer %d from %s matches no receipt", tid, name)
+                    continue
+                receipt._finish(None)
+        finally:
+            self._polling.release()
+
+    def _landed(self, tid: int) -> None:
+        self._landing.pop(tid, None)
+
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> NixlReceipt:
         if not isinstance(channel, NixlChannel):
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "nixl: expect() needs the link's channel")
@@ -552,8 +601,9 @@ class NixlTransport:
         with self._lock:
             self._ids += 1
             tid = TransferId(self._ids)
-        receipt = NixlReceipt(peer, tid, int(rows[:, 1].sum()) if len(rows) else 0)
+        receipt = NixlReceipt(self, peer, tid, int(rows[:, 1].sum()) if len(rows) else 0)
         peer.add_receipt(receipt)
+        self._landing[tid] = receipt
         payload = _ID.pack(_DESCS, tid) + _MD_LEN.pack(len(metadata)) + metadata + rows.tobytes()
         tcp = peer.channel()
         if not tcp.try_control(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):

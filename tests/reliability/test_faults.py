@@ -154,6 +154,61 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         hosts.remove()
 
 
+# ---- the link unlinked (by its other end) in the middle of a transfer -----------------------------------
+
+@netns
+@pytest.mark.parametrize("plane", ["tcp", "nixl"])
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_unlink_mid_transfer(direction: str, plane: str, daemon_factory, worker_factory) -> None:
+    """The listening end unlinks while the decoder's transfer is on the wire: the transfer ends with a
+    status (no hang, no success), both link tables are empty, the blocks it did not touch are intact,
+    and a new link's transfers are byte-exact."""
+    if plane == "nixl" and not nixl_installed():
+        pytest.skip("NIXL is not installed (make nixl)")
+    hosts = Hosts(rate="200mbit")
+    try:
+        da = daemon_factory("a", netns=hosts.a, env=nixl_plane("tcp", hosts.va) if plane == "nixl" else {})
+        db = daemon_factory("b", netns=hosts.b, env=nixl_plane("tcp", hosts.vb) if plane == "nixl" else {})
+        prompt, decoder = worker_factory(da), worker_factory(db)
+        prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
+                    sync_kv_timeout=SYNC_MS)
+        decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
+        prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+        prompt.call("fill", "kv", 5)
+        decoder.call("fill", "kv", 9)
+        assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        half, untouched = list(range(BLOCKS // 2)), list(range(BLOCKS // 2, BLOCKS))
+        before = decoder.call("rows", "kv", None, untouched)
+        op = "pull_blocks" if direction == "pull" else "push_blocks"
+        thread, outcome = _in_background(decoder.call, op, P, "kv", half, half, timeout=60)
+        _wait_in_flight(db)
+        assert prompt.call("unlink", D, hosts.ip_b, 1) == (0, [0])
+        thread.join(60)
+        assert not thread.is_alive(), "the transfer hung"
+        print(f"\nunlink mid-{direction} over {plane}: {outcome}")
+        assert outcome["seconds"] < SYNC_MS / 1000 + MARGIN_S, outcome
+        assert wait_until(lambda: links(da) == [] and links(db) == [], 10)
+        if outcome["result"] is None:   # nixl: a WRITE already posted completes; success only if byte-exact
+            src_side, dst_side = (prompt, decoder) if direction == "pull" else (decoder, prompt)
+            np.testing.assert_array_equal(dst_side.call("rows", "kv", None, half), src_side.call("rows", "kv", None,
+                                                                                                half))
+        else:
+            assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_NOT_YET_LINK, S.LLM_LINK_FAILED), outcome
+        np.testing.assert_array_equal(decoder.call("rows", "kv", None, untouched), before)
+        time.sleep(0.5)   # a late byte of the old transfer would land now, and the checks below would see it
+        assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        src, dst = [7, 200, 201, 13], [130, 3, 4, 250]
+        decoder.call("pull_blocks", P, "kv", src, dst)
+        np.testing.assert_array_equal(decoder.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
+        decoder.call("fill", "kv", 10)
+        decoder.call("push_blocks", P, "kv", dst, src)
+        time.sleep(0.5)
+        np.testing.assert_array_equal(prompt.call("rows", "kv", None, src), decoder.call("rows", "kv", None, dst))
+    finally:
+        hosts.remove()
+
+
 # ---- a worker killed in the middle of a call -----------------------------------------------------------
 
 @netns

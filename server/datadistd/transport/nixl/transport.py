@@ -63,6 +63,7 @@ class NixlReceipt:
         self._expected = expected
         self._event = threading.Event()
         self._error: DataDistError | None = None
+        self._confirmed = False    # the sender said how it ended: notification, or FIN (nothing posted)
 
     @property
     def transfer_id(self) -> TransferId:
@@ -88,17 +89,26 @@ class NixlReceipt:
             self._event.set()
 
     def _settle(self, deadline: float) -> bool:
-        """Look for the notification until it came or something failed the receipt (True), or ``deadline``."""
+        """Look for the notification until it came or the receipt failed (True), or ``deadline`` (False).
+
+        A broken channel does not fail the receipt at once: the sender may have posted its WRITE, which
+        completes (its notification comes over NIXL, not over the channel) or its bytes may still be on
+        the way; so it waits ``_QUIESCE`` more for the notification before failing with ``LLM_LINK_FAILED``
+        -- the memory is handed back only when nothing more is likely to land."""
         nap = 1e-6
+        broken_at: float | None = None
         while not self._event.is_set():
             self._transport.poll()
             if self._event.is_set():
                 break
-            if self._peer.broken:
+            now = time.monotonic()
+            if broken_at is None and self._peer.broken:
+                broken_at = now
+            if broken_at is not None and now >= broken_at + _QUIESCE:
                 self._finish(DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                            f"transfer {self._id}: data channel {self._peer.what} broke"))
                 break
-            if time.monotonic() >= deadline:
+            if now >= deadline:
                 return False
             self._event.wait(nap)
             nap = min(_NAP, nap * 2)
@@ -138,6 +148,7 @@ class _Peer:
         self._waiting: OrderedDict[int, np.ndarray] = OrderedDict()   # tid -> destination rows
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         self._sending: set[int] = set()
+        self._forgotten = False
         self._receipts: dict[int, NixlReceipt] = {}
         self._handler: ControlHandler | None = None
         self._backlog: list[tuple[int, bytes]] = []
@@ -231,6 +242,7 @@ class _Peer:
                 status = code_2_status(code)
                 if status == LLMStatusCode.LLM_SUCCESS:
                     status = LLMStatusCode.LLM_FAILED
+                receipt._confirmed = True
                 receipt._finish(DataDistError(status, f"transfer {tid} failed at the sender ({status.name})"))
         elif letter == _CANCEL:
             _, tid = _ID.unpack_from(payload)
@@ -266,17 +278,27 @@ class _Peer:
                 self._cond.wait(min(remaining, _POLL))
 
     def stop_reason(self, tid: int) -> DataDistError | None:
-        """Why the send of ``tid`` must end now; a posted WRITE ends only with a broken channel (a cancel
-        lets it complete: its notification is what tells the receiver nothing more lands)."""
+        """Why the send of ``tid`` must not start: a broken channel, or the receiver cancelled it."""
         if self.broken:
             return DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} broke")
-        if tid in self._cancelled and tid not in self._sending:
+        if tid in self._cancelled:
             return DataDistError(LLMStatusCode.LLM_FAILED, f"transfer {tid} was cancelled by the receiver")
         return None
 
     def sent(self, tid: int) -> None:
         with self._cond:
             self._sending.discard(tid)
+            last = self.closed and not self._sending
+        if last:   # the link went while this send ran: its agent can go now
+            self.transport._forget_peer(self)
+
+    def idle_after_close(self) -> bool:
+        """Closed with no send running, answered True once only (so the agent is unloaded once)."""
+        with self._cond:
+            if self._sending or self._forgotten:
+                return False
+            self._forgotten = True
+            return True
 
     # -- the receiving side --
 
@@ -291,29 +313,27 @@ class _Peer:
             return self._receipts.pop(tid, None) is not None
 
     def quiesce(self, receipt: NixlReceipt) -> None:
-        """Ask the sender to stop ``receipt``'s transfer and wait (bounded) until nothing more of it can land."""
+        """Ask the sender to stop ``receipt``'s transfer and wait (bounded) until nothing more of it can land:
+        its FIN (nothing was posted) or the notification of the WRITE it had posted."""
         tid = int(receipt.transfer_id)
-        try:
-            if not self.broken:
+        if not self.broken:
+            try:
                 self.send(_ID.pack(_CANCEL, tid), time.monotonic() + _QUIESCE)
-                if receipt._settle(time.monotonic() + _QUIESCE) and not self.broken:
-                    return
-            log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
-                        "and its NIXL connection", tid, self.what)
-        except DataDistError as exc:
-            log.warning("nixl: could not cancel transfer %d at %s: %s; dropping the channel", tid, self.what, exc)
+            except DataDistError as exc:
+                log.warning("nixl: could not cancel transfer %d at %s: %s", tid, self.what, exc)
+        if receipt._settle(time.monotonic() + _QUIESCE) and receipt._confirmed:
+            return
+        log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
+                    "and its NIXL connection", tid, self.what)
         self.transport._drop(self, f"transfer {tid} could not be cancelled")
 
     def close(self) -> None:
+        """No more transfers on this link. Receipts still waiting settle in their waits (``_settle``): the
+        peer's posted WRITEs may still complete and notify."""
         with self._cond:
             self.closed = True
-            receipts = list(self._receipts.values())
-            self._receipts.clear()
             self._waiting.clear()
             self._cond.notify_all()
-        for receipt in receipts:
-            receipt._finish(DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} was closed"))
-            self.transport._landed(int(receipt.transfer_id))
 
 
 class NixlChannel:
@@ -359,14 +379,20 @@ class NixlChannel:
             except ValueError as exc:
                 raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"transfer {tid}: {exc}") from None
             if len(src):
-                agent.write(src, dst, peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid), deadline,
-                            lambda: peer.stop_reason(tid))
+                # once posted, a WRITE runs to completion (or its deadline) even if the channel breaks or the
+                # receiver cancels: released early, bytes UCX already queued could still land in memory the
+                # receiver has handed back; complete, it ends with the notification the receiver waits for
+                agent.write(src, dst, peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid), deadline, lambda: None)
             else:
                 agent.notify(peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid))
             self._transport.bytes_sent += int(src[:, 1].sum()) if len(src) else 0
         except DataDistError as exc:
-            peer.fin(tid, exc.code)
-            raise
+            failure = exc
+            if peer.broken and exc.code != LLMStatusCode.LLM_TIMEOUT:   # the link went: say so, not why NIXL failed
+                failure = DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"transfer {tid}: data channel {peer.what} "
+                                                                       f"closed ({exc.message})")
+            peer.fin(tid, failure.code)
+            raise failure from None
         finally:
             peer.sent(tid)
 
@@ -552,9 +578,11 @@ class NixlTransport:
         log.debug("nixl: link %s dropped: %s", peer.what, reason)
 
     def _forget_peer(self, peer: _Peer) -> None:
+        """Close ``peer`` and, once no send of it runs any more, unload its agent (the last link using it):
+        a posted WRITE keeps its connection until it completed (see ``NixlChannel.send``)."""
         peer.close()
         name = peer.agent_name
-        if name is None or self._nixl is None:
+        if name is None or self._nixl is None or not peer.idle_after_close():
             return
         with self._lock:
             users = self._names.get(name, set())
@@ -583,6 +611,7 @@ class NixlTransport:
                 if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
                     log.debug("nixl: notification of transfer %d from %s matches no receipt", tid, name)
                     continue
+                receipt._confirmed = True
                 receipt._finish(None)
         finally:
             self._polling.release()

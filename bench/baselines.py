@@ -10,6 +10,11 @@
   between two fresh Python processes, a 16-byte request answered by a 4 KiB reply, timed per
   round trip by the asking process (the shape of a 1-block pull, without anything in between).
 * ``iperf3`` - ``iperf3 -c 127.0.0.1 -n <bytes>`` against a one-off server, when installed.
+* ``BareNixl`` - NIXL driven directly, as an application that uses it well would: two fresh processes,
+  one agent each (UCX, the same UCX_TLS / UCX_NET_DEVICES as the daemons), both buffers registered
+  once, descriptor lists of every block prepared once (``prep_xfer_dlist``), one prepped WRITE of
+  the request's shuffled blocks by index with a notification; timed from the post to the target
+  seeing the notification (the moment the bytes are known to have landed).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 
 from .procs import free_port
 
-__all__ = ["RawStream", "raw_stream", "RequestReply", "iperf3", "iperf3_available", "RECV_SIZE"]
+__all__ = ["RawStream", "raw_stream", "RequestReply", "BareNixl", "iperf3", "iperf3_available", "RECV_SIZE"]
 
 _IOV_MAX = 1024
 #: receive size of the contiguous baseline: 256 KiB receives beat both smaller and larger ones on
@@ -142,6 +147,138 @@ class RawStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _nixl_agent(name: str, env: dict[str, str]) -> tuple[Any, Any]:
+    import os
+    os.environ.update(env)
+    from datadistd.transport.nixl.agent import load_api
+    api = load_api()
+    # as the daemons run it: NIXL's progress thread off (it spins a core per agent), progress made by the calls
+    return api, api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+
+
+def _nap(checks: int) -> None:
+    """The daemons' polling discipline: spin 200 checks, then sleep a little more each time (0.2 ms at most)."""
+    if checks > 200:
+        time.sleep(min(0.0002, 1e-6 * (checks - 200)))
+
+
+def _nixl_buffer(size: int, memfd: bool, fill: int) -> Any:
+    """The buffer of a bare NIXL side: numpy's own (anonymous; numpy asks for huge pages) or, like the
+    daemon's pools, a shared memfd mapping (4 KiB pages unless the host enables shmem huge pages)."""
+    if not memfd:
+        return np.full(size, fill, np.uint8)
+    import mmap
+    import os
+    fd = os.memfd_create("bare-nixl")
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    os.close(fd)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mm.madvise(mmap.MADV_HUGEPAGE)   # as the pools do
+    buf = np.frombuffer(mm, np.uint8)
+    buf[:] = fill
+    return buf
+
+
+def _nixl_target(conn: Any, total: int, block: int, env: dict[str, str], memfd: bool) -> None:
+    size, _ = _blocks(total, block, True, seed=2)
+    buf = _nixl_buffer(size, memfd, 0)
+    _, agent = _nixl_agent("bare-target", env)
+    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
+    conn.send((agent.get_agent_metadata(), buf.ctypes.data))
+    idle = 0
+    while True:                 # progress (the initiator's connection, then the bytes) while no request runs
+        if conn.poll(0.005 if idle > 20 else 0):
+            if not conn.recv():
+                return
+            break
+        agent.get_new_notifs()
+        idle += 1
+    while True:                 # one request per command: wait for its notification, say when it came
+        checks = 0
+        while True:
+            notes = agent.get_new_notifs()
+            if notes.get("bare-initiator") or notes.get(b"bare-initiator"):
+                break
+            checks += 1
+            _nap(checks)
+        conn.send(time.perf_counter())
+        while not conn.poll(0.005):
+            agent.get_new_notifs()
+        if not conn.recv():
+            return
+
+
+def _nixl_initiator(conn: Any, total: int, block: int, env: dict[str, str], prepped: bool, memfd: bool) -> None:
+    size, src_off = _blocks(total, block, True, seed=1)
+    _, dst_off = _blocks(total, block, True, seed=2)
+    buf = _nixl_buffer(size, memfd, 1)
+    _, agent = _nixl_agent("bare-initiator", env)
+    agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
+    metadata, remote_base = conn.recv()
+    peer = agent.add_remote_agent(metadata)
+    slots = np.arange(size // block, dtype=np.uint64) * block
+    zeros = np.zeros(len(slots), dtype=np.uint64)
+    lengths = np.full(len(slots), block, dtype=np.uint64)
+    local = agent.prep_xfer_dlist("", np.column_stack([buf.ctypes.data + slots, lengths, zeros]), "DRAM")
+    remote = agent.prep_xfer_dlist(peer, np.column_stack([remote_base + slots, lengths, zeros]), "DRAM")
+    src_idx, dst_idx = (src_off // block).astype(np.int32), (dst_off // block).astype(np.int32)
+    conn.send("ready")
+    while conn.recv():
+        t0 = time.perf_counter()
+        if prepped:
+            handle = agent.make_prepped_xfer("WRITE", local, src_idx, remote, dst_idx, b"bare")
+        else:   # descriptor lists made per request, as datadist does (its blocks change per request)
+            rows = np.column_stack([lengths[:len(src_idx)], zeros[:len(src_idx)]])
+            handle = agent.initialize_xfer(
+                "WRITE", agent.get_xfer_descs(np.column_stack([buf.ctypes.data + src_off.astype(np.uint64), rows]),
+                                              "DRAM"),
+                agent.get_xfer_descs(np.column_stack([remote_base + dst_off.astype(np.uint64), rows]), "DRAM"),
+                peer, b"bare")
+        state = agent.transfer(handle)
+        checks = 0
+        while state == "PROC":
+            checks += 1
+            _nap(checks)
+            state = agent.check_xfer_state(handle)
+        handle.release()
+        conn.send((t0, state))
+
+
+class BareNixl:
+    """Two processes, one NIXL agent each, moving a request's shuffled blocks by one prepped WRITE."""
+
+    def __init__(self, total: int, block: int, env: dict[str, str], prepped: bool = True, memfd: bool = False) -> None:
+        ctx = mp.get_context("spawn")
+        self.tconn, tchild = ctx.Pipe()
+        self.iconn, ichild = ctx.Pipe()
+        self.target = ctx.Process(target=_nixl_target, args=(tchild, total, block, env, memfd), daemon=True)
+        self.initiator = ctx.Process(target=_nixl_initiator, args=(ichild, total, block, env, prepped, memfd),
+                                     daemon=True)
+        self.target.start()
+        self.initiator.start()
+        if not self.tconn.poll(60):
+            raise TimeoutError("bare NIXL target did not start")
+        self.iconn.send(self.tconn.recv())
+        if not self.iconn.poll(60) or self.iconn.recv() != "ready":
+            raise TimeoutError("bare NIXL initiator did not start")
+
+    def once(self, timeout: float = 120.0) -> float:
+        self.tconn.send(True)
+        self.iconn.send(True)
+        if not self.iconn.poll(timeout) or not self.tconn.poll(timeout):
+            raise TimeoutError("bare NIXL request did not finish")
+        t0, state = self.iconn.recv()
+        landed = self.tconn.recv()
+        if state != "DONE":
+            raise RuntimeError(f"bare NIXL WRITE ended in state {state}")
+        return landed - t0
+
+    def close(self) -> None:
+        _stop(self.tconn, False, (self.target,))
+        _stop(self.iconn, False, (self.initiator,))
 
 
 def _answerer(port: int, request: int, reply: int) -> None:

@@ -9,6 +9,7 @@ baseline measured in the same run, moments before, on the same machine.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class Config:
     """Sizes of every scenario (``python -m bench --help`` lists the flags)."""
 
     reps: int = 5
-    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
+    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 9])
     memory: list[str] = field(default_factory=lambda: ["allocated", "registered"])
     bulk_mib: int = 256
     block_kib: list[int] = field(default_factory=lambda: [16, 256, 4096])
@@ -61,6 +62,7 @@ class Config:
     model_layers: int = 0               # 0: each model's own layer count; fewer for quick runs
     model_in_flight: list[int] = field(default_factory=lambda: [1, 16])
     model_tokens: int = 4096
+    nixl_tls: list[str] = field(default_factory=lambda: ["tcp", "shm"])
     timeout_s: float = 600.0
 
 
@@ -82,11 +84,17 @@ class Run:
             self.progress.set_postfix_str(text, refresh=False)
             self.progress.update(1)
 
-    def daemon(self, name: str) -> Daemon:
+    def daemon(self, name: str, env: dict[str, str] | None = None) -> Daemon:
         d = self.daemons.get(name)
         if d is None:
-            d = self.daemons[name] = Daemon(name).start()
+            d = self.daemons[name] = Daemon(name, env).start()
         return d
+
+    def stop_daemons(self, *names: str) -> None:
+        for name in names:
+            d = self.daemons.pop(name, None)
+            if d is not None:
+                d.stop()
 
     def worker(self, daemon: Daemon | None) -> Worker:
         w = Worker(daemon)
@@ -126,9 +134,10 @@ def _kib(n: int) -> str:
     return f"{n // MIB} MiB" if n >= MIB and n % MIB == 0 else f"{n // KIB} KiB"
 
 
-def _pair(run: Run, pool: int, listen: bool = True) -> tuple[Worker, Worker, int]:
+def _pair(run: Run, pool: int, listen: bool = True, nodes: tuple[str, str] = ("P", "D"),
+          env: dict[str, str] | None = None) -> tuple[Worker, Worker, int]:
     """A prefill worker on node P (listening) and a decode worker on node D, initialized and linked."""
-    dp, dd = run.daemon("P"), run.daemon("D")
+    dp, dd = run.daemon(nodes[0], env), run.daemon(nodes[1], env)
     wp, wd = run.worker(dp), run.worker(dd)
     port = free_port()
     wp.send("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=pool)
@@ -141,10 +150,13 @@ def _pair(run: Run, pool: int, listen: bool = True) -> tuple[Worker, Worker, int
 
 # ---- 1 and 2: bulk transfers --------------------------------------------------------------------
 
-def _bulk_target(scenario: str, block: int) -> Target:
-    """tcp: >= 0.9x the raw stream at 256 KiB and larger blocks, >= 0.8x below; same-host: >= 0.8x memcpy."""
+def _bulk_target(scenario: str, block: int) -> Target | None:
+    """tcp: >= 0.9x the raw stream at 256 KiB and larger blocks, >= 0.8x below; same-host: >= 0.8x memcpy;
+    nixl: >= 0.9x bare NIXL at 256 KiB and larger blocks (the nixl issue), below stated, not judged."""
     if scenario.startswith("2"):
         return Target(">=", 0.8)
+    if scenario.startswith("9"):
+        return Target(">=", 0.9) if block >= 256 * KIB else None
     return Target(">=", 0.8 if block < 256 * KIB else 0.9)
 
 
@@ -675,6 +687,65 @@ def model_shaped(run: Run) -> None:
         run.close_workers()
 
 
+# ---- 9: bulk transfers over nixl -------------------------------------------------------------------
+
+#: UCX transports of scenario 9: UCX over TCP (lo), and shared memory between the two daemons of this host
+#: (UCX needs one network transport to start: tcp stays for its wire-up)
+NIXL_TLS = {"tcp": "tcp", "shm": "shm,tcp"}
+
+
+def bulk_nixl(run: Run) -> None:
+    """Scenario 1's requests over the nixl transport, against bare NIXL with the same blocks (``BareNixl``),
+    once per UCX transport set of ``--nixl-tls``."""
+    from datadistd.transport.nixl.agent import MODULES
+
+    cfg = run.cfg
+    if not any(importlib.util.find_spec(m) for m in MODULES):
+        run.add(Row("9 nixl bulk", "nixl", None, note="NIXL is not installed (make nixl): skipped"))
+        return
+    total = cfg.bulk_mib * MIB
+    tensors = 2 * cfg.layers
+    for tls in cfg.nixl_tls:
+        scenario = f"9 nixl bulk, UCX {tls}"
+        env = {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true",
+               "UCX_TLS": NIXL_TLS[tls], "UCX_NET_DEVICES": "lo"}
+        ucx = {k: v for k, v in env.items() if k.startswith("UCX_")}
+
+        def bare(block: int, n: int, num_blocks: int, ucx: dict[str, str] = ucx) -> _Baseline:
+            # judged against bare NIXL on the same kind of memory as the daemon's pools (shared memfd
+            # mappings); numpy's anonymous memory gets huge pages here, shmem does not unless the host
+            # enables it (/sys/kernel/mm/transparent_hugepage/shmem_enabled), and copies pay per page
+            pools = baselines.BareNixl(n * block * tensors, block, ucx, memfd=True)
+            try:
+                anon = baselines.BareNixl(n * block * tensors, block, ucx, memfd=False)
+            except BaseException:
+                pools.close()
+                raise
+            how = "two processes, one agent each, prepped descriptor lists, one WRITE by block index with a " \
+                  "notification; post to notification seen"
+
+            def close() -> None:
+                pools.close()
+                anon.close()
+
+            return _Baseline({"bare NIXL, memfd memory": pools.once, "bare NIXL, anonymous memory": anon.once},
+                             ["bare NIXL, memfd memory"],
+                             {"bare NIXL, memfd memory": f"{how}; shared memfd mappings as the daemon's pools "
+                                                         f"(the judged baseline)",
+                              "bare NIXL, anonymous memory": f"{how}; numpy memory (huge pages): information "
+                                                             f"only, see docs/nixl.md"},
+                             close)
+
+        pool = 2 * total + 64 * MIB if "allocated" in cfg.memory else 0
+        nodes = (f"PN-{tls}", f"DN-{tls}")
+        wp, wd, _ = _pair(run, pool, nodes=nodes, env=env)
+        try:
+            _bulk(run, scenario, wp, wd, bare)
+        finally:
+            run.close_workers()
+            run.stop_daemons(*nodes)
+
+
 # ---- registry ------------------------------------------------------------------------------------
 
 SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
@@ -686,6 +757,7 @@ SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
     6: ("layer-wise overlap", layerwise),
     7: ("link setup", link_setup),
     8: ("model-shaped requests", model_shaped),
+    9: ("nixl bulk", bulk_nixl),
 }
 
 
@@ -694,7 +766,8 @@ def count_steps(cfg: Config) -> int:
     bulk = len(cfg.block_kib) * (cfg.reps + 1)
     per = {1: 1 + bulk, 2: bulk, 3: max(2, min(cfg.reps, 10)),
            4: len(cfg.scaling_blocks), 5: len(cfg.concurrency), 6: 1, 7: 1,
-           8: len(cfg.models) * len(cfg.memory) * len(cfg.model_in_flight) * 2}
+           8: len(cfg.models) * len(cfg.memory) * len(cfg.model_in_flight) * 2,
+           9: bulk * len(cfg.nixl_tls)}
     return sum(per[s] for s in cfg.scenarios)
 
 

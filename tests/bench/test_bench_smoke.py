@@ -28,7 +28,7 @@ def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "latest.json").read_text())
     rows = data["rows"]
     scenarios = {r["scenario"].split()[0] for r in rows}
-    assert scenarios == {"1", "2", "3", "4", "5", "6", "7", "8"}, scenarios
+    assert scenarios == {"1", "2", "3", "4", "5", "6", "7", "8", "9"}, scenarios
     failed = [r for r in rows if r["case"] == "scenario failed"]
     assert not failed, failed
     for r in rows:

@@ -74,6 +74,25 @@ def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
     time.sleep(min_seconds)
 
 
+def _linked_hosts(hosts: Hosts, plane: str, env: dict[str, str], daemon_factory, worker_factory):  # noqa: ANN001, ANN202
+    """Daemon a (prompt, listening) and b (decoder) in ``hosts``, over ``plane`` (nixl: UCX TCP on the veth),
+    caches registered and filled (prompt 5, decoder 9), linked. Returns (da, db, prompt, decoder)."""
+    if plane == "nixl" and not nixl_installed():
+        pytest.skip("NIXL is not installed (make nixl)")
+    da = daemon_factory("a", netns=hosts.a, env={**env, **(nixl_plane("tcp", hosts.va) if plane == "nixl" else {})})
+    db = daemon_factory("b", netns=hosts.b, env={**env, **(nixl_plane("tcp", hosts.vb) if plane == "nixl" else {})})
+    prompt, decoder = worker_factory(da), worker_factory(db)
+    prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
+                sync_kv_timeout=SYNC_MS)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
+    prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+    decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
+    prompt.call("fill", "kv", 5)
+    decoder.call("fill", "kv", 9)
+    assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+    return da, db, prompt, decoder
+
+
 # ---- a peer daemon killed, or the network cut, in the middle of a transfer -----------------------------
 
 @netns
@@ -84,23 +103,9 @@ def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
 def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_factory, worker_factory) -> None:
     """... over tcp, and over nixl with UCX over TCP on the veth (its WRITE to a dead or cut-off peer must
     end at the deadline too, and the relinked peer's next transfers be byte-exact)."""
-    if plane == "nixl" and not nixl_installed():
-        pytest.skip("NIXL is not installed (make nixl)")
     hosts = Hosts(rate="200mbit")
     try:
-        env_a = {**HEARTBEAT, **(nixl_plane("tcp", hosts.va) if plane == "nixl" else {})}
-        env_b = {**HEARTBEAT, **(nixl_plane("tcp", hosts.vb) if plane == "nixl" else {})}
-        da = daemon_factory("a", netns=hosts.a, env=env_a)
-        db = daemon_factory("b", netns=hosts.b, env=env_b)
-        prompt, decoder = worker_factory(da), worker_factory(db)
-        prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
-                    sync_kv_timeout=SYNC_MS)
-        decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
-        prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
-        decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
-        prompt.call("fill", "kv", 5)
-        decoder.call("fill", "kv", 9)
-        assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        da, db, prompt, decoder = _linked_hosts(hosts, plane, HEARTBEAT, daemon_factory, worker_factory)
         half = list(range(BLOCKS // 2))
         untouched = list(range(BLOCKS // 2, BLOCKS))
         before = decoder.call("rows", "kv", None, untouched)
@@ -163,21 +168,9 @@ def test_unlink_mid_transfer(direction: str, plane: str, daemon_factory, worker_
     """The listening end unlinks while the decoder's transfer is on the wire: the transfer ends with a
     status (no hang, no success), both link tables are empty, the blocks it did not touch are intact,
     and a new link's transfers are byte-exact."""
-    if plane == "nixl" and not nixl_installed():
-        pytest.skip("NIXL is not installed (make nixl)")
     hosts = Hosts(rate="200mbit")
     try:
-        da = daemon_factory("a", netns=hosts.a, env=nixl_plane("tcp", hosts.va) if plane == "nixl" else {})
-        db = daemon_factory("b", netns=hosts.b, env=nixl_plane("tcp", hosts.vb) if plane == "nixl" else {})
-        prompt, decoder = worker_factory(da), worker_factory(db)
-        prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
-                    sync_kv_timeout=SYNC_MS)
-        decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
-        prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
-        decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
-        prompt.call("fill", "kv", 5)
-        decoder.call("fill", "kv", 9)
-        assert decoder.call("link", P, hosts.ip_a, PORT, local_ip=hosts.ip_b) == (0, [0])
+        da, db, prompt, decoder = _linked_hosts(hosts, plane, {}, daemon_factory, worker_factory)
         half, untouched = list(range(BLOCKS // 2)), list(range(BLOCKS // 2, BLOCKS))
         before = decoder.call("rows", "kv", None, untouched)
         op = "pull_blocks" if direction == "pull" else "push_blocks"

@@ -50,6 +50,7 @@ _QUIESCE = 2.0           # how long cancel() waits for the sender to confirm it 
 _CONTROL_TIMEOUT = 5.0   # bound on sending one control frame
 _POLL = 0.1              # waits look at the channel this often
 _NAP = 0.0002            # the longest sleep between two looks for a receipt's notification
+_IDLE = 0.005            # progress thread: the pause between two looks when no receipt waits
 
 
 class NixlReceipt:
@@ -89,18 +90,17 @@ class NixlReceipt:
             self._event.set()
 
     def _settle(self, deadline: float) -> bool:
-        """Look for the notification until it came or the receipt failed (True), or ``deadline`` (False).
+        """Wait until the notification came or the receipt failed (True), or ``deadline`` (False). The
+        transport's progress thread hands notifications over; this looks once itself (a transfer that is
+        already done needs no wait) and then only sleeps: one polling thread per daemon, not one per waiter.
 
         A broken channel does not fail the receipt at once: the sender may have posted its WRITE, which
         completes (its notification comes over NIXL, not over the channel) or its bytes may still be on
         the way; so it waits ``_QUIESCE`` more for the notification before failing with ``LLM_LINK_FAILED``
         -- the memory is handed back only when nothing more is likely to land."""
-        nap = 1e-6
+        self._transport.poll()
         broken_at: float | None = None
         while not self._event.is_set():
-            self._transport.poll()
-            if self._event.is_set():
-                break
             now = time.monotonic()
             if broken_at is None and self._peer.broken:
                 broken_at = now
@@ -110,8 +110,7 @@ class NixlReceipt:
                 break
             if now >= deadline:
                 return False
-            self._event.wait(nap)
-            nap = min(_NAP, nap * 2)
+            self._event.wait(min(_POLL, deadline - now))
         return True
 
     def wait(self, deadline: float) -> None:
@@ -438,6 +437,8 @@ class NixlTransport:
         self._deferred: ThreadPoolExecutor | None = None
         self._landing: dict[int, NixlReceipt] = {}   # receipts whose notification has not been seen
         self._polling = threading.Lock()
+        self._stopping = threading.Event()
+        self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
 
     @property
@@ -465,13 +466,28 @@ class NixlTransport:
             return
         self._nixl = Agent(f"datadistd-{os.getpid()}-{os.urandom(4).hex()}", self.backend)
         self._deferred = ThreadPoolExecutor(1, thread_name_prefix="datadist-nixl-control")
+        self._stopping.clear()
+        self._progress_thread = threading.Thread(target=self._progress, name="datadist-nixl-progress", daemon=True)
+        self._progress_thread.start()
         try:
             self._tcp.start()
         except BaseException:
             self.stop()
             raise
 
+    def _progress(self) -> None:
+        """UCX makes progress only when called: look for notifications (which also accepts peers' connections
+        and receives the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
+        a receipt waits, every ``_IDLE`` otherwise."""
+        while not self._stopping.is_set():
+            self.poll()
+            self._stopping.wait(_NAP if self._landing else _IDLE)
+
     def stop(self) -> None:
+        self._stopping.set()
+        thread, self._progress_thread = self._progress_thread, None
+        if thread is not None:
+            thread.join(2.0)
         self._tcp.stop()
         with self._lock:
             peers = list(self._peers.values())

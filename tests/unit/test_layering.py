@@ -32,7 +32,7 @@ def test_unknown_backend_and_transport_list_the_known_ones() -> None:
 
     with pytest.raises(ValueError, match="known: acl, cuda, host"):
         get_backend("nvme")
-    with pytest.raises(ValueError, match="known: hccl, tcp"):
+    with pytest.raises(ValueError, match="known: hccl, nixl, tcp"):
         get_transport("rdma")
 
 

@@ -55,6 +55,20 @@ DATA_PLANES: dict[str, dict[str, str]] = {
     "nixl-ucx-shm": nixl_plane("shm,tcp"),
 }
 NIXL_PLANES = ["nixl-ucx-tcp", "nixl-ucx-shm"]
+ALL_PLANES = ["tcp", *NIXL_PLANES]
+
+
+def over_planes(*planes: str):
+    """Run a test once per named data plane (default: all of them) through the indirect ``data_plane``
+    fixture. Tests that move bytes run over every plane; tests of the control path (errors, limits,
+    the local path) run over tcp and at most one nixl plane, so ``make test`` keeps its time budget."""
+    import pytest
+
+    names = list(planes) or ALL_PLANES
+    unknown = [p for p in names if p not in DATA_PLANES]
+    if unknown:
+        raise ValueError(f"unknown data planes {unknown}; known: {list(DATA_PLANES)}")
+    return pytest.mark.parametrize("data_plane", names, indirect=True)
 
 
 def nixl_installed() -> bool:

@@ -26,7 +26,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_paged_layout_pulled_with_shuffled_tables(layout, daemon_factory, worker_factory) -> None:
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=5000)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.harness import NIXL_PLANES, WorkerError, free_port
+from tests.harness import WorkerError, free_port, over_planes
 
-#: over tcp and over nixl (UCX over TCP and over shared memory)
-pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
+#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
+#: tests of errors and limits over tcp and one nixl plane
+pytestmark = pytest.mark.integration
 
 P, D = 1, 2
 LAYERS = 3
@@ -30,7 +31,7 @@ def run(worker, op: str, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
 @pytest.fixture
 def v2_pair(daemon_factory, worker_factory):
     """Prompt listens, decoder links to it (one-sided link_clusters): the prompt pushes over the reverse path."""
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=5000,
@@ -50,6 +51,7 @@ def _layer(t: int) -> list:
     return [2 * t, 2 * t + 1]
 
 
+@over_planes()
 def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair) -> None:
     prompt, decoder, _ = v2_pair
     src_blocks, dst_blocks = [3, 4, 5, 9], [10, 0, 1, 7]
@@ -67,6 +69,7 @@ def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair) -> None:
     assert not decoder.call("rows", "kv", None, untouched).any()
 
 
+@over_planes("tcp", "nixl-ucx-tcp")
 def test_abort_midway_and_never_sent_configs(v2_pair) -> None:
     prompt, decoder, _ = v2_pair
     configs = [
@@ -87,6 +90,7 @@ def test_abort_midway_and_never_sent_configs(v2_pair) -> None:
     assert not decoder.call("rows", "c").any()
 
 
+@over_planes("tcp", "nixl-ucx-shm")
 def test_contiguous_targets_by_id_and_link_busy(v2_pair) -> None:
     prompt, decoder, port = v2_pair
     # the decoder pushes too (v2 has no roles): its own task on its link makes its pulls LLM_LINK_BUSY
@@ -111,6 +115,7 @@ def test_contiguous_targets_by_id_and_link_busy(v2_pair) -> None:
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [12, 13]), slot)
 
 
+@over_planes("tcp", "nixl-ucx-tcp")
 def test_blocks_key_without_indices_takes_the_cache_to_cache_path(v2_pair) -> None:
     """CANN's transfer_cache_async_sample: BlocksCacheKey config, no block indices (issue: item 3).
 
@@ -133,7 +138,7 @@ def test_blocks_key_without_indices_takes_the_cache_to_cache_path(v2_pair) -> No
 @pytest.fixture
 def v1_pair(daemon_factory, worker_factory):
     """KvCacheManager mode: the prompt listens and pushes with raw remote addresses (TransferConfig)."""
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     run(prompt, "init_v1", "PROMPT", P, listen=f"127.0.0.1:{port}")
@@ -145,6 +150,7 @@ def v1_pair(daemon_factory, worker_factory):
     return prompt, decoder
 
 
+@over_planes("tcp", "nixl-ucx-shm")
 def test_v1_transfer_config_raw_addresses(v1_pair) -> None:
     prompt, decoder = v1_pair
     base = run(decoder, "addrs", "c")

@@ -34,7 +34,7 @@ def slots(arrays: list, batch: int) -> list:
 
 
 def test_predict_pull_merge_prefix_capacity(daemon_factory, worker_factory) -> None:
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     run(prompt, "init_v1", "PROMPT", P, listen=f"127.0.0.1:{port}")

@@ -26,7 +26,7 @@ def run(worker, op: str, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
 
 @pytest.fixture
 def pair(daemon_factory, worker_factory):
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     run(prompt, "init_v1", "PROMPT", P, listen=f"127.0.0.1:{port}")

@@ -37,7 +37,7 @@ def wait_ok(worker, comm_id: int, timeout: float = 20.0) -> str:  # noqa: ANN001
 
 
 def test_comm_domain_link_pull_push_unlink(daemon_factory, worker_factory) -> None:
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, extra={"llm.LocalCommRes": ""}, sync_kv_timeout=3000)
     decoder.call("init", "DECODER", D, extra={"llm.LocalCommRes": ""}, sync_kv_timeout=3000)

@@ -23,7 +23,7 @@ P, D = 1, 2
 
 @pytest.fixture
 def both_listen(daemon_factory, worker_factory):
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     pport, dport = free_port(), free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{pport}", remote_cache_accessible=True)
@@ -64,7 +64,7 @@ def test_engines_of_one_daemon_may_share_a_cluster_id(daemon_factory, worker_fac
     CANN requires ids to be unique only among parties that link to each other; a peer reaches the
     right engine by its listen address (and checks the cluster id there).
     """
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     ports = [free_port(), free_port()]
     prefill = [worker_factory(dp), worker_factory(dp)]
     decode = [worker_factory(dd), worker_factory(dd)]

@@ -10,10 +10,11 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import NIXL_PLANES, WorkerError, free_port
+from tests.harness import WorkerError, free_port, over_planes
 
-#: every transfer here runs over tcp and over nixl (UCX over TCP and over shared memory)
-pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
+#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
+#: tests of errors and limits over tcp and one nixl plane
+pytestmark = pytest.mark.integration
 
 P, D = 1, 2  # prompt / decoder cluster ids
 LAYERS = 3
@@ -30,7 +31,7 @@ def links(daemon) -> list:  # noqa: ANN001
 @pytest.fixture
 def pair(daemon_factory, worker_factory):
     """Prompt worker on daemon A (listening), decoder worker on daemon B, linked, paged caches registered."""
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=3000,
@@ -43,6 +44,7 @@ def pair(daemon_factory, worker_factory):
     return dp, dd, prompt, decoder, port
 
 
+@over_planes()
 def test_pull_blocks_random_tables_byte_exact(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     src_all = prompt.call("rows", "kv")
@@ -66,6 +68,7 @@ def test_pull_blocks_random_tables_byte_exact(pair) -> None:
         np.testing.assert_array_equal(decoder.call("rows", "kv"), expected, err_msg=f"case {case}")
 
 
+@over_planes()
 def test_link_table_and_transport_visible(pair, data_plane) -> None:
     """Both ends say which data plane the link runs on: for nixl, the backend and the UCX transports."""
     dp, dd, prompt, decoder, port = pair
@@ -98,6 +101,7 @@ def test_cluster_num_exceed_limit(pair) -> None:
     assert code == S.LLM_CLUSTER_NUM_EXCEED_LIMIT and codes == [S.LLM_CLUSTER_NUM_EXCEED_LIMIT] * 17
 
 
+@over_planes("tcp", "nixl-ucx-tcp")
 def test_pull_errors_have_spec_codes(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     with pytest.raises(WorkerError) as info:  # no blocks cache bound to model_id 5 on the prompt
@@ -112,6 +116,7 @@ def test_pull_errors_have_spec_codes(pair) -> None:
     assert not decoder.call("rows", "kv").any()
 
 
+@over_planes()
 def test_push_blocks(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     decoder.call("fill", "kv", 2)
@@ -124,8 +129,9 @@ def test_push_blocks(pair) -> None:
     np.testing.assert_array_equal(after, expected)
 
 
+@over_planes()
 def test_pull_cache_consumes_allocated_key(daemon_factory, worker_factory) -> None:
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=8 << 20)
@@ -164,6 +170,7 @@ def test_pull_cache_consumes_allocated_key(daemon_factory, worker_factory) -> No
     assert info.value.status_code == S.LLM_PARAM_INVALID
 
 
+@over_planes()
 def test_push_cache(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     prompt.call("allocate", "c", 2, (3, 32), dtype="uint8")
@@ -175,8 +182,9 @@ def test_push_cache(pair) -> None:
     assert not prompt.call("rows", "c")[:, :2].any()
 
 
+@over_planes("tcp", "nixl-ucx-tcp")
 def test_peer_killed_mid_link_gives_timeout_then_relink_works(daemon_factory, worker_factory) -> None:
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
@@ -219,10 +227,11 @@ def test_local_path_same_daemon(daemon_factory, worker_factory) -> None:
     assert initiator[0].bytes_in == 3 * 2 * 16 * 16 * 2
 
 
+@over_planes("tcp", "nixl-ucx-shm")
 def test_grpc_and_attach_transfer_paths_agree(daemon_factory, worker_factory) -> None:
     """Pulls and pushes go on the attach connection by default; DATADIST_LOCAL_TRANSFERS=grpc sends them as the
     DataDist Pull/Push RPCs. Both paths move the same bytes and report the same errors."""
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt = worker_factory(dp)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=3000)

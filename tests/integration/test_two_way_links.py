@@ -14,10 +14,11 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import NIXL_PLANES, WorkerError, free_port
+from tests.harness import WorkerError, free_port, over_planes
 
-#: over tcp and over nixl (UCX over TCP and over shared memory)
-pytestmark = [pytest.mark.integration, pytest.mark.parametrize("data_plane", ["tcp", *NIXL_PLANES], indirect=True)]
+#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
+#: tests of errors and limits over tcp and one nixl plane
+pytestmark = pytest.mark.integration
 
 P, D = 1, 2
 TENSORS = 4
@@ -35,7 +36,7 @@ def link_states(daemon) -> list:  # noqa: ANN001
 @pytest.fixture
 def linked(daemon_factory, worker_factory):
     """The prompt listens; the decoder links to it. Both register a paged cache bound to model 0."""
-    dp, dd = daemon_factory("p"), daemon_factory("d")
+    dp, dd = daemon_factory.many("p", "d")
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=10000,
@@ -51,6 +52,7 @@ def linked(daemon_factory, worker_factory):
     return dp, dd, prompt, decoder, port
 
 
+@over_planes()
 def test_the_listening_side_pulls_and_pushes(linked) -> None:
     dp, dd, prompt, decoder, port = linked
     d_kv, p_kv = decoder.call("rows", "kv"), prompt.call("rows", "kv")
@@ -75,6 +77,7 @@ def test_the_listening_side_pulls_and_pushes(linked) -> None:
     assert link_states(dp) == [(D, "established", False)] and link_states(dd) == [(P, "established", True)]
 
 
+@over_planes("tcp", "nixl-ucx-shm")
 def test_twelve_threads_push_from_the_listening_side_at_once(linked) -> None:
     """SGLang's prefill pushes from its transfer threads (12 here) to the decoder that linked to it."""
     dp, dd, prompt, decoder, port = linked
@@ -97,6 +100,7 @@ def test_twelve_threads_push_from_the_listening_side_at_once(linked) -> None:
     np.testing.assert_array_equal(prompt.call("rows", "kv", None, [30]), decoder.call("rows", "kv", None, [1]))
 
 
+@over_planes("tcp", "nixl-ucx-tcp")
 def test_unlink_from_either_end_tears_down_both(linked) -> None:
     dp, dd, prompt, decoder, port = linked
     assert prompt.call("unlink", D, "127.0.0.1", 1) == (0, [0])  # the listening end unlinks

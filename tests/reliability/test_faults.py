@@ -98,8 +98,7 @@ def _linked_hosts(hosts: Hosts, plane: str, env: dict[str, str], daemon_factory,
 @netns
 @pytest.mark.parametrize("fault,direction,plane", [("kill", "pull", "tcp"), ("kill", "push", "tcp"),
                                                    ("cut", "pull", "tcp"), ("cut", "push", "tcp"),
-                                                   ("kill", "pull", "nixl"), ("kill", "push", "nixl"),
-                                                   ("cut", "pull", "nixl")])
+                                                   ("kill", "push", "nixl"), ("cut", "pull", "nixl")])
 def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_factory, worker_factory) -> None:
     """... over tcp, and over nixl with UCX over TCP on the veth (its WRITE to a dead or cut-off peer must
     end at the deadline too, and the relinked peer's next transfers be byte-exact)."""

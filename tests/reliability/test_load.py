@@ -84,7 +84,7 @@ def test_many_workers_mixed_transfers_zero_corruption_flat_resources(daemon_fact
     # spawn the workers first (each names its daemon in soak_setup): their imports (numpy, grpc,
     # llm_datadist: ~50 MiB RSS each, 1.6 GiB in all) overlap the daemons' start-up
     workers = [worker_factory() for _ in range(WORKERS)]
-    daemons = [daemon_factory(f"soak{i}", env={"DATADISTD_TRANSPORT_STREAMS": "2"}) for i in range(DAEMONS)]
+    daemons = daemon_factory.many(*(f"soak{i}" for i in range(DAEMONS)), env={"DATADISTD_TRANSPORT_STREAMS": "2"})
     home = [daemons[i % DAEMONS].target for i in range(WORKERS)]
     clusters = [BASE_CLUSTER + i for i in range(WORKERS)]
     ports = [free_port() for _ in range(WORKERS)]

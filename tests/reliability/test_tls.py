@@ -213,8 +213,9 @@ def test_grpcurl_and_ctl_ping_speak_tls(daemon_factory, worker_factory, pki, tmp
         listed = run("-cacert", pki.ca_file, "-cert", cert_file, "-key", key_file)
         assert listed.returncode == 0, listed.stderr
         assert "datadist.v1.Peer" in listed.stdout.split()
-        assert run("-cacert", pki.ca_file).returncode != 0      # no client certificate
-        assert run("-plaintext").returncode != 0                # no TLS
+        # refused handshakes: grpcurl retries them until its connect timeout (10 s by default)
+        assert run("-cacert", pki.ca_file, "-connect-timeout", "2").returncode != 0   # no client certificate
+        assert run("-plaintext", "-connect-timeout", "2").returncode != 0             # no TLS
     config = tmp_path / "ctl.toml"
     config.write_text(f'[tls]\nenabled = true\ncert_file = "{cert_file}"\nkey_file = "{key_file}"\n'
                       f'ca_file = "{pki.ca_file}"\n')

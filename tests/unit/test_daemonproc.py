@@ -59,3 +59,18 @@ def test_a_kept_directory_survives_stop_and_restart_and_goes_with_discard() -> N
     finally:
         d.discard()
     assert not d.serving() and not os.path.exists(d.dir)
+
+
+def test_start_all_starts_daemons_together_and_a_failure_takes_all_down() -> None:
+    good = DaemonProcess.start_all([DaemonProcess("all-a"), DaemonProcess("all-b")], timeout=30)
+    try:
+        assert len({d.pid for d in good}) == 2 and all(d.serving() for d in good)
+    finally:
+        for d in good:
+            d.discard()
+    ok, bad = DaemonProcess("all-ok"), DaemonProcess("all-bad", args=["--no-such-flag"])
+    with pytest.raises(RuntimeError, match="all-bad exited with 2") as info:
+        DaemonProcess.start_all([ok, bad], timeout=30)
+    assert "--no-such-flag" in str(info.value)
+    assert ok.proc is not None and ok.proc.poll() is not None       # the good one was not left running
+    assert not os.path.exists(ok.dir) and not os.path.exists(bad.dir)

@@ -139,17 +139,43 @@ class DaemonProcess:
                 self._end(signal.SIGKILL, 5.0)
         raise ValueError(f"attempts must be at least 1, not {attempts}")
 
+    @classmethod
+    def start_all(cls, daemons: Sequence[_Self], timeout: float = 20.0) -> list[_Self]:
+        """Start several daemons at once (their start-ups overlap) and wait until each serves, ``timeout``
+        seconds for all. If one fails, all are killed and their directories removed (as ``start`` does
+        after its last attempt), and its RuntimeError or TimeoutError is raised with its log tail."""
+        deadline = time.monotonic() + timeout
+        try:
+            for d in daemons:
+                d._spawn()
+            for d in daemons:
+                d._await_serving(deadline)
+        except (RuntimeError, TimeoutError):
+            for d in daemons:
+                if d.proc is not None:
+                    d.discard(signal.SIGKILL, 5.0)
+            raise
+        return list(daemons)
+
     def _start(self: _Self, timeout: float) -> _Self:
+        self._spawn()
+        self._await_serving(time.monotonic() + timeout)
+        return self
+
+    def _spawn(self) -> None:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([*self.command, sys.executable, "-m", "datadistd", "--socket", self.socket,
                                       *self.args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=_die_with_parent if self._die_with_parent else None)
-        deadline = time.monotonic() + timeout
+
+    def _await_serving(self, deadline: float) -> None:
+        assert self.proc is not None
+        timeout = round(deadline - time.monotonic(), 1)
         while time.monotonic() < deadline:  # polls every 50 ms until SERVING, exit or the deadline
             if self.proc.poll() is not None:
                 raise RuntimeError(f"datadistd {self.name} exited with {self.proc.returncode}:\n{self.log()}")
             if os.path.exists(self.socket) and self.serving():
-                return self
+                return
             time.sleep(0.05)
         raise TimeoutError(f"datadistd {self.name} not serving after {timeout}s:\n{self.log()}")
 

@@ -346,7 +346,7 @@ def _no_peers(address: str) -> PeerClient:
 def _engine_view(slot: EngineSlot) -> EngineView:
     engine = slot.engine
     links = tuple(LinkView(link.remote_cluster, link.state.value, link.transport, link.initiator, link.address,
-                           link.data_endpoint, link.channel.streams if link.channel is not None else 0,
+                           link.data_endpoint, link.streams,
                            link.inflight, link.bytes_in, link.bytes_out) for link in slot.links.all_links())
     listeners = []
     for kind, listener, address in [("data", slot.transport, ""),

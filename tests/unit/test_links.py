@@ -21,7 +21,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.plan import TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
 from datadistd.engine import tensors_of
-from datadistd.links import ClusterSpec, LinkManager, LinkState
+from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
 from datadistd.node import Node
 from datadistd.peering import HandshakeAnswer, HandshakeOffer
 from datadistd.reverse import ReverseCmd, ReverseHub, ReverseReply
@@ -191,6 +191,28 @@ def test_both_ends_pull_and_push_byte_exact(frames: bool) -> None:
             peer = pair.peers[0]
             # frames: no owner call went through the Peer service; otherwise reads did
             assert ("read" in peer.calls) != frames and "challenge" in peer.calls
+
+    asyncio.run(main())
+
+
+def test_each_end_holds_the_record_of_its_kind() -> None:
+    async def main() -> None:
+        async with Pair(True) as pair:
+            assert await pair.link() == (0, [0])
+            serving, linking = pair.links
+            out, inb = linking.links[P], serving.served[D]
+            assert isinstance(out, OutboundLink) and isinstance(inb, InboundLink)
+            assert out.initiator and not inb.initiator
+            assert out.session == inb.session and serving.sessions == {inb.session: inb} and not linking.sessions
+            assert out.streams == out.channel.streams >= 1 and inb.streams == 0
+            assert linking._channel_of(out) is out.channel and serving._channel_of(inb) is not None
+            assert out.owner_calls() is out.frames is not None and inb.owner_calls() is inb.frames is not None
+            engines = pair.p.snapshot().engines + pair.d.snapshot().engines
+            views = {(v.remote_cluster, v.initiator, v.streams) for e in engines for v in e.links}
+            assert views == {(P, True, out.streams), (D, False, 0)}
+            code, _ = await serving.unlink_clusters([ClusterSpec(D)], 3000, False)   # from the serving end
+            assert code == 0 and not serving.served and not serving.sessions
+            assert serving.transport.channel(inb.token) is None            # its data-plane token revoked
 
     asyncio.run(main())
 

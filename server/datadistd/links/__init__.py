@@ -20,12 +20,22 @@ re-establishes it.
 from __future__ import annotations
 
 from .calls import OwnerCalls
-from .model import MAX_CLUSTERS_PER_CALL, ClusterSpec, Link, LinkState, NodeContext
+from .model import (
+    MAX_CLUSTERS_PER_CALL,
+    ClusterSpec,
+    InboundLink,
+    Link,
+    LinkState,
+    LocalLink,
+    NodeContext,
+    OutboundLink,
+)
 from .owner import Owner
 from .requester import Requester
 from .setup import LinkSetup
 
-__all__ = ["LinkManager", "Link", "LinkState", "ClusterSpec", "NodeContext", "MAX_CLUSTERS_PER_CALL"]
+__all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
+           "NodeContext", "MAX_CLUSTERS_PER_CALL"]
 
 
 class LinkManager(LinkSetup, Requester, Owner, OwnerCalls):

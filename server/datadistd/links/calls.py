@@ -22,7 +22,7 @@ from ..reverse import (
 )
 from ..transport.base import CONTROL_CALL, CONTROL_REPLY, CallChannel
 from .core import LinkCore
-from .model import Link, LinkState
+from .model import Link, LinkState, OutboundLink
 
 log = logging.getLogger("datadistd.links")
 
@@ -85,15 +85,11 @@ class OwnerCalls(LinkCore):
     def attach_reverse(self, session: bytes) -> ReverseHub:
         """Serving side: the linking daemon opened the reverse stream of its link."""
         link = self.session_link(session)
-        if link.reverse is None:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "this link has no reverse path")
         link.reverse.attach()
         return link.reverse
 
-    async def _serve_reverse(self, link: Link) -> None:
+    async def _serve_reverse(self, link: OutboundLink) -> None:
         """Linking side: answer the serving side's owner calls for the life of the link."""
-        if link.peer is None:
-            return
         stream = None
         jobs: set[asyncio.Task[None]] = set()  # keep references: the loop holds tasks only weakly
         try:

@@ -18,7 +18,17 @@ from ..reverse import (
     FrameCalls,
 )
 from ..transport.base import Channel, Transport
-from .model import Link, LinkState, NodeContext, _PendingWrite
+from .model import (
+    AnyLink,
+    InboundLink,
+    Link,
+    LinkingEnd,
+    LinkState,
+    NodeContext,
+    OutboundLink,
+    ServingEnd,
+    _PendingWrite,
+)
 
 log = logging.getLogger("datadistd.links")
 
@@ -30,9 +40,9 @@ class LinkCore:
         self.engine = engine
         self.transport = transport
         self.node = node
-        self.links: dict[int, Link] = {}       # links this engine set up (it is their linking end)
-        self.served: dict[int, Link] = {}      # links other engines set up to this one (their serving end)
-        self.sessions: dict[bytes, Link] = {}
+        self.links: dict[int, LinkingEnd] = {}     # links this engine set up (it is their linking end)
+        self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
+        self.sessions: dict[bytes, InboundLink] = {}   # the served links of other daemons, by session
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -61,7 +71,7 @@ class LinkCore:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for link in list(self.sessions.values()):
-                channel = self.transport.channel(link.token) if link.token else None
+                channel = self.transport.channel(link.token)
                 if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
                     log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
@@ -73,18 +83,17 @@ class LinkCore:
                     pw.receipt.cancel()
                     self.engine.unpin(pw.cache_id)
 
-    def all_links(self) -> list[Link]:
+    def all_links(self) -> list[AnyLink]:
         return [*self.links.values(), *self.served.values()]
 
-    def _drop_serving(self, link: Link) -> None:
-        if link.reverse is not None:
-            link.reverse.close("the link was dropped")
+    def _drop_serving(self, link: ServingEnd) -> None:
         if link.frames is not None:
             link.frames.close("the link was dropped")
-        self.sessions.pop(link.session, None)
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
-        if link.token:
+        if isinstance(link, InboundLink):
+            link.reverse.close("the link was dropped")
+            self.sessions.pop(link.session, None)
             self.transport.revoke(link.token)
 
     def _mark_broken(self, link: Link, reason: str) -> None:
@@ -96,7 +105,7 @@ class LinkCore:
             log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
                         link.address or link.transport, reason)
 
-    def session_link(self, session: bytes) -> Link:
+    def session_link(self, session: bytes) -> InboundLink:
         link = self.sessions.get(session)
         if link is None:
             raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "unknown or expired link session; link first")
@@ -104,12 +113,15 @@ class LinkCore:
         return link
 
     def _channel_of(self, link: Link) -> Channel | None:
-        """The data channel of a link: the one this side opened, or the one the linking side opened to it."""
-        if link.initiator:
+        """The data channel of a link: the one this side opened, or the one the linking side opened to it
+        (None for a same-daemon link, or once the transport forgot the token)."""
+        if isinstance(link, OutboundLink):
             return link.channel
-        return self.transport.channel(link.token) if link.token else None
+        if isinstance(link, InboundLink):
+            return self.transport.channel(link.token)
+        return None
 
-    def links_to(self, cluster: int) -> Link | None:
+    def links_to(self, cluster: int) -> AnyLink | None:
         return self.links.get(cluster) or self.served.get(cluster)
 
     async def close(self) -> None:
@@ -139,10 +151,10 @@ class LinkCore:
     def _control_handler(self, link: Link) -> Callable[[int, bytes], None]:
         raise NotImplementedError
 
-    async def _serve_reverse(self, link: Link) -> None:
+    async def _serve_reverse(self, link: OutboundLink) -> None:
         raise NotImplementedError
 
-    async def _heartbeat(self, link: Link) -> None:
+    async def _heartbeat(self, link: OutboundLink) -> None:
         raise NotImplementedError
 
     async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:

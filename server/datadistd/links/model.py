@@ -45,18 +45,16 @@ class ClusterSpec:
         return f"{host}:{self.remote_port}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Link:
+    """What every link has, whichever kind (``OutboundLink``, ``InboundLink``, ``LocalLink``): its other
+    engine, its session, its state and counters. Only the three kinds are made."""
+
     remote_cluster: int
-    initiator: bool
-    transport: str
+    transport: str                                  # "tcp", "nixl:UCX(...)", "local": ListLinks, metrics
     session: bytes
     address: str = ""
     data_endpoint: str = ""
-    peer: PeerClient | None = None
-    channel: Channel | None = None
-    token: bytes = b""
-    local_peer: "LinkCore | None" = None
     state: LinkState = LinkState.ESTABLISHED
     reason: str = ""
     inflight: int = 0
@@ -64,11 +62,19 @@ class Link:
     bytes_out: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     heartbeat: "asyncio.Task[None] | None" = None
-    reverse: "ReverseHub | None" = None             # serving end: its owner calls to the linking end
-    reverse_task: "asyncio.Task[None] | None" = None  # linking end: answers the serving end's calls
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
+
+    @property
+    def initiator(self) -> bool:
+        """Whether this engine is the linking end (it called ``link_clusters``)."""
+        raise NotImplementedError
+
+    @property
+    def streams(self) -> int:
+        """Connections of the data channel this end opened (0 at a serving or same-daemon end)."""
+        return 0
 
     def begin_layerwise(self) -> None:
         """A ``transfer_cache_async`` task uses this link (pulls on it are refused meanwhile)."""
@@ -76,6 +82,66 @@ class Link:
 
     def end_layerwise(self) -> None:
         self.layerwise = max(0, self.layerwise - 1)
+
+
+@dataclass(kw_only=True)
+class OutboundLink(Link):
+    """This engine linked to an engine of another daemon: it holds the Peer client of that daemon, the data
+    channel it opened with ``token``, and answers the serving end's owner calls on the reverse stream."""
+
+    peer: PeerClient
+    channel: Channel
+    token: bytes
+    reverse_task: "asyncio.Task[None] | None" = None
+
+    @property
+    def initiator(self) -> bool:
+        return True
+
+    @property
+    def streams(self) -> int:
+        return self.channel.streams
+
+    def owner_calls(self) -> "FrameCalls | PeerClient":
+        """How to reach the owner at the serving end: frames on the data channel, else its Peer service."""
+        return self.frames or self.peer
+
+
+@dataclass(kw_only=True)
+class InboundLink(Link):
+    """An engine of another daemon linked to this one: its data channel is the one the linking daemon opened
+    with ``token`` (found through the transport), its owner calls go out on the reverse stream ``reverse``."""
+
+    token: bytes
+    reverse: ReverseHub
+
+    @property
+    def initiator(self) -> bool:
+        return False
+
+    def owner_calls(self) -> "FrameCalls | ReverseHub":
+        """How to reach the owner at the linking end: frames on the data channel, else the reverse stream."""
+        return self.frames or self.reverse
+
+
+@dataclass(kw_only=True)
+class LocalLink(Link):
+    """Both engines live in this daemon: one ``LocalLink`` at each end, each naming the other end's link
+    manager; transfers are memory copies, no channel, no peer."""
+
+    local_peer: "LinkCore"
+    linking: bool                                   # this is the end that called link_clusters
+
+    @property
+    def initiator(self) -> bool:
+        return self.linking
+
+
+#: the links an engine set up (``LinkCore.links``) and the ones set up to it (``LinkCore.served``)
+LinkingEnd = OutboundLink | LocalLink
+ServingEnd = InboundLink | LocalLink
+RemoteLink = OutboundLink | InboundLink
+AnyLink = OutboundLink | InboundLink | LocalLink
 
 
 @dataclass

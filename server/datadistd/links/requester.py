@@ -11,18 +11,21 @@ from datadist.status import LLMStatusCode
 from ..core.errors import DataDistError, StatusCode
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
-from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec
+from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
 from ..memory.copy import copy_segments
+from ..peering import PeerClient
+from ..reverse import FrameCalls, ReverseHub
+from ..transport.base import Channel
 from .core import LinkCore
-from .model import Link, LinkState
+from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 
 log = logging.getLogger("datadistd.links")
 
 
 class Requester(LinkCore):
-    def _transfer_link(self, cluster: int) -> Link:
+    def _transfer_link(self, cluster: int) -> AnyLink:
         """The link to ``cluster``, whichever end of it this engine is: both ends may pull and push."""
         link = self.links_to(cluster)
         if link is None:
@@ -33,13 +36,13 @@ class Requester(LinkCore):
                                 f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
         return link
 
-    def _calls(self, link: Link, timeout_ms: int):  # noqa: ANN202 - FrameCalls, PeerClient or ReverseHub
+    def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls | PeerClient | ReverseHub, Channel]:
         """The owner calls of the other end of ``link`` and the data channel: frames on the data channel when
         both ends speak them; else the peer's Peer service from the linking end, the reverse path from the
         serving end."""
-        calls = link.frames or (link.peer if link.initiator else link.reverse)
+        calls = link.owner_calls()
         channel = self._channel_of(link)
-        if calls is None or channel is None or channel.broken:
+        if channel is None or channel.broken:
             raise self._transfer_failure(link, DataDistError(
                 StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
         return calls, channel
@@ -70,7 +73,7 @@ class Requester(LinkCore):
         link.inflight += 1
         link.pulls += 1
         try:
-            if link.local_peer is not None:
+            if isinstance(link, LocalLink):
                 await self._local_pull(link, plan.remote, dst)
             else:
                 await self._remote_pull(link, plan.remote, dst, deadline, timeout_ms)
@@ -82,9 +85,8 @@ class Requester(LinkCore):
         log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
         return plan.nbytes, link.transport
 
-    async def _local_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
+    async def _local_pull(self, link: LocalLink, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
         owner = link.local_peer
-        assert owner is not None
         cache_id, src, release = owner.engine.prepare_read(spec)
         try:
             await self._in_thread(copy_segments, dst, src)
@@ -94,7 +96,7 @@ class Requester(LinkCore):
             assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
             owner.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
 
-    async def _remote_pull(self, link: Link, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
+    async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
         receipt = self.transport.expect(dst, channel=channel)
@@ -145,10 +147,10 @@ class Requester(LinkCore):
             self.engine.unpin(entry.cache_id)
         return plan.nbytes, link.transport
 
-    async def _write_owner(self, link: Link, spec: RemoteSpec, src: Sequence[Segment], deadline: float,
+    async def _write_owner(self, link: AnyLink, spec: RemoteSpec, src: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         """Push ``src`` into what ``spec`` names at the other end of ``link`` (same daemon, either end)."""
-        if link.local_peer is not None:
+        if isinstance(link, LocalLink):
             owner = link.local_peer.engine
             cache_id, dst = owner.prepare_write(spec)
             try:
@@ -162,7 +164,7 @@ class Requester(LinkCore):
             try:
                 await self._in_thread(channel.send, tid, src, deadline)
             except DataDistError:
-                channel.abort(tid, LLMStatusCode.LLM_TIMEOUT)
+                channel.abort(TransferId(tid), LLMStatusCode.LLM_TIMEOUT)
                 raise
             await calls.commit_write(link.session, tid, deadline - time.monotonic())
         except DataDistError as exc:

@@ -25,7 +25,16 @@ from ..reverse import (
 )
 from ..transport.base import CallChannel, CallTransport
 from .core import LinkCore
-from .model import MAX_CLUSTERS_PER_CALL, ClusterSpec, Link, LinkState, _overall
+from .model import (
+    MAX_CLUSTERS_PER_CALL,
+    ClusterSpec,
+    InboundLink,
+    Link,
+    LinkState,
+    LocalLink,
+    OutboundLink,
+    _overall,
+)
 
 log = logging.getLogger("datadistd.links")
 
@@ -95,8 +104,9 @@ class LinkSetup(LinkCore):
         except BaseException:
             await peer.close()
             raise
-        link = Link(cid, True, self.transport.label, answer.session, spec.address, answer.data_endpoint, peer,
-                    channel, token)
+        link = OutboundLink(remote_cluster=cid, transport=self.transport.label, session=answer.session,
+                            address=spec.address, data_endpoint=answer.data_endpoint, peer=peer, channel=channel,
+                            token=token)
         if self.node.call_codec is not None and isinstance(channel, CallChannel):
             link.frames = self._frame_calls(link)
             channel.on_control(self._control_handler(link))
@@ -127,9 +137,11 @@ class LinkSetup(LinkCore):
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {server.cluster_id}")
         session = os.urandom(16)
-        self.links[spec.remote_cluster_id] = Link(spec.remote_cluster_id, True, "local", session, spec.address,
-                                                  local_peer=server)
-        serving = Link(self.cluster_id, False, "local", session, "", local_peer=self)
+        self.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
+                                                       session=session, address=spec.address, local_peer=server,
+                                                       linking=True)
+        serving = LocalLink(remote_cluster=self.cluster_id, transport="local", session=session, local_peer=self,
+                            linking=False)
         old = server.served.get(self.cluster_id)
         if old is not None:
             server._drop_serving(old)
@@ -137,15 +149,14 @@ class LinkSetup(LinkCore):
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
-    async def _heartbeat(self, link: Link) -> None:
+    async def _heartbeat(self, link: OutboundLink) -> None:
         interval = self.node.heartbeat_seconds
         while link.state == LinkState.ESTABLISHED and not self.closed:
             await asyncio.sleep(interval)
-            if link.channel is not None and link.channel.broken:
+            if link.channel.broken:
                 self._mark_broken(link, "data channel closed")
                 return
             try:
-                assert link.peer is not None
                 await link.peer.ping(link.session, max(interval, 1.0))
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
@@ -194,8 +205,9 @@ class LinkSetup(LinkCore):
         session = os.urandom(16)
         token = data_token(self.node.secret, session)
         self.transport.allow(token)
-        link = Link(offer.client_cluster_id, False, self.transport.label, session, token=token,
-                    data_endpoint=self.transport.endpoint, reverse=ReverseHub(offer.client_cluster_id))
+        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=self.transport.label, session=session,
+                           token=token, data_endpoint=self.transport.endpoint,
+                           reverse=ReverseHub(offer.client_cluster_id))
         if self.node.call_codec is not None and isinstance(self.transport, CallTransport):
             link.frames = self._frame_calls(link)
             self.transport.on_control(token, self._control_handler(link))
@@ -243,12 +255,12 @@ class LinkSetup(LinkCore):
             del self.links[link.remote_cluster]
         if link.heartbeat is not None:
             link.heartbeat.cancel()
-        if link.reverse_task is not None:
+        if isinstance(link, OutboundLink) and link.reverse_task is not None:
             link.reverse_task.cancel()
         if link.frames is not None:
             link.frames.close("unlinked")
         failure: DataDistError | None = None
-        if link.local_peer is not None:
+        if isinstance(link, LocalLink):
             other = link.local_peer
             for table in (other.links, other.served):
                 peer_side = table.get(self.cluster_id)
@@ -256,22 +268,21 @@ class LinkSetup(LinkCore):
                     del table[self.cluster_id]
             if self.served.get(link.remote_cluster) is link:
                 del self.served[link.remote_cluster]
-        elif link.initiator:
-            if notify and link.state == LinkState.ESTABLISHED and link.peer is not None:
+        elif isinstance(link, OutboundLink):
+            if notify and link.state == LinkState.ESTABLISHED:
                 try:
                     remaining = (deadline or time.monotonic() + 1) - time.monotonic()
                     await link.peer.unlink(link.session, max(0.1, remaining))
                 except DataDistError as exc:
                     failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
                                             f"local end removed, but the serving side was not told: {exc}")
-            if link.channel is not None:
-                await self._in_thread(link.channel.close)
-            if link.peer is not None:
-                await link.peer.close()
+            await self._in_thread(link.channel.close)
+            await link.peer.close()
         else:
+            assert isinstance(link, InboundLink)
             hub = link.reverse
             # a reverse path not attached yet (a link just made) is waited for within the deadline
-            if notify and link.state == LinkState.ESTABLISHED and hub is not None and not hub.closed:
+            if notify and link.state == LinkState.ESTABLISHED and not hub.closed:
                 try:
                     remaining = (deadline or time.monotonic() + 1) - time.monotonic()
                     await hub.unlink(link.session, max(0.1, remaining))
@@ -291,10 +302,10 @@ class LinkSetup(LinkCore):
                                 f"cluster {self.cluster_id} has no link to cluster {cluster}")
         if link.pulls or link.layerwise:
             raise DataDistError(StatusCode.LLM_LINK_BUSY, f"transfers are running on the link to cluster {cluster}")
-        channel = self._channel_of(link) if link.local_peer is None else None
+        channel = self._channel_of(link)
         if link.state == LinkState.ESTABLISHED and channel is not None and channel.broken:
             self._mark_broken(link, "data channel closed")
-        if link.state == LinkState.ESTABLISHED and link.initiator and link.peer is not None:
+        if isinstance(link, OutboundLink) and link.state == LinkState.ESTABLISHED:
             timeout = (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000
             try:
                 await link.peer.ping(link.session, timeout)

@@ -11,12 +11,20 @@ calls as control frames, liveness -- but the KV bytes of every pull and push mov
    transfer id, the rows ``(address, length)`` of the destination, and partial metadata of any
    registration this peer has not seen yet.
 3. ``channel.send(transfer_id, segments)`` (the side that has the bytes): waits for that ``D``,
-   pairs source and destination rows (``pieces.pair_rows``), posts one NIXL WRITE and polls it to
-   completion under the call's deadline, then sends ``F`` (transfer id, status code).
-4. ``receipt.wait`` returns at ``F`` with status 0; fails with the code ``F`` carries, with
-   ``LLM_LINK_FAILED`` when the channel breaks (peer death, unlink), ``LLM_TIMEOUT`` at the deadline.
-5. ``receipt.cancel`` (a failed or timed-out transfer) sends ``X`` and waits (1 s at most) for the
-   sender's ``F`` saying it writes nothing more; without one it closes the channel.
+   pairs source and destination rows (``pieces.pair_rows``) and posts one NIXL WRITE carrying a
+   notification (``DDN`` + transfer id), polled to completion; a sender that fails before posting
+   sends ``F`` (transfer id, status code). A posted WRITE runs to completion (or its deadline) even
+   when the link goes.
+4. ``receipt.wait`` (``receipt.py``) returns when NIXL delivers the WRITE's notification, which comes
+   after its bytes -- never on the sender's word; fails with the code an ``F`` carries, with
+   ``LLM_LINK_FAILED`` when the channel broke and no notification came within ``QUIESCE`` (2 s),
+   with ``LLM_TIMEOUT`` at the deadline.
+5. ``receipt.cancel`` (a failed or timed-out transfer) sends ``X`` and waits ``QUIESCE`` for the
+   sender's answer (``F``: nothing was posted; or the notification: the WRITE landed); without one it
+   drops the channel and the peer's agent, so no byte lands after the memory is handed back.
+
+Modules: ``agent`` (the only one that imports NIXL), ``pieces`` (row pairing), ``wire`` (the
+messages), ``receipt``, ``transport`` (``NixlTransport``, ``NixlChannel``, the per-link state).
 
 One NIXL agent per engine, like the tcp listener: engines of one daemon share no registrations.
 Only memory mapped into the daemon is registered (pools; sealed worker memory); worker memory reached

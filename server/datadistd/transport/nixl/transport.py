@@ -23,6 +23,8 @@ from ..base import CONTROL_TRANSPORT, Channel
 from ..tcp import TcpChannel, TcpTransport
 from .agent import Agent, load_api, ucx_transports
 from .pieces import pair_rows
+from .receipt import POLL, QUIESCE, NixlReceipt
+from .wire import CANCEL, CODE, DESCS, FIN, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
 
 __all__ = ["NixlTransport", "NixlChannel", "NixlReceipt", "SCHEME"]
 
@@ -31,103 +33,11 @@ log = logging.getLogger("datadistd.transport.nixl")
 SCHEME = "nixl+tcp"
 ControlHandler = Callable[[int, bytes], None]
 
-# messages in CONTROL_TRANSPORT frames: one letter, then
-_META = b"M"      # u8 reply wanted, u16 name length, agent name, agent metadata
-_DESCS = b"D"     # u64 transfer id, u32 metadata length, partial metadata, then rows (u64 address, u64 length)
-_FIN = b"F"       # u64 transfer id, i64 status code: the sender failed and wrote nothing that can still land
-_CANCEL = b"X"    # u64 transfer id: the receiver gave up; answered by FIN (nothing was posted) or by the
-                  # NIXL notification of the WRITE (it was posted: it completes, and the notification says so)
-_NOTIF = b"DDN"   # NIXL notification of a WRITE, delivered after its bytes: this, u64 transfer id
-_ID = struct.Struct("<cQ")
-_NOTIF_ID = struct.Struct("<3sQ")
-_CODE = struct.Struct("<q")
-_META_HEAD = struct.Struct("<cBH")
-_MD_LEN = struct.Struct("<I")
-
 _MAX_WAITING = 4096      # destination lists kept for transfers not sent yet (a peer's; the oldest go first)
 _MAX_BACKLOG = 256       # link control frames kept before the link manager set its handler
-_QUIESCE = 2.0           # how long cancel() waits for the sender to confirm it writes no more
 _CONTROL_TIMEOUT = 5.0   # bound on sending one control frame
-_POLL = 0.1              # waits look at the channel this often
 _NAP = 0.0002            # the longest sleep between two looks for a receipt's notification
 _IDLE = 0.005            # progress thread: the pause between two looks when no receipt waits
-
-
-class NixlReceipt:
-    """A transfer the peer WRITEs into this daemon's memory: done when NIXL delivers the WRITE's
-    notification (which comes after its bytes); failed by the sender's FIN, a broken channel or the deadline."""
-
-    def __init__(self, transport: "NixlTransport", peer: "_Peer", transfer_id: TransferId, expected: int) -> None:
-        self._transport = transport
-        self._peer = peer
-        self._id = transfer_id
-        self._expected = expected
-        self._event = threading.Event()
-        self._error: DataDistError | None = None
-        self._confirmed = False    # the sender said how it ended: notification, or FIN (nothing posted)
-
-    @property
-    def transfer_id(self) -> TransferId:
-        return self._id
-
-    @property
-    def expected(self) -> int:
-        return self._expected
-
-    @property
-    def received(self) -> int:
-        return self._expected if self.done else 0
-
-    @property
-    def done(self) -> bool:
-        if not self._event.is_set():
-            self._transport.poll()
-        return self._event.is_set() and self._error is None
-
-    def _finish(self, error: DataDistError | None) -> None:
-        if not self._event.is_set():
-            self._error = error
-            self._event.set()
-
-    def _settle(self, deadline: float) -> bool:
-        """Wait until the notification came or the receipt failed (True), or ``deadline`` (False). The
-        transport's progress thread hands notifications over; this looks once itself (a transfer that is
-        already done needs no wait) and then only sleeps: one polling thread per daemon, not one per waiter.
-
-        A broken channel does not fail the receipt at once: the sender may have posted its WRITE, which
-        completes (its notification comes over NIXL, not over the channel) or its bytes may still be on
-        the way; so it waits ``_QUIESCE`` more for the notification before failing with ``LLM_LINK_FAILED``
-        -- the memory is handed back only when nothing more is likely to land."""
-        self._transport.poll()
-        broken_at: float | None = None
-        while not self._event.is_set():
-            now = time.monotonic()
-            if broken_at is None and self._peer.broken:
-                broken_at = now
-            if broken_at is not None and now >= broken_at + _QUIESCE:
-                self._finish(DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                           f"transfer {self._id}: data channel {self._peer.what} broke"))
-                break
-            if now >= deadline:
-                return False
-            self._event.wait(min(_POLL, deadline - now))
-        return True
-
-    def wait(self, deadline: float) -> None:
-        if not self._settle(deadline):
-            raise DataDistError(LLMStatusCode.LLM_TIMEOUT,
-                                f"transfer {self._id}: {self._expected} bytes not written by the deadline")
-        if self._error is not None:
-            raise self._error
-        self._transport._landed(self._id)
-
-    def cancel(self) -> None:
-        """Forget the transfer, once the sender confirmed nothing more of it will land: its FIN (it posted
-        nothing), or the notification of the WRITE it had posted (the bytes are in). Without either within
-        ``_QUIESCE`` the link's data channel and the peer's NIXL agent are dropped."""
-        if self._peer.forget(self._id) and not self._event.is_set():
-            self._peer.quiesce(self)
-        self._transport._landed(self._id)
 
 
 class _Peer:
@@ -176,7 +86,7 @@ class _Peer:
 
     def fin(self, tid: int, code: int) -> None:
         try:
-            self.send(_ID.pack(_FIN, tid) + _CODE.pack(int(code)))
+            self.send(ID.pack(FIN, tid) + CODE.pack(int(code)))
         except DataDistError as exc:
             log.warning("nixl: could not tell the peer %s that transfer %d ended: %s", self.what, tid, exc)
 
@@ -209,17 +119,17 @@ class _Peer:
 
     def _on_message(self, payload: bytes) -> None:
         letter = payload[:1]
-        if letter == _META:
-            _, reply, size = _META_HEAD.unpack_from(payload)
-            name = payload[_META_HEAD.size:_META_HEAD.size + size].decode()
-            self.transport._bind_agent(self, name, payload[_META_HEAD.size + size:])
+        if letter == META:
+            _, reply, size = META_HEAD.unpack_from(payload)
+            name = payload[META_HEAD.size:META_HEAD.size + size].decode()
+            self.transport._bind_agent(self, name, payload[META_HEAD.size + size:])
             if reply:
                 self.send(self.transport._meta(self, reply=False))
             self.ready.set()
-        elif letter == _DESCS:
-            _, tid = _ID.unpack_from(payload)
-            (size,) = _MD_LEN.unpack_from(payload, _ID.size)
-            at = _ID.size + _MD_LEN.size
+        elif letter == DESCS:
+            _, tid = ID.unpack_from(payload)
+            (size,) = MD_LEN.unpack_from(payload, ID.size)
+            at = ID.size + MD_LEN.size
             if size:
                 if self.transport._agent().add_peer(payload[at:at + size]) != self.agent_name:
                     raise ValueError("partial metadata of another agent")
@@ -233,9 +143,9 @@ class _Peer:
                     log.warning("nixl: %s sent more than %d destination lists that were never used; dropped "
                                 "transfer %d's", self.what, _MAX_WAITING, old)
                 self._cond.notify_all()
-        elif letter == _FIN:
-            _, tid = _ID.unpack_from(payload)
-            (code,) = _CODE.unpack_from(payload, _ID.size)
+        elif letter == FIN:
+            _, tid = ID.unpack_from(payload)
+            (code,) = CODE.unpack_from(payload, ID.size)
             receipt = self.transport._landing.get(tid)
             if receipt is not None and receipt._peer is self:
                 status = code_2_status(code)
@@ -243,8 +153,8 @@ class _Peer:
                     status = LLMStatusCode.LLM_FAILED
                 receipt._confirmed = True
                 receipt._finish(DataDistError(status, f"transfer {tid} failed at the sender ({status.name})"))
-        elif letter == _CANCEL:
-            _, tid = _ID.unpack_from(payload)
+        elif letter == CANCEL:
+            _, tid = ID.unpack_from(payload)
             with self._cond:
                 self._waiting.pop(tid, None)
                 self._cancelled[tid] = None
@@ -274,7 +184,7 @@ class _Peer:
                 if remaining <= 0:
                     raise DataDistError(LLMStatusCode.LLM_TIMEOUT,
                                         f"transfer {tid}: the receiver's destination never came")
-                self._cond.wait(min(remaining, _POLL))
+                self._cond.wait(min(remaining, POLL))
 
     def stop_reason(self, tid: int) -> DataDistError | None:
         """Why the send of ``tid`` must not start: a broken channel, or the receiver cancelled it."""
@@ -317,10 +227,10 @@ class _Peer:
         tid = int(receipt.transfer_id)
         if not self.broken:
             try:
-                self.send(_ID.pack(_CANCEL, tid), time.monotonic() + _QUIESCE)
+                self.send(ID.pack(CANCEL, tid), time.monotonic() + QUIESCE)
             except DataDistError as exc:
                 log.warning("nixl: could not cancel transfer %d at %s: %s", tid, self.what, exc)
-        if receipt._settle(time.monotonic() + _QUIESCE) and receipt._confirmed:
+        if receipt._settle(time.monotonic() + QUIESCE) and receipt._confirmed:
             return
         log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
                     "and its NIXL connection", tid, self.what)
@@ -381,9 +291,9 @@ class NixlChannel:
                 # once posted, a WRITE runs to completion (or its deadline) even if the channel breaks or the
                 # receiver cancels: released early, bytes UCX already queued could still land in memory the
                 # receiver has handed back; complete, it ends with the notification the receiver waits for
-                agent.write(src, dst, peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid), deadline, lambda: None)
+                agent.write(src, dst, peer.agent_name, NOTIF_ID.pack(NOTIF, tid), deadline, lambda: None)
             else:
-                agent.notify(peer.agent_name, _NOTIF_ID.pack(_NOTIF, tid))
+                agent.notify(peer.agent_name, NOTIF_ID.pack(NOTIF, tid))
             self._transport.bytes_sent += int(src[:, 1].sum()) if len(src) else 0
         except DataDistError as exc:
             failure = exc
@@ -567,7 +477,7 @@ class NixlTransport:
         metadata = agent.metadata()
         peer.shipped |= serials
         name = agent.name.encode()
-        return _META_HEAD.pack(_META, int(reply), len(name)) + name + metadata
+        return META_HEAD.pack(META, int(reply), len(name)) + name + metadata
 
     def _bind_agent(self, peer: _Peer, name: str, metadata: bytes) -> None:
         """The peer of ``peer`` says its agent is ``name``: load its metadata, after checking the name is
@@ -619,10 +529,10 @@ class NixlTransport:
             return
         try:
             for name, message in agent.notifications():
-                if len(message) != _NOTIF_ID.size or not message.startswith(_NOTIF):
+                if len(message) != NOTIF_ID.size or not message.startswith(NOTIF):
                     log.warning("nixl: ignored a notification from %s that is not datadist's", name)
                     continue
-                _, tid = _NOTIF_ID.unpack(message)
+                _, tid = NOTIF_ID.unpack(message)
                 receipt = self._landing.get(tid)
                 if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
                     log.debug("nixl: notification of transfer %d from %s matches no receipt", tid, name)
@@ -649,7 +559,7 @@ class NixlTransport:
         receipt = NixlReceipt(self, peer, tid, int(rows[:, 1].sum()) if len(rows) else 0)
         peer.add_receipt(receipt)
         self._landing[tid] = receipt
-        payload = _ID.pack(_DESCS, tid) + _MD_LEN.pack(len(metadata)) + metadata + rows.tobytes()
+        payload = ID.pack(DESCS, tid) + MD_LEN.pack(len(metadata)) + metadata + rows.tobytes()
         tcp = peer.channel()
         if not tcp.try_control(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
             deferred = self._deferred

@@ -69,7 +69,6 @@ def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair) -> None:
     assert not decoder.call("rows", "kv", None, untouched).any()
 
 
-@over_planes("tcp", "nixl-ucx-tcp")
 def test_abort_midway_and_never_sent_configs(v2_pair) -> None:
     prompt, decoder, _ = v2_pair
     configs = [

@@ -227,7 +227,6 @@ def test_local_path_same_daemon(daemon_factory, worker_factory) -> None:
     assert initiator[0].bytes_in == 3 * 2 * 16 * 16 * 2
 
 
-@over_planes("tcp", "nixl-ucx-shm")
 def test_grpc_and_attach_transfer_paths_agree(daemon_factory, worker_factory) -> None:
     """Pulls and pushes go on the attach connection by default; DATADIST_LOCAL_TRANSFERS=grpc sends them as the
     DataDist Pull/Push RPCs. Both paths move the same bytes and report the same errors."""

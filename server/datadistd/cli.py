@@ -101,7 +101,29 @@ async def _run(app: DaemonApp) -> None:
     await app.stop()
 
 
+def _die_with_parent() -> None:
+    """Started by a test, bench or demo process (``tools.daemonproc``, ``die_with_parent``): SIGTERM when
+    that process dies, so no daemon outlives a crashed run; at once if it is already gone."""
+    parent = os.environ.pop("DATADIST_DIE_WITH_PARENT", "")
+    if not parent.isdigit():
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # reparented: did the parent die before the line above?
+        try:
+            os.kill(int(parent), 0)
+        except ProcessLookupError:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except PermissionError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
     args = parse_args(argv)
     try:
         config = load_config(args.config, overrides={

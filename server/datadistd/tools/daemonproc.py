@@ -82,14 +82,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError("no fresh free port after 100 tries")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies, so no daemon outlives a crashed run."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+#: set in a daemon's environment by ``die_with_parent``: the daemon asks the kernel for SIGTERM when its
+#: parent dies (``datadistd.cli``). Done by the daemon after exec, not by a ``preexec_fn`` between fork and
+#: exec: code there can deadlock on a lock another thread of the parent held at fork (a bench run hung
+#: for 9 minutes in ``Popen`` that way, its child never reaching exec).
+PARENT_PID_ENV = "DATADIST_DIE_WITH_PARENT"
 
 
 class DaemonProcess:
@@ -164,9 +161,9 @@ class DaemonProcess:
 
     def _spawn(self) -> None:
         self._log = open(self.log_path, "ab")
+        env = {**self.env, PARENT_PID_ENV: str(os.getpid())} if self._die_with_parent else self.env
         self.proc = subprocess.Popen([*self.command, sys.executable, "-m", "datadistd", "--socket", self.socket,
-                                      *self.args], env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent if self._die_with_parent else None)
+                                      *self.args], env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     def _await_serving(self, deadline: float) -> None:
         assert self.proc is not None

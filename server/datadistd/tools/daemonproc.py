@@ -146,7 +146,7 @@ class DaemonProcess:
             for d in daemons:
                 d._spawn()
             for d in daemons:
-                d._await_serving(deadline)
+                d._await_serving(deadline, timeout)
         except (RuntimeError, TimeoutError):
             for d in daemons:
                 if d.proc is not None:
@@ -156,7 +156,7 @@ class DaemonProcess:
 
     def _start(self: _Self, timeout: float) -> _Self:
         self._spawn()
-        self._await_serving(time.monotonic() + timeout)
+        self._await_serving(time.monotonic() + timeout, timeout)
         return self
 
     def _spawn(self) -> None:
@@ -165,9 +165,9 @@ class DaemonProcess:
         self.proc = subprocess.Popen([*self.command, sys.executable, "-m", "datadistd", "--socket", self.socket,
                                       *self.args], env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
-    def _await_serving(self, deadline: float) -> None:
+    def _await_serving(self, deadline: float, timeout: float) -> None:
+        """Poll until SERVING; ``timeout`` (the whole wait ``deadline`` ends) is what the error names."""
         assert self.proc is not None
-        timeout = round(deadline - time.monotonic(), 1)
         while time.monotonic() < deadline:  # polls every 50 ms until SERVING, exit or the deadline
             if self.proc.poll() is not None:
                 raise RuntimeError(f"datadistd {self.name} exited with {self.proc.returncode}:\n{self.log()}")

@@ -20,6 +20,59 @@ DTYPES = {"float16": (ld.DataType.DT_FLOAT16, np.float16), "float32": (ld.DataTy
           "int8": (ld.DataType.DT_INT8, np.int8), "uint8": (ld.DataType.DT_UINT8, np.uint8)}
 
 
+#: set by the acl planes (tests.harness.ACL_PLANES): DEVICE tensors are NPU memory of the (simulated) runtime,
+#: reached only through aclrtMemcpy -- never a host load or store, as on an Ascend host
+NPU = os.environ.get("DATADIST_TEST_NPU") == "1"
+
+
+class NpuTensor:
+    """A tensor in NPU memory: ``shape``/``dtype`` like numpy's; bytes move with ``aclrtMemcpy``."""
+
+    def __init__(self, addr: int, shape: tuple, dtype: Any, device: int = 0) -> None:
+        self.addr, self.shape, self.dtype, self.device = addr, tuple(shape), np.dtype(dtype), device
+        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @classmethod
+    def allocate(cls, shape: tuple, dtype: Any) -> "NpuTensor":
+        from datadist.ascend.acl import acl
+        t = cls(0, shape, dtype)
+        t.addr = acl().malloc(0, t.nbytes)
+        t.store(np.zeros(t.shape, t.dtype))
+        return t
+
+    def load(self) -> np.ndarray:
+        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+        out = np.empty(self.shape, self.dtype)
+        acl().memcpy(self.device, out.ctypes.data, self.nbytes, self.addr, self.nbytes, MEMCPY_DEVICE_TO_HOST)
+        return out
+
+    def store(self, arr: np.ndarray) -> None:
+        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        src = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+        assert src.size == self.nbytes
+        acl().memcpy(self.device, self.addr, self.nbytes, src.ctypes.data, self.nbytes, MEMCPY_HOST_TO_DEVICE)
+
+
+def _new_tensor(shape: tuple, np_dt: Any, placement: str) -> Any:
+    return NpuTensor.allocate(shape, np_dt) if NPU and placement == "DEVICE" else np.zeros(shape, dtype=np_dt)
+
+
+def _addr(t: Any) -> int:
+    return t.addr if isinstance(t, NpuTensor) else t.ctypes.data
+
+
+def _load(t: Any) -> np.ndarray:
+    """The tensor's contents on the host (a view for host memory, a copy for NPU memory)."""
+    return t.load() if isinstance(t, NpuTensor) else t
+
+
+def _store(t: Any, arr: np.ndarray) -> None:
+    if isinstance(t, NpuTensor):
+        t.store(arr)
+    else:
+        t.reshape(-1).view(np.uint8)[:] = arr.reshape(-1).view(np.uint8)
+
+
 def pid(state: dict) -> int:
     return os.getpid()
 
@@ -65,10 +118,10 @@ def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, b
     """vLLM-style: the worker allocates its own (anonymous) KV tensors and registers them."""
     dt, np_dt = DTYPES[dtype]
     shape = (num_blocks, *block_shape)
-    arrays = [np.zeros(shape, dtype=np_dt) for _ in range(num_tensors)]
+    arrays = [_new_tensor(shape, np_dt, placement) for _ in range(num_tensors)]
     desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
     key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
-    cache = _cm(state).register_blocks_cache(desc, [a.ctypes.data for a in arrays], key,
+    cache = _cm(state).register_blocks_cache(desc, [_addr(a) for a in arrays], key,
                                              remote_accessible=remote_accessible)
     state["caches"][name] = cache
     state["arrays"][name] = arrays
@@ -78,10 +131,10 @@ def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, b
 def register_cache(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "float16",
                    keys: list | None = None, remote_accessible: bool | None = None, placement: str = "DEVICE") -> int:
     dt, np_dt = DTYPES[dtype]
-    arrays = [np.zeros(shape, dtype=np_dt) for _ in range(num_tensors)]
+    arrays = [_new_tensor(shape, np_dt, placement) for _ in range(num_tensors)]
     desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
     cache_keys = [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])]
-    cache = _cm(state).register_cache(desc, [a.ctypes.data for a in arrays], cache_keys,
+    cache = _cm(state).register_cache(desc, [_addr(a) for a in arrays], cache_keys,
                                       remote_accessible=remote_accessible)
     state["caches"][name] = cache
     state["arrays"][name] = arrays
@@ -90,7 +143,7 @@ def register_cache(state: dict, name: str, num_tensors: int, shape: tuple, dtype
 
 def allocate(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "float16", blocks: bool = False,
              keys: list | None = None, model_id: int | None = None, placement: str = "DEVICE") -> int:
-    dt, _ = DTYPES[dtype]
+    dt, np_dt = DTYPES[dtype]
     desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
     cm = _cm(state)
     if blocks:
@@ -99,7 +152,10 @@ def allocate(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str 
     else:
         cache = cm.allocate_cache(desc, [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])])
     state["caches"][name] = cache
-    state["arrays"][name] = views.numpy_views(cache)
+    if NPU and placement == "DEVICE":
+        state["arrays"][name] = [NpuTensor(a, shape, np_dt) for a in cache.tensor_addrs]
+    else:
+        state["arrays"][name] = views.numpy_views(cache)
     return cache.cache_id
 
 
@@ -110,13 +166,12 @@ def _arrays(state: dict, name: str) -> list:
 def fill(state: dict, name: str, seed: int) -> None:
     """Deterministic bytes: tensor i is filled from rng(seed * 1000 + i)."""
     for i, arr in enumerate(_arrays(state, name)):
-        flat = arr.reshape(-1).view(np.uint8)
-        flat[:] = np.random.default_rng(seed * 1000 + i).integers(0, 256, flat.size, dtype=np.uint8)
+        _store(arr, np.random.default_rng(seed * 1000 + i).integers(0, 256, arr.nbytes, dtype=np.uint8))
 
 
 def zero(state: dict, name: str) -> None:
     for arr in _arrays(state, name):
-        arr.reshape(-1).view(np.uint8)[:] = 0
+        _store(arr, np.zeros(arr.nbytes, np.uint8))
 
 
 def rows(state: dict, name: str, tensor_indices: list | None = None, row_indices: list | None = None) -> np.ndarray:
@@ -125,14 +180,14 @@ def rows(state: dict, name: str, tensor_indices: list | None = None, row_indices
     idx = range(len(arrays)) if tensor_indices is None else tensor_indices
     out = []
     for i in idx:
-        a = arrays[i]
+        a = _load(arrays[i])
         per = a.reshape(a.shape[0], -1).view(np.uint8)
         out.append(per if row_indices is None else per[list(row_indices)])
     return np.stack(out).copy()
 
 
 def digest(state: dict, name: str) -> list[str]:
-    return [hashlib.sha256(a.reshape(-1).view(np.uint8).tobytes()).hexdigest() for a in _arrays(state, name)]
+    return [hashlib.sha256(_load(a).reshape(-1).view(np.uint8).tobytes()).hexdigest() for a in _arrays(state, name)]
 
 
 def link(state: dict, remote_cluster: int, remote_ip: str, remote_port: int, timeout: int = 3000,

@@ -85,6 +85,12 @@ class AttachClient:
         self.capability = bytes(welcome.capability)
         self.uid, self.pid = welcome.uid, welcome.pid
         self.protocol = welcome.protocol_version
+        self.memory_backend = welcome.memory_backend or "host"
+        self.device_id = int(welcome.device_id)
+        # the daemon's pid as the kernel reports it for this connection (never what a message says): the one
+        # process this worker's exported device memory may be imported by
+        self.daemon_pid = struct.unpack("3i", self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                    struct.calcsize("3i")))[0]
 
     @property
     def metadata(self) -> Tuple[Tuple[str, str], ...]:
@@ -162,6 +168,11 @@ class AttachClient:
                                       offset=offset, length=length)
         return self._call(attach_pb2.AttachRequest(import_memory=msg), func, fds)[0].imported.memory_id
 
+    def import_device_memory(self, key: str, device: int, length: int, func: str) -> int:
+        """Hand over ``length`` bytes of NPU memory by the IPC ``key`` exported for the daemon; the memory id."""
+        msg = attach_pb2.ImportMemory(device_key=key, device_id=device, length=length)
+        return self._call(attach_pb2.AttachRequest(import_memory=msg), func)[0].imported.memory_id
+
     def release_memory(self, memory_ids: List[int]) -> None:
         """Give back imported memory the daemon did not put into a cache (best effort)."""
         for memory_id in memory_ids:
@@ -171,14 +182,19 @@ class AttachClient:
             except LLMException:
                 return
 
-    def export_pool(self, engine_id: int, pool: str, func: str) -> Tuple[int, int]:
-        """``(fd, size)`` of one of our engine's pools; the caller closes the descriptor."""
+    def export_pool(self, engine_id: int, pool: str, func: str) -> Tuple[int, int, str, int]:
+        """``(fd, size, device_key, device_id)`` of one of our engine's pools: a descriptor (the caller closes it),
+        or for an NPU pool ``fd == -1`` and the IPC key only this process may import."""
         reply, fd = self._call(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(engine_id=engine_id,
                                                                                           pool=pool)), func)
+        if reply.pool.device_key:
+            if fd >= 0:
+                os.close(fd)
+            return -1, int(reply.pool.size), reply.pool.device_key, int(reply.pool.device_id)
         if fd < 0:
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd sent no "
                                "descriptor for the pool", status_code=LLMStatusCode.LLM_FAILED)
-        return fd, int(reply.pool.size)
+        return fd, int(reply.pool.size), "", 0
 
     def close(self) -> None:
         try:

@@ -19,7 +19,7 @@ from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, range_pb
 from ._layerwise import check_transfer_args, start_transfer
 from ._rpc import RPC_MARGIN_S, DaemonClient
 from ._session import EngineSession
-from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey
+from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, Placement
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheOps", "desc_pb", "cache_key_pb", "blocks_key_pb", "any_key_pb", "worker_memory", "check_range",
@@ -32,7 +32,26 @@ UINT64_MAX = 2**64 - 1
 LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 
 
-def worker_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
+def device_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
+    """Hand NPU memory over (daemon backend ``acl``): an IPC key that only the daemon's pid -- as the kernel
+    reports it on the attach socket -- may import. The key stays open while this process lives (CANN: the
+    importer closes first; the daemon closes its import when the cache goes)."""
+    from datadist.ascend import AscendError
+    from datadist.ascend.acl import acl
+
+    attach = client.attach()
+    try:
+        runtime = acl()
+        key = runtime.ipc_export(attach.device_id, address, length)
+        runtime.ipc_allow(key, [attach.daemon_pid])
+    except AscendError as exc:
+        raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
+    memory_id = attach.import_device_memory(key, attach.device_id, length, func)
+    return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
+
+
+def worker_memory(client: DaemonClient, address: int, length: int, func: str,
+                  device: bool = False) -> datadist_pb2.WorkerMemory:
     """Hand ``length`` bytes at ``address`` of this process to the daemon (``ValueError`` when impossible).
 
     Embedded mode: the daemon is this process and takes the address as it is. Otherwise the memory
@@ -42,6 +61,8 @@ def worker_memory(client: DaemonClient, address: int, length: int, func: str) ->
             raise ValueError(f"invalid memory range: address={address!r}, length={length!r}")
         return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(pid=os.getpid(), address=address,
                                                                             length=length))
+    if device:
+        return device_memory(client, address, length, func)
     shared = _memory.share(address, length)
     try:
         memory_id = client.attach().import_memory(shared.fds, shared.pieces, shared.offset, shared.length, func)
@@ -112,14 +133,19 @@ class CacheOps:
     def _client(self) -> DaemonClient:
         return self._owner._check_init()
 
-    def _fetch_pool(self, pool: str) -> Tuple[int, int]:
+    def _fetch_pool(self, pool: str) -> Tuple[int, int, str, int]:
         return self._client.attach().export_pool(self._engine_id, pool, "allocate_cache")
 
-    def _hand_over(self, func: str, addrs: Sequence[int], size: int) -> List[datadist_pb2.WorkerMemory]:
+    def _hand_over(self, func: str, addrs: Sequence[int], size: int,
+                   placement: Any = None) -> List[datadist_pb2.WorkerMemory]:
+        """Hand the tensors at ``addrs`` over; DEVICE tensors of a daemon on NPU memory (``acl``) by IPC key."""
+        client = self._client
+        device = (placement == Placement.DEVICE and not client.embedded
+                  and client.attach().memory_backend == "acl")
         mem: List[datadist_pb2.WorkerMemory] = []
         try:
             for a in addrs:
-                mem.append(worker_memory(self._client, a, size, func))
+                mem.append(worker_memory(client, a, size, func, device))
         except ValueError as exc:
             self._release(mem)
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
@@ -154,7 +180,7 @@ class CacheOps:
     def _register_rpc(self, func: str, desc: CacheDesc, addrs: Sequence[int], is_blocks: bool,
                       keys: Sequence[CacheKey] = (), blocks_key: Optional[BlocksCacheKey] = None,
                       remote_accessible: Optional[bool] = None) -> Any:
-        mem = self._hand_over(func, addrs, desc.size)
+        mem = self._hand_over(func, addrs, desc.size, desc.placement)
         req = datadist_pb2.RegisterCacheRequest(engine_id=self._engine_id, desc=desc_pb(desc), is_blocks=is_blocks,
                                                 tensors=mem, cache_keys=[cache_key_pb(k) for k in keys],
                                                 worker_addrs=list(addrs))
@@ -201,7 +227,7 @@ class CacheOps:
         if cache_id >= 0:
             return datadist_pb2.CacheOperand(cache_id=cache_id)
         return datadist_pb2.CacheOperand(cache_id=-1, desc=desc_pb(desc),
-                                         tensors=self._hand_over(func, addrs, desc.size))
+                                         tensors=self._hand_over(func, addrs, desc.size, desc.placement))
 
     def _swap_rpc(self, func: str, src: Tuple[int, CacheDesc, Sequence[int]], dst: Tuple[int, CacheDesc, Sequence[int]],
                   src_to_dst: Dict[int, int]) -> None:

@@ -73,10 +73,10 @@ class Mapper:
     addresses must not be used after it (the memory is no longer mapped).
     """
 
-    def __init__(self, fetch: Callable[[str], Tuple[int, int]]) -> None:
+    def __init__(self, fetch: Callable[[str], Tuple[int, int, str, int]]) -> None:
         self._fetch = fetch
         self._lock = threading.Lock()
-        self._maps: Dict[str, Tuple[mmap.mmap, int]] = {}  # pool -> (mapping, base address)
+        self._maps: Dict[str, Tuple[Any, int]] = {}  # pool -> (mapping, base address)
 
     def map(self, pool: str, file_offset: int, length: int) -> int:
         """The address in this process of ``length`` bytes at ``file_offset`` of ``pool``."""
@@ -85,7 +85,8 @@ class Mapper:
         with self._lock:
             entry = self._maps.get(pool)
             if entry is None:
-                entry = self._maps[pool] = _map_fd(*self._fetch(pool))
+                fd, size, key, device = self._fetch(pool)
+                entry = self._maps[pool] = _import_device(key, device, size) if key else _map_fd(fd, size)
             mm, base = entry
             if file_offset + length > len(mm):
                 raise ValueError(f"range [{file_offset}, {file_offset + length}) is outside pool {pool!r} "
@@ -105,6 +106,29 @@ class Mapper:
                 mm.close()
             except BufferError:  # a Python buffer still exports it; it goes when that is released
                 pass
+
+
+class _DeviceImport:
+    """An NPU pool imported by IPC key: its length, and ``close()`` (``aclrtIpcMemClose``) like an mmap's."""
+
+    def __init__(self, key: str, size: int) -> None:
+        self.key = key
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def close(self) -> None:
+        from datadist.ascend.acl import acl
+
+        acl().ipc_close(self.key)
+
+
+def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int]:
+    """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist.ascend``)."""
+    from datadist.ascend.acl import acl
+
+    return _DeviceImport(key, size), acl().ipc_import(device, key)
 
 
 def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:

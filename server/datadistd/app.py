@@ -20,7 +20,7 @@ from typing import Callable
 from grpc_health.v1 import health_pb2
 
 from .config import Config, secure_socket_dir
-from .memory import get_backend
+from .memory import backend_from_config
 from .memory.base import StaleCleanup
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
@@ -63,7 +63,7 @@ class DaemonApp:
         # TLS files are checked first: a bad set stops the start before any memory is set up
         self.tls = (PeerTls(TlsFiles(cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file), cfg.tls.server_name)
                     if cfg.tls.enabled else None)
-        backend = get_backend(cfg.memory.backend, shm_dir=cfg.memory.shm_dir, file_mode=cfg.memory.file_mode)
+        backend = backend_from_config(cfg.memory)
         if isinstance(backend, StaleCleanup):
             removed = backend.cleanup_stale(cfg.memory.shm_dir)
             if removed:

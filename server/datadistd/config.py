@@ -112,7 +112,9 @@ class DaemonSection:
 
 @dataclass
 class MemorySection:
-    backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl, cuda.", default="host")
+    backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl (Ascend NPU memory "
+                        "through CANN's runtime; docs/ascend.md), cuda.", default="host")
+    device_id: int = _doc("The NPU (logical id) whose memory the acl backend allocates DEVICE pools in.", default=0)
     shm_dir: str = _doc("Where stale pool files of datadist versions before 0.2 are cleaned up at start. Pools "
                         "are private memfds now: no file, no path another process could open.", default="/dev/shm")
     max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)

@@ -26,7 +26,7 @@ from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .links import LinkManager
-from .memory import MemoryBackend, Pool, get_backend
+from .memory import MemoryBackend, Pool, backend_from_config
 from .metrics import DaemonMetrics
 from .peering import PeerClient
 from .reverse import CallCodec
@@ -89,8 +89,7 @@ class Node:
         # how owner calls travel as data-channel frames (rpc.convert.CALL_CODEC); None: over gRPC only
         self.call_codec = call_codec
         self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
-        self.backend = backend or get_backend(config.memory.backend, shm_dir=config.memory.shm_dir,
-                                              file_mode=config.memory.file_mode)
+        self.backend = backend or backend_from_config(config.memory)
         self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers
         self.listener_factory = listener_factory
         self.engines: dict[EngineId, EngineSlot] = {}

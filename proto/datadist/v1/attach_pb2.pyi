@@ -32,14 +32,18 @@ class AttachHello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
 
 class ImportMemory(_message.Message):
-    __slots__ = ("pieces", "offset", "length")
+    __slots__ = ("pieces", "offset", "length", "device_key", "device_id")
     PIECES_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     pieces: _containers.RepeatedCompositeFieldContainer[MemoryPiece]
     offset: int
     length: int
-    def __init__(self, pieces: _Optional[_Iterable[_Union[MemoryPiece, _Mapping]]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+    device_key: str
+    device_id: int
+    def __init__(self, pieces: _Optional[_Iterable[_Union[MemoryPiece, _Mapping]]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., device_key: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class MemoryPiece(_message.Message):
     __slots__ = ("file_offset", "length")
@@ -82,20 +86,24 @@ class AttachReply(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., imported: _Optional[_Union[MemoryImported, _Mapping]] = ..., pool: _Optional[_Union[PoolExported, _Mapping]] = ..., transfer: _Optional[_Union[_datadist_pb2.TransferResponse, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("capability", "uid", "gid", "pid", "daemon_version", "protocol_version")
+    __slots__ = ("capability", "uid", "gid", "pid", "daemon_version", "protocol_version", "memory_backend", "device_id")
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     capability: bytes
     uid: int
     gid: int
     pid: int
     daemon_version: str
     protocol_version: int
-    def __init__(self, capability: _Optional[bytes] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., pid: _Optional[int] = ..., daemon_version: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+    memory_backend: str
+    device_id: int
+    def __init__(self, capability: _Optional[bytes] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., pid: _Optional[int] = ..., daemon_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., memory_backend: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class MemoryImported(_message.Message):
     __slots__ = ("memory_id", "mapped")
@@ -106,7 +114,11 @@ class MemoryImported(_message.Message):
     def __init__(self, memory_id: _Optional[int] = ..., mapped: _Optional[bool] = ...) -> None: ...
 
 class PoolExported(_message.Message):
-    __slots__ = ("size",)
+    __slots__ = ("size", "device_key", "device_id")
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     size: int
-    def __init__(self, size: _Optional[int] = ...) -> None: ...
+    device_key: str
+    device_id: int
+    def __init__(self, size: _Optional[int] = ..., device_key: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...

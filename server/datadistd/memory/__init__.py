@@ -7,12 +7,14 @@ modules import their device libraries lazily and fail with a clear error where a
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..plugins import load_named
 from .base import Allocation, FdPiece, FdRef, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 
 __all__ = [
     "Allocation", "FdPiece", "FdRef", "MemoryBackend", "MemoryHandle", "MemoryRef", "Pool", "ProcessRef",
-    "Segment", "BACKENDS", "get_backend",
+    "Segment", "BACKENDS", "get_backend", "backend_from_config",
 ]
 
 #: backend name -> "module:factory"; modules are imported only by get_backend()
@@ -21,6 +23,12 @@ BACKENDS: dict[str, str] = {
     "acl": "datadistd.memory.acl:AclBackend",
     "cuda": "datadistd.memory.cuda:CudaBackend",
 }
+
+
+def backend_from_config(memory: Any) -> MemoryBackend:
+    """The backend a ``[memory]`` config section names, with the settings it takes."""
+    extra: dict[str, object] = {"device_id": memory.device_id} if memory.backend == "acl" else {}
+    return get_backend(memory.backend, shm_dir=memory.shm_dir, file_mode=memory.file_mode, **extra)
 
 
 def get_backend(name: str, **kwargs: object) -> MemoryBackend:

@@ -1,28 +1,274 @@
-"""Ascend device memory (``acl``): the production backend on Ascend NPUs.
+"""Ascend device memory (``acl``): pools in NPU memory through CANN's C runtime (``datadist.ascend.acl``).
 
-Not implemented here, and it could not be verified: this machine has no Ascend NPU and no CANN
-runtime. Constructing the backend imports CANN's ``acl`` Python bindings lazily and says plainly
-what is missing. What it must do: allocate pools with ``aclrtMalloc`` (device) /
-``aclrtMallocHost`` (host), export them to workers with ``aclrtIpcMemGetExportKey`` /
-``aclrtIpcMemImportByKey``, and hand the transport device addresses for HCCL.
+* DEVICE pools: one ``aclrtMalloc`` of the pool's capacity on the daemon's device (``[memory] device_id``),
+  with the policy CANN's own buffers use (huge pages first, high bandwidth), carved by the same page
+  allocator as ``host`` pools (``LLM_OUT_OF_MEMORY`` when full; an ``aclrtMalloc`` the device cannot
+  hold: ``LLM_DEVICE_OUT_OF_MEMORY``). A worker reaches a pool by an IPC key the daemon exports for it
+  with the pid white list on, naming only the worker's pid as the kernel reported it on the attach
+  socket (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
+* HOST pools: memfd pools as in ``host`` (workers map them by descriptor; the ``hccl`` transport moves
+  their bytes over its tcp channel: HCCL registers host memory only from ``aclrtMallocHost``).
+* Worker NPU memory (``register_cache`` of NPU tensors) arrives as an IPC key the worker exported with
+  the daemon's pid on its white list (``DeviceRef``); the daemon imports it.
+
+Device memory has no host mapping: handles give ``view() -> None`` and copy with ``aclrtMemcpy``
+(``read_into`` device to host, ``write_from`` host to device, ``copy_to`` device to device).
+Run against CANN on an Ascend host, or against the simulated runtime of ``tests/sim`` (docs/ascend.md).
 """
 
 from __future__ import annotations
 
-from ..core.errors import DataDistError, StatusCode
+import logging
+import os
+import secrets
+import threading
+from typing import Any
 
-__all__ = ["AclBackend"]
+import numpy as np
+
+from datadist.ascend import AscendError
+from datadist.ascend.acl import MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, Acl, acl
+
+from ..core.allocator import PageAllocator
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.types import Placement
+from .base import Allocation, DeviceRef, MemoryRef
+from .host import HostBackend
+
+__all__ = ["AclBackend", "AclPool", "DeviceHandle", "DeviceRef", "ascend_error"]
+
+log = logging.getLogger("datadistd.memory.acl")
+
+
+def ascend_error(exc: AscendError, what: str) -> DataDistError:
+    """The status table's error for a failed CANN call, saying what was being done."""
+    return DataDistError(exc.status, f"{what}: {exc}")
+
+
+def _buffer_address(buf: memoryview | bytes) -> int:
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
+
+
+class DeviceHandle:
+    """``size`` bytes of device memory at ``address`` (this process's address) on ``device``."""
+
+    kind = "device"
+
+    def __init__(self, runtime: Acl, device: int, address: int, size: int, key: str | None = None) -> None:
+        self._acl = runtime
+        self.device = device
+        self.address = address
+        self._size = size
+        self._key = key        # imported memory: closed with the handle
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def view(self) -> memoryview | None:
+        return None   # the host cannot load from device memory
+
+    def _check(self, offset: int, n: int) -> None:
+        if self._closed:
+            raise DataDistError(StatusCode.LLM_FAILED, "device memory was released")
+        require(0 <= offset and offset + n <= self._size, f"range [{offset}, {offset + n}) is outside {self._size} "
+                                                          f"bytes of device memory")
+
+    def read_into(self, offset: int, dst: memoryview) -> None:
+        n = len(dst)
+        self._check(offset, n)
+        if n:
+            try:
+                self._acl.memcpy(self.device, _buffer_address(dst), n, self.address + offset, n,
+                                 MEMCPY_DEVICE_TO_HOST)
+            except AscendError as exc:
+                raise ascend_error(exc, "device to host copy") from None
+
+    def write_from(self, offset: int, src: memoryview | bytes) -> None:
+        n = len(src)
+        self._check(offset, n)
+        if n:
+            if isinstance(src, bytes):
+                src = memoryview(bytearray(src))
+            try:
+                self._acl.memcpy(self.device, self.address + offset, n, _buffer_address(src), n,
+                                 MEMCPY_HOST_TO_DEVICE)
+            except AscendError as exc:
+                raise ascend_error(exc, "host to device copy") from None
+
+    def copy_to(self, offset: int, dst: "DeviceHandle", dst_offset: int, n: int) -> None:
+        """Device to device, no host staging."""
+        self._check(offset, n)
+        dst._check(dst_offset, n)
+        if n:
+            try:
+                self._acl.memcpy(self.device, dst.address + dst_offset, n, self.address + offset, n,
+                                 MEMCPY_DEVICE_TO_DEVICE)
+            except AscendError as exc:
+                raise ascend_error(exc, "device to device copy") from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        key, self._key = self._key, None
+        if key is not None:
+            try:
+                self._acl.ipc_close(key)
+            except AscendError as exc:
+                log.warning("closing imported device memory: %s", exc)
+
+    def __repr__(self) -> str:
+        return f"DeviceHandle(device={self.device}, address={self.address:#x}, size={self._size})"
+
+
+class AclPool:
+    """A DEVICE pool: one ``aclrtMalloc`` carved by a page allocator; thread-safe; never over-commits."""
+
+    def __init__(self, runtime: Acl, device: int, name: str, capacity: int, page_shift: int) -> None:
+        require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
+        self._acl = runtime
+        self.device = device
+        self._name = name
+        self._capacity = capacity
+        self._allocator = PageAllocator(capacity, page_shift)
+        self._lock = threading.Lock()
+        self._live: dict[int, DeviceHandle] = {}
+        self._keys: list[str] = []
+        self._closed = False
+        try:
+            self.address = runtime.malloc(device, capacity)
+        except AscendError as exc:
+            raise ascend_error(exc, f"aclrtMalloc of a {capacity}-byte DEVICE pool on device {device}") from None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def placement(self) -> Placement:
+        return Placement.DEVICE
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._allocator.used
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def export_fd(self) -> int:
+        raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"pool {self._name!r} is device memory: workers "
+                                                                f"import it by IPC key, not by descriptor")
+
+    def export_key(self, pid: int) -> str:
+        """An IPC key of the whole pool that only process ``pid`` may import (the kernel's word for the
+        worker's pid: ``SO_PEERCRED`` of its attach connection)."""
+        require(pid > 0, f"pid must be > 0, got {pid}")
+        with self._lock:
+            if self._closed:
+                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self._name!r} is closed")
+        try:
+            key = self._acl.ipc_export(self.device, self.address, self._capacity)
+            self._acl.ipc_allow(key, [pid])
+        except AscendError as exc:
+            raise ascend_error(exc, f"exporting pool {self._name!r}") from None
+        with self._lock:
+            self._keys.append(key)
+        return key
+
+    def allocate(self, size: int) -> Allocation:
+        require(isinstance(size, int) and size > 0, f"allocation size must be > 0 bytes, got {size!r}")
+        with self._lock:
+            if self._closed:
+                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self._name!r} is closed")
+            offset = self._allocator.allocate(size)
+            handle = DeviceHandle(self._acl, self.device, self.address + offset, size)
+            self._live[offset] = handle
+        return Allocation(handle, self._name, offset, size)
+
+    def free(self, allocation: Allocation) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            handle = self._live.get(allocation.file_offset)
+            if handle is None or handle is not allocation.handle:
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"allocation at offset {allocation.file_offset} is not live in pool {self._name!r}")
+            del self._live[allocation.file_offset]
+            self._allocator.free(allocation.file_offset)
+        handle.close()
+
+    def close(self) -> None:
+        """Close the pool's IPC keys, then ``aclrtFree`` it (CANN's order: importers close first; a worker
+        still holding an import keeps its mapping, as with ``host`` pools)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            handles = list(self._live.values())
+            self._live.clear()
+            keys, self._keys = self._keys, []
+        for handle in handles:
+            handle.close()
+        for key in keys:
+            try:
+                self._acl.ipc_close(key)
+            except AscendError as exc:
+                log.warning("pool %s: %s", self._name, exc)
+        try:
+            self._acl.free(self.device, self.address)
+        except AscendError as exc:
+            log.warning("pool %s: %s", self._name, exc)
+
+    def __repr__(self) -> str:
+        return f"AclPool({self._name!r}, device={self.device}, capacity={self._capacity}, used={self.used})"
 
 
 class AclBackend:
+    """DEVICE pools in NPU memory, HOST pools as ``host`` (see the module doc)."""
+
     name = "acl"
 
-    def __init__(self, **_: object) -> None:
+    def __init__(self, device_id: int = 0, **host: Any) -> None:
         try:
-            import acl  # noqa: F401 - CANN's runtime bindings
-        except ImportError:
-            raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
-                                "memory backend 'acl' needs Ascend CANN (the acl Python bindings), which is not "
-                                "installed on this machine; use backend 'host'") from None
-        raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
-                            "memory backend 'acl' is not implemented in this build (no Ascend hardware to verify it)")
+            self._acl = acl()
+            count = self._acl.device_count()
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"memory backend 'acl': {exc}") from None
+        require(0 <= device_id < count, f"[memory] device_id {device_id} is not one of this host's {count} NPUs")
+        self.device_id = device_id
+        self._host = HostBackend(**host)
+
+    @property
+    def runtime(self) -> Acl:
+        return self._acl
+
+    def create_pool(self, placement: Placement, capacity: int, page_shift: int = 16) -> Any:
+        placement = Placement(placement)
+        if placement != Placement.DEVICE:
+            return self._host.create_pool(placement, capacity, page_shift)
+        name = f"datadist-{os.getpid()}-device{self.device_id}-{secrets.token_hex(8)}"
+        return AclPool(self._acl, self.device_id, name, capacity, page_shift)
+
+    def import_memory(self, ref: MemoryRef) -> Any:
+        if not isinstance(ref, DeviceRef):
+            return self._host.import_memory(ref)
+        require(ref.length > 0, f"length must be > 0, got {ref.length}")
+        require(ref.device == self.device_id, f"device memory of NPU {ref.device} cannot be used by this daemon "
+                                              f"(device {self.device_id})")
+        try:
+            address = self._acl.ipc_import(ref.device, ref.key)
+        except AscendError as exc:
+            raise ascend_error(exc, "importing the worker's device memory") from None
+        return DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
+
+    def close(self) -> None:
+        self._host.close()
+
+

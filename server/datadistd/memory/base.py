@@ -20,7 +20,8 @@ from ..core.types import Placement
 
 __all__ = [
     "StaleCleanup",
-    "MemoryHandle", "Segment", "FdPiece", "FdRef", "ProcessRef", "MemoryRef", "Allocation", "Pool",
+    "MemoryHandle", "Segment", "FdPiece", "FdRef", "ProcessRef", "DeviceRef", "MemoryRef", "Allocation", "Pool",
+    "KeyExport",
     "MemoryBackend", "MAX_PIECES",
 ]
 
@@ -86,7 +87,17 @@ class ProcessRef:
     length: int
 
 
-MemoryRef = Union[FdRef, ProcessRef]
+@dataclass(frozen=True)
+class DeviceRef:
+    """Worker NPU memory (backend ``acl``): ``length`` bytes behind the IPC ``key`` the worker exported on
+    ``device`` with only the daemon's pid on its white list."""
+
+    key: str
+    device: int
+    length: int
+
+
+MemoryRef = Union[FdRef, ProcessRef, DeviceRef]
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,18 @@ class MemoryBackend(Protocol):
         Takes ownership of the descriptors of an ``FdRef``: they are closed here, or by the handle."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class KeyExport(Protocol):
+    """Declared capability of a pool in device memory (``acl``): workers import it by an IPC key, not a
+    descriptor (``export_fd`` refuses)."""
+
+    @property
+    def device(self) -> int: ...
+
+    def export_key(self, pid: int) -> str:
+        """A key of the whole pool that only process ``pid`` may import."""
 
 
 @runtime_checkable

@@ -30,13 +30,14 @@ import socket
 import stat
 import struct
 from pathlib import Path
+from typing import Any
 
 from datadist.v1 import attach_pb2
 
 from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
-from ..memory.base import MAX_PIECES, FdPiece, FdRef
+from ..memory.base import MAX_PIECES, DeviceRef, FdPiece, FdRef, KeyExport
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
@@ -259,15 +260,22 @@ class AttachServer:
             cred = session.cred
             return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
                 capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
-                daemon_version=__version__, protocol_version=PROTOCOL_VERSION)), None
+                daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
+                memory_backend=self.node.backend.name,
+                device_id=int(getattr(self.node.backend, "device_id", 0)))), None
         require(conn.greeted, "the first attach message must be hello")
         if which == "import_memory":
             msg = request.import_memory
-            if len(fds) != len(msg.pieces):
+            if msg.device_key:
+                require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
+                ref: Any = DeviceRef(msg.device_key, msg.device_id, msg.length)
+            elif len(fds) != len(msg.pieces):
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
-            ref = FdRef(tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True)),
-                        msg.offset, msg.length)
+            else:
+                ref = FdRef(tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces,
+                                                                                        strict=True)),
+                            msg.offset, msg.length)
             fds.clear()
             handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
             memory_id = next(self.node.sessions.memory_ids)
@@ -278,6 +286,9 @@ class AttachServer:
             msg = request.export_pool
             slot = self.node.owned_slot(session, msg.engine_id)
             pool = slot.engine.pool_named(msg.pool)
+            if isinstance(pool, KeyExport):   # device memory: a key only this worker's pid (the kernel's word) imports
+                return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
+                    size=pool.capacity, device_key=pool.export_key(session.cred.pid), device_id=pool.device)), None
             return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
         if which == "release_memory":
             session.release_memory(request.release_memory.memory_id)

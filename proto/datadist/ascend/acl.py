@@ -1,0 +1,174 @@
+"""``Acl``: the ACL runtime calls datadist makes (``libascendcl.so``), typed and checked.
+
+ACL keeps the current device per thread: every method that needs one takes ``device`` and sets it in the
+calling thread first (``aclrtSetDevice`` once per thread and device). Device pointers are plain ``int``
+addresses; nothing here dereferences one (on an NPU the host cannot).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from typing import Sequence
+
+from .errors import AscendError, acl_status
+from .loader import find_library
+
+__all__ = ["Acl", "acl", "MEMCPY_HOST_TO_HOST", "MEMCPY_HOST_TO_DEVICE", "MEMCPY_DEVICE_TO_HOST",
+           "MEMCPY_DEVICE_TO_DEVICE", "MALLOC_HUGE_FIRST", "MEM_TYPE_HIGH_BAND_WIDTH", "IPC_KEY_LEN"]
+
+LIBRARY = "libascendcl.so"
+
+# aclrtMemcpyKind
+MEMCPY_HOST_TO_HOST, MEMCPY_HOST_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_DEVICE_TO_DEVICE = 0, 1, 2, 3
+# aclrtMemMallocPolicy: what CANN's own buffers use (comm_entity.cc): high bandwidth memory, huge pages first
+MALLOC_HUGE_FIRST = 0
+MEM_TYPE_HIGH_BAND_WIDTH = 0x1000
+# aclrtIpcMemGetExportKey: key buffer length ("fixed at 65"); flags 0 = pid white list on
+IPC_KEY_LEN = 65
+IPC_EXPORT_FLAG_DEFAULT = 0
+IPC_IMPORT_FLAG_DEFAULT = 0
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+
+_PROTOTYPES: dict[str, list] = {
+    "aclInit": [c_char_p],
+    "aclrtSetDevice": [c_int32],
+    "aclrtGetDeviceCount": [POINTER(c_uint32)],
+    "aclrtGetPhyDevIdByLogicDevId": [c_int32, POINTER(c_int32)],
+    "aclrtMalloc": [POINTER(c_void_p), c_size_t, c_int],
+    "aclrtFree": [c_void_p],
+    "aclrtMallocHost": [POINTER(c_void_p), c_size_t],
+    "aclrtFreeHost": [c_void_p],
+    "aclrtMemcpy": [c_void_p, c_size_t, c_void_p, c_size_t, c_int],
+    "aclrtCreateStream": [POINTER(c_void_p)],
+    "aclrtDestroyStream": [c_void_p],
+    "aclrtSynchronizeStreamWithTimeout": [c_void_p, c_int32],
+    "aclrtStreamAbort": [c_void_p],
+    "aclrtIpcMemGetExportKey": [c_void_p, c_size_t, ctypes.c_char_p, c_size_t, c_uint64],
+    "aclrtIpcMemSetImportPid": [c_char_p, POINTER(c_int32), c_size_t],
+    "aclrtIpcMemImportByKey": [POINTER(c_void_p), c_char_p, c_uint64],
+    "aclrtIpcMemClose": [c_char_p],
+}
+
+
+class Acl:
+    """The ACL runtime of this process (``acl()`` gives the shared one)."""
+
+    def __init__(self) -> None:
+        lib = find_library(LIBRARY)
+        self._fn = {}
+        for name, args in _PROTOTYPES.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise AscendError(name, -1, acl_status(-1), f"{LIBRARY} has no {name}: CANN too old?") from None
+            fn.argtypes = args
+            fn.restype = c_int   # aclError
+            self._fn[name] = fn
+        self._local = threading.local()
+        self._call("aclInit", None, ok=(ACL_ERROR_REPEAT_INITIALIZE,))
+
+    def _call(self, name: str, *args: object, ok: Sequence[int] = ()) -> None:
+        code = self._fn[name](*args)
+        if code != 0 and code not in ok:
+            raise AscendError(name, code, acl_status(code))
+
+    def use(self, device: int) -> None:
+        """Make ``device`` current in the calling thread (ACL contexts are per thread)."""
+        if getattr(self._local, "device", None) != device:
+            self._call("aclrtSetDevice", device)
+            self._local.device = device
+
+    def device_count(self) -> int:
+        n = c_uint32()
+        self._call("aclrtGetDeviceCount", ctypes.byref(n))
+        return n.value
+
+    def physical_id(self, device: int) -> int:
+        phy = c_int32()
+        self._call("aclrtGetPhyDevIdByLogicDevId", device, ctypes.byref(phy))
+        return phy.value
+
+    # -- memory --
+
+    def malloc(self, device: int, size: int, policy: int = MALLOC_HUGE_FIRST | MEM_TYPE_HIGH_BAND_WIDTH) -> int:
+        self.use(device)
+        ptr = c_void_p()
+        self._call("aclrtMalloc", ctypes.byref(ptr), size, policy)
+        return int(ptr.value or 0)
+
+    def free(self, device: int, ptr: int) -> None:
+        self.use(device)
+        self._call("aclrtFree", c_void_p(ptr))
+
+    def malloc_host(self, device: int, size: int) -> int:
+        self.use(device)
+        ptr = c_void_p()
+        self._call("aclrtMallocHost", ctypes.byref(ptr), size)
+        return int(ptr.value or 0)
+
+    def free_host(self, device: int, ptr: int) -> None:
+        self.use(device)
+        self._call("aclrtFreeHost", c_void_p(ptr))
+
+    def memcpy(self, device: int, dst: int, dst_max: int, src: int, count: int, kind: int) -> None:
+        self.use(device)
+        self._call("aclrtMemcpy", c_void_p(dst), dst_max, c_void_p(src), count, kind)
+
+    # -- streams --
+
+    def create_stream(self, device: int) -> int:
+        self.use(device)
+        stream = c_void_p()
+        self._call("aclrtCreateStream", ctypes.byref(stream))
+        return int(stream.value or 0)
+
+    def destroy_stream(self, device: int, stream: int) -> None:
+        self.use(device)
+        self._call("aclrtDestroyStream", c_void_p(stream))
+
+    def synchronize(self, device: int, stream: int, timeout_ms: int) -> None:
+        """Wait for the stream's work; ``AscendError`` with ``LLM_TIMEOUT`` after ``timeout_ms`` (>= 1)."""
+        self.use(device)
+        self._call("aclrtSynchronizeStreamWithTimeout", c_void_p(stream), max(1, int(timeout_ms)))
+
+    def abort(self, device: int, stream: int) -> None:
+        self.use(device)
+        self._call("aclrtStreamAbort", c_void_p(stream))
+
+    # -- inter-process memory (IPC keys with a pid white list) --
+
+    def ipc_export(self, device: int, ptr: int, size: int) -> str:
+        """A key for ``size`` bytes of device memory at ``ptr``; only pids set with ``ipc_allow`` may import it."""
+        self.use(device)
+        key = ctypes.create_string_buffer(IPC_KEY_LEN)
+        self._call("aclrtIpcMemGetExportKey", c_void_p(ptr), size, key, IPC_KEY_LEN, IPC_EXPORT_FLAG_DEFAULT)
+        return key.value.decode()
+
+    def ipc_allow(self, key: str, pids: Sequence[int]) -> None:
+        arr = (c_int32 * len(pids))(*pids)
+        self._call("aclrtIpcMemSetImportPid", key.encode(), arr, len(pids))
+
+    def ipc_import(self, device: int, key: str) -> int:
+        """This process's address of the memory behind ``key``."""
+        self.use(device)
+        ptr = c_void_p()
+        self._call("aclrtIpcMemImportByKey", ctypes.byref(ptr), key.encode(), IPC_IMPORT_FLAG_DEFAULT)
+        return int(ptr.value or 0)
+
+    def ipc_close(self, key: str) -> None:
+        self._call("aclrtIpcMemClose", key.encode())
+
+
+_shared: Acl | None = None
+_shared_lock = threading.Lock()
+
+
+def acl() -> Acl:
+    """The process's ``Acl`` (loaded and initialised on first use)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Acl()
+        return _shared

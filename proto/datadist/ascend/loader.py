@@ -1,0 +1,44 @@
+"""Finding and ``dlopen``-ing CANN's shared libraries."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from .errors import AscendUnavailable
+
+__all__ = ["find_library", "HOME_VAR"]
+
+#: CANN's environment variable (set by ``set_env.sh``): the toolkit's root, libraries in ``lib64``
+HOME_VAR = "ASCEND_HOME_PATH"
+
+_lock = threading.Lock()
+_loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
+
+
+def find_library(*names: str) -> ctypes.CDLL:
+    """The first of ``names`` that loads: from ``$ASCEND_HOME_PATH/lib64``, then by the loader's own search.
+    ``AscendUnavailable`` naming every path tried when none does. Loaded once per process."""
+    with _lock:
+        if names in _loaded:
+            return _loaded[names]
+        home = os.environ.get(HOME_VAR, "")
+        tried: list[str] = []
+        for name in names:
+            candidates = [os.path.join(home, "lib64", name)] if home else []
+            candidates.append(name)   # LD_LIBRARY_PATH, ldconfig
+            for path in candidates:
+                if os.sep in path and not os.path.exists(path):
+                    tried.append(f"{path} (absent)")
+                    continue
+                try:
+                    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError as exc:
+                    tried.append(f"{path} ({exc})")
+                    continue
+                _loaded[names] = lib
+                return lib
+        raise AscendUnavailable(
+            f"Ascend CANN is not installed here: could not load {' or '.join(names)} (tried {'; '.join(tried)}); "
+            f"set {HOME_VAR} (source CANN's set_env.sh) or use the host backend and the tcp transport")

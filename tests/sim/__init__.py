@@ -1,0 +1,57 @@
+"""The SIMULATED Ascend runtime tests run against (no NPU here): ``build()`` compiles ``ascendcl.c`` and
+``hccl.c`` with the system C compiler into ``<root>/lib64/libascendcl.so`` and ``libhccl.so`` -- a tree laid
+out like ``$ASCEND_HOME_PATH``, so daemons and workers load it exactly as they would load CANN's. What the
+simulation checks and what it cannot: ``docs/ascend.md``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["build", "sim_env", "SOURCES"]
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("sim.h", "ascendcl.c", "hccl.c")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(root: Path | None = None) -> Path | None:
+    """The simulated ``ASCEND_HOME_PATH`` (built once per source version, reused after); ``None`` without a
+    C compiler."""
+    cc = _compiler()
+    if cc is None:
+        return None
+    digest = hashlib.sha256(b"".join((HERE / s).read_bytes() for s in SOURCES)).hexdigest()[:16]
+    root = root or Path(tempfile.gettempdir()) / f"datadist-ascend-sim-{os.getuid()}-{digest}"
+    lib = root / "lib64"
+    if (lib / "libhccl.so").exists():
+        return root
+    work = Path(tempfile.mkdtemp(prefix="ascend-sim-build-", dir=root.parent))
+    try:
+        (work / "lib64").mkdir()
+        flags = ["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread"]
+        subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libascendcl.so"), str(HERE / "ascendcl.c")],
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libhccl.so"), str(HERE / "hccl.c"),
+                        f"-L{work / 'lib64'}", "-lascendcl", "-Wl,-rpath,$ORIGIN"],
+                       check=True, capture_output=True, timeout=120)
+        try:
+            work.rename(root)
+        except OSError:   # another process built it meanwhile
+            shutil.rmtree(work, ignore_errors=True)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"building the simulated Ascend runtime failed:\n{exc.stderr.decode()}") from None
+    return root
+
+
+def sim_env(root: Path, state_dir: str) -> dict[str, str]:
+    """Environment of a process that uses the simulated runtime: CANN's variable, and where its memory lives."""
+    return {"ASCEND_HOME_PATH": str(root), "ASCEND_SIM_DIR": state_dir}

@@ -1,0 +1,417 @@
+/* A SIMULATED libhccl.so for tests: no NPU, no network card, no CANN. Written by datadist, not Huawei's.
+ *
+ * One-sided HCCL as LLM-DataDist uses it, with the prototypes of CANN's headers (hccl_types.h,
+ * LLM-DataDist's comm_types.h): HcclCommInitClusterInfoMemConfig, HcclRegisterGlobalMem /
+ * HcclDeregisterGlobalMem, HcclCommBindMem / HcclCommUnbindMem, HcclCommPrepare, HcclBatchPut /
+ * HcclBatchGet, HcclCommDestroy. The ranks of a communicator are processes on this host; a rank's
+ * bound memory is published in a file of $ASCEND_SIM_DIR, and a put or get really moves the bytes
+ * between the two processes' simulated device memory (ascendcl.c), on the stream's thread.
+ *
+ * Checked as HCCL checks, with HCCL's codes: the config's size and magic word, the rank against the
+ * rank table, registrations inside memory the runtime allocated (device: aclrtMalloc or an IPC
+ * import; host: aclrtMallocHost), local and remote ranges inside memory bound to the communicator,
+ * Prepare before any transfer (both ranks meet there, within its timeout), a peer that is gone.
+ *
+ * Not simulated: the wire (RoCE/HCCS), traffic class and service level (accepted, recorded only),
+ * memory bound after Prepare is visible to the peer at once (real HCCL: see docs/ascend.md).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+typedef int HcclResult;
+typedef void *HcclComm;
+typedef void *aclrtStream;
+
+#define HCCL_SUCCESS 0
+#define HCCL_E_PARA 1
+#define HCCL_E_PTR 2
+#define HCCL_E_MEMORY 3
+#define HCCL_E_INTERNAL 4
+#define HCCL_E_NOT_FOUND 6
+#define HCCL_E_TIMEOUT 9
+#define HCCL_E_NETWORK 19
+
+#define CONFIG_MAGIC 0xf0f0f0f0u
+
+typedef struct {
+  char reserved[24]; /* size_t configSize; uint32_t magic; uint32_t version; uint64_t reserved */
+  uint32_t hcclBufferSize;
+  uint32_t hcclDeterministic;
+  char hcclCommName[128];
+  char hcclUdi[128];
+  uint32_t hcclOpExpansionMode;
+  uint32_t hcclRdmaTrafficClass;
+  uint32_t hcclRdmaServiceLevel;
+  uint32_t hcclWorldRankID;
+  uint64_t hcclJobID;
+} HcclCommConfig;
+
+typedef enum { COMM_MEM_TYPE_INVALID = -1, COMM_MEM_TYPE_DEVICE = 0, COMM_MEM_TYPE_HOST = 1 } CommMemType;
+typedef struct {
+  CommMemType type;
+  void *addr;
+  uint64_t size;
+} CommMem;
+
+typedef struct {
+  void *localAddr;
+  void *remoteAddr;
+  uint64_t count;
+  int dataType;
+} HcclOneSideOpDesc;
+
+typedef struct {
+  int topoType;
+  uint64_t rsvd0, rsvd1, rsvd2;
+} HcclPrepareConfig;
+
+typedef struct {
+  sim_region region;
+  int binds;
+} mem_handle;
+
+#define MAX_BOUND 1024
+#define MAX_MAPS 256
+
+typedef struct { /* one published record of a rank's bound memory */
+  uint64_t addr, size, file_offset;
+  char file[200];
+} pub_entry;
+
+typedef struct {
+  int32_t pid;
+  int32_t prepared;
+  uint32_t count;
+  uint32_t traffic_class, service_level;
+} pub_head;
+
+typedef struct {
+  char file[200];
+  uint64_t offset, size;
+  void *base;
+} mapping;
+
+typedef struct {
+  char name[128];
+  uint32_t rank, nranks;
+  int prepared;
+  uint32_t traffic_class, service_level;
+  mem_handle *bound[MAX_BOUND];
+  int nbound;
+  mapping maps[MAX_MAPS];
+  int nmaps;
+  pthread_mutex_t lock;
+} comm_t;
+
+static const char *sim_dir(void) {
+  const char *d = getenv("ASCEND_SIM_DIR");
+  return d && *d ? d : NULL;
+}
+
+static void pub_path(const comm_t *c, uint32_t rank, char *out, size_t n) {
+  snprintf(out, n, "%s/comm-%s-r%u", sim_dir(), c->name, rank);
+}
+
+/* write this rank's bound memory where its peers read it (atomically: a temporary file renamed) */
+static HcclResult publish_locked(comm_t *c) {
+  char path[400], tmp[420];
+  pub_path(c, c->rank, path, sizeof path);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return HCCL_E_INTERNAL;
+  pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nbound, c->traffic_class, c->service_level};
+  int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h;
+  for (int i = 0; ok && i < c->nbound; i++) {
+    pub_entry e = {0};
+    sim_region *r = &c->bound[i]->region;
+    e.addr = r->addr;
+    e.size = r->size;
+    e.file_offset = r->file_offset;
+    snprintf(e.file, sizeof e.file, "%s", r->file);
+    ok = write(fd, &e, sizeof e) == (ssize_t)sizeof e;
+  }
+  close(fd);
+  if (!ok || rename(tmp, path)) {
+    unlink(tmp);
+    return HCCL_E_INTERNAL;
+  }
+  return HCCL_SUCCESS;
+}
+
+/* count the "rank_id" fields of the rank table: the communicator's size */
+static uint32_t count_ranks(const char *table) {
+  uint32_t n = 0;
+  for (const char *p = table; (p = strstr(p, "\"rank_id\"")) != NULL; p += 9) n++;
+  return n;
+}
+
+HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t rank, HcclCommConfig *config,
+                                            HcclComm *comm) {
+  if (!clusterInfo || !config || !comm) return HCCL_E_PTR;
+  uint64_t size;
+  uint32_t magic;
+  memcpy(&size, config->reserved, sizeof size);
+  memcpy(&magic, config->reserved + 8, sizeof magic);
+  if (size != sizeof(HcclCommConfig) || magic != CONFIG_MAGIC) return HCCL_E_PARA;
+  if (!sim_dir() || !strstr(clusterInfo, "\"server_list\"")) return HCCL_E_PARA;
+  uint32_t nranks = count_ranks(clusterInfo);
+  if (nranks < 2 || rank >= nranks) return HCCL_E_PARA;
+  size_t name_len = strnlen(config->hcclCommName, sizeof config->hcclCommName);
+  if (name_len == 0 || name_len == sizeof config->hcclCommName || strchr(config->hcclCommName, '/'))
+    return HCCL_E_PARA;
+  comm_t *c = calloc(1, sizeof *c);
+  if (!c) return HCCL_E_MEMORY;
+  memcpy(c->name, config->hcclCommName, name_len);
+  c->rank = rank;
+  c->nranks = nranks;
+  c->traffic_class = config->hcclRdmaTrafficClass;
+  c->service_level = config->hcclRdmaServiceLevel;
+  pthread_mutex_init(&c->lock, NULL);
+  if (publish_locked(c) != HCCL_SUCCESS) {
+    free(c);
+    return HCCL_E_INTERNAL;
+  }
+  *comm = c;
+  return HCCL_SUCCESS;
+}
+
+HcclResult HcclRegisterGlobalMem(CommMem *mem, void **memHandle) {
+  if (!mem || !memHandle || !mem->addr) return HCCL_E_PTR;
+  if (mem->size == 0) return HCCL_E_PARA;
+  sim_region r;
+  int want = mem->type == COMM_MEM_TYPE_DEVICE ? SIM_DEVICE : mem->type == COMM_MEM_TYPE_HOST ? SIM_HOST : 0;
+  /* device memory from aclrtMalloc or an IPC import; host memory only from aclrtMallocHost */
+  if (!want || !simacl_resolve(mem->addr, mem->size, &r) || r.kind != want) return HCCL_E_PARA;
+  mem_handle *h = calloc(1, sizeof *h);
+  if (!h) return HCCL_E_MEMORY;
+  h->region = r;
+  h->region.file_offset = r.file_offset + ((uintptr_t)mem->addr - r.addr);
+  h->region.backing = (char *)r.backing + ((uintptr_t)mem->addr - r.addr);
+  h->region.addr = (uintptr_t)mem->addr;
+  h->region.size = mem->size;
+  *memHandle = h;
+  return HCCL_SUCCESS;
+}
+
+HcclResult HcclDeregisterGlobalMem(void *memHandle) {
+  mem_handle *h = memHandle;
+  if (!h) return HCCL_E_PTR;
+  if (__atomic_load_n(&h->binds, __ATOMIC_SEQ_CST)) return HCCL_E_PARA; /* still bound to a communicator */
+  free(h);
+  return HCCL_SUCCESS;
+}
+
+HcclResult HcclCommBindMem(HcclComm comm, void *memHandle) {
+  comm_t *c = comm;
+  mem_handle *h = memHandle;
+  if (!c || !h) return HCCL_E_PTR;
+  pthread_mutex_lock(&c->lock);
+  HcclResult ret = HCCL_SUCCESS;
+  for (int i = 0; i < c->nbound; i++)
+    if (c->bound[i] == h) ret = HCCL_E_PARA; /* bound twice */
+  if (ret == HCCL_SUCCESS && c->nbound == MAX_BOUND) ret = HCCL_E_MEMORY;
+  if (ret == HCCL_SUCCESS) {
+    c->bound[c->nbound++] = h;
+    __atomic_add_fetch(&h->binds, 1, __ATOMIC_SEQ_CST);
+    ret = publish_locked(c);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return ret;
+}
+
+HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle) {
+  comm_t *c = comm;
+  mem_handle *h = memHandle;
+  if (!c || !h) return HCCL_E_PTR;
+  pthread_mutex_lock(&c->lock);
+  HcclResult ret = HCCL_E_NOT_FOUND;
+  for (int i = 0; i < c->nbound; i++) {
+    if (c->bound[i] == h) {
+      c->bound[i] = c->bound[--c->nbound];
+      __atomic_sub_fetch(&h->binds, 1, __ATOMIC_SEQ_CST);
+      ret = publish_locked(c);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  return ret;
+}
+
+/* the published state of `rank`: 0 and its entries (malloc'd) in *out, or -1 when absent */
+static int read_peer(comm_t *c, uint32_t rank, pub_head *head, pub_entry **out) {
+  char path[400];
+  pub_path(c, rank, path, sizeof path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = -1;
+  if (read(fd, head, sizeof *head) == (ssize_t)sizeof *head && head->count <= MAX_BOUND) {
+    size_t bytes = sizeof(pub_entry) * head->count;
+    *out = malloc(bytes ? bytes : 1);
+    if (*out && read(fd, *out, bytes) == (ssize_t)bytes) rc = 0;
+    else free(*out);
+  }
+  close(fd);
+  return rc;
+}
+
+HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int32_t timeout) {
+  comm_t *c = comm;
+  if (!c || !prepareConfig) return HCCL_E_PTR;
+  if (timeout < 0) return HCCL_E_PARA;
+  pthread_mutex_lock(&c->lock);
+  c->prepared = 1;
+  HcclResult ret = publish_locked(c);
+  pthread_mutex_unlock(&c->lock);
+  if (ret != HCCL_SUCCESS) return ret;
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (uint32_t r = 0; r < c->nranks; r++) { /* every rank meets here */
+    if (r == c->rank) continue;
+    for (;;) {
+      pub_head h;
+      pub_entry *e = NULL;
+      int there = read_peer(c, r, &h, &e) == 0;
+      if (there) free(e);
+      if (there && h.prepared && kill(h.pid, 0) == 0) break;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+      if (ms >= timeout) return HCCL_E_TIMEOUT;
+      usleep(1000);
+    }
+  }
+  return HCCL_SUCCESS;
+}
+
+HcclResult HcclCommDestroy(HcclComm comm) {
+  comm_t *c = comm;
+  if (!c) return HCCL_E_PTR;
+  char path[400];
+  pub_path(c, c->rank, path, sizeof path);
+  unlink(path);
+  for (int i = 0; i < c->nbound; i++) __atomic_sub_fetch(&c->bound[i]->binds, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].size);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return HCCL_SUCCESS;
+}
+
+/* this rank's own bound memory holding [p, p+n): its backing address, or NULL */
+static void *local_backing(comm_t *c, uintptr_t p, uint64_t n) {
+  for (int i = 0; i < c->nbound; i++) {
+    sim_region *r = &c->bound[i]->region;
+    if (p >= r->addr && p - r->addr <= r->size && n <= r->size - (p - r->addr))
+      return (char *)r->backing + (p - r->addr);
+  }
+  return NULL;
+}
+
+/* the peer's bound memory holding [p, p+n), mapped here: its address, or NULL */
+static void *remote_backing(comm_t *c, const pub_entry *entries, uint32_t count, uintptr_t p, uint64_t n) {
+  for (uint32_t i = 0; i < count; i++) {
+    const pub_entry *e = &entries[i];
+    if (!(p >= e->addr && p - e->addr <= e->size && n <= e->size - (p - e->addr))) continue;
+    for (int m = 0; m < c->nmaps; m++) {
+      mapping *map = &c->maps[m];
+      if (strcmp(map->file, e->file) == 0 && map->offset <= e->file_offset &&
+          e->file_offset + e->size <= map->offset + map->size)
+        return (char *)map->base + (e->file_offset - map->offset) + (p - e->addr);
+    }
+    if (c->nmaps == MAX_MAPS) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t start = e->file_offset & ~(uint64_t)(page - 1), len = e->file_offset + e->size - start;
+    int fd = open(e->file, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    close(fd);
+    if (base == MAP_FAILED) return NULL;
+    mapping *map = &c->maps[c->nmaps++];
+    snprintf(map->file, sizeof map->file, "%s", e->file);
+    map->offset = start;
+    map->size = len;
+    map->base = base;
+    return (char *)base + (e->file_offset - start) + (p - e->addr);
+  }
+  return NULL;
+}
+
+static uint64_t type_size(int t) {
+  static const uint64_t sizes[] = {1, 2, 4, 2, 4, 8, 8, 1, 2, 4, 8, 2};
+  return t >= 0 && t < (int)(sizeof sizes / sizeof sizes[0]) ? sizes[t] : 0;
+}
+
+typedef struct {
+  uint32_t n;
+  struct { void *dst; const void *src; uint64_t len; } ops[];
+} copy_job;
+
+static void run_copies(void *arg) {
+  copy_job *j = arg;
+  for (uint32_t i = 0; i < j->n; i++) memcpy(j->ops[i].dst, j->ops[i].src, j->ops[i].len);
+}
+
+static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
+                            aclrtStream stream, int put) {
+  comm_t *c = comm;
+  if (!c || !stream || (descNum && !desc)) return HCCL_E_PTR;
+  if (remoteRank >= c->nranks || remoteRank == c->rank) return HCCL_E_PARA;
+  if (!c->prepared) return HCCL_E_INTERNAL; /* HcclCommPrepare first */
+  pub_head h;
+  pub_entry *entries = NULL;
+  if (read_peer(c, remoteRank, &h, &entries)) return HCCL_E_NETWORK;  /* the peer's communicator is gone */
+  if (kill(h.pid, 0) != 0 && errno == ESRCH) {
+    free(entries);
+    return HCCL_E_NETWORK;
+  }
+  copy_job *j = calloc(1, sizeof *j + sizeof j->ops[0] * (descNum ? descNum : 1));
+  if (!j) {
+    free(entries);
+    return HCCL_E_MEMORY;
+  }
+  HcclResult ret = HCCL_SUCCESS;
+  pthread_mutex_lock(&c->lock);
+  for (uint32_t i = 0; i < descNum && ret == HCCL_SUCCESS; i++) {
+    uint64_t unit = type_size(desc[i].dataType);
+    if (!unit || !desc[i].localAddr || !desc[i].remoteAddr) {
+      ret = HCCL_E_PARA;
+      break;
+    }
+    uint64_t len = desc[i].count * unit;
+    void *local = local_backing(c, (uintptr_t)desc[i].localAddr, len);
+    void *remote = remote_backing(c, entries, h.count, (uintptr_t)desc[i].remoteAddr, len);
+    if (!local || !remote) {
+      ret = HCCL_E_PARA; /* not inside memory bound to this communicator (on either rank) */
+      break;
+    }
+    j->ops[i].dst = put ? remote : local;
+    j->ops[i].src = put ? local : remote;
+    j->ops[i].len = len;
+    j->n = i + 1;
+  }
+  pthread_mutex_unlock(&c->lock);
+  free(entries);
+  if (ret == HCCL_SUCCESS && simacl_enqueue(stream, run_copies, j)) ret = HCCL_E_INTERNAL;
+  if (ret != HCCL_SUCCESS) free(j);
+  return ret;
+}
+
+HcclResult HcclBatchPut(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
+                        aclrtStream stream) {
+  return one_sided(comm, remoteRank, desc, descNum, stream, 1);
+}
+
+HcclResult HcclBatchGet(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
+                        aclrtStream stream) {
+  return one_sided(comm, remoteRank, desc, descNum, stream, 0);
+}

@@ -1,0 +1,24 @@
+/* Shared by the two SIMULATED libraries (ascendcl.c, hccl.c): test code, not Huawei's. */
+#ifndef DATADIST_SIM_H
+#define DATADIST_SIM_H
+#include <stdint.h>
+
+enum { SIM_DEVICE = 1, SIM_HOST = 2 };
+
+/* memory the simulated runtime knows in this process: `size` bytes at the address handed out (`addr`),
+   reachable by the runtime at `backing`, stored in `file` from `file_offset` */
+typedef struct {
+  uintptr_t addr;
+  uint64_t size;
+  void *backing;
+  int kind, device, owned;
+  char file[200];
+  uint64_t file_offset;
+  char key[72];
+} sim_region;
+
+int simacl_resolve(const void *p, uint64_t n, sim_region *out);
+int simacl_current_device(void);
+int simacl_enqueue(void *stream, void (*run)(void *), void *arg);
+
+#endif

@@ -177,12 +177,28 @@ class TransportSection:
     nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
                                      "endpoints (NIXL authenticates nobody; docs/nixl.md); nixl refuses to start "
                                      "without it.", default=False)
+    hccl_device_ip: str = _doc("hccl: the NPU's RoCE address peers reach (hccn_tool -i <id> -ip -g); empty = the "
+                               "data plane's host address.", default="")
+    hccl_rdma_traffic_class: int = _doc("hccl: RDMA traffic class of the links' communicators (CANN option "
+                                        "llm.RdmaTrafficClass); -1 = HCCL's default.", default=-1)
+    hccl_rdma_service_level: int = _doc("hccl: RDMA service level (llm.RdmaServiceLevel); -1 = HCCL's default.",
+                                        default=-1)
+    hccl_link_retry_count: int = _doc("hccl: HcclCommPrepare tries per link (llm.LinkRetryCount, 1..100).", default=1)
+    hccl_link_total_seconds: float = _doc("hccl: time all HcclCommPrepare tries of a link share (llm.LinkTotalTime).",
+                                          default=10.0)
 
-    def settings(self, host: str) -> dict[str, object]:
-        """The keyword arguments of the named transport for an engine whose data plane binds ``host``."""
+    def settings(self, host: str, device_id: int = 0) -> dict[str, object]:
+        """The keyword arguments of the named transport for an engine whose data plane binds ``host``
+        (``device_id``: the NPU of the acl backend, for hccl)."""
         common: dict[str, object] = {"host": host, "port": 0, "chunk_size": self.chunk_bytes,
                                      "connect_timeout": self.connect_timeout_seconds}
-        return {**common, "backend": self.nixl_backend} if self.name == "nixl" else common
+        if self.name == "nixl":
+            return {**common, "backend": self.nixl_backend}
+        if self.name == "hccl":
+            return {**common, "device_id": device_id, "device_ip": self.hccl_device_ip,
+                    "traffic_class": self.hccl_rdma_traffic_class, "service_level": self.hccl_rdma_service_level,
+                    "retries": self.hccl_link_retry_count, "prepare_timeout": self.hccl_link_total_seconds}
+        return common
 
 
 @dataclass

@@ -188,7 +188,7 @@ class Node:
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
-        transport = get_transport(self.config.transport.name, **self.config.transport.settings(host),
+        transport = get_transport(self.config.transport.name, **self.config.transport.settings(host, self.config.memory.device_id),
                                   admission=self.config.peer.admission())
         try:
             transport.start()

@@ -165,7 +165,7 @@ class _Peer:
             if not busy:   # nothing of it was or will be written: say so now (a running send says so itself)
                 self.fin(tid, LLMStatusCode.LLM_FAILED)
         else:
-            raise ValueError(f"unknown message {letter!r}")
+            self.transport._on_extra(self, payload)
 
     # -- the sending side of a transfer --
 
@@ -335,7 +335,7 @@ class NixlTransport:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "UCX", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:
-        load_api()   # LLM_FEATURE_NOT_ENABLED naming the package, before anything is made
+        self._check_engine()   # LLM_FEATURE_NOT_ENABLED naming what is missing, before anything is made
         self.backend = backend
         self._tcp = TcpTransport(host, port, chunk_size=chunk_size, connect_timeout=connect_timeout,
                                  admission=admission, **tcp)
@@ -351,13 +351,27 @@ class NixlTransport:
         self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
 
+    scheme = SCHEME
+
+    # -- what a transport over another one-sided engine (hccl) replaces --
+
+    def _check_engine(self) -> None:
+        load_api()
+
+    def _new_agent(self) -> Any:
+        return Agent(f"datadistd-{os.getpid()}-{os.urandom(4).hex()}", self.backend)
+
+    def _on_extra(self, peer: _Peer, payload: bytes) -> None:
+        """A message of the peer's that is not one of NIXL's (none is: the channel is dropped)."""
+        raise ValueError(f"unknown message {payload[:1]!r}")
+
     @property
     def label(self) -> str:
         return f"nixl:{self.backend}(UCX_TLS={ucx_transports()})" if self.backend == "UCX" else f"nixl:{self.backend}"
 
     @property
     def endpoint(self) -> str:
-        return SCHEME + self._tcp.endpoint[len("tcp"):]
+        return self.scheme + self._tcp.endpoint[len("tcp"):]
 
     @property
     def agent_name(self) -> str | None:
@@ -374,7 +388,7 @@ class NixlTransport:
     def start(self) -> None:
         if self._nixl is not None:
             return
-        self._nixl = Agent(f"datadistd-{os.getpid()}-{os.urandom(4).hex()}", self.backend)
+        self._nixl = self._new_agent()
         self._deferred = ThreadPoolExecutor(1, thread_name_prefix="datadist-nixl-control")
         self._stopping.clear()
         self._progress_thread = threading.Thread(target=self._progress, name="datadist-nixl-progress", daemon=True)
@@ -441,9 +455,9 @@ class NixlTransport:
 
     def connect(self, endpoint: str, token: bytes, streams: int, deadline: float) -> NixlChannel:
         scheme, sep, rest = endpoint.partition("://")
-        if scheme != SCHEME or not sep:
+        if scheme != self.scheme or not sep:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                f"the peer's data plane is {scheme or endpoint!r}, this daemon's is nixl: both "
+                                f"the peer's data plane is {scheme or endpoint!r}, this daemon's is {self.name}: both "
                                 f"daemons must set the same [transport] name")
         peer = _Peer(self, bytes(token), outbound=True)
         tcp = self._tcp.connect(f"tcp://{rest}", token, streams, deadline)

@@ -1,0 +1,337 @@
+"""``HcclAgent``: the one-sided HCCL engine behind ``HcclTransport``, with the interface of the nixl ``Agent``
+(metadata, registrations, ``addresses``, ``write`` with a notification, ``notifications``).
+
+One communicator per peer daemon (two ranks), made when the peer's identity arrives; every registered range
+is bound to every communicator. Completion of a put is known to this side only (stream synchronisation); the
+notification then travels to the peer over the link's channel (``route``), where ``deliver`` queues it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from datadist.ascend import AscendError
+from datadist.ascend.acl import acl
+from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
+from datadist.status import LLMStatusCode
+
+from ...core.errors import DataDistError
+from ...memory.base import MemoryHandle, Segment
+
+__all__ = ["HcclAgent", "DONE", "cluster_table"]
+
+log = logging.getLogger("datadistd.transport.hccl")
+
+DONE = b"H"         # control message: u8 'H', then the notification of a completed put
+_MAX_META = 4096
+
+
+def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
+    """The rank table (CANN's version 1.0 format, as LLM-DataDist generates it) of ``members`` -- each
+    ``{"name", "server_id", "device_id", "device_ip"}`` -- and the agent names in rank order: servers sorted
+    by id, devices in name order within a server, ranks counted in that order. Both daemons build the same."""
+    servers: dict[str, list[dict[str, str]]] = {}
+    for m in sorted(members, key=lambda m: m["name"]):
+        servers.setdefault(m["server_id"], []).append(m)
+    server_list, order = [], []
+    for server_id in sorted(servers):
+        devices = []
+        for m in servers[server_id]:
+            devices.append({"device_id": m["device_id"], "device_ip": m["device_ip"], "rank_id": str(len(order))})
+            order.append(m["name"])
+        server_list.append({"server_id": server_id, "device": devices})
+    table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
+             "status": "completed"}
+    return json.dumps(table, separators=(",", ":")), order
+
+
+@dataclass(frozen=True)
+class Registration:
+    serial: int
+    key: int
+    base: int
+    size: int
+    handle: int          # HcclRegisterGlobalMem's
+
+
+class _Comm:
+    """A communicator with one peer: made and prepared by a thread of its own (both ranks meet in Prepare)."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.comm = 0
+        self.stream = 0
+        self.rank = self.remote_rank = 0
+        self.bound: set[int] = set()       # registration handles bound
+        self.ready: Future[None] = Future()
+        self.lock = threading.Lock()       # one batch at a time on the stream
+
+
+class HcclAgent:
+    def __init__(self, name: str, device: int, server_id: str, device_ip: str, traffic_class: int | None = None,
+                 service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1) -> None:
+        self.name = name
+        self.device = device
+        self._acl = acl()
+        self._hccl = hccl()
+        try:
+            self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip,
+                              "device_id": str(self._acl.physical_id(device))}
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"hccl: device {device}: {exc}") from None
+        self._traffic_class = traffic_class
+        self._service_level = service_level
+        self._prepare_timeout = prepare_timeout
+        self._retries = max(1, retries)
+        self._lock = threading.RLock()
+        self._regs: dict[int, tuple[weakref.ReferenceType[Any], Registration]] = {}
+        self._serials = itertools.count(1)
+        self._comms: dict[str, _Comm] = {}
+        self._routes: dict[str, Callable[[bytes], None]] = {}
+        self._inbox: list[tuple[str, bytes]] = []
+        self._closed = False
+
+    # -- identity and peers --
+
+    def metadata(self) -> bytes:
+        return json.dumps(self._identity).encode()
+
+    def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
+        return b""   # a peer reaches new registrations through the communicator they are bound to
+
+    def serials(self) -> set[int]:
+        return set()
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Start the communicator with the peer that sent ``metadata`` (its name, at once; Prepare runs on)."""
+        try:
+            if len(metadata) > _MAX_META:
+                raise ValueError("too long")
+            peer = json.loads(metadata)
+            if not isinstance(peer, dict) or set(peer) != set(self._identity) or \
+                    not all(isinstance(v, str) and v for v in peer.values()):
+                raise ValueError("not an identity")
+        except ValueError as exc:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
+        name = peer["name"]
+        if name == self.name:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
+        with self._lock:
+            if name in self._comms:
+                return name
+            entry = self._comms[name] = _Comm(name)
+        threading.Thread(target=self._open, args=(entry, peer), name="datadist-hccl-prepare", daemon=True).start()
+        return name
+
+    def _open(self, entry: _Comm, peer: dict[str, str]) -> None:
+        table, order = cluster_table([self._identity, peer])
+        comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
+        try:
+            config = CommConfig.make(comm_name, self._traffic_class, self._service_level)
+            entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
+            with self._lock:
+                entry.comm = self._hccl.init_comm(table, entry.rank, config)
+                entry.stream = self._acl.create_stream(self.device)
+                for _, reg in self._regs.values():
+                    self._hccl.bind(entry.comm, reg.handle)
+                    entry.bound.add(reg.handle)
+            # CANN: link_retry_count tries of HcclCommPrepare sharing the link's time
+            share = max(1, int(self._prepare_timeout * 1000 / self._retries))
+            for attempt in range(self._retries):
+                try:
+                    self._hccl.prepare(entry.comm, share)
+                    break
+                except AscendError as exc:
+                    if attempt + 1 == self._retries:
+                        raise
+                    log.info("hccl: HcclCommPrepare with %s failed (%s); retrying", peer["name"], exc)
+            entry.ready.set_result(None)
+        except (AscendError, ValueError) as exc:
+            status = exc.status if isinstance(exc, AscendError) else LLMStatusCode.LLM_PARAM_INVALID
+            entry.ready.set_exception(DataDistError(status, f"hccl: communicator with {peer['name']}: {exc}"))
+
+    def route(self, peer: str, send: Callable[[bytes], None]) -> None:
+        """How notifications reach ``peer``: a control message on its link's channel."""
+        with self._lock:
+            self._routes[peer] = send
+
+    def drop_peer(self, name: str) -> None:
+        """Unlink: unbind every range from the communicator, destroy it (CANN's teardown order)."""
+        with self._lock:
+            entry = self._comms.pop(name, None)
+            self._routes.pop(name, None)
+        if entry is None:
+            return
+        try:
+            entry.ready.result(self._prepare_timeout + 1)
+        except Exception:  # noqa: BLE001 - failed or still preparing: tear down what exists
+            pass
+        with entry.lock, self._lock:
+            self._teardown(entry)
+
+    def _teardown(self, entry: _Comm) -> None:
+        for handle in list(entry.bound):
+            try:
+                self._hccl.unbind(entry.comm, handle)
+            except AscendError as exc:
+                log.warning("hccl: %s", exc)
+        entry.bound.clear()
+        for what, close in (("stream", lambda: self._acl.destroy_stream(self.device, entry.stream)),
+                            ("communicator", lambda: self._hccl.destroy(entry.comm))):
+            if (entry.stream if what == "stream" else entry.comm):
+                try:
+                    close()
+                except AscendError as exc:
+                    log.warning("hccl: destroying the %s with %s: %s", what, entry.peer, exc)
+        entry.comm = entry.stream = 0
+
+    # -- registrations --
+
+    def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
+        count = len(segments)
+        rows = np.empty((count, 2), dtype=np.uint64)
+        used: dict[int, Registration] = {}
+        new: list[Registration] = []
+        last: Any = None
+        reg: Registration | None = None
+        for i, seg in enumerate(segments):
+            if seg.handle is not last:
+                last = seg.handle
+                reg = self._registration(last, new)
+                used[reg.key] = reg
+            assert reg is not None
+            rows[i, 0] = reg.base + seg.offset
+            rows[i, 1] = seg.length
+        return rows[rows[:, 1] > 0], list(used.values()), new
+
+    def _registration(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
+        key = id(handle)
+        with self._lock:
+            known = self._regs.get(key)
+            if known is not None and known[0]() is handle:
+                return known[1]
+        address = getattr(handle, "address", None)
+        if address is None or getattr(handle, "device", None) != self.device:
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                "the hccl transport moves NPU memory of this daemon's device only (memory backend "
+                                "acl, DEVICE caches); HOST caches: use transport tcp")
+        with self._lock:
+            try:
+                reg = Registration(next(self._serials), key, int(address), handle.size,
+                                   self._hccl.register(MEM_DEVICE, int(address), handle.size))
+                for entry in self._comms.values():
+                    if entry.comm:
+                        self._hccl.bind(entry.comm, reg.handle)
+                        entry.bound.add(reg.handle)
+            except AscendError as exc:
+                raise DataDistError(exc.status, f"hccl: registering {handle.size} bytes: {exc}") from None
+            stale = self._regs.pop(key, None)
+            self._regs[key] = (weakref.ref(handle), reg)
+        if stale is not None:
+            self._deregister(stale[1])
+        weakref.finalize(handle, self._forget, key, reg)
+        new.append(reg)
+        return reg
+
+    def _forget(self, key: int, reg: Registration) -> None:
+        with self._lock:
+            known = self._regs.get(key)
+            if known is not None and known[1] is reg:
+                del self._regs[key]
+        self._deregister(reg)
+
+    def _deregister(self, reg: Registration) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for entry in self._comms.values():
+                if reg.handle in entry.bound:
+                    try:
+                        self._hccl.unbind(entry.comm, reg.handle)
+                    except AscendError as exc:
+                        log.debug("hccl: %s", exc)
+                    entry.bound.discard(reg.handle)
+            try:
+                self._hccl.deregister(reg.handle)
+            except AscendError as exc:
+                log.debug("hccl: %s", exc)
+
+    def registered(self) -> int:
+        with self._lock:
+            return len(self._regs)
+
+    # -- transfers --
+
+    def _ready(self, peer: str, deadline: float) -> _Comm:
+        with self._lock:
+            entry = self._comms.get(peer)
+        if entry is None:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: no communicator with {peer}")
+        try:
+            entry.ready.result(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"hccl: the communicator with {peer} was not prepared "
+                                                           f"by the deadline") from None
+        return entry
+
+    def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
+              stop: Callable[[], DataDistError | None]) -> None:
+        """``HcclBatchPut`` of rows ``local`` into ``peer``'s rows ``remote``, synchronised on the link's stream
+        by ``deadline``; then the notification goes to the peer. Raises with the status table's code."""
+        entry = self._ready(peer, deadline)
+        with entry.lock:
+            if not entry.comm:
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
+            try:
+                self._hccl.batch(True, entry.comm, entry.remote_rank, local[:, 0].tolist(), remote[:, 0].tolist(),
+                                 local[:, 1].tolist(), entry.stream)
+            except AscendError as exc:
+                raise DataDistError(exc.status, f"hccl: {exc}") from None
+            try:
+                self._acl.synchronize(self.device, entry.stream, int((deadline - time.monotonic()) * 1000))
+            except AscendError as exc:
+                try:
+                    self._acl.abort(self.device, entry.stream)   # CANN: a failed batch aborts its stream
+                except AscendError as abort_exc:
+                    log.warning("hccl: aborting the stream: %s", abort_exc)
+                raise DataDistError(exc.status, f"hccl: put to {peer}: {exc}") from None
+        self.notify(peer, notif)
+
+    def notify(self, peer: str, message: bytes) -> None:
+        with self._lock:
+            send = self._routes.get(peer)
+        if send is None:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: no channel to {peer}")
+        send(message)
+
+    def deliver(self, peer: str, message: bytes) -> None:
+        with self._lock:
+            self._inbox.append((peer, bytes(message)))
+
+    def notifications(self) -> list[tuple[str, bytes]]:
+        with self._lock:
+            out, self._inbox = self._inbox, []
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            names = list(self._comms)
+        for name in names:
+            self.drop_peer(name)
+        with self._lock:
+            regs = [reg for _, reg in self._regs.values()]
+            self._regs.clear()
+        for reg in regs:
+            self._deregister(reg)
+        self._closed = True

@@ -1,0 +1,70 @@
+"""``HcclTransport``: the nixl transport's link machinery with an HCCL agent (see the package doc)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from datadist.ascend import AscendError
+from datadist.ascend.acl import acl
+from datadist.ascend.hccl import hccl
+
+from ...core.errors import DataDistError
+from ..nixl.transport import NixlTransport, _Peer
+from .agent import DONE, HcclAgent
+
+__all__ = ["HcclTransport", "SCHEME"]
+
+log = logging.getLogger("datadistd.transport.hccl")
+
+SCHEME = "hccl+tcp"
+
+
+class HcclTransport(NixlTransport):
+    """Links whose bytes move by ``HcclBatchPut`` between NPU memories (``[transport] name = "hccl"``)."""
+
+    name = "hccl"
+    scheme = SCHEME
+
+    def __init__(self, device_id: int = 0, device_ip: str = "", traffic_class: int = -1, service_level: int = -1,
+                 prepare_timeout: float = 10.0, retries: int = 1, **tcp: Any) -> None:
+        self.device_id = device_id
+        self.device_ip = device_ip
+        self.traffic_class = None if traffic_class < 0 else traffic_class
+        self.service_level = None if service_level < 0 else service_level
+        self.prepare_timeout = prepare_timeout
+        self.retries = retries
+        self._host = str(tcp.get("host") or "127.0.0.1")
+        super().__init__(backend="HCCL", **tcp)
+
+    def _check_engine(self) -> None:
+        try:
+            acl()
+            hccl()
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"the hccl transport needs Ascend CANN: {exc}") from None
+
+    def _new_agent(self) -> HcclAgent:
+        return HcclAgent(f"datadistd-{os.getpid()}-{os.urandom(4).hex()}", self.device_id,
+                         server_id=self._host, device_ip=self.device_ip or self._host, traffic_class=self.traffic_class,
+                         service_level=self.service_level, prepare_timeout=self.prepare_timeout,
+                         retries=self.retries)
+
+    @property
+    def label(self) -> str:
+        return f"hccl:device{self.device_id}"
+
+    def _bind_agent(self, peer: _Peer, name: str, metadata: bytes) -> None:
+        super()._bind_agent(peer, name, metadata)
+        agent = self._agent()
+        assert isinstance(agent, HcclAgent)
+        agent.route(name, lambda message: peer.send(DONE + message))
+
+    def _on_extra(self, peer: _Peer, payload: bytes) -> None:
+        if payload[:1] != DONE or peer.agent_name is None:
+            raise ValueError(f"unknown message {payload[:1]!r}")
+        agent = self._agent()
+        assert isinstance(agent, HcclAgent)
+        agent.deliver(peer.agent_name, payload[1:])
+        self.poll()

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test bench proto proto-check lint run clean deploy-check
+.PHONY: venv nixl demo test test-ascend bench proto proto-check lint run clean deploy-check
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ nixl: $(NIXL_STAMP)
 ## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed)
 test: $(STAMP) $(NIXL_STAMP) proto-check
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make test-ascend: the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set, npu-smi
+## sees devices) instead of the simulated runtime make test uses; docs/ascend.md says what was verified where
+test-ascend: $(STAMP)
+	@test -n "$$ASCEND_HOME_PATH" || { echo "test-ascend: set ASCEND_HOME_PATH (source CANN's set_env.sh)"; exit 2; }
+	@npu-smi info >/dev/null || { echo "test-ascend: npu-smi sees no NPU"; exit 2; }
+	DATADIST_ASCEND_REAL=1 $(PY) -m pytest -o addopts="" -k "acl-hccl" tests/integration tests/api $(PYTEST_ARGS)
 
 ## make bench: every hot path against this machine's limits, ratios to baselines measured in the same run;
 ## writes bench/results/latest.json, latest.md and PNG plots (BENCH_ARGS="--help" lists sizes and scenarios)

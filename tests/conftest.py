@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.harness import DATA_PLANES, Daemon, Worker, nixl_installed  # noqa: E402
+from tests.harness import ACL_PLANE, DATA_PLANES, WORKER_ENV, Daemon, Worker, nixl_installed  # noqa: E402
 
 
 @pytest.fixture
@@ -16,9 +16,28 @@ def data_plane(request) -> dict[str, str]:
     """The daemon environment of a data plane (``tests.harness.DATA_PLANES``): tcp unless a module
     parametrizes it (``indirect``) to run its transfers over nixl too."""
     name = getattr(request, "param", "tcp")
+    if name == ACL_PLANE:
+        return {**DATA_PLANES[name], **ascend_runtime(request)}
     if name != "tcp" and not nixl_installed():
         pytest.skip("NIXL is not installed (make nixl)")
     return DATA_PLANES[name]
+
+
+def ascend_runtime(request) -> dict[str, str]:
+    """The Ascend runtime for the acl plane: CANN's own when ``DATADIST_ASCEND_REAL=1`` (``make test-ascend``,
+    ``ASCEND_HOME_PATH`` set), else the simulated one, built once (skipped without a C compiler), with a state
+    directory of this test's own."""
+    if os.environ.get("DATADIST_ASCEND_REAL") == "1":
+        if not os.environ.get("ASCEND_HOME_PATH"):
+            pytest.skip("DATADIST_ASCEND_REAL=1 needs ASCEND_HOME_PATH (source CANN's set_env.sh)")
+        return {"ASCEND_HOME_PATH": os.environ["ASCEND_HOME_PATH"]}
+    from tests.sim import build, sim_env
+    root = build()
+    if root is None:
+        pytest.skip("no C compiler (cc/gcc): the simulated Ascend runtime cannot be built")
+    state = request.getfixturevalue("tmp_path") / "ascend-sim"
+    state.mkdir()
+    return sim_env(root, str(state))
 
 
 class DaemonFactory:
@@ -61,7 +80,8 @@ def worker_factory():
 
     def make(daemon: Daemon | None = None, **env: str) -> Worker:
         if daemon is not None:
-            env = {"DATADIST_DAEMON": daemon.target, **env}
+            plane = {k: daemon.env[k] for k in WORKER_ENV if k in daemon.env}
+            env = {"DATADIST_DAEMON": daemon.target, **plane, **env}
         w = Worker(env)
         workers.append(w)
         return w

@@ -17,7 +17,7 @@ from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
-           "NIXL_PLANES", "nixl_installed", "nixl_plane"]
+           "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,14 @@ DATA_PLANES: dict[str, dict[str, str]] = {
     "nixl-ucx-shm": nixl_plane("shm,tcp"),
 }
 NIXL_PLANES = ["nixl-ucx-tcp", "nixl-ucx-shm"]
-ALL_PLANES = ["tcp", *NIXL_PLANES]
+#: NPU memory and HCCL on the SIMULATED Ascend runtime (tests/sim; its environment is added by the
+#: ``data_plane`` fixture, which builds it): DEVICE caches are simulated NPU memory, bytes move by HcclBatchPut
+ACL_PLANE = "acl-hccl"
+DATA_PLANES[ACL_PLANE] = {"DATADISTD_MEMORY_BACKEND": "acl", "DATADISTD_TRANSPORT_NAME": "hccl",
+                          "DATADIST_TEST_NPU": "1"}
+#: what a worker of a daemon on a plane needs of the plane's environment (the runtime it loads)
+WORKER_ENV = ("ASCEND_HOME_PATH", "ASCEND_SIM_DIR", "DATADIST_TEST_NPU")
+ALL_PLANES = ["tcp", *NIXL_PLANES, ACL_PLANE]
 
 
 def over_planes(*planes: str):

@@ -188,8 +188,8 @@ class Node:
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
-        transport = get_transport(self.config.transport.name, **self.config.transport.settings(host, self.config.memory.device_id),
-                                  admission=self.config.peer.admission())
+        settings = self.config.transport.settings(host, self.config.memory.device_id)
+        transport = get_transport(self.config.transport.name, **settings, admission=self.config.peer.admission())
         try:
             transport.start()
             links = LinkManager(engine, transport, self)

@@ -70,13 +70,19 @@ def test_pull_blocks_random_tables_byte_exact(pair) -> None:
 
 @over_planes()
 def test_link_table_and_transport_visible(pair, data_plane) -> None:
-    """Both ends say which data plane the link runs on: for nixl, the backend and the UCX transports."""
+    """Both ends say which data plane the link runs on: for nixl, the backend and the UCX transports; for hccl
+    the NPU."""
     dp, dd, prompt, decoder, port = pair
-    label = f"nixl:UCX(UCX_TLS={data_plane['UCX_TLS']})" if data_plane else "tcp"
+    if data_plane.get("DATADISTD_TRANSPORT_NAME") == "hccl":
+        label, scheme = "hccl:device0", "hccl+tcp://"
+    elif data_plane:
+        label, scheme = f"nixl:UCX(UCX_TLS={data_plane['UCX_TLS']})", "nixl+tcp://"
+    else:
+        label, scheme = "tcp", "tcp://"
     (mine,) = links(dd)
     assert mine.remote_cluster_id == P and mine.state == "established" and mine.transport == label
     assert mine.initiator and mine.streams >= 1
-    assert mine.data_endpoint.startswith("nixl+tcp://" if data_plane else "tcp://")
+    assert mine.data_endpoint.startswith(scheme)
     (theirs,) = links(dp)
     assert theirs.remote_cluster_id == D and not theirs.initiator and theirs.transport == label
 

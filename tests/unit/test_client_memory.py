@@ -254,7 +254,7 @@ def test_mapper_round_trip_with_daemon_pool():
 
     def fetch(pool_name: str) -> tuple[int, int]:
         fetched.append(pool_name)
-        return os.dup(pool.export_fd()), pool.capacity
+        return os.dup(pool.export_fd()), pool.capacity, "", 0
 
     mapper = _memory.Mapper(fetch)
     try:

@@ -1,0 +1,127 @@
+"""The Ascend bindings and the acl backend against the SIMULATED runtime (tests/sim), in child processes
+(a process loads CANN's libraries once): the status table, and what a hostile neighbour tries."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from datadist.ascend.errors import ACL_STATUS, HCCL_STATUS
+from datadist.status import LLMStatusCode as S
+from tests.harness import ROOT
+from tests.sim import build, sim_env
+
+
+@pytest.fixture(scope="module")
+def sim_root():
+    root = build()
+    if root is None:
+        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
+    return root
+
+
+def run(code: str, env: dict[str, str], expect_rc: int = 0) -> str:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == expect_rc, proc.stdout + proc.stderr
+    return proc.stdout.strip()
+
+
+def test_status_table_follows_cann() -> None:
+    # ConvertCommErrorToStatus: PARA, TIMEOUT, NOT_SUPPORT; ConvertAclError2Ge: stream sync timeout
+    assert HCCL_STATUS == {1: S.LLM_PARAM_INVALID, 9: S.LLM_TIMEOUT, 5: S.LLM_FEATURE_NOT_ENABLED}
+    assert ACL_STATUS[507046] == S.LLM_TIMEOUT and ACL_STATUS[207001] == S.LLM_DEVICE_OUT_OF_MEMORY
+
+
+def test_missing_cann_is_feature_not_enabled_naming_the_library(tmp_path) -> None:
+    out = run("""
+        from datadistd.memory.acl import AclBackend
+        from datadistd.core.errors import DataDistError
+        try:
+            AclBackend()
+        except DataDistError as exc:
+            print(exc.code.name, exc.message)
+        """, {"ASCEND_HOME_PATH": str(tmp_path), "LD_LIBRARY_PATH": ""})
+    assert out.startswith("LLM_FEATURE_NOT_ENABLED") and f"{tmp_path}/lib64/libascendcl.so" in out
+
+
+def test_pool_key_imports_only_in_the_white_listed_process(sim_root, tmp_path) -> None:
+    """A DEVICE pool's key names one pid (the worker the kernel vouched for): any other process is refused."""
+    out = run("""
+        import os
+        from datadistd.memory.acl import AclBackend
+        from datadistd.core.types import Placement
+        from datadist.ascend import AscendError
+        from datadist.ascend.acl import acl
+        pool = AclBackend().create_pool(Placement.DEVICE, 1 << 20)
+        key = pool.export_key(os.getpid() + 1)           # another process's key
+        try:
+            acl().ipc_import(0, key)
+        except AscendError as exc:
+            print(exc.status.name, exc.code)
+        print(acl().ipc_import(0, pool.export_key(os.getpid())) > 0)
+        pool.close()
+        """, sim_env(sim_root, str(tmp_path)))
+    assert out.splitlines() == ["LLM_PARAM_INVALID 207006", "True"]
+
+
+def test_device_memory_is_not_host_memory(sim_root, tmp_path) -> None:
+    """The simulation's device pointers fault on a host load, as on an NPU: code that worked here never
+    dereferenced one (copies go through aclrtMemcpy)."""
+    run("""
+        import ctypes
+        from datadist.ascend.acl import acl
+        ctypes.string_at(acl().malloc(0, 4096), 1)
+        """, sim_env(sim_root, str(tmp_path)), expect_rc=-11)
+
+
+def test_device_handle_copies_and_bounds(sim_root, tmp_path) -> None:
+    out = run("""
+        from datadistd.memory.acl import AclBackend
+        from datadistd.core.errors import DataDistError
+        from datadistd.core.types import Placement
+        pool = AclBackend().create_pool(Placement.DEVICE, 1 << 20, 16)
+        a, b = pool.allocate(4096), pool.allocate(4096)
+        a.handle.write_from(10, b"npu bytes")
+        a.handle.copy_to(0, b.handle, 0, 4096)
+        out = bytearray(9)
+        b.handle.read_into(10, memoryview(out))
+        print(out.decode(), a.handle.view())
+        try:
+            a.handle.read_into(4090, memoryview(bytearray(9)))
+        except DataDistError as exc:
+            print(exc.code.name)
+        try:
+            pool.allocate(2 << 20)
+        except DataDistError as exc:
+            print(exc.code.name)
+        pool.close()
+        """, sim_env(sim_root, str(tmp_path)))
+    assert out.splitlines() == ["npu bytes None", "LLM_PARAM_INVALID", "LLM_OUT_OF_MEMORY"]
+
+
+def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_path) -> None:
+    out = run("""
+        from datadist.ascend import AscendError
+        from datadist.ascend.acl import acl
+        from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
+        from datadistd.transport.hccl.agent import cluster_table
+        a, h = acl(), hccl()
+        table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": "10.0.0.1"}
+                                      for n in ("b", "a")])
+        print(order)
+        comm = h.init_comm(table, 0, CommConfig.make("t"))
+        p, s = a.malloc(0, 4096), a.create_stream(0)
+        for what, call in (("before prepare", lambda: h.batch(True, comm, 1, [p], [p], [16], s)),
+                           ("host memory", lambda: h.register(MEM_DEVICE, id(order), 16))):
+            try:
+                call()
+            except AscendError as exc:
+                print(what, exc.func, exc.status.name)
+        """, sim_env(sim_root, str(tmp_path)))
+    assert out.splitlines() == ["['a', 'b']", "before prepare HcclBatchPut LLM_FAILED",
+                                "host memory HcclRegisterGlobalMem LLM_PARAM_INVALID"]

@@ -102,7 +102,7 @@ def map_tensors(daemon: Any, engine_id: int, info: datadist_pb2.CacheInfo) -> li
     """The tensors of a daemon-owned cache, mapped into this process (as a worker maps them)."""
     out = []
     for t in info.tensors:
-        fd, size = attachment(daemon).export_pool(engine_id, t.pool, "test")
+        fd, size, _, _ = attachment(daemon).export_pool(engine_id, t.pool, "test")
         try:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED)
         finally:

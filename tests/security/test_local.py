@@ -171,7 +171,7 @@ def test_1_memory_and_pools_go_only_to_their_worker(daemon):
         with pytest.raises(LLMException) as info:
             intruder.attach.export_pool(engine, pool, "test")
         assert info.value.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED
-        fd, size = victim.attach.export_pool(engine, pool, "test")     # the owner gets it, sealed
+        fd, size, _, _ = victim.attach.export_pool(engine, pool, "test")     # the owner gets it, sealed
         try:
             assert size == 1 << 20 and fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
             with pytest.raises(OSError):

@@ -77,7 +77,7 @@ static uint64_t hbm_bytes(void) {
 static sim_region *find_locked(uintptr_t p, uint64_t n) {
   for (int i = 0; i < g_count; i++) {
     sim_region *r = &g_regions[i];
-    if (p >= r->addr && p - r->addr <= r->size && n <= r->size - (p - r->addr)) return r;
+    if (sim_inside(r->addr, r->size, p, n)) return r;
   }
   return NULL;
 }

@@ -311,8 +311,7 @@ HcclResult HcclCommDestroy(HcclComm comm) {
 static void *local_backing(comm_t *c, uintptr_t p, uint64_t n) {
   for (int i = 0; i < c->nbound; i++) {
     sim_region *r = &c->bound[i]->region;
-    if (p >= r->addr && p - r->addr <= r->size && n <= r->size - (p - r->addr))
-      return (char *)r->backing + (p - r->addr);
+    if (sim_inside(r->addr, r->size, p, n)) return (char *)r->backing + (p - r->addr);
   }
   return NULL;
 }
@@ -321,7 +320,7 @@ static void *local_backing(comm_t *c, uintptr_t p, uint64_t n) {
 static void *remote_backing(comm_t *c, const pub_entry *entries, uint32_t count, uintptr_t p, uint64_t n) {
   for (uint32_t i = 0; i < count; i++) {
     const pub_entry *e = &entries[i];
-    if (!(p >= e->addr && p - e->addr <= e->size && n <= e->size - (p - e->addr))) continue;
+    if (!sim_inside(e->addr, e->size, p, n)) continue;
     for (int m = 0; m < c->nmaps; m++) {
       mapping *map = &c->maps[m];
       if (strcmp(map->file, e->file) == 0 && map->offset <= e->file_offset &&

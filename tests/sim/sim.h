@@ -17,6 +17,11 @@ typedef struct {
   char key[72];
 } sim_region;
 
+/* [p, p+n) lies inside the `size` bytes at `base` (no overflow) */
+static inline int sim_inside(uint64_t base, uint64_t size, uint64_t p, uint64_t n) {
+  return p >= base && p - base <= size && n <= size - (p - base);
+}
+
 int simacl_resolve(const void *p, uint64_t n, sim_region *out);
 int simacl_current_device(void);
 int simacl_enqueue(void *stream, void (*run)(void *), void *arg);

@@ -13,7 +13,7 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint
 from typing import Sequence
 
 from .errors import AscendError, acl_status
-from .loader import find_library
+from .loader import find_library, once
 
 __all__ = ["Acl", "acl", "MEMCPY_HOST_TO_HOST", "MEMCPY_HOST_TO_DEVICE", "MEMCPY_DEVICE_TO_HOST",
            "MEMCPY_DEVICE_TO_DEVICE", "MALLOC_HUGE_FIRST", "MEM_TYPE_HIGH_BAND_WIDTH", "IPC_KEY_LEN"]
@@ -161,14 +161,5 @@ class Acl:
         self._call("aclrtIpcMemClose", key.encode())
 
 
-_shared: Acl | None = None
-_shared_lock = threading.Lock()
-
-
-def acl() -> Acl:
-    """The process's ``Acl`` (loaded and initialised on first use)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Acl()
-        return _shared
+#: the process's ``Acl`` (loaded and initialised on first use)
+acl = once(Acl)

@@ -9,14 +9,13 @@ stream, then ``aclrtSynchronizeStreamWithTimeout``; teardown ``HcclCommUnbindMem
 from __future__ import annotations
 
 import ctypes
-import threading
 from ctypes import POINTER, Structure, c_char, c_int, c_int32, c_uint32, c_uint64, c_void_p
 from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
 from .errors import AscendError, hccl_status
-from .loader import find_library
+from .loader import find_library, once
 
 __all__ = ["Hccl", "hccl", "CommConfig", "CommMem", "OneSideOpDesc", "PrepareConfig", "MEM_DEVICE", "MEM_HOST",
            "DATA_TYPE_UINT8", "CONFIG_NOT_SET", "LIBRARIES"]
@@ -148,16 +147,8 @@ class Hccl:
                    c_void_p(stream))
 
 
-_shared: Hccl | None = None
-_shared_lock = threading.Lock()
-
-
-def hccl() -> Hccl:
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Hccl()
-        return _shared
+#: the process's ``Hccl`` (loaded on first use)
+hccl = once(Hccl)
 
 
 assert ctypes.sizeof(CommConfig) == 312, "HcclCommConfig layout"

@@ -5,16 +5,35 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Callable, TypeVar
 
 from .errors import AscendUnavailable
 
-__all__ = ["find_library", "HOME_VAR"]
+__all__ = ["find_library", "once", "HOME_VAR"]
+
+T = TypeVar("T")
 
 #: CANN's environment variable (set by ``set_env.sh``): the toolkit's root, libraries in ``lib64``
 HOME_VAR = "ASCEND_HOME_PATH"
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
+
+
+def once(factory: Callable[[], T]) -> Callable[[], T]:
+    """``factory()`` made on the first call, under a lock, and that same object from then on (a failed
+    call is retried next time): the process's one runtime object of each library."""
+    lock = threading.Lock()
+    made: list[T] = []
+
+    def get() -> T:
+        with lock:
+            if not made:
+                made.append(factory())
+            return made[0]
+
+    get.__doc__ = factory.__doc__
+    return get
 
 
 def find_library(*names: str) -> ctypes.CDLL:

@@ -30,14 +30,13 @@ import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Any
 
 from datadist.v1 import attach_pb2
 
 from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
-from ..memory.base import MAX_PIECES, DeviceRef, FdPiece, FdRef, KeyExport
+from ..memory.base import MAX_PIECES, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
@@ -268,7 +267,7 @@ class AttachServer:
             msg = request.import_memory
             if msg.device_key:
                 require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
-                ref: Any = DeviceRef(msg.device_key, msg.device_id, msg.length)
+                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length)
             elif len(fds) != len(msg.pieces):
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")

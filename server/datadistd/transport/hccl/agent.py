@@ -187,13 +187,16 @@ class HcclAgent:
             except AscendError as exc:
                 log.warning("hccl: %s", exc)
         entry.bound.clear()
-        for what, close in (("stream", lambda: self._acl.destroy_stream(self.device, entry.stream)),
-                            ("communicator", lambda: self._hccl.destroy(entry.comm))):
-            if (entry.stream if what == "stream" else entry.comm):
-                try:
-                    close()
-                except AscendError as exc:
-                    log.warning("hccl: destroying the %s with %s: %s", what, entry.peer, exc)
+        if entry.stream:
+            try:
+                self._acl.destroy_stream(self.device, entry.stream)
+            except AscendError as exc:
+                log.warning("hccl: destroying the stream of the link with %s: %s", entry.peer, exc)
+        if entry.comm:
+            try:
+                self._hccl.destroy(entry.comm)
+            except AscendError as exc:
+                log.warning("hccl: destroying the communicator with %s: %s", entry.peer, exc)
         entry.comm = entry.stream = 0
 
     # -- registrations --

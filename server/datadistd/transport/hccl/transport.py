@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -15,8 +14,6 @@ from ..nixl.transport import NixlTransport, _Peer
 from .agent import DONE, HcclAgent
 
 __all__ = ["HcclTransport", "SCHEME"]
-
-log = logging.getLogger("datadistd.transport.hccl")
 
 SCHEME = "hccl+tcp"
 

@@ -10,6 +10,12 @@ aborted layer (``synchronize_layer`` returned False) fails the targets holding i
 While the task runs it marks the links it uses, so a pull on one of them gets ``LLM_LINK_BUSY``
 (docs/spec.md §1.4: "pull_cache + transfer_cache_async" on one link), and a layer push meeting a running
 pull fails the same way.
+
+Round trips: at a target's first ready layer every layer of that target is opened at the owner in one
+call (``Requester.stage_push``), each later layer is only its bytes on the data channel, and the target's
+last layer ends with one commit: two owner calls per target and task, none per layer. A layer's event
+says its bytes were sent; the target's final event says the owner has them all. A task that ends early
+tells the owners in the background (``abandon_staged``), so their caches are not held.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+from datadist.status import LLMStatusCode
+
 from .core.errors import DataDistError, StatusCode, require
 from .core.plan import LayerTask, check_layer_task, plan_layer
 from .core.types import CacheId, Placement
 from .links import Link, LinkManager
+from .links.requester import Piece, StagedPush
 
 __all__ = ["LayerEvent", "LayerPush"]
 
@@ -45,10 +54,11 @@ class LayerPush:
         check_layer_task(self.task, engine.cluster_id)
         self.links = links
         self.cache_id = CacheId(src_cache_id)
-        self.timeout_ms = timeout_ms
+        self.timeout_ms = timeout_ms or engine.options.sync_kv_timeout_ms
         self.remaining = {i: set(range(*t.src_layers)) for i, t in enumerate(self.task.targets)}
         self.final: set[int] = set()
         self.done = False
+        self._staged: dict[int, tuple[StagedPush, dict[int, list[int]]]] = {}
         self._marked: list[Link] = []
         for cluster in {t.dst_cluster for t in self.task.targets}:
             link = links.links_to(cluster)
@@ -57,6 +67,33 @@ class LayerPush:
                 self._marked.append(link)
         log.info("cluster %s: transfer_cache_async of cache %s to %d targets started", engine.cluster_id,
                  src_cache_id, len(self.task.targets))
+
+    async def _stage(self, i: int) -> tuple[StagedPush, dict[int, list[int]]]:
+        """Target ``i``'s push, opened at its owner with every layer of the target at its first layer."""
+        staged = self._staged.get(i)
+        if staged is None:
+            target = self.task.targets[i]
+            pieces: list[Piece] = []
+            by_layer: dict[int, list[int]] = {}
+            for layer in range(*target.src_layers):
+                layer_pieces = plan_layer(self.task, i, layer)
+                by_layer[layer] = list(range(len(pieces), len(pieces) + len(layer_pieces)))
+                pieces.extend(layer_pieces)
+            # the owner keeps the target's transfers as long as its layers may take: a timeout each
+            hold_ms = min(self.timeout_ms * len(by_layer), _MAX_HOLD_MS)
+            push = await self.links.stage_push(target.dst_cluster, self.cache_id, pieces, self.timeout_ms, hold_ms)
+            staged = self._staged[i] = (push, by_layer)
+        return staged
+
+    async def _send_layer(self, i: int, layer: int) -> bool:
+        """Send ``layer`` to target ``i``; True when that was the target's last layer (and it is committed)."""
+        push, by_layer = await self._stage(i)
+        await self.links.send_staged(push, by_layer[layer], self.timeout_ms)
+        self.remaining[i].discard(layer)
+        if self.remaining[i]:
+            return False
+        await self.links.commit_staged(push, self.timeout_ms)
+        return True
 
     async def ready(self, layer: int) -> list[LayerEvent]:
         """Layer ``layer`` is computed: send it to every unfinished target holding it."""
@@ -67,8 +104,7 @@ class LayerPush:
             if i in self.final or layer not in self.remaining[i]:
                 continue
             try:
-                await self.links.push_pieces(target.dst_cluster, self.cache_id, plan_layer(self.task, i, layer),
-                                             self.timeout_ms)
+                finished = await self._send_layer(i, layer)
             except DataDistError as exc:
                 log.warning("cluster %s: transfer_cache_async layer %d to cluster %s failed: %s",
                             self.links.cluster_id, layer, target.dst_cluster, exc)
@@ -76,8 +112,6 @@ class LayerPush:
                 self.done = True  # CANN ends the whole task at its first failure
                 events.append(LayerEvent(i, layer, int(exc.code), True, exc.message))
                 return events
-            self.remaining[i].discard(layer)
-            finished = not self.remaining[i]
             if finished:
                 self.final.add(i)
             events.append(LayerEvent(i, layer, int(StatusCode.LLM_SUCCESS), finished))
@@ -95,6 +129,14 @@ class LayerPush:
         return events
 
     def close(self) -> None:
+        """The task's stream ended: owners of targets not committed are told (in the background)."""
+        for push, _ in self._staged.values():
+            self.links.abandon_staged(push, LLMStatusCode.LLM_FAILED)
+        self._staged = {}
         for link in self._marked:
             link.end_layerwise()
         self._marked = []
+
+
+#: the longest an owner keeps a layer-wise target's opened transfers (an hour; the owner's cache stays pinned)
+_MAX_HOLD_MS = 3_600_000

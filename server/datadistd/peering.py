@@ -14,7 +14,7 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Protocol, Sequence
 
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from .reverse import ReverseCmd, ReverseReply
@@ -129,9 +129,13 @@ class PeerClient(Protocol):
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None: ...
 
-    async def open_write(self, session: bytes, spec: RemoteSpec, timeout: float) -> int: ...
+    async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
+                         hold_ms: int = 0) -> list[int]:
+        """Open one incoming transfer per spec at the owner; their ids, in order. They wait ``hold_ms``
+        (0: the call's timeout) for their bytes and commit."""
 
-    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None: ...
+    async def commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout: float) -> None:
+        """Wait at the owner until every byte of the transfers arrived."""
 
     async def unlink(self, session: bytes, timeout: float) -> None: ...
 

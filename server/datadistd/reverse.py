@@ -27,30 +27,37 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol, Union
+from typing import Awaitable, Callable, Protocol, Sequence, Union
 
 from .core.errors import DataDistError, StatusCode
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "ReverseCmd", "ReverseReply",
-           "CallHub", "ReverseHub", "FrameCalls", "CallCodec"]
+           "CallHub", "ReverseHub", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "checked_ids"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class OpenWriteCmd:
+    """Open one incoming transfer per spec (a layer-wise push opens every layer of a target at once);
+    they may wait ``hold_ms`` for their bytes and commit (0: ``timeout_ms``)."""
+
     command_id: int
     session: bytes
-    spec: RemoteSpec
+    specs: tuple[RemoteSpec, ...]
     timeout_ms: int
+    hold_ms: int = 0
 
 
 @dataclass(frozen=True)
 class CommitWriteCmd:
+    """Wait until every byte of the named transfers arrived (they end together: the first failure
+    cancels the rest)."""
+
     command_id: int
     session: bytes
-    transfer_id: int
+    transfer_ids: tuple[int, ...]
     timeout_ms: int
 
 
@@ -86,9 +93,22 @@ class ReverseReply:
     command_id: int
     status: int = 0
     message: str = ""
-    transfer_id: int = 0
+    transfer_ids: tuple[int, ...] = ()   # open write: one per spec, in order
     nbytes: int = 0                 # read: bytes sent
     release_needed: bool = False    # read: confirm the receipt with a release
+
+
+#: most transfers one OpenWrite may open (a layer-wise push opens a target's layers at once: a model's
+#: layers, up to two pieces each); more is refused with ``LLM_PARAM_INVALID`` before anything is opened
+MAX_OPEN_PER_CALL = 2048
+
+
+def checked_ids(ids: Sequence[int], asked: int, who: str) -> list[int]:
+    """The transfer ids an OpenWrite answered: one per spec asked for, else the other end is not this protocol's."""
+    if len(ids) != asked:
+        raise DataDistError(StatusCode.LLM_FAILED, f"{who} opened {len(ids)} transfers for {asked} pieces "
+                                                   f"(a daemon of another version?)")
+    return list(ids)
 
 
 class CallCodec(Protocol):
@@ -175,12 +195,13 @@ class CallHub:
             raise DataDistError(code, reply.message)
         return reply
 
-    async def open_write(self, session: bytes, spec: RemoteSpec, timeout: float) -> int:
-        reply = await self._call(lambda cid, ms: OpenWriteCmd(cid, session, spec, ms), timeout)
-        return reply.transfer_id
+    async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
+                         hold_ms: int = 0) -> list[int]:
+        reply = await self._call(lambda cid, ms: OpenWriteCmd(cid, session, tuple(specs), ms, hold_ms), timeout)
+        return checked_ids(reply.transfer_ids, len(specs), f"cluster {self.remote_cluster}")
 
-    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
-        await self._call(lambda cid, ms: CommitWriteCmd(cid, session, transfer_id, ms), timeout)
+    async def commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout: float) -> None:
+        await self._call(lambda cid, ms: CommitWriteCmd(cid, session, tuple(transfer_ids), ms), timeout)
 
     async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
         reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)

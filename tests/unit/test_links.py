@@ -18,9 +18,10 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadistd.config import Config
 from datadistd.core.errors import DataDistError
-from datadistd.core.plan import TransferKind, TransferOrder
+from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
 from datadistd.engine import tensors_of
+from datadistd.layerwise import LayerPush
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
 from datadistd.node import Node
 from datadistd.peering import HandshakeAnswer, HandshakeOffer
@@ -87,13 +88,13 @@ class InProcessPeer:
         self._check("release")
         self.server.serve_release(session, key, tensor_start, tensor_count)
 
-    async def open_write(self, session: bytes, spec: Any, timeout: float) -> int:
+    async def open_write(self, session: bytes, specs: Any, timeout: float, hold_ms: int = 0) -> list[int]:
         self._check("open_write")
-        return self.server.serve_open_write(session, spec, int(timeout * 1000))
+        return self.server.serve_open_write(session, specs, int(timeout * 1000), hold_ms)
 
-    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
+    async def commit_write(self, session: bytes, transfer_ids: Any, timeout: float) -> None:
         self._check("commit_write")
-        await self.server.serve_commit_write(session, transfer_id, int(timeout * 1000))
+        await self.server.serve_commit_write(session, transfer_ids, int(timeout * 1000))
 
     async def unlink(self, session: bytes, timeout: float) -> None:
         self._check("unlink")
@@ -144,9 +145,9 @@ class Pair:
     async def link(self) -> tuple[int, list[int]]:
         return await self.ds.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000)
 
-    def caches(self) -> tuple[int, int]:
+    def caches(self, tensors: int = 2) -> tuple[int, int]:
         """A blocks cache on each side, bound to model 0; the prompt's filled with a pattern."""
-        desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+        desc = CacheDesc(tensors, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
         src = self.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
         dst = self.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
         for t, seg in enumerate(tensors_of(src)):
@@ -289,5 +290,102 @@ def test_no_link_no_transfer() -> None:
             with pytest.raises(DataDistError) as info:
                 await pair.ds.links.pull(_order(P, dst, [1], [1]))
             assert info.value.code == S.LLM_NOT_YET_LINK
+
+    asyncio.run(main())
+
+
+class OwnerCallCounter:
+    """Counts the write calls an owner serves (they come as Peer calls, reverse commands or frames)."""
+
+    def __init__(self, owner: LinkManager) -> None:
+        self.opened: list[int] = []      # pieces per open_write call
+        self.committed: list[int] = []   # transfers per commit_write call
+        real_open, real_commit = owner.open_write_for, owner.commit_write_for
+
+        def open_write_for(link: Any, specs: Any, timeout_ms: int, hold_ms: int = 0) -> list[int]:
+            self.opened.append(len(specs))
+            return real_open(link, specs, timeout_ms, hold_ms)
+
+        async def commit_write_for(link: Any, transfer_ids: Any, timeout_ms: int) -> None:
+            self.committed.append(len(transfer_ids))
+            await real_commit(link, transfer_ids, timeout_ms)
+
+        owner.open_write_for = open_write_for        # type: ignore[method-assign]
+        owner.commit_write_for = commit_write_for    # type: ignore[method-assign]
+
+
+LAYERS = 4
+
+
+async def _layer_push(pair: Pair) -> tuple[LayerPush, LinkManager, int, int]:
+    """Linked, with caches of ``LAYERS`` layers: the serving end's task pushing every layer, blocks 1 and 2, into
+    blocks 5 and 6 of the linking end's model-0 cache (two-way links); the owner's links and both caches."""
+    await pair.link()
+    serving, linking = pair.links
+    src, dst = pair.caches(2 * LAYERS)
+    desc = serving.engine.entry(src).desc
+    target = LayerTarget(D, (0, LAYERS), key=BlocksKeyRef(D, 0), dst_layers=(0, LAYERS))
+    return LayerPush(serving, src, LayerTask(desc, True, (target,), (1, 2), (5, 6))), linking, src, dst
+
+
+@pytest.mark.parametrize("frames", [False, True], ids=["peer-calls", "frames"])
+def test_a_layer_wise_push_opens_and_commits_once_per_target(frames: bool) -> None:
+    """Two owner calls per target and task (open every layer, commit them all), none per layer."""
+    async def main() -> None:
+        async with Pair(frames) as pair:
+            task, linking, src, dst = await _layer_push(pair)
+            owner = OwnerCallCounter(linking)
+            events = []
+            try:
+                for layer in range(LAYERS):
+                    events += await task.ready(layer)
+            finally:
+                task.close()
+            assert [(e.layer, e.status, e.final) for e in events] == \
+                [(layer, 0, layer == LAYERS - 1) for layer in range(LAYERS)]
+            assert owner.opened == [LAYERS] and owner.committed == [LAYERS]
+            got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
+            for t in range(2 * LAYERS):
+                np.testing.assert_array_equal(got[t][[5, 6]], want[t][[1, 2]])
+            assert not linking.writes and pair.ds.engine.entry(dst).pins == 0
+
+    asyncio.run(main())
+
+
+async def _until(condition: Any, seconds: float = 5.0) -> bool:
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
+def test_a_layer_wise_push_ended_early_releases_the_owner() -> None:
+    """A task closed after its first layer: the owner's opened transfers are aborted and its cache unpinned
+    (not held until the transfers' hold time)."""
+    async def main() -> None:
+        async with Pair(True) as pair:
+            task, linking, src, dst = await _layer_push(pair)
+            assert [e.status for e in await task.ready(0)] == [0]
+            assert len(linking.writes) == LAYERS and pair.ds.engine.entry(dst).pins == LAYERS
+            task.close()
+            assert await _until(lambda: not linking.writes and pair.ds.engine.entry(dst).pins == 0)
+
+    asyncio.run(main())
+
+
+def test_unlink_between_layers_drops_the_owners_writes_and_fails_the_next_layer() -> None:
+    async def main() -> None:
+        async with Pair(False) as pair:
+            task, linking, src, dst = await _layer_push(pair)
+            try:
+                await task.ready(0)
+                assert len(linking.writes) == LAYERS
+                assert (await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))[0] == 0
+                assert not linking.writes and pair.ds.engine.entry(dst).pins == 0
+                (event,) = await task.ready(1)
+                assert event.final and event.status == S.LLM_NOT_YET_LINK and task.done
+            finally:
+                task.close()
 
     asyncio.run(main())

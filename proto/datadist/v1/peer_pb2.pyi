@@ -32,7 +32,7 @@ class ReverseCommand(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
 
 class ReverseReply(_message.Message):
-    __slots__ = ("session", "command_id", "status", "message", "transfer_id", "bytes", "release_needed")
+    __slots__ = ("session", "command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class ReverseReply(_message.Message):
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
     session: bytes
     command_id: int
     status: int
@@ -47,7 +48,8 @@ class ReverseReply(_message.Message):
     transfer_id: int
     bytes: int
     release_needed: bool
-    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ...) -> None: ...
+    more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")
@@ -168,7 +170,7 @@ class ReleaseRequest(_message.Message):
     def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("session", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms")
+    __slots__ = ("session", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms", "more", "hold_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +181,8 @@ class WriteRequest(_message.Message):
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     session: bytes
     key: _common_pb2.AnyKey
     mode: ReadMode
@@ -189,20 +193,26 @@ class WriteRequest(_message.Message):
     tensor_count: int
     expected_bytes: int
     timeout_ms: int
-    def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[WriteRequest]
+    hold_ms: int
+    def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., hold_ms: _Optional[int] = ...) -> None: ...
 
 class WriteResponse(_message.Message):
-    __slots__ = ("transfer_id",)
+    __slots__ = ("transfer_id", "more_transfer_ids")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
     transfer_id: int
-    def __init__(self, transfer_id: _Optional[int] = ...) -> None: ...
+    more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, transfer_id: _Optional[int] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("session", "transfer_id", "timeout_ms")
+    __slots__ = ("session", "transfer_id", "timeout_ms", "more_transfer_ids")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
     session: bytes
     transfer_id: int
     timeout_ms: int
-    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -129,14 +129,15 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OpenWrite(self, request, context):
-        """Ask the owner to receive bytes into one of its caches; returns the transfer id.
+        """Ask the owner to receive bytes into one of its caches; returns the transfer id (one per piece
+        when the request carries more pieces: a layer-wise push opens every layer of a target at once).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CommitWrite(self, request, context):
-        """Wait until all bytes of an OpenWrite arrived.
+        """Wait until all bytes of the named transfers of OpenWrite arrived.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

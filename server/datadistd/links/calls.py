@@ -112,9 +112,10 @@ class OwnerCalls(LinkCore):
         calls on the reverse stream, or either end's as data-channel frames."""
         try:
             if isinstance(cmd, OpenWriteCmd):
-                reply = ReverseReply(cmd.command_id, transfer_id=self.open_write_for(link, cmd.spec, cmd.timeout_ms))
+                tids = self.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
+                reply = ReverseReply(cmd.command_id, transfer_ids=tuple(tids))
             elif isinstance(cmd, CommitWriteCmd):
-                await self.commit_write_for(link, cmd.transfer_id, cmd.timeout_ms)
+                await self.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)
                 reply = ReverseReply(cmd.command_id)
             elif isinstance(cmd, ReadCmd):
                 nbytes, release = await self.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import RemoteSpec
@@ -77,11 +77,19 @@ class LinkCore:
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
                                 else f"no heartbeat for {now - link.last_seen:.1f}s")
                     self._drop_serving(link)
-            for tid, pw in list(self.writes.items()):
-                if now > pw.deadline + 1.0:
-                    self.writes.pop(tid, None)
-                    pw.receipt.cancel()
-                    self.engine.unpin(pw.cache_id)
+            self._drop_writes([tid for tid, pw in self.writes.items() if now > pw.deadline + 1.0])
+
+    def _drop_writes(self, transfer_ids: Iterable[int]) -> None:
+        """Forget opened writes: their receipts cancelled (late bytes are discarded), their caches unpinned."""
+        for tid in list(transfer_ids):
+            pw = self.writes.pop(tid, None)
+            if pw is not None:
+                pw.receipt.cancel()
+                self.engine.unpin(pw.cache_id)
+
+    def _drop_link_writes(self, link: Link) -> None:
+        """A link went: the writes opened over it will never be committed."""
+        self._drop_writes([tid for tid, pw in self.writes.items() if pw.link is link])
 
     def all_links(self) -> list[AnyLink]:
         return [*self.links.values(), *self.served.values()]
@@ -89,6 +97,7 @@ class LinkCore:
     def _drop_serving(self, link: ServingEnd) -> None:
         if link.frames is not None:
             link.frames.close("the link was dropped")
+        self._drop_link_writes(link)
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
         if isinstance(link, InboundLink):
@@ -163,8 +172,8 @@ class LinkCore:
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         raise NotImplementedError
 
-    def open_write_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> int:
+    def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
         raise NotImplementedError
 
-    async def commit_write_for(self, link: Link, transfer_id: int, timeout_ms: int) -> None:
+    async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         raise NotImplementedError

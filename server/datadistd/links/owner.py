@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
-from ..core.errors import DataDistError, StatusCode
+from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..metrics import track_transfer
+from ..reverse import MAX_OPEN_PER_CALL
 from .core import LinkCore
 from .model import Link, _PendingWrite
 
@@ -40,36 +42,60 @@ class Owner(LinkCore):
         self.session_link(session)
         self.engine.release_pulled(key, tensor_start, tensor_count)
 
-    def serve_open_write(self, session: bytes, spec: RemoteSpec, timeout_ms: int) -> int:
-        return self.open_write_for(self.session_link(session), spec, timeout_ms)
+    def serve_open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout_ms: int,
+                         hold_ms: int = 0) -> list[int]:
+        return self.open_write_for(self.session_link(session), specs, timeout_ms, hold_ms)
 
-    def open_write_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> int:
+    def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
+        """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else
+        ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile."""
+        require(0 < len(specs) <= MAX_OPEN_PER_CALL,
+                f"an open write of {len(specs)} pieces; 1 to {MAX_OPEN_PER_CALL} per call")
         channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        cache_id, dst = self.engine.prepare_write(spec)
-        receipt = self.transport.expect(dst, channel=channel)
-        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
-        self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, time.monotonic() + timeout / 1000, link,
-                                                         len(spec.blocks))
-        return receipt.transfer_id
+        hold = hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms
+        deadline = time.monotonic() + hold / 1000
+        opened: list[int] = []
+        try:
+            for spec in specs:
+                cache_id, dst = self.engine.prepare_write(spec)
+                try:
+                    receipt = self.transport.expect(dst, channel=channel)
+                except BaseException:
+                    self.engine.unpin(cache_id)
+                    raise
+                self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
+                opened.append(receipt.transfer_id)
+        except BaseException:
+            self._drop_writes(opened)
+            raise
+        return opened
 
-    async def serve_commit_write(self, session: bytes, transfer_id: int, timeout_ms: int) -> None:
-        await self.commit_write_for(self.session_link(session), transfer_id, timeout_ms)
+    async def serve_commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout_ms: int) -> None:
+        await self.commit_write_for(self.session_link(session), transfer_ids, timeout_ms)
 
-    async def commit_write_for(self, link: Link, transfer_id: int, timeout_ms: int) -> None:
-        pw = self.writes.pop(transfer_id, None)
-        if pw is None or pw.link is not link:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown transfer {transfer_id}")
+    async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
+        """Wait until every byte of the transfers arrived; the first failure cancels the rest (all end here)."""
+        unknown = [t for t in transfer_ids if (pw := self.writes.get(t)) is None or pw.link is not link]
+        if unknown or not transfer_ids or len(set(transfer_ids)) != len(transfer_ids):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"unknown transfer {unknown[0]}" if unknown else "no transfers, or one named twice")
+        pending = [self.writes.pop(t) for t in transfer_ids]
         timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
-        deadline = min(pw.deadline, time.monotonic() + timeout / 1000)
+        limit = time.monotonic() + timeout / 1000
         with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
+            nbytes = blocks = 0
             try:
-                await self._in_thread(pw.receipt.wait, deadline)
-                link.bytes_in += pw.receipt.expected
-                tracked.done(pw.receipt.expected, pw.blocks)
-            except DataDistError:
-                pw.receipt.cancel()
-                raise
+                while pending:
+                    pw = pending[0]
+                    await self._in_thread(pw.receipt.wait, min(pw.deadline, limit))
+                    pending.pop(0)
+                    self.engine.unpin(pw.cache_id)
+                    nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks
+                    link.bytes_in += pw.receipt.expected
             finally:
-                self.engine.unpin(pw.cache_id)
+                for pw in pending:
+                    pw.receipt.cancel()
+                    self.engine.unpin(pw.cache_id)
+            tracked.done(nbytes, blocks)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
-from ..core.errors import DataDistError, StatusCode
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.layout import Span
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
@@ -151,44 +154,156 @@ class Requester(LinkCore):
                            timeout_ms: int) -> None:
         """Push ``src`` into what ``spec`` names at the other end of ``link`` (same daemon, either end)."""
         if isinstance(link, LocalLink):
-            owner = link.local_peer.engine
-            cache_id, dst = owner.prepare_write(spec)
-            try:
-                await self._in_thread(copy_segments, dst, src)
-            finally:
-                owner.unpin(cache_id)
+            await self._copy_local(link, spec, src)
             return
         calls, channel = self._calls(link, timeout_ms)
         try:
-            tid = await calls.open_write(link.session, spec, deadline - time.monotonic())
-            try:
-                await self._in_thread(channel.send, tid, src, deadline)
-            except DataDistError:
-                channel.abort(TransferId(tid), LLMStatusCode.LLM_TIMEOUT)
-                raise
-            await calls.commit_write(link.session, tid, deadline - time.monotonic())
+            (tid,) = await calls.open_write(link.session, [spec], deadline - time.monotonic())
+            await self._send(channel, tid, src, deadline)
+            await calls.commit_write(link.session, [tid], deadline - time.monotonic())
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
 
-    async def push_pieces(self, cluster: int, cache_id: int, pieces: Sequence[tuple[list, RemoteSpec]],
-                          timeout_ms: int | None = None) -> int:
-        """Send pieces (spans, owner spec) of local cache ``cache_id`` to ``cluster``: a layer of a layer-wise push."""
+    async def _copy_local(self, link: LocalLink, spec: RemoteSpec, src: Sequence[Segment]) -> None:
+        owner = link.local_peer.engine
+        cache_id, dst = owner.prepare_write(spec)
+        try:
+            await self._in_thread(copy_segments, dst, src)
+        finally:
+            owner.unpin(cache_id)
+
+    async def _send(self, channel: Channel, tid: int, src: Sequence[Segment], deadline: float) -> None:
+        """The bytes of an opened write; the receiver hears of a failure (ABORT) at once."""
+        try:
+            await self._in_thread(channel.send, TransferId(tid), src, deadline)
+        except DataDistError:
+            channel.abort(TransferId(tid), LLMStatusCode.LLM_TIMEOUT)
+            raise
+
+    # ---- a staged push: the targets of a layer-wise push ---------------------------------------
+
+    async def stage_push(self, cluster: int, cache_id: int, pieces: Sequence[Piece], timeout_ms: int | None = None,
+                         hold_ms: int = 0) -> StagedPush:
+        """Open every piece (local spans of cache ``cache_id``, owner spec) of a push to ``cluster`` at the owner in
+        one call; they then go out as they become ready (``send_staged``) and end with one ``commit_staged``: one
+        round trip before and one after, none per piece. The owner keeps them ``hold_ms`` at most."""
         link = self._transfer_link(cluster)
+        self._check_no_pull(link, cluster)
+        push = StagedPush(cluster, CacheId(cache_id), tuple(pieces), link)
+        if isinstance(link, LocalLink):
+            return push   # same daemon: each piece is a copy when it is sent
+        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        calls, _ = self._calls(link, timeout_ms)
+        link.inflight += 1
+        try:
+            push.transfer_ids = await calls.open_write(link.session, [spec for _, spec in pieces], timeout_ms / 1000,
+                                                       hold_ms)
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        finally:
+            link.inflight -= 1
+        return push
+
+    def _check_no_pull(self, link: AnyLink, cluster: int) -> None:
         if link.pulls:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"a pull is running on the link to cluster {cluster}; transfer_cache_async and pulls "
                                 f"must not overlap on one link")
+
+    def _staged_link(self, push: StagedPush) -> AnyLink:
+        """The staged push's link, still the one it was opened on (an unlink in between ends it)."""
+        link = self._transfer_link(push.cluster)
+        if link is not push.link:
+            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, f"the link to cluster {push.cluster} was replaced "
+                                                             f"while a layer-wise push was using it")
+        self._check_no_pull(link, push.cluster)
+        return link
+
+    async def send_staged(self, push: StagedPush, indices: Sequence[int], timeout_ms: int | None = None) -> int:
+        """Send the pieces ``indices`` of a staged push; its bytes."""
+        require(not push.ended, "the staged push has ended")
+        link = self._staged_link(push)
         timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
-        entry = self.engine.registry.pin(CacheId(cache_id))
+        entry = self.engine.registry.pin(push.cache_id)
         link.inflight += 1
         nbytes = 0
         try:
-            for spans, spec in pieces:
-                await self._write_owner(link, spec, segments_of(tensors_of(entry), spans), deadline, timeout_ms)
+            for i in indices:
+                spans, spec = push.pieces[i]
+                src = segments_of(tensors_of(entry), spans)
+                if isinstance(link, LocalLink):
+                    await self._copy_local(link, spec, src)
+                else:
+                    _, channel = self._calls(link, timeout_ms)
+                    try:
+                        await self._send(channel, push.transfer_ids[i], src, deadline)
+                    except DataDistError as exc:
+                        raise self._transfer_failure(link, exc, timeout_ms) from None
+                push.sent.add(i)
                 nbytes += spec.expected_bytes
                 link.bytes_out += spec.expected_bytes
         finally:
             link.inflight -= 1
             self.engine.unpin(entry.cache_id)
         return nbytes
+
+    async def commit_staged(self, push: StagedPush, timeout_ms: int | None = None) -> None:
+        """Every piece was sent: wait until the owner has all of them."""
+        require(not push.ended and len(push.sent) == len(push.pieces), "a staged push commits once, when all sent")
+        link = self._staged_link(push)
+        push.ended = True
+        if isinstance(link, LocalLink):
+            return
+        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        calls, _ = self._calls(link, timeout_ms)
+        link.inflight += 1
+        try:
+            await calls.commit_write(link.session, push.transfer_ids, timeout_ms / 1000)
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        finally:
+            link.inflight -= 1
+
+    def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
+        """The push ends early: the owner is told (an ABORT for each piece not sent, then one commit that ends
+        them all and unpins its caches) in the background; nothing is awaited here."""
+        if push.ended:
+            return
+        push.ended = True
+        if isinstance(push.link, LocalLink) or not push.transfer_ids or self.links_to(push.cluster) is not push.link:
+            return   # nothing opened, or the link went (its end dropped the writes)
+        link = push.link
+
+        async def tell_owner() -> None:
+            try:
+                calls, channel = self._calls(link, 1000)
+                for i, tid in enumerate(push.transfer_ids):
+                    if i not in push.sent:
+                        await self._in_thread(channel.abort, TransferId(tid), code)
+                await calls.commit_write(link.session, push.transfer_ids, _ABANDON_SECONDS)
+            except DataDistError as exc:   # expected: the aborted pieces fail the commit
+                log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.cluster_id, push.cluster, exc)
+
+        job = asyncio.get_running_loop().create_task(tell_owner())
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+
+#: a piece of a push: the local spans and what they become at the owner
+Piece = tuple[Sequence[Span], RemoteSpec]
+#: how long the owner is given to end an abandoned push (the transfers it cancels fail at once)
+_ABANDON_SECONDS = 2.0
+
+
+@dataclass
+class StagedPush:
+    """A push whose pieces were opened at the owner together (``Requester.stage_push``)."""
+
+    cluster: int
+    cache_id: CacheId
+    pieces: tuple[Piece, ...]
+    link: AnyLink
+    transfer_ids: list[int] = field(default_factory=list)   # one per piece (none on a same-daemon link)
+    sent: set[int] = field(default_factory=set)
+    ended: bool = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 
 from ..core.errors import DataDistError, StatusCode, require
@@ -23,7 +25,16 @@ from ..core.types import (
 )
 from ..links import ClusterSpec
 from ..peering import HandshakeAnswer, HandshakeOffer
-from ..reverse import CommitWriteCmd, OpenWriteCmd, ReadCmd, ReleaseCmd, ReverseCmd, ReverseReply, UnlinkCmd
+from ..reverse import (
+    MAX_OPEN_PER_CALL,
+    CommitWriteCmd,
+    OpenWriteCmd,
+    ReadCmd,
+    ReleaseCmd,
+    ReverseCmd,
+    ReverseReply,
+    UnlinkCmd,
+)
 
 MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
 
@@ -153,11 +164,39 @@ def spec_to_read_pb(session: bytes, transfer_id: int, spec: RemoteSpec, timeout_
                                 expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
 
 
-def spec_to_write_pb(session: bytes, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.WriteRequest:
-    return peer_pb2.WriteRequest(session=session, key=key_to_pb(spec.key), mode=int(spec.mode),
-                                 blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
-                                 tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
-                                 expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
+def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
+    return peer_pb2.WriteRequest(key=key_to_pb(spec.key), mode=int(spec.mode), blocks=list(spec.blocks),
+                                 size=spec.size, offset=spec.offset, tensor_start=spec.tensor_start,
+                                 tensor_count=spec.tensor_count, expected_bytes=spec.expected_bytes)
+
+
+def specs_to_write_pb(session: bytes, specs: Sequence[RemoteSpec], timeout_ms: int,
+                      hold_ms: int = 0) -> peer_pb2.WriteRequest:
+    """An OpenWrite of one or more pieces: the first in the request's own fields, the others in ``more``."""
+    require(len(specs) > 0, "an open write needs at least one piece")
+    msg = _write_piece_pb(specs[0])
+    msg.session, msg.timeout_ms, msg.hold_ms = session, timeout_ms, hold_ms
+    msg.more.extend(_write_piece_pb(s) for s in specs[1:])
+    return msg
+
+
+def specs_from_write_pb(msg: peer_pb2.WriteRequest) -> tuple[RemoteSpec, ...]:
+    """The pieces of an OpenWrite; ``LLM_PARAM_INVALID`` beyond ``MAX_OPEN_PER_CALL`` (before decoding them)."""
+    require(len(msg.more) < MAX_OPEN_PER_CALL,
+            f"an open write of {len(msg.more) + 1} pieces; at most {MAX_OPEN_PER_CALL} per call")
+    return (spec_from_pb(msg), *(spec_from_pb(m) for m in msg.more))
+
+
+def ids_to_pb(ids: Sequence[int]) -> dict[str, Any]:
+    """``transfer_id`` + ``more_transfer_ids`` of a WriteResponse / CommitRequest / ReverseReply."""
+    return {"transfer_id": ids[0] if ids else 0, "more_transfer_ids": list(ids[1:])}
+
+
+def ids_from_pb(msg: peer_pb2.WriteResponse | peer_pb2.CommitRequest | peer_pb2.ReverseReply) -> tuple[int, ...]:
+    """The transfer ids of a message (none when it names none: a transfer id is never 0)."""
+    require(len(msg.more_transfer_ids) < MAX_OPEN_PER_CALL,
+            f"{len(msg.more_transfer_ids) + 1} transfers in one call; at most {MAX_OPEN_PER_CALL}")
+    return (msg.transfer_id, *msg.more_transfer_ids) if msg.transfer_id or msg.more_transfer_ids else ()
 
 
 def spec_from_pb(msg: peer_pb2.ReadRequest | peer_pb2.WriteRequest) -> RemoteSpec:
@@ -193,11 +232,11 @@ def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
 def reverse_command_to_pb(cmd: ReverseCmd) -> peer_pb2.ReverseCommand:
     cid = cmd.command_id
     if isinstance(cmd, OpenWriteCmd):
-        return peer_pb2.ReverseCommand(command_id=cid, open_write=spec_to_write_pb(cmd.session, cmd.spec,
-                                                                                   cmd.timeout_ms))
+        return peer_pb2.ReverseCommand(command_id=cid, open_write=specs_to_write_pb(cmd.session, cmd.specs,
+                                                                                    cmd.timeout_ms, cmd.hold_ms))
     if isinstance(cmd, CommitWriteCmd):
         return peer_pb2.ReverseCommand(command_id=cid, commit_write=peer_pb2.CommitRequest(
-            session=cmd.session, transfer_id=cmd.transfer_id, timeout_ms=cmd.timeout_ms))
+            session=cmd.session, timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
     if isinstance(cmd, ReadCmd):
         return peer_pb2.ReverseCommand(command_id=cid, read=spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec,
                                                                             cmd.timeout_ms))
@@ -213,10 +252,10 @@ def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
     cid = msg.command_id
     if which == "open_write":
         w = msg.open_write
-        return OpenWriteCmd(cid, w.session, spec_from_pb(w), w.timeout_ms)
+        return OpenWriteCmd(cid, w.session, specs_from_write_pb(w), w.timeout_ms, w.hold_ms)
     if which == "commit_write":
         c = msg.commit_write
-        return CommitWriteCmd(cid, c.session, c.transfer_id, c.timeout_ms)
+        return CommitWriteCmd(cid, c.session, ids_from_pb(c), c.timeout_ms)
     if which == "read":
         r = msg.read
         return ReadCmd(cid, r.session, r.transfer_id, spec_from_pb(r), r.timeout_ms)
@@ -231,13 +270,14 @@ def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
 
 
 def reverse_reply_from_pb(msg: peer_pb2.ReverseReply) -> ReverseReply:
-    return ReverseReply(msg.command_id, int(msg.status), msg.message, msg.transfer_id, msg.bytes, msg.release_needed)
+    return ReverseReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
+                        msg.release_needed)
 
 
 def reverse_reply_to_pb(reply: ReverseReply) -> peer_pb2.ReverseReply:
     return peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status, message=reply.message,
-                                 transfer_id=reply.transfer_id, bytes=reply.nbytes,
-                                 release_needed=reply.release_needed)
+                                 bytes=reply.nbytes, release_needed=reply.release_needed,
+                                 **ids_to_pb(reply.transfer_ids))
 
 
 class ProtobufCallCodec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Sequence
 
 import grpc
 
@@ -11,7 +12,7 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from ..peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer
-from ..reverse import ReverseCmd, ReverseReply
+from ..reverse import ReverseCmd, ReverseReply, checked_ids
 from . import convert
 from .errors import error_from_rpc
 
@@ -88,14 +89,15 @@ class GrpcPeerClient:
                                           tensor_count=tensor_count)
         await self._call("release", self._stub.Release, request, timeout)
 
-    async def open_write(self, session: bytes, spec: RemoteSpec, timeout: float) -> int:
-        request = convert.spec_to_write_pb(session, spec, max(1, int(timeout * 1000)))
+    async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
+                         hold_ms: int = 0) -> list[int]:
+        request = convert.specs_to_write_pb(session, specs, max(1, int(timeout * 1000)), hold_ms)
         resp = await self._call("open_write", self._stub.OpenWrite, request, timeout)
-        return resp.transfer_id
+        return checked_ids(convert.ids_from_pb(resp), len(specs), f"the peer at {self.address}")
 
-    async def commit_write(self, session: bytes, transfer_id: int, timeout: float) -> None:
-        request = peer_pb2.CommitRequest(session=session, transfer_id=transfer_id,
-                                         timeout_ms=max(1, int(timeout * 1000)))
+    async def commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout: float) -> None:
+        request = peer_pb2.CommitRequest(session=session, timeout_ms=max(1, int(timeout * 1000)),
+                                         **convert.ids_to_pb(transfer_ids))
         await self._call("commit_write", self._stub.CommitWrite, request, timeout)
 
     async def unlink(self, session: bytes, timeout: float) -> None:

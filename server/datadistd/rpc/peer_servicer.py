@@ -75,12 +75,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @guarded
     async def OpenWrite(self, request, context):  # noqa: N802, ANN001, ANN201
-        tid = self.links.serve_open_write(request.session, convert.spec_from_pb(request), request.timeout_ms)
-        return peer_pb2.WriteResponse(transfer_id=tid)
+        tids = self.links.serve_open_write(request.session, convert.specs_from_write_pb(request), request.timeout_ms,
+                                           request.hold_ms)
+        return peer_pb2.WriteResponse(**convert.ids_to_pb(tids))
 
     @guarded
     async def CommitWrite(self, request, context):  # noqa: N802, ANN001, ANN201
-        await self.links.serve_commit_write(request.session, request.transfer_id, request.timeout_ms)
+        await self.links.serve_commit_write(request.session, convert.ids_from_pb(request), request.timeout_ms)
         return EMPTY
 
     async def Reverse(self, request_iterator, context):  # noqa: N802, ANN001, ANN201

@@ -19,7 +19,7 @@ from datadist.status import LLMStatusCode as S
 from datadistd.config import Config
 from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
-from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
+from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
 from datadistd.engine import tensors_of
 from datadistd.layerwise import LayerPush
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
@@ -387,5 +387,33 @@ def test_unlink_between_layers_drops_the_owners_writes_and_fails_the_next_layer(
                 assert event.final and event.status == S.LLM_NOT_YET_LINK and task.done
             finally:
                 task.close()
+
+    asyncio.run(main())
+
+
+def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -> None:
+    """What a peer may ask of an owner: a bad piece among good ones opens nothing (no pin left behind); a
+    commit naming a transfer twice, or one it did not open, is refused before anything is waited for."""
+    async def main() -> None:
+        async with Pair(False) as pair:
+            await pair.link()
+            serving, _ = pair.links
+            src, _ = pair.caches()
+            (link,) = serving.sessions.values()
+            good = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
+            bad = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), -1, 0, 0, 0, 2 * BLOCK)
+            with pytest.raises(DataDistError) as info:
+                serving.open_write_for(link, [good, good, bad], 1000)
+            assert info.value.code == S.LLM_PARAM_INVALID
+            assert not serving.writes and serving.engine.entry(src).pins == 0
+            tids = serving.open_write_for(link, [good, good], 1000)
+            assert len(serving.writes) == 2 and serving.engine.entry(src).pins == 2
+            for ids in ([tids[0], tids[0]], [tids[0], 12345], []):
+                with pytest.raises(DataDistError) as info:
+                    await serving.commit_write_for(link, ids, 1000)
+                assert info.value.code == S.LLM_PARAM_INVALID
+            assert len(serving.writes) == 2   # nothing was taken by the refused commits
+            serving._drop_link_writes(link)
+            assert not serving.writes and serving.engine.entry(src).pins == 0
 
     asyncio.run(main())

@@ -104,3 +104,31 @@ def test_no_import_cycles() -> None:
         if mod not in done:
             visit(mod)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+#: the only ``getattr``/``hasattr`` in the daemon, by file and the object asked: feature probes of the standard
+#: library, generated protobuf/grpc objects, configuration reflection and plugin loading. Our own types
+#: declare what they can do (Protocols, ``runtime_checkable`` capabilities checked with ``isinstance``).
+REFLECTION_ALLOWED = {
+    ("cli.py", "logging"), ("config.py", "self"), ("config.py", "cfg"), ("config.py", "cfg.tls"),
+    ("ctl.py", "stub"), ("plugins.py", "importlib.import_module(module_name)"), ("rpc/attach.py", "socket"),
+    ("rpc/server.py", "request"), ("rpc/server.py", "servicer"), ("transport/tcp/transport.py", "self._local"),
+    ("transport/tcp/wire.py", "socket"), ("tools/workerproc.py", "ops"), ("tools/workerproc.py", "exc"),
+    ("memory/host.py", "mmap"), ("memory/host.py", "os"), ("memory/addr.py", "mmap"),
+}
+
+
+def test_the_daemon_probes_none_of_its_own_types() -> None:
+    """No ``getattr``/``hasattr`` on the project's own types in the daemon (the architecture issue)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "server" / "datadistd"
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args):
+                found.add((path.relative_to(root).as_posix(), ast.unparse(node.args[0])))
+    assert len(found) > 5, "nothing was read"
+    assert found <= REFLECTION_ALLOWED, f"reflection on: {sorted(found - REFLECTION_ALLOWED)}"

@@ -164,6 +164,26 @@ class KeyExport(Protocol):
 
 
 @runtime_checkable
+class DeviceMemory(Protocol):
+    """Declared capability of a handle in NPU memory (``acl``): the device it is on and its address there (in
+    this process); transports that move device memory (``hccl``) register it by these."""
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def address(self) -> int: ...
+
+
+@runtime_checkable
+class DeviceBackend(Protocol):
+    """Declared capability of a backend whose DEVICE pools live on one NPU (``acl``): which one."""
+
+    @property
+    def device_id(self) -> int: ...
+
+
+@runtime_checkable
 class StaleCleanup(Protocol):
     """Declared capability of a backend that leaves files behind a crashed daemon (``host`` before memfd
     pools): the daemon calls it once at start."""

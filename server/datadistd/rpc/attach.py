@@ -36,7 +36,7 @@ from datadist.v1 import attach_pb2
 from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
-from ..memory.base import MAX_PIECES, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
@@ -261,7 +261,7 @@ class AttachServer:
                 capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
                 daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
                 memory_backend=self.node.backend.name,
-                device_id=int(getattr(self.node.backend, "device_id", 0)))), None
+                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0)), None
         require(conn.greeted, "the first attach message must be hello")
         if which == "import_memory":
             msg = request.import_memory

@@ -27,7 +27,7 @@ from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
 from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
-from ...memory.base import MemoryHandle, Segment
+from ...memory.base import DeviceMemory, MemoryHandle, Segment
 
 __all__ = ["HcclAgent", "DONE", "cluster_table"]
 
@@ -44,7 +44,8 @@ def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
     servers: dict[str, list[dict[str, str]]] = {}
     for m in sorted(members, key=lambda m: m["name"]):
         servers.setdefault(m["server_id"], []).append(m)
-    server_list, order = [], []
+    server_list: list[dict[str, object]] = []
+    order: list[str] = []
     for server_id in sorted(servers):
         devices = []
         for m in servers[server_id]:
@@ -224,15 +225,14 @@ class HcclAgent:
             known = self._regs.get(key)
             if known is not None and known[0]() is handle:
                 return known[1]
-        address = getattr(handle, "address", None)
-        if address is None or getattr(handle, "device", None) != self.device:
+        if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 "the hccl transport moves NPU memory of this daemon's device only (memory backend "
                                 "acl, DEVICE caches); HOST caches: use transport tcp")
         with self._lock:
             try:
-                reg = Registration(next(self._serials), key, int(address), handle.size,
-                                   self._hccl.register(MEM_DEVICE, int(address), handle.size))
+                reg = Registration(next(self._serials), key, handle.address, handle.size,
+                                   self._hccl.register(MEM_DEVICE, handle.address, handle.size))
                 for entry in self._comms.values():
                     if entry.comm:
                         self._hccl.bind(entry.comm, reg.handle)

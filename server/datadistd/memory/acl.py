@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import threading
 from typing import Any
 
 import numpy as np
@@ -29,10 +28,10 @@ import numpy as np
 from datadist.ascend import AscendError
 from datadist.ascend.acl import MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, Acl, acl
 
-from ..core.allocator import PageAllocator
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
-from .base import Allocation, DeviceRef, MemoryRef
+from .base import DeviceRef, MemoryRef
+from .carved import CarvedPool
 from .host import HostBackend
 
 __all__ = ["AclBackend", "AclPool", "DeviceHandle", "DeviceRef", "ascend_error"]
@@ -123,44 +122,18 @@ class DeviceHandle:
         return f"DeviceHandle(device={self.device}, address={self.address:#x}, size={self._size})"
 
 
-class AclPool:
+class AclPool(CarvedPool[DeviceHandle]):
     """A DEVICE pool: one ``aclrtMalloc`` carved by a page allocator; thread-safe; never over-commits."""
 
     def __init__(self, runtime: Acl, device: int, name: str, capacity: int, page_shift: int) -> None:
-        require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
+        super().__init__(name, Placement.DEVICE, capacity, page_shift)
         self._acl = runtime
         self.device = device
-        self._name = name
-        self._capacity = capacity
-        self._allocator = PageAllocator(capacity, page_shift)
-        self._lock = threading.Lock()
-        self._live: dict[int, DeviceHandle] = {}
         self._keys: list[str] = []
-        self._closed = False
         try:
             self.address = runtime.malloc(device, capacity)
         except AscendError as exc:
             raise ascend_error(exc, f"aclrtMalloc of a {capacity}-byte DEVICE pool on device {device}") from None
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def placement(self) -> Placement:
-        return Placement.DEVICE
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def used(self) -> int:
-        return self._allocator.used
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def export_fd(self) -> int:
         raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"pool {self._name!r} is device memory: workers "
@@ -172,7 +145,7 @@ class AclPool:
         require(pid > 0, f"pid must be > 0, got {pid}")
         with self._lock:
             if self._closed:
-                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self._name!r} is closed")
+                raise self._closed_error()
         try:
             key = self._acl.ipc_export(self.device, self.address, self._capacity)
             self._acl.ipc_allow(key, [pid])
@@ -182,40 +155,14 @@ class AclPool:
             self._keys.append(key)
         return key
 
-    def allocate(self, size: int) -> Allocation:
-        require(isinstance(size, int) and size > 0, f"allocation size must be > 0 bytes, got {size!r}")
-        with self._lock:
-            if self._closed:
-                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self._name!r} is closed")
-            offset = self._allocator.allocate(size)
-            handle = DeviceHandle(self._acl, self.device, self.address + offset, size)
-            self._live[offset] = handle
-        return Allocation(handle, self._name, offset, size)
+    def _handle(self, offset: int, size: int) -> DeviceHandle:
+        return DeviceHandle(self._acl, self.device, self.address + offset, size)
 
-    def free(self, allocation: Allocation) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            handle = self._live.get(allocation.file_offset)
-            if handle is None or handle is not allocation.handle:
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"allocation at offset {allocation.file_offset} is not live in pool {self._name!r}")
-            del self._live[allocation.file_offset]
-            self._allocator.free(allocation.file_offset)
-        handle.close()
-
-    def close(self) -> None:
+    def _release(self) -> None:
         """Close the pool's IPC keys, then ``aclrtFree`` it (CANN's order: importers close first; a worker
         still holding an import keeps its mapping, as with ``host`` pools)."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            handles = list(self._live.values())
-            self._live.clear()
             keys, self._keys = self._keys, []
-        for handle in handles:
-            handle.close()
         for key in keys:
             try:
                 self._acl.ipc_close(key)

@@ -41,11 +41,11 @@ import stat
 import threading
 from typing import Any, Sequence
 
-from ..core.allocator import PageAllocator
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
 from . import addr
-from .base import MAX_PIECES, Allocation, FdPiece, FdRef, MemoryRef, ProcessRef
+from .base import MAX_PIECES, FdPiece, FdRef, MemoryRef, ProcessRef
+from .carved import CarvedPool
 
 __all__ = ["HostBackend", "HostPool", "PoolHandle", "MappedFdHandle", "PiecesHandle", "FdHandle", "DirectHandle",
            "is_sealed"]
@@ -127,7 +127,7 @@ class PoolHandle(_ViewHandle):
         _release(view)
 
     def __repr__(self) -> str:
-        return f"PoolHandle({self.pool.path!r}, offset={self.offset}, size={self._size})"
+        return f"PoolHandle({self.pool.name!r}, offset={self.offset}, size={self._size})"
 
 
 class MappedFdHandle(_ViewHandle):
@@ -280,19 +280,12 @@ class FdHandle:
 
 # ---- pools ------------------------------------------------------------------------------------
 
-class HostPool:
+class HostPool(CarvedPool[PoolHandle]):
     """A fixed-capacity pool in one sealed memfd; thread-safe; never over-commits."""
 
     def __init__(self, name: str, placement: Placement, capacity: int, page_shift: int = 16,
                  reserve: bool = True) -> None:
-        require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
-        self.path = name                     # the pool's id (no file system name: it is a memfd)
-        self._placement = Placement(placement)
-        self._capacity = capacity
-        self._allocator = PageAllocator(capacity, page_shift)
-        self._lock = threading.Lock()
-        self._live: dict[int, PoolHandle] = {}
-        self._closed = False
+        super().__init__(name, placement, capacity, page_shift)   # name: the pool's id (a memfd: no file name)
         self._mm: mmap.mmap | None = None
         self._root: memoryview | None = None
         try:
@@ -316,84 +309,27 @@ class HostPool:
                 pass  # shmem huge pages disabled: plain pages are fine
         self._root = memoryview(self._mm)
 
-    @property
-    def name(self) -> str:
-        return self.path
-
     def export_fd(self) -> int:
         """The pool's memfd (still owned by the pool: the caller sends a copy, never closes it)."""
         with self._lock:
             if self._closed or self._fd is None:
-                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self.path!r} is closed")
+                raise self._closed_error()
             return self._fd
 
-    @property
-    def placement(self) -> Placement:
-        return self._placement
+    def _handle(self, offset: int, size: int) -> PoolHandle:
+        assert self._root is not None   # open (CarvedPool checked)
+        return PoolHandle(self, offset, size, self._root[offset:offset + size])
 
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def used(self) -> int:
-        """Bytes in allocated pages (allocations are rounded up to whole pages)."""
-        return self._allocator.used
-
-    @property
-    def page_size(self) -> int:
-        return self._allocator.page_size
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def allocate(self, size: int) -> Allocation:
-        require(isinstance(size, int) and size > 0, f"allocation size must be > 0 bytes, got {size!r}")
-        with self._lock:
-            if self._closed or self._root is None:
-                raise DataDistError(StatusCode.LLM_FAILED, f"pool {self.path!r} is closed")
-            offset = self._allocator.allocate(size)
-            handle = PoolHandle(self, offset, size, self._root[offset:offset + size])
-            self._live[offset] = handle
-        return Allocation(handle, self.path, offset, size)
-
-    def free(self, allocation: Allocation) -> None:
-        """Return an allocation; freeing after ``close()`` is a no-op, freeing twice is an error."""
-        with self._lock:
-            if self._closed:
-                return
-            handle = self._live.get(allocation.file_offset)
-            if handle is None or handle is not allocation.handle:
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"allocation at offset {allocation.file_offset} is not live in pool {self.path!r}")
-            del self._live[allocation.file_offset]
-            self._allocator.free(allocation.file_offset)
-        handle.close()
-
-    def close(self) -> None:
-        """Invalidate every allocation, unmap the pool and close its memfd; idempotent.
-
-        The memory goes back to the system once the worker that mapped it unmaps it too."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            handles = list(self._live.values())
-            self._live.clear()
-            root, self._root = self._root, None
-            mm, self._mm = self._mm, None
-            fd, self._fd = self._fd, None
-        for handle in handles:
-            handle.close()
+    def _release(self) -> None:
+        """Unmap the pool and close its memfd: the memory goes back to the system once the worker that
+        mapped it unmaps it too."""
+        root, self._root = self._root, None
+        mm, self._mm = self._mm, None
+        fd, self._fd = self._fd, None
         _release(root)
-        _close_mmap(mm, f"pool {self.path!r}")
+        _close_mmap(mm, f"pool {self._name!r}")
         if fd is not None:
             os.close(fd)
-
-    def __repr__(self) -> str:
-        return (f"HostPool({self.path!r}, placement={self._placement.name}, capacity={self._capacity}, "
-                f"used={self.used})")
 
 
 def _reserve(fd: int, capacity: int, path: str, reserve: bool) -> None:

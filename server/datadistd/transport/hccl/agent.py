@@ -9,15 +9,12 @@ notification then travels to the peer over the link's channel (``route``), where
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import threading
 import time
-import weakref
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +25,7 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
+from ..registry import Registration, RegistrationTable
 
 __all__ = ["HcclAgent", "DONE", "cluster_table"]
 
@@ -55,15 +53,6 @@ def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
     table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
              "status": "completed"}
     return json.dumps(table, separators=(",", ":")), order
-
-
-@dataclass(frozen=True)
-class Registration:
-    serial: int
-    key: int
-    base: int
-    size: int
-    handle: int          # HcclRegisterGlobalMem's
 
 
 class _Comm:
@@ -96,8 +85,7 @@ class HcclAgent:
         self._prepare_timeout = prepare_timeout
         self._retries = max(1, retries)
         self._lock = threading.RLock()
-        self._regs: dict[int, tuple[weakref.ReferenceType[Any], Registration]] = {}
-        self._serials = itertools.count(1)
+        self._regs = RegistrationTable(self._register, self._deregister, self._lock, register_locked=True)
         self._comms: dict[str, _Comm] = {}
         self._routes: dict[str, Callable[[bytes], None]] = {}
         self._inbox: list[tuple[str, bytes]] = []
@@ -144,9 +132,9 @@ class HcclAgent:
             with self._lock:
                 entry.comm = self._hccl.init_comm(table, entry.rank, config)
                 entry.stream = self._acl.create_stream(self.device)
-                for _, reg in self._regs.values():
-                    self._hccl.bind(entry.comm, reg.handle)
-                    entry.bound.add(reg.handle)
+                for reg in self._regs.all():
+                    self._hccl.bind(entry.comm, reg.token)
+                    entry.bound.add(reg.token)
             # CANN: link_retry_count tries of HcclCommPrepare sharing the link's time
             share = max(1, int(self._prepare_timeout * 1000 / self._retries))
             for attempt in range(self._retries):
@@ -203,76 +191,43 @@ class HcclAgent:
     # -- registrations --
 
     def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        count = len(segments)
-        rows = np.empty((count, 2), dtype=np.uint64)
-        used: dict[int, Registration] = {}
-        new: list[Registration] = []
-        last: Any = None
-        reg: Registration | None = None
-        for i, seg in enumerate(segments):
-            if seg.handle is not last:
-                last = seg.handle
-                reg = self._registration(last, new)
-                used[reg.key] = reg
-            assert reg is not None
-            rows[i, 0] = reg.base + seg.offset
-            rows[i, 1] = seg.length
-        return rows[rows[:, 1] > 0], list(used.values()), new
+        return self._regs.rows(segments)
 
-    def _registration(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
-        key = id(handle)
-        with self._lock:
-            known = self._regs.get(key)
-            if known is not None and known[0]() is handle:
-                return known[1]
+    def _register(self, handle: MemoryHandle) -> tuple[int, int, int]:
+        """Register (under the agent's lock, ``RegistrationTable(register_locked=True)``) and bind to every
+        communicator; one made later binds every registration (``_open``)."""
         if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 "the hccl transport moves NPU memory of this daemon's device only (memory backend "
                                 "acl, DEVICE caches); HOST caches: use transport tcp")
-        with self._lock:
-            try:
-                reg = Registration(next(self._serials), key, handle.address, handle.size,
-                                   self._hccl.register(MEM_DEVICE, handle.address, handle.size))
-                for entry in self._comms.values():
-                    if entry.comm:
-                        self._hccl.bind(entry.comm, reg.handle)
-                        entry.bound.add(reg.handle)
-            except AscendError as exc:
-                raise DataDistError(exc.status, f"hccl: registering {handle.size} bytes: {exc}") from None
-            stale = self._regs.pop(key, None)
-            self._regs[key] = (weakref.ref(handle), reg)
-        if stale is not None:
-            self._deregister(stale[1])
-        weakref.finalize(handle, self._forget, key, reg)
-        new.append(reg)
-        return reg
-
-    def _forget(self, key: int, reg: Registration) -> None:
-        with self._lock:
-            known = self._regs.get(key)
-            if known is not None and known[1] is reg:
-                del self._regs[key]
-        self._deregister(reg)
+        try:
+            token = self._hccl.register(MEM_DEVICE, handle.address, handle.size)
+            for entry in self._comms.values():
+                if entry.comm:
+                    self._hccl.bind(entry.comm, token)
+                    entry.bound.add(token)
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"hccl: registering {handle.size} bytes: {exc}") from None
+        return handle.address, handle.size, token
 
     def _deregister(self, reg: Registration) -> None:
         with self._lock:
             if self._closed:
                 return
             for entry in self._comms.values():
-                if reg.handle in entry.bound:
+                if reg.token in entry.bound:
                     try:
-                        self._hccl.unbind(entry.comm, reg.handle)
+                        self._hccl.unbind(entry.comm, reg.token)
                     except AscendError as exc:
                         log.debug("hccl: %s", exc)
-                    entry.bound.discard(reg.handle)
+                    entry.bound.discard(reg.token)
             try:
-                self._hccl.deregister(reg.handle)
+                self._hccl.deregister(reg.token)
             except AscendError as exc:
                 log.debug("hccl: %s", exc)
 
     def registered(self) -> int:
-        with self._lock:
-            return len(self._regs)
+        return len(self._regs)
 
     # -- transfers --
 
@@ -332,9 +287,5 @@ class HcclAgent:
             names = list(self._comms)
         for name in names:
             self.drop_peer(name)
-        with self._lock:
-            regs = [reg for _, reg in self._regs.values()]
-            self._regs.clear()
-        for reg in regs:
-            self._deregister(reg)
+        self._regs.close()
         self._closed = True

@@ -9,13 +9,9 @@ registered ranges of two agents, and a handle without a mapping has no address t
 from __future__ import annotations
 
 import importlib
-import itertools
 import logging
 import os
-import threading
 import time
-import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -24,6 +20,7 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.base import MemoryHandle, Segment
+from ..registry import Registration, RegistrationTable
 
 __all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "status_of", "ucx_transports"]
 
@@ -75,18 +72,6 @@ def ucx_transports() -> str:
     return os.environ.get("UCX_TLS", "") or "auto"
 
 
-@dataclass(frozen=True)
-class Registration:
-    """A handle's mapping, registered with the agent: ``size`` bytes at ``base``; ``serial`` tells it from
-    a later registration of a handle that happens to get the same ``key`` (``id``)."""
-
-    serial: int
-    key: int
-    base: int
-    size: int
-    descs: Any          # nixlRegDList, for deregistration and partial metadata
-
-
 class Agent:
     """One NIXL agent with one backend, and the registrations of the handles it moved.
 
@@ -111,9 +96,7 @@ class Agent:
                                 f"{', '.join(self._agent.get_plugin_list()) or 'none'}")
         self.name = name
         self.backend = backend
-        self._lock = threading.RLock()   # re-entrant: a handle's finalizer (_forget) may run from a GC pass
-        self._regs: dict[int, tuple[weakref.ReferenceType[Any], Registration]] = {}
-        self._serials = itertools.count(1)
+        self._regs = RegistrationTable(self._register, self._deregister)
         self._closed = False
 
     # -- metadata --
@@ -145,33 +128,10 @@ class Agent:
     # -- registrations --
 
     def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        """``(rows, used, new)``: ``rows`` an ``(N, 2)`` uint64 array of ``(address, length)`` of the non-empty
-        ``segments``; the registrations they lie in, and which of those were made by this call."""
-        count = len(segments)
-        offsets = np.fromiter((seg.offset for seg in segments), dtype=np.uint64, count=count)
-        lengths = np.fromiter((seg.length for seg in segments), dtype=np.uint64, count=count)
-        bases = np.empty(count, dtype=np.uint64)
-        used: dict[int, Registration] = {}
-        new: list[Registration] = []
-        last: Any = None
-        reg: Registration | None = None
-        for i, seg in enumerate(segments):   # the handles of a transfer are few: look each up once in a row
-            if seg.handle is not last:
-                last = seg.handle
-                reg = self._registration(last, new)
-                used[reg.key] = reg
-            assert reg is not None
-            bases[i] = reg.base
-        keep = lengths > 0
-        rows = np.column_stack([(bases + offsets)[keep], lengths[keep]])
-        return rows, list(used.values()), new
+        """``(rows, used, new)`` of ``segments`` (``RegistrationTable.rows``), registering what is new."""
+        return self._regs.rows(segments)
 
-    def _registration(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
-        key = id(handle)
-        with self._lock:
-            known = self._regs.get(key)
-            if known is not None and known[0]() is handle:
-                return known[1]
+    def _register(self, handle: MemoryHandle) -> tuple[int, int, Any]:
         view = handle.view()
         if view is None:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
@@ -184,39 +144,22 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             raise DataDistError(status_of(exc), f"NIXL could not register {size} bytes "
                                                 f"({type(exc).__name__}: {exc})") from None
-        reg = Registration(next(self._serials), key, base, size, descs)
-        with self._lock:
-            stale = self._regs.pop(key, None)
-            self._regs[key] = (weakref.ref(handle), reg)
-        if stale is not None:
-            self._deregister(stale[1])
-        weakref.finalize(handle, self._forget, key, reg)
-        new.append(reg)
-        return reg
-
-    def _forget(self, key: int, reg: Registration) -> None:
-        with self._lock:
-            known = self._regs.get(key)
-            if known is not None and known[1] is reg:
-                del self._regs[key]
-        self._deregister(reg)
+        return base, size, descs
 
     def _deregister(self, reg: Registration) -> None:
         if self._closed:
             return
         try:
-            self._agent.deregister_memory(reg.descs, [self.backend])
+            self._agent.deregister_memory(reg.token, [self.backend])
         except Exception as exc:  # noqa: BLE001 - deregistered already
             log.debug("NIXL deregister_memory(%#x, %d): %s", reg.base, reg.size, exc)
 
     def registered(self) -> int:
-        with self._lock:
-            return len(self._regs)
+        return len(self._regs)
 
     def serials(self) -> set[int]:
         """The registrations that exist now (taken before ``metadata()``, they are all in it)."""
-        with self._lock:
-            return {reg.serial for _, reg in self._regs.values()}
+        return {reg.serial for reg in self._regs.all()}
 
     # -- transfers --
 
@@ -284,9 +227,5 @@ class Agent:
         return out
 
     def close(self) -> None:
-        with self._lock:
-            regs = [reg for _, reg in self._regs.values()]
-            self._regs.clear()
-        for reg in regs:
-            self._deregister(reg)
+        self._regs.close()
         self._closed = True

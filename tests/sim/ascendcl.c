@@ -10,10 +10,13 @@
  *   - aclrtMemcpy checks the kind against where both pointers really are, destMax, and bounds;
  *   - IPC: aclrtIpcMemGetExportKey / SetImportPid / ImportByKey / Close, with the pid white list
  *     (flags 0): only a process whose pid was set may import;
- *   - streams run their work on a thread; aclrtSynchronizeStreamWithTimeout waits with a deadline.
+ *   - streams run their work on a thread; aclrtSynchronizeStreamWithTimeout waits with a deadline;
+ *     aclrtStreamAbort stops the running task (at its next check) and discards the queued ones, and returns
+ *     when they are gone -- the stream is usable again, a synchronisation it interrupted fails.
  *
  * Knobs (environment): ASCEND_SIM_DIR (required: where memory files live), ASCEND_SIM_DEVICES
- * (device count, default 8), ASCEND_SIM_HBM_MB (per device and process, default 4096).
+ * (device count, default 8), ASCEND_SIM_HBM_MB (per device and process, default 4096); libhccl's
+ * ASCEND_SIM_WIRE_MBPS (hccl.c).
  * libhccl.so (hccl.c) links to this library and reaches device memory through simacl_* below.
  */
 #define _GNU_SOURCE
@@ -455,6 +458,7 @@ typedef struct {
   pthread_cond_t cond;
   job *head, *tail;
   int pending, stop, aborted, device;
+  uint64_t aborts; /* aclrtStreamAbort calls that stopped work: a synchronisation they interrupted fails */
   pthread_t thread;
 } sim_stream;
 
@@ -529,6 +533,7 @@ aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) 
   }
   aclError err = ACL_SUCCESS;
   pthread_mutex_lock(&s->lock);
+  uint64_t aborts = s->aborts;
   while (s->pending) {
     if (timeout <= 0) { /* -1 and 0: wait for ever, as the real runtime does */
       pthread_cond_wait(&s->cond, &s->lock);
@@ -537,8 +542,7 @@ aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) 
       break;
     }
   }
-  if (err == ACL_SUCCESS && s->aborted) err = ACL_ERROR_RT_STREAM_ABORT;
-  s->aborted = 0;
+  if (err == ACL_SUCCESS && s->aborts != aborts) err = ACL_ERROR_RT_STREAM_ABORT;
   pthread_mutex_unlock(&s->lock);
   return err;
 }
@@ -547,9 +551,23 @@ aclError aclrtStreamAbort(aclrtStream stream) {
   sim_stream *s = stream;
   if (!s) return ACL_ERROR_INVALID_PARAM;
   pthread_mutex_lock(&s->lock);
-  s->aborted = s->pending > 0;
+  if (s->pending) { /* the running task stops at its next check (simacl_stream_stopping), the rest are dropped */
+    s->aborted = 1;
+    s->aborts++;
+    pthread_cond_broadcast(&s->cond);
+    while (s->pending) pthread_cond_wait(&s->cond, &s->lock);
+    s->aborted = 0;
+  }
   pthread_mutex_unlock(&s->lock);
   return ACL_SUCCESS;
+}
+
+int simacl_stream_stopping(void *stream) {
+  sim_stream *s = stream;
+  pthread_mutex_lock(&s->lock);
+  int stopping = s->aborted || s->stop;
+  pthread_mutex_unlock(&s->lock);
+  return stopping;
 }
 
 aclError aclrtDestroyStream(aclrtStream stream) {

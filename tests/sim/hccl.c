@@ -12,8 +12,14 @@
  * import; host: aclrtMallocHost), local and remote ranges inside memory bound to the communicator,
  * Prepare before any transfer (both ranks meet there, within its timeout), a peer that is gone.
  *
- * Not simulated: the wire (RoCE/HCCS), traffic class and service level (accepted, recorded only),
- * memory bound after Prepare is visible to the peer at once (real HCCL: see docs/ascend.md).
+ * A put or get whose peer dies while it runs stalls -- no byte lands after the peer is gone -- until its
+ * stream is aborted or destroyed (RoCE retransmits to a dead peer for HCCL_RDMA_TIMEOUT x
+ * HCCL_RDMA_RETRY_CNT, longer than any transfer deadline): the initiator sees its synchronisation time out.
+ * Knob: ASCEND_SIM_WIRE_MBPS (megabits per second, default 0 = no limit) paces the bytes of every put and
+ * get like a wire of that rate, so a test can fault a transfer while it is on the wire.
+ *
+ * Not simulated: the wire (RoCE/HCCS) beyond that pace, traffic class and service level (accepted,
+ * recorded only), memory bound after Prepare is visible to the peer at once (real HCCL: see docs/ascend.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -351,13 +357,52 @@ static uint64_t type_size(int t) {
 }
 
 typedef struct {
+  void *stream;
+  int32_t peer;    /* the remote rank's process */
+  uint64_t rate;   /* bytes per second on the simulated wire; 0 = no limit */
   uint32_t n;
   struct { void *dst; const void *src; uint64_t len; } ops[];
 } copy_job;
 
+#define WIRE_CHUNK (64u << 10)
+
+static uint64_t wire_rate(void) {
+  const char *s = getenv("ASCEND_SIM_WIRE_MBPS");
+  long mbps = s ? atol(s) : 0;
+  return mbps > 0 ? (uint64_t)mbps * 1000000u / 8u : 0;
+}
+
+static int peer_gone(int32_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - t0->tv_sec) + (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* the stream's task: the bytes of one batch, chunk by chunk at the wire's pace; stalls once the peer is gone */
 static void run_copies(void *arg) {
   copy_job *j = arg;
-  for (uint32_t i = 0; i < j->n; i++) memcpy(j->ops[i].dst, j->ops[i].src, j->ops[i].len);
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t moved = 0;
+  for (uint32_t i = 0; i < j->n; i++) {
+    for (uint64_t at = 0; at < j->ops[i].len;) {
+      if (simacl_stream_stopping(j->stream)) return;
+      if (peer_gone(j->peer)) { /* nothing more lands; the initiator's synchronisation times out */
+        while (!simacl_stream_stopping(j->stream)) usleep(1000);
+        return;
+      }
+      uint64_t len = j->ops[i].len - at < WIRE_CHUNK ? j->ops[i].len - at : WIRE_CHUNK;
+      memcpy((char *)j->ops[i].dst + at, (const char *)j->ops[i].src + at, len);
+      at += len;
+      moved += len;
+      if (j->rate) {
+        double ahead = (double)moved / (double)j->rate - seconds_since(&t0);
+        if (ahead > 0) usleep((useconds_t)(ahead * 1e6));
+      }
+    }
+  }
 }
 
 static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDesc *desc, uint32_t descNum,
@@ -369,7 +414,7 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
   pub_head h;
   pub_entry *entries = NULL;
   if (read_peer(c, remoteRank, &h, &entries)) return HCCL_E_NETWORK;  /* the peer's communicator is gone */
-  if (kill(h.pid, 0) != 0 && errno == ESRCH) {
+  if (peer_gone(h.pid)) {
     free(entries);
     return HCCL_E_NETWORK;
   }
@@ -378,6 +423,9 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
     free(entries);
     return HCCL_E_MEMORY;
   }
+  j->stream = stream;
+  j->peer = h.pid;
+  j->rate = wire_rate();
   HcclResult ret = HCCL_SUCCESS;
   pthread_mutex_lock(&c->lock);
   for (uint32_t i = 0; i < descNum && ret == HCCL_SUCCESS; i++) {

@@ -25,5 +25,7 @@ static inline int sim_inside(uint64_t base, uint64_t size, uint64_t p, uint64_t 
 int simacl_resolve(const void *p, uint64_t n, sim_region *out);
 int simacl_current_device(void);
 int simacl_enqueue(void *stream, void (*run)(void *), void *arg);
+/* the stream is being aborted or destroyed: a long task (a paced put) should stop now */
+int simacl_stream_stopping(void *stream);
 
 #endif

@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from datadist.v1 import datadist_pb2
 
 from . import _memory
@@ -35,19 +37,56 @@ LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 def device_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
     """Hand NPU memory over (daemon backend ``acl``): an IPC key that only the daemon's pid -- as the kernel
     reports it on the attach socket -- may import. The key stays open while this process lives (CANN: the
-    importer closes first; the daemon closes its import when the cache goes)."""
-    from datadist.ascend import AscendError
-    from datadist.ascend.acl import acl
+    importer closes first; the daemon closes its import when the cache goes).
 
+    While the daemon imports it, the memory's first 16 bytes hold this connection's proof of possession
+    (``datadist.ascend.proof``); they are restored before this returns, whatever the answer."""
+    import ctypes
+
+    from datadist.ascend import AscendError
+    from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+    from datadist.ascend.proof import PROOF_LEN, possession_proof
+
+    if length < PROOF_LEN:
+        raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, NPU memory handed to "
+                           f"the daemon must be at least {PROOF_LEN} bytes, got {length}",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
     attach = client.attach()
+    device = attach.device_id
+    saved = ctypes.create_string_buffer(PROOF_LEN)
     try:
         runtime = acl()
-        key = runtime.ipc_export(attach.device_id, address, length)
+        key = runtime.ipc_export(device, address, length)
         runtime.ipc_allow(key, [attach.daemon_pid])
+        proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
+        runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
+        runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
     except AscendError as exc:
         raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
-    memory_id = attach.import_device_memory(key, attach.device_id, length, func)
+    try:
+        memory_id = attach.import_device_memory(key, device, length, func)
+    finally:
+        try:
+            runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
+        except AscendError as exc:
+            raise LLMException(f"[{func}] failed, error code is {exc.status}, could not restore the first "
+                               f"{PROOF_LEN} bytes of the NPU memory: {exc}", status_code=exc.status) from None
     return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
+
+
+def device_to_host(client: DaemonClient, address: int, shape: Tuple[int, ...], dtype: Any, func: str) -> np.ndarray:
+    """A host copy of the NPU tensor at ``address`` (daemon backend ``acl``): ``aclrtMemcpy`` device to host --
+    the host cannot load NPU memory itself."""
+    from datadist.ascend import AscendError
+    from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+
+    out = np.empty(shape, dtype)
+    try:
+        acl().memcpy(client.attach().device_id, out.ctypes.data, out.nbytes, address, out.nbytes,
+                     MEMCPY_DEVICE_TO_HOST)
+    except AscendError as exc:
+        raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
+    return out
 
 
 def worker_memory(client: DaemonClient, address: int, length: int, func: str,
@@ -140,8 +179,7 @@ class CacheOps:
                    placement: Any = None) -> List[datadist_pb2.WorkerMemory]:
         """Hand the tensors at ``addrs`` over; DEVICE tensors of a daemon on NPU memory (``acl``) by IPC key."""
         client = self._client
-        device = (placement == Placement.DEVICE and not client.embedded
-                  and client.attach().memory_backend == "acl")
+        device = self._in_npu_memory(placement)
         mem: List[datadist_pb2.WorkerMemory] = []
         try:
             for a in addrs:
@@ -154,6 +192,11 @@ class CacheOps:
             self._release(mem)
             raise
         return mem
+
+    def _in_npu_memory(self, placement: Any) -> bool:
+        """Tensors of ``placement`` are NPU memory: DEVICE, and the daemon's backend is ``acl``."""
+        client = self._client
+        return placement == Placement.DEVICE and not client.embedded and client.attach().memory_backend == "acl"
 
     def _release(self, mem: Sequence[datadist_pb2.WorkerMemory]) -> None:
         """Give back memory handed over for a call that failed (the daemon may not have used it)."""

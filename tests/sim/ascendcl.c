@@ -445,6 +445,16 @@ aclError aclrtIpcMemClose(const char *key) {
   return ACL_SUCCESS;
 }
 
+/* the block ptr lies in: a region of this process (allocated, or imported by key: the exported extent) */
+aclError aclrtMemGetAddressRange(void *ptr, void **pbase, size_t *psize) {
+  if (!ptr || !pbase || !psize) return ACL_ERROR_INVALID_PARAM;
+  sim_region r;
+  if (!simacl_resolve(ptr, 1, &r)) return ACL_ERROR_INVALID_PARAM;
+  *pbase = (void *)r.addr;
+  *psize = (size_t)r.size;
+  return ACL_SUCCESS;
+}
+
 /* ---- streams: a FIFO of jobs run by one thread each ---- */
 
 typedef struct job {

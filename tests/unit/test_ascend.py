@@ -125,3 +125,45 @@ def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_
         """, sim_env(sim_root, str(tmp_path)))
     assert out.splitlines() == ["['a', 'b']", "before prepare HcclBatchPut LLM_FAILED",
                                 "host memory HcclRegisterGlobalMem LLM_PARAM_INVALID"]
+
+
+def test_device_memory_is_taken_only_with_the_presenters_proof_and_its_true_length(sim_root, tmp_path) -> None:
+    """An IPC key is a name: the daemon takes the memory behind it only when it holds the presenting
+    connection's proof of possession (the presenter could write it: the memory is its own), and only for
+    as many bytes as the key really has."""
+    out = run("""
+        import ctypes, os
+        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        from datadist.ascend.proof import possession_proof
+        from datadistd.core.errors import DataDistError
+        from datadistd.memory.acl import AclBackend
+        from datadistd.memory.base import DeviceRef
+        a, backend = acl(), AclBackend()
+        mem = a.malloc(0, 4096)
+        key = a.ipc_export(0, mem, 4096)
+        a.ipc_allow(key, [os.getpid()])
+        owner, presenter = b"o" * 32, b"p" * 32
+
+        def holds(data):
+            buf = ctypes.create_string_buffer(data, len(data))
+            a.memcpy(0, mem, 4096, ctypes.addressof(buf), len(data), MEMCPY_HOST_TO_DEVICE)
+
+        def present(length, proof):
+            try:
+                h = backend.import_memory(DeviceRef(key, 0, length, proof))
+            except DataDistError as exc:
+                return exc.code.name
+            h.close()
+            return "taken"
+
+        holds(possession_proof(owner, key))       # its owner is handing it over: the owner's proof is there
+        print(present(4096, possession_proof(presenter, key)))
+        print(present(4096, possession_proof(owner, key)))
+        holds(b"\\0" * 16)                        # nothing there: no proof at all
+        print(present(4096, possession_proof(presenter, key)))
+        holds(possession_proof(presenter, key))
+        print(present(4097, possession_proof(presenter, key)), present(8, possession_proof(presenter, key)[:8]))
+        print(present(4096, possession_proof(presenter, key)))
+        """, sim_env(sim_root, str(tmp_path)))
+    assert out.splitlines() == ["LLM_PARAM_INVALID", "taken", "LLM_PARAM_INVALID",
+                                "LLM_PARAM_INVALID LLM_PARAM_INVALID", "taken"]

@@ -41,6 +41,7 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtMallocHost": [POINTER(c_void_p), c_size_t],
     "aclrtFreeHost": [c_void_p],
     "aclrtMemcpy": [c_void_p, c_size_t, c_void_p, c_size_t, c_int],
+    "aclrtMemGetAddressRange": [c_void_p, POINTER(c_void_p), POINTER(c_size_t)],
     "aclrtCreateStream": [POINTER(c_void_p)],
     "aclrtDestroyStream": [c_void_p],
     "aclrtSynchronizeStreamWithTimeout": [c_void_p, c_int32],
@@ -115,6 +116,13 @@ class Acl:
     def memcpy(self, device: int, dst: int, dst_max: int, src: int, count: int, kind: int) -> None:
         self.use(device)
         self._call("aclrtMemcpy", c_void_p(dst), dst_max, c_void_p(src), count, kind)
+
+    def address_range(self, device: int, ptr: int) -> tuple[int, int]:
+        """``(base, size)`` of the memory block ``ptr`` lies in (``aclrtMemGetAddressRange``)."""
+        self.use(device)
+        base, size = c_void_p(), c_size_t()
+        self._call("aclrtMemGetAddressRange", c_void_p(ptr), ctypes.byref(base), ctypes.byref(size))
+        return int(base.value or 0), int(size.value)
 
     # -- streams --
 

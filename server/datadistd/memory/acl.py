@@ -18,6 +18,7 @@ Run against CANN on an Ascend host, or against the simulated runtime of ``tests/
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import secrets
@@ -27,6 +28,7 @@ import numpy as np
 
 from datadist.ascend import AscendError
 from datadist.ascend.acl import MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, Acl, acl
+from datadist.ascend.proof import PROOF_LEN
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
@@ -209,11 +211,35 @@ class AclBackend:
         require(ref.length > 0, f"length must be > 0, got {ref.length}")
         require(ref.device == self.device_id, f"device memory of NPU {ref.device} cannot be used by this daemon "
                                               f"(device {self.device_id})")
+        require(len(ref.proof) == PROOF_LEN <= ref.length,
+                f"NPU memory is handed over with a {PROOF_LEN}-byte proof of possession, in at least {PROOF_LEN} "
+                f"bytes (got {len(ref.proof)} bytes of proof for {ref.length} bytes)")
         try:
             address = self._acl.ipc_import(ref.device, ref.key)
         except AscendError as exc:
             raise ascend_error(exc, "importing the worker's device memory") from None
-        return DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
+        handle = DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
+        try:
+            self._check_import(handle, ref)
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    def _check_import(self, handle: DeviceHandle, ref: DeviceRef) -> None:
+        """The memory behind the key is as long as the worker says, and holds the worker's proof (the worker
+        wrote it there: the memory is its own). Nothing read is told to anyone."""
+        try:
+            base, size = self._acl.address_range(ref.device, handle.address)
+        except AscendError as exc:
+            raise ascend_error(exc, "the extent of the worker's device memory") from None
+        require(base <= handle.address and handle.address + ref.length <= base + size,
+                f"the NPU memory behind the key holds {base + size - handle.address} bytes, not {ref.length}")
+        held = bytearray(PROOF_LEN)
+        handle.read_into(0, memoryview(held))
+        require(hmac.compare_digest(bytes(held), ref.proof),
+                "the NPU memory behind this key does not hold this worker's proof of possession: a worker hands "
+                "over only its own memory (datadist.ascend.proof)")
 
     def close(self) -> None:
         self._host.close()

@@ -31,6 +31,7 @@ import stat
 import struct
 from pathlib import Path
 
+from datadist.ascend.proof import possession_proof
 from datadist.v1 import attach_pb2
 
 from .. import __version__
@@ -267,7 +268,8 @@ class AttachServer:
             msg = request.import_memory
             if msg.device_key:
                 require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
-                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length)
+                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length,
+                                           possession_proof(session.capability, msg.device_key))
             elif len(fds) != len(msg.pieces):
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")

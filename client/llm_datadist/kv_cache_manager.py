@@ -195,7 +195,9 @@ class KvCacheManager(CacheOps):
         self._copy_blocks_rpc("copy_blocks", cache.cache_id, copy_block_info)
 
     def get_cache_tensors(self, cache: KvCache, tensor_index: int = 0) -> List[Any]:
-        """Host copies of tensor ``tensor_index``: one ``Tensor`` per device (one device here)."""
+        """Host copies of tensor ``tensor_index``: one ``Tensor`` per device (one device here); NPU memory (daemon
+        backend ``acl``) is copied by ``aclrtMemcpy``."""
+        from ._cache_ops import device_to_host
         from ._memory import numpy_view
         from .data_type import dtype_to_np_dtype
         from .tensor import Tensor, TensorDesc
@@ -208,9 +210,12 @@ class KvCacheManager(CacheOps):
         v.raise_if_false(len(cache.per_device_tensor_addrs) > 0, "the cache was deallocated",
                          status_code=LLMStatusCode.LLM_KV_CACHE_NOT_EXIST)
         desc = cache.cache_desc
+        shape, dtype = tuple(desc.shape), dtype_to_np_dtype(desc.data_type)
+        npu = self._in_npu_memory(desc.placement)
         out = []
         for addrs in cache.per_device_tensor_addrs:
-            arr = numpy_view(addrs[tensor_index], tuple(desc.shape), dtype_to_np_dtype(desc.data_type)).copy()
+            arr = device_to_host(self._client, addrs[tensor_index], shape, dtype, "get_cache_tensors") if npu else \
+                numpy_view(addrs[tensor_index], shape, dtype).copy()
             out.append(Tensor(arr, TensorDesc(desc.data_type, list(desc.shape))))
         return out
 

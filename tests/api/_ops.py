@@ -14,7 +14,7 @@ import numpy as np
 
 import llm_datadist as ld
 from llm_datadist import views
-from tests.worker_ops import DTYPES
+from tests.worker_ops import DTYPES, NPU, NpuTensor
 
 GATE_WAIT_S = 60.0  # bound of every wait of a gated synchronizer (a liveness guard, not a timing assertion)
 
@@ -42,7 +42,7 @@ def init_v1(state: dict, role: str, cluster_id: int, listen: str | None = None, 
 
 def kv_alloc(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "uint8", keys: list | None = None,
              blocks: bool = False, model_id: int | None = None) -> int:
-    dt, _ = DTYPES[dtype]
+    dt, np_dt = DTYPES[dtype]
     kv = state["dd"].kv_cache_manager
     desc = ld.CacheDesc(num_tensors, list(shape), dt)
     if blocks:
@@ -51,7 +51,9 @@ def kv_alloc(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str 
     else:
         cache = kv.allocate_cache(desc, [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])])
     state["caches"][name] = cache
-    state["arrays"][name] = views.numpy_views(cache)
+    # on the acl planes a DEVICE cache is NPU memory: reached by aclrtMemcpy, never through a host view
+    state["arrays"][name] = [NpuTensor(a, shape, np_dt) for a in addrs(state, name)] if NPU else \
+        views.numpy_views(cache)
     return cache.cache_id
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.harness import WorkerError, free_port
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
 
 pytestmark = pytest.mark.integration
 
@@ -34,6 +34,7 @@ def pair(daemon_factory, worker_factory):
     return prompt, decoder, port
 
 
+@over_planes("tcp", ACL_PLANE)
 def test_vllm_v0_connector_flow_and_sample_decoder(pair) -> None:
     prompt, decoder, port = pair
     layers, seq, hidden = 4, 8, 16
@@ -71,6 +72,7 @@ def test_vllm_v0_connector_flow_and_sample_decoder(pair) -> None:
     run(prompt, "kv_call", "deallocate_cache", "@bs1")
 
 
+@over_planes("tcp", ACL_PLANE)
 def test_offsets_blocks_swap_and_auto_free(pair) -> None:
     prompt, decoder, port = pair
     run(prompt, "kv_alloc", "c", 2, (2, 64), keys=[(5, 0), (6, 0)])

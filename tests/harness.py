@@ -68,7 +68,7 @@ ALL_PLANES = ["tcp", *NIXL_PLANES, ACL_PLANE]
 def over_planes(*planes: str):
     """Run a test once per named data plane (default: all of them) through the indirect ``data_plane``
     fixture. Tests that move bytes run over every plane; tests of the control path (errors, limits,
-    the local path) run over tcp and at most one nixl plane, so ``make test`` keeps its time budget."""
+    the local path) run over tcp, at most one nixl plane and acl-hccl, so ``make test`` keeps its time budget."""
     import pytest
 
     names = list(planes) or ALL_PLANES

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.harness import WorkerError, free_port, over_planes
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
 
-#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
-#: tests of errors and limits over tcp and one nixl plane
+#: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
+#: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
 pytestmark = pytest.mark.integration
 
 P, D = 1, 2
@@ -89,7 +89,7 @@ def test_abort_midway_and_never_sent_configs(v2_pair) -> None:
     assert not decoder.call("rows", "c").any()
 
 
-@over_planes("tcp", "nixl-ucx-shm")
+@over_planes("tcp", "nixl-ucx-shm", ACL_PLANE)
 def test_contiguous_targets_by_id_and_link_busy(v2_pair) -> None:
     prompt, decoder, port = v2_pair
     # the decoder pushes too (v2 has no roles): its own task on its link makes its pulls LLM_LINK_BUSY
@@ -114,7 +114,7 @@ def test_contiguous_targets_by_id_and_link_busy(v2_pair) -> None:
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [12, 13]), slot)
 
 
-@over_planes("tcp", "nixl-ucx-tcp")
+@over_planes("tcp", "nixl-ucx-tcp", ACL_PLANE)
 def test_blocks_key_without_indices_takes_the_cache_to_cache_path(v2_pair) -> None:
     """CANN's transfer_cache_async_sample: BlocksCacheKey config, no block indices (issue: item 3).
 
@@ -149,7 +149,7 @@ def v1_pair(daemon_factory, worker_factory):
     return prompt, decoder
 
 
-@over_planes("tcp", "nixl-ucx-shm")
+@over_planes("tcp", "nixl-ucx-shm", ACL_PLANE)
 def test_v1_transfer_config_raw_addresses(v1_pair) -> None:
     prompt, decoder = v1_pair
     base = run(decoder, "addrs", "c")

@@ -3,12 +3,13 @@ links exist; v1 needs ``enable_switch_role`` and a different role, and PROMPT ne
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from datadist.v1 import datadist_pb2
 from llm_datadist import LLMException, LLMRole
 from llm_datadist import LLMStatusCode as S
-from tests.harness import free_port
+from tests.harness import ACL_PLANE, free_port, over_planes
 
 OPS = "tests.api._ops"
 
@@ -93,3 +94,29 @@ def test_exist_link_both_modes_and_the_new_listener_serves(daemon_factory, worke
     assert b.call("link", 3, "127.0.0.1", port) == (0, [0])
     assert run(a, "switch_role", "DECODER") == "LLM_EXIST_LINK"
     assert run(b, "switch_role", "PROMPT", f"127.0.0.1:{free_port()}") == "LLM_EXIST_LINK"
+
+
+@pytest.mark.integration
+@over_planes("tcp", ACL_PLANE)
+def test_switched_roles_transfer_over_the_data_plane_both_ways(daemon_factory, worker_factory) -> None:
+    """Two daemons: a decoder that became PROMPT serves a link whose pulls and pushes move bytes over the data
+    plane (acl-hccl: NPU caches, a communicator between the two devices); after unlink both switch back the other
+    way and the link in the opposite direction moves bytes too (hccl: a new communicator between the same two
+    agents, the old one destroyed)."""
+    da, db = daemon_factory.many("a", "b")
+    a, b = worker_factory(da), worker_factory(db)
+    for worker, cluster, seed in ((a, 1, 1), (b, 2, 2)):
+        worker.call("init", "DECODER", cluster, remote_cache_accessible=True, sync_kv_timeout=3000)
+        worker.call("register_blocks", "kv", 4, 16, (8, 16), dtype="uint8", model_id=0)
+        worker.call("fill", "kv", seed)
+    for server, client, server_cluster in ((a, b, 1), (b, a, 2)):
+        port = free_port()
+        assert run(server, "switch_role", "PROMPT", f"127.0.0.1:{port}") == "ok"
+        assert client.call("link", server_cluster, "127.0.0.1", port) == (0, [0])
+        client.call("pull_blocks", server_cluster, "kv", [3, 5, 15], [0, 1, 2])
+        np.testing.assert_array_equal(client.call("rows", "kv", None, [0, 1, 2]),
+                                      server.call("rows", "kv", None, [3, 5, 15]))
+        client.call("push_blocks", server_cluster, "kv", [7], [9])
+        np.testing.assert_array_equal(server.call("rows", "kv", None, [9]), client.call("rows", "kv", None, [7]))
+        assert client.call("unlink", server_cluster, "127.0.0.1", port) == (0, [0])
+        assert run(server, "switch_role", "DECODER") == "ok"

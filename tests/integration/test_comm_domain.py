@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from tests.harness import WorkerError, free_port
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +36,7 @@ def wait_ok(worker, comm_id: int, timeout: float = 20.0) -> str:  # noqa: ANN001
     return status
 
 
+@over_planes("tcp", ACL_PLANE)   # acl-hccl: the comm domain's transfers as HCCL puts between NPU caches
 def test_comm_domain_link_pull_push_unlink(daemon_factory, worker_factory) -> None:
     dp, dd = daemon_factory.many("p", "d")
     prompt, decoder = worker_factory(dp), worker_factory(dd)

@@ -13,7 +13,7 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError, pool_memfds
+from tests.harness import ACL_PLANE, WorkerError, over_planes, pool_memfds
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,7 @@ def pool_used(daemon) -> int:  # noqa: ANN001
     return sum(p.used for e in status(daemon).engines for p in e.pools)
 
 
+@over_planes("tcp", ACL_PLANE)   # acl: copies on the NPU and out of it by aclrtMemcpy (D2D, D2H)
 def test_allocate_write_copy_swap_read_back(daemon_factory, worker_factory) -> None:
     d = daemon_factory()
     w = worker_factory(d)
@@ -73,6 +74,7 @@ def test_register_worker_numpy_memory_and_copy_into_it(daemon_factory, worker_fa
     np.testing.assert_array_equal(w.call("rows", "mine")[:, 7], src[:, 4])
 
 
+@over_planes("tcp", ACL_PLANE)   # acl: the DEVICE pool is one aclrtMalloc carved like a host pool
 def test_pool_errors_have_the_spec_codes(daemon_factory, worker_factory) -> None:
     d = daemon_factory()
     w = worker_factory(d)
@@ -94,6 +96,32 @@ def test_pool_errors_have_the_spec_codes(daemon_factory, worker_factory) -> None
     with pytest.raises(WorkerError) as info:  # allocate_blocks_cache with a bound BlocksCacheKey
         w.call("allocate", "kb2", 1, (4, 16), blocks=True, model_id=3)
     assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+
+
+@over_planes(ACL_PLANE)
+def test_a_device_pool_the_npu_cannot_hold_is_device_out_of_memory(daemon_factory, worker_factory) -> None:
+    """acl: an engine's DEVICE pool is one aclrtMalloc; when the NPU's memory cannot hold it, init fails with
+    LLM_DEVICE_OUT_OF_MEMORY (ACL_ERROR_RT_MEMORY_ALLOCATION) and nothing is held; a finalized engine's pool
+    goes back to the NPU (aclrtFree)."""
+    if os.environ.get("DATADIST_ASCEND_REAL") == "1":
+        pytest.skip("sizes its pools against the simulated NPU's memory (ASCEND_SIM_HBM_MB)")
+    d = daemon_factory(env={"ASCEND_SIM_HBM_MB": "16"})
+    first, second = worker_factory(d), worker_factory(d)
+    with pytest.raises(WorkerError) as info:
+        first.call("init", "PROMPT", 15, mem_pool=32 * MIB)
+    assert info.value.status_code == LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY
+    assert status(d).engines == []
+    first.call("init", "PROMPT", 15, mem_pool=12 * MIB)
+    with pytest.raises(WorkerError) as info:   # 12 + 8 MiB: more than the NPU has
+        second.call("init", "DECODER", 16, mem_pool=8 * MIB)
+    assert info.value.status_code == LLMStatusCode.LLM_DEVICE_OUT_OF_MEMORY
+    first.call("finalize")
+    second.call("init", "DECODER", 16, mem_pool=8 * MIB)
+    second.call("allocate", "x", 2, (8, 64), dtype="uint8", blocks=True)
+    second.call("fill", "x", 3)
+    second.call("copy_blocks", "x", {1: [2]})
+    rows = second.call("rows", "x")
+    np.testing.assert_array_equal(rows[:, 2], rows[:, 1])
 
 
 def test_refcount_frees_only_after_deallocate_and_key_removal(daemon_factory, worker_factory) -> None:

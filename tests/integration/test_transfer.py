@@ -10,10 +10,10 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError, free_port, over_planes
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
 
-#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
-#: tests of errors and limits over tcp and one nixl plane
+#: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
+#: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
 pytestmark = pytest.mark.integration
 
 P, D = 1, 2  # prompt / decoder cluster ids
@@ -107,7 +107,7 @@ def test_cluster_num_exceed_limit(pair) -> None:
     assert code == S.LLM_CLUSTER_NUM_EXCEED_LIMIT and codes == [S.LLM_CLUSTER_NUM_EXCEED_LIMIT] * 17
 
 
-@over_planes("tcp", "nixl-ucx-tcp")
+@over_planes("tcp", "nixl-ucx-tcp", ACL_PLANE)
 def test_pull_errors_have_spec_codes(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     with pytest.raises(WorkerError) as info:  # no blocks cache bound to model_id 5 on the prompt
@@ -188,7 +188,7 @@ def test_push_cache(pair) -> None:
     assert not prompt.call("rows", "c")[:, :2].any()
 
 
-@over_planes("tcp", "nixl-ucx-tcp")
+@over_planes("tcp", "nixl-ucx-tcp", ACL_PLANE)
 def test_peer_killed_mid_link_gives_timeout_then_relink_works(daemon_factory, worker_factory) -> None:
     dp, dd = daemon_factory.many("p", "d")
     port = free_port()

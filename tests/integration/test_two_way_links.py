@@ -14,10 +14,10 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import WorkerError, free_port, over_planes
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
 
-#: transfers run over tcp and over nixl (UCX over TCP and over shared memory), see ``over_planes``;
-#: tests of errors and limits over tcp and one nixl plane
+#: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
+#: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
 pytestmark = pytest.mark.integration
 
 P, D = 1, 2
@@ -77,7 +77,7 @@ def test_the_listening_side_pulls_and_pushes(linked) -> None:
     assert link_states(dp) == [(D, "established", False)] and link_states(dd) == [(P, "established", True)]
 
 
-@over_planes("tcp", "nixl-ucx-shm")
+@over_planes("tcp", "nixl-ucx-shm", ACL_PLANE)
 def test_twelve_threads_push_from_the_listening_side_at_once(linked) -> None:
     """SGLang's prefill pushes from its transfer threads (12 here) to the decoder that linked to it."""
     dp, dd, prompt, decoder, port = linked
@@ -100,7 +100,7 @@ def test_twelve_threads_push_from_the_listening_side_at_once(linked) -> None:
     np.testing.assert_array_equal(prompt.call("rows", "kv", None, [30]), decoder.call("rows", "kv", None, [1]))
 
 
-@over_planes("tcp", "nixl-ucx-tcp")
+@over_planes("tcp", "nixl-ucx-tcp", ACL_PLANE)
 def test_unlink_from_either_end_tears_down_both(linked) -> None:
     dp, dd, prompt, decoder, port = linked
     assert prompt.call("unlink", D, "127.0.0.1", 1) == (0, [0])  # the listening end unlinks

@@ -168,12 +168,9 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
 
 # ---- the link unlinked (by its other end) in the middle of a transfer -----------------------------------
 
-# acl-hccl pulls only: a push's CommitWrite that reaches the owner while its unlink is under way is answered
-# LLM_PARAM_INVALID ("unknown transfer": the unlink dropped the write first) -- a race of the link code, seen
-# over nixl too, where a posted WRITE also completes after the owner's CANCEL
 @netns
 @pytest.mark.parametrize("direction,plane", [("pull", "tcp"), ("push", "tcp"), ("pull", "nixl"), ("push", "nixl"),
-                                             ("pull", ACL_PLANE)])
+                                             ("pull", ACL_PLANE), ("push", ACL_PLANE)])
 def test_unlink_mid_transfer(direction: str, plane: str, daemon_factory, worker_factory, request) -> None:
     """The listening end unlinks while the decoder's transfer is on the wire: the transfer ends with a
     status (no hang, no success), both link tables are empty, the blocks it did not touch are intact,

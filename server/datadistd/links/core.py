@@ -9,7 +9,7 @@ import time
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from ..core.errors import DataDistError, StatusCode
-from ..core.types import RemoteSpec
+from ..core.types import CacheId, RemoteSpec
 from ..engine import Engine
 from ..peering import (
     ChallengeStore,
@@ -17,7 +17,7 @@ from ..peering import (
 from ..reverse import (
     FrameCalls,
 )
-from ..transport.base import Channel, Transport
+from ..transport.base import Channel, Receipt, Transport
 from .model import (
     AnyLink,
     InboundLink,
@@ -77,19 +77,34 @@ class LinkCore:
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
                                 else f"no heartbeat for {now - link.last_seen:.1f}s")
                     self._drop_serving(link)
-            self._drop_writes([tid for tid, pw in self.writes.items() if now > pw.deadline + 1.0])
+            # abandoned writes, and those of links gone (unlinked, dropped): never committed now. Not at the
+            # unlink itself: a commit may still be on its way while the unlink tells the other end
+            live = {id(link) for link in self.all_links()}
+            self._drop_writes([tid for tid, pw in self.writes.items()
+                               if now > pw.deadline + 1.0 or id(pw.link) not in live])
 
     def _drop_writes(self, transfer_ids: Iterable[int]) -> None:
-        """Forget opened writes: their receipts cancelled (late bytes are discarded), their caches unpinned."""
-        for tid in list(transfer_ids):
-            pw = self.writes.pop(tid, None)
-            if pw is not None:
-                pw.receipt.cancel()
-                self.engine.unpin(pw.cache_id)
+        """Forget opened writes; their receipts are cancelled and their caches unpinned in the background."""
+        dropped = [pw for pw in (self.writes.pop(tid, None) for tid in list(transfer_ids)) if pw is not None]
+        self._release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
 
-    def _drop_link_writes(self, link: Link) -> None:
-        """A link went: the writes opened over it will never be committed."""
-        self._drop_writes([tid for tid, pw in self.writes.items() if pw.link is link])
+    def _release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:
+        """Cancel ``receipts`` in a worker thread (a cancel may wait for the sender to confirm it writes no
+        more), then unpin ``cache_ids``: their memory is handed back only when nothing more can land in it."""
+        if not receipts and not cache_ids:
+            return
+
+        async def release() -> None:
+            try:
+                if receipts:
+                    await self._in_thread(_cancel_all, receipts)
+            finally:
+                for cache_id in cache_ids:
+                    self.engine.unpin(CacheId(cache_id))
+
+        job = asyncio.get_running_loop().create_task(release())
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
 
     def all_links(self) -> list[AnyLink]:
         return [*self.links.values(), *self.served.values()]
@@ -97,7 +112,6 @@ class LinkCore:
     def _drop_serving(self, link: ServingEnd) -> None:
         if link.frames is not None:
             link.frames.close("the link was dropped")
-        self._drop_link_writes(link)
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
         if isinstance(link, InboundLink):
@@ -177,3 +191,8 @@ class LinkCore:
 
     async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         raise NotImplementedError
+
+
+def _cancel_all(receipts: list[Receipt]) -> None:
+    for receipt in receipts:
+        receipt.cancel()

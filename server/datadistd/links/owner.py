@@ -7,8 +7,10 @@ from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
+from ..memory.base import Segment
 from ..metrics import track_transfer
 from ..reverse import MAX_OPEN_PER_CALL
+from ..transport.base import Receipt
 from .core import LinkCore
 from .model import Link, _PendingWrite
 
@@ -56,21 +58,19 @@ class Owner(LinkCore):
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         hold = hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + hold / 1000
-        opened: list[int] = []
-        try:
+        prepared: list[tuple[int, Sequence[Segment]]] = []
+        receipts: list[Receipt] = []
+        try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
-                cache_id, dst = self.engine.prepare_write(spec)
-                try:
-                    receipt = self.transport.expect(dst, channel=channel)
-                except BaseException:
-                    self.engine.unpin(cache_id)
-                    raise
-                self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
-                opened.append(receipt.transfer_id)
+                prepared.append(self.engine.prepare_write(spec))
+            for _, dst in prepared:
+                receipts.append(self.transport.expect(dst, channel=channel))
         except BaseException:
-            self._drop_writes(opened)
+            self._release_later(receipts, [cache_id for cache_id, _ in prepared])
             raise
-        return opened
+        for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
+            self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
+        return [receipt.transfer_id for receipt in receipts]
 
     async def serve_commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         await self.commit_write_for(self.session_link(session), transfer_ids, timeout_ms)
@@ -94,8 +94,6 @@ class Owner(LinkCore):
                     self.engine.unpin(pw.cache_id)
                     nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks
                     link.bytes_in += pw.receipt.expected
-            finally:
-                for pw in pending:
-                    pw.receipt.cancel()
-                    self.engine.unpin(pw.cache_id)
+            finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
+                self._release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)

@@ -259,7 +259,6 @@ class LinkSetup(LinkCore):
             link.reverse_task.cancel()
         if link.frames is not None:
             link.frames.close("unlinked")
-        self._drop_link_writes(link)
         failure: DataDistError | None = None
         if isinstance(link, LocalLink):
             other = link.local_peer

@@ -89,7 +89,10 @@ class Owner(LinkCore):
             try:
                 while pending:
                     pw = pending[0]
-                    await self._in_thread(pw.receipt.wait, min(pw.deadline, limit))
+                    if pw.receipt.done:   # its bytes are in (the usual case for all but the last): no thread hop
+                        pw.receipt.wait(min(pw.deadline, limit))
+                    else:
+                        await self._in_thread(pw.receipt.wait, min(pw.deadline, limit))
                     pending.pop(0)
                     self.engine.unpin(pw.cache_id)
                     nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks

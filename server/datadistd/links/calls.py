@@ -78,9 +78,7 @@ class OwnerCalls(LinkCore):
             deadline = time.monotonic() + max(1.0, self.engine.options.sync_kv_timeout_ms / 1000)
             await self._control_frame(link, CONTROL_REPLY, codec.encode_reply(reply), deadline)
 
-        job = asyncio.get_running_loop().create_task(self._answer_reverse(link, send_reply, cmd))
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+        self._spawn(self._answer_reverse(link, send_reply, cmd))
 
     def attach_reverse(self, session: bytes) -> ReverseHub:
         """Serving side: the linking daemon opened the reverse stream of its link."""

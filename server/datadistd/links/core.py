@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheId, RemoteSpec
@@ -48,7 +48,7 @@ class LinkCore:
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
         self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
-        self._jobs: set[asyncio.Task[None]] = set()   # owner calls that came as frames, running
+        self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``_spawn``), running
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -102,7 +102,11 @@ class LinkCore:
                 for cache_id in cache_ids:
                     self.engine.unpin(CacheId(cache_id))
 
-        job = asyncio.get_running_loop().create_task(release())
+        self._spawn(release())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, referenced until it ends (the loop holds tasks only weakly)."""
+        job = asyncio.get_running_loop().create_task(work)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
 

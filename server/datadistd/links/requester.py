@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -225,6 +224,7 @@ class Requester(LinkCore):
         link = self._staged_link(push)
         timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
+        channel = None if isinstance(link, LocalLink) else self._calls(link, timeout_ms)[1]
         entry = self.engine.registry.pin(push.cache_id)
         link.inflight += 1
         nbytes = 0
@@ -235,7 +235,7 @@ class Requester(LinkCore):
                 if isinstance(link, LocalLink):
                     await self._copy_local(link, spec, src)
                 else:
-                    _, channel = self._calls(link, timeout_ms)
+                    assert channel is not None
                     try:
                         await self._send(channel, push.transfer_ids[i], src, deadline)
                     except DataDistError as exc:
@@ -275,19 +275,21 @@ class Requester(LinkCore):
             return   # nothing opened, or the link went (its end dropped the writes)
         link = push.link
 
+        unsent = [TransferId(tid) for i, tid in enumerate(push.transfer_ids) if i not in push.sent]
+
+        def abort_unsent(channel: Channel) -> None:
+            for tid in unsent:
+                channel.abort(tid, code)
+
         async def tell_owner() -> None:
             try:
                 calls, channel = self._calls(link, 1000)
-                for i, tid in enumerate(push.transfer_ids):
-                    if i not in push.sent:
-                        await self._in_thread(channel.abort, TransferId(tid), code)
+                await self._in_thread(abort_unsent, channel)
                 await calls.commit_write(link.session, push.transfer_ids, _ABANDON_SECONDS)
             except DataDistError as exc:   # expected: the aborted pieces fail the commit
                 log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.cluster_id, push.cluster, exc)
 
-        job = asyncio.get_running_loop().create_task(tell_owner())
-        self._jobs.add(job)
-        job.add_done_callback(self._jobs.discard)
+        self._spawn(tell_owner())
 
 
 #: a piece of a push: the local spans and what they become at the owner

@@ -33,10 +33,10 @@ class NpuTensor:
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
 
     @classmethod
-    def allocate(cls, shape: tuple, dtype: Any) -> "NpuTensor":
+    def allocate(cls, shape: tuple, dtype: Any, device: int = 0) -> "NpuTensor":
         from datadist.ascend.acl import acl
-        t = cls(0, shape, dtype)
-        t.addr = acl().malloc(0, t.nbytes)
+        t = cls(0, shape, dtype, device)
+        t.addr = acl().malloc(device, t.nbytes)
         t.store(np.zeros(t.shape, t.dtype))
         return t
 
@@ -53,8 +53,11 @@ class NpuTensor:
         acl().memcpy(self.device, self.addr, self.nbytes, src.ctypes.data, self.nbytes, MEMCPY_HOST_TO_DEVICE)
 
 
-def _new_tensor(shape: tuple, np_dt: Any, placement: str) -> Any:
-    return NpuTensor.allocate(shape, np_dt) if NPU and placement == "DEVICE" else np.zeros(shape, dtype=np_dt)
+def _new_tensor(state: dict, shape: tuple, np_dt: Any, placement: str) -> Any:
+    """A tensor the worker owns: NPU memory on its engine's device (acl planes, DEVICE) or a numpy array."""
+    if NPU and placement == "DEVICE":
+        return NpuTensor.allocate(shape, np_dt, state["dd"]._device_id)
+    return np.zeros(shape, dtype=np_dt)
 
 
 def _addr(t: Any) -> int:
@@ -118,7 +121,7 @@ def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, b
     """vLLM-style: the worker allocates its own (anonymous) KV tensors and registers them."""
     dt, np_dt = DTYPES[dtype]
     shape = (num_blocks, *block_shape)
-    arrays = [_new_tensor(shape, np_dt, placement) for _ in range(num_tensors)]
+    arrays = [_new_tensor(state, shape, np_dt, placement) for _ in range(num_tensors)]
     desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
     key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
     cache = _cm(state).register_blocks_cache(desc, [_addr(a) for a in arrays], key,
@@ -131,7 +134,7 @@ def register_blocks(state: dict, name: str, num_tensors: int, num_blocks: int, b
 def register_cache(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str = "float16",
                    keys: list | None = None, remote_accessible: bool | None = None, placement: str = "DEVICE") -> int:
     dt, np_dt = DTYPES[dtype]
-    arrays = [_new_tensor(shape, np_dt, placement) for _ in range(num_tensors)]
+    arrays = [_new_tensor(state, shape, np_dt, placement) for _ in range(num_tensors)]
     desc = ld.CacheDesc(num_tensors, list(shape), dt, getattr(ld.Placement, placement))
     cache_keys = [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])]
     cache = _cm(state).register_cache(desc, [_addr(a) for a in arrays], cache_keys,
@@ -153,7 +156,7 @@ def allocate(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str 
         cache = cm.allocate_cache(desc, [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])])
     state["caches"][name] = cache
     if NPU and placement == "DEVICE":
-        state["arrays"][name] = [NpuTensor(a, shape, np_dt) for a in cache.tensor_addrs]
+        state["arrays"][name] = [NpuTensor(a, shape, np_dt, state["dd"]._device_id) for a in cache.tensor_addrs]
     else:
         state["arrays"][name] = views.numpy_views(cache)
     return cache.cache_id

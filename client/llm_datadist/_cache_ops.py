@@ -34,7 +34,8 @@ UINT64_MAX = 2**64 - 1
 LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 
 
-def device_memory(client: DaemonClient, address: int, length: int, func: str) -> datadist_pb2.WorkerMemory:
+def device_memory(client: DaemonClient, address: int, length: int, func: str,
+                  device: int) -> datadist_pb2.WorkerMemory:
     """Hand NPU memory over (daemon backend ``acl``): an IPC key that only the daemon's pid -- as the kernel
     reports it on the attach socket -- may import. The key stays open while this process lives (CANN: the
     importer closes first; the daemon closes its import when the cache goes).
@@ -52,7 +53,6 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str) ->
                            f"the daemon must be at least {PROOF_LEN} bytes, got {length}",
                            status_code=LLMStatusCode.LLM_PARAM_INVALID)
     attach = client.attach()
-    device = attach.device_id
     saved = ctypes.create_string_buffer(PROOF_LEN)
     try:
         runtime = acl()
@@ -74,15 +74,15 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str) ->
     return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
 
 
-def device_to_host(client: DaemonClient, address: int, shape: Tuple[int, ...], dtype: Any, func: str) -> np.ndarray:
-    """A host copy of the NPU tensor at ``address`` (daemon backend ``acl``): ``aclrtMemcpy`` device to host --
-    the host cannot load NPU memory itself."""
+def device_to_host(address: int, shape: Tuple[int, ...], dtype: Any, func: str, device: int) -> np.ndarray:
+    """A host copy of the NPU tensor at ``address`` on NPU ``device`` (daemon backend ``acl``): ``aclrtMemcpy``
+    device to host -- the host cannot load NPU memory itself."""
     from datadist.ascend import AscendError
     from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
 
     out = np.empty(shape, dtype)
     try:
-        acl().memcpy(client.attach().device_id, out.ctypes.data, out.nbytes, address, out.nbytes,
+        acl().memcpy(device, out.ctypes.data, out.nbytes, address, out.nbytes,
                      MEMCPY_DEVICE_TO_HOST)
     except AscendError as exc:
         raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
@@ -90,18 +90,19 @@ def device_to_host(client: DaemonClient, address: int, shape: Tuple[int, ...], d
 
 
 def worker_memory(client: DaemonClient, address: int, length: int, func: str,
-                  device: bool = False) -> datadist_pb2.WorkerMemory:
+                  npu: Optional[int] = None) -> datadist_pb2.WorkerMemory:
     """Hand ``length`` bytes at ``address`` of this process to the daemon (``ValueError`` when impossible).
 
     Embedded mode: the daemon is this process and takes the address as it is. Otherwise the memory
-    crosses as file descriptors on the attach socket (``_memory.share``)."""
+    crosses as file descriptors on the attach socket (``_memory.share``); NPU memory of device ``npu`` (daemon
+    backend ``acl``) by IPC key (``device_memory``)."""
     if client.embedded:
         if address <= 0 or length <= 0 or address + length > 1 << 64:
             raise ValueError(f"invalid memory range: address={address!r}, length={length!r}")
         return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(pid=os.getpid(), address=address,
                                                                             length=length))
-    if device:
-        return device_memory(client, address, length, func)
+    if npu is not None:
+        return device_memory(client, address, length, func, npu)
     shared = _memory.share(address, length)
     try:
         memory_id = client.attach().import_memory(shared.fds, shared.pieces, shared.offset, shared.length, func)
@@ -179,11 +180,11 @@ class CacheOps:
                    placement: Any = None) -> List[datadist_pb2.WorkerMemory]:
         """Hand the tensors at ``addrs`` over; DEVICE tensors of a daemon on NPU memory (``acl``) by IPC key."""
         client = self._client
-        device = self._in_npu_memory(placement)
+        npu = self._owner._device_id if self._in_npu_memory(placement) else None
         mem: List[datadist_pb2.WorkerMemory] = []
         try:
             for a in addrs:
-                mem.append(worker_memory(client, a, size, func, device))
+                mem.append(worker_memory(client, a, size, func, npu))
         except ValueError as exc:
             self._release(mem)
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",

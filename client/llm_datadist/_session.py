@@ -19,6 +19,7 @@ class EngineSession(Protocol):
     """One initialized engine on the daemon, as the objects hanging off an ``LLMDataDist`` see it."""
 
     _engine_id: int                 # the daemon's id of this engine
+    _device_id: int                 # the engine's NPU, as the daemon resolved it (NPU memory is handed over on it)
     _role: "LLMRole"
     _sync_kv_timeout_s: float
     _enable_cache_manager: bool     # CacheManager (v2) mode rather than KvCacheManager (v1)

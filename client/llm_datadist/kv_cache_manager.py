@@ -214,7 +214,8 @@ class KvCacheManager(CacheOps):
         npu = self._in_npu_memory(desc.placement)
         out = []
         for addrs in cache.per_device_tensor_addrs:
-            arr = device_to_host(self._client, addrs[tensor_index], shape, dtype, "get_cache_tensors") if npu else \
+            arr = device_to_host(addrs[tensor_index], shape, dtype, "get_cache_tensors", self._owner._device_id) \
+                if npu else \
                 numpy_view(addrs[tensor_index], shape, dtype).copy()
             out.append(Tensor(arr, TensorDesc(desc.data_type, list(desc.shape))))
         return out

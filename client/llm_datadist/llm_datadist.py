@@ -118,6 +118,7 @@ class LLMDataDist:
         self._client: DaemonClient | None = None
         self._embedded = None
         self._engine_id = 0
+        self._device_id = 0
         self._options: Dict[str, str] = {}
         self._cache_manager = None
         self._kv_cache_manager = None
@@ -157,6 +158,7 @@ class LLMDataDist:
                     embedded.stop()
                 raise
             self._client, self._embedded, self._engine_id, self._options = client, embedded, resp.engine_id, opts
+            self._device_id = int(resp.device_id)
             self._enable_cache_manager = opts.get("llm.EnableCacheManager") == "1"
             if self._enable_cache_manager:
                 from .cache_manager import CacheManager

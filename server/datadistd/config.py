@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from .admission import AdmissionLimits
+    from .core.options import EngineOptions
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -114,7 +115,9 @@ class DaemonSection:
 class MemorySection:
     backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl (Ascend NPU memory "
                         "through CANN's runtime; docs/ascend.md), cuda.", default="host")
-    device_id: int = _doc("The NPU (logical id) whose memory the acl backend allocates DEVICE pools in.", default=0)
+    device_id: int = _doc("acl: the NPU (logical id) of engines whose options name none (ge.exec.deviceId). An "
+                          "engine's DEVICE pools, registered NPU memory and hccl links are on its own NPU; one "
+                          "daemon serves every NPU the runtime reports.", default=0)
     shm_dir: str = _doc("Where stale pool files of datadist versions before 0.2 are cleaned up at start. Pools "
                         "are private memfds now: no file, no path another process could open.", default="/dev/shm")
     max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)
@@ -177,27 +180,49 @@ class TransportSection:
     nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
                                      "endpoints (NIXL authenticates nobody; docs/nixl.md); nixl refuses to start "
                                      "without it.", default=False)
-    hccl_device_ip: str = _doc("hccl: the NPU's RoCE address peers reach (hccn_tool -i <id> -ip -g); empty = the "
-                               "data plane's host address.", default="")
-    hccl_rdma_traffic_class: int = _doc("hccl: RDMA traffic class of the links' communicators (CANN option "
-                                        "llm.RdmaTrafficClass); -1 = HCCL's default.", default=-1)
-    hccl_rdma_service_level: int = _doc("hccl: RDMA service level (llm.RdmaServiceLevel); -1 = HCCL's default.",
-                                        default=-1)
-    hccl_link_retry_count: int = _doc("hccl: HcclCommPrepare tries per link (llm.LinkRetryCount, 1..100).", default=1)
-    hccl_link_total_seconds: float = _doc("hccl: time all HcclCommPrepare tries of a link share (llm.LinkTotalTime).",
-                                          default=10.0)
+    hccl_device_ip: str = _doc("hccl: the NPUs' RoCE addresses peers reach (hccn_tool -i <id> -ip -g): one address, "
+                               "or a comma-separated list by logical device id (\"10.0.0.1,10.0.0.2,...\"); empty = "
+                               "the data plane's host address. An engine's llm.LocalCommRes device_ip comes first.",
+                               default="")
+    hccl_rdma_traffic_class: int = _doc("hccl: RDMA traffic class of the links' communicators of engines that do "
+                                        "not set llm.RdmaTrafficClass; -1 = HCCL's default.", default=-1)
+    hccl_rdma_service_level: int = _doc("hccl: RDMA service level of engines that do not set llm.RdmaServiceLevel; "
+                                        "-1 = HCCL's default.", default=-1)
+    hccl_link_retry_count: int = _doc("hccl: HcclCommPrepare tries per link of engines that do not set "
+                                      "llm.LinkRetryCount (1..100).", default=1)
+    hccl_link_total_seconds: float = _doc("hccl: time all HcclCommPrepare tries of a link share, for engines that do "
+                                          "not set llm.LinkTotalTime.", default=10.0)
 
-    def settings(self, host: str, device_id: int = 0) -> dict[str, object]:
-        """The keyword arguments of the named transport for an engine whose data plane binds ``host``
-        (``device_id``: the NPU of the acl backend, for hccl)."""
+    def device_ip(self, device_id: int) -> str:
+        """``hccl_device_ip`` of logical NPU ``device_id`` ("" when not configured)."""
+        ips = [ip.strip() for ip in self.hccl_device_ip.split(",")] if self.hccl_device_ip.strip() else []
+        if len(ips) == 1:
+            return ips[0]
+        return ips[device_id] if 0 <= device_id < len(ips) else ""
+
+    def settings(self, host: str, device_id: int = 0, engine: "EngineOptions | None" = None) -> dict[str, object]:
+        """The keyword arguments of the named transport for an engine whose data plane binds ``host``: for hccl,
+        on NPU ``device_id``, with the engine's CANN options (``llm.RdmaTrafficClass``, ``llm.RdmaServiceLevel``,
+        ``llm.LinkRetryCount``, ``llm.LinkTotalTime``, ``llm.LocalCommRes``) over this section's defaults."""
         common: dict[str, object] = {"host": host, "port": 0, "chunk_size": self.chunk_bytes,
                                      "connect_timeout": self.connect_timeout_seconds}
         if self.name == "nixl":
             return {**common, "backend": self.nixl_backend}
         if self.name == "hccl":
-            return {**common, "device_id": device_id, "device_ip": self.hccl_device_ip,
-                    "traffic_class": self.hccl_rdma_traffic_class, "service_level": self.hccl_rdma_service_level,
-                    "retries": self.hccl_link_retry_count, "prepare_timeout": self.hccl_link_total_seconds}
+            e = engine
+            res = e.comm_res if e is not None else None
+            tc = e.rdma_traffic_class if e is not None else None
+            sl = e.rdma_service_level if e is not None else None
+            retries = e.link_retry_count if e is not None else None
+            return {**common, "device_id": device_id,
+                    "device_ip": (res.device_ip if res and res.device_ip else "") or self.device_ip(device_id),
+                    "server_id": res.server_id if res and res.server_id else "",
+                    "physical_id": res.device_id if res is not None and res.device_id is not None else -1,
+                    "traffic_class": self.hccl_rdma_traffic_class if tc is None else tc,
+                    "service_level": self.hccl_rdma_service_level if sl is None else sl,
+                    "retries": self.hccl_link_retry_count if retries is None else retries,
+                    "prepare_timeout": float(e.link_total_time_s) if e is not None and e.link_total_time_s > 0
+                    else self.hccl_link_total_seconds}
         return common
 
 

@@ -27,6 +27,7 @@ from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .links import LinkManager
 from .memory import MemoryBackend, Pool, backend_from_config
+from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
 from .peering import PeerClient
 from .reverse import CallCodec
@@ -59,6 +60,7 @@ class EngineSlot:
     extra_listeners: list[Listener] = field(default_factory=list)   # comm-domain listen addresses
     created: float = field(default_factory=time.time)
     options: dict[str, str] = field(default_factory=dict)           # the init options, verbatim
+    device: int = 0                           # the engine's NPU (memory backend acl; 0 and unused otherwise)
 
     def listeners(self) -> list[Listener]:
         return ([self.listener] if self.listener is not None else []) + self.extra_listeners
@@ -155,7 +157,15 @@ class Node:
                 await self.finalize_engine(engine_id, reason="worker detached")
         session.engines.clear()
 
-    def _make_pools(self, options: EngineOptions) -> dict[Placement, Pool]:
+    def engine_device(self, options: EngineOptions) -> int:
+        """The NPU of an engine (``ge.exec.deviceId``, else ``[memory] device_id``), checked against the host's
+        when the memory backend is in NPU memory (``LLM_PARAM_INVALID`` naming the ids there are)."""
+        device = options.npu if options.npu is not None else self.config.memory.device_id
+        if isinstance(self.backend, DeviceBackend):
+            self.backend.check_device(device)
+        return device
+
+    def _make_pools(self, options: EngineOptions, device: int) -> dict[Placement, Pool]:
         pools: dict[Placement, Pool] = {}
         cap = self.config.memory.max_total_bytes
         in_use = sum(p.capacity for s in [*self.engines.values(), *self._retiring.values()]
@@ -166,7 +176,9 @@ class Node:
                     raise DataDistError(StatusCode.LLM_OUT_OF_MEMORY,
                                         f"a {placement.name} pool of {cfg.memory_size} bytes exceeds the node cap "
                                         f"([memory] max_total_bytes={cap}, {in_use} bytes in use)")
-                pools[placement] = self.backend.create_pool(placement, cfg.memory_size, cfg.page_shift)
+                pools[placement] = self.backend.create_pool_on(device, placement, cfg.memory_size, cfg.page_shift) \
+                    if isinstance(self.backend, DeviceBackend) else \
+                    self.backend.create_pool(placement, cfg.memory_size, cfg.page_shift)
                 in_use += cfg.memory_size
         except BaseException:
             for pool in pools.values():
@@ -184,16 +196,22 @@ class Node:
             self.check_listen_host(opts.listen[0])   # before any pool or socket is made
         # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
         # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
-        pools = self._make_pools(opts)
+        device = self.engine_device(opts)
+        pools = self._make_pools(opts, device)
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
-        settings = self.config.transport.settings(host, self.config.memory.device_id)
-        transport = get_transport(self.config.transport.name, **settings, admission=self.config.peer.admission())
+        settings = self.config.transport.settings(host, device, opts)
+        try:
+            transport = get_transport(self.config.transport.name, **settings,
+                                      admission=self.config.peer.admission())
+        except BaseException:
+            engine.close()
+            raise
         try:
             transport.start()
             links = LinkManager(engine, transport, self)
-            slot = EngineSlot(engine, links, transport, session, options=dict(options))
+            slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device)
             slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
                                     self.config.peer.default_port)
             if opts.listen:

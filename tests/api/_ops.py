@@ -52,7 +52,8 @@ def kv_alloc(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str 
         cache = kv.allocate_cache(desc, [ld.CacheKey(state["dd"].cluster_id, *k) for k in (keys or [])])
     state["caches"][name] = cache
     # on the acl planes a DEVICE cache is NPU memory: reached by aclrtMemcpy, never through a host view
-    state["arrays"][name] = [NpuTensor(a, shape, np_dt) for a in addrs(state, name)] if NPU else \
+    state["arrays"][name] = [NpuTensor(a, shape, np_dt, state["dd"]._device_id) for a in addrs(state, name)] \
+        if NPU else \
         views.numpy_views(cache)
     return cache.cache_id
 

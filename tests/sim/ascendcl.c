@@ -7,7 +7,8 @@
  *     once PROT_NONE at the address handed out (a host load or store through a device pointer
  *     faults, as on an NPU) and once read-write for the runtime's own copies;
  *   - a thread must aclrtSetDevice before it allocates, copies or makes a stream (per-thread context);
- *   - aclrtMemcpy checks the kind against where both pointers really are, destMax, and bounds;
+ *   - aclrtMemcpy checks the kind against where both pointers really are, destMax, bounds, and that device
+ *     memory is on the thread's device; IPC export and import, and HCCL's bind, check the device too;
  *   - IPC: aclrtIpcMemGetExportKey / SetImportPid / ImportByKey / Close, with the pid white list
  *     (flags 0): only a process whose pid was set may import;
  *   - streams run their work on a thread; aclrtSynchronizeStreamWithTimeout waits with a deadline;
@@ -266,12 +267,14 @@ aclError aclrtMallocHost(void **hostPtr, size_t size) {
 
 aclError aclrtFreeHost(void *hostPtr) { return free_region(hostPtr, SIM_HOST); }
 
-/* where `p` (count bytes) really is: 1 device (backing in *real), 0 host (anything not device memory) */
+/* where `p` (count bytes) really is: 1 device (backing in *real), 0 host (anything not device memory); *bad
+   when it is device memory past its allocation or on another device than the thread's */
 static int where(const void *p, size_t count, void **real, int *bad) {
   sim_region r;
   *bad = 0;
   if (simacl_resolve(p, count, &r) && r.kind == SIM_DEVICE) {
     *real = (char *)r.backing + ((uintptr_t)p - r.addr);
+    *bad = r.device != t_device;
     return 1;
   }
   /* a device pointer with a range running past its allocation */
@@ -305,6 +308,7 @@ typedef struct {
   int32_t pids[MAX_PIDS];
   int npids;
   int check_pid;
+  int device; /* the exporter's device: an import must be made on the same one */
 } ipc_record;
 
 static int key_path(const char *key, char *path, size_t n) {
@@ -345,9 +349,12 @@ static int write_record(const char *key, const ipc_record *rec, int create) {
 
 aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, size_t len, uint64_t flags) {
   if (!devPtr || !key || size == 0 || len < KEY_LEN || flags > 1) return ACL_ERROR_INVALID_PARAM;
+  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
   sim_region r;
-  if (!simacl_resolve(devPtr, size, &r) || r.kind != SIM_DEVICE) return ACL_ERROR_INVALID_PARAM;
+  if (!simacl_resolve(devPtr, size, &r) || r.kind != SIM_DEVICE || r.device != t_device)
+    return ACL_ERROR_INVALID_PARAM;
   ipc_record rec = {0};
+  rec.device = t_device;
   snprintf(rec.file, sizeof rec.file, "%s", r.file);
   rec.offset = (uintptr_t)devPtr - r.addr;
   rec.size = size;
@@ -384,7 +391,7 @@ aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) 
   ipc_record rec;
   if (!devPtr || flags > 1) return ACL_ERROR_INVALID_PARAM;
   if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  if (read_record(key, &rec)) return ACL_ERROR_INVALID_PARAM;
+  if (read_record(key, &rec) || rec.device != t_device) return ACL_ERROR_INVALID_PARAM;
   if (rec.check_pid) {
     int allowed = 0;
     for (int i = 0; i < rec.npids; i++) allowed |= rec.pids[i] == (int32_t)getpid();

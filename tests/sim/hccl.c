@@ -96,11 +96,12 @@ typedef struct { /* one published record of a rank's bound memory */
   char file[200];
 } pub_entry;
 
-typedef struct {
+typedef struct { /* tests read it too (tests/integration/test_npus.py): keep the layout in step */
   int32_t pid;
   int32_t prepared;
   uint32_t count;
   uint32_t traffic_class, service_level;
+  int32_t device;
 } pub_head;
 
 typedef struct {
@@ -114,6 +115,7 @@ typedef struct {
   uint32_t rank, nranks;
   int prepared;
   uint32_t traffic_class, service_level;
+  int device; /* the thread's device when the communicator was made: its memory must be there */
   mem_handle *bound[MAX_BOUND];
   int nbound;
   mapping maps[MAX_MAPS];
@@ -137,7 +139,8 @@ static HcclResult publish_locked(comm_t *c) {
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return HCCL_E_INTERNAL;
-  pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nbound, c->traffic_class, c->service_level};
+  pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nbound, c->traffic_class, c->service_level,
+                c->device};
   int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h;
   for (int i = 0; ok && i < c->nbound; i++) {
     pub_entry e = {0};
@@ -174,6 +177,7 @@ HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t ra
   if (!sim_dir() || !strstr(clusterInfo, "\"server_list\"")) return HCCL_E_PARA;
   uint32_t nranks = count_ranks(clusterInfo);
   if (nranks < 2 || rank >= nranks) return HCCL_E_PARA;
+  if (simacl_current_device() < 0) return HCCL_E_PARA; /* no aclrtSetDevice on this thread */
   size_t name_len = strnlen(config->hcclCommName, sizeof config->hcclCommName);
   if (name_len == 0 || name_len == sizeof config->hcclCommName || strchr(config->hcclCommName, '/'))
     return HCCL_E_PARA;
@@ -184,6 +188,7 @@ HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t ra
   c->nranks = nranks;
   c->traffic_class = config->hcclRdmaTrafficClass;
   c->service_level = config->hcclRdmaServiceLevel;
+  c->device = simacl_current_device();
   pthread_mutex_init(&c->lock, NULL);
   if (publish_locked(c) != HCCL_SUCCESS) {
     free(c);
@@ -227,6 +232,7 @@ HcclResult HcclCommBindMem(HcclComm comm, void *memHandle) {
   HcclResult ret = HCCL_SUCCESS;
   for (int i = 0; i < c->nbound; i++)
     if (c->bound[i] == h) ret = HCCL_E_PARA; /* bound twice */
+  if (h->region.kind == SIM_DEVICE && h->region.device != c->device) ret = HCCL_E_PARA; /* another NPU's memory */
   if (ret == HCCL_SUCCESS && c->nbound == MAX_BOUND) ret = HCCL_E_MEMORY;
   if (ret == HCCL_SUCCESS) {
     c->bound[c->nbound++] = h;

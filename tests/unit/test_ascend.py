@@ -107,24 +107,35 @@ def test_device_handle_copies_and_bounds(sim_root, tmp_path) -> None:
 def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_path) -> None:
     out = run("""
         from datadist.ascend import AscendError
-        from datadist.ascend.acl import acl
+        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
         from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
         from datadistd.transport.hccl.agent import cluster_table
         a, h = acl(), hccl()
         table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": "10.0.0.1"}
                                       for n in ("b", "a")])
         print(order)
-        comm = h.init_comm(table, 0, CommConfig.make("t"))
+        try:   # a communicator is made in a context: the thread's device (CANN sets it before the call)
+            h.init_comm(table, 0, CommConfig.make("t"))
+        except AscendError as exc:
+            print("no device", exc.func, exc.status.name)
         p, s = a.malloc(0, 4096), a.create_stream(0)
+        comm = h.init_comm(table, 0, CommConfig.make("t"))
+        other = a.malloc(1, 4096)            # memory of NPU 1; the thread is on NPU 1 now
+        a.use(0)
         for what, call in (("before prepare", lambda: h.batch(True, comm, 1, [p], [p], [16], s)),
-                           ("host memory", lambda: h.register(MEM_DEVICE, id(order), 16))):
+                           ("host memory", lambda: h.register(MEM_DEVICE, id(order), 16)),
+                           ("other NPU", lambda: h.bind(comm, h.register(MEM_DEVICE, other, 4096))),
+                           ("other NPU copy", lambda: a.memcpy(0, id(order), 16, other, 16, MEMCPY_DEVICE_TO_HOST))):
             try:
                 call()
             except AscendError as exc:
                 print(what, exc.func, exc.status.name)
         """, sim_env(sim_root, str(tmp_path)))
-    assert out.splitlines() == ["['a', 'b']", "before prepare HcclBatchPut LLM_FAILED",
-                                "host memory HcclRegisterGlobalMem LLM_PARAM_INVALID"]
+    assert out.splitlines() == ["['a', 'b']", "no device HcclCommInitClusterInfoMemConfig LLM_PARAM_INVALID",
+                                "before prepare HcclBatchPut LLM_FAILED",
+                                "host memory HcclRegisterGlobalMem LLM_PARAM_INVALID",
+                                "other NPU HcclCommBindMem LLM_PARAM_INVALID",
+                                "other NPU copy aclrtMemcpy LLM_PARAM_INVALID"]
 
 
 def test_device_memory_is_taken_only_with_the_presenters_proof_and_its_true_length(sim_root, tmp_path) -> None:

@@ -86,3 +86,25 @@ def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)   # as on a host without the wheel
     with pytest.raises(ConfigError, match="pip install --no-deps nixl-cu12"):
         load_config(env=trusted)
+
+
+def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
+    """Per engine: its NPU, its llm.LocalCommRes address, traffic class, service level, retries and link time;
+    the daemon's [transport] hccl_* fill what the engine leaves unset (device IPs listed by logical id)."""
+    from datadistd.config import load_config
+    from datadistd.core.options import parse_options
+    from datadistd.core.types import Role
+
+    cfg = load_config(env={"DATADISTD_TRANSPORT_NAME": "hccl", "DATADISTD_TRANSPORT_HCCL_DEVICE_IP":
+                           "10.0.0.1, 10.0.0.2,10.0.0.3", "DATADISTD_TRANSPORT_HCCL_RDMA_TRAFFIC_CLASS": "100"})
+    plain = cfg.transport.settings("127.0.0.1", 1, parse_options(Role.PROMPT, 1, {"ge.exec.deviceId": "1"}))
+    assert (plain["device_id"], plain["device_ip"], plain["traffic_class"], plain["service_level"],
+            plain["retries"], plain["prepare_timeout"], plain["physical_id"]) == (1, "10.0.0.2", 100, -1, 1, 10.0, -1)
+    table = ('{"version": "1.0", "server_list": [{"server_id": "n1", "device": [{"device_id": "6", '
+             '"device_ip": "10.9.9.9"}]}]}')
+    own = cfg.transport.settings("127.0.0.1", 2, parse_options(Role.PROMPT, 1, {
+        "llm.LocalCommRes": table, "llm.RdmaTrafficClass": "0", "llm.RdmaServiceLevel": "3",
+        "llm.LinkRetryCount": "5", "llm.LinkTotalTime": "40"}))
+    assert (own["device_ip"], own["server_id"], own["physical_id"], own["traffic_class"], own["service_level"],
+            own["retries"], own["prepare_timeout"]) == ("10.9.9.9", "n1", 6, 0, 3, 5, 40.0)
+    assert cfg.transport.device_ip(7) == ""   # a list without that device: the data plane's host address

@@ -41,16 +41,18 @@ class InitRequest(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., options: _Optional[_Mapping[str, str]] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class InitResponse(_message.Message):
-    __slots__ = ("engine_id", "daemon_version", "listen_address", "pid_challenge")
+    __slots__ = ("engine_id", "daemon_version", "listen_address", "pid_challenge", "device_id")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     DAEMON_VERSION_FIELD_NUMBER: _ClassVar[int]
     LISTEN_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PID_CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     daemon_version: str
     listen_address: str
     pid_challenge: bytes
-    def __init__(self, engine_id: _Optional[int] = ..., daemon_version: _Optional[str] = ..., listen_address: _Optional[str] = ..., pid_challenge: _Optional[bytes] = ...) -> None: ...
+    device_id: int
+    def __init__(self, engine_id: _Optional[int] = ..., daemon_version: _Optional[str] = ..., listen_address: _Optional[str] = ..., pid_challenge: _Optional[bytes] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class ProvePidRequest(_message.Message):
     __slots__ = ("engine_id", "address")

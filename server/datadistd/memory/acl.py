@@ -1,6 +1,7 @@
 """Ascend device memory (``acl``): pools in NPU memory through CANN's C runtime (``datadist.ascend.acl``).
 
-* DEVICE pools: one ``aclrtMalloc`` of the pool's capacity on the daemon's device (``[memory] device_id``),
+* DEVICE pools: one ``aclrtMalloc`` of the pool's capacity on the engine's NPU (``ge.exec.deviceId``; engines
+  that name none: ``[memory] device_id``; one daemon serves every NPU of the host),
   with the policy CANN's own buffers use (huge pages first, high bandwidth), carved by the same page
   allocator as ``host`` pools (``LLM_OUT_OF_MEMORY`` when full; an ``aclrtMalloc`` the device cannot
   hold: ``LLM_DEVICE_OUT_OF_MEMORY``). A worker reaches a pool by an IPC key the daemon exports for it
@@ -187,10 +188,11 @@ class AclBackend:
     def __init__(self, device_id: int = 0, **host: Any) -> None:
         try:
             self._acl = acl()
-            count = self._acl.device_count()
+            self._count = self._acl.device_count()
         except AscendError as exc:
             raise DataDistError(exc.status, f"memory backend 'acl': {exc}") from None
-        require(0 <= device_id < count, f"[memory] device_id {device_id} is not one of this host's {count} NPUs")
+        require(0 <= device_id < self._count,
+                f"[memory] device_id {device_id} is not one of this host's {self._count} NPUs")
         self.device_id = device_id
         self._host = HostBackend(**host)
 
@@ -198,19 +200,26 @@ class AclBackend:
     def runtime(self) -> Acl:
         return self._acl
 
+    def check_device(self, device: int) -> None:
+        require(0 <= device < self._count, f"device {device} is not one of this host's {self._count} NPUs "
+                                           f"(logical ids 0..{self._count - 1})")
+
     def create_pool(self, placement: Placement, capacity: int, page_shift: int = 16) -> Any:
+        return self.create_pool_on(self.device_id, placement, capacity, page_shift)
+
+    def create_pool_on(self, device: int, placement: Placement, capacity: int, page_shift: int = 16) -> Any:
         placement = Placement(placement)
         if placement != Placement.DEVICE:
             return self._host.create_pool(placement, capacity, page_shift)
-        name = f"datadist-{os.getpid()}-device{self.device_id}-{secrets.token_hex(8)}"
-        return AclPool(self._acl, self.device_id, name, capacity, page_shift)
+        self.check_device(device)
+        name = f"datadist-{os.getpid()}-device{device}-{secrets.token_hex(8)}"
+        return AclPool(self._acl, device, name, capacity, page_shift)
 
     def import_memory(self, ref: MemoryRef) -> Any:
         if not isinstance(ref, DeviceRef):
             return self._host.import_memory(ref)
         require(ref.length > 0, f"length must be > 0, got {ref.length}")
-        require(ref.device == self.device_id, f"device memory of NPU {ref.device} cannot be used by this daemon "
-                                              f"(device {self.device_id})")
+        self.check_device(ref.device)
         require(len(ref.proof) == PROOF_LEN <= ref.length,
                 f"NPU memory is handed over with a {PROOF_LEN}-byte proof of possession, in at least {PROOF_LEN} "
                 f"bytes (got {len(ref.proof)} bytes of proof for {ref.length} bytes)")

@@ -179,10 +179,18 @@ class DeviceMemory(Protocol):
 
 @runtime_checkable
 class DeviceBackend(Protocol):
-    """Declared capability of a backend whose DEVICE pools live on one NPU (``acl``): which one."""
+    """Declared capability of a backend whose DEVICE pools live in NPU memory (``acl``), on the NPU of the engine
+    that owns them."""
 
     @property
-    def device_id(self) -> int: ...
+    def device_id(self) -> int:
+        """The NPU of engines whose options name none."""
+
+    def check_device(self, device: int) -> None:
+        """``DataDistError(LLM_PARAM_INVALID)`` unless ``device`` is an NPU of this host."""
+
+    def create_pool_on(self, device: int, placement: Placement, capacity: int, page_shift: int = 16) -> Pool:
+        """``create_pool``, DEVICE pools on NPU ``device``."""
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from ..core.types import BlocksKeyRef
 from ..engine import MAX_REGISTERED_ADDRS, Operand
 from ..layerwise import LayerPush
 from ..links import MAX_CLUSTERS_PER_CALL
-from ..memory.base import MemoryHandle, ProcessRef, Segment
+from ..memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
 from ..sessions import WorkerSession
@@ -86,8 +86,10 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
             return self.node.slot(engine_id)
         return self.node.owned_slot(self._session(context), engine_id)
 
-    def _memory(self, context, msgs: Sequence[datadist_pb2.WorkerMemory]) -> list[MemoryHandle]:  # noqa: ANN001
-        """Worker memory the caller handed over on the attach socket (or its own addresses in embedded mode)."""
+    def _memory(self, context, slot: EngineSlot,  # noqa: ANN001
+                msgs: Sequence[datadist_pb2.WorkerMemory]) -> list[MemoryHandle]:
+        """Worker memory the caller handed over on the attach socket (or its own addresses in embedded mode) for
+        engine ``slot``: NPU memory must be on the engine's NPU (its caches, pools and links are there)."""
         session = self._session(context)
         handles: list[MemoryHandle] = []
         try:
@@ -108,6 +110,11 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
                     raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                         "the daemon never opens a path a worker names: hand memory over as a file "
                                         "descriptor on the attach socket (llm_datadist does this)")
+                handle = handles[-1]
+                require(not isinstance(handle, DeviceMemory) or handle.device == slot.device,
+                        f"NPU memory of device {handle.device if isinstance(handle, DeviceMemory) else '-'} "
+                        f"cannot serve engine {slot.engine_id}, which is on device {slot.device} "
+                        f"(ge.exec.deviceId)")
         except BaseException:
             for handle in handles:
                 handle.close()
@@ -127,7 +134,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), session)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
-                                         listen_address=slot.listen_address)
+                                         listen_address=slot.listen_address, device_id=slot.device)
 
     @guarded
     async def ProvePid(self, request, context):  # noqa: N802, ANN001, ANN201
@@ -195,7 +202,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         blocks_key = (BlocksKeyRef(request.blocks_key.cluster_id, request.blocks_key.model_id)
                       if request.HasField("blocks_key") else None)
         remote = request.remote_accessible if request.HasField("remote_accessible") else None
-        handles = self._memory(context, request.tensors)
+        handles = self._memory(context, slot, request.tensors)
         entry = slot.engine.register_cache(desc, is_blocks=request.is_blocks, handles=handles, keys=keys,
                                            blocks_key=blocks_key, remote_accessible=remote,
                                            worker_addrs=list(request.worker_addrs))
@@ -242,7 +249,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         desc = convert.desc_from_pb(msg.desc)
         require(len(msg.tensors) == desc.num_tensors,
                 f"a CPU cache needs one address per tensor: {len(msg.tensors)} for {desc.num_tensors} tensors")
-        handles = self._memory(context, msg.tensors)
+        handles = self._memory(context, slot, msg.tensors)
         if any(h.size < desc.tensor_size for h in handles):
             for h in handles:
                 h.close()

@@ -70,16 +70,21 @@ class _Comm:
 
 class HcclAgent:
     def __init__(self, name: str, device: int, server_id: str, device_ip: str, traffic_class: int | None = None,
-                 service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1) -> None:
+                 service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1,
+                 physical_id: int | None = None) -> None:
         self.name = name
         self.device = device
         self._acl = acl()
         self._hccl = hccl()
         try:
-            self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip,
-                              "device_id": str(self._acl.physical_id(device))}
+            physical = self._acl.physical_id(device)
         except AscendError as exc:
             raise DataDistError(exc.status, f"hccl: device {device}: {exc}") from None
+        if physical_id is not None and physical_id != physical:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
+                                f"llm.LocalCommRes names device_id {physical_id}, but the engine's NPU (logical "
+                                f"{device}) is physical device {physical}")
+        self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip, "device_id": str(physical)}
         self._traffic_class = traffic_class
         self._service_level = service_level
         self._prepare_timeout = prepare_timeout
@@ -129,6 +134,7 @@ class HcclAgent:
         try:
             config = CommConfig.make(comm_name, self._traffic_class, self._service_level)
             entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
+            self._acl.use(self.device)   # CANN: the link's thread takes the engine's context before HCCL calls
             with self._lock:
                 entry.comm = self._hccl.init_comm(table, entry.rank, config)
                 entry.stream = self._acl.create_stream(self.device)
@@ -201,6 +207,7 @@ class HcclAgent:
                                 "the hccl transport moves NPU memory of this daemon's device only (memory backend "
                                 "acl, DEVICE caches); HOST caches: use transport tcp")
         try:
+            self._acl.use(self.device)
             token = self._hccl.register(MEM_DEVICE, handle.address, handle.size)
             for entry in self._comms.values():
                 if entry.comm:
@@ -252,6 +259,7 @@ class HcclAgent:
             if not entry.comm:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
             try:
+                self._acl.use(self.device)
                 self._hccl.batch(True, entry.comm, entry.remote_rank, local[:, 0].tolist(), remote[:, 0].tolist(),
                                  local[:, 1].tolist(), entry.stream)
             except AscendError as exc:

@@ -24,10 +24,16 @@ class HcclTransport(NixlTransport):
     name = "hccl"
     scheme = SCHEME
 
-    def __init__(self, device_id: int = 0, device_ip: str = "", traffic_class: int = -1, service_level: int = -1,
-                 prepare_timeout: float = 10.0, retries: int = 1, **tcp: Any) -> None:
+    def __init__(self, device_id: int = 0, device_ip: str = "", server_id: str = "", physical_id: int = -1,
+                 traffic_class: int = -1, service_level: int = -1, prepare_timeout: float = 10.0, retries: int = 1,
+                 **tcp: Any) -> None:
+        """An engine's transport on logical NPU ``device_id``: its communicators carry the engine's CANN options
+        (``TransportSection.settings``); ``server_id`` / ``physical_id`` / ``device_ip`` from ``llm.LocalCommRes``
+        when it names them (``physical_id`` then must be the NPU's), else the host address and the runtime's id."""
         self.device_id = device_id
         self.device_ip = device_ip
+        self.server_id = server_id
+        self.physical_id = physical_id
         self.traffic_class = None if traffic_class < 0 else traffic_class
         self.service_level = None if service_level < 0 else service_level
         self.prepare_timeout = prepare_timeout
@@ -44,9 +50,10 @@ class HcclTransport(NixlTransport):
 
     def _new_agent(self) -> HcclAgent:
         return HcclAgent(f"datadistd-{os.getpid()}-{os.urandom(4).hex()}", self.device_id,
-                         server_id=self._host, device_ip=self.device_ip or self._host, traffic_class=self.traffic_class,
-                         service_level=self.service_level, prepare_timeout=self.prepare_timeout,
-                         retries=self.retries)
+                         server_id=self.server_id or self._host, device_ip=self.device_ip or self._host,
+                         traffic_class=self.traffic_class, service_level=self.service_level,
+                         prepare_timeout=self.prepare_timeout, retries=self.retries,
+                         physical_id=None if self.physical_id < 0 else self.physical_id)
 
     @property
     def label(self) -> str:

@@ -7,7 +7,7 @@
  *     once PROT_NONE at the address handed out (a host load or store through a device pointer
  *     faults, as on an NPU) and once read-write for the runtime's own copies;
  *   - a thread must aclrtSetDevice before it allocates, copies or makes a stream (per-thread context);
- *   - aclrtMemcpy checks the kind against where both pointers really are, destMax, bounds, and that device
+ *   - aclrtMemcpy(Async) checks the kind against where both pointers really are, destMax, bounds, that device
  *     memory is on the thread's device; IPC export and import, and HCCL's bind, check the device too;
  *   - IPC: aclrtIpcMemGetExportKey / SetImportPid / ImportByKey / Close, with the pid white list
  *     (flags 0): only a process whose pid was set may import;
@@ -294,6 +294,42 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, i
   if (kind != KIND_DEFAULT && (dd != (kind == H2D || kind == D2D) || sd != (kind == D2H || kind == D2D)))
     return ACL_ERROR_INVALID_PARAM; /* the kind does not say where the pointers are */
   memmove(rd, rs, count);
+  return ACL_SUCCESS;
+}
+
+typedef struct {
+  void *dst;
+  const void *src;
+  size_t count;
+} copy_job;
+
+static void run_copy(void *arg) {
+  copy_job *j = arg;
+  memmove(j->dst, j->src, j->count);
+}
+
+/* the copy on `stream` (after what is queued there); checked as aclrtMemcpy is, and device to device both
+   addresses 64-byte aligned (acl_rt.h's restriction of the asynchronous copy) */
+aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, int kind, aclrtStream stream) {
+  if (!dst || !src || !stream || count > destMax || kind < H2H || kind > KIND_DEFAULT) return ACL_ERROR_INVALID_PARAM;
+  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
+  if (count == 0) return ACL_SUCCESS;
+  void *rd, *rs;
+  int bad_d, bad_s;
+  int dd = where(dst, count, &rd, &bad_d), sd = where(src, count, &rs, &bad_s);
+  if (bad_d || bad_s) return ACL_ERROR_INVALID_PARAM;
+  if (kind != KIND_DEFAULT && (dd != (kind == H2D || kind == D2D) || sd != (kind == D2H || kind == D2D)))
+    return ACL_ERROR_INVALID_PARAM;
+  if (dd && sd && (((uintptr_t)dst | (uintptr_t)src) & 63)) return ACL_ERROR_INVALID_PARAM;
+  copy_job *j = malloc(sizeof *j);
+  if (!j) return ACL_ERROR_RT_MEMORY_ALLOCATION;
+  j->dst = rd;
+  j->src = rs;
+  j->count = count;
+  if (simacl_enqueue(stream, run_copy, j)) {
+    free(j);
+    return ACL_ERROR_INVALID_PARAM;
+  }
   return ACL_SUCCESS;
 }
 

@@ -16,7 +16,8 @@ from .errors import AscendError, acl_status
 from .loader import find_library, once
 
 __all__ = ["Acl", "acl", "MEMCPY_HOST_TO_HOST", "MEMCPY_HOST_TO_DEVICE", "MEMCPY_DEVICE_TO_HOST",
-           "MEMCPY_DEVICE_TO_DEVICE", "MALLOC_HUGE_FIRST", "MEM_TYPE_HIGH_BAND_WIDTH", "IPC_KEY_LEN"]
+           "MEMCPY_DEVICE_TO_DEVICE", "MALLOC_HUGE_FIRST", "MEM_TYPE_HIGH_BAND_WIDTH", "IPC_KEY_LEN",
+           "ASYNC_D2D_ALIGN"]
 
 LIBRARY = "libascendcl.so"
 
@@ -30,6 +31,8 @@ IPC_KEY_LEN = 65
 IPC_EXPORT_FLAG_DEFAULT = 0
 IPC_IMPORT_FLAG_DEFAULT = 0
 ACL_ERROR_REPEAT_INITIALIZE = 100002
+#: aclrtMemcpyAsync device to device: both addresses 64-byte aligned (acl_rt.h's restriction)
+ASYNC_D2D_ALIGN = 64
 
 _PROTOTYPES: dict[str, list] = {
     "aclInit": [c_char_p],
@@ -41,6 +44,7 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtMallocHost": [POINTER(c_void_p), c_size_t],
     "aclrtFreeHost": [c_void_p],
     "aclrtMemcpy": [c_void_p, c_size_t, c_void_p, c_size_t, c_int],
+    "aclrtMemcpyAsync": [c_void_p, c_size_t, c_void_p, c_size_t, c_int, c_void_p],
     "aclrtMemGetAddressRange": [c_void_p, POINTER(c_void_p), POINTER(c_size_t)],
     "aclrtCreateStream": [POINTER(c_void_p)],
     "aclrtDestroyStream": [c_void_p],
@@ -116,6 +120,30 @@ class Acl:
     def memcpy(self, device: int, dst: int, dst_max: int, src: int, count: int, kind: int) -> None:
         self.use(device)
         self._call("aclrtMemcpy", c_void_p(dst), dst_max, c_void_p(src), count, kind)
+
+    def memcpy_batch(self, device: int, rows: Sequence[tuple[int, int, int]], kind: int, timeout_ms: int) -> None:
+        """``aclrtMemcpyAsync`` of every ``(dst, src, count)`` row on this thread's stream of ``device``, then one
+        ``aclrtSynchronizeStreamWithTimeout``; on any failure the stream is aborted (``aclrtStreamAbort``) so it
+        is empty for the next batch. Device to device rows must be ``ASYNC_D2D_ALIGN``-aligned (the caller
+        checks); host memory of H2D/D2H rows should be ``aclrtMallocHost``'d (pageable memory: use ``memcpy``)."""
+        self.use(device)
+        streams = self._local.__dict__.setdefault("streams", {})
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = self.create_stream(device)
+        try:
+            fn = self._fn["aclrtMemcpyAsync"]
+            for dst, src, count in rows:
+                code = fn(c_void_p(dst), count, c_void_p(src), count, kind, c_void_p(stream))
+                if code != 0:
+                    raise AscendError("aclrtMemcpyAsync", code, acl_status(code))
+            self.synchronize(device, stream, timeout_ms)
+        except AscendError:
+            try:
+                self.abort(device, stream)
+            except AscendError:
+                streams.pop(device, None)   # unusable: the next batch makes a new one
+            raise
 
     def address_range(self, device: int, ptr: int) -> tuple[int, int]:
         """``(base, size)`` of the memory block ``ptr`` lies in (``aclrtMemGetAddressRange``)."""

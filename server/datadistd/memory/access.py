@@ -5,13 +5,16 @@
 * **raw**: no view, but batched positional I/O of many pieces per system call (``RawAccess``: the
   daemon's ``preadv``/``pwritev`` on an unsealed worker file);
 * **plain**: neither: one ``read_into``/``write_from`` per piece.
+
+Device memory (``acl``) is *plain* towards the host; between two handles of one device it is ``DeviceCopy``:
+``memory/copy.py`` moves those pieces device to device in one batch, never through the host.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["RawAccess", "MAPPED", "RAW", "PLAIN", "access_kind", "has_raw"]
+__all__ = ["RawAccess", "DeviceCopy", "MAPPED", "RAW", "PLAIN", "access_kind", "has_raw", "same_device"]
 
 MAPPED, RAW, PLAIN = 0, 1, 2
 
@@ -24,6 +27,27 @@ class RawAccess(Protocol):
     def read_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int: ...
 
     def write_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int: ...
+
+
+@runtime_checkable
+class DeviceCopy(Protocol):
+    """A handle in device memory at ``address`` (this process) on ``device`` that copies device to device:
+    ``copy_rows`` moves rows ``(destination address, source address, length)`` -- absolute addresses of memory
+    on its device -- in one batch."""
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def address(self) -> int: ...
+
+    def copy_rows(self, rows: Sequence[tuple[int, int, int]]) -> None: ...
+
+
+def same_device(handles: Sequence[Any]) -> bool:
+    """Every handle is ``DeviceCopy`` memory of one device."""
+    return bool(handles) and all(isinstance(h, DeviceCopy) for h in handles) and \
+        len({h.device for h in handles}) == 1
 
 
 def has_raw(handle: Any) -> bool:

@@ -7,13 +7,15 @@
   hold: ``LLM_DEVICE_OUT_OF_MEMORY``). A worker reaches a pool by an IPC key the daemon exports for it
   with the pid white list on, naming only the worker's pid as the kernel reported it on the attach
   socket (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
-* HOST pools: memfd pools as in ``host`` (workers map them by descriptor; the ``hccl`` transport moves
-  their bytes over its tcp channel: HCCL registers host memory only from ``aclrtMallocHost``).
+* HOST pools: memfd pools as in ``host`` (workers map them by descriptor). The ``hccl`` transport does not move
+  them (HCCL registers host memory only from ``aclrtMallocHost``, which workers could not map): a transfer
+  touching a HOST cache over hccl fails with ``LLM_FEATURE_NOT_ENABLED``; ``acl`` + ``tcp`` moves both.
 * Worker NPU memory (``register_cache`` of NPU tensors) arrives as an IPC key the worker exported with
   the daemon's pid on its white list (``DeviceRef``); the daemon imports it.
 
 Device memory has no host mapping: handles give ``view() -> None`` and copy with ``aclrtMemcpy``
-(``read_into`` device to host, ``write_from`` host to device, ``copy_to`` device to device).
+(``read_into`` device to host, ``write_from`` host to device, ``copy_rows`` device to device: a batch of
+``aclrtMemcpyAsync`` on a stream, one synchronisation with a deadline).
 Run against CANN on an Ascend host, or against the simulated runtime of ``tests/sim`` (docs/ascend.md).
 """
 
@@ -23,12 +25,19 @@ import hmac
 import logging
 import os
 import secrets
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from datadist.ascend import AscendError
-from datadist.ascend.acl import MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, Acl, acl
+from datadist.ascend.acl import (
+    ASYNC_D2D_ALIGN,
+    MEMCPY_DEVICE_TO_DEVICE,
+    MEMCPY_DEVICE_TO_HOST,
+    MEMCPY_HOST_TO_DEVICE,
+    Acl,
+    acl,
+)
 from datadist.ascend.proof import PROOF_LEN
 
 from ..core.errors import DataDistError, StatusCode, require
@@ -45,6 +54,14 @@ log = logging.getLogger("datadistd.memory.acl")
 def ascend_error(exc: AscendError, what: str) -> DataDistError:
     """The status table's error for a failed CANN call, saying what was being done."""
     return DataDistError(exc.status, f"{what}: {exc}")
+
+
+#: a local device copy's deadline: this floor, plus a second per GiB (HBM copies run at hundreds of GB/s)
+COPY_TIMEOUT_FLOOR_MS = 10_000
+
+
+def _copy_timeout_ms(nbytes: int) -> int:
+    return COPY_TIMEOUT_FLOOR_MS + nbytes // (1 << 20)
 
 
 def _buffer_address(buf: memoryview | bytes) -> int:
@@ -99,16 +116,21 @@ class DeviceHandle:
             except AscendError as exc:
                 raise ascend_error(exc, "host to device copy") from None
 
-    def copy_to(self, offset: int, dst: "DeviceHandle", dst_offset: int, n: int) -> None:
-        """Device to device, no host staging."""
-        self._check(offset, n)
-        dst._check(dst_offset, n)
-        if n:
-            try:
-                self._acl.memcpy(self.device, dst.address + dst_offset, n, self.address + offset, n,
-                                 MEMCPY_DEVICE_TO_DEVICE)
-            except AscendError as exc:
-                raise ascend_error(exc, "device to device copy") from None
+    def copy_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
+        """Device to device on this handle's device (``access.DeviceCopy``; ``memory/copy.py`` checked every row
+        against its handles): one ``aclrtMemcpyAsync`` batch on a stream and one synchronisation when every
+        address is 64-byte aligned (the asynchronous copy's restriction), else ``aclrtMemcpy`` per row."""
+        if self._closed:
+            raise DataDistError(StatusCode.LLM_FAILED, "device memory was released")
+        try:
+            if len(rows) > 1 and all((d | s) % ASYNC_D2D_ALIGN == 0 for d, s, _ in rows):
+                total = sum(n for _, _, n in rows)
+                self._acl.memcpy_batch(self.device, rows, MEMCPY_DEVICE_TO_DEVICE, _copy_timeout_ms(total))
+                return
+            for d, s, n in rows:
+                self._acl.memcpy(self.device, d, n, s, n, MEMCPY_DEVICE_TO_DEVICE)
+        except AscendError as exc:
+            raise ascend_error(exc, "device to device copy") from None
 
     def close(self) -> None:
         if self._closed:

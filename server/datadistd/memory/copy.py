@@ -13,7 +13,9 @@ together, the cheapest way:
   ``host.ProcessHandle``), all the consecutive pieces of that handle go to the kernel as one
   iovec array (``IOV_MAX`` per system call) straight from/into the other side's memory;
   otherwise ``read_into``/``write_from`` per piece;
-* neither side mapped: through one bounded staging buffer (at most ``STAGE_MAX`` bytes, sized
+* neither side mapped, both device memory of one device (``access.DeviceCopy``: ``acl``): device to
+  device, all the pieces in one batch (``copy_rows``), never through the host;
+* neither side mapped otherwise: through one bounded staging buffer (at most ``STAGE_MAX`` bytes, sized
   to stay in the CPU cache between the read and the write).
 
 Pieces are applied in order, except that pieces staged together (neither side mapped) are all read
@@ -29,7 +31,7 @@ import numpy as np
 
 from ..core.errors import DataDistError, StatusCode
 from . import addr
-from .access import MAPPED, PLAIN, RAW, access_kind
+from .access import MAPPED, PLAIN, RAW, DeviceCopy, access_kind, same_device
 from .base import Segment
 from .segments import SegmentTable, byte_view, cut
 
@@ -123,6 +125,9 @@ def copy_segments(dst: Sequence[Segment], src: Sequence[Segment]) -> int:
                 _into_mapped(ds, ss, int(sw[a]), dw[a:b], d_off[a:b], s_off[a:b], lengths[a:b])
             elif m == _SV:
                 _from_mapped(ds, ss, int(dw[a]), d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
+            elif same_device([*(ds.handles[i] for i in np.unique(dw[a:b]).tolist()),
+                              *(ss.handles[i] for i in np.unique(sw[a:b]).tolist())]):
+                _device(ds, ss, dw[a:b], d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
             else:
                 _staged(ds, ss, dw[a:b], d_off[a:b], sw[a:b], s_off[a:b], lengths[a:b])
     finally:
@@ -165,6 +170,17 @@ def _from_mapped(ds: _Side, ss: _Side, dh: int, d_off: np.ndarray, sw: np.ndarra
     sv = ss.views
     for sh, do, so, k in zip(sw.tolist(), d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
         handle.write_from(do, sv[sh][so:so + k])  # type: ignore[index]
+
+
+def _device(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
+            n: np.ndarray) -> None:
+    """Both sides device memory of one device: one ``copy_rows`` batch of absolute addresses."""
+    d_base = np.array([h.address if isinstance(h, DeviceCopy) else 0 for h in ds.handles], np.int64)
+    s_base = np.array([h.address if isinstance(h, DeviceCopy) else 0 for h in ss.handles], np.int64)
+    rows = np.stack((d_base[dw] + d_off, s_base[sw] + s_off, n), axis=1)
+    handle = ss.handles[int(sw[0])]
+    assert isinstance(handle, DeviceCopy)
+    handle.copy_rows(rows.tolist())
 
 
 def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,

@@ -39,7 +39,8 @@ test: $(STAMP) $(NIXL_STAMP) proto-check
 test-ascend: $(STAMP)
 	@test -n "$$ASCEND_HOME_PATH" || { echo "test-ascend: set ASCEND_HOME_PATH (source CANN's set_env.sh)"; exit 2; }
 	@npu-smi info >/dev/null || { echo "test-ascend: npu-smi sees no NPU"; exit 2; }
-	DATADIST_ASCEND_REAL=1 $(PY) -m pytest -o addopts="" -k "acl-hccl" tests/integration tests/api $(PYTEST_ARGS)
+	DATADIST_ASCEND_REAL=1 $(PY) -m pytest -o addopts="" -k "acl-hccl" tests/integration tests/api \
+		tests/reliability/test_faults.py tests/security/test_npu.py $(PYTEST_ARGS)
 
 ## make bench: every hot path against this machine's limits, ratios to baselines measured in the same run;
 ## writes bench/results/latest.json, latest.md and PNG plots (BENCH_ARGS="--help" lists sizes and scenarios)

@@ -283,18 +283,29 @@ static int where(const void *p, size_t count, void **real, int *bad) {
   return 0;
 }
 
-aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind) {
+/* the checks of a copy (aclrtMemcpy and aclrtMemcpyAsync): where the bytes really are (*rd, *rs), whether both
+   sides are device memory (*d2d); count 0 answers ACL_SUCCESS with *rd NULL */
+static aclError check_copy(void *dst, size_t destMax, const void *src, size_t count, int kind, void **rd, void **rs,
+                           int *d2d) {
+  *rd = NULL;
   if (!dst || !src || count > destMax || kind < H2H || kind > KIND_DEFAULT) return ACL_ERROR_INVALID_PARAM;
   if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
   if (count == 0) return ACL_SUCCESS;
-  void *rd, *rs;
   int bad_d, bad_s;
-  int dd = where(dst, count, &rd, &bad_d), sd = where(src, count, &rs, &bad_s);
+  int dd = where(dst, count, rd, &bad_d), sd = where(src, count, rs, &bad_s);
   if (bad_d || bad_s) return ACL_ERROR_INVALID_PARAM;
   if (kind != KIND_DEFAULT && (dd != (kind == H2D || kind == D2D) || sd != (kind == D2H || kind == D2D)))
     return ACL_ERROR_INVALID_PARAM; /* the kind does not say where the pointers are */
-  memmove(rd, rs, count);
+  *d2d = dd && sd;
   return ACL_SUCCESS;
+}
+
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, int kind) {
+  void *rd, *rs;
+  int d2d = 0;
+  aclError err = check_copy(dst, destMax, src, count, kind, &rd, &rs, &d2d);
+  if (err == ACL_SUCCESS && rd) memmove(rd, rs, count);
+  return err;
 }
 
 typedef struct {
@@ -311,16 +322,12 @@ static void run_copy(void *arg) {
 /* the copy on `stream` (after what is queued there); checked as aclrtMemcpy is, and device to device both
    addresses 64-byte aligned (acl_rt.h's restriction of the asynchronous copy) */
 aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, int kind, aclrtStream stream) {
-  if (!dst || !src || !stream || count > destMax || kind < H2H || kind > KIND_DEFAULT) return ACL_ERROR_INVALID_PARAM;
-  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL;
-  if (count == 0) return ACL_SUCCESS;
   void *rd, *rs;
-  int bad_d, bad_s;
-  int dd = where(dst, count, &rd, &bad_d), sd = where(src, count, &rs, &bad_s);
-  if (bad_d || bad_s) return ACL_ERROR_INVALID_PARAM;
-  if (kind != KIND_DEFAULT && (dd != (kind == H2D || kind == D2D) || sd != (kind == D2H || kind == D2D)))
-    return ACL_ERROR_INVALID_PARAM;
-  if (dd && sd && (((uintptr_t)dst | (uintptr_t)src) & 63)) return ACL_ERROR_INVALID_PARAM;
+  int d2d = 0;
+  if (!stream) return ACL_ERROR_INVALID_PARAM;
+  aclError err = check_copy(dst, destMax, src, count, kind, &rd, &rs, &d2d);
+  if (err != ACL_SUCCESS || !rd) return err;
+  if (d2d && (((uintptr_t)dst | (uintptr_t)src) & 63)) return ACL_ERROR_INVALID_PARAM;
   copy_job *j = malloc(sizeof *j);
   if (!j) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   j->dst = rd;

@@ -3,7 +3,8 @@ daemon restarted under a live client. Every fault ends in a clear status code wi
 pool and the link table stay consistent, and every transfer that reported success is byte-exact.
 
 Transfers that must be *in flight* when the fault hits run between two network namespaces joined by a
-rate-limited veth (64 MiB at 200 mbit/s take ~2.7 s), so the kill lands mid-transfer every time.
+rate-limited veth (the half cache they move, 32 MiB at 200 mbit/s, takes ~1.35 s), so the kill lands mid-transfer
+every time.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ MIB = 1 << 20
 # 16 tensors x 256 blocks x 16 KiB = 64 MiB per cache
 TENSORS, BLOCKS, BLOCK_SHAPE = 16, 256, (16, 8, 64)
 BLOCK_BYTES = 16 * 8 * 64 * 2
-SYNC_MS = 5000
+SYNC_MS = 3000   # a half-cache transfer (32 MiB) takes ~1.35 s on the 200 mbit veth: the deadline is past it
 MARGIN_S = 2.5
 HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "0.5"}
 

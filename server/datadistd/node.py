@@ -176,9 +176,11 @@ class Node:
                     raise DataDistError(StatusCode.LLM_OUT_OF_MEMORY,
                                         f"a {placement.name} pool of {cfg.memory_size} bytes exceeds the node cap "
                                         f"([memory] max_total_bytes={cap}, {in_use} bytes in use)")
-                pools[placement] = self.backend.create_pool_on(device, placement, cfg.memory_size, cfg.page_shift) \
-                    if isinstance(self.backend, DeviceBackend) else \
-                    self.backend.create_pool(placement, cfg.memory_size, cfg.page_shift)
+                if isinstance(self.backend, DeviceBackend):   # DEVICE pools on the engine's NPU
+                    pools[placement] = self.backend.create_pool_on(device, placement, cfg.memory_size,
+                                                                   cfg.page_shift)
+                else:
+                    pools[placement] = self.backend.create_pool(placement, cfg.memory_size, cfg.page_shift)
                 in_use += cfg.memory_size
         except BaseException:
             for pool in pools.values():

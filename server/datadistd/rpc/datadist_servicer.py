@@ -111,10 +111,10 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
                                         "the daemon never opens a path a worker names: hand memory over as a file "
                                         "descriptor on the attach socket (llm_datadist does this)")
                 handle = handles[-1]
-                require(not isinstance(handle, DeviceMemory) or handle.device == slot.device,
-                        f"NPU memory of device {handle.device if isinstance(handle, DeviceMemory) else '-'} "
-                        f"cannot serve engine {slot.engine_id}, which is on device {slot.device} "
-                        f"(ge.exec.deviceId)")
+                if isinstance(handle, DeviceMemory) and handle.device != slot.device:
+                    raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                        f"NPU memory of device {handle.device} cannot serve engine {slot.engine_id}, "
+                                        f"which is on device {slot.device} (ge.exec.deviceId)")
         except BaseException:
             for handle in handles:
                 handle.close()

@@ -1,9 +1,10 @@
 """``HcclAgent``: the one-sided HCCL engine behind ``HcclTransport``, with the interface of the nixl ``Agent``
 (metadata, registrations, ``addresses``, ``write`` with a notification, ``notifications``).
 
-One communicator per peer daemon (two ranks), made when the peer's identity arrives; every registered range
-is bound to every communicator. Completion of a put is known to this side only (stream synchronisation); the
-notification then travels to the peer over the link's channel (``route``), where ``deliver`` queues it.
+An engine's agent, on the engine's NPU: one communicator per peer engine (two ranks), made when the peer's
+identity arrives, with the engine's CANN options; every registered range is bound to every communicator.
+Completion of a put is known to this side only (stream synchronisation); the notification then travels to the
+peer over the link's channel (``route``), where ``deliver`` queues it.
 """
 
 from __future__ import annotations
@@ -204,8 +205,8 @@ class HcclAgent:
         communicator; one made later binds every registration (``_open``)."""
         if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
-                                "the hccl transport moves NPU memory of this daemon's device only (memory backend "
-                                "acl, DEVICE caches); HOST caches: use transport tcp")
+                                f"the hccl transport moves NPU memory of the engine's device ({self.device}) only "
+                                "(memory backend acl, DEVICE caches); HOST caches: use transport tcp")
         try:
             self._acl.use(self.device)
             token = self._hccl.register(MEM_DEVICE, handle.address, handle.size)

@@ -46,6 +46,10 @@ MIB = 1 << 20
 TENSORS, BLOCKS, BLOCK_SHAPE = 16, 256, (16, 8, 64)
 BLOCK_BYTES = 16 * 8 * 64 * 2
 SYNC_MS = 3000   # a half-cache transfer (32 MiB) takes ~1.35 s on the 200 mbit veth: the deadline is past it
+#: nixl with the network cut: a WRITE that missed its deadline can still land once the network heals while UCX has
+#: not given the connection up -- after the relink, over newer bytes (docs/nixl.md, "Known limits"). With the
+#: network healed ~4 s after the cut it did, once in CI; 5 s keeps the heal past UCX giving up, as before.
+NIXL_CUT_SYNC_MS = 5000
 MARGIN_S = 2.5
 HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "0.5"}
 
@@ -77,7 +81,7 @@ def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
 
 
 def _linked_hosts(hosts: Hosts, plane: str, env: dict[str, str], daemon_factory, worker_factory,  # noqa: ANN001, ANN202
-                  request=None):  # noqa: ANN001
+                  request=None, sync_ms: int = SYNC_MS):  # noqa: ANN001
     """Daemon a (prompt, listening) and b (decoder) in ``hosts``, over ``plane`` (nixl: UCX TCP on the veth;
     acl-hccl: NPU caches of the simulated runtime, HCCL puts, the channel on the veth), caches registered and
     filled (prompt 5, decoder 9), linked. Returns (da, db, prompt, decoder)."""
@@ -89,8 +93,8 @@ def _linked_hosts(hosts: Hosts, plane: str, env: dict[str, str], daemon_factory,
     db = daemon_factory("b", netns=hosts.b, env={**env, **(nixl_plane("tcp", hosts.vb) if plane == "nixl" else {})})
     prompt, decoder = worker_factory(da), worker_factory(db)
     prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
-                sync_kv_timeout=SYNC_MS)
-    decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=SYNC_MS)
+                sync_kv_timeout=sync_ms)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=sync_ms)
     prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
     decoder.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
     prompt.call("fill", "kv", 5)
@@ -112,8 +116,10 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
     end at the deadline too, and the relinked peer's next transfers be byte-exact), and over hccl on the simulated
     runtime (its wire paced like the veth: a put to a peer that died stalls until the deadline aborts it)."""
     hosts = Hosts(rate="200mbit")
+    sync_ms = NIXL_CUT_SYNC_MS if (fault, plane) == ("cut", "nixl") else SYNC_MS
     try:
-        da, db, prompt, decoder = _linked_hosts(hosts, plane, HEARTBEAT, daemon_factory, worker_factory, request)
+        da, db, prompt, decoder = _linked_hosts(hosts, plane, HEARTBEAT, daemon_factory, worker_factory, request,
+                                                sync_ms)
         half = list(range(BLOCKS // 2))
         untouched = list(range(BLOCKS // 2, BLOCKS))
         before = decoder.call("rows", "kv", None, untouched)
@@ -128,9 +134,9 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         assert not thread.is_alive(), "the transfer hung"
         got = outcome["result"]
         print(f"\n{fault} mid-{direction}: {S(got).name if isinstance(got, int) else got} after "
-              f"{outcome['seconds']:.2f}s (sync_kv_timeout {SYNC_MS / 1000:.0f}s)")
+              f"{outcome['seconds']:.2f}s (sync_kv_timeout {sync_ms / 1000:.0f}s)")
         assert outcome["result"] == S.LLM_TIMEOUT, outcome
-        assert outcome["seconds"] < SYNC_MS / 1000 + MARGIN_S, outcome
+        assert outcome["seconds"] < sync_ms / 1000 + MARGIN_S, outcome
         # the link is broken, and further transfers say so at once
         assert [lk.state for lk in links(db)] == ["broken"]
         with pytest.raises(WorkerError) as info:
@@ -144,7 +150,7 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
             da.start()
             prompt = worker_factory(da)
             prompt.call("init", "PROMPT", P, listen=f"{hosts.ip_a}:{PORT}", remote_cache_accessible=True,
-                        sync_kv_timeout=SYNC_MS)
+                        sync_kv_timeout=sync_ms)
             prompt.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, model_id=0)
             prompt.call("fill", "kv", 6)
         else:

@@ -13,6 +13,10 @@ Caches are blocks caches of ``uint8`` rows: ``num_tensors`` tensors (K and V of 
 
 Every block starts with a tag (tensor, block) so a pull can be verified without a second copy
 of the cache.
+
+With ``DATADIST_BENCH_NPU=1`` (scenario 10: daemons on the ``acl`` backend) caches are NPU memory: the
+daemon's DEVICE pool imported by IPC key, or ``aclrtMalloc``'d tensors registered by key; tags are written
+and read through a host copy (``aclrtMemcpy``), never by a host load from device memory.
 """
 
 from __future__ import annotations
@@ -38,10 +42,30 @@ def pid(state: dict) -> int:
     return os.getpid()
 
 
+NPU = os.environ.get("DATADIST_BENCH_NPU") == "1"
+
+
+class _NpuRows:
+    """An NPU tensor of ``rows`` x ``cols`` bytes at ``addr`` on ``device``, seen through host copies."""
+
+    def __init__(self, addr: int, rows: int, cols: int, device: int) -> None:
+        self.addr, self.shape, self.device = addr, (rows, cols), device
+
+    def load(self) -> np.ndarray:
+        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+        out = np.empty(self.shape, np.uint8)
+        acl().memcpy(self.device, out.ctypes.data, out.nbytes, self.addr, out.nbytes, MEMCPY_DEVICE_TO_HOST)
+        return out
+
+    def store(self, arr: np.ndarray) -> None:
+        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        acl().memcpy(self.device, self.addr, arr.nbytes, arr.ctypes.data, arr.nbytes, MEMCPY_HOST_TO_DEVICE)
+
+
 def init(state: dict, role: str, cluster_id: int, listen: str | None = None, mem_pool: int = 0,
-         timeout_ms: int = 60000) -> int:
+         timeout_ms: int = 60000, device: int = 0) -> int:
     cfg = ld.LLMConfig()
-    cfg.device_id = 0
+    cfg.device_id = device
     cfg.enable_cache_manager = True
     cfg.enable_remote_cache_accessible = True
     cfg.sync_kv_timeout = timeout_ms
@@ -71,7 +95,17 @@ def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int
     shape = [num_blocks, block_bytes]
     desc = ld.CacheDesc(num_tensors, shape, ld.DataType.DT_UINT8, ld.Placement.DEVICE)
     key = ld.BlocksCacheKey(state["dd"].cluster_id, model_id) if model_id is not None else None
-    if memory == "allocated":
+    device = state["dd"]._device_id
+    if NPU and memory == "allocated":
+        c = cm.allocate_blocks_cache(desc, key)
+        arrays: list[Any] = [_NpuRows(a, num_blocks, block_bytes, device) for a in c.tensor_addrs]
+    elif NPU and memory == "registered":
+        from datadist.ascend.acl import acl
+        arrays = [_NpuRows(acl().malloc(device, num_blocks * block_bytes), num_blocks, block_bytes, device)
+                  for _ in range(num_tensors)]
+        c = cm.register_blocks_cache(desc, [a.addr for a in arrays], key)
+        state.setdefault("registered", set()).add(c.cache_id)
+    elif memory == "allocated":
         c = cm.allocate_blocks_cache(desc, key)
         arrays = [a.reshape(num_blocks, block_bytes) for a in views.numpy_views(c)]
     elif memory == "registered":
@@ -91,14 +125,20 @@ def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int
 def tag(state: dict, name: str, salt: int = 0) -> None:
     """Write (salt, tensor, block) into the first 8 bytes of every block (every byte touched once)."""
     for t, a in enumerate(state["arrays"][name]):
+        host = a.load() if isinstance(a, _NpuRows) else a
         if a.shape[1] >= 8:
             blocks = np.arange(a.shape[0], dtype=np.uint64)
-            a[:, :8].view(np.uint64)[:, 0] = _tag(salt, t) | blocks
+            host[:, :8].view(np.uint64)[:, 0] = _tag(salt, t) | blocks
+        if isinstance(a, _NpuRows):
+            a.store(host)
 
 
 def clear(state: dict, name: str) -> None:
     for a in state["arrays"][name]:
-        a[:, :8] = 0
+        host = a.load() if isinstance(a, _NpuRows) else a
+        host[:, :8] = 0
+        if isinstance(a, _NpuRows):
+            a.store(host)
 
 
 def verify(state: dict, name: str, tensors: list[int], src_blocks: list[int], dst_blocks: list[int],
@@ -112,7 +152,8 @@ def verify(state: dict, name: str, tensors: list[int], src_blocks: list[int], ds
         if a.shape[1] < 8:
             continue
         want = _tag(salt, t) | src
-        got = a[dst_blocks, :8].view(np.uint64)[:, 0]
+        host = a.load() if isinstance(a, _NpuRows) else a
+        got = np.ascontiguousarray(host[dst_blocks, :8]).view(np.uint64)[:, 0]
         wrong += int(np.count_nonzero(got != want))
     return wrong
 
@@ -289,10 +330,14 @@ def remote_blocks(state: dict, n: int) -> None:
 def drop(state: dict, name: str) -> None:
     """Deallocate (allocated) or unregister (registered) cache ``name``."""
     c = state["caches"].pop(name)
-    state["arrays"].pop(name, None)
+    arrays = state["arrays"].pop(name, None) or []
     cm = state["dd"].cache_manager
     if c.cache_id in state.setdefault("registered", set()):
         cm.unregister_cache(c.cache_id)
+        for a in arrays:
+            if isinstance(a, _NpuRows):   # the worker's own NPU memory: freed once the daemon let it go
+                from datadist.ascend.acl import acl
+                acl().free(a.device, a.addr)
     else:
         cm.deallocate_blocks_cache(c)
 

@@ -84,7 +84,7 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                      iperf3=False, latency_calls=20, scaling_blocks=[100, 1000], concurrency=[1, 4], conc_workers=2,
                      conc_blocks=4, conc_pulls=8, lw_layers=2, lw_blocks=4, lw_block_kib=16, lw_compute_ms=1.0,
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
-                     nixl_tls=a.nixl_tls, timeout_s=120.0)
+                     nixl_tls=a.nixl_tls[:1], timeout_s=120.0)   # one UCX set: the same datadist path
     bad = [s for s in cfg.scenarios if s not in SCENARIOS]
     if bad:
         p.error(f"unknown scenarios {bad}; known: {sorted(SCENARIOS)}")

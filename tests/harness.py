@@ -17,7 +17,8 @@ from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
-           "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV"]
+           "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV",
+           "ALL_PLANES", "DEFAULT_PLANES"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,15 +64,20 @@ DATA_PLANES[ACL_PLANE] = {"DATADISTD_MEMORY_BACKEND": "acl", "DATADISTD_TRANSPOR
 #: what a worker of a daemon on a plane needs of the plane's environment (the runtime it loads)
 WORKER_ENV = ("ASCEND_HOME_PATH", "ASCEND_SIM_DIR", "DATADIST_TEST_NPU")
 ALL_PLANES = ["tcp", *NIXL_PLANES, ACL_PLANE]
+#: the planes a transfer test runs over unless it names them: UCX's shared-memory transport moves the same
+#: datadist code path as its TCP one, so it runs only in the tests that name every plane (``ALL_PLANES``: the
+#: byte-exact random tables, pushes, two-way links, layer-wise) -- make test's time budget
+DEFAULT_PLANES = ["tcp", "nixl-ucx-tcp", ACL_PLANE]
 
 
 def over_planes(*planes: str):
-    """Run a test once per named data plane (default: all of them) through the indirect ``data_plane``
-    fixture. Tests that move bytes run over every plane; tests of the control path (errors, limits,
-    the local path) run over tcp, at most one nixl plane and acl-hccl, so ``make test`` keeps its time budget."""
+    """Run a test once per named data plane (default: ``DEFAULT_PLANES``) through the indirect ``data_plane``
+    fixture. Tests that move bytes run over tcp, nixl and acl-hccl, a few (``ALL_PLANES``) over UCX's shared
+    memory too; tests of the control path (errors, limits, the local path) over tcp, at most one nixl plane and
+    acl-hccl, so ``make test`` keeps its time budget."""
     import pytest
 
-    names = list(planes) or ALL_PLANES
+    names = list(planes) or DEFAULT_PLANES
     unknown = [p for p in names if p not in DATA_PLANES]
     if unknown:
         raise ValueError(f"unknown data planes {unknown}; known: {list(DATA_PLANES)}")

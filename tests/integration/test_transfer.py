@@ -10,9 +10,10 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
+from tests.harness import ACL_PLANE, ALL_PLANES, WorkerError, free_port, over_planes
 
-#: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
+#: transfers run over tcp, nixl (UCX over TCP; the byte-exact ones over shared memory too) and acl-hccl, see
+#: ``over_planes``;
 #: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ def pair(daemon_factory, worker_factory):
     return dp, dd, prompt, decoder, port
 
 
-@over_planes()
+@over_planes(*ALL_PLANES)
 def test_pull_blocks_random_tables_byte_exact(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     src_all = prompt.call("rows", "kv")
@@ -122,7 +123,7 @@ def test_pull_errors_have_spec_codes(pair) -> None:
     assert not decoder.call("rows", "kv").any()
 
 
-@over_planes()
+@over_planes(*ALL_PLANES)
 def test_push_blocks(pair) -> None:
     dp, dd, prompt, decoder, port = pair
     decoder.call("fill", "kv", 2)

@@ -8,7 +8,9 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -121,8 +123,14 @@ def _machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)   # so the finally blocks stop daemons and remove the simulation's memory
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)   # make bench under `timeout`, a CI job cancelled
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

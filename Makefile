@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test test-ascend bench proto proto-check lint run clean deploy-check
+.PHONY: venv nixl demo test test-ascend bench bench-ascend proto proto-check lint run clean deploy-check
 
 venv: $(STAMP)
 
@@ -41,6 +41,7 @@ test-ascend: $(STAMP)
 	@npu-smi info >/dev/null || { echo "test-ascend: npu-smi sees no NPU"; exit 2; }
 	DATADIST_ASCEND_REAL=1 $(PY) -m pytest -o addopts="" -k "acl-hccl" tests/integration tests/api \
 		tests/reliability/test_faults.py tests/security/test_npu.py $(PYTEST_ARGS)
+	@echo "test-ascend: done; make bench-ascend measures datadist over hccl against bare HCCL on NPUs 0 and 1"
 
 ## make bench: every hot path against this machine's limits, ratios to baselines measured in the same run;
 ## writes bench/results/latest.json, latest.md and PNG plots (BENCH_ARGS="--help" lists sizes and scenarios)
@@ -53,6 +54,13 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+## make bench-ascend: scenario 10 on REAL CANN and NPUs 0 and 1 (as test-ascend: ASCEND_HOME_PATH, npu-smi):
+## datadist over hccl against bare HCCL (HcclBatchPut of the same blocks), GB/s per block size; never the simulation
+bench-ascend: $(BENCH_STAMP)
+	@test -n "$$ASCEND_HOME_PATH" || { echo "bench-ascend: set ASCEND_HOME_PATH (source CANN's set_env.sh)"; exit 2; }
+	@npu-smi info >/dev/null || { echo "bench-ascend: npu-smi sees no NPU"; exit 2; }
+	$(PY) -m bench --scenarios 10 --ascend real $(BENCH_ARGS)
 
 ## make proto: regenerate the committed stubs from proto/datadist/v1/*.proto
 proto: $(STAMP)

@@ -8,11 +8,14 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+from .npu import ASCEND_MODES, SIM_MIB
 from .report import markdown_table, write_json, write_markdown, write_plots
 from .scenarios import MODELS, NIXL_TLS, SCENARIOS, Config, Run, count_steps
 from .stats import Row
@@ -68,6 +71,13 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                    help="requests in flight (scenario 8)")
     p.add_argument("--nixl-tls", type=_words, default=d.nixl_tls,
                    help="UCX transports of scenario 9: tcp (UCX over TCP on lo), shm (shared memory)")
+    p.add_argument("--hccl-mib", type=int, default=d.hccl_mib,
+                   help=f"MiB per request of scenario 10 (hccl); 0 = {SIM_MIB} on the simulated runtime, --bulk-mib on "
+                        f"NPUs")
+    p.add_argument("--ascend", choices=ASCEND_MODES, default=d.ascend,
+                   help="scenario 10's runtime: auto = CANN if ASCEND_HOME_PATH is set and npu-smi info succeeds, "
+                        "else the SIMULATED one of tests/sim (needs a C compiler); real = CANN or fail; "
+                        "sim = the simulation")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repetitions: checks the bench runs")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = p.parse_args(argv)
@@ -78,13 +88,15 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                  lw_layers=a.lw_layers, lw_blocks=a.lw_blocks,
                  lw_block_kib=a.lw_block_kib, lw_compute_ms=a.lw_compute_ms,
                  lw_compute_factor=a.lw_compute_factor, link_reps=a.link_reps, models=a.models,
-                 model_layers=a.model_layers, model_in_flight=a.model_in_flight, nixl_tls=a.nixl_tls)
+                 model_layers=a.model_layers, model_in_flight=a.model_in_flight, nixl_tls=a.nixl_tls,
+                 hccl_mib=a.hccl_mib, ascend=a.ascend)
     if a.smoke:
         cfg = Config(reps=2, scenarios=a.scenarios, memory=a.memory, bulk_mib=2, block_kib=[16, 256], layers=2,
                      iperf3=False, latency_calls=20, scaling_blocks=[100, 1000], concurrency=[1, 4], conc_workers=2,
                      conc_blocks=4, conc_pulls=8, lw_layers=2, lw_blocks=4, lw_block_kib=16, lw_compute_ms=1.0,
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
-                     nixl_tls=a.nixl_tls[:1], timeout_s=120.0)   # one UCX set: the same datadist path
+                     nixl_tls=a.nixl_tls[:1],   # one UCX set: the same datadist path
+                     hccl_mib=2, ascend=a.ascend, timeout_s=120.0)
     bad = [s for s in cfg.scenarios if s not in SCENARIOS]
     if bad:
         p.error(f"unknown scenarios {bad}; known: {sorted(SCENARIOS)}")
@@ -111,8 +123,14 @@ def _machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)   # so the finally blocks stop daemons and remove the simulation's memory
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)   # make bench under `timeout`, a CI job cancelled
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .npu import SIMULATED
 from .stats import Figure, Row
 
 __all__ = ["write_json", "write_markdown", "write_plots", "markdown_table"]
@@ -56,6 +57,10 @@ def write_markdown(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
              f"Every figure is the median of the repetitions with [min–max]; every ratio divides by a baseline "
              f"measured in the same run. Wall time {meta.get('seconds', 0):.0f} s.", "",
              markdown_table(rows), ""]
+    if any(SIMULATED in r.scenario for r in rows):
+        lines[4:4] = [f"**Rows of scenario 10 ran on the {SIMULATED}**: its device memory is shared memory and its "
+                      f"HCCL wire a memcpy between processes; their ratios tell datadist's cost per request next to "
+                      f"the engine's own calls, nothing of HCCS or RoCE.", ""]
     notes = [f"- **{r.scenario} / {r.case}**: {r.note}" for r in rows if r.note and r.figure is not None]
     if notes:
         lines += ["## Notes", "", *notes, ""]
@@ -126,6 +131,20 @@ def write_plots(out: Path, rows: list[Row], series: dict[str, Any]) -> list[Path
             ax.legend(fontsize=7)
             s["iperf3"] = iperf
         save(fig, fname)
+
+    for key, s in series.items():   # 10: datadist over hccl and bare HCCL; a simulated run says so in the title
+        if not key.startswith("10 ") or not s:
+            continue
+        groups = sorted({g for v in s.values() if isinstance(v, dict) for g in v})
+        fig, ax = plt.subplots(figsize=(9, 4.8))
+        title = "10. bulk over hccl vs bare HCCL (ratios: latest.md)"
+        if SIMULATED in key:
+            title += f"\n{SIMULATED}"
+        _bars(ax, groups, {k: v for k, v in s.items() if isinstance(v, dict)}, "GiB/s", title)
+        if SIMULATED in key:
+            ax.text(0.5, 0.5, "SIMULATED", transform=ax.transAxes, ha="center", va="center", fontsize=48,
+                    color="red", alpha=0.12, rotation=20)
+        save(fig, "hccl.png")
 
     lat = series.get("3 latency")
     if lat:

@@ -64,6 +64,8 @@ class Config:
     model_in_flight: list[int] = field(default_factory=lambda: [1, 16])
     model_tokens: int = 4096
     nixl_tls: list[str] = field(default_factory=lambda: ["tcp", "shm"])
+    hccl_mib: int = 0                   # 0: 64 MiB per request on the simulated runtime, bulk_mib on NPUs (scenario 10)
+    ascend: str = "auto"                # scenario 10's runtime: auto (CANN if NPUs answer, else simulated), real, sim
     timeout_s: float = 600.0
 
 
@@ -173,14 +175,16 @@ class _Baseline:
     close: Callable[[], None] = lambda: None
 
 
-def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callable[[int, int, int], _Baseline]) -> None:
-    """Pull and push ``bulk_mib`` per request for every block size and memory kind between ``wp`` and ``wd``.
+def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callable[[int, int, int], _Baseline],
+          bulk_mib: int | None = None) -> None:
+    """Pull and push ``bulk_mib`` (default: the config's) per request for every block size and memory kind
+    between ``wp`` and ``wd``; each row's bytes are verified after one pull and one push before it is added.
 
     Repetition ``r`` times each baseline variant and then each datadist transfer, back to back, so a
     ratio is the median of per-repetition ratios: a noisy neighbour slows both sides of a pair alike.
     """
     cfg = run.cfg
-    total = cfg.bulk_mib * MIB
+    total = (bulk_mib or cfg.bulk_mib) * MIB
     tensors = 2 * cfg.layers
     rng = np.random.default_rng(11)
     series = run.series.setdefault(scenario, {})
@@ -229,7 +233,7 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
                     run.add(Row(scenario, f"{op} {_kib(block)} blocks, {memory}", fig, best, b_figs[best], ratio=med,
                                 ratio_min=lo, ratio_max=hi, target=_bulk_target(scenario, block),
                                 note=f"{nbytes // MIB} MiB/request: {tensors} tensors x {n} shuffled blocks; "
-                                     f"ratio = median of paired repetitions"))
+                                     f"ratio = median of paired repetitions; bytes verified (a pull and a push)"))
                     series.setdefault(f"{op} ({memory})", {})[block] = fig
                 _both(wp, wd, "drop", name)
         finally:

@@ -229,3 +229,20 @@ def test_device_copies_stay_on_the_device(sim_root, tmp_path) -> None:
         """, sim_env(sim_root, str(tmp_path)))
     assert out.splitlines() == ["aligned [('batch', 3, 2)] True", "unaligned [('memcpy', 3)] True",
                                 "other device [('memcpy', 1), ('memcpy', 2)] True"]
+
+
+def test_libraries_come_from_ascend_home_before_the_system_search(sim_root, tmp_path) -> None:
+    """``find_library("libhcomm.so", "libhccl.so")`` with a tree that has only ``libhccl.so`` (the simulation)
+    takes that one, not another install's ``libhcomm.so`` on ``LD_LIBRARY_PATH``: no mixing of two runtimes."""
+    import shutil
+
+    home, other = tmp_path / "home", tmp_path / "other"
+    (home / "lib64").mkdir(parents=True)
+    other.mkdir()
+    shutil.copy(sim_root / "lib64" / "libascendcl.so", home / "lib64" / "libsecond.so")
+    shutil.copy(sim_root / "lib64" / "libascendcl.so", other / "libfirst.so")
+    out = run("""
+        from datadist.ascend.loader import find_library
+        print(find_library("libfirst.so", "libsecond.so")._name)
+        """, {"ASCEND_HOME_PATH": str(home), "LD_LIBRARY_PATH": str(other)})
+    assert out == str(home / "lib64" / "libsecond.so")

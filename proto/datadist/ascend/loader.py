@@ -37,27 +37,28 @@ def once(factory: Callable[[], T]) -> Callable[[], T]:
 
 
 def find_library(*names: str) -> ctypes.CDLL:
-    """The first of ``names`` that loads: from ``$ASCEND_HOME_PATH/lib64``, then by the loader's own search.
-    ``AscendUnavailable`` naming every path tried when none does. Loaded once per process."""
+    """The first of ``names`` that loads: every name from ``$ASCEND_HOME_PATH/lib64`` first, then by the loader's
+    own search (so a tree that has only the second name -- the simulation's ``libhccl.so`` -- is never mixed with
+    another install's first name found on ``LD_LIBRARY_PATH``). ``AscendUnavailable`` naming every path tried
+    when none does. Loaded once per process."""
     with _lock:
         if names in _loaded:
             return _loaded[names]
         home = os.environ.get(HOME_VAR, "")
         tried: list[str] = []
-        for name in names:
-            candidates = [os.path.join(home, "lib64", name)] if home else []
-            candidates.append(name)   # LD_LIBRARY_PATH, ldconfig
-            for path in candidates:
-                if os.sep in path and not os.path.exists(path):
-                    tried.append(f"{path} (absent)")
-                    continue
-                try:
-                    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                except OSError as exc:
-                    tried.append(f"{path} ({exc})")
-                    continue
-                _loaded[names] = lib
-                return lib
+        candidates = [os.path.join(home, "lib64", name) for name in names] if home else []
+        candidates += list(names)   # LD_LIBRARY_PATH, ldconfig
+        for path in candidates:
+            if os.sep in path and not os.path.exists(path):
+                tried.append(f"{path} (absent)")
+                continue
+            try:
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                tried.append(f"{path} ({exc})")
+                continue
+            _loaded[names] = lib
+            return lib
         raise AscendUnavailable(
             f"Ascend CANN is not installed here: could not load {' or '.join(names)} (tried {'; '.join(tried)}); "
             f"set {HOME_VAR} (source CANN's set_env.sh) or use the host backend and the tcp transport")

@@ -45,21 +45,15 @@ def pid(state: dict) -> int:
 NPU = os.environ.get("DATADIST_BENCH_NPU") == "1"
 
 
-class _NpuRows:
-    """An NPU tensor of ``rows`` x ``cols`` bytes at ``addr`` on ``device``, seen through host copies."""
+def _npu_rows(addr: int, rows: int, cols: int, device: int) -> Any:
+    """An NPU tensor of ``rows`` x ``cols`` bytes at ``addr`` on ``device``, seen through host copies (the tests'
+    ``NpuTensor``: one implementation of aclrtMemcpy load/store)."""
+    from tests.worker_ops import NpuTensor
+    return NpuTensor(addr, (rows, cols), np.uint8, device)
 
-    def __init__(self, addr: int, rows: int, cols: int, device: int) -> None:
-        self.addr, self.shape, self.device = addr, (rows, cols), device
 
-    def load(self) -> np.ndarray:
-        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
-        out = np.empty(self.shape, np.uint8)
-        acl().memcpy(self.device, out.ctypes.data, out.nbytes, self.addr, out.nbytes, MEMCPY_DEVICE_TO_HOST)
-        return out
-
-    def store(self, arr: np.ndarray) -> None:
-        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
-        acl().memcpy(self.device, self.addr, arr.nbytes, arr.ctypes.data, arr.nbytes, MEMCPY_HOST_TO_DEVICE)
+def _on_npu(a: Any) -> bool:
+    return not isinstance(a, np.ndarray)
 
 
 def init(state: dict, role: str, cluster_id: int, listen: str | None = None, mem_pool: int = 0,
@@ -98,10 +92,10 @@ def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int
     device = state["dd"]._device_id
     if NPU and memory == "allocated":
         c = cm.allocate_blocks_cache(desc, key)
-        arrays: list[Any] = [_NpuRows(a, num_blocks, block_bytes, device) for a in c.tensor_addrs]
+        arrays: list[Any] = [_npu_rows(a, num_blocks, block_bytes, device) for a in c.tensor_addrs]
     elif NPU and memory == "registered":
         from datadist.ascend.acl import acl
-        arrays = [_NpuRows(acl().malloc(device, num_blocks * block_bytes), num_blocks, block_bytes, device)
+        arrays = [_npu_rows(acl().malloc(device, num_blocks * block_bytes), num_blocks, block_bytes, device)
                   for _ in range(num_tensors)]
         c = cm.register_blocks_cache(desc, [a.addr for a in arrays], key)
         state.setdefault("registered", set()).add(c.cache_id)
@@ -125,19 +119,19 @@ def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int
 def tag(state: dict, name: str, salt: int = 0) -> None:
     """Write (salt, tensor, block) into the first 8 bytes of every block (every byte touched once)."""
     for t, a in enumerate(state["arrays"][name]):
-        host = a.load() if isinstance(a, _NpuRows) else a
+        host = a.load() if _on_npu(a) else a
         if a.shape[1] >= 8:
             blocks = np.arange(a.shape[0], dtype=np.uint64)
             host[:, :8].view(np.uint64)[:, 0] = _tag(salt, t) | blocks
-        if isinstance(a, _NpuRows):
+        if _on_npu(a):
             a.store(host)
 
 
 def clear(state: dict, name: str) -> None:
     for a in state["arrays"][name]:
-        host = a.load() if isinstance(a, _NpuRows) else a
+        host = a.load() if _on_npu(a) else a
         host[:, :8] = 0
-        if isinstance(a, _NpuRows):
+        if _on_npu(a):
             a.store(host)
 
 
@@ -152,7 +146,7 @@ def verify(state: dict, name: str, tensors: list[int], src_blocks: list[int], ds
         if a.shape[1] < 8:
             continue
         want = _tag(salt, t) | src
-        host = a.load() if isinstance(a, _NpuRows) else a
+        host = a.load() if _on_npu(a) else a
         got = np.ascontiguousarray(host[dst_blocks, :8]).view(np.uint64)[:, 0]
         wrong += int(np.count_nonzero(got != want))
     return wrong
@@ -335,7 +329,7 @@ def drop(state: dict, name: str) -> None:
     if c.cache_id in state.setdefault("registered", set()):
         cm.unregister_cache(c.cache_id)
         for a in arrays:
-            if isinstance(a, _NpuRows):   # the worker's own NPU memory: freed once the daemon let it go
+            if _on_npu(a):   # the worker's own NPU memory: freed once the daemon let it go
                 from datadist.ascend.acl import acl
                 acl().free(a.device, a.addr)
     else:

@@ -22,7 +22,7 @@ from ...core.errors import DataDistError
 from ...memory.base import MemoryHandle, Segment
 from ..registry import Registration, RegistrationTable
 
-__all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "status_of", "ucx_transports"]
+__all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "UCX_MODULES_DEFAULT", "status_of", "ucx_transports"]
 
 log = logging.getLogger("datadistd.transport.nixl")
 
@@ -34,8 +34,20 @@ _SPIN = 200          # status checks before the first sleep (a small WRITE compl
 _NAP_MAX = 0.0005    # the longest sleep between status checks
 
 
+#: UCX's module filter unless the operator set ``UCX_MODULES``: every module but UCX's EFA transport
+#: (``libuct_ib_efa``). The NIXL wheel bundles its own libibverbs and libnl but not ``libefa.so.1``; on a host
+#: with rdma-core's providers installed that module loads the system's libefa, and with it the system's
+#: libibverbs and libnl beside the bundled copies. Two libnl-route copies in one process crash it in their
+#: destructors at exit (SIGSEGV in ``rtnl_tc_unregister``). EFA is served by the LIBFABRIC backend
+#: (docs/nixl.md, "A clean exit on RDMA hosts").
+UCX_MODULES_DEFAULT = "^efa"
+
+
 def load_api() -> Any:
-    """NIXL's Python API module (``nixl_agent`` & co.); ``LLM_FEATURE_NOT_ENABLED`` naming the package without it."""
+    """NIXL's Python API module (``nixl_agent`` & co.); ``LLM_FEATURE_NOT_ENABLED`` naming the package without it.
+
+    Sets ``UCX_MODULES`` (when unset) before UCX is loaded: see ``UCX_MODULES_DEFAULT``."""
+    os.environ.setdefault("UCX_MODULES", UCX_MODULES_DEFAULT)
     for name in MODULES:
         try:
             api = importlib.import_module(f"{name}._api")

@@ -91,20 +91,6 @@ def _device_ip(device: int) -> str:
     return ips[device] if device < len(ips) else "127.0.0.1"
 
 
-def _descs(local: np.ndarray, remote: np.ndarray, length: int) -> tuple[Any, np.ndarray]:
-    """``HcclOneSideOpDesc[n]`` of byte ranges (as ``Hccl.batch`` fills them, but by numpy: no per-descriptor
-    Python on the clock); the numpy array owns the memory and must outlive the call."""
-    from datadist.ascend.hccl import DATA_TYPE_UINT8, OneSideOpDesc
-
-    fields = ("localAddr", "remoteAddr", "count", "dataType")
-    dtype = np.dtype({"names": list(fields), "formats": ["<u8", "<u8", "<u8", "<i4"],
-                      "offsets": [getattr(OneSideOpDesc, f).offset for f in fields],
-                      "itemsize": ctypes.sizeof(OneSideOpDesc)})
-    rows = np.zeros(len(local), dtype)
-    rows["localAddr"], rows["remoteAddr"], rows["count"], rows["dataType"] = local, remote, length, DATA_TYPE_UINT8
-    return (OneSideOpDesc * max(1, len(rows))).from_buffer(rows), rows
-
-
 def _rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blocks: int, block: int, n: int,
           comm_name: str) -> None:
     """One rank of ``BareHccl`` (a spawned process on NPU ``rank``); any failure goes back as ``("error", text)``."""
@@ -121,7 +107,7 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
                 comm_name: str) -> None:
     os.environ.update(env)
     from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
-    from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
+    from datadist.ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
     from datadistd.transport.hccl.agent import cluster_table
 
     a, h = acl(), hccl()
@@ -173,13 +159,13 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
             local, remote = buf + mine * block, peer + theirs * block
             if op == "put-binding":                   # descriptors filled by the binding, on the clock
                 t0 = time.perf_counter()
-                h.batch(True, comm, peer_rank, local.tolist(), remote.tolist(), [block] * len(local), stream)
+                h.batch(True, comm, peer_rank, local, remote, block, stream)
             else:
-                descs, keep = _descs(local, remote, block)
+                descs = descriptors(local, remote, block)
                 t0 = time.perf_counter()
                 # Hccl.batch's own call, with the descriptors made beforehand
-                h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank, descs,
-                        len(keep), ctypes.c_void_p(stream))
+                h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank,
+                        descs.ctypes.data_as(ctypes.POINTER(OneSideOpDesc)), len(descs), ctypes.c_void_p(stream))
             a.synchronize(rank, stream, 120_000)
             conn.send(("ok", time.perf_counter() - t0))
     finally:
@@ -303,7 +289,7 @@ def bulk_hccl(run: Any) -> None:
                              f"baseline (datadist puts, pulls and pushes alike){tail}",
             "bare HCCL get": f"{how}, built before the clock; HcclBatchGet by the receiving rank + stream "
                              f"synchronised: information only (datadist does not get){tail}",
-            "bare HCCL put, binding fills descriptors": f"{how}, filled by Hccl.batch (a ctypes loop, as datadist's "
+            "bare HCCL put, binding fills descriptors": f"{how}, filled by Hccl.batch (one numpy array, as datadist's "
                                                         f"transport calls it) on the clock: information only{tail}"}
         ops = dict(zip(notes, BareHccl.OPS, strict=True))
 

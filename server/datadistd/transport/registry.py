@@ -65,12 +65,15 @@ class RegistrationTable:
         new: list[Registration] = []
         for handle in table.handles:   # the handles of a transfer are few
             used.append(self.lookup(handle, new))
-        keep = table.lengths > 0
-        which, offsets, lengths = table.which[keep], table.offsets[keep], table.lengths[keep]
-        rows = np.empty((len(lengths), 2), dtype=np.uint64)
-        bases = np.fromiter((reg.base for reg in used), dtype=np.uint64, count=len(used))
-        np.add(bases[which], offsets.astype(np.uint64), out=rows[:, 0])
-        rows[:, 1] = lengths
+        table = table.nonempty()
+        rows = np.empty((len(table), 2), dtype=np.uint64)
+        offsets = table.offsets.view(np.uint64)   # checked >= 0 (``SegmentTable.first_bad``) before a transfer
+        if len({reg.base for reg in used}) == 1:
+            np.add(offsets, np.uint64(used[0].base), out=rows[:, 0])
+        else:
+            bases = np.fromiter((reg.base for reg in used), dtype=np.uint64, count=len(used))
+            np.add(bases[table.which], offsets, out=rows[:, 0])
+        rows[:, 1] = table.lengths
         return rows, list({reg.key: reg for reg in used}.values()), new
 
     def lookup(self, handle: MemoryHandle, new: list[Registration]) -> Registration:

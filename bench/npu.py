@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .perblock import per_block_rows
 from .procs import Worker, free_port
 from .stats import Row
 
@@ -268,6 +269,8 @@ def bulk_hccl(run: Any) -> None:
     simulated = label == SIMULATED
     mib = sim_mib if simulated else (cfg.hccl_mib or cfg.bulk_mib)
     scenario = f"10 hccl bulk ({SIMULATED})" if simulated else "10 hccl bulk (CANN, NPUs 0 and 1)"
+    for row in per_block_rows(scenario, "hccl", cfg.perblock_blocks, cfg.perblock_kib << 10, cfg.reps):
+        run.add(row)          # datadist's own arithmetic: no runtime call on its clock, the same on either runtime
     daemon_env = {**env, "DATADISTD_MEMORY_BACKEND": "acl", "DATADISTD_TRANSPORT_NAME": "hccl"}
     worker_env = {**env, "DATADIST_BENCH_NPU": "1"}
     nodes = ("PA", "DA")

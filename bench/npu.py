@@ -6,7 +6,8 @@ scenario is skipped, saying why, without one); ``real`` insists on CANN and NPUs
 them); ``sim`` always takes the simulation. On the simulation every row, note and plot says
 ``SIMULATED runtime (tests/sim) — not NPU numbers``: its "device memory" is shared memory and its HCCL wire a
 memcpy between processes, so the numbers say what datadist's control path and bookkeeping cost next to the
-engine's own calls, nothing of HCCS or RoCE. No target is judged on either.
+engine's own calls, nothing of HCCS or RoCE. No bulk target is judged on either (the per-block Python row,
+datadist's own arithmetic with no runtime call, is: ``bench/perblock.py``).
 
 The datadist side: two daemons (``[memory] backend = "acl"``, ``[transport] name = "hccl"``), the prompt engine
 on NPU 0 and the decoder on NPU 1, DEVICE caches (allocated from the daemon's pool, or the worker's own

@@ -67,7 +67,8 @@ class RegistrationTable:
             used.append(self.lookup(handle, new))
         table = table.nonempty()
         rows = np.empty((len(table), 2), dtype=np.uint64)
-        offsets = table.offsets.view(np.uint64)   # checked >= 0 (``SegmentTable.first_bad``) before a transfer
+        offsets = table.offsets   # checked >= 0 (``SegmentTable.first_bad``) before a transfer: int64 bits as uint64
+        offsets = offsets.view(np.uint64) if offsets.dtype == np.int64 else offsets.astype(np.uint64)
         if len({reg.base for reg in used}) == 1:
             np.add(offsets, np.uint64(used[0].base), out=rows[:, 0])
         else:

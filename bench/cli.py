@@ -74,6 +74,10 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--hccl-mib", type=int, default=d.hccl_mib,
                    help=f"MiB per request of scenario 10 (hccl); 0 = {SIM_MIB} on the simulated runtime, --bulk-mib on "
                         f"NPUs")
+    p.add_argument("--perblock-blocks", type=int, default=d.perblock_blocks,
+                   help="blocks of the per-block Python cost rows (scenarios 9, 10)")
+    p.add_argument("--perblock-kib", type=int, default=d.perblock_kib,
+                   help="block size in KiB of the per-block Python cost rows (scenarios 9, 10)")
     p.add_argument("--ascend", choices=ASCEND_MODES, default=d.ascend,
                    help="scenario 10's runtime: auto = CANN if ASCEND_HOME_PATH is set and npu-smi info succeeds, "
                         "else the SIMULATED one of tests/sim (needs a C compiler); real = CANN or fail; "
@@ -89,14 +93,16 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                  lw_block_kib=a.lw_block_kib, lw_compute_ms=a.lw_compute_ms,
                  lw_compute_factor=a.lw_compute_factor, link_reps=a.link_reps, models=a.models,
                  model_layers=a.model_layers, model_in_flight=a.model_in_flight, nixl_tls=a.nixl_tls,
-                 hccl_mib=a.hccl_mib, ascend=a.ascend)
+                 hccl_mib=a.hccl_mib, ascend=a.ascend, perblock_blocks=a.perblock_blocks,
+                 perblock_kib=a.perblock_kib)
     if a.smoke:
         cfg = Config(reps=2, scenarios=a.scenarios, memory=a.memory, bulk_mib=2, block_kib=[16, 256], layers=2,
                      iperf3=False, latency_calls=20, scaling_blocks=[100, 1000], concurrency=[1, 4], conc_workers=2,
                      conc_blocks=4, conc_pulls=8, lw_layers=2, lw_blocks=4, lw_block_kib=16, lw_compute_ms=1.0,
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
                      nixl_tls=a.nixl_tls[:1],   # one UCX set: the same datadist path
-                     hccl_mib=2, ascend=a.ascend, timeout_s=120.0)
+                     hccl_mib=2, ascend=a.ascend, perblock_blocks=2000, perblock_kib=a.perblock_kib,
+                     timeout_s=120.0)
     bad = [s for s in cfg.scenarios if s not in SCENARIOS]
     if bad:
         p.error(f"unknown scenarios {bad}; known: {sorted(SCENARIOS)}")

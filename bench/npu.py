@@ -6,7 +6,8 @@ scenario is skipped, saying why, without one); ``real`` insists on CANN and NPUs
 them); ``sim`` always takes the simulation. On the simulation every row, note and plot says
 ``SIMULATED runtime (tests/sim) — not NPU numbers``: its "device memory" is shared memory and its HCCL wire a
 memcpy between processes, so the numbers say what datadist's control path and bookkeeping cost next to the
-engine's own calls, nothing of HCCS or RoCE. No target is judged on either.
+engine's own calls, nothing of HCCS or RoCE. No bulk target is judged on either (the per-block Python row,
+datadist's own arithmetic with no runtime call, is: ``bench/perblock.py``).
 
 The datadist side: two daemons (``[memory] backend = "acl"``, ``[transport] name = "hccl"``), the prompt engine
 on NPU 0 and the decoder on NPU 1, DEVICE caches (allocated from the daemon's pool, or the worker's own
@@ -34,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .perblock import per_block_rows
 from .procs import Worker, free_port
 from .stats import Row
 
@@ -91,20 +93,6 @@ def _device_ip(device: int) -> str:
     return ips[device] if device < len(ips) else "127.0.0.1"
 
 
-def _descs(local: np.ndarray, remote: np.ndarray, length: int) -> tuple[Any, np.ndarray]:
-    """``HcclOneSideOpDesc[n]`` of byte ranges (as ``Hccl.batch`` fills them, but by numpy: no per-descriptor
-    Python on the clock); the numpy array owns the memory and must outlive the call."""
-    from datadist.ascend.hccl import DATA_TYPE_UINT8, OneSideOpDesc
-
-    fields = ("localAddr", "remoteAddr", "count", "dataType")
-    dtype = np.dtype({"names": list(fields), "formats": ["<u8", "<u8", "<u8", "<i4"],
-                      "offsets": [getattr(OneSideOpDesc, f).offset for f in fields],
-                      "itemsize": ctypes.sizeof(OneSideOpDesc)})
-    rows = np.zeros(len(local), dtype)
-    rows["localAddr"], rows["remoteAddr"], rows["count"], rows["dataType"] = local, remote, length, DATA_TYPE_UINT8
-    return (OneSideOpDesc * max(1, len(rows))).from_buffer(rows), rows
-
-
 def _rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blocks: int, block: int, n: int,
           comm_name: str) -> None:
     """One rank of ``BareHccl`` (a spawned process on NPU ``rank``); any failure goes back as ``("error", text)``."""
@@ -121,7 +109,7 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
                 comm_name: str) -> None:
     os.environ.update(env)
     from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
-    from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
+    from datadist.ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
     from datadistd.transport.hccl.agent import cluster_table
 
     a, h = acl(), hccl()
@@ -173,13 +161,13 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
             local, remote = buf + mine * block, peer + theirs * block
             if op == "put-binding":                   # descriptors filled by the binding, on the clock
                 t0 = time.perf_counter()
-                h.batch(True, comm, peer_rank, local.tolist(), remote.tolist(), [block] * len(local), stream)
+                h.batch(True, comm, peer_rank, local, remote, block, stream)
             else:
-                descs, keep = _descs(local, remote, block)
+                descs = descriptors(local, remote, block)
                 t0 = time.perf_counter()
                 # Hccl.batch's own call, with the descriptors made beforehand
-                h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank, descs,
-                        len(keep), ctypes.c_void_p(stream))
+                h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank,
+                        descs.ctypes.data_as(ctypes.POINTER(OneSideOpDesc)), len(descs), ctypes.c_void_p(stream))
             a.synchronize(rank, stream, 120_000)
             conn.send(("ok", time.perf_counter() - t0))
     finally:
@@ -282,6 +270,8 @@ def bulk_hccl(run: Any) -> None:
     simulated = label == SIMULATED
     mib = sim_mib if simulated else (cfg.hccl_mib or cfg.bulk_mib)
     scenario = f"10 hccl bulk ({SIMULATED})" if simulated else "10 hccl bulk (CANN, NPUs 0 and 1)"
+    for row in per_block_rows(scenario, "hccl", cfg.perblock_blocks, cfg.perblock_kib << 10, cfg.reps):
+        run.add(row)          # datadist's own arithmetic: no runtime call on its clock, the same on either runtime
     daemon_env = {**env, "DATADISTD_MEMORY_BACKEND": "acl", "DATADISTD_TRANSPORT_NAME": "hccl"}
     worker_env = {**env, "DATADIST_BENCH_NPU": "1"}
     nodes = ("PA", "DA")
@@ -303,7 +293,7 @@ def bulk_hccl(run: Any) -> None:
                              f"baseline (datadist puts, pulls and pushes alike){tail}",
             "bare HCCL get": f"{how}, built before the clock; HcclBatchGet by the receiving rank + stream "
                              f"synchronised: information only (datadist does not get){tail}",
-            "bare HCCL put, binding fills descriptors": f"{how}, filled by Hccl.batch (a ctypes loop, as datadist's "
+            "bare HCCL put, binding fills descriptors": f"{how}, filled by Hccl.batch (one numpy array, as datadist's "
                                                         f"transport calls it) on the clock: information only{tail}"}
         ops = dict(zip(notes, BareHccl.OPS, strict=True))
 

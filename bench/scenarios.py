@@ -20,6 +20,7 @@ import numpy as np
 
 from . import baselines
 from .npu import bulk_hccl
+from .perblock import per_block_rows
 from .procs import Daemon, Worker, WorkerError, free_port
 from .stats import Figure, Row, Target, figure, gib_per_s, paired, percentile, ratio
 
@@ -66,6 +67,8 @@ class Config:
     nixl_tls: list[str] = field(default_factory=lambda: ["tcp", "shm"])
     hccl_mib: int = 0                   # 0: 64 MiB per request on the simulated runtime, bulk_mib on NPUs (scenario 10)
     ascend: str = "auto"                # scenario 10's runtime: auto (CANN if NPUs answer, else simulated), real, sim
+    perblock_blocks: int = 100_000      # scenarios 9, 10: blocks of the per-block Python cost rows
+    perblock_kib: int = 16
     timeout_s: float = 600.0
 
 
@@ -710,6 +713,10 @@ def bulk_nixl(run: Run) -> None:
     if not any(importlib.util.find_spec(m) for m in MODULES):
         run.add(Row("9 nixl bulk", "nixl", None, note="NIXL is not installed (make nixl): skipped"))
         return
+    # descriptor lists do not depend on the wire: UCX over TCP on lo, which any host can start
+    for row in per_block_rows("9 nixl bulk", "nixl", cfg.perblock_blocks, cfg.perblock_kib * KIB, cfg.reps,
+                              {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}):
+        run.add(row)
     total = cfg.bulk_mib * MIB
     tensors = 2 * cfg.layers
     for tls in cfg.nixl_tls:

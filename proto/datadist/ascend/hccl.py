@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 from ctypes import POINTER, Structure, c_char, c_int, c_int32, c_uint32, c_uint64, c_void_p
-from typing import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from datadist.status import LLMStatusCode
 
@@ -18,7 +20,7 @@ from .errors import AscendError, hccl_status
 from .loader import find_library, once
 
 __all__ = ["Hccl", "hccl", "CommConfig", "CommMem", "OneSideOpDesc", "PrepareConfig", "MEM_DEVICE", "MEM_HOST",
-           "DATA_TYPE_UINT8", "CONFIG_NOT_SET", "LIBRARIES"]
+           "DATA_TYPE_UINT8", "CONFIG_NOT_SET", "LIBRARIES", "DESC_DTYPE", "descriptors"]
 
 #: CANN 8.2+ ships the one-sided calls in libhcomm.so (LLM-DataDist dlopens it); older releases in libhccl.so
 LIBRARIES = ("libhcomm.so", "libhccl.so")
@@ -133,18 +135,33 @@ class Hccl:
         self._call("HcclCommPrepare", c_void_p(comm), ctypes.byref(cfg), int(timeout_ms),
                    default=LLMStatusCode.LLM_LINK_FAILED)
 
-    def batch(self, put: bool, comm: int, remote_rank: int, local: Sequence[int], remote: Sequence[int],
-              lengths: Sequence[int], stream: int) -> None:
-        """``HcclBatchPut`` (``put``) or ``HcclBatchGet`` of ``len(lengths)`` byte ranges, enqueued on ``stream``."""
-        n = len(lengths)
-        descs = (OneSideOpDesc * max(n, 1))()
-        for i in range(n):
-            descs[i].localAddr = local[i]
-            descs[i].remoteAddr = remote[i]
-            descs[i].count = lengths[i]
-            descs[i].dataType = DATA_TYPE_UINT8
-        self._call("HcclBatchPut" if put else "HcclBatchGet", c_void_p(comm), remote_rank, descs, n,
-                   c_void_p(stream))
+    def batch(self, put: bool, comm: int, remote_rank: int, local: ArrayLike, remote: ArrayLike,
+              lengths: ArrayLike, stream: int) -> None:
+        """``HcclBatchPut`` (``put``) or ``HcclBatchGet`` of ``len(lengths)`` byte ranges, enqueued on ``stream``:
+        the descriptors are one array filled by numpy (``descriptors``), handed over in one call."""
+        descs = descriptors(local, remote, lengths)
+        self._call("HcclBatchPut" if put else "HcclBatchGet", c_void_p(comm), remote_rank,
+                   descs.ctypes.data_as(POINTER(OneSideOpDesc)), len(descs), c_void_p(stream))
+
+
+#: ``OneSideOpDesc`` as a numpy record (same offsets and size): an array of it is an ``OneSideOpDesc[n]``
+DESC_DTYPE = np.dtype({"names": ["localAddr", "remoteAddr", "count", "dataType"],
+                       "formats": ["<u8", "<u8", "<u8", "<i4"],
+                       "offsets": [OneSideOpDesc.localAddr.offset, OneSideOpDesc.remoteAddr.offset,
+                                   OneSideOpDesc.count.offset, OneSideOpDesc.dataType.offset],
+                       "itemsize": ctypes.sizeof(OneSideOpDesc)})
+
+
+def descriptors(local: ArrayLike, remote: ArrayLike, lengths: ArrayLike) -> np.ndarray:
+    """``OneSideOpDesc`` of the byte ranges ``lengths[i]`` at ``local[i]`` / ``remote[i]`` (``uint8`` data), as a
+    ``DESC_DTYPE`` array (``lengths`` may be one number for all); the array must outlive the call it is passed to."""
+    local_a = np.asarray(local, dtype=np.uint64).reshape(-1)
+    descs = np.empty(len(local_a), DESC_DTYPE)
+    descs["localAddr"] = local_a
+    descs["remoteAddr"] = np.asarray(remote, dtype=np.uint64).reshape(-1)
+    descs["count"] = np.asarray(lengths, dtype=np.uint64)
+    descs["dataType"] = DATA_TYPE_UINT8
+    return descs
 
 
 #: the process's ``Hccl`` (loaded on first use)

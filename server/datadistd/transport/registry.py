@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..memory.base import MemoryHandle, Segment
+from ..memory.segments import SegmentTable
 
 __all__ = ["Registration", "RegistrationTable"]
 
@@ -55,24 +56,26 @@ class RegistrationTable:
 
     def rows(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
         """``(rows, used, new)``: ``rows`` an ``(N, 2)`` uint64 array of ``(address, length)`` of the non-empty
-        ``segments``; the registrations they lie in, and which of those were made by this call."""
-        count = len(segments)
-        offsets = np.fromiter((seg.offset for seg in segments), dtype=np.uint64, count=count)
-        lengths = np.fromiter((seg.length for seg in segments), dtype=np.uint64, count=count)
-        bases = np.empty(count, dtype=np.uint64)
-        used: dict[int, Registration] = {}
+        ``segments``; the registrations they lie in, and which of those were made by this call.
+
+        A ``SegmentTable`` is read as its arrays: one lookup per distinct handle, then array arithmetic -- no
+        Python object per segment (other sequences are made a table first)."""
+        table = SegmentTable.of(segments)
+        used: list[Registration] = []
         new: list[Registration] = []
-        last: Any = None
-        reg: Registration | None = None
-        for i, seg in enumerate(segments):   # the handles of a transfer are few: look each up once in a row
-            if seg.handle is not last:
-                last = seg.handle
-                reg = self.lookup(last, new)
-                used[reg.key] = reg
-            assert reg is not None
-            bases[i] = reg.base
-        keep = lengths > 0
-        return np.column_stack([(bases + offsets)[keep], lengths[keep]]), list(used.values()), new
+        for handle in table.handles:   # the handles of a transfer are few
+            used.append(self.lookup(handle, new))
+        table = table.nonempty()
+        rows = np.empty((len(table), 2), dtype=np.uint64)
+        offsets = table.offsets   # checked >= 0 (``SegmentTable.first_bad``) before a transfer: int64 bits as uint64
+        offsets = offsets.view(np.uint64) if offsets.dtype == np.int64 else offsets.astype(np.uint64)
+        if len({reg.base for reg in used}) == 1:
+            np.add(offsets, np.uint64(used[0].base), out=rows[:, 0])
+        else:
+            bases = np.fromiter((reg.base for reg in used), dtype=np.uint64, count=len(used))
+            np.add(bases[table.which], offsets, out=rows[:, 0])
+        rows[:, 1] = table.lengths
+        return rows, list({reg.key: reg for reg in used}.values()), new
 
     def lookup(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
         """The registration of ``handle``, made now (and appended to ``new``) if it has none."""

@@ -261,8 +261,8 @@ class HcclAgent:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
             try:
                 self._acl.use(self.device)
-                self._hccl.batch(True, entry.comm, entry.remote_rank, local[:, 0].tolist(), remote[:, 0].tolist(),
-                                 local[:, 1].tolist(), entry.stream)
+                self._hccl.batch(True, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],
+                                 entry.stream)
             except AscendError as exc:
                 raise DataDistError(exc.status, f"hccl: {exc}") from None
             try:

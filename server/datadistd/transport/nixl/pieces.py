@@ -17,11 +17,17 @@ __all__ = ["pair_rows"]
 def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``src``/``dst``: ``(N, 2)`` arrays of ``(address, length)`` whose lengths add up to the same total.
     Returns two ``(M, 2)`` uint64 arrays with equal lengths row by row that cover the same bytes in
-    the same order, with no empty row and no row that continues its predecessor on both sides."""
+    the same order, with no empty row and no row that continues its predecessor on both sides (the
+    inputs themselves when they pair up one to one already: the usual shuffled blocks of one size).
+
+    Array operations only, linear in the rows: when both sides cut the stream at the same places
+    their rows pair up as they are; otherwise the two sorted lists of cut points are merged."""
     src = np.asarray(src, dtype=np.uint64).reshape(-1, 2)
     dst = np.asarray(dst, dtype=np.uint64).reshape(-1, 2)
-    src = src[src[:, 1] > 0]
-    dst = dst[dst[:, 1] > 0]
+    if len(src) and not src[:, 1].all():
+        src = src[src[:, 1] > 0]
+    if len(dst) and not dst[:, 1].all():
+        dst = dst[dst[:, 1] > 0]
     s_end = np.cumsum(src[:, 1], dtype=np.uint64)
     d_end = np.cumsum(dst[:, 1], dtype=np.uint64)
     total = int(s_end[-1]) if len(s_end) else 0
@@ -30,20 +36,32 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if total == 0:
         empty = np.empty((0, 2), dtype=np.uint64)
         return empty, empty.copy()
-    cuts = np.union1d(s_end, d_end)                       # sorted ends of the pieces
-    starts = np.concatenate([np.zeros(1, dtype=np.uint64), cuts[:-1]])
-    lengths = cuts - starts
+    same_cuts = len(s_end) == len(d_end) and np.array_equal(s_end, d_end)
+    if same_cuts:
+        # both sides cut the stream at the same places (the usual case: blocks of one size on both sides)
+        lengths, s_addr, d_addr = src[:, 1], src[:, 0], dst[:, 0]
+    else:
+        # sorted ends of the pieces: two sorted runs, which a stable sort (timsort) merges in linear time
+        both = np.sort(np.concatenate([s_end, d_end]), kind="stable")
+        cuts = both[np.concatenate([[True], both[1:] != both[:-1]])]
+        starts = np.concatenate([np.zeros(1, dtype=np.uint64), cuts[:-1]])
+        lengths = cuts - starts
 
-    def place(rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(ends, starts, side="right")   # the row each piece starts in
-        row_start = ends[i] - rows[i, 1]
-        return rows[i, 0] + (starts - row_start)
+        def place(rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
+            i = np.searchsorted(ends, starts, side="right")   # the row each piece starts in
+            row_start = ends[i] - rows[i, 1]
+            return rows[i, 0] + (starts - row_start)
 
-    s_addr, d_addr = place(src, s_end), place(dst, d_end)
+        s_addr, d_addr = place(src, s_end), place(dst, d_end)
     # a piece opens a new row unless it continues the previous one on both sides
-    joined = np.zeros(len(starts), dtype=bool)
+    joined = np.zeros(len(lengths), dtype=bool)
     joined[1:] = (s_addr[1:] == s_addr[:-1] + lengths[:-1]) & (d_addr[1:] == d_addr[:-1] + lengths[:-1])
+    if same_cuts and not joined.any():
+        return src, dst          # the rows pair up one to one already
     heads = np.flatnonzero(~joined)
-    merged = np.add.reduceat(lengths, heads).astype(np.uint64)
-    return (np.column_stack([s_addr[heads], merged]).astype(np.uint64),
-            np.column_stack([d_addr[heads], merged]).astype(np.uint64))
+    merged = np.add.reduceat(lengths, heads)
+    out_src = np.empty((len(heads), 2), dtype=np.uint64)
+    out_dst = np.empty((len(heads), 2), dtype=np.uint64)
+    out_src[:, 0], out_dst[:, 0] = s_addr[heads], d_addr[heads]
+    out_src[:, 1] = out_dst[:, 1] = merged
+    return out_src, out_dst

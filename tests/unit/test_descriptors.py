@@ -1,0 +1,215 @@
+"""The one-sided transports' per-block arithmetic (nixl and hccl) against brute-force per-block oracles.
+
+Rows of a transfer (``RegistrationTable.rows``), their pairing with the peer's rows (``pair_rows``) and HCCL's
+descriptor array (``datadist.ascend.hccl.descriptors``) are built with numpy, no Python object per block; each
+must equal what a plain loop over the blocks builds. No NIXL or CANN needed: the engines' calls are faked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datadist.ascend.hccl import DATA_TYPE_UINT8, DESC_DTYPE, OneSideOpDesc, descriptors
+from datadistd.memory.base import Segment
+from datadistd.memory.segments import SegmentTable
+from datadistd.transport.nixl.pieces import pair_rows
+from datadistd.transport.registry import Registration, RegistrationTable
+
+
+class Mem:
+    """A handle stand-in: only its identity and size matter (the fake engine gives it a base address)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def view(self) -> None:
+        return None
+
+
+HANDLES = [Mem(1 << 24) for _ in range(3)]
+BASES = {id(h): (k + 1) << 32 for k, h in enumerate(HANDLES)}
+
+
+def _table() -> RegistrationTable:
+    return RegistrationTable(lambda h: (BASES[id(h)], h.size, id(h)), lambda reg: None)
+
+
+# -- rows of segments --
+
+def oracle_rows(segments: list[Segment]) -> list[tuple[int, int]]:
+    return [(BASES[id(s.handle)] + s.offset, s.length) for s in segments if s.length > 0]
+
+
+segment_lists = st.lists(st.builds(Segment, st.sampled_from(HANDLES), st.integers(0, 1 << 20),
+                                   st.integers(0, 5000)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=segment_lists, as_table=st.booleans())
+def test_rows_equal_the_per_segment_oracle(segments: list[Segment], as_table: bool) -> None:
+    rows, used, new = _table().rows(SegmentTable.of(segments) if as_table else segments)
+    assert rows.dtype == np.uint64 and rows.shape == (len(oracle_rows(segments)), 2)
+    assert [tuple(r) for r in rows.tolist()] == oracle_rows(segments)
+    handles = {id(s.handle) for s in segments}
+    assert sorted(r.base for r in used) == sorted(BASES[k] for k in handles)
+    assert sorted(r.base for r in new) == sorted(BASES[k] for k in handles)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tensors=st.lists(st.integers(0, 3), min_size=1, max_size=4),
+       blocks=st.lists(st.integers(0, 200), min_size=1, max_size=300), row=st.sampled_from([16, 4096, 16384]))
+def test_rows_of_a_block_table_equal_the_per_block_oracle(tensors: list[int], blocks: list[int], row: int) -> None:
+    """Both of ``SegmentTable.blocks``'s paths (short and numpy), read as arrays, against one row per block run."""
+    bases = [Segment(HANDLES[t % 2], t * (1 << 22), 1 << 22) for t in range(4)]
+    table = SegmentTable.blocks(bases, tensors, blocks, row)
+    want: list[tuple[int, int]] = []
+    for t in tensors:
+        prev = -2
+        for b in blocks:
+            if b == prev + 1:     # the next block of a run: its row grows
+                want[-1] = (want[-1][0], want[-1][1] + row)
+            else:
+                want.append((BASES[id(bases[t].handle)] + bases[t].offset + b * row, row))
+            prev = b
+    rows, _, _ = _table().rows(table)
+    assert [tuple(r) for r in rows.tolist()] == want
+
+
+def test_a_new_registration_is_reported_once_and_used_every_time() -> None:
+    table = _table()
+    a, b = HANDLES[0], HANDLES[1]
+    _, used, new = table.rows(SegmentTable.of([Segment(a, 0, 1), Segment(b, 0, 0), Segment(a, 5, 1)]))
+    assert [r.base for r in new] == [BASES[id(a)], BASES[id(b)]] and len(used) == 2
+    _, used, new = table.rows([Segment(a, 0, 1)])
+    assert new == [] and [r.base for r in used] == [BASES[id(a)]]
+    assert all(isinstance(r, Registration) for r in used)
+
+
+# -- pairing the two sides' rows --
+
+def oracle_pairs(src: np.ndarray, dst: np.ndarray) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Byte by byte: the i-th byte of one side lands on the i-th byte of the other; maximal runs of bytes that
+    continue on both sides are one row."""
+    s_bytes = [int(a) + k for a, n in src for k in range(int(n))]
+    d_bytes = [int(a) + k for a, n in dst for k in range(int(n))]
+    assert len(s_bytes) == len(d_bytes)
+    s_out: list[tuple[int, int]] = []
+    d_out: list[tuple[int, int]] = []
+    for i, (s, d) in enumerate(zip(s_bytes, d_bytes, strict=True)):
+        if i and s == s_bytes[i - 1] + 1 and d == d_bytes[i - 1] + 1:
+            s_out[-1] = (s_out[-1][0], s_out[-1][1] + 1)
+            d_out[-1] = (d_out[-1][0], d_out[-1][1] + 1)
+        else:
+            s_out.append((s, 1))
+            d_out.append((d, 1))
+    return s_out, d_out
+
+
+@st.composite
+def two_sides(draw):  # noqa: ANN001, ANN201
+    """Both sides' rows of one stream: cut at the same places (the usual case, blocks of one size), or each its
+    own way; rows placed with gaps or back to back, in shuffled order, zero-length rows mixed in."""
+    total = draw(st.integers(1, 300))
+    shared = sorted(set(draw(st.lists(st.integers(1, total - 1), max_size=12)))) if total > 1 else []
+
+    def side(base: int) -> np.ndarray:
+        same = draw(st.booleans())
+        cuts = shared if same else (sorted(set(draw(st.lists(st.integers(1, total - 1), max_size=12))))
+                                    if total > 1 else [])
+        bounds = [0, *cuts, total]
+        lengths = [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        slots = draw(st.permutations(range(len(lengths))))     # where each piece lives in memory
+        gap = draw(st.sampled_from([0, 0, 7]))
+        width = max(lengths) + gap
+        rows = [(base + slots[k] * width, n) for k, n in enumerate(lengths)]
+        if draw(st.booleans()):
+            rows.insert(draw(st.integers(0, len(rows))), (base, 0))
+        return np.array(rows, dtype=np.uint64)
+
+    return side(1000), side(1 << 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(two_sides())
+def test_pair_rows_equals_the_byte_by_byte_oracle(case: tuple[np.ndarray, np.ndarray]) -> None:
+    src, dst = case
+    s, d = pair_rows(src, dst)
+    want_s, want_d = oracle_pairs(src, dst)
+    assert s.dtype == d.dtype == np.uint64
+    assert [tuple(r) for r in s.tolist()] == want_s and [tuple(r) for r in d.tolist()] == want_d
+
+
+def test_pair_rows_of_shuffled_blocks_keeps_one_row_per_block() -> None:
+    rng = np.random.default_rng(3)
+    n, block = 5000, 16384
+    src = np.column_stack([(1 << 32) + rng.permutation(n) * block, np.full(n, block)]).astype(np.uint64)
+    dst = np.column_stack([(2 << 32) + rng.permutation(n) * block, np.full(n, block)]).astype(np.uint64)
+    s, d = pair_rows(src, dst)
+    np.testing.assert_array_equal(s, src)
+    np.testing.assert_array_equal(d, dst)
+
+
+# -- HCCL's descriptor array --
+
+def oracle_descs(local: list[int], remote: list[int], lengths: list[int]) -> ctypes.Array:
+    """The binding's former loop: one ``OneSideOpDesc`` at a time."""
+    descs = (OneSideOpDesc * max(len(lengths), 1))()
+    for i, n in enumerate(lengths):
+        descs[i].localAddr = local[i]
+        descs[i].remoteAddr = remote[i]
+        descs[i].count = n
+        descs[i].dataType = DATA_TYPE_UINT8
+    return descs
+
+
+addresses = st.integers(1, (1 << 64) - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(addresses, addresses, st.integers(0, (1 << 64) - 1)), max_size=60),
+       strided=st.booleans())
+def test_hccl_descriptors_equal_the_ctypes_loop(rows: list[tuple[int, int, int]], strided: bool) -> None:
+    local, remote, lengths = ([r[k] for r in rows] for k in range(3))
+    if strided:    # as the agent passes them: columns of (N, 2) row arrays
+        loc2 = np.array([[a, n] for a, n in zip(local, lengths, strict=True)], dtype=np.uint64).reshape(-1, 2)
+        rem2 = np.array([[a, n] for a, n in zip(remote, lengths, strict=True)], dtype=np.uint64).reshape(-1, 2)
+        got = descriptors(loc2[:, 0], rem2[:, 0], loc2[:, 1])
+    else:
+        got = descriptors(local, remote, lengths)
+    assert got.dtype == DESC_DTYPE and got.itemsize == ctypes.sizeof(OneSideOpDesc) and len(got) == len(rows)
+    as_c = (OneSideOpDesc * len(got)).from_buffer(got) if len(got) else []
+    want = oracle_descs(local, remote, lengths)
+    for i in range(len(rows)):
+        g, w = as_c[i], want[i]
+        assert (g.localAddr, g.remoteAddr, g.count, g.dataType) == (w.localAddr, w.remoteAddr, w.count, w.dataType)
+
+
+def test_hccl_descriptors_take_one_length_for_all() -> None:
+    got = descriptors([1, 2, 3], [4, 5, 6], 16384)
+    assert got["count"].tolist() == [16384] * 3 and got["dataType"].tolist() == [DATA_TYPE_UINT8] * 3
+
+
+def test_hccl_batch_hands_the_whole_array_over_in_one_call() -> None:
+    """``Hccl.batch`` calls the library once, with a pointer to ``n`` descriptors laid out as the C struct."""
+    from datadist.ascend.hccl import Hccl
+
+    calls: list[tuple[str, list[tuple[int, int, int, int]]]] = []
+
+    def fake(name: str):  # noqa: ANN202
+        def call(comm, rank, descs, n, stream) -> int:  # noqa: ANN001
+            calls.append((name, [(descs[i].localAddr, descs[i].remoteAddr, descs[i].count, descs[i].dataType)
+                                 for i in range(n)]))
+            return 0
+        return call
+
+    h = Hccl.__new__(Hccl)
+    h._fn = {"HcclBatchPut": fake("put"), "HcclBatchGet": fake("get")}
+    rows = np.array([[4096, 16], [8192, 32]], dtype=np.uint64)
+    h.batch(True, 1, 1, rows[:, 0], rows[:, 0] + 1, rows[:, 1], 2)
+    h.batch(False, 1, 1, [7], [9], [3], 2)
+    assert calls == [("put", [(4096, 4097, 16, DATA_TYPE_UINT8), (8192, 8193, 32, DATA_TYPE_UINT8)]),
+                     ("get", [(7, 9, 3, DATA_TYPE_UINT8)])]

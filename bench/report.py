@@ -54,6 +54,7 @@ def markdown_table(rows: list[Row]) -> str:
 def write_markdown(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
     lines = [f"# datadist benchmark — {meta.get('started', '')}", "",
              f"Machine: {meta.get('machine', '')}. Config: `{meta.get('argv', '')}`. "
+             f"Pinning: {meta.get('pinned', 'unpinned')}. "
              f"Every figure is the median of the repetitions with [min–max]; every ratio divides by a baseline "
              f"measured in the same run. Wall time {meta.get('seconds', 0):.0f} s.", "",
              markdown_table(rows), ""]

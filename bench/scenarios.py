@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,8 +485,10 @@ def latency(run: Run) -> None:
         run.add(Row(scenario, f"{inflight}: p50 latency", f50, f"{base_name}, p50", b50, ratio=med, ratio_min=lo,
                     ratio_max=hi, note=f"{note}; p99 {p99:.0f} µs; ranges: per round"))
         _cpu_rows(run, scenario, inflight, fl_cpu, pipe_cpu, n, None, f"{how}; " + tick.format(n * rounds))
+        affinity = {name: sorted(os.sched_getaffinity(pid)) for name, pid in
+                    zip(_PULL_PROCS, (wd.call("pid"), *daemons), strict=True)}
         run.series[scenario] = {"pull": all_pull, "grpc": all_rpc, "peer": peer_us, "raw": all_raw,
-                                "pinned": cfg.pin, "cpu_s": cpu, "raw_cpu_s": raw_cpu,
+                                "pinned": cfg.pin, "affinity": affinity, "cpu_s": cpu, "raw_cpu_s": raw_cpu,
                                 "in_flight": {"depth": depth, "pulls_s": fl_rate, "raw_s": pipe_rate,
                                               "p50_us": p50s, "raw_p50_us": raw50s, "cpu_s": fl_cpu,
                                               "raw_cpu_s": pipe_cpu}}

@@ -93,7 +93,8 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = p.parse_args(argv)
     cfg = Config(reps=a.reps, scenarios=a.scenarios, memory=a.memory, bulk_mib=a.bulk_mib, block_kib=a.block_kib,
-                 layers=a.layers, iperf3=a.iperf3, latency_calls=a.latency_calls, scaling_blocks=a.scaling_blocks,
+                 layers=a.layers, iperf3=a.iperf3, latency_calls=a.latency_calls, inflight_depth=a.inflight_depth,
+                 inflight_pulls=a.inflight_pulls, pin=a.pin, scaling_blocks=a.scaling_blocks,
                  scaling_tensors=a.scaling_tensors, concurrency=a.concurrency, conc_workers=a.conc_workers,
                  conc_blocks=a.conc_blocks, conc_block_kib=a.conc_block_kib, conc_pulls=a.conc_pulls,
                  lw_layers=a.lw_layers, lw_blocks=a.lw_blocks,

@@ -83,6 +83,16 @@ def _check_per_request_rows(rows: list[dict], pinned: bool) -> None:
     assert cases["CPU per pull, 1 block (4 KiB): sum of the three"]["target"]["value"] == 120.0
 
 
+def test_bench_flags_of_the_per_request_rows_reach_the_config() -> None:
+    from bench.cli import parse
+
+    cpu = max(os.sched_getaffinity(0))
+    for extra in ([], ["--smoke"]):
+        cfg, _ = parse(["--pin", str(cpu), "--inflight-depth", "8", "--inflight-pulls", "40", *extra])
+        assert cfg.pin == cpu and cfg.inflight_depth == 8 and cfg.inflight_pulls == (16 if extra else 40), cfg
+    assert parse([])[0].pin is None
+
+
 @pytest.mark.timeout(60)
 def test_bench_pin_runs_every_process_on_one_cpu(tmp_path: Path) -> None:
     """``--pin CPU``: the worker and both daemons of scenario 3 run on that CPU alone, the report says so, and issue

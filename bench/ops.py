@@ -226,8 +226,9 @@ def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_bl
 def in_flight_pulls(state: dict, remote_cluster: int, name: str, depth: int, calls: int, num_blocks: int,
                     model_id: int = 0, cpu_of: tuple[int, ...] = ()) -> tuple[float, list[float], list[float]]:
     """A decode worker pulling for ``depth`` requests at once: ``depth`` threads, released together, each pull
-    one block ``calls`` times (thread k lands in blocks k, k + depth, ...: no two threads share a destination).
-    One untimed pull per thread first. Returns (wall seconds, seconds per pull, CPU seconds of this worker and
+    one block ``calls`` times (thread k lands in blocks k, k + depth, ... modulo ``num_blocks``: no two threads
+    share a destination when ``num_blocks`` is a multiple of ``depth``, as scenario 3's 256 and 64). One untimed
+    pull per thread first. Returns (wall seconds, seconds per pull, CPU seconds of this worker and
     then each process of ``cpu_of`` from the common start to the last pull's end)."""
     cm = state["dd"].cache_manager
     key = ld.BlocksCacheKey(remote_cluster, model_id)

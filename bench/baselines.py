@@ -8,7 +8,9 @@
   last byte.
 * ``RequestReply`` - the floor of a small transfer: one loopback TCP connection (``TCP_NODELAY``)
   between two fresh Python processes, a 16-byte request answered by a 4 KiB reply, timed per
-  round trip by the asking process (the shape of a 1-block pull, without anything in between).
+  round trip by the asking process (the shape of a 1-block pull, without anything in between);
+  ``pipelined`` keeps many requests in flight on that connection (a request sent for every reply
+  received), the floor of many small pulls at once.
 * ``iperf3`` - ``iperf3 -c 127.0.0.1 -n <bytes>`` against a one-off server, when installed.
 * ``BareNixl`` - NIXL driven directly, as an application that uses it well would: two fresh processes,
   one agent each (UCX, the same UCX_TLS / UCX_NET_DEVICES as the daemons), both buffers registered
@@ -25,7 +27,8 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import Any
+from collections import deque
+from typing import Any, Callable
 
 import numpy as np
 
@@ -298,7 +301,9 @@ def _answerer(port: int, request: int, reply: int) -> None:
 
 
 def _asker(conn: Any, request: int, reply: int) -> None:
-    """The timing half of ``RequestReply``: ``conn`` sends a call count, gets back seconds per round trip."""
+    """The timing half of ``RequestReply``: ``conn`` sends a call count, gets back seconds per round trip; or
+    ``(calls, depth)``, gets back (wall seconds, seconds per round trip) of ``calls`` round trips kept
+    ``depth`` deep on the connection (a request sent for every reply received)."""
     with socket.socket() as ls:
         ls.bind(("127.0.0.1", 0))
         ls.listen(1)
@@ -308,23 +313,48 @@ def _asker(conn: Any, request: int, reply: int) -> None:
     ask = bytes(request)
     buf = bytearray(reply)
     mv = memoryview(buf)
+
+    def answer() -> None:
+        got = 0
+        while got < reply:
+            n = sock.recv_into(mv[got:], reply - got)
+            if n == 0:
+                raise ConnectionError("the answering process went away")
+            got += n
+
     with sock:
         while True:
-            calls = conn.recv()
-            if not calls:
+            cmd = conn.recv()
+            if not cmd:
                 return
+            if isinstance(cmd, tuple):
+                conn.send(_pipelined(sock, ask, answer, *cmd))
+                continue
             out = []
-            for _ in range(calls):
+            for _ in range(cmd):
                 t0 = time.perf_counter()
                 sock.sendall(ask)
-                got = 0
-                while got < reply:
-                    n = sock.recv_into(mv[got:], reply - got)
-                    if n == 0:
-                        raise ConnectionError("the answering process went away")
-                    got += n
+                answer()
                 out.append(time.perf_counter() - t0)
             conn.send(out)
+
+
+def _pipelined(sock: socket.socket, ask: bytes, answer: Callable[[], None], calls: int,
+               depth: int) -> tuple[float, list[float]]:
+    """``calls`` round trips with ``depth`` in flight on ``sock``: (wall seconds, seconds per round trip)."""
+    sent: deque[float] = deque()
+    out = []
+    t_start = time.perf_counter()
+    for _ in range(min(depth, calls)):
+        sent.append(time.perf_counter())
+        sock.sendall(ask)
+    while len(out) < calls:
+        answer()
+        out.append(time.perf_counter() - sent.popleft())
+        if len(out) + len(sent) < calls:
+            sent.append(time.perf_counter())
+            sock.sendall(ask)
+    return time.perf_counter() - t_start, out
 
 
 class RequestReply:
@@ -342,10 +372,22 @@ class RequestReply:
         self.answerer.start()
 
     def loop(self, calls: int, timeout: float = 120.0) -> list[float]:
-        self.conn.send(calls)
+        return self._ask(calls, timeout)
+
+    def pipelined(self, calls: int, depth: int, timeout: float = 120.0) -> tuple[float, list[float]]:
+        """``calls`` round trips kept ``depth`` deep on the one connection: (wall seconds, seconds per round trip)."""
+        return self._ask((calls, depth), timeout)
+
+    def _ask(self, cmd: Any, timeout: float) -> Any:
+        self.conn.send(cmd)
         if not self.conn.poll(timeout):
             raise TimeoutError("request/reply baseline did not answer")
         return self.conn.recv()
+
+    @property
+    def pids(self) -> list[int]:
+        """The asking and the answering process."""
+        return [self.asker.pid, self.answerer.pid]
 
     def close(self) -> None:
         _stop(self.conn, 0, (self.asker, self.answerer))

@@ -48,6 +48,13 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--layers", type=int, default=d.layers, help="layers (K and V tensors each) of bulk caches")
     p.add_argument("--no-iperf3", dest="iperf3", action="store_false", help="skip the iperf3 baseline")
     p.add_argument("--latency-calls", type=int, default=d.latency_calls, help="1-block pulls (scenario 3)")
+    p.add_argument("--inflight-depth", type=int, default=d.inflight_depth,
+                   help="1-block pulls in flight from one decoder worker, and the raw round trip's depth (scenario 3)")
+    p.add_argument("--inflight-pulls", type=int, default=d.inflight_pulls,
+                   help="in-flight pulls per round (scenario 3)")
+    p.add_argument("--pin", type=int, default=None, metavar="CPU",
+                   help="run every process (this one, the daemons, the workers, the baselines) on CPU only: the "
+                        "affinity is set before anything spawns and inherited; the report says pinned or unpinned")
     p.add_argument("--scaling-blocks", type=_ints, default=d.scaling_blocks, help="blocks per call (scenario 4)")
     p.add_argument("--scaling-tensors", type=int, default=d.scaling_tensors, help="tensors (scenario 4)")
     p.add_argument("--concurrency", type=_ints, default=d.concurrency, help="concurrent pulls (scenario 5)")
@@ -86,7 +93,8 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = p.parse_args(argv)
     cfg = Config(reps=a.reps, scenarios=a.scenarios, memory=a.memory, bulk_mib=a.bulk_mib, block_kib=a.block_kib,
-                 layers=a.layers, iperf3=a.iperf3, latency_calls=a.latency_calls, scaling_blocks=a.scaling_blocks,
+                 layers=a.layers, iperf3=a.iperf3, latency_calls=a.latency_calls, inflight_depth=a.inflight_depth,
+                 inflight_pulls=a.inflight_pulls, pin=a.pin, scaling_blocks=a.scaling_blocks,
                  scaling_tensors=a.scaling_tensors, concurrency=a.concurrency, conc_workers=a.conc_workers,
                  conc_blocks=a.conc_blocks, conc_block_kib=a.conc_block_kib, conc_pulls=a.conc_pulls,
                  lw_layers=a.lw_layers, lw_blocks=a.lw_blocks,
@@ -97,7 +105,9 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                  perblock_kib=a.perblock_kib)
     if a.smoke:
         cfg = Config(reps=2, scenarios=a.scenarios, memory=a.memory, bulk_mib=2, block_kib=[16, 256], layers=2,
-                     iperf3=False, latency_calls=20, scaling_blocks=[100, 1000], concurrency=[1, 4], conc_workers=2,
+                     iperf3=False, latency_calls=20, inflight_depth=a.inflight_depth,
+                     inflight_pulls=2 * a.inflight_depth, pin=a.pin, scaling_blocks=[100, 1000],
+                     concurrency=[1, 4], conc_workers=2,
                      conc_blocks=4, conc_pulls=8, lw_layers=2, lw_blocks=4, lw_block_kib=16, lw_compute_ms=1.0,
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
                      nixl_tls=a.nixl_tls[:1],   # one UCX set: the same datadist path
@@ -111,6 +121,10 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     unknown = [m for m in cfg.models if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+    if a.pin is not None and a.pin not in os.sched_getaffinity(0):
+        p.error(f"--pin {a.pin}: not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
+    if cfg.inflight_depth < 1:
+        p.error("--inflight-depth must be at least 1")
     if any(m not in ("allocated", "registered") for m in cfg.memory) or not cfg.memory:
         p.error("--memory takes allocated and/or registered")
     return cfg, a
@@ -135,6 +149,8 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse(argv)
+    if cfg.pin is not None:   # before anything spawns: daemons, workers and baselines inherit the affinity
+        os.sched_setaffinity(0, {cfg.pin})
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)   # make bench under `timeout`, a CI job cancelled
     out: Path = args.out
@@ -143,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     started = _dt.datetime.now().astimezone()
     meta = {"started": started.isoformat(timespec="seconds"), "machine": _machine(),
             "argv": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
-            "config": cfg.__dict__, "iperf3": shutil.which("iperf3") is not None}
+            "config": cfg.__dict__, "pinned": "unpinned" if cfg.pin is None else f"every process on CPU {cfg.pin}",
+            "iperf3": shutil.which("iperf3") is not None}
     progress = None
     if args.progress:
         from tqdm import tqdm

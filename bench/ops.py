@@ -31,6 +31,8 @@ import numpy as np
 import llm_datadist as ld
 from llm_datadist import views
 
+from .procs import cpu_seconds
+
 _TAG = np.uint64(0x5DA7_0000_0000_0000)
 
 
@@ -196,20 +198,55 @@ def transfer_loop(state: dict, op: str, remote_cluster: int, name: str, tables: 
     return times
 
 
+def _cpu(pids: tuple[int, ...]) -> list[float]:
+    """CPU seconds so far of this process (``process_time``: exact, exited threads included) and then of each of
+    ``pids`` (``/proc``, clock ticks)."""
+    return [time.process_time(), *cpu_seconds(list(pids))]
+
+
 def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_blocks: int, model_id: int = 0,
-                 warmup: int = 50) -> list[float]:
-    """``calls`` pulls of one block each (rotating block numbers); seconds per call."""
+                 warmup: int = 50, cpu_of: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
+    """``calls`` pulls of one block each (rotating block numbers) after ``warmup`` untimed ones: (seconds per
+    call, CPU seconds used during the timed calls by this worker and then each process of ``cpu_of``)."""
     cm = state["dd"].cache_manager
     key = ld.BlocksCacheKey(remote_cluster, model_id)
     c = state["caches"][name]
     out = []
     for i in range(warmup + calls):
+        if i == warmup:
+            cpu0 = _cpu(cpu_of)
         b = i % num_blocks
         t0 = time.perf_counter()
         cm.pull_blocks(key, c, [b], [(b * 7 + 3) % num_blocks])
         if i >= warmup:
             out.append(time.perf_counter() - t0)
-    return out
+    return out, [b - a for a, b in zip(cpu0, _cpu(cpu_of), strict=True)]
+
+
+def in_flight_pulls(state: dict, remote_cluster: int, name: str, depth: int, calls: int, num_blocks: int,
+                    model_id: int = 0, cpu_of: tuple[int, ...] = ()) -> tuple[float, list[float], list[float]]:
+    """A decode worker pulling for ``depth`` requests at once: ``depth`` threads, released together, each pull
+    one block ``calls`` times (thread k lands in blocks k, k + depth, ... modulo ``num_blocks``: no two threads
+    share a destination when ``num_blocks`` is a multiple of ``depth``, as scenario 3's 256 and 64). One untimed
+    pull per thread first. Returns (wall seconds, seconds per pull, CPU seconds of this worker and
+    then each process of ``cpu_of`` from the common start to the last pull's end)."""
+    cm = state["dd"].cache_manager
+    key = ld.BlocksCacheKey(remote_cluster, model_id)
+    c = state["caches"][name]
+    cpu: list[list[float]] = []
+
+    def one(k: int, n: int) -> list[float]:
+        out = []
+        for i in range(n):
+            src, dst = (k * 13 + i * 7) % num_blocks, (k + i * depth) % num_blocks
+            t0 = time.perf_counter()
+            cm.pull_blocks(key, c, [src], [dst])
+            out.append(time.perf_counter() - t0)
+        return out
+
+    _together(depth, lambda k: one(k, 1))   # warm-up: every thread's first call
+    wall, lat = _together(depth, lambda k: one(k, calls), mark=lambda: cpu.append(_cpu(cpu_of)))
+    return wall, lat, [b - a for a, b in zip(cpu[0], cpu[1], strict=True)]
 
 
 def grpc_loop(state: dict, target: str, calls: int, warmup: int = 50) -> list[float]:
@@ -289,9 +326,10 @@ def concurrent_pulls(state: dict, remote_cluster: int, name: str, threads: int, 
     return wall, lat, per_call * threads * calls
 
 
-def _together(threads: int, work: Any) -> tuple[float, list[float]]:
+def _together(threads: int, work: Any, mark: Any = None) -> tuple[float, list[float]]:
     """Run ``work(k)`` (-> seconds per call) in ``threads`` threads released at once; (wall seconds from the
-    common start, every thread's seconds); the first error of any thread is raised."""
+    common start, every thread's seconds); the first error of any thread is raised. ``mark()``, if given, is
+    called at the common start and after the last thread ended (CPU counters around the work alone)."""
     lat: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(threads + 1)
@@ -306,11 +344,15 @@ def _together(threads: int, work: Any) -> tuple[float, list[float]]:
     ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
+    if mark is not None:
+        mark()
     barrier.wait()
     t0 = time.perf_counter()
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
+    if mark is not None:
+        mark()
     if errors:
         raise errors[0]
     return wall, [x for lst in lat for x in lst]

@@ -10,12 +10,13 @@ the pipe to the bench process is never on a clock.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from datadistd.tools.daemonproc import DaemonProcess, free_port
 from datadistd.tools.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["Daemon", "Worker", "WorkerError", "free_port"]
+__all__ = ["Daemon", "Worker", "WorkerError", "TICKS", "cpu_seconds", "free_port", "main_thread_cpu_seconds"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,3 +42,29 @@ class Worker(WorkerProcess):
         if daemon is not None:
             env["DATADIST_DAEMON"] = daemon.target
         super().__init__("bench.ops", env, path=str(ROOT), timeout=600.0, on_exit="shutdown")
+
+
+#: clock ticks per second of /proc/<pid>/stat
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> list[float]:
+    """CPU seconds (user + system, every thread) each process in ``pids`` has used so far, from
+    ``/proc/<pid>/stat``: the kernel counts in clock ticks (``1 / SC_CLK_TCK``, 10 ms here), so a delta
+    is exact to a tick; loops measured with it run long enough for that to be small."""
+    out = []
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()   # the name in () may hold spaces
+        out.append((int(fields[11]) + int(fields[12])) / TICKS)
+    return out
+
+
+def main_thread_cpu_seconds(pids: list[int]) -> list[float]:
+    """CPU seconds each process's main thread has run, from ``/proc/<pid>/schedstat`` (nanoseconds): exact,
+    for single-threaded processes (the baselines') whose loops are too short for ``cpu_seconds``' ticks."""
+    out = []
+    for pid in pids:
+        with open(f"/proc/{pid}/schedstat") as f:
+            out.append(int(f.read().split()[0]) / 1e9)
+    return out

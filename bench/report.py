@@ -37,15 +37,20 @@ def _met(row: Row) -> str:
     return "yes" if row.met else "**no**"
 
 
+def _x(ratio: float) -> str:
+    """A ratio with two decimals, three below 0.1 (0.014x and 0.018x are not both "0.01x")."""
+    return f"{ratio:.2f}" if abs(ratio) >= 0.1 else f"{ratio:.3f}"
+
+
 def markdown_table(rows: list[Row]) -> str:
     out = ["| scenario | case | figure (median [min–max]) | baseline | baseline figure | ratio | target | met? |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         fig = r.figure.text() if r.figure is not None else (r.note or "—")
         base = r.baseline.text() if r.baseline is not None else ""
-        ratio = f"{r.ratio:.2f}×" if r.ratio is not None else ""
+        ratio = f"{_x(r.ratio)}×" if r.ratio is not None else ""
         if r.ratio_min is not None and r.ratio_max is not None and r.ratio_min != r.ratio_max:
-            ratio += f" [{r.ratio_min:.2f}–{r.ratio_max:.2f}]"
+            ratio += f" [{_x(r.ratio_min)}–{_x(r.ratio_max)}]"
         out.append(f"| {r.scenario} | {r.case} | {fig} | {r.baseline_name} | {base} | {ratio} | {r.target_text} | "
                    f"{_met(r)} |")
     return "\n".join(out)
@@ -54,6 +59,7 @@ def markdown_table(rows: list[Row]) -> str:
 def write_markdown(path: Path, meta: dict[str, Any], rows: list[Row]) -> None:
     lines = [f"# datadist benchmark — {meta.get('started', '')}", "",
              f"Machine: {meta.get('machine', '')}. Config: `{meta.get('argv', '')}`. "
+             f"Pinning: {meta.get('pinned', 'unpinned')}. "
              f"Every figure is the median of the repetitions with [min–max]; every ratio divides by a baseline "
              f"measured in the same run. Wall time {meta.get('seconds', 0):.0f} s.", "",
              markdown_table(rows), ""]

@@ -45,14 +45,69 @@ def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
     judged = [r for r in rows if r["target"] is not None and r["figure"] is not None]
     assert judged and all(r["met"] in (True, False) for r in judged)
+    _check_per_request_rows(rows, pinned=False)
+    assert data["meta"]["pinned"] == "unpinned"
     table = (tmp_path / "latest.md").read_text()
     assert "| scenario | case |" in table and "1 tcp bulk" in table and "8 model-shaped" in table
+    assert "Pinning: unpinned." in table
     assert list(tmp_path.glob("run-*.json"))
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = {p.name for p in tmp_path.glob("*.png")}
         assert {"bulk_tcp.png", "same_host.png", "latency.png", "scaling.png", "concurrency.png", "link.png",
                 "summary.png"} <= pngs, pngs
         assert all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
+
+
+def _check_per_request_rows(rows: list[dict], pinned: bool) -> None:
+    """Scenario 3's rows of issue 28: 1-block p50/p99 and 64 in flight against same-run raw round trips, CPU µs
+    per pull of the worker and both daemons and their sum; issue 28's ratio targets judged only when pinned."""
+    cases = {r["case"]: r for r in rows if r["scenario"] == "3 latency"}
+    what = "pinned: every process on CPU" if pinned else "unpinned"
+    for q, limit in ((50, 4.0 if pinned else 6.0), (99, 8.0 if pinned else 15.0)):
+        r = cases[f"pull_blocks of 1 block (4 KiB) p{q}"]
+        assert r["figure"]["unit"] == "µs" and r["baseline"]["median"] > 0 and r["ratio"] > 0, r
+        assert r["target"]["value"] == limit and r["note"].startswith(what), r
+    flight = "64 pulls of 1 block (4 KiB) in flight"
+    r = cases[f"{flight}: throughput"]
+    assert r["figure"]["unit"] == "pulls/s" and r["baseline"]["unit"] == "round trips/s", r
+    assert "pipelined 64 deep" in r["baseline_name"] and r["ratio"] > 0 and r["note"].startswith(what), r
+    assert (r["target"] is not None) == pinned and (r["met"] in (True, False)) == pinned, r
+    r = cases[f"{flight}: p50 latency"]
+    assert r["figure"]["unit"] == "µs" and r["baseline"]["median"] > 0 and r["ratio"] > 0, r
+    for each in ("1 block (4 KiB)", flight):
+        for proc in ("worker", "requester daemon", "owner daemon"):
+            r = cases[f"CPU per pull, {each}: {proc}"]
+            assert r["figure"]["unit"] == "µs/pull" and r["figure"]["median"] >= 0, r
+        r = cases[f"CPU per pull, {each}: sum of the three"]
+        assert r["baseline"]["unit"] == "µs/round trip" and r["baseline"]["median"] > 0, r
+    assert cases["CPU per pull, 1 block (4 KiB): sum of the three"]["target"]["value"] == 120.0
+
+
+def test_bench_flags_of_the_per_request_rows_reach_the_config() -> None:
+    from bench.cli import parse
+
+    cpu = max(os.sched_getaffinity(0))
+    for extra in ([], ["--smoke"]):
+        cfg, _ = parse(["--pin", str(cpu), "--inflight-depth", "8", "--inflight-pulls", "40", *extra])
+        assert cfg.pin == cpu and cfg.inflight_depth == 8 and cfg.inflight_pulls == (16 if extra else 40), cfg
+    assert parse([])[0].pin is None
+
+
+@pytest.mark.timeout(60)
+def test_bench_pin_runs_every_process_on_one_cpu(tmp_path: Path) -> None:
+    """``--pin CPU``: the worker and both daemons of scenario 3 run on that CPU alone, the report says so, and issue
+    28's pinned targets are the ones judged."""
+    cpu = max(os.sched_getaffinity(0))
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "3", "--pin", str(cpu),
+                           "--no-progress", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    data = json.loads((tmp_path / "latest.json").read_text())
+    _check_per_request_rows(data["rows"], pinned=True)
+    assert data["meta"]["pinned"] == f"every process on CPU {cpu}"
+    assert data["series"]["3 latency"]["affinity"] == {p: [cpu] for p in ("worker", "requester daemon",
+                                                                           "owner daemon")}
+    assert f"Pinning: every process on CPU {cpu}." in (tmp_path / "latest.md").read_text()
 
 
 SIMULATED = "SIMULATED runtime (tests/sim) — not NPU numbers"

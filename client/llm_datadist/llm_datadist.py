@@ -138,7 +138,9 @@ class LLMDataDist:
             opts = _setup_engine_option(self._role, options)
             if opts.get("llm.EnableCacheManager") != "1":
                 _gen_cluster_info_if_not_exist(self._cluster_id, self._role, opts)
-            target = opts.pop(DAEMON_OPTION, None) or os.environ.get(DAEMON_ENV)
+            option = opts.pop(DAEMON_OPTION, None)
+            target = option or os.environ.get(DAEMON_ENV)
+            source = f"the {DAEMON_OPTION} option" if option else DAEMON_ENV
             embedded = None
             if not target:
                 from ._embedded import EmbeddedDaemon
@@ -147,7 +149,7 @@ class LLMDataDist:
                 target = embedded.target
             client = DaemonClient(target, embedded=embedded is not None)
             try:
-                client.wait_ready(timeout=10.0)
+                client.wait_ready(timeout=10.0, source=source)
                 client.attach()
                 resp = client.call("Init", datadist_pb2.InitRequest(
                     cluster_id=self._cluster_id, role=int(self._role), options=opts), "init")

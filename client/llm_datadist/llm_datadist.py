@@ -33,6 +33,26 @@ _ROLE_OPTION = {LLMRole.PROMPT: "Prompt", LLMRole.DECODER: "Decoder", LLMRole.MI
 _NOT_INITIALIZED = "llm datadist is not initialized"
 
 
+#: the llm.* option keys datadist reads (LLMConfig, ModelConfig and what init derives); ge.* keys are GE's,
+#: which CANN hands on and datadist reads only a few of, so they are not warned about
+_KNOWN_OPTIONS = frozenset({
+    DAEMON_OPTION, "llm.BufPoolCfg", "llm.ClusterInfo", "llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
+    "llm.EnableSwitchRole", "llm.GlobalResourceConfig", "llm.HostMemPoolConfig", "llm.LinkRetryCount",
+    "llm.LinkTotalTime", "llm.ListenIp", "llm.ListenPort", "llm.LocalCommRes", "llm.MemPoolConfig",
+    "llm.MemoryUtilization", "llm.OutputMaxSize", "llm.RdmaServiceLevel", "llm.RdmaTrafficClass",
+    "llm.RefInputDtypes", "llm.RefInputSeqLenDimIndex", "llm.RefInputShapes", "llm.Role", "llm.SyncKvCacheWaitTime",
+    "llm.TransferBackend", "llm.deployResPath", "llm.kvTensorFormat", "llm.listenIpInfo"})
+
+
+def _warn_unknown_options(options: Dict[str, str]) -> None:
+    """CANN ignores option keys it does not know (its engines look up the keys they read), and so does datadist
+    (docs/choices.md); a key nobody reads is most likely a typo, so say so once, in the worker's log."""
+    unknown = sorted(k for k in options if k not in _KNOWN_OPTIONS and not k.startswith("ge."))
+    if unknown:
+        log.warning("init options datadist does not read are ignored (as CANN ignores them): %s; a typo?",
+                    ", ".join(unknown))
+
+
 def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, str]:
     """CANN's ``_setup_engine_option`` (docs/spec.md §3.2)."""
     opts = dict(options)
@@ -136,6 +156,7 @@ class LLMDataDist:
             if LLMDataDist.llm_engine_instance is not None and LLMDataDist.llm_engine_instance is not self:
                 raise LLMException("Cannot init multiple LLMDataDists", status_code=LLMStatusCode.LLM_FAILED)
             opts = _setup_engine_option(self._role, options)
+            _warn_unknown_options(opts)
             if opts.get("llm.EnableCacheManager") != "1":
                 _gen_cluster_info_if_not_exist(self._cluster_id, self._role, opts)
             option = opts.pop(DAEMON_OPTION, None)

@@ -8,6 +8,7 @@ What an engine (one ``LLMDataDist``) chooses — role, cluster id, pool sizes, l
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -342,8 +343,25 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, number
 
 
+#: durations that are intervals of a repeating job: zero would spin
+_INTERVALS = ("daemon.session_keepalive_seconds", "peer.heartbeat_seconds")
+
+
+def _check_durations(cfg: Config) -> None:
+    """Every ``*_seconds`` key is a finite number of seconds, never negative; an interval is more than zero."""
+    for section in fields(cfg):
+        for f in fields(getattr(cfg, section.name)):
+            if not f.name.endswith("_seconds"):
+                continue
+            dotted, value = f"{section.name}.{f.name}", getattr(getattr(cfg, section.name), f.name)
+            if not math.isfinite(value) or value < 0 or (dotted in _INTERVALS and value == 0):
+                bound = "more than 0" if dotted in _INTERVALS else "0 or more"
+                raise ConfigError(f"{dotted}: expected a number of seconds, {bound}; got {value!r}")
+
+
 def _check(cfg: Config) -> None:
     """Values a type alone does not pin down."""
+    _check_durations(cfg)
     if cfg.daemon.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.daemon.log_level!r}")
     for name, mode in (("daemon.socket_mode", cfg.daemon.socket_mode), ("memory.file_mode", cfg.memory.file_mode)):

@@ -363,7 +363,9 @@ def capture_logs(state: dict) -> None:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    logging.getLogger("llm_datadist").addHandler(Keep(logging.INFO))
+    logger = logging.getLogger("llm_datadist")
+    logger.addHandler(Keep(logging.INFO))
+    logger.setLevel(logging.INFO)   # the library configures no level: INFO records would stop at the root's WARNING
 
 
 def logs(state: dict, wait_for: str = "", timeout: float = 5.0) -> str:

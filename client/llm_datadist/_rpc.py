@@ -122,6 +122,10 @@ class DaemonClient:
                                "(datadistctl status, systemctl status datadistd)",
                                status_code=LLMStatusCode.LLM_FAILED) from None
 
+    def daemon_gone(self) -> bool:
+        """Nothing listens at the daemon's address any more (it stopped, or was killed)."""
+        return bool(_nobody_listens(unix_path(self.target)))
+
     def start_session(self, engine_id: int) -> None:
         """Hold the engine's lease open: the daemon frees this worker's caches when the stream ends."""
         call = self._stub.Session(datadist_pb2.EngineRef(engine_id=engine_id), metadata=self._metadata)

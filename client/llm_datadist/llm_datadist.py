@@ -212,7 +212,13 @@ class LLMDataDist:
                 try:
                     client.call("Finalize", datadist_pb2.EngineRef(engine_id=self._engine_id), "finalize")
                 except LLMException as exc:
-                    log.warning("finalize: %s", exc)
+                    if exc.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED or client.daemon_gone():
+                        # the daemon stopped (or restarted) and released the engine with everything it held:
+                        # what finalize was to do is done, and the worker was told when it happened
+                        log.info("finalize: engine %s was already released by datadistd at %s", self._engine_id,
+                                 client.target)
+                    else:
+                        log.warning("finalize: %s", exc)
                 client.close()
         finally:
             if embedded is not None:
@@ -260,7 +266,12 @@ class LLMDataDist:
         resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
             engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
             timeout / 1000 + RPC_MARGIN_S)
-        return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
+        codes = [code_2_status(s) for s in resp.statuses]
+        # CANN returns codes only: say why here (an older daemon sends no reasons)
+        for msg, code, reason in zip(msgs, codes, resp.reasons, strict=False):
+            if code != LLMStatusCode.LLM_SUCCESS:
+                log.warning("link_clusters: cluster %d: %s: %s", msg.remote_cluster_id, code.name, reason)
+        return code_2_status(resp.status), codes
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
                         timeout: int = 3000, force: bool = False) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:

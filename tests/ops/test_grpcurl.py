@@ -91,7 +91,7 @@ def test_a_failed_call_shows_the_status_code_name(pair) -> None:
     assert "Code: FailedPrecondition" in err
     assert "LLM_ENGINE_FINALIZED" in err
     assert str(int(LLMStatusCode.LLM_ENGINE_FINALIZED)) in err  # ErrorInfo.metadata.status_code
-    assert "engine 999 does not exist" in err
+    assert "engine 999 is unknown to this daemon" in err and "restarted" not in err
 
 
 def test_worker_socket_shows_no_engine_without_its_capability(pair) -> None:
@@ -108,4 +108,5 @@ def test_worker_socket_shows_no_engine_without_its_capability(pair) -> None:
     engine_id = admin["engines"][0]["engine_id"]
     code, out, err = grpcurl(pair.decoder_daemon.socket, "-d", f'{{"engine_id": {engine_id}}}',
                              "datadist.v1.DataDist/GetStatus")
-    assert code != 0 and "LLM_ENGINE_FINALIZED" in err and "not an engine of this worker" in err
+    assert code != 0 and "LLM_ENGINE_FINALIZED" in err and f"engine {engine_id} is unknown to this caller" in err
+    assert "restarted" not in err   # it says what it knows: unknown to this caller, not why

@@ -176,6 +176,10 @@ class TransportSection:
     connect_timeout_seconds: float = _doc("Deadline for opening data connections.", default=5.0)
     host: str = _doc("Bind address of the data plane of engines that do not listen (loopback by default); "
                      "listening engines bind their listen IP.", default="127.0.0.1")
+    data_ports: str = _doc("Ports of the data-plane listeners other hosts reach (those on a non-loopback address: a "
+                           "listening engine's listen IP): \"26100\" or a range \"26100-26115\", one port per such "
+                           "engine on the node, so a firewall can open exactly these. Empty = a port the kernel "
+                           "picks (the default).", default="")
     nixl_backend: str = _doc("nixl: the NIXL backend (UCX, LIBFABRIC); UCX picks its transports and devices from "
                              "UCX_TLS / UCX_NET_DEVICES in the daemon's environment.", default="UCX")
     nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
@@ -194,6 +198,20 @@ class TransportSection:
     hccl_link_total_seconds: float = _doc("hccl: time all HcclCommPrepare tries of a link share, for engines that do "
                                           "not set llm.LinkTotalTime.", default=10.0)
 
+    def data_port_range(self) -> tuple[int, int] | None:
+        """``data_ports`` as an inclusive (first, last) pair; None when empty. ValueError names what is wrong."""
+        text = self.data_ports.strip()
+        if not text:
+            return None
+        first, sep, last = text.partition("-")
+        try:
+            lo, hi = int(first), int(last if sep else first)
+        except ValueError:
+            raise ValueError(f'expected "port" or "first-last", got {self.data_ports!r}') from None
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"expected ports in [1, 65535], first <= last; got {self.data_ports!r}")
+        return lo, hi
+
     def device_ip(self, device_id: int) -> str:
         """``hccl_device_ip`` of logical NPU ``device_id`` ("" when not configured)."""
         ips = [ip.strip() for ip in self.hccl_device_ip.split(",")] if self.hccl_device_ip.strip() else []
@@ -206,7 +224,8 @@ class TransportSection:
         on NPU ``device_id``, with the engine's CANN options (``llm.RdmaTrafficClass``, ``llm.RdmaServiceLevel``,
         ``llm.LinkRetryCount``, ``llm.LinkTotalTime``, ``llm.LocalCommRes``) over this section's defaults."""
         common: dict[str, object] = {"host": host, "port": 0, "chunk_size": self.chunk_bytes,
-                                     "connect_timeout": self.connect_timeout_seconds}
+                                     "connect_timeout": self.connect_timeout_seconds,
+                                     "ports": None if is_loopback(host) else self.data_port_range()}
         if self.name == "nixl":
             return {**common, "backend": self.nixl_backend}
         if self.name == "hccl":
@@ -390,6 +409,10 @@ def _check(cfg: Config) -> None:
         cfg.peer.admission()
     except ValueError as exc:
         raise ConfigError(f"[peer] connection caps: {exc}") from None
+    try:
+        cfg.transport.data_port_range()
+    except ValueError as exc:
+        raise ConfigError(f"transport.data_ports: {exc}") from None
     if cfg.metrics.listen:
         try:
             parse_listen_address(cfg.metrics.listen)

@@ -368,11 +368,11 @@ _INTERVALS = ("daemon.session_keepalive_seconds", "peer.heartbeat_seconds")
 
 def _check_durations(cfg: Config) -> None:
     """Every ``*_seconds`` key is a finite number of seconds, never negative; an interval is more than zero."""
-    for section in fields(cfg):
-        for f in fields(getattr(cfg, section.name)):
-            if not f.name.endswith("_seconds"):
+    for section, values in dataclasses.asdict(cfg).items():
+        for key, value in values.items():
+            if not key.endswith("_seconds"):
                 continue
-            dotted, value = f"{section.name}.{f.name}", getattr(getattr(cfg, section.name), f.name)
+            dotted = f"{section}.{key}"
             if not math.isfinite(value) or value < 0 or (dotted in _INTERVALS and value == 0):
                 bound = "more than 0" if dotted in _INTERVALS else "0 or more"
                 raise ConfigError(f"{dotted}: expected a number of seconds, {bound}; got {value!r}")

@@ -35,6 +35,23 @@ def test_blocks_out_of_range_at_the_owner_name_their_list(daemon_factory, worker
         in str(info.value)
 
 
+def test_a_pull_moves_bytes_whatever_the_data_types_as_cann_does(daemon_factory, worker_factory) -> None:
+    """CANN's transfer request carries no data type (hixl common.h TransferCacheReq; send_state.cc CheckParam
+    compares counts and sizes): fp16 blocks pulled into an int16 cache of the same block size arrive as bytes
+    (docs/choices.md, "What CANN checks")."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), dtype="float16", model_id=0)
+    decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 16), dtype="int16")
+    prompt.call("fill", "kv", 3)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", P, "kv", [1, 2], [5, 6])
+    assert (decoder.call("rows", "kv", None, [5, 6]) == prompt.call("rows", "kv", None, [1, 2])).all()
+
+
 def test_a_failed_link_tells_the_worker_why(daemon_factory, worker_factory) -> None:
     """link_clusters returns codes only (CANN's signature); the reason used to stay in the daemon's log."""
     dd = daemon_factory("d")

@@ -19,6 +19,7 @@ import socket
 import stat
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["SocketInUse", "serving_pid", "claim", "OwnedSocket", "publish", "staging_path"]
 
@@ -59,7 +60,10 @@ def claim(paths: list[str]) -> None:
     """Make ``paths`` free to bind: raise ``SocketInUse`` if a live process serves any of them (nothing is
     removed then), else remove the socket files of dead daemons (and symlinks) found there."""
     stale = []
-    for path in paths:
+    # the private names of a daemon that died between binding and publishing (``staging_path``) go too
+    leftovers = [str(p) for path in paths for p in Path(path).parent.glob(Path(path).name + ".*")
+                 if p.name[len(Path(path).name) + 1:].isdigit()]
+    for path in [*paths, *leftovers]:
         try:
             st = os.lstat(path)
         except FileNotFoundError:

@@ -75,3 +75,15 @@ def test_the_sockets_of_a_killed_daemon_are_replaced() -> None:
         assert "nobody serves it" in daemon.log()
     finally:
         daemon.discard()
+
+
+def test_a_private_name_left_by_a_daemon_killed_while_starting_is_removed(tmp_path) -> None:
+    """gRPC binds ``<socket>.<pid>`` before it is published under the real name (``sockfiles.publish``)."""
+    from datadistd.sockfiles import claim
+
+    path = str(tmp_path / "datadistd.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # bound, never listening: its process died
+        s.bind(path + ".4242")
+    (tmp_path / "datadistd.sock.notes").write_text("not ours to remove")
+    claim([path, path + ".attach", path + ".admin"])
+    assert sorted(os.listdir(tmp_path)) == ["datadistd.sock.notes"]

@@ -5,7 +5,7 @@ block back.
         --prompt 10.0.0.5:26000 --local-ip 10.0.0.6
 
 ``--prompt`` is the prompt worker's ``--listen`` address, ``--local-ip`` this host's address on the same
-network. Both daemons need the same peer secret (README "Two hosts"). Exit status 0 when every pulled byte
+network. Both daemons need the same peer secret (docs/operations.md, "Two hosts"). Exit status 0 when every pulled byte
 is what the prompt wrote and the pushed block arrived.
 """
 
@@ -26,7 +26,8 @@ def main() -> int:
     parser.add_argument("--prompt", default="127.0.0.1:26000", help="the prompt worker's listen ip:port")
     parser.add_argument("--local-ip", default="127.0.0.1", help="this host's address towards the prompt")
     parser.add_argument("--blocks", type=int, default=32, help="blocks to pull")
-    parser.add_argument("--wait", type=float, default=30.0, help="seconds to keep trying to link (prompt starting)")
+    parser.add_argument("--wait", type=float, default=30.0,
+                        help="seconds to wait for the prompt worker (its listener, its cache)")
     args = parser.parse_args()
     prompt_ip, prompt_port = args.prompt.rsplit(":", 1)
 
@@ -57,8 +58,15 @@ def main() -> int:
 
     src = list(range(args.blocks))                 # the prompt's block table for this request ...
     dst = src[::-1]                                # ... lands in these blocks of ours
-    t0 = time.perf_counter()
-    dd.cache_manager.pull_blocks(ld.BlocksCacheKey(PROMPT_CLUSTER, 0), cache, src, dst)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            dd.cache_manager.pull_blocks(ld.BlocksCacheKey(PROMPT_CLUSTER, 0), cache, src, dst)
+            break
+        except ld.LLMException as exc:             # the prompt may not have registered its cache yet
+            if exc.status_code != ld.LLMStatusCode.LLM_KV_CACHE_NOT_EXIST or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     ms = (time.perf_counter() - t0) * 1000
     wrong = sum(int(np.count_nonzero(block_bytes(t)[dst] != pattern(i, src, seed=1))) for i, t in enumerate(kv))
     mib = len(src) * len(kv) * kv[0][0].nbytes / 2**20

@@ -52,11 +52,11 @@ def main() -> int:
     dd.init(cfg.generate_options())                # connects to $DATADIST_DAEMON, or embedded mode
 
     kv = [np.zeros((BLOCKS, *BLOCK_SHAPE), np.float16) for _ in range(2 * LAYERS)]   # K0, V0, K1, V1, ...
+    for i, t in enumerate(kv):                     # "prefill": what the decoder will pull
+        block_bytes(t)[:MAILBOX] = pattern(i, list(range(MAILBOX)), seed=1)
     desc = ld.CacheDesc(len(kv), list(kv[0].shape), ld.DataType.DT_FLOAT16)       # DEVICE: remotely accessible
     cache = dd.cache_manager.register_blocks_cache(desc, [t.ctypes.data for t in kv],
                                                    ld.BlocksCacheKey(PROMPT_CLUSTER, 0))
-    for i, t in enumerate(kv):                     # "prefill": what the decoder will pull
-        block_bytes(t)[:MAILBOX] = pattern(i, list(range(MAILBOX)), seed=1)
     print(f"prompt: cluster {PROMPT_CLUSTER} serves {len(kv)} tensors x {BLOCKS} blocks on {args.listen}",
           flush=True)
 

@@ -74,7 +74,7 @@ proto-check: $(STAMP)
 ## and the link code ([tool.mypy] files in pyproject.toml)
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,lint]'
-	$(VENV)/bin/ruff check client server tests bench
+	$(VENV)/bin/ruff check client server tests bench docs/examples
 	$(PY) -m mypy
 
 ## make deploy-check: systemd-analyze verify on deploy/datadistd.service (+ drop-ins, sysusers snippet).

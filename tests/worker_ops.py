@@ -17,7 +17,8 @@ import llm_datadist as ld
 from llm_datadist import views
 
 DTYPES = {"float16": (ld.DataType.DT_FLOAT16, np.float16), "float32": (ld.DataType.DT_FLOAT, np.float32),
-          "int8": (ld.DataType.DT_INT8, np.int8), "uint8": (ld.DataType.DT_UINT8, np.uint8)}
+          "int8": (ld.DataType.DT_INT8, np.int8), "uint8": (ld.DataType.DT_UINT8, np.uint8),
+          "int16": (ld.DataType.DT_INT16, np.int16)}
 
 
 #: set by the acl planes (tests.harness.ACL_PLANES): DEVICE tensors are NPU memory of the (simulated) runtime,
@@ -363,7 +364,9 @@ def capture_logs(state: dict) -> None:
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record.getMessage())
 
-    logging.getLogger("llm_datadist").addHandler(Keep(logging.INFO))
+    logger = logging.getLogger("llm_datadist")
+    logger.addHandler(Keep(logging.INFO))
+    logger.setLevel(logging.INFO)   # the library configures no level: INFO records would stop at the root's WARNING
 
 
 def logs(state: dict, wait_for: str = "", timeout: float = 5.0) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from typing import Any
 
@@ -11,7 +12,7 @@ import grpc
 from datadist.status import STATUS_METADATA_KEY, LLMStatusCode, code_2_status
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
-from ._attach import AttachClient
+from ._attach import AttachClient, unix_path
 from .status import LLMException
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,23 @@ _OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+def _nobody_listens(path: str) -> str:
+    """Why nothing can serve the unix socket ``path`` ("" when something accepts connections on it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except FileNotFoundError:
+            return f"there is no socket file {path}"
+        except ConnectionRefusedError:
+            return f"nothing listens on {path} (a daemon that stopped left it)"
+        except PermissionError:
+            return f"this user may not connect to {path} (is it in the daemon's group?)"
+        except OSError:
+            return ""   # busy (a full backlog, a slow answer): worth the wait
+    return ""
 
 
 def status_of(err: grpc.RpcError) -> tuple[LLMStatusCode, str]:
@@ -86,13 +104,27 @@ class DaemonClient:
         """A bidirectional call: ``requests`` is consumed by gRPC's thread; iterate the result for replies."""
         return getattr(self._stub, method)(requests, metadata=self._metadata)
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, source: str = "DATADIST_DAEMON") -> None:
+        """Wait up to ``timeout`` for a daemon that exists but is busy; fail at once when nothing listens at
+        the address (no socket file, connection refused). ``source`` names where the address came from."""
+        path = unix_path(self.target)
+        absent = _nobody_listens(path)
+        if absent:
+            raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, no datadistd at "
+                               f"{self.target} (from {source}): {absent}; start it (systemctl start datadistd), "
+                               f"point {source} at its socket, or unset it to use embedded mode.",
+                               status_code=LLMStatusCode.LLM_FAILED)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
             raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd at {self.target} "
-                               f"is not reachable within {timeout:.0f}s; start it (systemctl start datadistd) or unset "
-                               f"DATADIST_DAEMON to use embedded mode.", status_code=LLMStatusCode.LLM_FAILED) from None
+                               f"(from {source}) is not ready within {timeout:g}s; is it overloaded? "
+                               "(datadistctl status, systemctl status datadistd)",
+                               status_code=LLMStatusCode.LLM_FAILED) from None
+
+    def daemon_gone(self) -> bool:
+        """Nothing listens at the daemon's address any more (it stopped, or was killed)."""
+        return bool(_nobody_listens(unix_path(self.target)))
 
     def start_session(self, engine_id: int) -> None:
         """Hold the engine's lease open: the daemon frees this worker's caches when the stream ends."""

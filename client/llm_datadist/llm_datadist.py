@@ -33,6 +33,26 @@ _ROLE_OPTION = {LLMRole.PROMPT: "Prompt", LLMRole.DECODER: "Decoder", LLMRole.MI
 _NOT_INITIALIZED = "llm datadist is not initialized"
 
 
+#: the llm.* option keys datadist reads (LLMConfig, ModelConfig and what init derives); ge.* keys are GE's,
+#: which CANN hands on and datadist reads only a few of, so they are not warned about
+_KNOWN_OPTIONS = frozenset({
+    DAEMON_OPTION, "llm.BufPoolCfg", "llm.ClusterInfo", "llm.EnableCacheManager", "llm.EnableRemoteCacheAccessible",
+    "llm.EnableSwitchRole", "llm.GlobalResourceConfig", "llm.HostMemPoolConfig", "llm.LinkRetryCount",
+    "llm.LinkTotalTime", "llm.ListenIp", "llm.ListenPort", "llm.LocalCommRes", "llm.MemPoolConfig",
+    "llm.MemoryUtilization", "llm.OutputMaxSize", "llm.RdmaServiceLevel", "llm.RdmaTrafficClass",
+    "llm.RefInputDtypes", "llm.RefInputSeqLenDimIndex", "llm.RefInputShapes", "llm.Role", "llm.SyncKvCacheWaitTime",
+    "llm.TransferBackend", "llm.deployResPath", "llm.kvTensorFormat", "llm.listenIpInfo"})
+
+
+def _warn_unknown_options(options: Dict[str, str]) -> None:
+    """CANN ignores option keys it does not know (its engines look up the keys they read), and so does datadist
+    (docs/choices.md); a key nobody reads is most likely a typo, so say so once, in the worker's log."""
+    unknown = sorted(k for k in options if k not in _KNOWN_OPTIONS and not k.startswith("ge."))
+    if unknown:
+        log.warning("init options datadist does not read are ignored (as CANN ignores them): %s; a typo?",
+                    ", ".join(unknown))
+
+
 def _setup_engine_option(role: LLMRole, options: Dict[str, str]) -> Dict[str, str]:
     """CANN's ``_setup_engine_option`` (docs/spec.md §3.2)."""
     opts = dict(options)
@@ -136,9 +156,12 @@ class LLMDataDist:
             if LLMDataDist.llm_engine_instance is not None and LLMDataDist.llm_engine_instance is not self:
                 raise LLMException("Cannot init multiple LLMDataDists", status_code=LLMStatusCode.LLM_FAILED)
             opts = _setup_engine_option(self._role, options)
+            _warn_unknown_options(opts)
             if opts.get("llm.EnableCacheManager") != "1":
                 _gen_cluster_info_if_not_exist(self._cluster_id, self._role, opts)
-            target = opts.pop(DAEMON_OPTION, None) or os.environ.get(DAEMON_ENV)
+            option = opts.pop(DAEMON_OPTION, None)
+            target = option or os.environ.get(DAEMON_ENV)
+            source = f"the {DAEMON_OPTION} option" if option else DAEMON_ENV
             embedded = None
             if not target:
                 from ._embedded import EmbeddedDaemon
@@ -147,7 +170,7 @@ class LLMDataDist:
                 target = embedded.target
             client = DaemonClient(target, embedded=embedded is not None)
             try:
-                client.wait_ready(timeout=10.0)
+                client.wait_ready(timeout=10.0, source=source)
                 client.attach()
                 resp = client.call("Init", datadist_pb2.InitRequest(
                     cluster_id=self._cluster_id, role=int(self._role), options=opts), "init")
@@ -189,7 +212,13 @@ class LLMDataDist:
                 try:
                     client.call("Finalize", datadist_pb2.EngineRef(engine_id=self._engine_id), "finalize")
                 except LLMException as exc:
-                    log.warning("finalize: %s", exc)
+                    if exc.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED or client.daemon_gone():
+                        # the daemon stopped (or restarted) and released the engine with everything it held:
+                        # what finalize was to do is done, and the worker was told when it happened
+                        log.info("finalize: engine %s was already released by datadistd at %s", self._engine_id,
+                                 client.target)
+                    else:
+                        log.warning("finalize: %s", exc)
                 client.close()
         finally:
             if embedded is not None:
@@ -237,7 +266,12 @@ class LLMDataDist:
         resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
             engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
             timeout / 1000 + RPC_MARGIN_S)
-        return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
+        codes = [code_2_status(s) for s in resp.statuses]
+        # CANN returns codes only: say why here (an older daemon sends no reasons)
+        for msg, code, reason in zip(msgs, codes, resp.reasons, strict=False):
+            if code != LLMStatusCode.LLM_SUCCESS:
+                log.warning("link_clusters: cluster %d: %s: %s", msg.remote_cluster_id, code.name, reason)
+        return code_2_status(resp.status), codes
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
                         timeout: int = 3000, force: bool = False) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:

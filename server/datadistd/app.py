@@ -5,7 +5,8 @@ brings up the memory backend, the attach socket (worker identity from the kernel
 descriptors), the worker socket and the admin socket (health NOT_SERVING until ready), the metrics
 endpoint when ``[metrics] listen`` is set, then marks health SERVING; ``stop(grace)`` stops
 accepting, drains in-flight calls for up to ``grace`` seconds, finalizes every engine (freeing its
-memory), stops the metrics endpoint and removes the sockets.
+memory), stops the metrics endpoint and removes the sockets it bound. It never takes over a socket a live
+daemon serves (``sockfiles.claim``: exit 1) and never removes one it did not create.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import asyncio
 import functools
 import logging
 import os
-from pathlib import Path
 from typing import Callable
 
 from grpc_health.v1 import health_pb2
@@ -28,6 +28,7 @@ from .rpc.attach import AttachServer, attach_path
 from .rpc.convert import CALL_CODEC
 from .rpc.server import DATADIST_SERVICE, admin_path, create_worker_server, grpc_peer_connector, start_peer_listener
 from .rpc.tls import PeerTls, TlsFiles
+from .sockfiles import OwnedSocket, claim
 
 __all__ = ["DaemonApp"]
 
@@ -47,6 +48,7 @@ class DaemonApp:
         self.metrics = DaemonMetrics()
         self.metrics_server: MetricsServer | None = None
         self.tls: PeerTls | None = None
+        self._sockets: list[OwnedSocket] = []
         self._stopped = asyncio.Event()
 
     @property
@@ -60,6 +62,8 @@ class DaemonApp:
     async def start(self) -> None:
         cfg = self.config
         secure_socket_dir(self.socket_path)   # ConfigError (exit 2) before anything is bound
+        # SocketInUse (exit 1) when a live daemon serves any of them; the files of a dead one are removed
+        claim([self.socket_path, attach_path(self.socket_path), admin_path(self.socket_path)])
         # TLS files are checked first: a bad set stops the start before any memory is set up
         self.tls = (PeerTls(TlsFiles(cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file), cfg.tls.server_name)
                     if cfg.tls.enabled else None)
@@ -81,10 +85,12 @@ class DaemonApp:
                 raise
         self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode, self.metrics)
         await self.attach.start()
-        self.admin_server, self.admin_health = await create_worker_server(
+        self.admin_server, self.admin_health, admin_socket = await create_worker_server(
             self.node, admin_path(self.socket_path), 0o600, metrics=self.metrics, admin=True)
-        self.server, self.health = await create_worker_server(self.node, self.socket_path, cfg.daemon.socket_mode,
-                                                              metrics=self.metrics)
+        self._sockets.append(admin_socket)
+        self.server, self.health, worker_socket = await create_worker_server(
+            self.node, self.socket_path, cfg.daemon.socket_mode, metrics=self.metrics)
+        self._sockets.append(worker_socket)
         for health in (self.health, self.admin_health):
             for name in ("", DATADIST_SERVICE):
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -125,11 +131,8 @@ class DaemonApp:
             await self.node.close()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
-        for path in (self.socket_path, admin_path(self.socket_path)):
-            try:
-                Path(path).unlink()
-            except FileNotFoundError:
-                pass
+        for owned in self._sockets:
+            owned.remove()
         log.info("datadistd stopped")
 
     async def wait_stopped(self) -> None:

@@ -8,6 +8,7 @@ What an engine (one ``LLMDataDist``) chooses — role, cluster id, pool sizes, l
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -175,6 +176,10 @@ class TransportSection:
     connect_timeout_seconds: float = _doc("Deadline for opening data connections.", default=5.0)
     host: str = _doc("Bind address of the data plane of engines that do not listen (loopback by default); "
                      "listening engines bind their listen IP.", default="127.0.0.1")
+    data_ports: str = _doc("Ports of the data-plane listeners other hosts reach (those on a non-loopback address: a "
+                           "listening engine's listen IP): \"26100\" or a range \"26100-26115\", one port per such "
+                           "engine on the node, so a firewall can open exactly these. Empty = a port the kernel "
+                           "picks (the default).", default="")
     nixl_backend: str = _doc("nixl: the NIXL backend (UCX, LIBFABRIC); UCX picks its transports and devices from "
                              "UCX_TLS / UCX_NET_DEVICES in the daemon's environment.", default="UCX")
     nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
@@ -193,6 +198,20 @@ class TransportSection:
     hccl_link_total_seconds: float = _doc("hccl: time all HcclCommPrepare tries of a link share, for engines that do "
                                           "not set llm.LinkTotalTime.", default=10.0)
 
+    def data_port_range(self) -> tuple[int, int] | None:
+        """``data_ports`` as an inclusive (first, last) pair; None when empty. ValueError names what is wrong."""
+        text = self.data_ports.strip()
+        if not text:
+            return None
+        first, sep, last = text.partition("-")
+        try:
+            lo, hi = int(first), int(last if sep else first)
+        except ValueError:
+            raise ValueError(f'expected "port" or "first-last", got {self.data_ports!r}') from None
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"expected ports in [1, 65535], first <= last; got {self.data_ports!r}")
+        return lo, hi
+
     def device_ip(self, device_id: int) -> str:
         """``hccl_device_ip`` of logical NPU ``device_id`` ("" when not configured)."""
         ips = [ip.strip() for ip in self.hccl_device_ip.split(",")] if self.hccl_device_ip.strip() else []
@@ -205,7 +224,8 @@ class TransportSection:
         on NPU ``device_id``, with the engine's CANN options (``llm.RdmaTrafficClass``, ``llm.RdmaServiceLevel``,
         ``llm.LinkRetryCount``, ``llm.LinkTotalTime``, ``llm.LocalCommRes``) over this section's defaults."""
         common: dict[str, object] = {"host": host, "port": 0, "chunk_size": self.chunk_bytes,
-                                     "connect_timeout": self.connect_timeout_seconds}
+                                     "connect_timeout": self.connect_timeout_seconds,
+                                     "ports": None if is_loopback(host) else self.data_port_range()}
         if self.name == "nixl":
             return {**common, "backend": self.nixl_backend}
         if self.name == "hccl":
@@ -342,8 +362,25 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
     return host, number
 
 
+#: durations that are intervals of a repeating job: zero would spin
+_INTERVALS = ("daemon.session_keepalive_seconds", "peer.heartbeat_seconds")
+
+
+def _check_durations(cfg: Config) -> None:
+    """Every ``*_seconds`` key is a finite number of seconds, never negative; an interval is more than zero."""
+    for section, values in dataclasses.asdict(cfg).items():
+        for key, value in values.items():
+            if not key.endswith("_seconds"):
+                continue
+            dotted = f"{section}.{key}"
+            if not math.isfinite(value) or value < 0 or (dotted in _INTERVALS and value == 0):
+                bound = "more than 0" if dotted in _INTERVALS else "0 or more"
+                raise ConfigError(f"{dotted}: expected a number of seconds, {bound}; got {value!r}")
+
+
 def _check(cfg: Config) -> None:
     """Values a type alone does not pin down."""
+    _check_durations(cfg)
     if cfg.daemon.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.daemon.log_level!r}")
     for name, mode in (("daemon.socket_mode", cfg.daemon.socket_mode), ("memory.file_mode", cfg.memory.file_mode)):
@@ -372,6 +409,10 @@ def _check(cfg: Config) -> None:
         cfg.peer.admission()
     except ValueError as exc:
         raise ConfigError(f"[peer] connection caps: {exc}") from None
+    try:
+        cfg.transport.data_port_range()
+    except ValueError as exc:
+        raise ConfigError(f"transport.data_ports: {exc}") from None
     if cfg.metrics.listen:
         try:
             parse_listen_address(cfg.metrics.listen)

@@ -370,12 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()   # here, not at exit: a reader that went away (| head -1) is handled below
+        return code
     except CtlError as exc:
         print(f"datadistctl: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader of our output is gone: end quietly as `ls | head -1` does (141 = 128 + SIGPIPE); point
+        # stdout at /dev/null so the interpreter's final flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

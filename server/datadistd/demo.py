@@ -68,6 +68,13 @@ def prefill_worker(daemon: str, listen: str, num_blocks: int, ready, done) -> No
     dd.finalize()
 
 
+def progress_bar(tqdm, total: int, file=None):  # noqa: ANN001, ANN201
+    """A byte counter in binary units (MiB), the units of the summary line: tqdm's "M" would be 10**6 bytes."""
+    return tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="pull_blocks", file=file or sys.stdout,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}iB/{total_fmt}iB "
+                           "[{elapsed}<{remaining}, {rate_fmt}]")
+
+
 def decode_worker(daemon: str, listen: str, num_blocks: int, pulled: int, batch: int, result) -> None:  # noqa: ANN001
     os.environ["DATADIST_DAEMON"] = daemon
     import llm_datadist as ld
@@ -97,7 +104,7 @@ def decode_worker(daemon: str, listen: str, num_blocks: int, pulled: int, batch:
     dst = rng.permutation(num_blocks)[:pulled].tolist()
     block_bytes = BLOCK_TOKENS * HEADS * HEAD_DIM * 2
     total = pulled * block_bytes * len(tensors)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull_blocks", file=sys.stdout) if tqdm else None
+    bar = progress_bar(tqdm, total) if tqdm else None
     t0 = time.perf_counter()
     for i in range(0, pulled, batch):
         dd.cache_manager.pull_blocks(ld.BlocksCacheKey(PREFILL_CLUSTER, 0), cache, src[i:i + batch],

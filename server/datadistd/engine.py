@@ -356,8 +356,8 @@ class Engine:
         indices = range(entry.desc.num_tensors)
         src_blocks = [s for s, _ in pairs]
         dst_blocks = [d for _, d in pairs]
-        src = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, src_blocks))
-        dst = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, dst_blocks))
+        src = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, src_blocks, "src"))
+        dst = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, dst_blocks, "dst"))
         return await self._copy_pinned([cache_id], dst, src)
 
     async def swap_blocks(self, src: Operand, dst: Operand, src_to_dst: dict[int, int]) -> int:
@@ -371,8 +371,8 @@ class Engine:
                 f"block sizes differ: src {src.desc.row_size} bytes, dst {dst.desc.row_size} bytes")
         pairs = swap_pairs(src_to_dst, src.desc.rows, dst.desc.rows)
         indices = range(src.desc.num_tensors)
-        src_segs = segments_of(src.tensors, block_spans(src.desc, indices, [s for s, _ in pairs]))
-        dst_segs = segments_of(dst.tensors, block_spans(dst.desc, indices, [d for _, d in pairs]))
+        src_segs = segments_of(src.tensors, block_spans(src.desc, indices, [s for s, _ in pairs], "src"))
+        dst_segs = segments_of(dst.tensors, block_spans(dst.desc, indices, [d for _, d in pairs], "dst"))
         return await self._copy_pinned([src.cache_id, dst.cache_id], dst_segs, src_segs)
 
     # ---- owner side of transfers ---------------------------------------------------------------
@@ -391,7 +391,7 @@ class Engine:
         entry, owner_key = self.registry.lookup_by_id(CacheId(key.cache_id), key.batch_index)
         return entry, key.batch_index, owner_key
 
-    def _owner_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span], OwnerKey | None, list[int]]:
+    def _owner_spans(self, spec: RemoteSpec, side: str) -> tuple[CacheEntry, list[Span], OwnerKey | None, list[int]]:
         self._check_open()
         if spec.key.cluster_id != self.cluster_id:  # every legitimate request names its owner's cluster
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
@@ -416,7 +416,7 @@ class Engine:
         indices = list(range(spec.tensor_start, spec.tensor_start + count))
         if spec.mode == ReadMode.BLOCKS:
             require(entry.is_blocks, f"cache {entry.cache_id} is not a blocks cache")
-            spans = block_spans(desc, indices, spec.blocks)
+            spans = block_spans(desc, indices, spec.blocks, side)
         else:
             require(not entry.is_blocks, f"cache {entry.cache_id} is a blocks cache; address it with a BlocksCacheKey")
             require(spec.size == -1 or spec.size + spec.offset <= desc.row_size,
@@ -432,14 +432,14 @@ class Engine:
 
     def prepare_read(self, spec: RemoteSpec) -> tuple[int, list[Segment], bool]:
         """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
-        entry, spans, owner_key, _ = self._owner_spans(spec)
+        entry, spans, owner_key, _ = self._owner_spans(spec, "src")   # a pull reads the source
         release = (owner_key is not None and owner_key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks)
         self.registry.pin(entry.cache_id)
         return entry.cache_id, segments_of(entry.memory.tensors, spans), release
 
     def prepare_write(self, spec: RemoteSpec) -> tuple[int, list[Segment]]:
         """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""
-        entry, spans, _, _ = self._owner_spans(spec)
+        entry, spans, _, _ = self._owner_spans(spec, "dst")   # a push writes the destination
         self.registry.pin(entry.cache_id)
         return entry.cache_id, segments_of(entry.memory.tensors, spans)
 

@@ -135,8 +135,8 @@ class Node:
         slot = self.engines.get(EngineId(engine_id))
         if slot is None:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED,
-                                f"engine {engine_id} does not exist on this daemon "
-                                "(finalized, or the daemon restarted)")
+                                f"engine {engine_id} is unknown to this daemon: finalized, or never created here "
+                                "(`datadistctl status` lists the engines and their ids)")
         return slot
 
     def owned_slot(self, session: WorkerSession | None, engine_id: int) -> EngineSlot:
@@ -144,8 +144,9 @@ class Node:
         slot = self.engines.get(EngineId(engine_id))
         if slot is None or session is None or slot.session is not session or session.closed:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED,
-                                f"engine {engine_id} is not an engine of this worker (never created with this "
-                                "worker's capability, finalized, or the daemon restarted)")
+                                f"engine {engine_id} is unknown to this caller: no engine of that id was created with "
+                                "its capability, or it was finalized (engines of other workers are seen on the admin "
+                                "socket: `datadistctl status` as root or the daemon's user)")
         return slot
 
     async def end_session(self, session: WorkerSession) -> None:

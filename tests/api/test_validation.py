@@ -345,3 +345,14 @@ def test_unset_remote_cluster_id_is_a_type_error(local_dd) -> None:
         dd.link_clusters([info], 1000)
     with pytest.raises(TypeError, match="remote_cluster_id"):
         dd.unlink_clusters([info], 1000, force=True)
+
+
+def test_an_unknown_init_option_is_ignored_as_cann_does_but_named_in_a_warning(local_dd, caplog) -> None:
+    """CANN's engines look up the option keys they read and ignore the rest (hixl llm_datadist_v2.cc); datadist
+    does the same, and a key nobody reads (a typo) is named once in the worker's log."""
+    with caplog.at_level("WARNING", logger="llm_datadist.llm_datadist"):
+        dd = local_dd("DECODER", extra={"llm.SomethingMadeUp": "1", "ge.someGeOption": "1"})
+    assert dd.cache_manager is not None   # init went through
+    warned = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert warned == ["init options datadist does not read are ignored (as CANN ignores them): llm.SomethingMadeUp; "
+                      "a typo?"]

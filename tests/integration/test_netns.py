@@ -119,7 +119,9 @@ def test_cut_network_mid_transfer_then_relink(linked) -> None:
     time.sleep(0.4)
     hosts.cut()
     t.join(30)
-    assert outcome["result"] == S.LLM_TIMEOUT, outcome
+    # LLM_TIMEOUT when sync_kv_timeout passes first; LLM_FAILED (the peer is lost, CANN's code for a failed
+    # communication) when the link's heartbeat gave up on the silent peer first
+    assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
     assert outcome["seconds"] < 3.0 + 2.0  # sync_kv_timeout plus a margin for the noisy machine
     # the link is broken on the decoder side; the prompt side drops the silent peer
     from tests.integration.test_transfer import links
@@ -129,9 +131,9 @@ def test_cut_network_mid_transfer_then_relink(linked) -> None:
         time.sleep(0.2)
     assert links(da) == []
     assert [link.state for link in links(db)] == ["broken"]
-    with pytest.raises(WorkerError) as info:
+    with pytest.raises(WorkerError) as info:   # nothing times out on a link known to be broken
         decoder.call("pull_blocks", P, "kv", [0], [0])
-    assert info.value.status_code == S.LLM_TIMEOUT
+    assert info.value.status_code == S.LLM_FAILED and "is broken" in str(info.value)
     # network back: relink (a broken link is replaced) and a byte-exact pull
     hosts.mend()
     decoder.call("zero", "kv")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 
 import grpc
@@ -89,6 +90,19 @@ def test_human_tables(pair) -> None:
     code, out, err = ctl("--socket", sock, "caches")
     assert code == 0, err
     assert "blocks(cluster=1,model=0)" in out and "float16" in out and "16x4x32" in out
+
+
+def test_a_reader_that_goes_away_is_no_traceback(pair) -> None:
+    """`datadistctl status | head -1`: the pipe's reader is gone before the tables are written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # as head does after its first line, here before anything was written: always EPIPE
+    try:
+        cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "datadistd.ctl"]
+        done = subprocess.run([*cmd, "status", "--socket", pair.decoder_daemon.socket], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=30, env={**os.environ, "DATADIST_DAEMON": ""})
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
 
 
 def test_ping_a_peer_listener(pair) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from datadist.status import LLMStatusCode
+from tests.harness import ROOT
 
 from .conftest import BLOCK_BYTES, PULLED, PUSHED, TENSORS, D, P, run, tool
 
@@ -91,7 +93,7 @@ def test_a_failed_call_shows_the_status_code_name(pair) -> None:
     assert "Code: FailedPrecondition" in err
     assert "LLM_ENGINE_FINALIZED" in err
     assert str(int(LLMStatusCode.LLM_ENGINE_FINALIZED)) in err  # ErrorInfo.metadata.status_code
-    assert "engine 999 does not exist" in err
+    assert "engine 999 is unknown to this daemon" in err and "restarted" not in err
 
 
 def test_worker_socket_shows_no_engine_without_its_capability(pair) -> None:
@@ -108,4 +110,21 @@ def test_worker_socket_shows_no_engine_without_its_capability(pair) -> None:
     engine_id = admin["engines"][0]["engine_id"]
     code, out, err = grpcurl(pair.decoder_daemon.socket, "-d", f'{{"engine_id": {engine_id}}}',
                              "datadist.v1.DataDist/GetStatus")
-    assert code != 0 and "LLM_ENGINE_FINALIZED" in err and "not an engine of this worker" in err
+    assert code != 0 and "LLM_ENGINE_FINALIZED" in err and f"engine {engine_id} is unknown to this caller" in err
+    assert "restarted" not in err   # it says what it knows: unknown to this caller, not why
+
+
+def test_the_readme_grpcurl_block_runs_as_written(pair) -> None:
+    """README "Diagnose with grpcurl", run as written against a daemon with engines (only the socket path and
+    the tools' location replaced): the admin socket shows the engines, and the engine id taken from
+    `datadistctl status --json` names one (the README showed `{ }` and an id of 1 that never exists)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Diagnose with grpcurl"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    assert "G=.venv/bin/grpcurl" in block and "$S.admin" in block
+    script = block.replace("S=/tmp/datadistd.sock", f"S={pair.decoder_daemon.socket}") \
+                  .replace(".venv/bin/grpcurl", GRPCURL).replace(".venv/bin/datadistctl", tool("datadistctl"))
+    done = run(["bash", "-ec", script], timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count('"role": "ROLE_DECODER"') >= 2, done.stdout   # every engine, then the one named
+    assert '"status": "SERVING"' in done.stdout

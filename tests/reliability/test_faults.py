@@ -135,13 +135,15 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         got = outcome["result"]
         print(f"\n{fault} mid-{direction}: {S(got).name if isinstance(got, int) else got} after "
               f"{outcome['seconds']:.2f}s (sync_kv_timeout {sync_ms / 1000:.0f}s)")
-        assert outcome["result"] == S.LLM_TIMEOUT, outcome
+        # LLM_TIMEOUT when the deadline passes first; LLM_FAILED (CANN's code for a failed communication that is
+        # not a timeout) when the connection ends before it (a killed peer) or the heartbeat gives up on the peer
+        assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
         assert outcome["seconds"] < sync_ms / 1000 + MARGIN_S, outcome
-        # the link is broken, and further transfers say so at once
+        # the link is broken, and further transfers say so at once (nothing times out then)
         assert [lk.state for lk in links(db)] == ["broken"]
         with pytest.raises(WorkerError) as info:
             decoder.call("pull_blocks", P, "kv", [0], [0])
-        assert info.value.status_code == S.LLM_TIMEOUT
+        assert info.value.status_code == S.LLM_FAILED and "is broken" in str(info.value)
         # a failed transfer leaves the rest of the cache alone
         np.testing.assert_array_equal(decoder.call("rows", "kv", None, untouched), before)
         # the peer comes back (a new daemon and worker on the same address, or the network mends)

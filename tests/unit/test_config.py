@@ -49,6 +49,30 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, content: str, needle: str) 
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize("name,value,needle", [
+    ("DATADISTD_DAEMON_DRAIN_SECONDS", "-1", "daemon.drain_seconds: expected a number of seconds, 0 or more; got -1.0"),
+    ("DATADISTD_TRANSPORT_CONNECT_TIMEOUT_SECONDS", "nan", "transport.connect_timeout_seconds"),
+    ("DATADISTD_PEER_HEARTBEAT_SECONDS", "0", "peer.heartbeat_seconds: expected a number of seconds, more than 0"),
+])
+def test_durations_are_never_negative(name: str, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={name: value})
+    assert needle in str(info.value)
+    assert load_config(env={"DATADISTD_DAEMON_DRAIN_SECONDS": "0"}).daemon.drain_seconds == 0
+
+
+def test_data_ports_are_a_port_or_a_range_and_bind_only_reachable_listeners() -> None:
+    assert load_config(env={}).transport.data_port_range() is None                 # default: the kernel picks
+    cfg = load_config(env={"DATADISTD_TRANSPORT_DATA_PORTS": "26100-26115"})
+    assert cfg.transport.data_port_range() == (26100, 26115)
+    assert cfg.transport.settings("10.0.0.5")["ports"] == (26100, 26115)
+    assert cfg.transport.settings("127.0.0.1")["ports"] is None                    # loopback: nobody else reaches it
+    assert load_config(env={"DATADISTD_TRANSPORT_DATA_PORTS": "26100"}).transport.data_port_range() == (26100, 26100)
+    for bad in ("26115-26100", "0", "http", "26100-70000"):
+        with pytest.raises(ConfigError, match="transport.data_ports"):
+            load_config(env={"DATADISTD_TRANSPORT_DATA_PORTS": bad})
+
+
 def test_tls_needs_its_three_files() -> None:
     with pytest.raises(ConfigError, match="tls.enabled needs tls.key_file, tls.ca_file"):
         load_config(env={"DATADISTD_TLS_ENABLED": "yes", "DATADISTD_TLS_CERT_FILE": "/etc/datadist/node.pem"})

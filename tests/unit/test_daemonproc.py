@@ -74,3 +74,18 @@ def test_start_all_starts_daemons_together_and_a_failure_takes_all_down() -> Non
     assert "--no-such-flag" in str(info.value)
     assert ok.proc is not None and ok.proc.poll() is not None       # the good one was not left running
     assert not os.path.exists(ok.dir) and not os.path.exists(bad.dir)
+
+
+def test_the_demo_progress_bar_counts_in_the_summary_units() -> None:
+    """The bar said 101M where the summary said 96 MiB."""
+    import io
+
+    from tqdm import tqdm
+
+    from datadistd.demo import progress_bar
+
+    out = io.StringIO()
+    bar = progress_bar(tqdm, 96 * 2**20, file=out)
+    bar.update(96 * 2**20)
+    bar.close()
+    assert "96.0MiB/96.0MiB" in out.getvalue() and "101M" not in out.getvalue()

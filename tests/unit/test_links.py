@@ -10,6 +10,7 @@ the reverse stream) and ``CALL_CODEC`` (CALL/REPLY frames on the data connection
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator
 
 import numpy as np
@@ -218,6 +219,32 @@ def test_each_end_holds_the_record_of_its_kind() -> None:
     asyncio.run(main())
 
 
+def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout() -> None:
+    """CANN answers LLM_NOT_YET_LINK for a link that was destroyed (hixl data_cache_engine.cc, PullCache); the
+    pull used to say LLM_TIMEOUT "failed within 1000 ms" though nothing timed out."""
+    async def main() -> None:
+        async with Pair(False) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            _, dst = pair.caches()
+
+            async def read_while_the_other_end_unlinks(*args: Any) -> tuple[int, bool]:
+                assert (await serving.unlink_clusters([ClusterSpec(D)], 3000, False))[0] == 0
+                deadline = time.monotonic() + 5
+                while linking.links and time.monotonic() < deadline:   # the notice reaches the linking end
+                    await asyncio.sleep(0.01)
+                raise DataDistError(S.LLM_LINK_FAILED, f"owner calls to cluster {P} closed: unlinked")
+
+            pair.peers[0].read = read_while_the_other_end_unlinks  # type: ignore[method-assign]
+            with pytest.raises(DataDistError) as info:
+                await linking.pull(_order(P, dst, [1], [1]))
+            assert info.value.code == S.LLM_NOT_YET_LINK, info.value
+            assert info.value.message == (f"the link to cluster {P} was closed during the transfer (owner calls to "
+                                          f"cluster {P} closed: unlinked)")
+
+    asyncio.run(main())
+
+
 def test_a_wrong_secret_is_refused_at_either_end() -> None:
     async def main() -> None:
         async with Pair(False, secrets=("alpha", "bravo")) as pair:
@@ -267,11 +294,12 @@ def test_a_failed_owner_call_breaks_the_link_and_says_relink() -> None:
             pair.peers[0].fail["read"] = DataDistError(S.LLM_LINK_FAILED, "peer unreachable (injected)")
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [1], [1]))
-            assert info.value.code == S.LLM_TIMEOUT and "injected" in info.value.message
+            # the connection failed before any deadline: CANN's code for a failed communication, not LLM_TIMEOUT
+            assert info.value.code == S.LLM_FAILED and "injected" in info.value.message
             assert linking.links[P].state == LinkState.BROKEN
             with pytest.raises(DataDistError) as info:   # no retry on a broken link: the caller relinks
                 await linking.pull(_order(P, dst, [1], [1]))
-            assert info.value.code == S.LLM_TIMEOUT and "unlink and link again" in info.value.message
+            assert info.value.code == S.LLM_FAILED and "link_clusters again" in info.value.message
             assert pair.peers[0].calls.count("read") == 1
             # an owner-side refusal (not a link fault) leaves a healthy link alone
             assert await pair.link() == (0, [0])

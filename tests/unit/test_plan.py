@@ -95,3 +95,19 @@ def test_push_plans() -> None:
     assert plan.remote.size == 8 and plan.nbytes == 16
     with pytest.raises(DataDistError):
         plan_push(TransferOrder(TransferKind.CACHE, IdIndexRef(9, 1, 0), 1, size=4), c, False, 1)
+
+
+@pytest.mark.parametrize("plan,local,remote,message", [
+    (plan_pull, (0, 1), (0, 1000), None),   # the remote list is checked by its owner
+    (plan_pull, (0, 1000), (0, 1), "dst_blocks[1] = 1000 out of range [0, 10): the destination cache has 10 blocks"),
+    (plan_push, (0, 1000), (0, 1), "src_blocks[1] = 1000 out of range [0, 10): the source cache has 10 blocks"),
+])
+def test_a_block_out_of_range_says_which_list(plan, local, remote, message) -> None:  # noqa: ANN001
+    """`block 1000 (position 1) out of range [0, 64)` did not say whether src_blocks or dst_blocks was wrong."""
+    order = TransferOrder(TransferKind.BLOCKS, BlocksKeyRef(9, 0), 1, remote, local)
+    if message is None:
+        assert plan(order, blocks_desc(4, 10, 8), True, 1).remote.blocks == tuple(remote)
+        return
+    with pytest.raises(DataDistError) as info:
+        plan(order, blocks_desc(4, 10, 8), True, 1)
+    assert info.value.code == S.LLM_PARAM_INVALID and info.value.message == message

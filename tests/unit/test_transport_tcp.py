@@ -804,3 +804,27 @@ def test_stripe_senders_belong_to_the_channel_and_end_with_it() -> None:
         assert not senders()
     finally:
         p.stop()
+
+
+def test_data_ports_bind_the_first_free_port_of_the_range() -> None:
+    """[transport] data_ports: a firewall opens exactly the configured ports (issue 29, finding 4)."""
+    from datadistd.tools.daemonproc import free_port
+
+    first = free_port()
+    taken = socket.socket()
+    made: list[TcpTransport] = []
+    try:
+        taken.bind(("127.0.0.1", first))          # someone else holds the first port of the range
+        t = TcpTransport("127.0.0.1", ports=(first, first + 1))
+        made.append(t)
+        t.start()
+        assert t.endpoint == f"tcp://127.0.0.1:{first + 1}"
+        full = TcpTransport("127.0.0.1", ports=(first, first + 1))
+        with pytest.raises(DataDistError) as info:
+            full.start()
+        assert info.value.code == S.LLM_LINK_FAILED
+        assert f"every port of [transport] data_ports {first}-{first + 1} is in use" in info.value.message
+    finally:
+        taken.close()
+        for t in made:
+            t.stop()

@@ -292,12 +292,14 @@ class UnlinkClustersRequest(_message.Message):
     def __init__(self, engine_id: _Optional[int] = ..., clusters: _Optional[_Iterable[_Union[ClusterLink, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class LinkClustersResponse(_message.Message):
-    __slots__ = ("status", "statuses")
+    __slots__ = ("status", "statuses", "reasons")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
     status: int
     statuses: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, status: _Optional[int] = ..., statuses: _Optional[_Iterable[int]] = ...) -> None: ...
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[int] = ..., statuses: _Optional[_Iterable[int]] = ..., reasons: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SwitchRoleRequest(_message.Message):
     __slots__ = ("engine_id", "role", "options")

@@ -105,7 +105,11 @@ def _check_tensor_indices(desc: CacheDesc, tensor_indices: Sequence[int]) -> Non
                                 f"tensor index {t!r} out of range [0, {n}) (num_tensors={n})")
 
 
-def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str) -> None:
+#: which block list a check is about, as the worker named it: ``side`` -> (argument, whose cache)
+SIDES = {"src": ("src_blocks", "source"), "dst": ("dst_blocks", "destination")}
+
+
+def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "") -> None:
     n = desc.rows
     if not rows:
         return
@@ -117,6 +121,10 @@ def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str) -> None:
         return
     for i, b in enumerate(rows):
         if not (_is_int(b) and 0 <= b < n):
+            if side:
+                arg, whose = SIDES[side]
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"{arg}[{i}] = {b!r} out of range [0, {n}): the {whose} cache has {n} {what}s")
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"{what} {b!r} (position {i}) out of range [0, {n}) for a cache of {n} {what}s")
 
@@ -205,13 +213,14 @@ class BlockSpans(Sequence[Span]):
         return f"BlockSpans(tensors={self.tensors!r}, {len(self.blocks)} blocks of {self.row} bytes)"
 
 
-def block_spans(desc: CacheDesc, tensor_indices: Sequence[int], blocks: Sequence[int]) -> BlockSpans:
+def block_spans(desc: CacheDesc, tensor_indices: Sequence[int], blocks: Sequence[int], side: str = "") -> BlockSpans:
     """The bytes of ``blocks`` (list order) in each tensor of ``tensor_indices`` (given order), runs merged.
 
-    Checks every index first; the result is a ``BlockSpans`` sequence (see there).
+    Checks every index first (an error names ``side``'s list: ``"src"`` -> src_blocks of the source cache,
+    ``"dst"`` -> dst_blocks of the destination); the result is a ``BlockSpans`` sequence (see there).
     """
     _check_tensor_indices(desc, tensor_indices)
-    _check_rows(desc, blocks, "block")
+    _check_rows(desc, blocks, "block", side)
     return BlockSpans(tensor_indices, blocks, desc.row_size)
 
 

@@ -100,7 +100,7 @@ def plan_pull(order: TransferOrder, dst: CacheDesc, dst_is_blocks: bool, own_clu
         require(order.src_offset == 0 and order.dst_offset == 0, "cache offsets apply to pull_cache only")
         require(dst_is_blocks, "pull_blocks needs a blocks destination cache")
         require(len(order.local_blocks) > 0, "dst_blocks must not be empty")
-        spans = block_spans(dst, local, order.local_blocks)
+        spans = block_spans(dst, local, order.local_blocks, "dst")
         if isinstance(order.remote, BlocksKeyRef):
             require(len(order.remote_blocks) > 0, "src_blocks must not be empty with a BlocksCacheKey")
             require(len(order.remote_blocks) == len(order.local_blocks),
@@ -135,7 +135,7 @@ def plan_push(order: TransferOrder, src: CacheDesc, src_is_blocks: bool, own_clu
         require(len(order.remote_blocks) > 0, "dst_blocks must not be empty")
         require(len(order.local_blocks) == len(order.remote_blocks),
                 f"src_blocks ({len(order.local_blocks)}) and dst_blocks ({len(order.remote_blocks)}) differ in length")
-        spans = block_spans(src, local, order.local_blocks)
+        spans = block_spans(src, local, order.local_blocks, "src")
         mode, blocks, size = ReadMode.BLOCKS, tuple(order.remote_blocks), -1
     nbytes = total_length(spans)
     remote = RemoteSpec(order.remote, mode, blocks, size, 0, t_start, t_count, nbytes)
@@ -204,7 +204,7 @@ def check_layer_task(task: LayerTask, own_cluster: int) -> None:
         require(len(task.dst_blocks) > 0, "transfer from blocks to cache is not supported")
         require(len(task.src_blocks) == len(task.dst_blocks),
                 f"num_block_indices mismatches, src_num = {len(task.src_blocks)}, dst_num = {len(task.dst_blocks)}")
-        block_spans(src, (), task.src_blocks)  # range check of the source blocks
+        block_spans(src, (), task.src_blocks, "src")  # range check of the source blocks
     elif task.dst_blocks:
         require(task.dst_block_size > 0, "dst_block_memory_size must be set when transfer from cache to blocks")
         need = len(task.dst_blocks) * task.dst_block_size
@@ -250,7 +250,7 @@ def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[list[Span
 
     def local(tensor_indices: tuple[int, ...]) -> list[Span]:
         if task.src_blocks:
-            return block_spans(src, tensor_indices, task.src_blocks)
+            return block_spans(src, tensor_indices, task.src_blocks, "src")
         if task.dst_blocks:
             return slot_spans(src, tensor_indices, t.src_batch_index, len(task.dst_blocks) * task.dst_block_size)
         return slot_spans(src, tensor_indices, t.src_batch_index, -1)

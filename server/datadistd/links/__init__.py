@@ -11,10 +11,11 @@ through the peer's ``Peer`` service, the serving end through the reverse path; t
 is the same (``_calls``). Unlinking either end tears down both. When both engines live in this
 daemon the link is ``local`` and transfers are plain memory copies.
 
-Deadlines: every transfer has ``sync_kv_timeout`` (or the call's timeout); a peer that is
-unreachable or breaks mid-transfer ends the call with ``LLM_TIMEOUT`` (CANN's "the link is
-unrecoverable, re-link" code) and marks the link ``broken``; ``link_clusters`` on a broken link
-re-establishes it.
+Deadlines: every transfer has ``sync_kv_timeout`` (or the call's timeout). A transfer that does not
+complete by then ends with ``LLM_TIMEOUT``; one whose connection is lost before (the peer died) with
+``LLM_FAILED``; one whose link was unlinked meanwhile with ``LLM_NOT_YET_LINK`` (CANN's codes:
+docs/choices.md). The first two mark the link ``broken`` (later transfers: ``LLM_FAILED`` at once);
+``link_clusters`` on a broken link re-establishes it.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ class Requester(LinkCore):
         if link is None:
             raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
                                 f"cluster {self.cluster_id} has no link to cluster {cluster}")
-        if link.state == LinkState.BROKEN:
-            raise DataDistError(StatusCode.LLM_TIMEOUT,
-                                f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+        if link.state == LinkState.BROKEN:  # nothing timed out now: CANN's code for a failed communication
+            raise DataDistError(StatusCode.LLM_FAILED,
+                                f"the link to cluster {cluster} is broken ({link.reason}); link_clusters again")
         return link
 
     def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls | PeerClient | ReverseHub, Channel]:
@@ -124,11 +124,25 @@ class Requester(LinkCore):
                             link.remote_cluster, exc)
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
-        if exc.code in (StatusCode.LLM_LINK_FAILED, StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
+        """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the
+        deadline passed: ``LLM_TIMEOUT``; the link was closed meanwhile (an unlink at either end, dropped by
+        the serving end): ``LLM_NOT_YET_LINK``, as CANN answers for a destroyed link; the connection was lost
+        before the deadline (the peer died, a reset): ``LLM_FAILED``, CANN's code for a communication error
+        that is not a timeout. Each with the reason."""
+        cluster = link.remote_cluster
+        if exc.code in (StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
             self._mark_broken(link, str(exc))
             return DataDistError(StatusCode.LLM_TIMEOUT,
-                                 f"transfer with cluster {link.remote_cluster} failed within {timeout_ms} ms: "
-                                 f"{exc.message}; the link is broken, unlink and link again")
+                                 f"transfer with cluster {cluster} did not complete within {timeout_ms} ms: "
+                                 f"{exc.message}; the link is broken, link_clusters again")
+        if exc.code == StatusCode.LLM_LINK_FAILED and self.links_to(cluster) is not link:
+            return DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                 f"the link to cluster {cluster} was closed during the transfer ({exc.message})")
+        if exc.code == StatusCode.LLM_LINK_FAILED:
+            self._mark_broken(link, str(exc))
+            return DataDistError(StatusCode.LLM_FAILED,
+                                 f"transfer with cluster {cluster} failed: the connection was lost ({exc.message}); "
+                                 "the link is broken, link_clusters again")
         if exc.code == StatusCode.LLM_NOT_YET_LINK:
             self._mark_broken(link, "the peer no longer knows this link")
         return exc

@@ -40,14 +40,20 @@ log = logging.getLogger("datadistd.links")
 
 
 class LinkSetup(LinkCore):
-    async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int) -> tuple[int, list[int]]:
+    async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
+                            reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        """The overall code and one per cluster; ``reasons`` (if given) gets one message per cluster ("" when
+        it linked), so the worker learns why a link failed, not only that it did."""
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
         if len(clusters) > MAX_CLUSTERS_PER_CALL:
             code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
             return code, [code] * len(clusters)
         deadline = time.monotonic() + timeout_ms / 1000
-        codes = await asyncio.gather(*(self._guarded(self._link_one, c, deadline) for c in clusters))
+        results = await asyncio.gather(*(self._attempt(self._link_one, c, deadline) for c in clusters))
+        if reasons is not None:
+            reasons.extend(reason for _, reason in results)
+        codes = [code for code, _ in results]
         return _overall(codes), codes
 
     async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
@@ -61,17 +67,22 @@ class LinkSetup(LinkCore):
 
     async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
                        deadline: float) -> int:
+        return (await self._attempt(fn, spec, deadline))[0]
+
+    async def _attempt(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
+                       deadline: float) -> tuple[int, str]:
+        """``fn(spec, deadline)`` unless another call is at it: its status code and, when it failed, why."""
         cid = spec.remote_cluster_id
         if cid in self.pending:
-            return int(StatusCode.LLM_PROCESSING_LINK)
+            return int(StatusCode.LLM_PROCESSING_LINK), f"another call is linking or unlinking cluster {cid}"
         self.pending.add(cid)
         try:
             await fn(spec, deadline)
-            return int(StatusCode.LLM_SUCCESS)
+            return int(StatusCode.LLM_SUCCESS), ""
         except DataDistError as exc:
             log.warning("cluster %s: %s cluster %s at %s failed: %s", self.cluster_id, fn.__name__.strip("_"),
                         cid, spec.address, exc)
-            return int(exc.code)
+            return int(exc.code), exc.message
         finally:
             self.pending.discard(cid)
 

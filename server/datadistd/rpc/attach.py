@@ -27,9 +27,7 @@ import errno
 import logging
 import os
 import socket
-import stat
 import struct
-from pathlib import Path
 
 from datadist.ascend.proof import possession_proof
 from datadist.v1 import attach_pb2
@@ -41,6 +39,7 @@ from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, 
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
+from ..sockfiles import OwnedSocket
 from .datadist_servicer import run_transfer
 from .errors import count_error
 
@@ -92,18 +91,17 @@ class AttachServer:
         self.mode = mode
         self.metrics = metrics
         self._sock: socket.socket | None = None
+        self._owned: OwnedSocket | None = None
         self._conns: dict[int, _Conn] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refusals = RefusalLog(log, "attach socket: connection refused", _LOG_EVERY_S)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        path = Path(self.path)
-        if path.is_socket() or path.is_symlink():
-            path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(self.path)
+            sock.bind(self.path)  # the caller claimed the path (sockfiles.claim): a file there fails the bind
+            self._owned = OwnedSocket.bound(self.path)
             os.chmod(self.path, self.mode)
             sock.listen(128)
             sock.setblocking(False)
@@ -120,11 +118,9 @@ class AttachServer:
             self._sock = None
         for conn in list(self._conns.values()):
             self._drop(conn, finalize=False)
-        try:
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)
-        except OSError:
-            pass
+        if self._owned is not None:
+            self._owned.remove()
+            self._owned = None
 
     # ---- connections ---------------------------------------------------------------------------
 

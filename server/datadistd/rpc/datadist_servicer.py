@@ -280,9 +280,10 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = self._slot(context, request.engine_id)
         if len(request.clusters) > MAX_CLUSTERS_PER_CALL:  # before converting a list of any length
             return _too_many_clusters(len(request.clusters))
+        reasons: list[str] = []
         code, codes = await slot.links.link_clusters([convert.cluster_from_pb(c) for c in request.clusters],
-                                                     request.timeout_ms or 3000)
-        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
+                                                     request.timeout_ms or 3000, reasons)
+        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes, reasons=reasons)
 
     @guarded
     async def UnlinkClusters(self, request, context):  # noqa: N802, ANN001, ANN201

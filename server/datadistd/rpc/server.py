@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import grpc
 from google.protobuf import message_factory
@@ -17,6 +16,7 @@ from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2
 from ..admission import AdmissionLimits
 from ..metrics import DaemonMetrics
 from ..node import EngineSlot, Node
+from ..sockfiles import OwnedSocket, publish, staging_path
 from .datadist_servicer import DataDistServicer
 from .front import PeerFront
 from .peer_client import GrpcPeerClient
@@ -56,25 +56,31 @@ def _health(server: grpc.aio.Server, services: list[str]) -> health.aio.HealthSe
 
 
 async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
-                               admin: bool = False) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+                               admin: bool = False) -> tuple[grpc.aio.Server, health.aio.HealthServicer, OwnedSocket]:
     """The DataDist server on a unix socket; health stays NOT_SERVING until the caller sets SERVING.
 
     ``admin``: the whole-node view (every engine) -- only on a socket of mode 0600 (see ``DataDistServicer``).
-    The caller checked the directory (``config.secure_socket_dir``)."""
-    path = Path(socket_path)
-    if path.is_socket() or path.is_symlink():
-        path.unlink()
+    The caller checked the directory (``config.secure_socket_dir``) and that no live daemon serves the path
+    (``sockfiles.claim``). gRPC replaces whatever is at the path it binds and unlinks that path when it
+    stops, so it binds a private name that ``sockfiles.publish`` links to ``socket_path`` (never over an
+    existing file): the socket the daemon removes at stop (``OwnedSocket.remove``) is only ever its own."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     servicer = DataDistServicer(node, socket_path[:-len(ADMIN_SUFFIX)] if admin else socket_path, metrics, admin)
     datadist_pb2_grpc.add_DataDistServicer_to_server(servicer, server)
     health_servicer = _health(server, [DATADIST_SERVICE])
     for name in ("", DATADIST_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    if server.add_insecure_port(f"unix:{path}") == 0:
-        raise OSError(f"cannot bind the worker socket {path}")
+    private = staging_path(socket_path)
+    if server.add_insecure_port(f"unix:{private}") == 0:
+        raise OSError(f"cannot bind the worker socket {socket_path}")
     await server.start()
-    os.chmod(path, mode)
-    return server, health_servicer
+    try:
+        os.chmod(private, mode)
+        owned = publish(private, socket_path)
+    except OSError:
+        await server.stop(0)
+        raise
+    return server, health_servicer, owned
 
 
 class PeerListener:

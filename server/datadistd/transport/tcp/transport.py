@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import hmac
 import itertools
@@ -59,7 +60,8 @@ class TcpTransport:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, nodelay: bool = True, sndbuf: int | None = None,
-                 rcvbuf: int | None = None, stripe: int = 0, admission: AdmissionLimits | None = None) -> None:
+                 rcvbuf: int | None = None, stripe: int = 0, admission: AdmissionLimits | None = None,
+                 ports: tuple[int, int] | None = None) -> None:
         if chunk_size <= 0 or chunk_size > MAX_FRAME:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"chunk_size must be in (0, {MAX_FRAME}]")
         if stripe < 0:
@@ -68,6 +70,9 @@ class TcpTransport:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "connect_timeout must be > 0")
         self.host = host
         self.port = port
+        #: ``[transport] data_ports``: the listener binds the first free port of this inclusive range instead of
+        #: ``port`` (a firewall then needs only these open)
+        self.ports = ports
         self.chunk_size = chunk_size
         self.connect_timeout = connect_timeout
         self.nodelay = nodelay
@@ -108,25 +113,38 @@ class TcpTransport:
     def start(self) -> None:
         if self._started:
             return
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.rcvbuf:
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-            listener.bind((self.host, self.port))
-            listener.listen(128)
-            listener.settimeout(_POLL)
-        except OSError as exc:
-            listener.close()
-            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                f"cannot listen for data connections on {self.host}:{self.port}: {exc}") from None
+        listener = self._listen()
         self._listener = listener
         self.port = listener.getsockname()[1]
         self._started = True
         self._admission = Admission(f"tcp data plane {self.endpoint}", self.admission_limits, log)
         self._spawn(self._accept_loop, f"datadist-tcp-accept:{self.port}")
         log.debug("tcp data plane listening on %s", self.endpoint)
+
+    def _listen(self) -> socket.socket:
+        """The data-plane listener on ``host``: at ``port``, or the first free port of ``ports``."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        candidates = range(self.ports[0], self.ports[1] + 1) if self.ports else (self.port,)
+        for port in candidates:   # bounded: at most the range's size
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if self.rcvbuf:
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+                listener.bind((self.host, port))
+                listener.listen(128)
+                listener.settimeout(_POLL)
+                return listener
+            except OSError as exc:
+                listener.close()
+                if self.ports and exc.errno == errno.EADDRINUSE:
+                    continue
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                    f"cannot listen for data connections on {self.host}:{port}: {exc}") from None
+        assert self.ports is not None
+        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                            f"cannot listen for data connections on {self.host}: every port of [transport] data_ports "
+                            f"{self.ports[0]}-{self.ports[1]} is in use (one per engine listening on this address)")
 
     def stop(self) -> None:
         with self._lock:

@@ -1,0 +1,84 @@
+"""Errors a worker sees say what happened (issue 29, findings 6 and 7): which block list is wrong, why a link
+failed, and no finalize error after the daemon released the engine itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from datadist.status import LLMStatusCode as S
+from tests.harness import WorkerError, free_port
+
+pytestmark = pytest.mark.integration
+
+P, D = 1, 2
+BLOCKS = 8
+
+
+def test_blocks_out_of_range_at_the_owner_name_their_list(daemon_factory, worker_factory) -> None:
+    """The other end's list is checked by its owner: its message names src_blocks (pull) or dst_blocks (push)."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)
+    decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    with pytest.raises(WorkerError) as info:
+        decoder.call("pull_blocks", P, "kv", [0, 1000], [0, 1])
+    assert info.value.status_code == S.LLM_PARAM_INVALID
+    assert f"src_blocks[1] = 1000 out of range [0, {BLOCKS}): the source cache has {BLOCKS} blocks" in str(info.value)
+    with pytest.raises(WorkerError) as info:
+        decoder.call("push_blocks", P, "kv", [0, 1], [1000, 1])
+    assert info.value.status_code == S.LLM_PARAM_INVALID
+    assert f"dst_blocks[0] = 1000 out of range [0, {BLOCKS}): the destination cache has {BLOCKS} blocks" \
+        in str(info.value)
+
+
+def test_a_pull_moves_bytes_whatever_the_data_types_as_cann_does(daemon_factory, worker_factory) -> None:
+    """CANN's transfer request carries no data type (hixl common.h TransferCacheReq; send_state.cc CheckParam
+    compares counts and sizes): fp16 blocks pulled into an int16 cache of the same block size arrive as bytes
+    (docs/choices.md, "What CANN checks")."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), dtype="float16", model_id=0)
+    decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 16), dtype="int16")
+    prompt.call("fill", "kv", 3)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", P, "kv", [1, 2], [5, 6])
+    assert (decoder.call("rows", "kv", None, [5, 6]) == prompt.call("rows", "kv", None, [1, 2])).all()
+
+
+def test_a_failed_link_tells_the_worker_why(daemon_factory, worker_factory) -> None:
+    """link_clusters returns codes only (CANN's signature); the reason used to stay in the daemon's log."""
+    dd = daemon_factory("d")
+    decoder = worker_factory(dd)
+    decoder.call("init", "DECODER", D)
+    decoder.call("capture_logs")
+    nobody = free_port()
+    code, codes = decoder.call("link", P, "127.0.0.1", nobody)
+    assert code == codes[0] == S.LLM_LINK_FAILED
+    logged = decoder.call("logs", "link_clusters")
+    assert f"link_clusters: cluster {P}: LLM_LINK_FAILED: " in logged and f"127.0.0.1:{nobody}" in logged
+    assert "Connection refused" in logged or "unreachable" in logged
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "stopped"])
+def test_no_finalize_error_after_the_daemon_released_the_engine(restart: bool, daemon_factory,
+                                                                worker_factory) -> None:
+    """After a daemon stop the worker was told its engine is released; finalize then has nothing to report."""
+    d = daemon_factory("d")
+    worker = worker_factory(d)
+    worker.call("init", "DECODER", D)
+    worker.call("capture_logs")
+    assert d.stop() == 0
+    worker.call("logs", "is stopping")
+    if restart:
+        d.start()
+    worker.call("finalize")
+    logged = worker.call("logs", "finalize")
+    assert "already released by datadistd" in logged, logged
+    assert "failed" not in logged, logged

@@ -1,0 +1,40 @@
+"""Doc lines that contradicted the code or the repository (issue 29, finding 8), checked against both."""
+
+from __future__ import annotations
+
+import re
+
+from datadistd.transport import TRANSPORTS
+from tests.harness import ROOT
+
+DOCS = [ROOT / "README.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_socket_default_names_every_fallback_the_code_has() -> None:
+    from datadistd.config import default_socket_path
+
+    row = next(line for line in (ROOT / "docs" / "operations.md").read_text().splitlines()
+               if line.startswith("| `--socket PATH`"))
+    for fallback in ("$RUNTIME_DIRECTORY/datadistd.sock", "/run/datadist/datadistd.sock",
+                     "$XDG_RUNTIME_DIR/datadist/datadistd.sock", "/tmp/datadist-<uid>/datadistd.sock"):
+        assert f"`{fallback}`" in row, fallback
+    assert "/tmp/datadist-" in (default_socket_path.__doc__ or "")
+
+
+def test_docs_cite_only_paths_inside_the_repository() -> None:
+    """The spec is docs/spec.md; nothing points at the workspace outside the repository."""
+    for doc in DOCS:
+        assert "../shared/" not in doc.read_text(), doc
+
+
+def test_no_doc_says_a_transport_that_exists_is_not_built() -> None:
+    for doc in DOCS:
+        for name in TRANSPORTS:
+            assert not re.search(rf"\b{name}\b transport not built", doc.read_text(), re.I), (doc, name)
+
+
+def test_the_ports_section_names_the_config_key_that_fixes_the_data_port() -> None:
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    ports = ops[ops.index("## Ports"):ops.index("## Two hosts")]
+    assert "`[transport] data_ports`" in ports and "data_ports = " in (ROOT / "deploy" / "datadistd.toml").read_text()
+    assert "data_ports" in (ROOT / "deploy" / "README.md").read_text()

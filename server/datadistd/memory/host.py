@@ -23,7 +23,9 @@ Worker memory (``import_memory``) arrives as descriptors the worker sent (``FdRe
   (``FdHandle``), so a later truncation only makes a transfer fail with ``LLM_PARAM_INVALID``;
 * several pieces not all sealed: refused.
 
-Each descriptor must be a regular file opened read-write that covers its piece. ``ProcessRef``
+Each descriptor must be a regular file of shmem/tmpfs (``handover.check_memory_fd``: hugetlbfs and
+other file systems are refused) opened read-write that covers its piece; every descriptor the daemon
+lets go is closed off the event loop (``handover.discard``). ``ProcessRef``
 is accepted only for the daemon's own process (embedded mode: ``DirectHandle``).
 """
 
@@ -46,6 +48,7 @@ from ..core.types import Placement
 from . import addr
 from .base import MAX_PIECES, FdPiece, FdRef, MemoryRef, ProcessRef
 from .carved import CarvedPool
+from .handover import check_memory_fd, discard
 
 __all__ = ["HostBackend", "HostPool", "PoolHandle", "MappedFdHandle", "PiecesHandle", "FdHandle", "DirectHandle",
            "is_sealed"]
@@ -272,7 +275,7 @@ class FdHandle:
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            discard([fd])
 
     def __repr__(self) -> str:
         return f"FdHandle(file_offset={self._base}, size={self._size})"
@@ -388,12 +391,11 @@ def _check_piece(piece: FdPiece, index: int) -> None:
     require(0 <= piece.file_offset < 1 << 62 and piece.length < 1 << 62,
             f"{where}: file_offset {piece.file_offset} + length {piece.length} is out of range")
     require(piece.file_offset % addr.PAGE == 0, f"{where}: file_offset {piece.file_offset} is not page-aligned")
+    st = check_memory_fd(piece.fd, where)
     try:
-        st = os.fstat(piece.fd)
         flags = fcntl.fcntl(piece.fd, fcntl.F_GETFL)
     except OSError as exc:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"{where}: {os.strerror(exc.errno or 0)}") from None
-    require(stat.S_ISREG(st.st_mode), f"{where} is not a regular file (memfd or shared-memory file)")
     require(flags & os.O_ACCMODE == os.O_RDWR, f"{where} was not opened read-write")
     require(piece.file_offset + piece.length <= st.st_size,
             f"{where}: the file has {st.st_size} bytes; [{piece.file_offset}, {piece.file_offset + piece.length}) "
@@ -429,11 +431,7 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
                                 f"cannot map worker memory: {os.strerror(exc.errno or 0)}") from None
     finally:
         if not keep:
-            for p in pieces:
-                try:
-                    os.close(p.fd)
-                except OSError:
-                    pass
+            discard([p.fd for p in pieces])     # off the event loop: a refused one may be a lingering socket
 
 
 # ---- the backend ------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.handover import discard
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
@@ -207,8 +208,7 @@ class AttachServer:
             log.exception("attach message from pid %s failed", conn.session.cred.pid)
             reply, out_fd = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc)), None
         finally:
-            for fd in fds:
-                os.close(fd)
+            discard(fds)     # never closed on the loop: a handed-over socket with SO_LINGER would block it
         reply.request_id = request.request_id
         self._reply(conn, reply, out_fd)
 

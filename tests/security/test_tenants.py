@@ -1,0 +1,119 @@
+"""A hostile tenant of the shared daemon (issue 27, local attacks), each refused next to the legitimate use.
+
+Numbers are the issue's attacks: 1 a lingering socket handed over, 3 a sealed hugetlb memfd, 4 one uid
+exhausting address space and mappings. One real daemon, real attach connections.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from datadist.status import LLMStatusCode
+from datadist.v1 import attach_pb2, datadist_pb2
+from datadistd.tools.daemonproc import DaemonProcess
+from llm_datadist.status import LLMException
+
+from .test_local import Worker
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def daemon():
+    d = DaemonProcess("tenant")
+    d.start()
+    yield d
+    d.stop()
+    d.discard()
+
+
+def _ask(s: socket.socket, request: attach_pb2.AttachRequest, fds: list[int]) -> attach_pb2.AttachReply:
+    socket.send_fds(s, [request.SerializeToString()], fds)
+    data, got, _, _ = socket.recv_fds(s, 1 << 16, 4)
+    for fd in got:
+        os.close(fd)
+    reply = attach_pb2.AttachReply()
+    reply.ParseFromString(data)
+    return reply
+
+
+def _lingering_socket() -> tuple[socket.socket, socket.socket, socket.socket]:
+    """A TCP socket with unsent data, a peer that never reads and ``SO_LINGER`` of an hour: its last close blocks."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    client = socket.create_connection(listener.getsockname(), timeout=10)
+    peer, _ = listener.accept()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 3600))
+    client.setblocking(False)
+    for _ in range(100_000):   # fill the send buffer and the peer's receive buffer
+        try:
+            client.send(b"x" * 65536)
+        except BlockingIOError:
+            break
+    return listener, client, peer
+
+
+# ---- 1. a handed-over descriptor cannot block the daemon ----------------------------------------------
+
+def test_1_a_lingering_socket_handed_over_blocks_nobody(daemon):
+    other = Worker(daemon)     # another tenant, already at work
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)           # a blocked daemon would not answer within this
+    s.connect(daemon.socket + ".attach")
+    listener, client, peer = _lingering_socket()
+    try:
+        engine = other.init(1)
+        assert _ask(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello()), []).status == 0
+        fd = client.detach()   # the daemon's copy becomes the last one once ours is closed
+        request = attach_pb2.AttachRequest(import_memory=attach_pb2.ImportMemory(
+            pieces=[attach_pb2.MemoryPiece(length=4096)], length=4096))
+        socket.send_fds(s, [request.SerializeToString()], [fd])
+        os.close(fd)
+        data, _, _, _ = socket.recv_fds(s, 1 << 16, 4)
+        reply = attach_pb2.AttachReply()
+        reply.ParseFromString(data)
+        assert reply.status == LLMStatusCode.LLM_PARAM_INVALID and "regular file" in reply.message
+        # the loop is free: the other tenant is served, and so is this connection
+        assert other("GetStatus", datadist_pb2.StatusRequest()).engines[0].engine_id == engine
+        assert other.register(engine, other.hand_over(np.zeros(4 * 1024, np.uint16))).cache_id == 1
+        assert _ask(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello()), []).status == 0
+    finally:
+        s.close()
+        other.close()
+        peer.close()
+        listener.close()
+    assert daemon.proc.poll() is None
+
+
+# ---- 3. memory whose pages can vanish under a seal is refused -----------------------------------------
+
+def test_3_a_sealed_hugetlb_memfd_is_refused(daemon):
+    w = Worker(daemon)
+    try:
+        engine = w.init(1)
+        fd = os.memfd_create("huge", os.MFD_HUGETLB | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, 2 * MiB)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            with pytest.raises(LLMException) as info:
+                w.attach.import_memory([fd], [(0, 2 * MiB)], 0, 2 * MiB, "test")
+            assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID and "hugetlbfs" in str(info.value)
+        finally:
+            os.close(fd)
+        # a file that is not shared memory is refused too; a sealed memfd is mapped as before
+        with open(__file__, "rb+") as f, pytest.raises(LLMException) as info:
+            w.attach.import_memory([f.fileno()], [(0, 4096)], 0, 4096, "test")
+        assert "not shared memory" in str(info.value)
+        assert w.register(engine, w.hand_over(np.zeros(4 * 1024, np.uint16))).cache_id == 1
+    finally:
+        w.close()
+    assert daemon.proc.poll() is None

@@ -19,7 +19,7 @@ from datadist.v1 import attach_pb2, datadist_pb2
 from datadistd.tools.daemonproc import DaemonProcess
 from llm_datadist.status import LLMException
 
-from .test_local import Worker
+from .test_local import Worker, refused
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +117,57 @@ def test_3_a_sealed_hugetlb_memfd_is_refused(daemon):
     finally:
         w.close()
     assert daemon.proc.poll() is None
+
+
+# ---- 4. one uid cannot take every tenant's address space, mappings or engines ------------------------
+
+@pytest.fixture
+def small_quota():
+    d = DaemonProcess("quota", env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "6",
+                                    "DATADISTD_QUOTA_IMPORTED_BYTES_PER_UID": str(64 << 30),
+                                    "DATADISTD_QUOTA_ENGINES_PER_UID": "2"})
+    d.start()
+    yield d
+    d.stop()
+    d.discard()
+
+
+def _sparse_sealed(size: int) -> int:
+    fd = os.memfd_create("sparse", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+def test_4_one_uid_is_held_to_its_quota(small_quota):
+    w = Worker(small_quota)
+    try:
+        engine = w.init(1)
+        w.init(2)
+        assert "engines_per_uid" in refused(lambda: w.init(3), LLMStatusCode.LLM_OUT_OF_MEMORY)   # a third engine
+        # 128 TiB of sparse sealed memfds: refused past the byte quota, before anything is mapped
+        fd = _sparse_sealed(32 << 30)
+        try:
+            ids = [w.attach.import_memory([fd], [(0, 32 << 30)], 0, 32 << 30, "test") for _ in range(2)]
+            with pytest.raises(LLMException) as info:
+                w.attach.import_memory([fd], [(0, 32 << 30)], 0, 32 << 30, "test")
+            assert info.value.status_code == LLMStatusCode.LLM_OUT_OF_MEMORY
+            assert "imported_bytes_per_uid" in str(info.value)
+            w.attach.release_memory(ids)
+        finally:
+            os.close(fd)
+        # one-page pieces: refused past the mapping quota
+        fd = _sparse_sealed(1 << 20)
+        try:
+            ids = [w.attach.import_memory([fd] * 3, [(0, 4096)] * 3, 0, 4096, "test") for _ in range(2)]
+            with pytest.raises(LLMException) as info:
+                w.attach.import_memory([fd], [(0, 4096)], 0, 4096, "test")
+            assert "imported_mappings_per_uid" in str(info.value)
+            w.attach.release_memory(ids[:1])
+        finally:
+            os.close(fd)
+        # what was given back is available again, and registering still works
+        assert w.register(engine, w.hand_over(np.zeros(4 * 1024, np.uint16))).cache_id == 1
+    finally:
+        w.close()
+    assert small_quota.proc.poll() is None

@@ -13,7 +13,7 @@ socket (``FdRef``), or, in embedded mode, as addresses of the daemon's own proce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Union, runtime_checkable
 
 from ..core.types import Placement
@@ -68,6 +68,12 @@ class FdPiece:
     length: int
 
 
+class Releasable(Protocol):
+    """Something booked for a piece of memory, given back once when that memory goes (``quota.Charge``)."""
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class FdRef:
     """Memory a worker handed over: its pieces laid end to end, and the range ``[offset, offset+length)``
@@ -76,6 +82,8 @@ class FdRef:
     pieces: tuple[FdPiece, ...]
     offset: int
     length: int
+    #: what the importing uid was charged for this memory (``quota.Charge``); the handle gives it back on close
+    charge: Releasable | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

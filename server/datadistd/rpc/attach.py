@@ -274,9 +274,11 @@ class AttachServer:
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
             else:
-                ref = FdRef(tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces,
-                                                                                        strict=True)),
-                            msg.offset, msg.length)
+                pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
+                # booked to the uid before anything is mapped; the handle gives it back when closed
+                charge = self.node.quota.take(session.cred.uid, imported_bytes=sum(p.length for p in pieces),
+                                              imported_mappings=len(pieces))
+                ref = FdRef(pieces, msg.offset, msg.length, charge)
             fds.clear()
             handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
             memory_id = next(self.node.sessions.memory_ids)

@@ -1,0 +1,92 @@
+"""What one local principal (a uid) may make the daemon hold: imported bytes and mappings, engines, pools.
+
+A ``QuotaBook`` counts, per uid, what that uid's workers hold now; ``take`` either books an amount and
+returns a ``Charge`` (released exactly once, when the thing it paid for goes) or refuses with
+``LLM_OUT_OF_MEMORY`` naming the config key to raise. Limits are ``[quota]`` in the config
+(``config.QuotaSection``); 0 means no limit. Thread-safe: memory handles may be closed off the loop.
+No grpc here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .core.errors import DataDistError, StatusCode
+
+__all__ = ["QuotaLimits", "QuotaBook", "Charge", "RESOURCES"]
+
+#: what is counted, and the ``[quota]`` key that bounds it per uid
+RESOURCES = {
+    "imported_bytes": "imported_bytes_per_uid",
+    "imported_mappings": "imported_mappings_per_uid",
+    "engines": "engines_per_uid",
+    "pools": "pools_per_uid",
+}
+
+
+@dataclass(frozen=True)
+class QuotaLimits:
+    imported_bytes_per_uid: int = 1 << 40
+    imported_mappings_per_uid: int = 8192
+    engines_per_uid: int = 64
+    pools_per_uid: int = 128
+
+    def limit(self, resource: str) -> int:
+        return {"imported_bytes": self.imported_bytes_per_uid, "imported_mappings": self.imported_mappings_per_uid,
+                "engines": self.engines_per_uid, "pools": self.pools_per_uid}[resource]
+
+
+class Charge:
+    """Amounts booked to one uid; ``release`` gives them back (idempotent)."""
+
+    __slots__ = ("_book", "uid", "amounts")
+
+    def __init__(self, book: "QuotaBook | None", uid: int, amounts: dict[str, int]) -> None:
+        self._book = book
+        self.uid = uid
+        self.amounts = amounts
+
+    def release(self) -> None:
+        book, self._book = self._book, None
+        if book is not None:
+            book._give_back(self.uid, self.amounts)
+
+
+class QuotaBook:
+    def __init__(self, limits: QuotaLimits | None = None) -> None:
+        self.limits = limits or QuotaLimits()
+        self._used: dict[int, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def used(self, uid: int) -> dict[str, int]:
+        with self._lock:
+            return dict(self._used.get(uid, {}))
+
+    def take(self, uid: int, **amounts: int) -> Charge:
+        """Book ``amounts`` (resource → count) to ``uid``; ``LLM_OUT_OF_MEMORY`` if one would pass its limit."""
+        with self._lock:
+            used = self._used.setdefault(uid, {})
+            for resource, amount in amounts.items():
+                limit = self.limits.limit(resource)
+                have = used.get(resource, 0)
+                if limit and have + amount > limit:
+                    if not any(used.values()):
+                        del self._used[uid]
+                    raise DataDistError(
+                        StatusCode.LLM_OUT_OF_MEMORY,
+                        f"uid {uid} holds {have} {resource.replace('_', ' ')} in this daemon; {amount} more would "
+                        f"exceed its quota ([quota] {RESOURCES[resource]} = {limit})")
+            for resource, amount in amounts.items():
+                used[resource] = used.get(resource, 0) + amount
+        return Charge(self, uid, dict(amounts))
+
+    def _give_back(self, uid: int, amounts: dict[str, int]) -> None:
+        with self._lock:
+            used = self._used.get(uid)
+            if used is None:
+                return
+            for resource, amount in amounts.items():
+                used[resource] = used.get(resource, 0) - amount
+            if not any(used.values()):
+                del self._used[uid]

@@ -1,0 +1,47 @@
+"""The per-uid quota book: one uid at its limit never limits another; every charge comes back once."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from datadistd.config import load_config
+from datadistd.core.errors import DataDistError, StatusCode
+from datadistd.quota import QuotaBook, QuotaLimits
+
+
+def test_a_uid_at_its_quota_does_not_limit_another():
+    book = QuotaBook(QuotaLimits(imported_bytes_per_uid=100, imported_mappings_per_uid=2))
+    book.take(1, imported_bytes=100, imported_mappings=1)
+    with pytest.raises(DataDistError) as info:
+        book.take(1, imported_bytes=1, imported_mappings=1)
+    assert info.value.code == StatusCode.LLM_OUT_OF_MEMORY and "imported_bytes_per_uid = 100" in info.value.message
+    assert book.used(1) == {"imported_bytes": 100, "imported_mappings": 1}   # a refusal books nothing
+    book.take(2, imported_bytes=100, imported_mappings=2)
+
+
+def test_zero_is_no_limit_and_config_reaches_the_book():
+    book = QuotaBook(QuotaLimits(engines_per_uid=0))
+    for _ in range(1000):
+        book.take(5, engines=1)
+    cfg = load_config(env={"DATADISTD_QUOTA_POOLS_PER_UID": "3"})
+    assert cfg.quota.limits().pools_per_uid == 3 and cfg.quota.limits().engines_per_uid == 64
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50), st.booleans()), max_size=60))
+def test_charges_come_back_exactly(ops):
+    book = QuotaBook(QuotaLimits(imported_bytes_per_uid=100))
+    held = []
+    for uid, amount, release in ops:
+        try:
+            held.append(book.take(uid, imported_bytes=amount))
+        except DataDistError:
+            assert book.used(uid).get("imported_bytes", 0) + amount > 100
+        if release and held:
+            charge = held.pop(0)
+            charge.release()
+            charge.release()          # idempotent
+    for charge in held:
+        charge.release()
+    assert all(book.used(uid) == {} for uid in range(4))

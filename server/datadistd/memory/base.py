@@ -14,7 +14,7 @@ socket (``FdRef``), or, in embedded mode, as addresses of the daemon's own proce
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Union, runtime_checkable
+from typing import Callable, Protocol, Union, runtime_checkable
 
 from ..core.types import Placement
 
@@ -82,8 +82,9 @@ class FdRef:
     pieces: tuple[FdPiece, ...]
     offset: int
     length: int
-    #: what the importing uid was charged for this memory (``quota.Charge``); the handle gives it back on close
-    charge: Releasable | None = field(default=None, compare=False)
+    #: books ``(bytes, descriptors)`` to the importing uid once the pieces are checked, before anything is
+    #: mapped (``quota.QuotaBook.take``); the handle gives the ``Releasable`` back when it is closed
+    pay: Callable[[int, int], Releasable] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -419,6 +419,7 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
     """The handle for memory handed over as descriptors (see the module doc); owns the descriptors."""
     pieces = ref.pieces
     keep = False
+    charge: Releasable | None = None
     handed = False       # the charge went to a handle (which gives it back when closed)
     try:
         require(0 < len(pieces) <= MAX_PIECES, f"memory must come in 1..{MAX_PIECES} pieces, got {len(pieces)}")
@@ -429,17 +430,19 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
         require(0 <= ref.offset and ref.offset + ref.length <= total,
                 f"range [{ref.offset}, {ref.offset + ref.length}) is outside the {total} bytes handed over")
         sealed = [is_sealed(p.fd) for p in pieces]
+        if ref.pay is not None:
+            charge = ref.pay(total, len(pieces))
         if len(pieces) == 1 and not sealed[0]:
             keep = handed = True
-            return FdHandle(pieces[0], ref.offset, ref.length, ref.charge)
+            return FdHandle(pieces[0], ref.offset, ref.length, charge)
         require(all(sealed), f"memory in {len(pieces)} pieces needs every piece to be a memfd sealed with "
                              f"F_SEAL_SHRINK (pieces {[i for i, s in enumerate(sealed) if not s]} are not)")
         for p in pieces[:-1]:
             require(p.length % addr.PAGE == 0, "every piece but the last must be whole pages")
         try:
             handle: MappedFdHandle | PiecesHandle = (
-                MappedFdHandle(pieces[0], ref.offset, ref.length, ref.charge) if len(pieces) == 1
-                else PiecesHandle(pieces, ref.offset, ref.length, ref.charge))
+                MappedFdHandle(pieces[0], ref.offset, ref.length, charge) if len(pieces) == 1
+                else PiecesHandle(pieces, ref.offset, ref.length, charge))
             handed = True
             return handle
         except OSError as exc:
@@ -448,8 +451,8 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
     finally:
         if not keep:
             discard([p.fd for p in pieces])     # off the event loop: a refused one may be a lingering socket
-        if not handed and ref.charge is not None:
-            ref.charge.release()
+        if not handed and charge is not None:
+            charge.release()
 
 
 # ---- the backend ------------------------------------------------------------------------------

@@ -275,10 +275,9 @@ class AttachServer:
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
             else:
                 pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
-                # booked to the uid before anything is mapped; the handle gives it back when closed
-                charge = self.node.quota.take(session.cred.uid, imported_bytes=sum(p.length for p in pieces),
-                                              imported_mappings=len(pieces))
-                ref = FdRef(pieces, msg.offset, msg.length, charge)
+                uid = session.cred.uid    # booked once checked, before anything is mapped; the handle gives it back
+                ref = FdRef(pieces, msg.offset, msg.length, lambda n, maps: self.node.quota.take(
+                    uid, imported_bytes=n, imported_mappings=maps))
             fds.clear()
             handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
             memory_id = next(self.node.sessions.memory_ids)

@@ -7,9 +7,14 @@ exhausting address space and mappings. One real daemon, real attach connections.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import shutil
 import socket
+import stat
 import struct
+import subprocess
+import tempfile
 
 import numpy as np
 import pytest
@@ -18,8 +23,10 @@ from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, datadist_pb2
 from datadistd.tools.daemonproc import DaemonProcess
 from llm_datadist.status import LLMException
+from tests.harness import free_port
 
 from .test_local import Worker, refused
+from .test_users import _ids, as_user, users  # noqa: F401 - users: the throwaway-users fixture
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +178,67 @@ def test_4_one_uid_is_held_to_its_quota(small_quota):
     finally:
         w.close()
     assert small_quota.proc.poll() is None
+
+
+# ---- 5. the default embedded mode is not open to other local users ------------------------------------
+
+EMBEDDED = """
+import json, sys, numpy as np, llm_datadist as ld
+role, port = sys.argv[1], int(sys.argv[2])
+cfg = ld.LLMConfig(); cfg.device_id = 0; cfg.enable_cache_manager = True; cfg.enable_remote_cache_accessible = True
+if role == "prompt":
+    cfg.listen_ip_info = f"127.0.0.1:{port}"
+dd = ld.LLMDataDist(ld.LLMRole.PROMPT if role == "prompt" else ld.LLMRole.DECODER, 1 if role == "prompt" else 2)
+dd.init(cfg.generate_options())
+kv = [np.full((4, 1024), 7 if role == "prompt" else 0, np.uint8)]
+cache = dd.cache_manager.register_blocks_cache(ld.CacheDesc(1, [4, 1024], ld.DataType.DT_UINT8),
+                                               [kv[0].ctypes.data], ld.BlocksCacheKey(1, 0))
+if role == "prompt":
+    print("ready", flush=True)
+    sys.stdin.readline()
+else:
+    info = ld.LLMClusterInfo(); info.remote_cluster_id = 1
+    info.append_local_ip_info("127.0.0.1", 0); info.append_remote_ip_info("127.0.0.1", port)
+    code, codes = dd.link_clusters([info], 5000)
+    out = {"link": int(code), "codes": [int(c) for c in codes]}
+    if int(code) == 0:
+        dd.cache_manager.pull_blocks(ld.BlocksCacheKey(1, 0), cache, [0, 1], [0, 1])
+        out["pulled"] = bool((kv[0][:2] == 7).all())
+    print(json.dumps(out), flush=True)
+dd.finalize()
+"""
+
+
+@pytest.mark.usefixtures("users")
+def test_5_embedded_workers_link_within_one_user_only():
+    """Two real throwaway users (root only; skipped with the reason otherwise), no secret configured anywhere."""
+    base = tempfile.mkdtemp(prefix="datadist-embedded-users-")
+    os.chmod(base, 0o711)
+    runtime = {}
+    for name in ("ddtest-alice", "ddtest-bob"):
+        d = os.path.join(base, name)
+        os.mkdir(d, 0o700)
+        os.chown(d, *_ids(name))
+        runtime[name] = {"XDG_RUNTIME_DIR": d}
+    port = free_port()
+    prompt = as_user("ddtest-alice", ["-c", EMBEDDED, "prompt", str(port)], env=runtime["ddtest-alice"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert prompt.stdout.readline().strip() == "ready", prompt.stderr.read()[-2000:]
+
+        def decoder(user: str) -> dict:
+            p = as_user(user, ["-c", EMBEDDED, "decoder", str(port)], env=runtime[user], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-2000:]
+            return json.loads(out.strip().splitlines()[-1])
+
+        assert decoder("ddtest-alice") == {"link": 0, "codes": [0], "pulled": True}     # the same user links
+        bob = decoder("ddtest-bob")                                                      # another user does not
+        assert bob["link"] != 0 and "pulled" not in bob, bob
+        secret = os.path.join(base, "ddtest-alice", "datadist", "peer.secret")
+        assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600 and os.stat(secret).st_uid == _ids("ddtest-alice")[0]
+    finally:
+        prompt.stdin.close()
+        prompt.wait(60)
+        shutil.rmtree(base, ignore_errors=True)

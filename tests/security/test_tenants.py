@@ -15,6 +15,7 @@ import stat
 import struct
 import subprocess
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -242,3 +243,69 @@ def test_5_embedded_workers_link_within_one_user_only():
         prompt.stdin.close()
         prompt.wait(60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- 7. the metrics endpoint is bounded -------------------------------------------------------------
+
+def _scrape(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""     # a non-blocking socket
+    except BlockingIOError:
+        return False
+    except OSError:           # reset
+        return True
+
+
+def test_7_metrics_connections_are_capped_and_deadlined():
+    from datadistd.tools.daemonproc import free_port
+
+    port = free_port()
+    d = DaemonProcess("metrics", env={"DATADISTD_METRICS_LISTEN": str(port)})   # a bare port: loopback
+    d.start()
+    slow: list[socket.socket] = []
+    try:
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in d.log()
+        assert b"200 OK" in _scrape(port)
+        for _ in range(64):      # each sends a request line, then a header line now and then, never the end
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+            s.setblocking(False)
+            slow.append(s)
+        open_ = list(slow)
+        for _ in range(300):     # bounded: up to ~30 s, a header line every 0.1 s to those still open
+            open_ = [s for s in open_ if not _closed_by_server(s)]
+            if not open_:
+                break
+            for s in open_:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        assert not open_, f"{len(open_)} of 64 slow connections still held"
+        for s in slow:
+            s.close()
+        # a request line over 64 KiB: closed, and no traceback in the log
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            try:
+                s.sendall(b"GET /" + b"a" * (70 << 10))
+                s.recv(1)
+            except OSError:
+                pass
+        body = _scrape(port)
+        assert b"200 OK" in body and b"datadist" in body
+        assert "Traceback" not in open(d.log_path).read()
+    finally:
+        for s in slow:
+            s.close()
+        d.stop()
+        d.discard()

@@ -165,14 +165,15 @@ class LinkSetup(LinkCore):
             except asyncio.CancelledError:
                 raise
 
-    def serve_challenge(self, client: int, server: int) -> bytes:
-        """Serving side, first step of a link: a single-use challenge for the handshake that follows."""
+    def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
+        """Serving side, first step of a link: a single-use challenge for the handshake that follows
+        (``source``: who asked, ``admission.source_key``, for the store's fair share)."""
         require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        if server != self.cluster_id:
+        if server != self.cluster_id:   # the caller is unauthenticated: this engine's cluster id is not said
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"cluster id mismatch: the linking side expects cluster {server}, "
-                                f"this engine is cluster {self.cluster_id}")
-        return self._challenges.issue()
+                                f"cluster id mismatch: the linking side expects cluster {server}, which is not "
+                                "the cluster of the engine at this address")
+        return self._challenges.issue(source)
 
     async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""

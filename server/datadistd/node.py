@@ -123,6 +123,12 @@ class Node:
                 return slot.links
         return None
 
+    def principal(self, links: object) -> int:
+        for slot in self.engines.values():
+            if slot.links is links:
+                return slot.uid
+        return os.getuid()   # an engine being made or gone: the daemon's own
+
     # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------
 
     def snapshot(self, slots: Iterable[EngineSlot] | None = None) -> NodeView:

@@ -166,6 +166,10 @@ class NodeContext(Protocol):
 
     def local_links_at(self, address: str) -> "LinkCore | None": ...
 
+    def principal(self, links: "LinkCore") -> int:
+        """The uid of the worker whose engine ``links`` serves (``authz``: same-daemon links stay within one)."""
+        ...
+
 
 def _overall(codes: Sequence[int]) -> int:
     for code in codes:

@@ -309,3 +309,28 @@ def test_7_metrics_connections_are_capped_and_deadlined():
             s.close()
         d.stop()
         d.discard()
+
+
+# ---- 6. the capability is what the docs say it is: a bearer token scoped to the attach connection -----
+
+def test_6_the_capability_is_a_bearer_token_that_dies_with_its_attach_connection(daemon):
+    """Documented, not refused (docs/security.md, attach.proto): gRPC's Python server cannot see a unix
+    caller's uid, so whoever holds the capability acts as its worker -- only while that worker's attach
+    connection lives. This pins both halves, so the docs and the code cannot drift apart."""
+    owner = Worker(daemon)
+    engine = owner.init(1)
+    thief = Worker(daemon, capability=owner.attach.capability)    # another connection presenting it
+    try:
+        assert [e.engine_id for e in thief("GetStatus", datadist_pb2.StatusRequest()).engines] == [engine]
+        owner.attach.close()                                       # the lease ends
+        for _ in range(200):                                       # bounded: the session closes on the loop
+            try:
+                thief("GetStatus", datadist_pb2.StatusRequest(engine_id=engine))
+            except Exception:  # noqa: BLE001 - refused, as below
+                break
+            time.sleep(0.05)
+        refused(lambda: thief("GetStatus", datadist_pb2.StatusRequest(engine_id=engine)))
+        assert not thief("GetStatus", datadist_pb2.StatusRequest()).engines
+    finally:
+        thief.close()
+        owner.channel.close()

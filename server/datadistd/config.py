@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .quota import QuotaLimits
+from .quota import LinkLimits, QuotaLimits
 
 if TYPE_CHECKING:
     from .admission import AdmissionLimits
@@ -245,10 +245,22 @@ class QuotaSection:
     engines_per_uid: int = _doc("Engines (Init) one uid may have at once. 0 = no limit.", default=64)
     pools_per_uid: int = _doc("Memory pools (MemPoolConfig / HostMemPoolConfig) of one uid's engines at once. "
                               "0 = no limit.", default=128)
+    link_calls_in_flight: int = _doc("Owner calls (reads, commits) the other end of one link may have running at "
+                                     "this daemon at once; over it LLM_LINK_BUSY. 0 = no limit.", default=16)
+    link_open_writes: int = _doc("Write transfers (pieces) the other end of one link may hold open at once. "
+                                 "0 = no limit.", default=8192)
+    link_pinned_bytes: int = _doc("Bytes of this daemon's caches one link's open writes may pin at once. "
+                                  "0 = no limit.", default=64 << 30)
+    link_max_wait_ms: int = _doc("The longest timeout or hold time a peer's owner call may ask for; longer ones "
+                                 "are cut to this. 0 = no limit.", default=600_000)
 
     def limits(self) -> QuotaLimits:
         return QuotaLimits(self.imported_bytes_per_uid, self.imported_mappings_per_uid, self.engines_per_uid,
                            self.pools_per_uid)
+
+    def link_limits(self) -> LinkLimits:
+        return LinkLimits(self.link_calls_in_flight, self.link_open_writes, self.link_pinned_bytes,
+                          self.link_max_wait_ms)
 
 
 @dataclass

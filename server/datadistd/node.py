@@ -99,6 +99,7 @@ class Node:
         self.engines: dict[EngineId, EngineSlot] = {}
         self.sessions = SessionTable()
         self.quota = QuotaBook(config.quota.limits())
+        self.link_limits = config.quota.link_limits()
         self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id

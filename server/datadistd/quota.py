@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .core.errors import DataDistError, StatusCode
 
-__all__ = ["QuotaLimits", "QuotaBook", "Charge", "RESOURCES"]
+__all__ = ["QuotaLimits", "QuotaBook", "Charge", "RESOURCES", "LinkLimits", "LinkUsage"]
 
 #: what is counted, and the ``[quota]`` key that bounds it per uid
 RESOURCES = {
@@ -90,3 +90,57 @@ class QuotaBook:
                 used[resource] = used.get(resource, 0) - amount
             if not any(used.values()):
                 del self._used[uid]
+
+
+# ---- per link: what one peer (a link's other end) may make the owner hold ---------------------------
+
+@dataclass(frozen=True)
+class LinkLimits:
+    """Caps of one link's owner side (``[quota] link_*``); 0 = no limit."""
+
+    calls_in_flight: int = 16
+    open_writes: int = 8192
+    pinned_bytes: int = 64 << 30
+    max_wait_ms: int = 600_000
+
+    def clamp(self, wait_ms: int) -> int:
+        """A timeout or hold time a caller asked for, cut to ``max_wait_ms``."""
+        return min(wait_ms, self.max_wait_ms) if self.max_wait_ms else wait_ms
+
+
+class LinkUsage:
+    """What the other end of one link holds at this owner now: owner calls running, writes open, bytes pinned
+    by them. Event loop only (owner calls run there)."""
+
+    __slots__ = ("calls", "writes", "pinned")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.writes = 0
+        self.pinned = 0
+
+    def enter_call(self, limits: LinkLimits) -> None:
+        if limits.calls_in_flight and self.calls >= limits.calls_in_flight:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"this link has {self.calls} owner calls running; at most "
+                                f"{limits.calls_in_flight} ([quota] link_calls_in_flight)")
+        self.calls += 1
+
+    def exit_call(self) -> None:
+        self.calls -= 1
+
+    def open_writes(self, limits: LinkLimits, count: int, nbytes: int) -> None:
+        if limits.open_writes and self.writes + count > limits.open_writes:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"this link has {self.writes} writes open; {count} more would exceed "
+                                f"{limits.open_writes} ([quota] link_open_writes)")
+        if limits.pinned_bytes and self.pinned + nbytes > limits.pinned_bytes:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY,
+                                f"this link's open writes pin {self.pinned} bytes; {nbytes} more would exceed "
+                                f"{limits.pinned_bytes} ([quota] link_pinned_bytes)")
+        self.writes += count
+        self.pinned += nbytes
+
+    def close_writes(self, count: int, nbytes: int) -> None:
+        self.writes -= count
+        self.pinned -= nbytes

@@ -45,3 +45,25 @@ def test_charges_come_back_exactly(ops):
     for charge in held:
         charge.release()
     assert all(book.used(uid) == {} for uid in range(4))
+
+
+def test_link_usage_caps_calls_writes_pinned_bytes_and_clamps_waits():
+    from datadistd.quota import LinkLimits, LinkUsage
+
+    limits = LinkLimits(calls_in_flight=2, open_writes=10, pinned_bytes=100, max_wait_ms=1000)
+    usage = LinkUsage()
+    usage.enter_call(limits)
+    usage.enter_call(limits)
+    with pytest.raises(DataDistError) as info:
+        usage.enter_call(limits)
+    assert info.value.code == StatusCode.LLM_LINK_BUSY
+    usage.exit_call()
+    usage.enter_call(limits)
+    usage.open_writes(limits, 5, 60)
+    for count, nbytes, key in ((6, 1, "link_open_writes"), (1, 41, "link_pinned_bytes")):
+        with pytest.raises(DataDistError) as info:
+            usage.open_writes(limits, count, nbytes)
+        assert key in info.value.message
+    assert (usage.writes, usage.pinned) == (5, 60)        # a refusal books nothing
+    usage.close_writes(5, 60)
+    assert limits.clamp(2**32 - 1) == 1000 and limits.clamp(10) == 10 and LinkLimits(max_wait_ms=0).clamp(7) == 7

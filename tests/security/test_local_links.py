@@ -1,4 +1,4 @@
-"""Same-daemon links between tenants (issue 27, attack 2), refused next to the legitimate same-user link.
+"""Tenants as real users of one daemon (issue 27): same-daemon links (attack 2), per-uid quotas (attack 4).
 
 One daemon running as a throwaway user (as the unit runs it), Alice and Bob as two more (root only; skipped
 with the reason otherwise). Alice's prompt engine listens on loopback; her decoder links to it within the
@@ -102,3 +102,75 @@ def test_2_same_daemon_links_stay_within_one_user(daemon):  # noqa: F811
                     p.wait(60)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+# ---- issue 27, attack 4: one uid at its quota does not stop another ------------------------------------
+
+TENANT = """
+import fcntl, json, os, sys, grpc
+from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
+from llm_datadist._attach import AttachClient
+from llm_datadist.status import LLMException
+target, hog = sys.argv[1], sys.argv[2] == "hog"
+att = AttachClient(target)
+stub = datadist_pb2_grpc.DataDistStub(grpc.insecure_channel(target))
+engine = stub.Init(datadist_pb2.InitRequest(cluster_id=1, role=common_pb2.ROLE_DECODER,
+                   options={"llm.EnableCacheManager": "1"}), metadata=att.metadata, timeout=10).engine_id
+fd = os.memfd_create("t", os.MFD_ALLOW_SEALING)
+os.ftruncate(fd, 1 << 30)
+fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+held, code = [], 0
+for _ in range(10000 if hog else 1):      # the hog: one-page pieces until the daemon says no
+    try:
+        held.append(att.import_memory([fd] * 16, [(i * 4096, 4096) for i in range(16)], 0, 4096, "t"))
+    except LLMException as e:
+        code = int(e.status_code)
+        break
+print(json.dumps({"engine": engine, "imported": len(held), "code": code}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _run_tenant(user: str, target: str, mode: str) -> subprocess.Popen:
+    return as_user(user, ["-c", TENANT, target, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True)
+
+
+def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
+    import os
+    import shutil
+    import tempfile
+    import time
+
+    from .test_users import _ids
+
+    uid, gid = _ids("ddtest-daemon")
+    d = tempfile.mkdtemp(prefix="datadist-quota-")
+    os.chown(d, uid, gid)
+    os.chmod(d, 0o750)
+    sock = os.path.join(d, "datadistd.sock")
+    proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock],
+                   env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "256"},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hog = None
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock + ".admin"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        target = f"unix://{sock}"
+        hog = _run_tenant("ddtest-alice", target, "hog")
+        took = _line(hog)
+        assert took["imported"] == 256 // 16 and took["code"] == int(S.LLM_OUT_OF_MEMORY), took
+        other = _run_tenant("ddtest-bob", target, "one")                  # while Alice holds her whole quota
+        seen = _line(other)
+        assert seen["engine"] > 0 and (seen["imported"], seen["code"]) == (1, 0), seen
+        other.stdin.close()
+        other.wait(60)
+    finally:
+        if hog is not None:
+            hog.stdin.close()
+            hog.wait(60)
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(d, ignore_errors=True)

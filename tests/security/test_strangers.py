@@ -113,3 +113,13 @@ def test_9_a_challenge_flood_does_not_evict_a_legitimate_handshake(pair):  # noq
         for r in relays:
             r.close()
     assert d.proc.poll() is None
+
+
+def test_9_a_stranger_asking_the_wrong_cluster_learns_no_cluster_id(pair):  # noqa: F811
+    _, port, prompt, decoder = pair
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(
+                protocol_version=2, client_cluster_id=9, server_cluster_id=77), timeout=10)
+    assert "77" in info.value.details() and f"cluster {P}" not in info.value.details(), info.value.details()
+    _link_and_pull(port, prompt, decoder)

@@ -246,7 +246,9 @@ class QuotaSection:
     pools_per_uid: int = _doc("Memory pools (MemPoolConfig / HostMemPoolConfig) of one uid's engines at once. "
                               "0 = no limit.", default=128)
     link_calls_in_flight: int = _doc("Owner calls (reads, commits) the other end of one link may have running at "
-                                     "this daemon at once; over it LLM_LINK_BUSY. 0 = no limit.", default=16)
+                                     "this daemon at once (each may hold an executor thread); more wait for a "
+                                     "turn until their deadline, more than 1024 waiting get LLM_LINK_BUSY. "
+                                     "0 = no limit.", default=16)
     link_open_writes: int = _doc("Write transfers (pieces) the other end of one link may hold open at once. "
                                  "0 = no limit.", default=8192)
     link_pinned_bytes: int = _doc("Bytes of this daemon's caches one link's open writes may pin at once. "

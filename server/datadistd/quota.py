@@ -9,7 +9,10 @@ No grpc here.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import threading
+import time
 from dataclasses import dataclass
 
 from .core.errors import DataDistError, StatusCode
@@ -102,6 +105,7 @@ class LinkLimits:
     open_writes: int = 8192
     pinned_bytes: int = 64 << 30
     max_wait_ms: int = 600_000
+    calls_queued: int = 1024
 
     def clamp(self, wait_ms: int) -> int:
         """A timeout or hold time a caller asked for, cut to ``max_wait_ms``."""
@@ -109,24 +113,58 @@ class LinkLimits:
 
 
 class LinkUsage:
-    """What the other end of one link holds at this owner now: owner calls running, writes open, bytes pinned
-    by them. Event loop only (owner calls run there)."""
+    """What the other end of one link holds at this owner now: owner calls running (and waiting for a turn),
+    writes open, bytes pinned by them. Event loop only (owner calls run there).
 
-    __slots__ = ("calls", "writes", "pinned")
+    Owner calls over ``calls_in_flight`` wait for a turn (holding no thread) until their deadline
+    (``LLM_TIMEOUT``); more than ``calls_queued`` waiting are refused at once (``LLM_LINK_BUSY``). A
+    legitimate burst of pulls is served in turn; a peer that keeps calls hanging holds at most
+    ``calls_in_flight`` of the daemon's executor threads."""
+
+    __slots__ = ("calls", "writes", "pinned", "_turns")
 
     def __init__(self) -> None:
         self.calls = 0
         self.writes = 0
         self.pinned = 0
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()   # waiting calls, in order
 
-    def enter_call(self, limits: LinkLimits) -> None:
-        if limits.calls_in_flight and self.calls >= limits.calls_in_flight:
+    @property
+    def waiting(self) -> int:
+        return len(self._turns)
+
+    async def enter_call(self, limits: LinkLimits, deadline: float) -> None:
+        cap = limits.calls_in_flight
+        if not cap or self.calls < cap:
+            self.calls += 1
+            return
+        if len(self._turns) >= limits.calls_queued:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
-                                f"this link has {self.calls} owner calls running; at most "
-                                f"{limits.calls_in_flight} ([quota] link_calls_in_flight)")
-        self.calls += 1
+                                f"this link has {self.calls} owner calls running and {len(self._turns)} waiting "
+                                f"([quota] link_calls_in_flight = {cap})")
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        try:
+            await asyncio.wait_for(asyncio.shield(turn), max(deadline - time.monotonic(), 0.0))
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            if turn.done():         # handed a turn just as the wait ended: give it to the next one
+                self.exit_call()
+            else:
+                turn.cancel()
+                self._turns.remove(turn)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise DataDistError(StatusCode.LLM_TIMEOUT,
+                                f"no turn before the deadline: this link has {self.calls} owner calls running "
+                                f"([quota] link_calls_in_flight = {cap})") from None
 
     def exit_call(self) -> None:
+        """A call ended: its turn goes to the longest-waiting call, else the count drops."""
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
         self.calls -= 1
 
     def open_writes(self, limits: LinkLimits, count: int, nbytes: int) -> None:

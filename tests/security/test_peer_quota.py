@@ -30,7 +30,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
     async def main() -> None:
         async with Pair(False) as pair:
             pair.p.link_limits = LinkLimits(calls_in_flight=4, open_writes=4096, pinned_bytes=1 << 30,
-                                            max_wait_ms=2000)
+                                            max_wait_ms=2000, calls_queued=2)
             assert await pair.link() == (0, [0])
             serving, _ = pair.links
             src, _ = pair.caches()
@@ -47,12 +47,14 @@ def test_8_one_peer_is_held_to_its_links_caps():
             assert len(opened) == 2 and refused == 148
             assert link.usage.writes == 4096
             assert all(pw.deadline <= time.monotonic() + 2.0 for pw in serving.writes.values())   # hold cut
-            # owner calls kept waiting (commits of writes whose bytes never come): at most 4 run at once
-            stuck = [asyncio.ensure_future(serving.commit_write_for(link, [tid], HUGE)) for tid in opened[0][:6]]
+            # owner calls kept hanging (commits of writes whose bytes never come): 4 run (4 executor threads),
+            # 2 wait for a turn holding no thread, the 7th is refused
+            stuck = [asyncio.ensure_future(serving.commit_write_for(link, [tid], HUGE)) for tid in opened[0][:7]]
             await asyncio.sleep(0.2)
             busy = [t for t in stuck if t.done()]
-            assert len(busy) == 2 and all(isinstance(t.exception(), DataDistError)
-                                          and t.exception().code == S.LLM_LINK_BUSY for t in busy)
+            assert link.usage.calls == 4 and link.usage.waiting == 2
+            assert len(busy) == 1 and isinstance(busy[0].exception(), DataDistError)
+            assert busy[0].exception().code == S.LLM_LINK_BUSY
             # another engine's link to the same owner is not slowed: it links and pulls meanwhile
             other = await pair.d.init_engine(3, Role.DECODER, {"llm.MemPoolConfig": POOL,
                                                                "llm.EnableRemoteCacheAccessible": "1"})

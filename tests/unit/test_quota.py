@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -50,15 +53,30 @@ def test_charges_come_back_exactly(ops):
 def test_link_usage_caps_calls_writes_pinned_bytes_and_clamps_waits():
     from datadistd.quota import LinkLimits, LinkUsage
 
-    limits = LinkLimits(calls_in_flight=2, open_writes=10, pinned_bytes=100, max_wait_ms=1000)
+    limits = LinkLimits(calls_in_flight=2, open_writes=10, pinned_bytes=100, max_wait_ms=1000, calls_queued=1)
+
+    async def calls() -> None:
+        usage = LinkUsage()
+        await usage.enter_call(limits, time.monotonic() + 5)
+        await usage.enter_call(limits, time.monotonic() + 5)
+        third = asyncio.ensure_future(usage.enter_call(limits, time.monotonic() + 5))   # waits for a turn
+        await asyncio.sleep(0)
+        assert not third.done() and usage.waiting == 1
+        with pytest.raises(DataDistError) as info:                  # the queue is full
+            await usage.enter_call(limits, time.monotonic() + 5)
+        assert info.value.code == StatusCode.LLM_LINK_BUSY
+        usage.exit_call()                                           # its turn goes to the waiting one
+        await asyncio.wait_for(third, 5)
+        assert usage.calls == 2 and usage.waiting == 0
+        with pytest.raises(DataDistError) as info:                  # no turn before the deadline
+            await usage.enter_call(limits, time.monotonic() + 0.05)
+        assert info.value.code == StatusCode.LLM_TIMEOUT and usage.waiting == 0 and usage.calls == 2
+        usage.exit_call()
+        usage.exit_call()
+        assert usage.calls == 0
+
+    asyncio.run(calls())
     usage = LinkUsage()
-    usage.enter_call(limits)
-    usage.enter_call(limits)
-    with pytest.raises(DataDistError) as info:
-        usage.enter_call(limits)
-    assert info.value.code == StatusCode.LLM_LINK_BUSY
-    usage.exit_call()
-    usage.enter_call(limits)
     usage.open_writes(limits, 5, 60)
     for count, nbytes, key in ((6, 1, "link_open_writes"), (1, 41, "link_pinned_bytes")):
         with pytest.raises(DataDistError) as info:

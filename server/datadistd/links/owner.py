@@ -26,12 +26,12 @@ class Owner(LinkCore):
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         limits = self.node.link_limits
-        link.usage.enter_call(limits)   # a per-link cap: one peer cannot fill the daemon's executor
+        timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
+        deadline = time.monotonic() + timeout / 1000
+        await link.usage.enter_call(limits, deadline)   # a per-link cap: one peer cannot fill the daemon's executor
         try:
             with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
                 cache_id, src, release = self.engine.prepare_read(spec)
-                timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
-                deadline = time.monotonic() + timeout / 1000
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
@@ -92,11 +92,14 @@ class Owner(LinkCore):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"unknown transfer {unknown[0]}" if unknown else "no transfers, or one named twice")
         limits = self.node.link_limits
-        link.usage.enter_call(limits)   # over the cap the writes stay open: a later commit (or the sweeper) ends them
-        pending = [self.writes.pop(t) for t in transfer_ids]
-        link.usage.close_writes(len(pending), sum(pw.nbytes for pw in pending))
         timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
         limit = time.monotonic() + timeout / 1000
+        await link.usage.enter_call(limits, limit)   # refused or timed out: the writes stay open for the sweeper
+        if any(self.writes.get(t) is None for t in transfer_ids):   # dropped (unlink, sweeper) while it waited
+            link.usage.exit_call()
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a transfer ended while its commit waited for a turn")
+        pending = [self.writes.pop(t) for t in transfer_ids]
+        link.usage.close_writes(len(pending), sum(pw.nbytes for pw in pending))
         try:
             await self._commit(link, pending, limit)
         finally:

@@ -2,7 +2,8 @@
 
 Used when neither the ``datadist.daemon`` option nor ``DATADIST_DAEMON`` names a daemon. The
 client still talks gRPC to it, through the same code path as to a system daemon. ``DATADISTD_*``
-environment variables configure it like the system daemon (except the socket).
+environment variables configure it like the system daemon (except the socket); without a peer secret
+it uses this user's own (``datadistd.usersecret``), never the public development secret.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ class EmbeddedDaemon:
     def __init__(self) -> None:
         from datadistd.app import DaemonApp  # the daemon package, loaded only in embedded mode
         from datadistd.config import load_config
+        from datadistd.usersecret import user_secret_file
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)
-        config = load_config(overrides={"daemon.socket": os.path.join(self._dir, "datadistd.sock"),
-                                        "daemon.socket_mode": 0o600, "daemon.drain_seconds": 1.0})
+        overrides: dict[str, Any] = {"daemon.socket": os.path.join(self._dir, "datadistd.sock"),
+                                     "daemon.socket_mode": 0o600, "daemon.drain_seconds": 1.0}
+        config = load_config(overrides=overrides)
+        if not config.peer.secret and not config.peer.secret_file:
+            # never the public development secret: this user's own (docs/security.md, "Embedded mode")
+            config = config.with_overrides({"peer.secret_file": user_secret_file()})
         self.app = DaemonApp(config)
         self._loop = asyncio.new_event_loop()
         started: Future[Any] = Future()

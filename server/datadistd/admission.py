@@ -15,6 +15,14 @@ Peer service; a good hello token on the data plane). Until then a connection is 
 * the listener holds at most ``max_connections`` in all (authenticated ones included); past that
   new connections are refused, which bounds its file descriptors (only secret holders get there).
 
+Sources are counted by ``source_key``: an IPv4 address, or the /64 of an IPv6 address (one host
+commonly owns a whole /64, so per-address counting would give it unlimited sources). Each source has a
+token bucket of admissions (``SourceRate``): it does not refuse anything by itself, but when the total
+cap makes a victim necessary and several sources hold the most, the one that connected most recently
+(the emptiest bucket: the churner) loses, not a peer that opened one connection. Challenges
+(``Peer/Challenge``) are rate-limited too, per connection (``challenges_per_connection`` on a pre-auth
+one) and per source (a bucket of ``challenges_per_second``): ``allow_challenge``.
+
 Refusals and evictions are logged through ``RefusalLog``: the first at once, then one summary line
 per interval with the count -- a flood of strangers costs the log a line every few seconds.
 
@@ -25,6 +33,7 @@ admitted with, outside the lock, in the caller's thread.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -32,7 +41,59 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
-__all__ = ["AdmissionLimits", "Admission", "Ticket", "RefusalLog", "Admitting"]
+__all__ = ["AdmissionLimits", "Admission", "Ticket", "RefusalLog", "Admitting", "SourceRate", "source_key"]
+
+
+def source_key(address: str) -> str:
+    """Who a connection counts as: the IPv4 address, or the /64 of an IPv6 one (an IPv4-mapped one as IPv4)."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class SourceRate:
+    """A token bucket per source: ``burst`` tokens, refilled at ``rate`` per second; at most ``max_sources``
+    remembered (the least recently seen forgotten first, so memory stays bounded). Thread-safe."""
+
+    def __init__(self, rate: float, burst: float, max_sources: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.max_sources = max_sources
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()   # source -> [tokens, when]
+
+    def _bucket(self, source: str, now: float) -> list[float]:
+        b = self._buckets.get(source)
+        if b is None:
+            if len(self._buckets) >= self.max_sources:
+                self._buckets.popitem(last=False)
+            b = self._buckets[source] = [self.burst, now]
+        else:
+            self._buckets.move_to_end(source)
+            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
+            b[1] = now
+        return b
+
+    def take(self, source: str) -> bool:
+        """Spend a token of ``source``; False (nothing spent) when it has none."""
+        with self._lock:
+            b = self._bucket(source, self._clock())
+            if b[0] < 1:
+                return False
+            b[0] -= 1
+            return True
+
+    def tokens(self, source: str) -> float:
+        with self._lock:
+            return self._bucket(source, self._clock())[0]
 
 
 @runtime_checkable
@@ -51,6 +112,12 @@ class AdmissionLimits:
     per_source: int = 8
     preauth_total: int = 64
     max_connections: int = 1024
+    #: connections a source opens per second before it counts as churning (victim choice only); burst twice that
+    connections_per_second: float = 20.0
+    #: Peer/Challenge calls one pre-auth connection may make (a link needs one)
+    challenges_per_connection: int = 4
+    #: Peer/Challenge calls per second per source; burst twice that
+    challenges_per_second: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.preauth_seconds > 0:
@@ -92,13 +159,14 @@ class RefusalLog:
 class Ticket:
     """One admitted connection. ``close`` is how admission ends it (eviction, pre-auth deadline)."""
 
-    __slots__ = ("source", "deadline", "authenticated", "closed", "_close")
+    __slots__ = ("source", "deadline", "authenticated", "closed", "challenges", "_close")
 
     def __init__(self, source: str, deadline: float, close: Callable[[], None]) -> None:
-        self.source = source
+        self.source = source            # source_key of the address
         self.deadline = deadline
         self.authenticated = False
         self.closed = False
+        self.challenges = 0             # Peer/Challenge calls made on this connection
         self._close = close
 
     def __repr__(self) -> str:
@@ -123,12 +191,17 @@ class Admission:
         self.evicted = 0
         self.expired = 0
         self.refused = 0
+        lim = self.limits
+        self._connect_rate = SourceRate(lim.connections_per_second, 2 * lim.connections_per_second, clock=clock)
+        self._challenge_rate = SourceRate(lim.challenges_per_second, 2 * lim.challenges_per_second, clock=clock)
 
     def admit(self, source: str, close: Callable[[], None]) -> Ticket | None:
         """A new connection from ``source``: its ticket, or None (over ``max_connections``: close it).
 
         May close older pre-auth connections (their ``close``) to make room -- see the module doc."""
         lim = self.limits
+        source = source_key(source)
+        self._connect_rate.take(source)
         victims: list[Ticket] = []
         with self._lock:
             if len(self._preauth) + self._authenticated >= lim.max_connections:
@@ -139,7 +212,9 @@ class Admission:
                 if mine is not None and len(mine) >= lim.per_source:
                     victims.append(next(iter(mine)))
                 elif len(self._preauth) >= lim.preauth_total:
-                    heaviest = max(self._by_source.values(), key=len)
+                    # the source holding most; among equals, the one that connected most lately (the churner)
+                    heaviest = max(self._by_source.items(),
+                                   key=lambda kv: (len(kv[1]), -self._connect_rate.tokens(kv[0])))[1]
                     victims.append(next(iter(heaviest)))
                 for victim in victims:
                     self._forget(victim)
@@ -154,6 +229,15 @@ class Admission:
                           f"(at most {lim.per_source} per source, {lim.preauth_total} in all)")
             victim._close()
         return ticket
+
+    def allow_challenge(self, ticket: Ticket) -> bool:
+        """May this connection ask for another challenge (per pre-auth connection, and per source per second)?"""
+        with self._lock:
+            if not ticket.authenticated:
+                if ticket.challenges >= self.limits.challenges_per_connection:
+                    return False
+                ticket.challenges += 1
+        return self._challenge_rate.take(ticket.source)
 
     def authenticate(self, ticket: Ticket) -> None:
         """The connection proved the secret: no deadline, no longer counted against the pre-auth caps."""

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .quota import LinkLimits, QuotaLimits
+
 if TYPE_CHECKING:
     from .admission import AdmissionLimits
     from .core.options import EngineOptions
@@ -25,7 +27,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["DEV_SECRET", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection",
-           "TransportSection", "MetricsSection", "load_config", "default_socket_path", "ConfigError",
+           "TransportSection", "MetricsSection", "QuotaSection", "load_config", "default_socket_path", "ConfigError",
            "parse_listen_address"]
 
 
@@ -253,6 +255,37 @@ class MetricsSection:
 
 
 @dataclass
+class QuotaSection:
+    imported_bytes_per_uid: int = _doc("Bytes of worker memory one uid's workers may have handed over at once "
+                                       "(ImportMemory, counted while the daemon holds it); over it "
+                                       "LLM_OUT_OF_MEMORY. 0 = no limit.", default=1 << 40)
+    imported_mappings_per_uid: int = _doc("Descriptors (each a mapping or a held file) one uid's imports may keep "
+                                          "in the daemon at once; the kernel's vm.max_map_count (65530) is for "
+                                          "every tenant together. 0 = no limit.", default=8192)
+    engines_per_uid: int = _doc("Engines (Init) one uid may have at once. 0 = no limit.", default=64)
+    pools_per_uid: int = _doc("Memory pools (MemPoolConfig / HostMemPoolConfig) of one uid's engines at once. "
+                              "0 = no limit.", default=128)
+    link_calls_in_flight: int = _doc("Owner calls (reads, commits) the other end of one link may have running at "
+                                     "this daemon at once (each may hold an executor thread); more wait for a "
+                                     "turn until their deadline, more than 1024 waiting get LLM_LINK_BUSY. "
+                                     "0 = no limit.", default=16)
+    link_open_writes: int = _doc("Write transfers (pieces) the other end of one link may hold open at once. "
+                                 "0 = no limit.", default=8192)
+    link_pinned_bytes: int = _doc("Bytes of this daemon's caches one link's open writes may pin at once. "
+                                  "0 = no limit.", default=64 << 30)
+    link_max_wait_ms: int = _doc("The longest timeout or hold time a peer's owner call may ask for; longer ones "
+                                 "are cut to this. 0 = no limit.", default=600_000)
+
+    def limits(self) -> QuotaLimits:
+        return QuotaLimits(self.imported_bytes_per_uid, self.imported_mappings_per_uid, self.engines_per_uid,
+                           self.pools_per_uid)
+
+    def link_limits(self) -> LinkLimits:
+        return LinkLimits(self.link_calls_in_flight, self.link_open_writes, self.link_pinned_bytes,
+                          self.link_max_wait_ms)
+
+
+@dataclass
 class Config:
     daemon: DaemonSection = field(default_factory=DaemonSection)
     memory: MemorySection = field(default_factory=MemorySection)
@@ -260,6 +293,7 @@ class Config:
     tls: TlsSection = field(default_factory=TlsSection)
     transport: TransportSection = field(default_factory=TransportSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    quota: QuotaSection = field(default_factory=QuotaSection)
 
     def secret_bytes(self) -> bytes:
         if self.peer.secret_file:

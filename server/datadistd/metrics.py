@@ -219,15 +219,24 @@ class NodeCollector(Collector):
 
 
 class MetricsServer:
-    """``GET /metrics`` (and ``/``) over HTTP/1.x on the daemon's event loop."""
+    """``GET /metrics`` (and ``/``) over HTTP/1.x on the daemon's event loop.
 
-    READ_TIMEOUT = 10.0
+    Bounded for whoever can reach it (no authentication): at most ``MAX_CONNECTIONS`` at once (more are
+    reset on accept), one deadline of ``REQUEST_SECONDS`` for the whole exchange (request, headers,
+    answer), a request of at most ``MAX_HEADER_LINES`` lines of ``LINE_LIMIT`` bytes; anything else is
+    closed without a word in the log."""
+
+    MAX_CONNECTIONS = 16
+    REQUEST_SECONDS = 5.0
+    LINE_LIMIT = 8 << 10
+    MAX_HEADER_LINES = 64
 
     def __init__(self, metrics: DaemonMetrics, host: str, port: int) -> None:
         self.metrics = metrics
         self.host = host
         self.port = port
         self._server: asyncio.AbstractServer | None = None
+        self._open = 0
 
     @property
     def address(self) -> str:
@@ -235,7 +244,8 @@ class MetricsServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True,
+                                                  limit=self.LINE_LIMIT)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("metrics on http://%s/metrics", self.address)
 
@@ -245,31 +255,47 @@ class MetricsServer:
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= self.MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._open += 1
+        answered = False
         try:
-            request = await asyncio.wait_for(reader.readline(), self.READ_TIMEOUT)
-            headers: dict[str, str] = {}
-            while True:
-                line = await asyncio.wait_for(reader.readline(), self.READ_TIMEOUT)
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            parts = request.decode("latin-1").split()
-            method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-            if method not in ("GET", "HEAD"):
-                status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
-            elif path.split("?", 1)[0] in ("/metrics", "/"):
-                body, ctype = self.metrics.exposition(headers.get("accept", ""))
-                status = "200 OK"
-            else:
-                status, body, ctype = "404 Not Found", b"see /metrics\n", "text/plain"
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    f"Connection: close\r\n\r\n").encode()
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
+            await asyncio.wait_for(self._exchange(reader, writer), self.REQUEST_SECONDS)
+            answered = True
+        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError, ValueError):
+            pass   # slow, gone, or not HTTP (ValueError: a line over LINE_LIMIT): closed, nothing logged
         except Exception:  # a scrape must never take the daemon down
             log.exception("metrics request failed")
         finally:
-            writer.close()
+            self._open -= 1
+            if answered:
+                writer.close()             # the whole answer is in the kernel's buffer: nothing left to wait for
+            else:
+                writer.transport.abort()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readline()
+        headers: dict[str, str] = {}
+        for _ in range(self.MAX_HEADER_LINES):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise ValueError("too many header lines")
+        parts = request.decode("latin-1").split()
+        method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+        if method not in ("GET", "HEAD"):
+            status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
+        elif path.split("?", 1)[0] in ("/metrics", "/"):
+            body, ctype = self.metrics.exposition(headers.get("accept", ""))
+            status = "200 OK"
+        else:
+            status, body, ctype = "404 Not Found", b"see /metrics\n", "text/plain"
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n").encode()
+        writer.transport.set_write_buffer_limits(0)   # drain returns once every byte is with the kernel
+        writer.write(head if method == "HEAD" else head + body)
+        await writer.drain()

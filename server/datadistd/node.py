@@ -30,6 +30,7 @@ from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
 from .peering import PeerClient
+from .quota import Charge, QuotaBook
 from .reverse import CallCodec
 from .sessions import SessionTable, WorkerSession
 from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
@@ -61,6 +62,7 @@ class EngineSlot:
     created: float = field(default_factory=time.time)
     options: dict[str, str] = field(default_factory=dict)           # the init options, verbatim
     device: int = 0                           # the engine's NPU (memory backend acl; 0 and unused otherwise)
+    charge: Charge | None = None              # the engine and its pools, booked to its worker's uid
 
     def listeners(self) -> list[Listener]:
         return ([self.listener] if self.listener is not None else []) + self.extra_listeners
@@ -96,6 +98,8 @@ class Node:
         self.listener_factory = listener_factory
         self.engines: dict[EngineId, EngineSlot] = {}
         self.sessions = SessionTable()
+        self.quota = QuotaBook(config.quota.limits())
+        self.link_limits = config.quota.link_limits()
         self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
@@ -119,6 +123,12 @@ class Node:
             if any(_same_address(listener.address, address) for listener in slot.listeners()):
                 return slot.links
         return None
+
+    def principal(self, links: object) -> int:
+        for slot in self.engines.values():
+            if slot.links is links:
+                return slot.uid
+        return os.getuid()   # an engine being made or gone: the daemon's own
 
     # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------
 
@@ -200,7 +210,13 @@ class Node:
         # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
         # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         device = self.engine_device(opts)
-        pools = self._make_pools(opts, device)
+        charge = self.quota.take(session.cred.uid, engines=1, pools=len(opts.pools)) if session is not None else None
+        try:
+            pools = self._make_pools(opts, device)
+        except BaseException:
+            if charge is not None:
+                charge.release()
+            raise
         engine_id = EngineId(next(self._ids))
         engine = Engine(engine_id, opts, self.backend, pools, self.executor)
         host = opts.listen[0] if opts.listen else self.config.transport.host
@@ -210,11 +226,13 @@ class Node:
                                       admission=self.config.peer.admission())
         except BaseException:
             engine.close()
+            if charge is not None:
+                charge.release()
             raise
         try:
             transport.start()
             links = LinkManager(engine, transport, self)
-            slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device)
+            slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device, charge=charge)
             slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
                                     self.config.peer.default_port)
             if opts.listen:
@@ -222,6 +240,8 @@ class Node:
         except BaseException:
             transport.stop()
             engine.close()
+            if charge is not None:
+                charge.release()
             raise
         self.engines[engine_id] = slot
         if session is not None:
@@ -290,6 +310,8 @@ class Node:
             slot.engine.close()
         finally:
             self._retiring.pop(EngineId(engine_id), None)
+            if slot.charge is not None:
+                slot.charge.release()
         log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", engine_id, slot.engine.cluster_id,
                  reason, usage)
 

@@ -29,6 +29,8 @@ CHALLENGE_BYTES = 32
 CHALLENGE_TTL_S = 30.0
 #: challenges outstanding per serving engine; past it the oldest is forgotten
 MAX_CHALLENGES = 1024
+#: outstanding challenges one source (an address, an IPv6 /64) may hold; its oldest goes first
+MAX_CHALLENGES_PER_SOURCE = 16
 
 
 @dataclass(frozen=True)
@@ -75,32 +77,61 @@ def make_offer(secret: bytes, client: int, server: int, challenge: bytes, versio
 
 
 class ChallengeStore:
-    """The challenges one serving engine issued: each good once, for ``ttl`` seconds; at most ``cap``.
+    """The challenges one serving engine issued: each good once, for ``ttl`` seconds; at most ``cap`` in all
+    and ``per_source`` per source (``admission.source_key``: an address, an IPv6 /64).
+
+    Fair across sources: a source over its share loses its own oldest challenge; over the total, the
+    source holding most loses its oldest (among equals, the one that asked last: the busy one). So a
+    flood only ever evicts the flooders' own, and a legitimate peer's challenge -- one, redeemed
+    within milliseconds -- survives it.
 
     Nothing here survives the process, which is the point: an offer made over a challenge of an
     earlier daemon (or an earlier handshake) finds nothing to redeem. ``clock`` is injectable."""
 
-    def __init__(self, ttl: float = CHALLENGE_TTL_S, cap: int = MAX_CHALLENGES, clock=time.monotonic) -> None:  # noqa: ANN001
+    def __init__(self, ttl: float = CHALLENGE_TTL_S, cap: int = MAX_CHALLENGES,
+                 per_source: int = MAX_CHALLENGES_PER_SOURCE, clock=time.monotonic) -> None:  # noqa: ANN001
         self.ttl = ttl
         self.cap = cap
+        self.per_source = per_source
         self._clock = clock
-        self._issued: OrderedDict[bytes, float] = OrderedDict()   # challenge -> expiry, oldest first
+        self._issued: OrderedDict[bytes, tuple[float, str, int]] = OrderedDict()  # challenge -> (expiry, source, n)
+        self._count = 0
+        self._by_source: dict[str, OrderedDict[bytes, None]] = {}
 
     def __len__(self) -> int:
         return len(self._issued)
 
-    def issue(self) -> bytes:
+    def issue(self, source: str = "") -> bytes:
         now = self._clock()
-        while self._issued and (len(self._issued) >= self.cap or next(iter(self._issued.values())) <= now):
-            self._issued.popitem(last=False)
+        while self._issued and next(iter(self._issued.values()))[0] <= now:
+            self._drop(next(iter(self._issued)))
+        mine = self._by_source.get(source)
+        if mine is not None and len(mine) >= self.per_source:
+            self._drop(next(iter(mine)))
+        elif len(self._issued) >= self.cap:
+            heaviest = max(self._by_source.values(),
+                           key=lambda mine: (len(mine), self._issued[next(reversed(mine))][2]))
+            self._drop(next(iter(heaviest)))
         challenge = os.urandom(CHALLENGE_BYTES)
-        self._issued[challenge] = now + self.ttl
+        self._count += 1
+        self._issued[challenge] = (now + self.ttl, source, self._count)
+        self._by_source.setdefault(source, OrderedDict())[challenge] = None
         return challenge
 
     def redeem(self, challenge: bytes) -> bool:
         """True once for a challenge issued here within the TTL; False for anything else."""
-        expiry = self._issued.pop(bytes(challenge), None)
-        return expiry is not None and expiry > self._clock()
+        entry = self._issued.get(bytes(challenge))
+        if entry is None:
+            return False
+        self._drop(bytes(challenge))
+        return entry[0] > self._clock()
+
+    def _drop(self, challenge: bytes) -> None:
+        _, source, _ = self._issued.pop(challenge)
+        mine = self._by_source[source]
+        del mine[challenge]
+        if not mine:
+            del self._by_source[source]
 
 
 class ReverseStream(Protocol):

@@ -171,3 +171,45 @@ def test_the_books_hold_under_any_sequence(ops: list[tuple[str, int]]) -> None:
         assert all(v <= lim.per_source for v in per_source.values())
         if op == "expire":   # nothing pre-auth outlives its deadline past a sweep
             assert all(t.deadline > clock.now for t in open_preauth)  # type: ignore[attr-defined]
+
+
+def test_sources_are_counted_per_ipv6_64() -> None:
+    from datadistd.admission import source_key
+
+    assert source_key("10.1.2.3") == "10.1.2.3"
+    assert source_key("2001:db8:1:2:aaaa::1") == source_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_key("2001:db8:1:3::1") != source_key("2001:db8:1:2::1")
+    assert source_key("::ffff:10.1.2.3") == "10.1.2.3"
+    adm = Admission("t", AdmissionLimits(per_source=2, preauth_total=64), clock=Clock())
+    conns = [admit(adm, f"2001:db8::{i:x}")[0] for i in range(10)]    # ten addresses of one /64: one source
+    assert sum(c.closed for c in conns) == 8
+
+
+def test_churning_sources_are_evicted_before_a_peer_with_one_connection() -> None:
+    """Issue 27, attack 9: 100 sources churning connections; a peer's single pre-auth connection stays."""
+    clock = Clock()
+    adm = Admission("t", AdmissionLimits(per_source=8, preauth_total=64), clock=clock)
+    peer, ticket = admit(adm, "10.0.0.1")
+    for i in range(4000):
+        admit(adm, f"10.9.{i % 100}.1")
+        clock.now += 0.00025                       # ~4,000 connections/s
+    assert not peer.closed and ticket is not None
+    adm.authenticate(ticket)
+
+
+def test_challenges_are_limited_per_connection_and_per_source() -> None:
+    clock = Clock()
+    adm = Admission("t", AdmissionLimits(challenges_per_connection=4, challenges_per_second=10), clock=clock)
+    _, a = admit(adm, "10.0.0.1")
+    assert a is not None
+    assert [adm.allow_challenge(a) for _ in range(6)] == [True] * 4 + [False] * 2
+    tickets = [admit(adm, "10.0.0.2")[1] for _ in range(8)]
+    granted = sum(adm.allow_challenge(t) for t in tickets for _ in range(4) if t is not None)
+    assert granted == 20                             # the source's burst, however many connections it opens
+    clock.now += 1.0
+    _, b = admit(adm, "10.0.0.2")
+    assert b is not None and adm.allow_challenge(b)  # refilled
+    _, c = admit(adm, "10.0.0.3")
+    assert c is not None and adm.allow_challenge(c)  # another source is not limited by these
+    adm.authenticate(a)
+    assert adm.allow_challenge(a)                    # an authenticated connection has no per-connection cap

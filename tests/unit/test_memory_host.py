@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import Placement
-from datadistd.memory import get_backend
+from datadistd.memory import get_backend, handover
 from datadistd.memory.base import Allocation, FdPiece, FdRef, MemoryHandle, ProcessRef
 from datadistd.memory.host import (
     DirectHandle,
@@ -296,7 +296,22 @@ def test_import_pieces_are_laid_end_to_end(backend):
         h.close()
 
 
-def test_import_refusals(backend, tmp_path):
+def _shm_file(d: str, size: int) -> str:
+    path = os.path.join(d, "ro")
+    with open(path, "wb") as f:
+        f.write(b"r" * size)
+    return path
+
+
+def _hugetlb() -> int:
+    """A sealed hugetlb memfd (no huge page needed: it is refused before anything maps it)."""
+    fd = os.memfd_create("huge", os.MFD_HUGETLB | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 2 * MiB)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def test_import_refusals(backend, shm_dir):
     page = mmap.PAGESIZE
 
     def sealed() -> int:
@@ -312,7 +327,9 @@ def test_import_refusals(backend, tmp_path):
         (lambda: FdRef((FdPiece(sealed(), 0, page), FdPiece(_memfd(b"u" * page, False), 0, page)), 0, 10),
          "sealed"),
         (lambda: FdRef((FdPiece(os.open("/dev/null", os.O_RDWR), 0, 1),), 0, 1), "regular file"),
-        (lambda: FdRef((FdPiece(os.open(__file__, os.O_RDONLY), 0, 1),), 0, 1), "read-write"),
+        (lambda: FdRef((FdPiece(os.open(_shm_file(shm_dir, page), os.O_RDONLY), 0, 1),), 0, 1), "read-write"),
+        (lambda: FdRef((FdPiece(os.open(__file__, os.O_RDWR), 0, 1),), 0, 1), "not shared memory"),
+        (lambda: FdRef((FdPiece(_hugetlb(), 0, 1),), 0, 1), "hugetlbfs"),
         (lambda: FdRef(tuple(FdPiece(sealed(), 0, page) for _ in range(17)), 0, 1), "pieces"),
         (lambda: FdRef((), 0, 1), "pieces"),
     ]
@@ -321,7 +338,8 @@ def test_import_refusals(backend, tmp_path):
         with pytest.raises(DataDistError) as e:
             backend.import_memory(make())
         assert _code(e) == StatusCode.LLM_PARAM_INVALID and words in e.value.message, (words, e.value.message)
-    assert len(os.listdir("/proc/self/fd")) <= before   # every refused descriptor was closed
+    assert handover.settle(10)
+    assert len(os.listdir("/proc/self/fd")) <= before   # every refused descriptor was closed (off the caller)
 
 
 def test_import_process_memory_in_process(backend):

@@ -81,3 +81,17 @@ def test_the_offer_mac_covers_the_challenge() -> None:
     assert offer.challenge == b"c" * 32
     assert offer.mac == offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"c" * 32)
     assert offer.mac != offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"d" * 32)
+
+
+def test_a_flood_from_few_sources_evicts_only_their_own_challenges() -> None:
+    """Issue 27, attack 9: one source flooding Peer/Challenge used to evict every legitimate challenge."""
+    store = ChallengeStore(ttl=30, cap=64, per_source=16, clock=Clock())
+    legit = store.issue("10.0.0.1")
+    for i in range(8 * 512):
+        store.issue(f"10.0.1.{i % 3}")
+    assert len(store) <= 64 and store.redeem(legit)
+    # over the total, the source holding most loses: many sources at their share still spare the one-challenge peer
+    legit = store.issue("10.0.0.1")
+    for i in range(100 * 16):
+        store.issue(f"10.1.{i % 100}.1")
+    assert len(store) == 64 and store.redeem(legit)

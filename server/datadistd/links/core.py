@@ -86,6 +86,8 @@ class LinkCore:
     def _drop_writes(self, transfer_ids: Iterable[int]) -> None:
         """Forget opened writes; their receipts are cancelled and their caches unpinned in the background."""
         dropped = [pw for pw in (self.writes.pop(tid, None) for tid in list(transfer_ids)) if pw is not None]
+        for pw in dropped:
+            pw.link.usage.close_writes(1, pw.nbytes)
         self._release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
 
     def _release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:

@@ -13,6 +13,7 @@ from ..metrics import DaemonMetrics
 from ..peering import (
     PeerClient,
 )
+from ..quota import LinkLimits, LinkUsage
 from ..reverse import (
     CallCodec,
     FrameCalls,
@@ -65,6 +66,7 @@ class Link:
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
+    usage: LinkUsage = field(default_factory=LinkUsage)   # what the other end holds here ([quota] link_*)
 
     @property
     def initiator(self) -> bool:
@@ -151,6 +153,7 @@ class _PendingWrite:
     deadline: float
     link: Link
     blocks: int = 0
+    nbytes: int = 0                     # booked to ``link.usage`` until the write ends
 
 
 class NodeContext(Protocol):
@@ -163,8 +166,13 @@ class NodeContext(Protocol):
     peer_connector: Callable[[str], PeerClient]
     call_codec: "CallCodec | None"
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
+    link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
 
     def local_links_at(self, address: str) -> "LinkCore | None": ...
+
+    def principal(self, links: "LinkCore") -> int:
+        """The uid of the worker whose engine ``links`` serves (``authz``: same-daemon links stay within one)."""
+        ...
 
 
 def _overall(codes: Sequence[int]) -> int:

@@ -25,17 +25,22 @@ class Owner(LinkCore):
         channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
-            cache_id, src, release = self.engine.prepare_read(spec)
-            timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
-            deadline = time.monotonic() + timeout / 1000
-            try:
-                # a small read goes out from the event loop when a connection is idle (no executor hop)
-                if not channel.try_send(TransferId(transfer_id), src, deadline):
-                    await self._in_thread(channel.send, TransferId(transfer_id), src, deadline)
-            finally:
-                self.engine.unpin(cache_id)
-            tracked.done(spec.expected_bytes, len(spec.blocks))
+        limits = self.node.link_limits
+        timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
+        deadline = time.monotonic() + timeout / 1000
+        await link.usage.enter_call(limits, deadline)   # a per-link cap: one peer cannot fill the daemon's executor
+        try:
+            with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
+                cache_id, src, release = self.engine.prepare_read(spec)
+                try:
+                    # a small read goes out from the event loop when a connection is idle (no executor hop)
+                    if not channel.try_send(TransferId(transfer_id), src, deadline):
+                        await self._in_thread(channel.send, TransferId(transfer_id), src, deadline)
+                finally:
+                    self.engine.unpin(cache_id)
+                tracked.done(spec.expected_bytes, len(spec.blocks))
+        finally:
+            link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
@@ -56,8 +61,11 @@ class Owner(LinkCore):
         channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        hold = hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms
+        limits = self.node.link_limits
+        hold = limits.clamp(hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms)
         deadline = time.monotonic() + hold / 1000
+        nbytes = sum(spec.expected_bytes for spec in specs)
+        link.usage.open_writes(limits, len(specs), nbytes)   # per-link caps, before anything is pinned
         prepared: list[tuple[int, Sequence[Segment]]] = []
         receipts: list[Receipt] = []
         try:   # every destination checked (and pinned) before any receipt exists
@@ -66,10 +74,12 @@ class Owner(LinkCore):
             for _, dst in prepared:
                 receipts.append(self.transport.expect(dst, channel=channel))
         except BaseException:
+            link.usage.close_writes(len(specs), nbytes)
             self._release_later(receipts, [cache_id for cache_id, _ in prepared])
             raise
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
-            self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
+            self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks),
+                                                             spec.expected_bytes)
         return [receipt.transfer_id for receipt in receipts]
 
     async def serve_commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout_ms: int) -> None:
@@ -81,9 +91,21 @@ class Owner(LinkCore):
         if unknown or not transfer_ids or len(set(transfer_ids)) != len(transfer_ids):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"unknown transfer {unknown[0]}" if unknown else "no transfers, or one named twice")
-        pending = [self.writes.pop(t) for t in transfer_ids]
-        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        limits = self.node.link_limits
+        timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
         limit = time.monotonic() + timeout / 1000
+        await link.usage.enter_call(limits, limit)   # refused or timed out: the writes stay open for the sweeper
+        if any(self.writes.get(t) is None for t in transfer_ids):   # dropped (unlink, sweeper) while it waited
+            link.usage.exit_call()
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a transfer ended while its commit waited for a turn")
+        pending = [self.writes.pop(t) for t in transfer_ids]
+        link.usage.close_writes(len(pending), sum(pw.nbytes for pw in pending))
+        try:
+            await self._commit(link, pending, limit)
+        finally:
+            link.usage.exit_call()
+
+    async def _commit(self, link: Link, pending: list[_PendingWrite], limit: float) -> None:
         with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
             nbytes = blocks = 0
             try:

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Awaitable, Callable, Sequence
 
+from ..authz import REMOTE, authorize_displace, authorize_local_link
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
     PROTOCOL_VERSION,
@@ -33,6 +34,7 @@ from .model import (
     LinkState,
     LocalLink,
     OutboundLink,
+    ServingEnd,
     _overall,
 )
 
@@ -143,6 +145,7 @@ class LinkSetup(LinkCore):
                                 f"found cluster {answer.server_cluster_id}")
 
     def _link_local(self, spec: ClusterSpec, server: LinkCore) -> None:
+        authorize_local_link(self.node.principal(self), self.node.principal(server))   # before anything is said
         if server.cluster_id != spec.remote_cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
@@ -154,6 +157,7 @@ class LinkSetup(LinkCore):
         serving = LocalLink(remote_cluster=self.cluster_id, transport="local", session=session, local_peer=self,
                             linking=False)
         old = server.served.get(self.cluster_id)
+        authorize_displace(self.cluster_id, _origin(old), self)
         if old is not None:
             server._drop_serving(old)
         server.served[self.cluster_id] = serving
@@ -176,14 +180,15 @@ class LinkSetup(LinkCore):
             except asyncio.CancelledError:
                 raise
 
-    def serve_challenge(self, client: int, server: int) -> bytes:
-        """Serving side, first step of a link: a single-use challenge for the handshake that follows."""
+    def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
+        """Serving side, first step of a link: a single-use challenge for the handshake that follows
+        (``source``: who asked, ``admission.source_key``, for the store's fair share)."""
         require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        if server != self.cluster_id:
+        if server != self.cluster_id:   # the caller is unauthenticated: this engine's cluster id is not said
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"cluster id mismatch: the linking side expects cluster {server}, "
-                                f"this engine is cluster {self.cluster_id}")
-        return self._challenges.issue()
+                                f"cluster id mismatch: the linking side expects cluster {server}, which is not "
+                                "the cluster of the engine at this address")
+        return self._challenges.issue(source)
 
     async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
@@ -211,6 +216,7 @@ class LinkSetup(LinkCore):
         require(offer.client_cluster_id != self.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
         old = self.served.get(offer.client_cluster_id)
+        authorize_displace(offer.client_cluster_id, _origin(old), REMOTE)
         if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
             self._drop_serving(old)
         session = os.urandom(16)
@@ -326,3 +332,10 @@ class LinkSetup(LinkCore):
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+
+
+def _origin(link: ServingEnd | None) -> object | None:
+    """Who set up a served link (``authz.authorize_displace``): a peer daemon, or a linking engine here."""
+    if link is None:
+        return None
+    return REMOTE if isinstance(link, InboundLink) else link.local_peer

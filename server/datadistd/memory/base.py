@@ -13,8 +13,8 @@ socket (``FdRef``), or, in embedded mode, as addresses of the daemon's own proce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Union, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Union, runtime_checkable
 
 from ..core.types import Placement
 
@@ -68,6 +68,12 @@ class FdPiece:
     length: int
 
 
+class Releasable(Protocol):
+    """Something booked for a piece of memory, given back once when that memory goes (``quota.Charge``)."""
+
+    def release(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class FdRef:
     """Memory a worker handed over: its pieces laid end to end, and the range ``[offset, offset+length)``
@@ -76,6 +82,9 @@ class FdRef:
     pieces: tuple[FdPiece, ...]
     offset: int
     length: int
+    #: books ``(bytes, descriptors)`` to the importing uid once the pieces are checked, before anything is
+    #: mapped (``quota.QuotaBook.take``); the handle gives the ``Releasable`` back when it is closed
+    pay: Callable[[int, int], Releasable] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ Worker memory (``import_memory``) arrives as descriptors the worker sent (``FdRe
   (``FdHandle``), so a later truncation only makes a transfer fail with ``LLM_PARAM_INVALID``;
 * several pieces not all sealed: refused.
 
-Each descriptor must be a regular file opened read-write that covers its piece. ``ProcessRef``
+Each descriptor must be a regular file of shmem/tmpfs (``handover.check_memory_fd``: hugetlbfs and
+other file systems are refused) opened read-write that covers its piece; every descriptor the daemon
+lets go is closed off the event loop (``handover.discard``). ``ProcessRef``
 is accepted only for the daemon's own process (embedded mode: ``DirectHandle``).
 """
 
@@ -44,8 +46,9 @@ from typing import Any, Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
 from . import addr
-from .base import MAX_PIECES, FdPiece, FdRef, MemoryRef, ProcessRef
+from .base import MAX_PIECES, FdPiece, FdRef, MemoryRef, ProcessRef, Releasable
 from .carved import CarvedPool
+from .handover import check_memory_fd, discard
 
 __all__ = ["HostBackend", "HostPool", "PoolHandle", "MappedFdHandle", "PiecesHandle", "FdHandle", "DirectHandle",
            "is_sealed"]
@@ -78,6 +81,13 @@ def _close_mmap(mm: mmap.mmap | None, what: str) -> None:
         # views of this mapping are still alive somewhere; unmapping now would leave them dangling,
         # so the mapping goes when the last of them is garbage collected
         log.warning("%s is still referenced by live views; it will be unmapped when they are released", what)
+
+
+def _give_back(handle: Any) -> None:
+    """Return what the importing uid was charged for ``handle``'s memory (once; ``quota.Charge``)."""
+    charge, handle._charge = handle._charge, None
+    if charge is not None:
+        charge.release()
 
 
 # ---- handles ----------------------------------------------------------------------------------
@@ -133,10 +143,11 @@ class PoolHandle(_ViewHandle):
 class MappedFdHandle(_ViewHandle):
     """One sealed descriptor mapped into the daemon: ``length`` bytes at ``offset`` of its piece."""
 
-    def __init__(self, piece: FdPiece, offset: int, length: int) -> None:
+    def __init__(self, piece: FdPiece, offset: int, length: int, charge: Releasable | None = None) -> None:
         self.file_offset = piece.file_offset
         self._size = length
         self._view = None
+        self._charge = charge
         self._mm: mmap.mmap | None = mmap.mmap(piece.fd, piece.length, mmap.MAP_SHARED,
                                                mmap.PROT_READ | mmap.PROT_WRITE, offset=piece.file_offset)
         self._view = memoryview(self._mm)[offset:offset + length]
@@ -146,6 +157,7 @@ class MappedFdHandle(_ViewHandle):
         _release(view)
         mm, self._mm = self._mm, None
         _close_mmap(mm, "mapping of worker memory")
+        _give_back(self)
 
     def __repr__(self) -> str:
         return f"MappedFdHandle(file_offset={self.file_offset}, size={self._size})"
@@ -157,7 +169,8 @@ class PiecesHandle(_ViewHandle):
     The range stays mapped until ``close``; like every handle, it is closed only once no copy or
     transfer uses it (the engine drains its in-flight work before it frees memory)."""
 
-    def __init__(self, pieces: Sequence[FdPiece], offset: int, length: int) -> None:
+    def __init__(self, pieces: Sequence[FdPiece], offset: int, length: int, charge: Releasable | None = None) -> None:
+        self._charge = charge
         self._total = sum(p.length for p in pieces)
         self._size = length
         self._base = addr.reserve(self._total)
@@ -177,6 +190,7 @@ class PiecesHandle(_ViewHandle):
             return
         _release(view)
         addr.unmap(self._base, self._total)
+        _give_back(self)
 
     def __repr__(self) -> str:
         return f"PiecesHandle(size={self._size}, mapped={self._total})"
@@ -209,7 +223,8 @@ class FdHandle:
     to local addresses), used by ``copy_segments`` and the data plane.
     """
 
-    def __init__(self, piece: FdPiece, offset: int, length: int) -> None:
+    def __init__(self, piece: FdPiece, offset: int, length: int, charge: Releasable | None = None) -> None:
+        self._charge = charge
         self._fd: int | None = piece.fd
         self._base = piece.file_offset + offset
         self._size = length
@@ -272,7 +287,8 @@ class FdHandle:
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            discard([fd])
+        _give_back(self)
 
     def __repr__(self) -> str:
         return f"FdHandle(file_offset={self._base}, size={self._size})"
@@ -388,12 +404,11 @@ def _check_piece(piece: FdPiece, index: int) -> None:
     require(0 <= piece.file_offset < 1 << 62 and piece.length < 1 << 62,
             f"{where}: file_offset {piece.file_offset} + length {piece.length} is out of range")
     require(piece.file_offset % addr.PAGE == 0, f"{where}: file_offset {piece.file_offset} is not page-aligned")
+    st = check_memory_fd(piece.fd, where)
     try:
-        st = os.fstat(piece.fd)
         flags = fcntl.fcntl(piece.fd, fcntl.F_GETFL)
     except OSError as exc:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"{where}: {os.strerror(exc.errno or 0)}") from None
-    require(stat.S_ISREG(st.st_mode), f"{where} is not a regular file (memfd or shared-memory file)")
     require(flags & os.O_ACCMODE == os.O_RDWR, f"{where} was not opened read-write")
     require(piece.file_offset + piece.length <= st.st_size,
             f"{where}: the file has {st.st_size} bytes; [{piece.file_offset}, {piece.file_offset + piece.length}) "
@@ -404,6 +419,8 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
     """The handle for memory handed over as descriptors (see the module doc); owns the descriptors."""
     pieces = ref.pieces
     keep = False
+    charge: Releasable | None = None
+    handed = False       # the charge went to a handle (which gives it back when closed)
     try:
         require(0 < len(pieces) <= MAX_PIECES, f"memory must come in 1..{MAX_PIECES} pieces, got {len(pieces)}")
         for i, piece in enumerate(pieces):
@@ -413,27 +430,29 @@ def import_fds(ref: FdRef) -> MappedFdHandle | PiecesHandle | FdHandle:
         require(0 <= ref.offset and ref.offset + ref.length <= total,
                 f"range [{ref.offset}, {ref.offset + ref.length}) is outside the {total} bytes handed over")
         sealed = [is_sealed(p.fd) for p in pieces]
+        if ref.pay is not None:
+            charge = ref.pay(total, len(pieces))
         if len(pieces) == 1 and not sealed[0]:
-            keep = True
-            return FdHandle(pieces[0], ref.offset, ref.length)
+            keep = handed = True
+            return FdHandle(pieces[0], ref.offset, ref.length, charge)
         require(all(sealed), f"memory in {len(pieces)} pieces needs every piece to be a memfd sealed with "
                              f"F_SEAL_SHRINK (pieces {[i for i, s in enumerate(sealed) if not s]} are not)")
         for p in pieces[:-1]:
             require(p.length % addr.PAGE == 0, "every piece but the last must be whole pages")
         try:
-            if len(pieces) == 1:
-                return MappedFdHandle(pieces[0], ref.offset, ref.length)
-            return PiecesHandle(pieces, ref.offset, ref.length)
+            handle: MappedFdHandle | PiecesHandle = (
+                MappedFdHandle(pieces[0], ref.offset, ref.length, charge) if len(pieces) == 1
+                else PiecesHandle(pieces, ref.offset, ref.length, charge))
+            handed = True
+            return handle
         except OSError as exc:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"cannot map worker memory: {os.strerror(exc.errno or 0)}") from None
     finally:
         if not keep:
-            for p in pieces:
-                try:
-                    os.close(p.fd)
-                except OSError:
-                    pass
+            discard([p.fd for p in pieces])     # off the event loop: a refused one may be a lingering socket
+        if not handed and charge is not None:
+            charge.release()
 
 
 # ---- the backend ------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.handover import discard
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
@@ -203,8 +204,7 @@ class AttachServer:
             log.exception("attach message from pid %s failed", conn.session.cred.pid)
             reply, out_fd = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc)), None
         finally:
-            for fd in fds:
-                os.close(fd)
+            discard(fds)     # never closed on the loop: a handed-over socket with SO_LINGER would block it
         reply.request_id = request.request_id
         self._reply(conn, reply, out_fd)
 
@@ -270,9 +270,10 @@ class AttachServer:
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
             else:
-                ref = FdRef(tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces,
-                                                                                        strict=True)),
-                            msg.offset, msg.length)
+                pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
+                uid = session.cred.uid    # booked once checked, before anything is mapped; the handle gives it back
+                ref = FdRef(pieces, msg.offset, msg.length, lambda n, maps: self.node.quota.take(
+                    uid, imported_bytes=n, imported_mappings=maps))
             fds.clear()
             handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
             memory_id = next(self.node.sessions.memory_ids)

@@ -25,6 +25,7 @@ import logging
 import socket
 
 from ..admission import Admission, AdmissionLimits, Ticket
+from ..core.errors import DataDistError, StatusCode
 
 __all__ = ["PeerFront"]
 
@@ -156,6 +157,18 @@ class PeerFront:
         relay = self._relay(grpc_peer)
         if relay is not None and relay.ticket is not None:
             self.admission.authenticate(relay.ticket)
+
+    def admit_challenge(self, grpc_peer: str) -> str:
+        """The source a ``Peer/Challenge`` counts against (``admission.source_key``), or ``LLM_LINK_FAILED``
+        when its connection or its source asked for too many (``Admission.allow_challenge``)."""
+        relay = self._relay(grpc_peer)
+        if relay is None or relay.ticket is None:
+            return ""
+        if not self.admission.allow_challenge(relay.ticket):
+            self.admission.refusals(f"{relay.ticket.source}: too many challenges")
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                "too many challenges from this connection or address; retry later")
+        return relay.ticket.source
 
     def stats(self) -> dict[str, int]:
         return {**self.admission.stats(), "relays": len(self._by_port)}

@@ -39,7 +39,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @guarded
     async def Challenge(self, request, context):  # noqa: N802, ANN001, ANN201
         _refuse_oversized(request, peer_pb2.ChallengeRequest)
-        challenge = self.links.serve_challenge(request.client_cluster_id, request.server_cluster_id)
+        source = self.front.admit_challenge(context.peer()) if self.front is not None else ""
+        challenge = self.links.serve_challenge(request.client_cluster_id, request.server_cluster_id, source)
         return peer_pb2.ChallengeResponse(protocol_version=PROTOCOL_VERSION, challenge=challenge)
 
     @guarded

@@ -1,0 +1,78 @@
+"""An authenticated peer cannot make the owner hold without bound (issue 27, attack 8).
+
+In process (``tests/unit/test_links.py``'s ``Pair``: two nodes, real loopback data planes): the link's other
+end opens writes of 2,048 pieces with a hold time of 2^32-1 ms, and keeps owner calls waiting; per-link caps
+(``[quota] link_*``) refuse the excess with ``LLM_LINK_BUSY``, the hold is cut to ``link_max_wait_ms``, and
+another link to the same engine pulls meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from datadist.status import LLMStatusCode as S
+from datadistd.core.errors import DataDistError
+from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec, Role
+from datadistd.links import ClusterSpec
+from datadistd.quota import LinkLimits
+from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _order, _until
+
+pytestmark = pytest.mark.timeout(120)
+
+P, D = 1, 2
+HUGE = 2**32 - 1
+
+
+def test_8_one_peer_is_held_to_its_links_caps():
+    async def main() -> None:
+        async with Pair(False) as pair:
+            pair.p.link_limits = LinkLimits(calls_in_flight=4, open_writes=4096, pinned_bytes=1 << 30,
+                                            max_wait_ms=2000, calls_queued=2)
+            assert await pair.link() == (0, [0])
+            serving, _ = pair.links
+            src, _ = pair.caches()
+            (link,) = serving.sessions.values()
+            piece = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
+            # 150 open writes of 2,048 pieces, held "forever": two fit the per-link cap, the rest are refused
+            opened, refused = [], 0
+            for _ in range(150):
+                try:
+                    opened.append(serving.open_write_for(link, [piece] * 2048, HUGE, HUGE))
+                except DataDistError as exc:
+                    assert exc.code == S.LLM_LINK_BUSY and "link_open_writes" in exc.message
+                    refused += 1
+            assert len(opened) == 2 and refused == 148
+            assert link.usage.writes == 4096
+            assert all(pw.deadline <= time.monotonic() + 2.0 for pw in serving.writes.values())   # hold cut
+            # owner calls kept hanging (commits of writes whose bytes never come): 4 run (4 executor threads),
+            # 2 wait for a turn holding no thread, the 7th is refused
+            stuck = [asyncio.ensure_future(serving.commit_write_for(link, [tid], HUGE)) for tid in opened[0][:7]]
+            await asyncio.sleep(0.2)
+            busy = [t for t in stuck if t.done()]
+            assert link.usage.calls == 4 and link.usage.waiting == 2
+            assert len(busy) == 1 and isinstance(busy[0].exception(), DataDistError)
+            assert busy[0].exception().code == S.LLM_LINK_BUSY
+            # another engine's link to the same owner is not slowed: it links and pulls meanwhile
+            other = await pair.d.init_engine(3, Role.DECODER, {"llm.MemPoolConfig": POOL,
+                                                               "llm.EnableRemoteCacheAccessible": "1"})
+            assert await other.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
+            from datadistd.core.types import CacheDesc, DType, Placement
+            dst = other.engine.allocate_cache(CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE),
+                                              is_blocks=True, blocks_key=BlocksKeyRef(3, 0))
+            nbytes, _ = await other.links.pull(_order(P, int(dst.cache_id), [1], [0]))
+            assert nbytes == 2 * BLOCK     # one block of each of the two tensors
+            # the stuck ones end at the cut hold time, not in 49 days; what they held is given back
+            for t in stuck:
+                try:
+                    await asyncio.wait_for(t, 10)
+                except DataDistError:
+                    pass
+            serving._drop_writes(list(serving.writes))
+            assert link.usage.writes == 0 and link.usage.pinned == 0 and link.usage.calls == 0
+            assert await _until(lambda: serving.engine.entry(src).pins == 0)
+            assert serving.open_write_for(link, [piece], 1000)     # the legitimate use goes on
+
+    asyncio.run(main())

@@ -29,8 +29,8 @@ from .links import LinkManager
 from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
+from .ownercalls import CallCodec
 from .peering import PeerClient
-from .reverse import CallCodec
 from .sessions import SessionTable, WorkerSession
 from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from .transport import Transport, get_transport
@@ -84,11 +84,11 @@ class EngineSlot:
 
 
 class Node:
-    def __init__(self, config: Config, *, backend: MemoryBackend | None = None,
+    def __init__(self, config: Config, *, call_codec: CallCodec, backend: MemoryBackend | None = None,
                  peer_connector: Callable[[str], PeerClient] | None = None,
-                 listener_factory: ListenerFactory | None = None, call_codec: CallCodec | None = None) -> None:
+                 listener_factory: ListenerFactory | None = None) -> None:
         self.config = config
-        # how owner calls travel as data-channel frames (rpc.convert.CALL_CODEC); None: over gRPC only
+        # owner calls as bytes on the data channel (rpc.convert.CALL_CODEC: this package imports no protobuf)
         self.call_codec = call_codec
         self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
         self.backend = backend or backend_from_config(config.memory)
@@ -281,7 +281,7 @@ class Node:
         try:
             if slot.comm is not None:
                 await slot.comm.close()
-            await slot.links.close()  # while the listeners still carry the reverse paths: the peers are told
+            await slot.links.close()  # while the data channels still work: the peers are told (unlink calls)
             for listener in slot.listeners():
                 await listener.stop()
             await slot.engine.drain(timeout=5.0)

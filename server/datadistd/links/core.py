@@ -8,14 +8,14 @@ import logging
 import time
 from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
 
-from ..core.errors import DataDistError, StatusCode
+from ..core.errors import DataDistError
 from ..core.types import CacheId, RemoteSpec
 from ..engine import Engine
+from ..ownercalls import (
+    FrameCalls,
+)
 from ..peering import (
     ChallengeStore,
-)
-from ..reverse import (
-    FrameCalls,
 )
 from ..transport.base import Channel, Receipt, Transport
 from .model import (
@@ -26,6 +26,7 @@ from .model import (
     LinkState,
     NodeContext,
     OutboundLink,
+    RemoteLink,
     ServingEnd,
     _PendingWrite,
 )
@@ -42,7 +43,6 @@ class LinkCore:
         self.node = node
         self.links: dict[int, LinkingEnd] = {}     # links this engine set up (it is their linking end)
         self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
-        self.sessions: dict[bytes, InboundLink] = {}   # the served links of other daemons, by session
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -70,12 +70,12 @@ class LinkCore:
         while not self.closed:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for link in list(self.sessions.values()):
+            for link in [served for served in self.served.values() if isinstance(served, InboundLink)]:
                 channel = self.transport.channel(link.token)
                 if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
                     log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
-                                else f"no heartbeat for {now - link.last_seen:.1f}s")
+                                else f"no frame for {now - link.last_seen:.1f}s")
                     self._drop_serving(link)
             # abandoned writes, and those of links gone (unlinked, dropped): never committed now. Not at the
             # unlink itself: a commit may still be on its way while the unlink tells the other end
@@ -114,30 +114,20 @@ class LinkCore:
         return [*self.links.values(), *self.served.values()]
 
     def _drop_serving(self, link: ServingEnd) -> None:
-        if link.frames is not None:
-            link.frames.close("the link was dropped")
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
         if isinstance(link, InboundLink):
-            link.reverse.close("the link was dropped")
-            self.sessions.pop(link.session, None)
+            link.calls.close("the link was dropped")
             self.transport.revoke(link.token)
 
     def _mark_broken(self, link: Link, reason: str) -> None:
         if link.state != LinkState.BROKEN:
             link.state = LinkState.BROKEN
             link.reason = reason
-            if link.frames is not None:
-                link.frames.close(reason)
+            if isinstance(link, (OutboundLink, InboundLink)):
+                link.calls.close(reason)
             log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
                         link.address or link.transport, reason)
-
-    def session_link(self, session: bytes) -> InboundLink:
-        link = self.sessions.get(session)
-        if link is None:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "unknown or expired link session; link first")
-        link.last_seen = time.monotonic()
-        return link
 
     def _channel_of(self, link: Link) -> Channel | None:
         """The data channel of a link: the one this side opened, or the one the linking side opened to it
@@ -172,13 +162,10 @@ class LinkCore:
 
     # ---- what one side calls on another (defined by the sides; declared here for the type checker) -----
 
-    def _frame_calls(self, link: Link) -> FrameCalls:
+    def _frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         raise NotImplementedError
 
-    def _control_handler(self, link: Link) -> Callable[[int, bytes], None]:
-        raise NotImplementedError
-
-    async def _serve_reverse(self, link: OutboundLink) -> None:
+    def _control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
         raise NotImplementedError
 
     async def _heartbeat(self, link: OutboundLink) -> None:

@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..core.errors import StatusCode
 from ..metrics import DaemonMetrics
-from ..peering import (
-    PeerClient,
-)
-from ..reverse import (
+from ..ownercalls import (
     CallCodec,
     FrameCalls,
-    ReverseHub,
+)
+from ..peering import (
+    PeerClient,
 )
 from ..transport.base import Channel, Receipt
 
@@ -64,7 +63,6 @@ class Link:
     heartbeat: "asyncio.Task[None] | None" = None
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
-    frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
 
     @property
     def initiator(self) -> bool:
@@ -86,13 +84,12 @@ class Link:
 
 @dataclass(kw_only=True)
 class OutboundLink(Link):
-    """This engine linked to an engine of another daemon: it holds the Peer client of that daemon, the data
-    channel it opened with ``token``, and answers the serving end's owner calls on the reverse stream."""
+    """This engine linked to an engine of another daemon: the data channel it opened with ``token`` carries
+    the bytes and, as frames, the owner calls both ways (``calls``: this end's calls on the other)."""
 
-    peer: PeerClient
     channel: Channel
     token: bytes
-    reverse_task: "asyncio.Task[None] | None" = None
+    calls: FrameCalls
 
     @property
     def initiator(self) -> bool:
@@ -102,26 +99,18 @@ class OutboundLink(Link):
     def streams(self) -> int:
         return self.channel.streams
 
-    def owner_calls(self) -> "FrameCalls | PeerClient":
-        """How to reach the owner at the serving end: frames on the data channel, else its Peer service."""
-        return self.frames or self.peer
-
 
 @dataclass(kw_only=True)
 class InboundLink(Link):
     """An engine of another daemon linked to this one: its data channel is the one the linking daemon opened
-    with ``token`` (found through the transport), its owner calls go out on the reverse stream ``reverse``."""
+    with ``token`` (found through the transport); ``calls``: this end's owner calls on the other, as frames."""
 
     token: bytes
-    reverse: ReverseHub
+    calls: FrameCalls
 
     @property
     def initiator(self) -> bool:
         return False
-
-    def owner_calls(self) -> "FrameCalls | ReverseHub":
-        """How to reach the owner at the linking end: frames on the data channel, else the reverse stream."""
-        return self.frames or self.reverse
 
 
 @dataclass(kw_only=True)
@@ -161,7 +150,7 @@ class NodeContext(Protocol):
     streams: int
     heartbeat_seconds: float
     peer_connector: Callable[[str], PeerClient]
-    call_codec: "CallCodec | None"
+    call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
 
     def local_links_at(self, address: str) -> "LinkCore | None": ...

@@ -6,20 +6,16 @@ import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
+from ..core.types import RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..metrics import track_transfer
-from ..reverse import MAX_OPEN_PER_CALL
+from ..ownercalls import MAX_OPEN_PER_CALL
 from ..transport.base import Receipt
 from .core import LinkCore
 from .model import Link, _PendingWrite
 
 
 class Owner(LinkCore):
-    async def serve_read(self, session: bytes, transfer_id: int, spec: RemoteSpec,
-                         timeout_ms: int) -> tuple[int, bool]:
-        return await self.read_for(self.session_link(session), transfer_id, spec, timeout_ms)
-
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
         channel = self._channel_of(link)
@@ -38,15 +34,6 @@ class Owner(LinkCore):
             tracked.done(spec.expected_bytes, len(spec.blocks))
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
-
-    def serve_release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int,
-                      tensor_count: int) -> None:
-        self.session_link(session)
-        self.engine.release_pulled(key, tensor_start, tensor_count)
-
-    def serve_open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout_ms: int,
-                         hold_ms: int = 0) -> list[int]:
-        return self.open_write_for(self.session_link(session), specs, timeout_ms, hold_ms)
 
     def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else
@@ -71,9 +58,6 @@ class Owner(LinkCore):
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
             self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
         return [receipt.transfer_id for receipt in receipts]
-
-    async def serve_commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout_ms: int) -> None:
-        await self.commit_write_for(self.session_link(session), transfer_ids, timeout_ms)
 
     async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         """Wait until every byte of the transfers arrived; the first failure cancels the rest (all end here)."""

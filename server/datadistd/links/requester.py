@@ -1,4 +1,4 @@
-"""The requesting side of a transfer, at either end of a link: plan, find the owner calls, move the bytes."""
+"""The requesting side of a transfer, at either end of a link: plan, call the owner, move the bytes."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferI
 from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
 from ..memory.copy import copy_segments
-from ..peering import PeerClient
-from ..reverse import FrameCalls, ReverseHub
+from ..ownercalls import FrameCalls
 from ..transport.base import Channel
 from .core import LinkCore
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
@@ -38,11 +37,9 @@ class Requester(LinkCore):
                                 f"link to cluster {cluster} is broken ({link.reason}); unlink and link again")
         return link
 
-    def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls | PeerClient | ReverseHub, Channel]:
-        """The owner calls of the other end of ``link`` and the data channel: frames on the data channel when
-        both ends speak them; else the peer's Peer service from the linking end, the reverse path from the
-        serving end."""
-        calls = link.owner_calls()
+    def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls, Channel]:
+        """The owner calls on the other end of ``link`` and its data channel (which carries both)."""
+        calls = link.calls
         channel = self._channel_of(link)
         if channel is None or channel.broken:
             raise self._transfer_failure(link, DataDistError(

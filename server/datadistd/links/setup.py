@@ -1,5 +1,5 @@
-"""Setting links up and tearing them down, at either end: the handshake (challenge, offer, answer), same-daemon
-links, heartbeats, unlink."""
+"""Setting links up and tearing them down, at either end: the handshake (challenge, offer, answer; the only
+Peer RPCs), same-daemon links, heartbeats and unlink (owner calls on the data channel)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,11 @@ from ..peering import (
     HandshakeAnswer,
     HandshakeOffer,
     answer_mac,
+    check_version,
     data_token,
     make_offer,
     offer_mac,
 )
-from ..reverse import (
-    ReverseHub,
-)
-from ..transport.base import CallChannel, CallTransport
 from .core import LinkCore
 from .model import (
     MAX_CLUSTERS_PER_CALL,
@@ -101,17 +98,13 @@ class LinkSetup(LinkCore):
             token = data_token(self.node.secret, answer.session)
             streams = max(1, min(self.node.streams, answer.streams or self.node.streams))
             channel = await self._in_thread(self.transport.connect, answer.data_endpoint, token, streams, deadline)
-        except BaseException:
-            await peer.close()
-            raise
+        finally:
+            await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
         link = OutboundLink(remote_cluster=cid, transport=self.transport.label, session=answer.session,
-                            address=spec.address, data_endpoint=answer.data_endpoint, peer=peer, channel=channel,
-                            token=token)
-        if self.node.call_codec is not None and isinstance(channel, CallChannel):
-            link.frames = self._frame_calls(link)
-            channel.on_control(self._control_handler(link))
+                            address=spec.address, data_endpoint=answer.data_endpoint, channel=channel, token=token,
+                            calls=self._frame_calls(cid, lambda: channel))
+        channel.on_control(self._control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
-        link.reverse_task = asyncio.get_running_loop().create_task(self._serve_reverse(link))
         self.links[cid] = link
         log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
                  spec.address, self.transport.label, answer.data_endpoint, streams)
@@ -122,10 +115,7 @@ class LinkSetup(LinkCore):
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"peer at {spec.address} failed to prove the shared secret (check [peer] secret)")
-        if answer.protocol_version != PROTOCOL_VERSION:
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"protocol version mismatch: this daemon speaks v{PROTOCOL_VERSION}, peer at "
-                                f"{spec.address} v{answer.protocol_version}")
+        check_version(answer.protocol_version, f"the peer at {spec.address}")
         if answer.server_cluster_id != spec.remote_cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
@@ -150,6 +140,8 @@ class LinkSetup(LinkCore):
                  spec.remote_cluster_id, spec.address)
 
     async def _heartbeat(self, link: OutboundLink) -> None:
+        """The linking end pings the serving end on the data channel: an answer proves both alive (the serving
+        end drops a link it hears nothing on for three intervals)."""
         interval = self.node.heartbeat_seconds
         while link.state == LinkState.ESTABLISHED and not self.closed:
             await asyncio.sleep(interval)
@@ -157,7 +149,7 @@ class LinkSetup(LinkCore):
                 self._mark_broken(link, "data channel closed")
                 return
             try:
-                await link.peer.ping(link.session, max(interval, 1.0))
+                await link.calls.ping(link.session, max(interval, 1.0))
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
                 self._mark_broken(link, f"heartbeat failed: {exc}")
@@ -183,10 +175,7 @@ class LinkSetup(LinkCore):
             log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.cluster_id,
                         offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
-        if offer.protocol_version != PROTOCOL_VERSION:
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"protocol version mismatch: peer speaks v{offer.protocol_version}, "
-                                f"this daemon v{PROTOCOL_VERSION}")
+        check_version(offer.protocol_version, f"linking cluster {offer.client_cluster_id}")
         if not self._challenges.redeem(offer.challenge):  # replayed, stale, or of an earlier daemon
             log.warning("cluster %s: refused a handshake from cluster %s: challenge unknown, used or expired",
                         self.cluster_id, offer.client_cluster_id)
@@ -205,24 +194,17 @@ class LinkSetup(LinkCore):
         session = os.urandom(16)
         token = data_token(self.node.secret, session)
         self.transport.allow(token)
-        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=self.transport.label, session=session,
-                           token=token, data_endpoint=self.transport.endpoint,
-                           reverse=ReverseHub(offer.client_cluster_id))
-        if self.node.call_codec is not None and isinstance(self.transport, CallTransport):
-            link.frames = self._frame_calls(link)
-            self.transport.on_control(token, self._control_handler(link))
+        transport = self.transport
+        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
+                           token=token, data_endpoint=transport.endpoint,
+                           calls=self._frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
+        transport.on_control(token, self._control_handler(link))
         self.served[offer.client_cluster_id] = link
-        self.sessions[session] = link
         log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
         endpoint = self.transport.endpoint
         return HandshakeAnswer(PROTOCOL_VERSION, self.cluster_id, session, endpoint, self.node.streams,
                                answer_mac(self.node.secret, offer.challenge, session, self.cluster_id, endpoint),
                                self.node.version)
-
-    def serve_unlink(self, session: bytes) -> None:
-        link = self.session_link(session)
-        log.info("cluster %s: cluster %s unlinked", self.cluster_id, link.remote_cluster)
-        self._drop_serving(link)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
                               force: bool) -> tuple[int, list[int]]:
@@ -255,10 +237,6 @@ class LinkSetup(LinkCore):
             del self.links[link.remote_cluster]
         if link.heartbeat is not None:
             link.heartbeat.cancel()
-        if isinstance(link, OutboundLink) and link.reverse_task is not None:
-            link.reverse_task.cancel()
-        if link.frames is not None:
-            link.frames.close("unlinked")
         failure: DataDistError | None = None
         if isinstance(link, LocalLink):
             other = link.local_peer
@@ -268,28 +246,22 @@ class LinkSetup(LinkCore):
                     del table[self.cluster_id]
             if self.served.get(link.remote_cluster) is link:
                 del self.served[link.remote_cluster]
-        elif isinstance(link, OutboundLink):
-            if notify and link.state == LinkState.ESTABLISHED:
-                try:
-                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                    await link.peer.unlink(link.session, max(0.1, remaining))
-                except DataDistError as exc:
-                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                            f"local end removed, but the serving side was not told: {exc}")
-            await self._in_thread(link.channel.close)
-            await link.peer.close()
         else:
-            assert isinstance(link, InboundLink)
-            hub = link.reverse
-            # a reverse path not attached yet (a link just made) is waited for within the deadline
-            if notify and link.state == LinkState.ESTABLISHED and not hub.closed:
+            assert isinstance(link, (OutboundLink, InboundLink))
+            # tell the other end first (an unlink call on the data channel), then close this end
+            if notify and link.state == LinkState.ESTABLISHED and not link.calls.closed:
                 try:
                     remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                    await hub.unlink(link.session, max(0.1, remaining))
+                    await link.calls.unlink(link.session, max(0.1, remaining))
                 except DataDistError as exc:
+                    other_end = "serving" if isinstance(link, OutboundLink) else "linking"
                     failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                            f"local end removed, but the linking side was not told: {exc}")
-            self._drop_serving(link)
+                                            f"local end removed, but the {other_end} side was not told: {exc}")
+            link.calls.close("unlinked")
+            if isinstance(link, OutboundLink):
+                await self._in_thread(link.channel.close)
+            else:
+                self._drop_serving(link)
         log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
         if failure is not None:
             raise failure
@@ -305,10 +277,10 @@ class LinkSetup(LinkCore):
         channel = self._channel_of(link)
         if link.state == LinkState.ESTABLISHED and channel is not None and channel.broken:
             self._mark_broken(link, "data channel closed")
-        if isinstance(link, OutboundLink) and link.state == LinkState.ESTABLISHED:
+        if isinstance(link, (OutboundLink, InboundLink)) and link.state == LinkState.ESTABLISHED:
             timeout = (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000
             try:
-                await link.peer.ping(link.session, timeout)
+                await link.calls.ping(link.session, timeout)
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
                 self._mark_broken(link, f"check_link_status: {exc}")

@@ -316,7 +316,7 @@ class NixlChannel:
     def close(self) -> None:
         self._transport._drop(self._peer, "closed locally", close=True)
 
-    # -- control frames of the link manager (transport.base.CallChannel) --
+    # -- control frames of the link manager (transport.base.Channel) --
 
     def on_control(self, handler: ControlHandler) -> None:
         self._peer.set_handler(handler)

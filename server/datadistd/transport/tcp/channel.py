@@ -35,7 +35,6 @@ from .wire import (
     KIND_ABORT,
     KIND_CONTROL,
     KIND_DATA,
-    KIND_PING,
     MAX_CONTROL,
     ControlHandler,
     _encode_code,
@@ -272,7 +271,7 @@ class TcpChannel:
                     return
         log.warning("data channel to %s: could not send ABORT for transfer %s in time", self._peer, transfer_id)
 
-    # -- control frames (transport.base.CallChannel) --
+    # -- control frames (transport.base.Channel) --
 
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
@@ -329,18 +328,6 @@ class TcpChannel:
                 if not wait:
                     conn.lock.release()
         return False
-
-    def ping(self, deadline: float) -> None:
-        """Send a PING on every connection (raises ``DataDistError`` when the channel is unusable)."""
-        header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_PING, 0, 0, 0))
-        for conn in self._live():
-            try:
-                conn.send_frame([header], deadline)
-            except _SendError as exc:
-                if exc.unusable:
-                    conn.shutdown()
-                    self._break(f"PING failed: {exc.message}")
-                raise DataDistError(exc.code, f"ping to {self._peer}: {exc.message}") from None
 
     # -- life cycle --
 

@@ -107,7 +107,8 @@ class DaemonSection:
                             default=0o660)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
-    session_keepalive_seconds: float = _doc("Interval of keepalive events on a worker's session stream.",
+    session_keepalive_seconds: float = _doc("Unused: the worker's attach connection is its lease (there is no "
+                                            "session stream any more); accepted so older files still load.",
                                             default=5.0)
 
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -110,7 +109,6 @@ class Node:
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
         self.started = time.monotonic()
-        self.draining = asyncio.Event()  # set when the daemon begins to stop: worker leases end first
 
     # ---- NodeContext -------------------------------------------------------------------------
 

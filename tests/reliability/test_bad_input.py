@@ -554,14 +554,6 @@ def _cleanup(s: Any, method: str, request: Any, response: Any) -> None:
 
 def _call_datadist(s: datadist_pb2_grpc.DataDistStub, method: str, request: Any) -> tuple[Any, grpc.RpcError | None]:
     try:
-        if method == "Session":
-            call = s.Session(request, timeout=CALL_TIMEOUT)
-            try:
-                first = next(call)
-                assert first.event == "ready", first
-            finally:
-                call.cancel()
-            return None, None
         if method == "TransferCacheAsync":
             return list(s.TransferCacheAsync(iter(request), timeout=CALL_TIMEOUT)), None
         return getattr(s, method)(request, timeout=CALL_TIMEOUT), None

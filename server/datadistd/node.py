@@ -25,6 +25,7 @@ from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .links import LinkManager
+from .links.table import LinkTable
 from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
@@ -112,10 +113,10 @@ class Node:
 
     # ---- NodeContext -------------------------------------------------------------------------
 
-    def local_links_at(self, address: str) -> LinkManager | None:
+    def local_links_at(self, address: str) -> LinkTable | None:
         for slot in self.engines.values():
             if any(_same_address(listener.address, address) for listener in slot.listeners()):
-                return slot.links
+                return slot.links.table
         return None
 
     # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------

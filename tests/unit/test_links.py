@@ -155,7 +155,7 @@ def test_each_end_holds_the_record_of_its_kind() -> None:
             assert out.initiator and not inb.initiator
             assert out.session == inb.session and serving.served == {D: inb} and not linking.served
             assert out.streams == out.channel.streams >= 1 and inb.streams == 0
-            assert linking._channel_of(out) is out.channel and serving._channel_of(inb) is not None
+            assert linking.table.channel_of(out) is out.channel and serving.table.channel_of(inb) is not None
             assert not out.calls.closed and not inb.calls.closed
             engines = pair.p.snapshot().engines + pair.d.snapshot().engines
             views = {(v.remote_cluster, v.initiator, v.streams) for e in engines for v in e.links}
@@ -251,7 +251,7 @@ class OwnerCallCounter:
     def __init__(self, owner: LinkManager) -> None:
         self.opened: list[int] = []      # pieces per open_write call
         self.committed: list[int] = []   # transfers per commit_write call
-        real_open, real_commit = owner.open_write_for, owner.commit_write_for
+        real_open, real_commit = owner.owner.open_write_for, owner.owner.commit_write_for
 
         def open_write_for(link: Any, specs: Any, timeout_ms: int, hold_ms: int = 0) -> list[int]:
             self.opened.append(len(specs))
@@ -261,8 +261,8 @@ class OwnerCallCounter:
             self.committed.append(len(transfer_ids))
             await real_commit(link, transfer_ids, timeout_ms)
 
-        owner.open_write_for = open_write_for        # type: ignore[method-assign]
-        owner.commit_write_for = commit_write_for    # type: ignore[method-assign]
+        owner.owner.open_write_for = open_write_for        # type: ignore[method-assign]
+        owner.owner.commit_write_for = commit_write_for    # type: ignore[method-assign]
 
 
 LAYERS = 4
@@ -297,7 +297,7 @@ def test_a_layer_wise_push_opens_and_commits_once_per_target() -> None:
             got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
             for t in range(2 * LAYERS):
                 np.testing.assert_array_equal(got[t][[5, 6]], want[t][[1, 2]])
-            assert not linking.writes and pair.ds.engine.entry(dst).pins == 0
+            assert not linking.table.writes and pair.ds.engine.entry(dst).pins == 0
 
     asyncio.run(main())
 
@@ -317,9 +317,9 @@ def test_a_layer_wise_push_ended_early_releases_the_owner() -> None:
         async with Pair() as pair:
             task, linking, src, dst = await _layer_push(pair)
             assert [e.status for e in await task.ready(0)] == [0]
-            assert len(linking.writes) == LAYERS and pair.ds.engine.entry(dst).pins == LAYERS
+            assert len(linking.table.writes) == LAYERS and pair.ds.engine.entry(dst).pins == LAYERS
             task.close()
-            assert await _until(lambda: not linking.writes and pair.ds.engine.entry(dst).pins == 0)
+            assert await _until(lambda: not linking.table.writes and pair.ds.engine.entry(dst).pins == 0)
 
     asyncio.run(main())
 
@@ -330,10 +330,10 @@ def test_unlink_between_layers_releases_the_owners_writes_and_fails_the_next_lay
             task, linking, src, dst = await _layer_push(pair)
             try:
                 await task.ready(0)
-                assert len(linking.writes) == LAYERS
+                assert len(linking.table.writes) == LAYERS
                 assert (await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))[0] == 0
                 # the sweeper drops the writes of a link gone (not the unlink: a commit may be on its way)
-                assert await _until(lambda: not linking.writes and pair.ds.engine.entry(dst).pins == 0)
+                assert await _until(lambda: not linking.table.writes and pair.ds.engine.entry(dst).pins == 0)
                 (event,) = await task.ready(1)
                 assert event.final and event.status == S.LLM_NOT_YET_LINK and task.done
             finally:
@@ -354,19 +354,19 @@ def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -
             good = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
             bad = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), -1, 0, 0, 0, 2 * BLOCK)
             with pytest.raises(DataDistError) as info:
-                serving.open_write_for(link, [good, good, bad], 1000)
+                serving.owner.open_write_for(link, [good, good, bad], 1000)
             assert info.value.code == S.LLM_PARAM_INVALID
-            assert not serving.writes
+            assert not serving.table.writes
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            tids = serving.open_write_for(link, [good, good], 1000)
-            assert len(serving.writes) == 2 and serving.engine.entry(src).pins == 2
+            tids = serving.owner.open_write_for(link, [good, good], 1000)
+            assert len(serving.table.writes) == 2 and serving.engine.entry(src).pins == 2
             for ids in ([tids[0], tids[0]], [tids[0], 12345], []):
                 with pytest.raises(DataDistError) as info:
-                    await serving.commit_write_for(link, ids, 1000)
+                    await serving.owner.commit_write_for(link, ids, 1000)
                 assert info.value.code == S.LLM_PARAM_INVALID
-            assert len(serving.writes) == 2   # nothing was taken by the refused commits
-            serving._drop_writes(tids)
-            assert not serving.writes
+            assert len(serving.table.writes) == 2   # nothing was taken by the refused commits
+            serving.table.drop_writes(tids)
+            assert not serving.table.writes
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
 
     asyncio.run(main())

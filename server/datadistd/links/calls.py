@@ -23,19 +23,27 @@ from ..ownercalls import (
     UnlinkCmd,
 )
 from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
-from .core import LinkCore
 from .model import RemoteLink
+from .owner import Owner
+from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
 
 
-class OwnerCalls(LinkCore):
-    def _frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
+class OwnerCalls:
+    """Both directions of a link's owner calls: this end's calls on the other (``frame_calls``) and the other
+    end's calls on this one (``control_handler`` -> ``_answer`` -> ``owner``)."""
+
+    def __init__(self, table: LinkTable, owner: Owner) -> None:
+        self.table = table
+        self.owner = owner
+
+    def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
         async def send(payload: bytes, deadline: float) -> None:
             await self._control_frame(channel(), remote_cluster, CONTROL_CALL, payload, deadline)
 
-        return FrameCalls(remote_cluster, self.node.call_codec, send)
+        return FrameCalls(remote_cluster, self.table.node.call_codec, send)
 
     async def _control_frame(self, channel: Channel | None, remote_cluster: int, kind: int, payload: bytes,
                              deadline: float) -> None:
@@ -44,9 +52,9 @@ class OwnerCalls(LinkCore):
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {remote_cluster}")
         if not channel.try_control(kind, payload, deadline):
-            await self._in_thread(channel.send_control, kind, payload, deadline)
+            await self.table.in_thread(channel.send_control, kind, payload, deadline)
 
-    def _control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
+    def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
         """What the data channel's reader threads call with a control frame: hand it to the event loop."""
         loop = asyncio.get_running_loop()
 
@@ -59,58 +67,58 @@ class OwnerCalls(LinkCore):
         return handler
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
-        if self.closed:
-            return
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
-        codec = self.node.call_codec
+        codec = self.table.node.call_codec
         try:
-            if kind == CONTROL_REPLY:
+            if kind == CONTROL_REPLY:       # answers still count while the engine finalizes (its unlink calls)
                 link.calls.on_reply(codec.decode_reply(payload))
+                return
+            if self.table.closed:
                 return
             cmd = codec.decode_command(payload)
         except RefusedCall as exc:
-            self._spawn(self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
+            self.table.spawn(self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
             return
         except DataDistError as exc:
-            log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.cluster_id,
+            log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
                         link.remote_cluster, exc.message)
             return
-        self._spawn(self._answer(link, cmd))
+        self.table.spawn(self._answer(link, cmd))
 
     async def _answer(self, link: RemoteLink, cmd: OwnerCall) -> None:
         """Run one owner call of the other end (any number run at once) and answer it with a REPLY frame."""
         try:
             if isinstance(cmd, OpenWriteCmd):
-                tids = self.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
+                tids = self.owner.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
                 reply = OwnerReply(cmd.command_id, transfer_ids=tuple(tids))
             elif isinstance(cmd, CommitWriteCmd):
-                await self.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)
+                await self.owner.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, ReadCmd):
-                nbytes, release = await self.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
+                nbytes, release = await self.owner.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
                 reply = OwnerReply(cmd.command_id, nbytes=nbytes, release_needed=release)
             elif isinstance(cmd, ReleaseCmd):
-                self.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
+                self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, PingCmd):
                 reply = OwnerReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)
-                if self.links.get(link.remote_cluster) is link:  # gone before the other end hears back
-                    del self.links[link.remote_cluster]
+                if self.table.links.get(link.remote_cluster) is link:  # gone before the other end hears back
+                    del self.table.links[link.remote_cluster]
                 reply = OwnerReply(cmd.command_id)
         except DataDistError as exc:
             reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
         await self._reply(link, reply)
         if isinstance(cmd, UnlinkCmd):
-            log.info("cluster %s: cluster %s unlinked from its end", self.cluster_id, link.remote_cluster)
-            await self._close_link(link, notify=False)
+            log.info("cluster %s: cluster %s unlinked from its end", self.table.cluster_id, link.remote_cluster)
+            await self.table.forget(link)
 
     async def _reply(self, link: RemoteLink, reply: OwnerReply) -> None:
-        deadline = time.monotonic() + max(1.0, self.engine.options.sync_kv_timeout_ms / 1000)
+        deadline = time.monotonic() + max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
         try:
-            await self._control_frame(self._channel_of(link), link.remote_cluster, CONTROL_REPLY,
-                                      self.node.call_codec.encode_reply(reply), deadline)
+            await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
+                                      self.table.node.call_codec.encode_reply(reply), deadline)
         except DataDistError as exc:
-            log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.cluster_id, reply.command_id,
+            log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id, reply.command_id,
                      link.remote_cluster, exc)

@@ -1,27 +1,18 @@
-"""The records of the link code: link states, a link's two ends, cluster specs, what it needs of its daemon."""
+"""The records of the link code: link states, a link's two ends, cluster specs."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from ..core.errors import StatusCode
-from ..metrics import DaemonMetrics
-from ..ownercalls import (
-    CallCodec,
-    FrameCalls,
-)
-from ..peering import (
-    PeerClient,
-)
+from ..engine import Engine
+from ..ownercalls import FrameCalls
 from ..transport.base import Channel, Receipt
-
-if TYPE_CHECKING:
-    from .core import LinkCore
-
 
 MAX_CLUSTERS_PER_CALL = 16
 
@@ -45,7 +36,7 @@ class ClusterSpec:
 
 
 @dataclass(kw_only=True)
-class Link:
+class Link(abc.ABC):
     """What every link has, whichever kind (``OutboundLink``, ``InboundLink``, ``LocalLink``): its other
     engine, its session, its state and counters. Only the three kinds are made."""
 
@@ -65,9 +56,9 @@ class Link:
     layerwise: int = 0                              # transfer_cache_async tasks using this link
 
     @property
+    @abc.abstractmethod
     def initiator(self) -> bool:
         """Whether this engine is the linking end (it called ``link_clusters``)."""
-        raise NotImplementedError
 
     @property
     def streams(self) -> int:
@@ -118,7 +109,7 @@ class LocalLink(Link):
     """Both engines live in this daemon: one ``LocalLink`` at each end, each naming the other end's link
     manager; transfers are memory copies, no channel, no peer."""
 
-    local_peer: "LinkCore"
+    local_peer: "LocalEnd"                          # the other engine's link table
     linking: bool                                   # this is the end that called link_clusters
 
     @property
@@ -126,7 +117,15 @@ class LocalLink(Link):
         return self.linking
 
 
-#: the links an engine set up (``LinkCore.links``) and the ones set up to it (``LinkCore.served``)
+class LocalEnd(Protocol):
+    """What a same-daemon link sees of the other engine: its engine and its link tables (``table.LinkTable``)."""
+
+    engine: Engine
+    links: dict[int, "LinkingEnd"]
+    served: dict[int, "ServingEnd"]
+
+
+#: the links an engine set up (``LinkTable.links``) and the ones set up to it (``LinkTable.served``)
 LinkingEnd = OutboundLink | LocalLink
 ServingEnd = InboundLink | LocalLink
 RemoteLink = OutboundLink | InboundLink
@@ -140,20 +139,6 @@ class _PendingWrite:
     deadline: float
     link: Link
     blocks: int = 0
-
-
-class NodeContext(Protocol):
-    """What a link manager needs from its daemon."""
-
-    secret: bytes
-    version: str
-    streams: int
-    heartbeat_seconds: float
-    peer_connector: Callable[[str], PeerClient]
-    call_codec: CallCodec
-    metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
-
-    def local_links_at(self, address: str) -> "LinkCore | None": ...
 
 
 def _overall(codes: Sequence[int]) -> int:

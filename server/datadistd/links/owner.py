@@ -11,26 +11,32 @@ from ..memory.base import Segment
 from ..metrics import track_transfer
 from ..ownercalls import MAX_OPEN_PER_CALL
 from ..transport.base import Receipt
-from .core import LinkCore
 from .model import Link, _PendingWrite
+from .table import LinkTable
 
 
-class Owner(LinkCore):
+class Owner:
+    """The owning side of a transfer at either end of a link: what an owner call of the other end runs."""
+
+    def __init__(self, table: LinkTable) -> None:
+        self.table = table
+
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
-            cache_id, src, release = self.engine.prepare_read(spec)
-            timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        table = self.table
+        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
+            cache_id, src, release = self.table.engine.prepare_read(spec)
+            timeout = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
             deadline = time.monotonic() + timeout / 1000
             try:
                 # a small read goes out from the event loop when a connection is idle (no executor hop)
                 if not channel.try_send(TransferId(transfer_id), src, deadline):
-                    await self._in_thread(channel.send, TransferId(transfer_id), src, deadline)
+                    await self.table.in_thread(channel.send, TransferId(transfer_id), src, deadline)
             finally:
-                self.engine.unpin(cache_id)
+                self.table.engine.unpin(cache_id)
             tracked.done(spec.expected_bytes, len(spec.blocks))
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
@@ -40,35 +46,36 @@ class Owner(LinkCore):
         ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile."""
         require(0 < len(specs) <= MAX_OPEN_PER_CALL,
                 f"an open write of {len(specs)} pieces; 1 to {MAX_OPEN_PER_CALL} per call")
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        hold = hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms
+        hold = hold_ms or timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + hold / 1000
         prepared: list[tuple[int, Sequence[Segment]]] = []
         receipts: list[Receipt] = []
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
-                prepared.append(self.engine.prepare_write(spec))
+                prepared.append(self.table.engine.prepare_write(spec))
             for _, dst in prepared:
-                receipts.append(self.transport.expect(dst, channel=channel))
+                receipts.append(self.table.transport.expect(dst, channel=channel))
         except BaseException:
-            self._release_later(receipts, [cache_id for cache_id, _ in prepared])
+            self.table.release_later(receipts, [cache_id for cache_id, _ in prepared])
             raise
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
-            self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
+            self.table.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks))
         return [receipt.transfer_id for receipt in receipts]
 
     async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         """Wait until every byte of the transfers arrived; the first failure cancels the rest (all end here)."""
-        unknown = [t for t in transfer_ids if (pw := self.writes.get(t)) is None or pw.link is not link]
+        unknown = [t for t in transfer_ids if (pw := self.table.writes.get(t)) is None or pw.link is not link]
         if unknown or not transfer_ids or len(set(transfer_ids)) != len(transfer_ids):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"unknown transfer {unknown[0]}" if unknown else "no transfers, or one named twice")
-        pending = [self.writes.pop(t) for t in transfer_ids]
-        timeout = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        pending = [self.table.writes.pop(t) for t in transfer_ids]
+        timeout = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         limit = time.monotonic() + timeout / 1000
-        with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
+        table = self.table
+        with track_transfer(table.node.metrics, "serve_write", table.cluster_id, link.remote_cluster) as tracked:
             nbytes = blocks = 0
             try:
                 while pending:
@@ -76,11 +83,11 @@ class Owner(LinkCore):
                     if pw.receipt.done:   # its bytes are in (the usual case for all but the last): no thread hop
                         pw.receipt.wait(min(pw.deadline, limit))
                     else:
-                        await self._in_thread(pw.receipt.wait, min(pw.deadline, limit))
+                        await self.table.in_thread(pw.receipt.wait, min(pw.deadline, limit))
                     pending.pop(0)
-                    self.engine.unpin(pw.cache_id)
+                    self.table.engine.unpin(pw.cache_id)
                     nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks
                     link.bytes_in += pw.receipt.expected
             finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
-                self._release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
+                self.table.release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)

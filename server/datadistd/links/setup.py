@@ -13,6 +13,7 @@ from typing import Awaitable, Callable, Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
     PROTOCOL_VERSION,
+    ChallengeStore,
     HandshakeAnswer,
     HandshakeOffer,
     answer_mac,
@@ -21,7 +22,7 @@ from ..peering import (
     make_offer,
     offer_mac,
 )
-from .core import LinkCore
+from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
     ClusterSpec,
@@ -32,11 +33,21 @@ from .model import (
     OutboundLink,
     _overall,
 )
+from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
 
 
-class LinkSetup(LinkCore):
+class Linker:
+    """Establishing and ending the links of one engine, at either end: ``link_clusters`` (handshake, data
+    channel, heartbeat), the serving side of the handshake, same-daemon links, unlink, ``check_link_status``,
+    and telling every other end at engine finalize."""
+
+    def __init__(self, table: LinkTable, calls: OwnerCalls) -> None:
+        self.table = table
+        self.calls = calls
+        self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
+
     async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int) -> tuple[int, list[int]]:
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
@@ -59,58 +70,59 @@ class LinkSetup(LinkCore):
     async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
                        deadline: float) -> int:
         cid = spec.remote_cluster_id
-        if cid in self.pending:
+        if cid in self.table.pending:
             return int(StatusCode.LLM_PROCESSING_LINK)
-        self.pending.add(cid)
+        self.table.pending.add(cid)
         try:
             await fn(spec, deadline)
             return int(StatusCode.LLM_SUCCESS)
         except DataDistError as exc:
-            log.warning("cluster %s: %s cluster %s at %s failed: %s", self.cluster_id, fn.__name__.strip("_"),
+            log.warning("cluster %s: %s cluster %s at %s failed: %s", self.table.cluster_id, fn.__name__.strip("_"),
                         cid, spec.address, exc)
             return int(exc.code)
         finally:
-            self.pending.discard(cid)
+            self.table.pending.discard(cid)
 
     async def _link_one(self, spec: ClusterSpec, deadline: float) -> None:
         cid = spec.remote_cluster_id
-        require(cid != self.cluster_id, f"cannot link cluster {cid} to itself")
-        existing = self.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
+        require(cid != self.table.cluster_id, f"cannot link cluster {cid} to itself")
+        existing = self.table.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
         if existing is not None:
             if existing.state == LinkState.ESTABLISHED:
                 raise DataDistError(StatusCode.LLM_ALREADY_LINK, f"cluster {cid} is already linked")
             await self._close_link(existing, notify=False)
         require(bool(spec.remote_ip) and spec.remote_port > 0,
                 f"cluster {cid}: remote_ip_info must name the serving node's listen ip:port")
-        local = self.node.local_links_at(spec.address)
+        local = self.table.node.local_links_at(spec.address)
         if local is not None and local is not self:
             self._link_local(spec, local)
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout before contacting {spec.address}")
-        peer = self.node.peer_connector(spec.address)
+        peer = self.table.node.peer_connector(spec.address)
         try:
-            challenge = await peer.challenge(self.cluster_id, cid, remaining)
-            offer = make_offer(self.node.secret, self.cluster_id, cid, challenge, self.node.version)
+            challenge = await peer.challenge(self.table.cluster_id, cid, remaining)
+            offer = make_offer(self.table.node.secret, self.table.cluster_id, cid, challenge, self.table.node.version)
             answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
             self._verify_answer(offer, answer, spec)
-            token = data_token(self.node.secret, answer.session)
-            streams = max(1, min(self.node.streams, answer.streams or self.node.streams))
-            channel = await self._in_thread(self.transport.connect, answer.data_endpoint, token, streams, deadline)
+            token = data_token(self.table.node.secret, answer.session)
+            streams = max(1, min(self.table.node.streams, answer.streams or self.table.node.streams))
+            channel = await self.table.in_thread(self.table.transport.connect, answer.data_endpoint, token, streams,
+                                                 deadline)
         finally:
             await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
-        link = OutboundLink(remote_cluster=cid, transport=self.transport.label, session=answer.session,
+        link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, session=answer.session,
                             address=spec.address, data_endpoint=answer.data_endpoint, channel=channel, token=token,
-                            calls=self._frame_calls(cid, lambda: channel))
-        channel.on_control(self._control_handler(link))
+                            calls=self.calls.frame_calls(cid, lambda: channel))
+        channel.on_control(self.calls.control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
-        self.links[cid] = link
-        log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
-                 spec.address, self.transport.label, answer.data_endpoint, streams)
+        self.table.links[cid] = link
+        log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.table.cluster_id, cid,
+                 spec.address, self.table.transport.label, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
-        expected = answer_mac(self.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
+        expected = answer_mac(self.table.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
                               answer.data_endpoint)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
@@ -121,90 +133,91 @@ class LinkSetup(LinkCore):
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {answer.server_cluster_id}")
 
-    def _link_local(self, spec: ClusterSpec, server: LinkCore) -> None:
+    def _link_local(self, spec: ClusterSpec, server: LinkTable) -> None:
         if server.cluster_id != spec.remote_cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {server.cluster_id}")
         session = os.urandom(16)
-        self.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
+        self.table.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
                                                        session=session, address=spec.address, local_peer=server,
                                                        linking=True)
-        serving = LocalLink(remote_cluster=self.cluster_id, transport="local", session=session, local_peer=self,
-                            linking=False)
-        old = server.served.get(self.cluster_id)
+        serving = LocalLink(remote_cluster=self.table.cluster_id, transport="local", session=session,
+                            local_peer=self.table, linking=False)
+        old = server.served.get(self.table.cluster_id)
         if old is not None:
-            server._drop_serving(old)
-        server.served[self.cluster_id] = serving
-        log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.cluster_id,
+            server.drop_serving(old)
+        server.served[self.table.cluster_id] = serving
+        log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
     async def _heartbeat(self, link: OutboundLink) -> None:
         """The linking end pings the serving end on the data channel: an answer proves both alive (the serving
         end drops a link it hears nothing on for three intervals)."""
-        interval = self.node.heartbeat_seconds
-        while link.state == LinkState.ESTABLISHED and not self.closed:
+        interval = self.table.node.heartbeat_seconds
+        while link.state == LinkState.ESTABLISHED and not self.table.closed:
             await asyncio.sleep(interval)
             if link.channel.broken:
-                self._mark_broken(link, "data channel closed")
+                self.table.mark_broken(link, "data channel closed")
                 return
             try:
                 await link.calls.ping(link.session, max(interval, 1.0))
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
-                self._mark_broken(link, f"heartbeat failed: {exc}")
+                self.table.mark_broken(link, f"heartbeat failed: {exc}")
                 return
             except asyncio.CancelledError:
                 raise
 
     def serve_challenge(self, client: int, server: int) -> bytes:
         """Serving side, first step of a link: a single-use challenge for the handshake that follows."""
-        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        if server != self.cluster_id:
+        require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        if server != self.table.cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {server}, "
-                                f"this engine is cluster {self.cluster_id}")
+                                f"this engine is cluster {self.table.cluster_id}")
         return self._challenges.issue()
 
     async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
-        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        expected = offer_mac(self.node.secret, offer.protocol_version, offer.client_cluster_id,
+        require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        expected = offer_mac(self.table.node.secret, offer.protocol_version, offer.client_cluster_id,
                              offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
         if not hmac.compare_digest(expected, offer.mac):
-            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.cluster_id,
+            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.table.cluster_id,
                         offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
         check_version(offer.protocol_version, f"linking cluster {offer.client_cluster_id}")
         if not self._challenges.redeem(offer.challenge):  # replayed, stale, or of an earlier daemon
             log.warning("cluster %s: refused a handshake from cluster %s: challenge unknown, used or expired",
-                        self.cluster_id, offer.client_cluster_id)
+                        self.table.cluster_id, offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 "handshake refused: its challenge is unknown, already used or expired (a replayed "
                                 "or stale handshake)")
-        if offer.server_cluster_id != self.cluster_id:
+        if offer.server_cluster_id != self.table.cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {offer.server_cluster_id}, "
-                                f"this engine is cluster {self.cluster_id}")
-        require(offer.client_cluster_id != self.cluster_id,
+                                f"this engine is cluster {self.table.cluster_id}")
+        require(offer.client_cluster_id != self.table.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
-        old = self.served.get(offer.client_cluster_id)
+        old = self.table.served.get(offer.client_cluster_id)
         if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
-            self._drop_serving(old)
+            self.table.drop_serving(old)
         session = os.urandom(16)
-        token = data_token(self.node.secret, session)
-        self.transport.allow(token)
-        transport = self.transport
+        token = data_token(self.table.node.secret, session)
+        self.table.transport.allow(token)
+        transport = self.table.transport
         link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
                            token=token, data_endpoint=transport.endpoint,
-                           calls=self._frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
-        transport.on_control(token, self._control_handler(link))
-        self.served[offer.client_cluster_id] = link
-        log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
-        endpoint = self.transport.endpoint
-        return HandshakeAnswer(PROTOCOL_VERSION, self.cluster_id, session, endpoint, self.node.streams,
-                               answer_mac(self.node.secret, offer.challenge, session, self.cluster_id, endpoint),
-                               self.node.version)
+                           calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
+        transport.on_control(token, self.calls.control_handler(link))
+        self.table.served[offer.client_cluster_id] = link
+        log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
+        endpoint = self.table.transport.endpoint
+        node = self.table.node
+        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams,
+                               answer_mac(node.secret, offer.challenge, session, self.table.cluster_id, endpoint),
+                               node.version)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
                               force: bool) -> tuple[int, list[int]]:
@@ -216,9 +229,9 @@ class LinkSetup(LinkCore):
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
-            link = self.links_to(spec.remote_cluster_id)
+            link = self.table.links_to(spec.remote_cluster_id)
             if link is None and force:  # CANN: DestroyEntity of an unknown cluster only logs a warning
-                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.cluster_id,
+                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.table.cluster_id,
                             spec.remote_cluster_id)
                 return
             if link is None:
@@ -233,57 +246,53 @@ class LinkSetup(LinkCore):
         return _overall(codes), codes
 
     async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
-        if self.links.get(link.remote_cluster) is link:
-            del self.links[link.remote_cluster]
-        if link.heartbeat is not None:
-            link.heartbeat.cancel()
+        """Tear down this end of ``link``; ``notify``: tell the other end first (an unlink call on the data channel;
+        its failure is raised once this end is gone)."""
         failure: DataDistError | None = None
-        if isinstance(link, LocalLink):
-            other = link.local_peer
-            for table in (other.links, other.served):
-                peer_side = table.get(self.cluster_id)
-                if peer_side is not None and peer_side.session == link.session:
-                    del table[self.cluster_id]
-            if self.served.get(link.remote_cluster) is link:
-                del self.served[link.remote_cluster]
-        else:
-            assert isinstance(link, (OutboundLink, InboundLink))
-            # tell the other end first (an unlink call on the data channel), then close this end
-            if notify and link.state == LinkState.ESTABLISHED and not link.calls.closed:
-                try:
-                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                    await link.calls.unlink(link.session, max(0.1, remaining))
-                except DataDistError as exc:
-                    other_end = "serving" if isinstance(link, OutboundLink) else "linking"
-                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                            f"local end removed, but the {other_end} side was not told: {exc}")
-            link.calls.close("unlinked")
-            if isinstance(link, OutboundLink):
-                await self._in_thread(link.channel.close)
-            else:
-                self._drop_serving(link)
-        log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
+        if isinstance(link, (OutboundLink, InboundLink)) and notify and link.state == LinkState.ESTABLISHED \
+                and not link.calls.closed:
+            try:
+                remaining = (deadline or time.monotonic() + 1) - time.monotonic()
+                await link.calls.unlink(link.session, max(0.1, remaining))
+            except DataDistError as exc:
+                other_end = "serving" if isinstance(link, OutboundLink) else "linking"
+                failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+                                        f"local end removed, but the {other_end} side was not told: {exc}")
+        await self.table.forget(link)
         if failure is not None:
             raise failure
 
+    async def close(self) -> None:
+        """Engine finalize: tell linked peers (briefly), drop everything, stop the data plane."""
+        if self.table.closed:
+            return
+        self.table.closed = True
+        deadline = time.monotonic() + 1.0
+        for link in self.table.all_links():
+            try:
+                await self._close_link(link, notify=True, deadline=deadline)
+            except DataDistError as exc:
+                log.info("cluster %s: finalize: %s", self.table.cluster_id, exc)
+        await self.table.stop()
+
     async def check_link(self, cluster: int, timeout_ms: int | None = None) -> None:
         """v1 ``check_link_status``: raise when the link to ``cluster`` is missing, busy or broken."""
-        link = self.links_to(cluster)
+        link = self.table.links_to(cluster)
         if link is None:
             raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
+                                f"cluster {self.table.cluster_id} has no link to cluster {cluster}")
         if link.pulls or link.layerwise:
             raise DataDistError(StatusCode.LLM_LINK_BUSY, f"transfers are running on the link to cluster {cluster}")
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if link.state == LinkState.ESTABLISHED and channel is not None and channel.broken:
-            self._mark_broken(link, "data channel closed")
+            self.table.mark_broken(link, "data channel closed")
         if isinstance(link, (OutboundLink, InboundLink)) and link.state == LinkState.ESTABLISHED:
-            timeout = (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000
+            timeout = (timeout_ms or self.table.engine.options.sync_kv_timeout_ms) / 1000
             try:
                 await link.calls.ping(link.session, timeout)
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
-                self._mark_broken(link, f"check_link_status: {exc}")
+                self.table.mark_broken(link, f"check_link_status: {exc}")
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")

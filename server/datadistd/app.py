@@ -129,6 +129,3 @@ class DaemonApp:
             except FileNotFoundError:
                 pass
         log.info("datadistd stopped")
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()

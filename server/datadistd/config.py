@@ -115,7 +115,7 @@ class DaemonSection:
 @dataclass
 class MemorySection:
     backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl (Ascend NPU memory "
-                        "through CANN's runtime; docs/ascend.md), cuda.", default="host")
+                        "through CANN's runtime; docs/ascend.md).", default="host")
     device_id: int = _doc("acl: the NPU (logical id) of engines whose options name none (ge.exec.deviceId). An "
                           "engine's DEVICE pools, registered NPU memory and hccl links are on its own NPU; one "
                           "daemon serves every NPU the runtime reports.", default=0)

@@ -49,7 +49,7 @@ Memory safety: a reader touches a receipt's destination only between ``_begin_io
 reader left it, so the caller may reuse the memory at once.
 
 Modules: ``wire`` (constants, header structs, small helpers), ``receipt`` (``TcpReceipt``), ``conn``
-(``_Conn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
+(``DataConn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
 control frames), ``transport`` (``TcpTransport``: listener, admission, hello, connect, buffers).
 At run time ``transport`` imports ``channel`` and ``receipt``, ``channel`` imports ``conn``; the other
 references are for the type checker only.

@@ -21,7 +21,7 @@ from ...memory import addr as memaddr
 from ...memory.access import has_raw
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable, byte_view
-from .conn import _by_handle, _Conn
+from .conn import DataConn, _by_handle
 from .wire import (
     _ABORT_TIMEOUT,
     _CONTROL_BACKLOG,
@@ -57,7 +57,7 @@ class TcpChannel:
         self._token = token
         self._peer = peer
         self._outbound = outbound
-        self._conns: list[_Conn] = []
+        self._conns: list[DataConn] = []
         self._lock = threading.Lock()
         self._broken = False
         self._closed = False
@@ -101,15 +101,15 @@ class TcpChannel:
         total["connections"] = per
         return total
 
-    def _attach(self, sock: socket.socket, index: int, peer: str) -> _Conn | None:
+    def _attach(self, sock: socket.socket, index: int, peer: str) -> DataConn | None:
         with self._lock:
             if self._broken or self._closed:
                 return None
-            conn = _Conn(self, sock, index, peer)
+            conn = DataConn(self, sock, index, peer)
             self._conns.append(conn)
             return conn
 
-    def _live(self) -> list[_Conn]:
+    def _live(self) -> list[DataConn]:
         with self._lock:
             if self._broken or self._closed:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
@@ -139,7 +139,7 @@ class TcpChannel:
         stop = threading.Event()
         transport = self._transport
 
-        def work(conn: _Conn, share: list[tuple[int, int]]) -> None:
+        def work(conn: DataConn, share: list[tuple[int, int]]) -> None:
             staging: memoryview | None = None
             try:
                 for offset, length in share:  # in order, one chunk per frame
@@ -375,7 +375,7 @@ class TcpChannel:
         self._transport._channel_down(self, f"data channel {'to' if self._outbound else 'from'} {self._peer} "
                                             f"broke: {reason}")
 
-    def _conn_lost(self, conn: _Conn, reason: str, clean: bool) -> None:
+    def _conn_lost(self, conn: DataConn, reason: str, clean: bool) -> None:
         if self._closed or self._transport._stopping or not reason:
             return
         self._break(f"connection #{conn.index}: {reason}", clean)

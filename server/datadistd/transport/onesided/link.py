@@ -31,6 +31,7 @@ class LinkOwner(Protocol):
     """What a link's state needs of its transport (``OneSidedTransport``; named by use, so this module does not
     import the transport module that imports it)."""
 
+    name: str
     _tcp: TcpTransport
     _landing: dict[int, OneSidedReceipt]
     bytes_sent: int
@@ -91,7 +92,8 @@ class LinkPeer:
         if tcp is None:
             tcp = self.transport._tcp.channel(self.token)
             if tcp is None:
-                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "nixl: the data channel is not connected")
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                    f"{self.transport.name}: the data channel is not connected")
             self.tcp = tcp
         return tcp
 
@@ -104,7 +106,8 @@ class LinkPeer:
         try:
             self.send(ID.pack(FIN, tid) + CODE.pack(int(code)))
         except DataDistError as exc:
-            log.warning("nixl: could not tell the peer %s that transfer %d ended: %s", self.what, tid, exc)
+            log.warning("%s: could not tell the peer %s that transfer %d ended: %s", self.transport.name, self.what,
+                        tid, exc)
 
     # -- frames from the peer (a tcp reader thread) --
 
@@ -123,8 +126,8 @@ class LinkPeer:
         try:
             self._on_message(payload)
         except (struct.error, ValueError, DataDistError) as exc:
-            log.warning("nixl: bad message from %s (%s); closing the channel", self.what, exc)
-            self.transport._drop(self, f"bad nixl message: {exc}")
+            log.warning("%s: bad message from %s (%s); closing the channel", self.transport.name, self.what, exc)
+            self.transport._drop(self, f"bad {self.transport.name} message: {exc}")
 
     def set_handler(self, handler: ControlHandler) -> None:
         with self._cond:
@@ -156,8 +159,8 @@ class LinkPeer:
                 self._waiting[tid] = rows
                 while len(self._waiting) > _MAX_WAITING:
                     old, _ = self._waiting.popitem(last=False)
-                    log.warning("nixl: %s sent more than %d destination lists that were never used; dropped "
-                                "transfer %d's", self.what, _MAX_WAITING, old)
+                    log.warning("%s: %s sent more than %d destination lists that were never used; dropped "
+                                "transfer %d's", self.transport.name, self.what, _MAX_WAITING, old)
                 self._cond.notify_all()
         elif letter == FIN:
             _, tid = ID.unpack_from(payload)
@@ -245,11 +248,11 @@ class LinkPeer:
             try:
                 self.send(ID.pack(CANCEL, tid), time.monotonic() + QUIESCE)
             except DataDistError as exc:
-                log.warning("nixl: could not cancel transfer %d at %s: %s", tid, self.what, exc)
+                log.warning("%s: could not cancel transfer %d at %s: %s", self.transport.name, tid, self.what, exc)
         if receipt._settle(time.monotonic() + QUIESCE) and receipt._confirmed:
             return
-        log.warning("nixl: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
-                    "and its NIXL connection", tid, self.what)
+        log.warning("%s: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
+                    "and its agent's connection", self.transport.name, tid, self.what)
         self.transport._drop(self, f"transfer {tid} could not be cancelled")
 
     def close(self) -> None:

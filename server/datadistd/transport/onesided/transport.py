@@ -48,7 +48,7 @@ class OneSidedTransport(abc.ABC):
         self._tcp = TcpTransport(host, port, chunk_size=chunk_size, connect_timeout=connect_timeout,
                                  admission=admission, **tcp)
         self._lock = threading.Lock()
-        self._nixl: OneSidedAgent | None = None
+        self._running_agent: OneSidedAgent | None = None
         self._peers: dict[bytes, LinkPeer] = {}
         self._names: dict[str, set[bytes]] = {}   # peer agent name -> tokens of the links that use it
         self._ids = int.from_bytes(os.urandom(4), "little") << 24
@@ -84,10 +84,10 @@ class OneSidedTransport(abc.ABC):
 
     @property
     def agent_name(self) -> str | None:
-        return self._nixl.name if self._nixl is not None else None
+        return self._running_agent.name if self._running_agent is not None else None
 
     def _agent(self) -> OneSidedAgent:
-        agent = self._nixl
+        agent = self._running_agent
         if agent is None:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name} transport is not running")
         return agent
@@ -95,9 +95,9 @@ class OneSidedTransport(abc.ABC):
     # -- life cycle --
 
     def start(self) -> None:
-        if self._nixl is not None:
+        if self._running_agent is not None:
             return
-        self._nixl = self._new_agent()
+        self._running_agent = self._new_agent()
         self._deferred = ThreadPoolExecutor(1, thread_name_prefix=f"datadist-{self.name}-control")
         self._stopping.clear()
         self._progress_thread = threading.Thread(target=self._progress, name=f"datadist-{self.name}-progress",
@@ -130,7 +130,7 @@ class OneSidedTransport(abc.ABC):
             peer.close()
         if self._deferred is not None:
             self._deferred.shutdown(wait=False, cancel_futures=True)
-        agent, self._nixl = self._nixl, None
+        agent, self._running_agent = self._running_agent, None
         if agent is not None:
             agent.close()
 
@@ -160,7 +160,7 @@ class OneSidedTransport(abc.ABC):
         with self._lock:
             peer = self._peers.get(bytes(token))
         if peer is None:
-            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "nixl: on_control for a token never allowed")
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: on_control for a token never allowed")
         peer.set_handler(handler)
 
     def connect(self, endpoint: str, token: bytes, streams: int, deadline: float) -> OneSidedChannel:
@@ -212,7 +212,7 @@ class OneSidedTransport(abc.ABC):
         with self._lock:
             users = self._names.setdefault(name, set())
             if any(self._peers.get(t) is not None and t != peer.token for t in users):
-                log.info("nixl: agent %s now also serves link token %s", name, peer.token[:4].hex())
+                log.info("%s: agent %s now also serves link token %s", self.name, name, peer.token[:4].hex())
             users.add(peer.token)
         if agent.add_peer(metadata) != name:
             raise ValueError(f"peer metadata is not of agent {name!r}")
@@ -225,14 +225,14 @@ class OneSidedTransport(abc.ABC):
         if close and peer.tcp is not None:
             peer.tcp.close()
         self._forget_peer(peer)
-        log.debug("nixl: link %s dropped: %s", peer.what, reason)
+        log.debug("%s: link %s dropped: %s", self.name, peer.what, reason)
 
     def _forget_peer(self, peer: LinkPeer) -> None:
         """Close ``peer`` and, once no send of it runs any more, unload its agent (the last link using it):
         a posted WRITE keeps its connection until it completed (see ``OneSidedChannel.send``)."""
         peer.close()
         name = peer.agent_name
-        if name is None or self._nixl is None or not peer.idle_after_close():
+        if name is None or self._running_agent is None or not peer.idle_after_close():
             return
         with self._lock:
             users = self._names.get(name, set())
@@ -241,25 +241,25 @@ class OneSidedTransport(abc.ABC):
             if last:
                 self._names.pop(name, None)
         if last:
-            self._nixl.drop_peer(name)
+            self._running_agent.drop_peer(name)
 
     # -- transfers --
 
     def poll(self) -> None:
         """Hand the NIXL notifications that arrived to their receipts (one thread at a time; the others
         find their receipt finished by it)."""
-        agent = self._nixl
+        agent = self._running_agent
         if agent is None or not self._polling.acquire(blocking=False):
             return
         try:
             for name, message in agent.notifications():
                 if len(message) != NOTIF_ID.size or not message.startswith(NOTIF):
-                    log.warning("nixl: ignored a notification from %s that is not datadist's", name)
+                    log.warning("%s: ignored a notification from %s that is not datadist's", self.name, name)
                     continue
                 _, tid = NOTIF_ID.unpack(message)
                 receipt = self._landing.get(tid)
                 if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
-                    log.debug("nixl: notification of transfer %d from %s matches no receipt", tid, name)
+                    log.debug("%s: notification of transfer %d from %s matches no receipt", self.name, tid, name)
                     continue
                 receipt._confirmed = True
                 receipt._finish(None)
@@ -271,7 +271,7 @@ class OneSidedTransport(abc.ABC):
 
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
         if not isinstance(channel, OneSidedChannel):
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "nixl: expect() needs the link's channel")
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{self.name}: expect() needs the link's channel")
         peer = channel._peer
         agent = self._agent()
         rows, used, _ = agent.addresses(segments)

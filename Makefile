@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 ## make demo: a prefill node and a decode node exchanging a paged KV cache
 demo: $(STAMP)
-	$(PY) -m datadistd.demo
+	$(PY) -m bench.demo
 
 ## make nixl: NIXL for the nixl transport ([transport] name = "nixl"; docs/nixl.md). --no-deps: the wheel asks
 ## for torch, which NIXL's host-memory path never imports (~270 MB instead of several GB)

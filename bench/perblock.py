@@ -91,7 +91,7 @@ def _descriptors(engine: str) -> Callable[[np.ndarray, np.ndarray], Any]:
 def _measure(engine: str, blocks: int, block: int, reps: int) -> tuple[int, dict[str, list[float]]]:
     """``(blocks, {part: ns per block, one per repetition})`` for the parts ``receiver``, ``sender`` (rows and
     pairing) and ``descriptors`` (the engine's), in this process."""
-    from datadistd.transport.nixl.pieces import pair_rows
+    from datadistd.transport.onesided.pieces import pair_rows
 
     recv_table, recv_regs = _request(blocks, block, 1)
     send_table, send_regs = _request(blocks, block, 2)

@@ -1,7 +1,7 @@
 """Processes of a benchmark run: real ``datadistd`` daemons and remote-controlled worker processes.
 
 ``Daemon`` starts ``python -m datadistd`` on a private socket (its pools in a private directory)
-and waits until its health check says SERVING (``datadistd.tools.daemonproc``, shared with the
+and waits until its health check says SERVING (``tests.daemonproc``, shared with the
 tests and the demo). ``Worker`` is a spawned process that runs the functions of ``bench.ops`` on
 request, so a scenario drives a prompt worker and decoder workers step by step, each with its own
 ``LLMDataDist``, exactly as real worker processes would; the timed loops run inside the worker, so
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from datadistd.tools.daemonproc import DaemonProcess, free_port
-from datadistd.tools.workerproc import WorkerError, WorkerProcess
+from tests.daemonproc import DaemonProcess, free_port
+from tests.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["Daemon", "Worker", "WorkerError", "TICKS", "cpu_seconds", "free_port", "main_thread_cpu_seconds"]
 

@@ -1,9 +1,9 @@
 """Test harness: real ``datadistd`` processes and remote-controlled worker processes.
 
 ``Daemon`` starts ``python -m datadistd`` on a private socket and waits for health SERVING
-(``datadistd.tools.daemonproc``, shared with the bench and the demo).
+(``tests.daemonproc``, shared with the bench and the demo).
 ``Worker`` is a spawned process that runs functions of ``tests.worker_ops`` on request
-(``datadistd.tools.workerproc``, shared with the bench), so a test can drive a prompt worker and a
+(``tests.workerproc``, shared with the bench), so a test can drive a prompt worker and a
 decoder worker step by step, each with its own ``LLMDataDist`` singleton, exactly as two real
 worker processes would.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from datadistd.tools.daemonproc import DaemonProcess, free_port
-from datadistd.tools.workerproc import WorkerError, WorkerProcess
+from tests.daemonproc import DaemonProcess, free_port
+from tests.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
            "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV",

@@ -13,6 +13,7 @@ hands every reply to the caller waiting for that id.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import struct
@@ -27,6 +28,8 @@ from datadist.v1 import attach_pb2
 from .status import LLMException
 
 __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"]
+
+log = logging.getLogger(__name__)
 
 CAPABILITY_METADATA_KEY = "datadist-capability"
 PROTOCOL_VERSION = 2
@@ -62,6 +65,7 @@ class AttachClient:
         self._ids = itertools.count(1)
         self._pending: Dict[int, "Future[_Reply]"] = {}
         self._broken: Optional[str] = None
+        self._closing = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._sock.settimeout(timeout)
         try:
@@ -118,6 +122,10 @@ class AttachClient:
         with self._lock:
             self._broken = why
             pending, self._pending = self._pending, {}
+            closing = self._closing
+        if not closing:   # the daemon ended our lease (it stops: SIGTERM, or it died)
+            log.warning("datadistd at %s is stopping: this engine and its caches are released (%s); finalize and "
+                        "init again once it is back", self.path, why)
         for waiter in pending.values():
             if waiter.set_running_or_notify_cancel():
                 waiter.set_exception(ConnectionError(why))
@@ -197,6 +205,8 @@ class AttachClient:
         return fd, int(reply.pool.size), "", 0
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)   # wakes the reader, which fails whatever still waits
         except OSError:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from typing import Any
 
 import grpc
 
 from datadist.status import STATUS_METADATA_KEY, LLMStatusCode, code_2_status
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc
+from datadist.v1 import datadist_pb2_grpc
 
 from ._attach import AttachClient, unix_path
 from .status import LLMException
@@ -75,15 +74,14 @@ class DaemonClient:
     """Synchronous stub calls on the local daemon's DataDist service.
 
     ``attach()`` opens the attach connection (``_attach``) first: every call then carries the
-    capability it answered, and memory crosses to the daemon through it."""
+    capability it answered, memory crosses to the daemon through it, and it is the engine's lease
+    (closing it, or the worker dying, releases the engine)."""
 
     def __init__(self, target: str, embedded: bool = False) -> None:
         self.target = target
         self.embedded = embedded        # the daemon runs inside this process
         self._channel = grpc.insecure_channel(target, options=_OPTIONS)
         self._stub = datadist_pb2_grpc.DataDistStub(self._channel)
-        self._session: threading.Thread | None = None
-        self._session_call: Any = None
         self.attachment: AttachClient | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()
 
@@ -126,36 +124,7 @@ class DaemonClient:
         """Nothing listens at the daemon's address any more (it stopped, or was killed)."""
         return bool(_nobody_listens(unix_path(self.target)))
 
-    def start_session(self, engine_id: int) -> None:
-        """Hold the engine's lease open: the daemon frees this worker's caches when the stream ends."""
-        call = self._stub.Session(datadist_pb2.EngineRef(engine_id=engine_id), metadata=self._metadata)
-        ready = threading.Event()
-
-        def consume() -> None:
-            try:
-                for event in call:
-                    ready.set()
-                    if event.event == "stopping":
-                        log.warning("datadistd at %s is stopping: this engine and its caches are released; "
-                                    "finalize and init again once it is back", self.target)
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
-                    log.warning("datadist session with %s ended: %s", self.target, err.details())  # type: ignore
-            finally:
-                ready.set()
-
-        self._session_call = call
-        self._session = threading.Thread(target=consume, name=f"datadist-session-{engine_id}", daemon=True)
-        self._session.start()
-        ready.wait(10.0)
-
     def close(self) -> None:
-        if self._session_call is not None:
-            self._session_call.cancel()
-            self._session_call = None
-        if self._session is not None:
-            self._session.join(timeout=5.0)
-            self._session = None
         self._channel.close()
         if self.attachment is not None:
             self.attachment.close()   # ends the lease: the daemon releases whatever this worker left

@@ -174,7 +174,6 @@ class LLMDataDist:
                 client.attach()
                 resp = client.call("Init", datadist_pb2.InitRequest(
                     cluster_id=self._cluster_id, role=int(self._role), options=opts), "init")
-                client.start_session(resp.engine_id)
             except BaseException:
                 client.close()
                 if embedded is not None:

@@ -121,10 +121,8 @@ class DaemonApp:
         for health in (self.health, self.admin_health):
             if health is not None:
                 await health.enter_graceful_shutdown()
-        if self.node is not None:
-            self.node.draining.set()  # lease streams end now; only real in-flight calls use the grace
         if self.attach is not None:
-            await self.attach.stop()
+            await self.attach.stop()   # the leases: each worker hears at once that its engine is released
         servers = [s for s in (self.server, self.admin_server) if s is not None]
         await asyncio.gather(*(s.stop(grace) for s in servers))
         if self.node is not None:
@@ -134,6 +132,3 @@ class DaemonApp:
         for owned in self._sockets:
             owned.remove()
         log.info("datadistd stopped")
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()

@@ -14,11 +14,13 @@ from . import __version__
 from .app import DaemonApp
 from .config import ConfigError, load_config
 from .sdnotify import notify, watchdog_interval
-from .tools.daemonproc import PARENT_PID_ENV
 
 __all__ = ["main"]
 
 log = logging.getLogger("datadistd")
+
+#: set by whoever starts the daemon as its child (tests/daemonproc.py): the daemon stops when that parent dies
+PARENT_PID_ENV = "DATADIST_DIE_WITH_PARENT"
 
 
 # syslog priorities journald reads from a "<N>" line prefix (SyslogLevelPrefix=yes, the default).
@@ -103,7 +105,7 @@ async def _run(app: DaemonApp) -> None:
 
 
 def _die_with_parent() -> None:
-    """Started by a test, bench or demo process (``tools.daemonproc``, ``die_with_parent``): SIGTERM when
+    """Started by a test, bench or demo process (``tests/daemonproc.py``, ``die_with_parent``): SIGTERM when
     that process dies, so no daemon outlives a crashed run; at once if it is already gone."""
     parent = os.environ.pop(PARENT_PID_ENV, "")
     if not parent.isdigit():

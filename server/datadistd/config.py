@@ -110,14 +110,15 @@ class DaemonSection:
                             default=0o660)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
-    session_keepalive_seconds: float = _doc("Interval of keepalive events on a worker's session stream.",
+    session_keepalive_seconds: float = _doc("Unused: the worker's attach connection is its lease (there is no "
+                                            "session stream any more); accepted so older files still load.",
                                             default=5.0)
 
 
 @dataclass
 class MemorySection:
     backend: str = _doc("Memory backend by name: host (shared memory; runs everywhere), acl (Ascend NPU memory "
-                        "through CANN's runtime; docs/ascend.md), cuda.", default="host")
+                        "through CANN's runtime; docs/ascend.md).", default="host")
     device_id: int = _doc("acl: the NPU (logical id) of engines whose options name none (ge.exec.deviceId). An "
                           "engine's DEVICE pools, registered NPU memory and hccl links are on its own NPU; one "
                           "daemon serves every NPU the runtime reports.", default=0)

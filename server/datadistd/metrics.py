@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -31,9 +31,15 @@ from prometheus_client.registry import Collector
 
 from .config import parse_listen_address
 from .core.errors import DataDistError
+from .snapshot import NodeView
 
-if TYPE_CHECKING:
-    from .node import Node
+
+class SnapshotSource(Protocol):
+    """What the collector reads at scrape time (the ``Node``; named by what it does, so this module imports no
+    node -- the node imports it)."""
+
+    def snapshot(self) -> NodeView: ...
+
 
 __all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer",
            "parse_listen_address", "LATENCY_BUCKETS"]
@@ -74,7 +80,7 @@ class DaemonMetrics:
             "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
             ["method", "code"], registry=r)
 
-    def attach(self, node: "Node") -> None:
+    def attach(self, node: SnapshotSource) -> None:
         """Add the scrape-time state series read from ``node``."""
         self.registry.register(NodeCollector(node))
 
@@ -158,7 +164,7 @@ def track_transfer(metrics: DaemonMetrics | None, op: str, cluster: int, peer: i
 class NodeCollector(Collector):
     """State series read from the node at scrape time (on the daemon's event loop)."""
 
-    def __init__(self, node: "Node") -> None:
+    def __init__(self, node: SnapshotSource) -> None:
         self.node = node
 
     def describe(self) -> list[Metric]:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -26,12 +25,13 @@ from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .links import LinkManager
+from .links.table import LinkTable
 from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
+from .ownercalls import CallCodec
 from .peering import PeerClient
 from .quota import Charge, QuotaBook
-from .reverse import CallCodec
 from .sessions import SessionTable, WorkerSession
 from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from .transport import Transport, get_transport
@@ -86,11 +86,11 @@ class EngineSlot:
 
 
 class Node:
-    def __init__(self, config: Config, *, backend: MemoryBackend | None = None,
+    def __init__(self, config: Config, *, call_codec: CallCodec, backend: MemoryBackend | None = None,
                  peer_connector: Callable[[str], PeerClient] | None = None,
-                 listener_factory: ListenerFactory | None = None, call_codec: CallCodec | None = None) -> None:
+                 listener_factory: ListenerFactory | None = None) -> None:
         self.config = config
-        # how owner calls travel as data-channel frames (rpc.convert.CALL_CODEC); None: over gRPC only
+        # owner calls as bytes on the data channel (rpc.convert.CALL_CODEC: this package imports no protobuf)
         self.call_codec = call_codec
         self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
         self.backend = backend or backend_from_config(config.memory)
@@ -114,19 +114,18 @@ class Node:
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
         self.started = time.monotonic()
-        self.draining = asyncio.Event()  # set when the daemon begins to stop: worker leases end first
 
     # ---- NodeContext -------------------------------------------------------------------------
 
-    def local_links_at(self, address: str) -> LinkManager | None:
+    def local_links_at(self, address: str) -> LinkTable | None:
         for slot in self.engines.values():
             if any(_same_address(listener.address, address) for listener in slot.listeners()):
-                return slot.links
+                return slot.links.table
         return None
 
     def principal(self, links: object) -> int:
         for slot in self.engines.values():
-            if slot.links is links:
+            if slot.links.table is links:
                 return slot.uid
         return os.getuid()   # an engine being made or gone: the daemon's own
 
@@ -302,7 +301,7 @@ class Node:
         try:
             if slot.comm is not None:
                 await slot.comm.close()
-            await slot.links.close()  # while the listeners still carry the reverse paths: the peers are told
+            await slot.links.close()  # while the data channels still work: the peers are told (unlink calls)
             for listener in slot.listeners():
                 await listener.stop()
             await slot.engine.drain(timeout=5.0)

@@ -1,5 +1,7 @@
 """The daemon-to-daemon seam: records of the handshake and the ``PeerClient`` protocol.
 
+The Peer service is what happens before a link's data channel exists: ``Challenge``, then ``Handshake``.
+Everything after it travels as frames on the authenticated data channel (``ownercalls``).
 ``rpc/peer_client.py`` implements ``PeerClient`` over gRPC; tests may inject a fake. The
 handshake authenticates both sides with HMAC-SHA256 over a shared secret (never sent): the
 client proves it in the offer, the server in the answer; the data-plane token is derived
@@ -14,16 +16,17 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence
+from typing import Protocol
 
-from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
-from .reverse import ReverseCmd, ReverseReply
+from .core.errors import DataDistError, StatusCode
 
-__all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "ReverseStream", "make_offer",
+__all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "make_offer", "check_version",
            "offer_mac", "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S"]
 
-#: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge
-PROTOCOL_VERSION = 2
+#: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge; 3: after the
+#: handshake the data channel carries everything (owner calls, unlink, liveness): the Peer service has only
+#: Challenge and Handshake. A peer of another version is refused at the challenge and at the handshake.
+PROTOCOL_VERSION = 3
 CHALLENGE_BYTES = 32
 #: how long an issued challenge may be answered (a handshake answers it within milliseconds)
 CHALLENGE_TTL_S = 30.0
@@ -53,6 +56,14 @@ class HandshakeAnswer:
     streams: int
     mac: bytes
     server_version: str = ""
+
+
+def check_version(version: int, who: str) -> None:
+    """Refuse a peer of another protocol version (``LLM_LINK_FAILED`` naming both versions): no legacy path."""
+    if version != PROTOCOL_VERSION:
+        raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                            f"protocol version mismatch: {who} speaks v{version}, this daemon v{PROTOCOL_VERSION}; "
+                            f"run the same datadist version on both nodes")
 
 
 def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_ms: int, challenge: bytes) -> bytes:
@@ -134,19 +145,9 @@ class ChallengeStore:
             del self._by_source[source]
 
 
-class ReverseStream(Protocol):
-    """The linking side's end of a link's reverse path (``Peer.Reverse``): the serving side's owner calls in,
-    the answers out (see ``datadistd.reverse``)."""
-
-    def commands(self) -> AsyncIterator[ReverseCmd]: ...
-
-    async def reply(self, reply: ReverseReply) -> None: ...
-
-    async def close(self) -> None: ...
-
-
 class PeerClient(Protocol):
-    """Calls on one peer daemon's Peer service. Failures raise ``DataDistError`` with the peer's code;
+    """The handshake calls of one peer daemon's Peer service (a link closes it once its data channel is open).
+    Failures raise ``DataDistError`` with the peer's code;
     an unreachable peer raises ``LLM_LINK_FAILED`` and a missed deadline ``LLM_TIMEOUT``."""
 
     address: str
@@ -154,25 +155,5 @@ class PeerClient(Protocol):
     async def challenge(self, client: int, server: int, timeout: float) -> bytes: ...
 
     async def handshake(self, offer: HandshakeOffer, timeout: float) -> HandshakeAnswer: ...
-
-    async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]: ...
-
-    async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
-                      timeout: float) -> None: ...
-
-    async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
-                         hold_ms: int = 0) -> list[int]:
-        """Open one incoming transfer per spec at the owner; their ids, in order. They wait ``hold_ms``
-        (0: the call's timeout) for their bytes and commit."""
-
-    async def commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout: float) -> None:
-        """Wait at the owner until every byte of the transfers arrived."""
-
-    async def unlink(self, session: bytes, timeout: float) -> None: ...
-
-    async def ping(self, session: bytes, timeout: float) -> None: ...
-
-    async def reverse(self, session: bytes) -> ReverseStream:
-        """Open the reverse path of the link ``session`` (right after the handshake)."""
 
     async def close(self) -> None: ...

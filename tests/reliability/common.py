@@ -2,14 +2,16 @@
 
 Nothing here changes product behaviour. ``PeerAgent`` plays a peer daemon that knows the shared
 secret (as any configured node of the cluster does): it handshakes with an engine's listener,
-opens the authenticated data channel with the derived token and then sends hand-made ``Peer``
-requests, so a test can check what the owner does with hostile or out-of-range requests.
+opens the authenticated data channel with the derived token and then sends hand-made owner calls
+(``OwnerCall`` CALL frames on that channel), so a test can check what the owner does with hostile or
+out-of-range requests.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import mmap
 import os
 import shutil
@@ -226,6 +228,16 @@ class Buffer:
 
 # ---- a peer under the test's control ---------------------------------------------------------------
 
+class CallFailed(Exception):
+    """An owner call a ``PeerAgent`` made was answered with a failure (``status``: the ``LLMStatusCode``; 0 when
+    no answer came)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
 @dataclass
 class PeerAgent:
     """A fake linking daemon: handshake with the right secret, data channel with the derived token."""
@@ -243,6 +255,10 @@ class PeerAgent:
     peer: Any = field(default=None, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _pinger: threading.Thread | None = field(default=None, repr=False)
+    _replies: dict[int, Any] = field(default_factory=dict, repr=False)
+    _answered: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), repr=False)
+    control_bytes: int = 0      # payload bytes of control frames received (the channel's other bytes are data)
 
     def __post_init__(self) -> None:
         self._grpc = grpc.insecure_channel(self.address)
@@ -278,18 +294,56 @@ class PeerAgent:
             self.transport = TcpTransport(host="127.0.0.1", port=0, connect_timeout=5.0)
             self.transport.start()
             self.channel = self.transport.connect(self.endpoint, self.token, streams, time.monotonic() + 10)
-        self._stop.clear()
-        self._pinger = threading.Thread(target=self._heartbeat, daemon=True, name="peer-agent-heartbeat")
-        self._pinger.start()
+            self.channel.on_control(self._on_control)
+            self._stop.clear()
+            self._pinger = threading.Thread(target=self._heartbeat, daemon=True, name="peer-agent-heartbeat")
+            self._pinger.start()
         return self
 
     def _heartbeat(self) -> None:
         """Ping like a linking daemon does, so the owner keeps the link (bounded by ``close``)."""
         while not self._stop.wait(0.5):
             try:
-                self.peer.Ping(peer_pb2.SessionRef(session=self.session), timeout=5)
-            except grpc.RpcError:
+                self.call("ping", peer_pb2.SessionRef(session=self.session), timeout=5)
+            except Exception:  # noqa: BLE001 - no answer, or the channel broke: the test sees it elsewhere
                 pass
+
+    def _on_control(self, kind: int, payload: bytes) -> None:
+        """A reader thread's control frame: replies are matched to calls; the daemon's own calls (an unlink at
+        its finalize, a ping) are answered with success."""
+        from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY
+
+        with self._answered:
+            self.control_bytes += len(payload)
+        if kind == CONTROL_REPLY:
+            reply = peer_pb2.OwnerReply.FromString(payload)
+            with self._answered:
+                self._replies[reply.command_id] = reply
+                self._answered.notify_all()
+        elif kind == CONTROL_CALL:
+            answer = peer_pb2.OwnerReply(command_id=peer_pb2.OwnerCall.FromString(payload).command_id)
+            self.channel.try_control(CONTROL_REPLY, answer.SerializeToString(), time.monotonic() + 1)
+
+    def call(self, which: str, request: Any, timeout: float = 10) -> Any:
+        """One owner call (``which``: a field of ``OwnerCall``'s oneof) as a CALL frame; its ``OwnerReply``, or
+        ``CallFailed`` with the status the owner answered."""
+        return self.call_raw(peer_pb2.OwnerCall(**{which: request}).SerializeToString(), timeout)
+
+    def call_raw(self, call: bytes, timeout: float = 10) -> Any:
+        """``call``: a serialized ``OwnerCall`` without a command id (one is appended: the last value wins)."""
+        from datadistd.transport.base import CONTROL_CALL
+
+        command_id = next(self._ids)
+        payload = call + peer_pb2.OwnerCall(command_id=command_id).SerializeToString()
+        deadline = time.monotonic() + timeout
+        self.channel.send_control(CONTROL_CALL, payload, deadline)
+        with self._answered:
+            if not self._answered.wait_for(lambda: command_id in self._replies, max(0.0, deadline - time.monotonic())):
+                raise CallFailed(0, f"no answer to call {command_id} within {timeout}s")
+            reply = self._replies.pop(command_id)
+        if reply.status:
+            raise CallFailed(reply.status, reply.message)
+        return reply
 
     def expect(self, buf: Buffer, nbytes: int | None = None) -> Any:
         from datadistd.memory.base import Segment

@@ -1,4 +1,5 @@
-"""Bad input: every RPC of both services fed hostile protobuf messages, straight to a running daemon.
+"""Bad input: every RPC of both services, and every owner call a peer sends as a frame on its data channel,
+fed hostile protobuf messages, straight to a running daemon.
 
 Hypothesis draws messages from the descriptors of the request types (fields missing or set, huge and
 negative numbers, unknown enum values, ids that exist next to ids that do not, mismatched lists),
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,6 +30,7 @@ from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2, p
 from tests.harness import Daemon, free_port
 from tests.reliability.common import (
     Buffer,
+    CallFailed,
     PeerAgent,
     blocks_key,
     code_of,
@@ -225,9 +228,9 @@ def legit_peer_read(ctx: Ctx) -> None:
     try:
         buf = Buffer(2 * 2 * ROW_BYTES)
         receipt = agent.expect(buf)
-        agent.peer.Read(peer_pb2.ReadRequest(session=agent.session, transfer_id=receipt.transfer_id,
-                                             key=blocks_key(P_CLUSTER), blocks=[7, 2], expected_bytes=buf.size,
-                                             timeout_ms=3000), timeout=10)
+        agent.call("read", peer_pb2.ReadRequest(session=agent.session, transfer_id=receipt.transfer_id,
+                                                key=blocks_key(P_CLUSTER), blocks=[7, 2], expected_bytes=buf.size,
+                                                timeout_ms=3000))
         receipt.wait(time.monotonic() + 10)
         expected = np.stack([t.reshape(ROWS, ROW_BYTES)[[7, 2]] for t in ctx.tensors])
         np.testing.assert_array_equal(buf.array.reshape(2, 2, ROW_BYTES), expected)
@@ -447,7 +450,6 @@ def _templates(ctx: Ctx) -> dict[str, Any]:
                                            expected_bytes=2 * 2 * ROW_BYTES, timeout_ms=2000),
         "Release": peer_pb2.ReleaseRequest(session=ctx.session, key=key10),
         "Handshake": ctx.agent.offer() if ctx.agent is not None else peer_pb2.HandshakeRequest(),
-        "Ping": peer_pb2.SessionRef(session=ctx.session),
         "CommitWrite": peer_pb2.CommitRequest(session=ctx.session, transfer_id=1, timeout_ms=500),
     }
 
@@ -552,14 +554,6 @@ def _cleanup(s: Any, method: str, request: Any, response: Any) -> None:
 
 def _call_datadist(s: datadist_pb2_grpc.DataDistStub, method: str, request: Any) -> tuple[Any, grpc.RpcError | None]:
     try:
-        if method == "Session":
-            call = s.Session(request, timeout=CALL_TIMEOUT)
-            try:
-                first = next(call)
-                assert first.event == "ready", first
-            finally:
-                call.cancel()
-            return None, None
         if method == "TransferCacheAsync":
             return list(s.TransferCacheAsync(iter(request), timeout=CALL_TIMEOUT)), None
         return getattr(s, method)(request, timeout=CALL_TIMEOUT), None
@@ -569,13 +563,28 @@ def _call_datadist(s: datadist_pb2_grpc.DataDistStub, method: str, request: Any)
 
 def _call_peer(p: peer_pb2_grpc.PeerStub, method: str, request: Any) -> grpc.RpcError | None:
     try:
-        if method == "Reverse":
-            list(p.Reverse(iter(request), timeout=CALL_TIMEOUT))
-        else:
-            getattr(p, method)(request, timeout=CALL_TIMEOUT)
+        getattr(p, method)(request, timeout=CALL_TIMEOUT)
     except grpc.RpcError as err:
         return err
     return None
+
+
+#: the owner calls a peer sends as CALL frames (unlink and ping end or keep the agent's link: not fuzzed)
+FRAME_CALLS = {"Read": ("read", peer_pb2.ReadRequest), "OpenWrite": ("open_write", peer_pb2.WriteRequest),
+               "CommitWrite": ("commit_write", peer_pb2.CommitRequest),
+               "Release": ("release", peer_pb2.ReleaseRequest)}
+
+
+def judge_frame(name: str, exc: CallFailed | None, tally: Tally) -> None:
+    """An owner call must be answered (no hang) with success or a datadist code other than the catch-alls."""
+    tally.calls += 1
+    if exc is None:
+        tally.ok += 1
+        return
+    code = S(exc.status).name if exc.status in S._value2member_map_ else f"status:{exc.status}"
+    tally.codes[code] = tally.codes.get(code, 0) + 1
+    assert exc.status != 0, f"{name}: no answer (hang?): {exc.message}"
+    assert exc.status not in (S.LLM_FAILED, S.LLM_UNKNOWN_ERROR), f"{name}: {code}: {exc.message}"
 
 
 def _still_serving(daemon: Any) -> None:
@@ -631,6 +640,34 @@ def test_peer_rpc_survives_hostile_messages(method: str, fuzz_daemon) -> None:
                 judge(f"Peer.{method}", _call_peer(p, method, request), tally)
 
             run()
+        _still_serving(d)
+        legit_peer_read(ctx)
+    finally:
+        ctx.close()
+    assert status(d).engines == [], "engines left behind"
+
+
+@pytest.mark.parametrize("method", sorted(FRAME_CALLS))
+def test_owner_call_frames_survive_hostile_messages(method: str, fuzz_daemon) -> None:
+    d = fuzz_daemon
+    ctx = Ctx.build(d)
+    which, kind = FRAME_CALLS[method]
+    tally = TALLY.setdefault(f"frame.{which}", Tally())
+    strategy = request_strategy(types.SimpleNamespace(name=method, input_type=kind.DESCRIPTOR,
+                                                      client_streaming=False), ctx)
+    agent = ctx.agent
+    assert agent is not None
+    try:
+        @FUZZ_SETTINGS
+        @given(request=strategy)
+        def run(request: Any) -> None:
+            try:
+                agent.call(which, request, timeout=CALL_TIMEOUT)
+                judge_frame(f"frame.{which}", None, tally)
+            except CallFailed as exc:
+                judge_frame(f"frame.{which}", exc, tally)
+
+        run()
         _still_serving(d)
         legit_peer_read(ctx)
     finally:
@@ -696,9 +733,9 @@ def _huge_cases(ctx: Ctx) -> list[tuple[str, str, Callable[[], bytes], set[int]]
     transfer = lambda remote, local: datadist_pb2.TransferRequest(  # noqa: E731
         engine_id=e2, kind=datadist_pb2.TRANSFER_BLOCKS, remote=blocks_key(P_CLUSTER), local_cache_id=dst,
         remote_blocks=remote, local_blocks=local, timeout_ms=30000).SerializeToString()
-    read = lambda blocks: peer_pb2.ReadRequest(  # noqa: E731
+    read = lambda blocks: peer_pb2.OwnerCall(read=peer_pb2.ReadRequest(  # noqa: E731
         session=ctx.session, transfer_id=1, key=blocks_key(P_CLUSTER), blocks=blocks,
-        expected_bytes=len(blocks) * 2 * ROW_BYTES, timeout_ms=30000).SerializeToString()
+        expected_bytes=len(blocks) * 2 * ROW_BYTES, timeout_ms=30000)).SerializeToString()
     inval = {S.LLM_PARAM_INVALID}
     over = [0] * ((1 << 20) + 1)
     return [
@@ -726,17 +763,22 @@ def _huge_cases(ctx: Ctx) -> list[tuple[str, str, Callable[[], bytes], set[int]]
             common_pb2.CacheKey(cluster_id=P_CLUSTER, req_id=5), MILLION), inval),
         ("Init", "a million options", lambda: datadist_pb2.InitRequest(cluster_id=999, role=1).SerializeToString()
          + _options_map(MILLION), inval),  # refused by count before the map is converted
-        ("Peer.Read", "a million valid, unmergeable blocks", lambda: read(ALTERNATING), {0}),
-        ("Peer.Read", "a million blocks, the last out of range", lambda: read(ONE_BAD), inval),
+        ("frame.read", "a million valid, unmergeable blocks", lambda: read(ALTERNATING), {0}),
+        ("frame.read", "a million blocks, the last out of range", lambda: read(ONE_BAD), inval),
     ]
 
 
-def _run_huge(ch: Any, pch: Any, method: str, request: bytes) -> tuple[Any, float]:
-    """Send the raw request bytes; (datadist status code or 0, seconds)."""
-    if method.startswith("Peer."):
-        m = PEER.methods_by_name[method[5:]]
-        call = pch.unary_unary(f"/{PEER.full_name}/{m.name}", request_serializer=None,
-                               response_deserializer=message_factory.GetMessageClass(m.output_type).FromString)
+def _run_huge(ch: Any, agent: PeerAgent, method: str, request: bytes) -> tuple[Any, float]:
+    """Send the raw request bytes (a ``frame.`` method: an ``OwnerCall`` on the agent's data channel); (datadist
+    status code or 0, seconds)."""
+    if method.startswith("frame."):
+        t0 = time.monotonic()
+        try:
+            agent.call_raw(request, timeout=90)
+            return 0, time.monotonic() - t0
+        except CallFailed as exc:
+            assert exc.status, (method, exc.message)
+            return exc.status, time.monotonic() - t0
     else:
         m = DATADIST.methods_by_name[method]
         call = ch.unary_unary(f"/{DATADIST.full_name}/{m.name}", request_serializer=None,
@@ -759,13 +801,13 @@ def test_z_outsized_requests_are_bounded_and_leave_nothing(fuzz_daemon) -> None:
     ctx = Ctx.build(d)
     results: dict[str, tuple[str, float]] = {}
     big = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    assert ctx.agent is not None
     try:
-        with grpc.insecure_channel(d.target, options=big) as raw, \
-                grpc.insecure_channel(f"127.0.0.1:{ctx.port}", options=big) as pch:
+        with grpc.insecure_channel(d.target, options=big) as raw:
             ch = with_capability(d, raw)
             cases = _huge_cases(ctx)
             for method, name, build, allowed in cases:
-                code, seconds = _run_huge(ch, pch, method, build())
+                code, seconds = _run_huge(ch, ctx.agent, method, build())
                 results[f"{method}: {name}"] = (S(code).name if isinstance(code, int) and code else str(code or "OK"),
                                                 round(seconds, 2))
                 assert code in allowed, (method, name, code)
@@ -773,10 +815,10 @@ def test_z_outsized_requests_are_bounded_and_leave_nothing(fuzz_daemon) -> None:
             # memory: the costly peer read twice more; the allocator keeps a high-water mark after the
             # first rounds, but a leak would grow with every repetition
             rss = []
-            again = [c for c in cases if c[0] == "Peer.Read" and "valid" in c[1]]
+            again = [c for c in cases if c[0] == "frame.read" and "valid" in c[1]]
             for _round in range(2):
                 for method, _name, build, _allowed in again:
-                    assert _run_huge(ch, pch, method, build())[0] == 0
+                    assert _run_huge(ch, ctx.agent, method, build())[0] == 0
                 time.sleep(0.5)
                 rss.append(rss_kib(d.proc.pid))
             after_first, after_second = rss

@@ -22,10 +22,12 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2
+from datadistd.peering import PROTOCOL_VERSION
 from tests.harness import Daemon, WorkerError, free_port, pool_memfds
 from tests.reliability.common import (
     DEV_SECRET,
     Buffer,
+    CallFailed,
     PeerAgent,
     blocks_key,
     code_of,
@@ -43,7 +45,6 @@ SECRET_A = "alpha-5e1f0c-peer-secret"
 SECRET_B = "bravo-9a7d31-peer-secret"
 TENSORS, BLOCKS, BLOCK_SHAPE = 4, 16, (8, 32)     # float16: 512 bytes per block per tensor
 ROW = 8 * 32 * 2
-NOT_BUGS = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
 def _prompt(daemon_factory, worker_factory, env=None, port=None):  # noqa: ANN001, ANN202
@@ -132,7 +133,7 @@ def test_handshake_forgeries_are_refused(daemon_factory, worker_factory) -> None
         assert "replayed" in info.value.details()
         # asking for a challenge of another cluster id is refused before anything is issued
         with pytest.raises(grpc.RpcError) as info:
-            agent.peer.Challenge(peer_pb2.ChallengeRequest(protocol_version=2, client_cluster_id=77,
+            agent.peer.Challenge(peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=77,
                                                            server_cluster_id=P + 40), timeout=10)
         assert code_of(info.value) == S.LLM_LINK_FAILED and "cluster id mismatch" in info.value.details()
         assert "refused a handshake from cluster 77" in dp.log()
@@ -141,37 +142,28 @@ def test_handshake_forgeries_are_refused(daemon_factory, worker_factory) -> None
             a.close()
 
 
-def test_forged_sessions_touch_nothing(daemon_factory, worker_factory) -> None:
+def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_factory) -> None:
+    """Peer protocol 3: owner calls, unlink and pings are frames on the authenticated data channel only. The
+    gRPC methods that carried them are gone (UNIMPLEMENTED, whatever the request names), and a peer of
+    protocol 2 is refused at the challenge, naming both versions."""
     dp, prompt, port = _prompt(daemon_factory, worker_factory)
     prompt.call("allocate", "c", 2, (4, 64), dtype="uint8", keys=[(10, 0)])
     prompt.call("fill", "c", 2)
     before = prompt.call("digest", "kv"), prompt.call("digest", "c")
-    agent = PeerAgent(f"127.0.0.1:{port}", 77, P)
-    peer = agent.peer
-    key = blocks_key(P)
-    cache_key = common_pb2.AnyKey(cache_key=common_pb2.CacheKey(cluster_id=P, req_id=10, model_id=0,
-                                                                prefix_id=2**64 - 1))
+    agent = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(connect=False)
+    request = peer_pb2.ReadRequest(session=agent.session, transfer_id=1, key=blocks_key(P), blocks=[0, 1],
+                                   expected_bytes=2 * TENSORS * ROW).SerializeToString()
     try:
-        for session in (b"", os.urandom(16), bytes(16), os.urandom(4096)):
-            calls = {
-                "Read": lambda s: peer.Read(peer_pb2.ReadRequest(session=s, transfer_id=1, key=key, blocks=[0, 1],
-                                                                 expected_bytes=2 * TENSORS * ROW), timeout=10),
-                "Read slot": lambda s: peer.Read(peer_pb2.ReadRequest(session=s, transfer_id=1, key=cache_key,
-                                                                      mode=peer_pb2.READ_SLOT, size=-1,
-                                                                      expected_bytes=2 * 64), timeout=10),
-                "OpenWrite": lambda s: peer.OpenWrite(peer_pb2.WriteRequest(
-                    session=s, key=key, blocks=[0], expected_bytes=TENSORS * ROW), timeout=10),
-                "CommitWrite": lambda s: peer.CommitWrite(peer_pb2.CommitRequest(session=s, transfer_id=1),
-                                                          timeout=10),
-                "Release": lambda s: peer.Release(peer_pb2.ReleaseRequest(session=s, key=cache_key), timeout=10),
-                "Ping": lambda s: peer.Ping(peer_pb2.SessionRef(session=s), timeout=10),
-                "Unlink": lambda s: peer.Unlink(peer_pb2.SessionRef(session=s), timeout=10),
-            }
-            for name, call in calls.items():
-                with pytest.raises(grpc.RpcError) as info:
-                    call(session)
-                assert code_of(info.value) == S.LLM_NOT_YET_LINK, (name, info.value.details())
-                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
+        for method in ("Read", "Release", "OpenWrite", "CommitWrite", "Ping", "Unlink"):
+            call = agent._grpc.unary_unary(f"/datadist.v1.Peer/{method}")
+            with pytest.raises(grpc.RpcError) as info:
+                call(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED, method
+        with pytest.raises(grpc.RpcError) as info:
+            agent.peer.Challenge(peer_pb2.ChallengeRequest(protocol_version=2, client_cluster_id=77,
+                                                           server_cluster_id=P), timeout=10)
+        assert code_of(info.value) == S.LLM_LINK_FAILED
+        assert f"speaks v2, this daemon v{PROTOCOL_VERSION}" in info.value.details()
         # nothing moved, nothing was consumed: the cache bytes are the same and the key still pulls
         assert (prompt.call("digest", "kv"), prompt.call("digest", "c")) == before
         dd = daemon_factory("d")
@@ -188,14 +180,17 @@ def test_forged_sessions_touch_nothing(daemon_factory, worker_factory) -> None:
 
 def _read(agent: PeerAgent, tid: int, **fields) -> None:  # noqa: ANN003
     fields.setdefault("key", blocks_key(P))
-    agent.peer.Read(peer_pb2.ReadRequest(session=agent.session, transfer_id=tid, timeout_ms=3000, **fields),
-                    timeout=10)
+    agent.call("read", peer_pb2.ReadRequest(session=agent.session, transfer_id=tid, timeout_ms=3000, **fields))
 
 
 def _open_write(agent: PeerAgent, **fields) -> int:  # noqa: ANN003
     fields.setdefault("key", blocks_key(P))
-    return agent.peer.OpenWrite(peer_pb2.WriteRequest(session=agent.session, timeout_ms=3000, **fields),
-                                timeout=10).transfer_id
+    return agent.call("open_write", peer_pb2.WriteRequest(session=agent.session, timeout_ms=3000,
+                                                          **fields)).transfer_id
+
+
+def _commit_write(agent: PeerAgent, tid: int) -> None:
+    agent.call("commit_write", peer_pb2.CommitRequest(session=agent.session, transfer_id=tid, timeout_ms=3000))
 
 
 def _bad_specs() -> list[tuple[str, dict, set[int]]]:
@@ -247,17 +242,16 @@ def test_out_of_range_peer_requests_move_no_byte(daemon_factory, worker_factory)
         receipt = agent.expect(buf, 2 * TENSORS * ROW)
         for name, fields, codes in _bad_specs():
             for verb in ("Read", "OpenWrite"):
-                with pytest.raises(grpc.RpcError) as info:
+                with pytest.raises(CallFailed) as info:
                     if verb == "Read":
                         _read(agent, receipt.transfer_id, **fields)
                     else:
                         _open_write(agent, **fields)
                     pytest.fail(f"{verb} {name}: accepted")
-                assert info.value.code() not in NOT_BUGS, (verb, name, info.value.details())
-                assert code_of(info.value) in codes, (verb, name, info.value.details())
+                assert info.value.status in codes, (verb, name, info.value.message)
         time.sleep(0.3)  # a stray frame would land by now
         assert receipt.received == 0 and not buf.array.any()
-        assert agent.transport.stats()["bytes_received"] == 0
+        assert agent.transport.stats()["bytes_received"] == agent.control_bytes   # the answers, no data
         assert [prompt.call("digest", name) for name in ("kv", "c", "hidden")] == digests
         # the same agent, in bounds: the bytes arrive exactly, and a write lands exactly where asked
         _read(agent, receipt.transfer_id, blocks=[3, 9], expected_bytes=2 * TENSORS * ROW)
@@ -267,8 +261,7 @@ def test_out_of_range_peer_requests_move_no_byte(daemon_factory, worker_factory)
         buf.array[:] = np.random.default_rng(4).integers(0, 256, buf.size, dtype=np.uint8)
         tid = _open_write(agent, blocks=[12, 5], expected_bytes=2 * TENSORS * ROW)
         agent.send(tid, buf, 2 * TENSORS * ROW)
-        agent.peer.CommitWrite(peer_pb2.CommitRequest(session=agent.session, transfer_id=tid, timeout_ms=3000),
-                               timeout=10)
+        _commit_write(agent, tid)
         np.testing.assert_array_equal(prompt.call("rows", "kv", None, [12, 5]),
                                       buf.array[:2 * TENSORS * ROW].reshape(TENSORS, 2, ROW))
         assert [prompt.call("digest", name) for name in ("c", "hidden")] == digests[1:]
@@ -290,8 +283,7 @@ def test_a_peer_cannot_write_into_another_links_transfer(daemon_factory, worker_
         intruder.send(tid, junk, n)           # the intruder's frames name the honest link's transfer
         time.sleep(0.3)
         honest.send(tid, good, n)
-        honest.peer.CommitWrite(peer_pb2.CommitRequest(session=honest.session, transfer_id=tid, timeout_ms=3000),
-                                timeout=10)
+        _commit_write(honest, tid)
         np.testing.assert_array_equal(prompt.call("rows", "kv", None, [6, 7]), good.array.reshape(TENSORS, 2, ROW))
     finally:
         honest.close()

@@ -31,7 +31,8 @@ import pytest
 from datadist.status import LLMStatusCode
 from datadist.v1 import peer_pb2, peer_pb2_grpc
 from datadistd.config import ConfigError, load_config
-from datadistd.tools.daemonproc import DaemonProcess, free_port
+from datadistd.peering import PROTOCOL_VERSION
+from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
 from tests.reliability.common import PeerAgent, fd_count, listening_sockets, wait_until
 
@@ -268,7 +269,8 @@ def test_11_idle_strangers_on_the_peer_port_are_capped_and_timed_out(pair):
         states: list[grpc.ChannelConnectivity] = []
         ch.subscribe(states.append)
         stub = peer_pb2_grpc.PeerStub(ch)
-        stub.Challenge(peer_pb2.ChallengeRequest(protocol_version=2, client_cluster_id=9, server_cluster_id=P),
+        stub.Challenge(peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=9,
+                                                 server_cluster_id=P),
                        timeout=10)
         assert grpc.ChannelConnectivity.READY in states
         ready = states.index(grpc.ChannelConnectivity.READY)
@@ -288,8 +290,8 @@ def test_11_the_private_port_behind_the_front_serves_nobody_directly(pair):
     for candidate in private:   # the data plane's port does not speak gRPC at all; the private one refuses
         with grpc.insecure_channel(f"127.0.0.1:{candidate}") as ch:
             try:
-                peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(protocol_version=2, server_cluster_id=P),
-                                                     timeout=5)
+                peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION,
+                                                                                server_cluster_id=P), timeout=5)
             except grpc.RpcError as err:
                 denied += err.code() == grpc.StatusCode.PERMISSION_DENIED
             else:

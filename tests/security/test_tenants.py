@@ -22,7 +22,7 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, datadist_pb2
-from datadistd.tools.daemonproc import DaemonProcess
+from tests.daemonproc import DaemonProcess
 from llm_datadist.status import LLMException
 from tests.harness import free_port
 
@@ -266,7 +266,7 @@ def _closed_by_server(s: socket.socket) -> bool:
 
 
 def test_7_metrics_connections_are_capped_and_deadlined():
-    from datadistd.tools.daemonproc import free_port
+    from tests.daemonproc import free_port
 
     port = free_port()
     d = DaemonProcess("metrics", env={"DATADISTD_METRICS_LISTEN": str(port)})   # a bare port: loopback

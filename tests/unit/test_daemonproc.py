@@ -1,4 +1,4 @@
-"""``datadistd.tools.daemonproc``: the daemon child process and port helper shared by tests, bench and demo."""
+"""``tests.daemonproc``: the daemon child process and port helper shared by tests, bench and demo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datadistd.tools.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
+from tests.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
 
 
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
@@ -82,7 +82,7 @@ def test_the_demo_progress_bar_counts_in_the_summary_units() -> None:
 
     from tqdm import tqdm
 
-    from datadistd.demo import progress_bar
+    from bench.demo import progress_bar
 
     out = io.StringIO()
     bar = progress_bar(tqdm, 96 * 2**20, file=out)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from datadist.ascend.hccl import DATA_TYPE_UINT8, DESC_DTYPE, OneSideOpDesc, descriptors
 from datadistd.memory.base import Segment
 from datadistd.memory.segments import SegmentTable
-from datadistd.transport.nixl.pieces import pair_rows
+from datadistd.transport.onesided.pieces import pair_rows
 from datadistd.transport.registry import Registration, RegistrationTable
 
 

@@ -13,9 +13,9 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.reverse import FrameCalls, ReadCmd, ReverseReply
+from datadistd.ownercalls import FrameCalls, OwnerReply, ReadCmd
 from datadistd.rpc.convert import CALL_CODEC
-from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY, CallChannel, CallTransport
+from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY
 from datadistd.transport.tcp import _CONTROL_BACKLOG, HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until
 from tests.unit.test_transport_tcp import TOKEN, Pair, closed_without_reply, deadline, raw_hello
@@ -33,11 +33,6 @@ def pair():
 def collector() -> tuple[queue.Queue, object]:
     got: queue.Queue = queue.Queue()
     return got, lambda kind, payload: got.put((kind, payload, threading.current_thread().name))
-
-
-def test_tcp_declares_the_capability(pair: Pair) -> None:
-    assert isinstance(pair.out, CallChannel) and isinstance(pair.inb, CallChannel)
-    assert isinstance(pair.b, CallTransport)
 
 
 def test_frames_both_ways_reach_the_handlers_in_reader_threads(pair: Pair) -> None:
@@ -101,7 +96,7 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
     def serve(kind: int, payload: bytes) -> None:   # the owner end, in its reader thread
         cmd = CALL_CODEC.decode_command(payload)
         assert kind == CONTROL_CALL and isinstance(cmd, ReadCmd) and cmd.spec == spec
-        reply = ReverseReply(cmd.command_id, nbytes=cmd.spec.expected_bytes, release_needed=True)
+        reply = OwnerReply(cmd.command_id, nbytes=cmd.spec.expected_bytes, release_needed=True)
         pair.inb.send_control(CONTROL_REPLY, CALL_CODEC.encode_reply(reply), deadline())
 
     pair.b.on_control(TOKEN, serve)

@@ -30,7 +30,7 @@ def test_unknown_backend_and_transport_list_the_known_ones() -> None:
     from datadistd.memory import get_backend
     from datadistd.transport import get_transport
 
-    with pytest.raises(ValueError, match="known: acl, cuda, host"):
+    with pytest.raises(ValueError, match="known: acl, host"):
         get_backend("nvme")
     with pytest.raises(ValueError, match="known: hccl, nixl, tcp"):
         get_transport("rdma")
@@ -43,16 +43,17 @@ def test_device_backends_fail_clearly_without_hardware() -> None:
     from datadistd.core.errors import DataDistError
     from datadistd.memory import get_backend
 
-    for name in ("acl", "cuda"):
+    for name in ("acl",):
         with pytest.raises(DataDistError) as info:
             get_backend(name)
         assert info.value.code == LLMStatusCode.LLM_FEATURE_NOT_ENABLED
         assert "host" in info.value.message
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _import_graph(type_checking: bool = True) -> dict[str, set[str]]:
     """module -> the project modules it imports, anywhere in it (deferred imports inside functions too, which
-    hide a cycle rather than break it); ``if TYPE_CHECKING:`` blocks are not imports at run time."""
+    hide a cycle rather than break it); with ``type_checking`` the imports under ``if TYPE_CHECKING:`` too
+    (a cycle the type checker needs is still a cycle of the design)."""
     import ast
     from pathlib import Path
 
@@ -69,8 +70,8 @@ def _import_graph() -> dict[str, set[str]]:
         here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         deps: set[str] = set()
         tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):   # first drop what only the type checker sees
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        for node in ast.walk(tree):   # without type_checking, first drop what only the type checker sees
+            if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 node.body = [ast.Pass()]
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -84,11 +85,17 @@ def _import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_cycles() -> None:
-    """No module imports, even lazily, a module that imports it back (the architecture issue)."""
-    graph = _import_graph()
-    assert len(graph) > 50 and graph["datadistd.links"], "the graph was not read"
-    cycles, seen, done = [], [], set()
+#: the one package whose modules still name each other's types (``if TYPE_CHECKING:`` only; at run time the
+#: graph has no cycle): tcp's transport, channel, connection and receipt are one machine in four files. A cycle
+#: that leaves this set fails; the set may only shrink.
+TYPE_CHECKING_CYCLES_ALLOWED = {"datadistd.transport.tcp.transport", "datadistd.transport.tcp.channel",
+                                "datadistd.transport.tcp.conn", "datadistd.transport.tcp.receipt"}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    seen: list[str] = []
+    done: set[str] = set()
 
     def visit(mod: str) -> None:
         seen.append(mod)
@@ -103,7 +110,18 @@ def test_no_import_cycles() -> None:
     for mod in sorted(graph):
         if mod not in done:
             visit(mod)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No module imports, even lazily, a module that imports it back (the architecture issue); the imports only
+    the type checker sees count too (issue 26), but for the tcp package (``TYPE_CHECKING_CYCLES_ALLOWED``)."""
+    run_time = _import_graph(type_checking=False)
+    assert len(run_time) > 50 and run_time["datadistd.links"], "the graph was not read"
+    cycles = _cycles(run_time)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+    typed = [c for c in _cycles(_import_graph()) if not set(c) <= TYPE_CHECKING_CYCLES_ALLOWED]
+    assert not typed, "import cycles (with TYPE_CHECKING imports): " + "; ".join(" -> ".join(c) for c in typed)
 
 
 #: the only ``getattr``/``hasattr`` in the daemon, by file and the object asked: feature probes of the standard
@@ -113,7 +131,7 @@ REFLECTION_ALLOWED = {
     ("cli.py", "logging"), ("config.py", "self"), ("config.py", "cfg"), ("config.py", "cfg.tls"),
     ("ctl.py", "stub"), ("plugins.py", "importlib.import_module(module_name)"), ("rpc/attach.py", "socket"),
     ("rpc/server.py", "request"), ("rpc/server.py", "servicer"), ("transport/tcp/transport.py", "self._local"),
-    ("transport/tcp/wire.py", "socket"), ("tools/workerproc.py", "ops"), ("tools/workerproc.py", "exc"),
+    ("transport/tcp/wire.py", "socket"),
     ("memory/host.py", "mmap"), ("memory/host.py", "os"), ("memory/addr.py", "mmap"),
 }
 

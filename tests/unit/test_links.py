@@ -3,15 +3,16 @@ side reaching the serving side through ``InProcessPeer`` (a ``PeerClient`` that 
 ``LinkManager`` directly, with failures injectable), bytes over real loopback TCP data planes.
 Milliseconds per test, and a failure points at the link code, not at a process or a socket file.
 
-Both ways owner calls travel are covered: ``call_codec=None`` (the Peer RPCs, here the fake peer and
-the reverse stream) and ``CALL_CODEC`` (CALL/REPLY frames on the data connection).
+After the handshake the data connection carries everything (owner calls, unlink, heartbeat as
+CALL/REPLY frames): ``InProcessPeer`` serves only ``challenge`` and ``handshake``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,8 +26,7 @@ from datadistd.engine import tensors_of
 from datadistd.layerwise import LayerPush
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
 from datadistd.node import Node
-from datadistd.peering import HandshakeAnswer, HandshakeOffer
-from datadistd.reverse import ReverseCmd, ReverseHub, ReverseReply
+from datadistd.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
 from datadistd.rpc.convert import CALL_CODEC
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,26 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 P, D = 1, 2
 BLOCKS, BLOCK = 8, 256
 POOL = '{"memory_size": 1048576}'
-
-
-class InProcessReverse:
-    """The linking side's end of the reverse path, wired straight to the serving side's hub."""
-
-    def __init__(self, hub: ReverseHub) -> None:
-        self.hub = hub
-
-    async def commands(self) -> AsyncIterator[ReverseCmd]:
-        while True:
-            cmd = await self.hub.next_command()
-            if cmd is None:
-                return
-            yield cmd
-
-    async def reply(self, reply: ReverseReply) -> None:
-        self.hub.on_reply(reply)
-
-    async def close(self) -> None:
-        self.hub.close("the linking side closed the reverse path")
 
 
 class InProcessPeer:
@@ -81,33 +61,6 @@ class InProcessPeer:
         self.offers.append(offer)
         return await self.server.serve_handshake(offer)
 
-    async def read(self, session: bytes, transfer_id: int, spec: Any, timeout: float) -> tuple[int, bool]:
-        self._check("read")
-        return await self.server.serve_read(session, transfer_id, spec, int(timeout * 1000))
-
-    async def release(self, session: bytes, key: Any, tensor_start: int, tensor_count: int, timeout: float) -> None:
-        self._check("release")
-        self.server.serve_release(session, key, tensor_start, tensor_count)
-
-    async def open_write(self, session: bytes, specs: Any, timeout: float, hold_ms: int = 0) -> list[int]:
-        self._check("open_write")
-        return self.server.serve_open_write(session, specs, int(timeout * 1000), hold_ms)
-
-    async def commit_write(self, session: bytes, transfer_ids: Any, timeout: float) -> None:
-        self._check("commit_write")
-        await self.server.serve_commit_write(session, transfer_ids, int(timeout * 1000))
-
-    async def unlink(self, session: bytes, timeout: float) -> None:
-        self._check("unlink")
-        self.server.serve_unlink(session)
-
-    async def ping(self, session: bytes, timeout: float) -> None:
-        self._check("ping")
-        self.server.session_link(session)
-
-    async def reverse(self, session: bytes) -> InProcessReverse:
-        return InProcessReverse(self.server.attach_reverse(session))
-
     async def close(self) -> None:
         pass
 
@@ -115,15 +68,13 @@ class InProcessPeer:
 class Pair:
     """A serving engine (cluster P) on node ``p`` and a linking engine (cluster D) on node ``d``."""
 
-    def __init__(self, frames: bool, secrets: tuple[str, str] = ("s3cret", "s3cret")) -> None:
-        self.frames = frames
+    def __init__(self, secrets: tuple[str, str] = ("s3cret", "s3cret")) -> None:
         self.secrets = secrets
         self.peers: list[InProcessPeer] = []
 
     async def __aenter__(self) -> "Pair":
-        codec = CALL_CODEC if self.frames else None
-        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}), call_codec=codec)
-        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=codec,
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}), call_codec=CALL_CODEC)
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=CALL_CODEC,
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts)
@@ -171,10 +122,9 @@ def _order(remote_cluster: int, local_cache: int, remote: list[int], local: list
                          tuple(local))
 
 
-@pytest.mark.parametrize("frames", [False, True], ids=["peer-calls", "frames"])
-def test_both_ends_pull_and_push_byte_exact(frames: bool) -> None:
+def test_both_ends_pull_and_push_byte_exact() -> None:
     async def main() -> None:
-        async with Pair(frames) as pair:
+        async with Pair() as pair:
             assert await pair.link() == (0, [0])
             serving, linking = pair.links
             assert linking.links[P].state == LinkState.ESTABLISHED and D in serving.served
@@ -190,30 +140,29 @@ def test_both_ends_pull_and_push_byte_exact(frames: bool) -> None:
             got = _bytes(pair.ds, dst)
             for t in range(2):
                 np.testing.assert_array_equal(got[t][0], want[t][3])
-            peer = pair.peers[0]
-            # frames: no owner call went through the Peer service; otherwise reads did
-            assert ("read" in peer.calls) != frames and "challenge" in peer.calls
+            # the Peer service saw the handshake only: every owner call went as a frame on the data channel
+            assert pair.peers[0].calls == ["challenge", "handshake"]
 
     asyncio.run(main())
 
 
 def test_each_end_holds_the_record_of_its_kind() -> None:
     async def main() -> None:
-        async with Pair(True) as pair:
+        async with Pair() as pair:
             assert await pair.link() == (0, [0])
             serving, linking = pair.links
             out, inb = linking.links[P], serving.served[D]
             assert isinstance(out, OutboundLink) and isinstance(inb, InboundLink)
             assert out.initiator and not inb.initiator
-            assert out.session == inb.session and serving.sessions == {inb.session: inb} and not linking.sessions
+            assert out.session == inb.session and serving.served == {D: inb} and not linking.served
             assert out.streams == out.channel.streams >= 1 and inb.streams == 0
-            assert linking._channel_of(out) is out.channel and serving._channel_of(inb) is not None
-            assert out.owner_calls() is out.frames is not None and inb.owner_calls() is inb.frames is not None
+            assert linking.table.channel_of(out) is out.channel and serving.table.channel_of(inb) is not None
+            assert not out.calls.closed and not inb.calls.closed
             engines = pair.p.snapshot().engines + pair.d.snapshot().engines
             views = {(v.remote_cluster, v.initiator, v.streams) for e in engines for v in e.links}
             assert views == {(P, True, out.streams), (D, False, 0)}
             code, _ = await serving.unlink_clusters([ClusterSpec(D)], 3000, False)   # from the serving end
-            assert code == 0 and not serving.served and not serving.sessions
+            assert code == 0 and not serving.served and await _until(lambda: not linking.links)
             assert serving.transport.channel(inb.token) is None            # its data-plane token revoked
 
     asyncio.run(main())
@@ -223,31 +172,31 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout() -> No
     """CANN answers LLM_NOT_YET_LINK for a link that was destroyed (hixl data_cache_engine.cc, PullCache); the
     pull used to say LLM_TIMEOUT "failed within 1000 ms" though nothing timed out."""
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
             _, dst = pair.caches()
 
-            async def read_while_the_other_end_unlinks(*args: Any) -> tuple[int, bool]:
+            async def read_while_this_end_unlinks(*args: Any) -> tuple[int, bool]:
                 assert (await serving.unlink_clusters([ClusterSpec(D)], 3000, False))[0] == 0
                 deadline = time.monotonic() + 5
                 while linking.links and time.monotonic() < deadline:   # the notice reaches the linking end
                     await asyncio.sleep(0.01)
                 raise DataDistError(S.LLM_LINK_FAILED, f"owner calls to cluster {P} closed: unlinked")
 
-            pair.peers[0].read = read_while_the_other_end_unlinks  # type: ignore[method-assign]
+            serving.owner.read_for = read_while_this_end_unlinks  # type: ignore[method-assign]
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [1], [1]))
             assert info.value.code == S.LLM_NOT_YET_LINK, info.value
-            assert info.value.message == (f"the link to cluster {P} was closed during the transfer (owner calls to "
-                                          f"cluster {P} closed: unlinked)")
+            assert info.value.message.startswith(f"the link to cluster {P} was closed during the transfer ("), \
+                info.value.message
 
     asyncio.run(main())
 
 
 def test_a_wrong_secret_is_refused_at_either_end() -> None:
     async def main() -> None:
-        async with Pair(False, secrets=("alpha", "bravo")) as pair:
+        async with Pair(secrets=("alpha", "bravo")) as pair:
             code, codes = await pair.link()
             assert (code, codes) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
             serving, linking = pair.links
@@ -258,7 +207,7 @@ def test_a_wrong_secret_is_refused_at_either_end() -> None:
 
 def test_a_replayed_handshake_is_refused() -> None:
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
             offers = pair.peers[0].offers
@@ -274,7 +223,7 @@ def test_a_replayed_handshake_is_refused() -> None:
 
 def test_already_linked_and_relink_after_unlink() -> None:
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
             assert await pair.link() == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
@@ -287,20 +236,22 @@ def test_already_linked_and_relink_after_unlink() -> None:
 
 def test_a_failed_owner_call_breaks_the_link_and_says_relink() -> None:
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
             _, dst = pair.caches()
-            pair.peers[0].fail["read"] = DataDistError(S.LLM_LINK_FAILED, "peer unreachable (injected)")
+            out = linking.links[P]
+            assert isinstance(out, OutboundLink)
+            serving.transport.revoke(out.token)   # the serving end's data plane drops the connections
+            assert await _until(lambda: out.channel.broken)
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [1], [1]))
             # the connection failed before any deadline: CANN's code for a failed communication, not LLM_TIMEOUT
-            assert info.value.code == S.LLM_FAILED and "injected" in info.value.message
+            assert info.value.code == S.LLM_FAILED and "no live data connection" in info.value.message
             assert linking.links[P].state == LinkState.BROKEN
             with pytest.raises(DataDistError) as info:   # no retry on a broken link: the caller relinks
                 await linking.pull(_order(P, dst, [1], [1]))
             assert info.value.code == S.LLM_FAILED and "link_clusters again" in info.value.message
-            assert pair.peers[0].calls.count("read") == 1
             # an owner-side refusal (not a link fault) leaves a healthy link alone
             assert await pair.link() == (0, [0])
             with pytest.raises(DataDistError) as info:
@@ -313,7 +264,7 @@ def test_a_failed_owner_call_breaks_the_link_and_says_relink() -> None:
 
 def test_no_link_no_transfer() -> None:
     async def main() -> None:
-        async with Pair(True) as pair:
+        async with Pair() as pair:
             _, dst = pair.caches()
             with pytest.raises(DataDistError) as info:
                 await pair.ds.links.pull(_order(P, dst, [1], [1]))
@@ -323,12 +274,12 @@ def test_no_link_no_transfer() -> None:
 
 
 class OwnerCallCounter:
-    """Counts the write calls an owner serves (they come as Peer calls, reverse commands or frames)."""
+    """Counts the write calls an owner serves (frames on the data channel, from either end)."""
 
     def __init__(self, owner: LinkManager) -> None:
         self.opened: list[int] = []      # pieces per open_write call
         self.committed: list[int] = []   # transfers per commit_write call
-        real_open, real_commit = owner.open_write_for, owner.commit_write_for
+        real_open, real_commit = owner.owner.open_write_for, owner.owner.commit_write_for
 
         def open_write_for(link: Any, specs: Any, timeout_ms: int, hold_ms: int = 0) -> list[int]:
             self.opened.append(len(specs))
@@ -338,8 +289,8 @@ class OwnerCallCounter:
             self.committed.append(len(transfer_ids))
             await real_commit(link, transfer_ids, timeout_ms)
 
-        owner.open_write_for = open_write_for        # type: ignore[method-assign]
-        owner.commit_write_for = commit_write_for    # type: ignore[method-assign]
+        owner.owner.open_write_for = open_write_for        # type: ignore[method-assign]
+        owner.owner.commit_write_for = commit_write_for    # type: ignore[method-assign]
 
 
 LAYERS = 4
@@ -356,11 +307,10 @@ async def _layer_push(pair: Pair) -> tuple[LayerPush, LinkManager, int, int]:
     return LayerPush(serving, src, LayerTask(desc, True, (target,), (1, 2), (5, 6))), linking, src, dst
 
 
-@pytest.mark.parametrize("frames", [False, True], ids=["peer-calls", "frames"])
-def test_a_layer_wise_push_opens_and_commits_once_per_target(frames: bool) -> None:
+def test_a_layer_wise_push_opens_and_commits_once_per_target() -> None:
     """Two owner calls per target and task (open every layer, commit them all), none per layer."""
     async def main() -> None:
-        async with Pair(frames) as pair:
+        async with Pair() as pair:
             task, linking, src, dst = await _layer_push(pair)
             owner = OwnerCallCounter(linking)
             events = []
@@ -375,7 +325,7 @@ def test_a_layer_wise_push_opens_and_commits_once_per_target(frames: bool) -> No
             got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
             for t in range(2 * LAYERS):
                 np.testing.assert_array_equal(got[t][[5, 6]], want[t][[1, 2]])
-            assert not linking.writes and pair.ds.engine.entry(dst).pins == 0
+            assert not linking.table.writes and pair.ds.engine.entry(dst).pins == 0
 
     asyncio.run(main())
 
@@ -392,26 +342,26 @@ def test_a_layer_wise_push_ended_early_releases_the_owner() -> None:
     """A task closed after its first layer: the owner's opened transfers are aborted and its cache unpinned
     (not held until the transfers' hold time)."""
     async def main() -> None:
-        async with Pair(True) as pair:
+        async with Pair() as pair:
             task, linking, src, dst = await _layer_push(pair)
             assert [e.status for e in await task.ready(0)] == [0]
-            assert len(linking.writes) == LAYERS and pair.ds.engine.entry(dst).pins == LAYERS
+            assert len(linking.table.writes) == LAYERS and pair.ds.engine.entry(dst).pins == LAYERS
             task.close()
-            assert await _until(lambda: not linking.writes and pair.ds.engine.entry(dst).pins == 0)
+            assert await _until(lambda: not linking.table.writes and pair.ds.engine.entry(dst).pins == 0)
 
     asyncio.run(main())
 
 
 def test_unlink_between_layers_releases_the_owners_writes_and_fails_the_next_layer() -> None:
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             task, linking, src, dst = await _layer_push(pair)
             try:
                 await task.ready(0)
-                assert len(linking.writes) == LAYERS
+                assert len(linking.table.writes) == LAYERS
                 assert (await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))[0] == 0
                 # the sweeper drops the writes of a link gone (not the unlink: a commit may be on its way)
-                assert await _until(lambda: not linking.writes and pair.ds.engine.entry(dst).pins == 0)
+                assert await _until(lambda: not linking.table.writes and pair.ds.engine.entry(dst).pins == 0)
                 (event,) = await task.ready(1)
                 assert event.final and event.status == S.LLM_NOT_YET_LINK and task.done
             finally:
@@ -424,27 +374,65 @@ def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -
     """What a peer may ask of an owner: a bad piece among good ones opens nothing (no pin left behind); a
     commit naming a transfer twice, or one it did not open, is refused before anything is waited for."""
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             await pair.link()
             serving, _ = pair.links
             src, _ = pair.caches()
-            (link,) = serving.sessions.values()
+            link = serving.served[D]
             good = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
             bad = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), -1, 0, 0, 0, 2 * BLOCK)
             with pytest.raises(DataDistError) as info:
-                serving.open_write_for(link, [good, good, bad], 1000)
+                serving.owner.open_write_for(link, [good, good, bad], 1000)
             assert info.value.code == S.LLM_PARAM_INVALID
-            assert not serving.writes
+            assert not serving.table.writes
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            tids = serving.open_write_for(link, [good, good], 1000)
-            assert len(serving.writes) == 2 and serving.engine.entry(src).pins == 2
+            tids = serving.owner.open_write_for(link, [good, good], 1000)
+            assert len(serving.table.writes) == 2 and serving.engine.entry(src).pins == 2
             for ids in ([tids[0], tids[0]], [tids[0], 12345], []):
                 with pytest.raises(DataDistError) as info:
-                    await serving.commit_write_for(link, ids, 1000)
+                    await serving.owner.commit_write_for(link, ids, 1000)
                 assert info.value.code == S.LLM_PARAM_INVALID
-            assert len(serving.writes) == 2   # nothing was taken by the refused commits
-            serving._drop_writes(tids)
-            assert not serving.writes
+            assert len(serving.table.writes) == 2   # nothing was taken by the refused commits
+            serving.table.drop_writes(tids)
+            assert not serving.table.writes
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
+
+    asyncio.run(main())
+
+
+def test_a_peer_of_another_protocol_is_refused_at_the_handshake() -> None:
+    """No legacy path: a peer of protocol 2 (owner calls over gRPC) is refused, naming both versions."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, _ = pair.links
+            secret = pair.secrets[0].encode()
+            offer = make_offer(secret, D, P, serving.serve_challenge(D, P))
+            old = dataclasses.replace(offer, protocol_version=2,
+                                      mac=offer_mac(secret, 2, D, P, offer.timestamp_ms, offer.challenge))
+            with pytest.raises(DataDistError) as info:
+                await serving.serve_handshake(old)
+            assert info.value.code == S.LLM_LINK_FAILED
+            assert f"v2, this daemon v{PROTOCOL_VERSION}" in info.value.message
+            assert not serving.served
+
+    asyncio.run(main())
+
+
+def test_liveness_and_check_link_are_frames_from_either_end() -> None:
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            inb = serving.served[D]
+            before = inb.last_seen
+            await asyncio.sleep(0.01)
+            await linking.check_link(P)          # a ping frame: the serving end hears from the linking end
+            assert inb.last_seen > before
+            out = linking.links[P]
+            before = out.last_seen
+            await asyncio.sleep(0.01)
+            await serving.check_link(D)          # and the serving end may ask too
+            assert out.last_seen > before
+            assert pair.peers[0].calls == ["challenge", "handshake"]
 
     asyncio.run(main())

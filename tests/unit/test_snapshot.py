@@ -10,11 +10,12 @@ import pytest
 from datadistd.config import Config
 from datadistd.core.types import Role
 from datadistd.node import Node
+from datadistd.rpc.convert import CALL_CODEC
 
 
 def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
     async def main() -> None:
-        node = Node(Config())
+        node = Node(Config(), call_codec=CALL_CODEC)
         try:
             slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'})
             view = node.snapshot()

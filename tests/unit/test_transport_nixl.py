@@ -24,7 +24,7 @@ from datadistd.core.errors import DataDistError  # noqa: E402
 from datadistd.core.types import TransferId  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402
 from datadistd.transport.base import CONTROL_CALL, CONTROL_TRANSPORT  # noqa: E402
-from datadistd.transport.nixl.pieces import pair_rows  # noqa: E402
+from datadistd.transport.onesided.pieces import pair_rows  # noqa: E402
 from tests.fakes import ArrayHandle  # noqa: E402
 
 TOKEN = b"n" * 32
@@ -226,9 +226,9 @@ def _raw(channel) -> object:  # noqa: ANN001
 def test_a_forged_fin_never_completes_a_receipt(pair) -> None:
     """Only NIXL's notification -- delivered after the WRITE's bytes -- completes a receipt; a FIN saying
     'success' (what a confused or hostile peer could send) can only fail it."""
-    from datadistd.transport.nixl.wire import CODE as _CODE
-    from datadistd.transport.nixl.wire import FIN as _FIN
-    from datadistd.transport.nixl.wire import ID as _ID
+    from datadistd.transport.onesided.wire import CODE as _CODE
+    from datadistd.transport.onesided.wire import FIN as _FIN
+    from datadistd.transport.onesided.wire import ID as _ID
     receipt = pair.b.expect([Segment(ArrayHandle(4096), 0, 4096)], channel=pair.inb)
     _raw(pair.out).send_control(CONTROL_TRANSPORT, _ID.pack(_FIN, receipt.transfer_id) + _CODE.pack(0), deadline())
     with pytest.raises(DataDistError) as err:
@@ -240,9 +240,9 @@ def test_a_forged_fin_never_completes_a_receipt(pair) -> None:
 @needs_nixl
 def test_a_destination_outside_the_peers_registrations_is_refused(pair) -> None:
     """A peer names memory of its own it never registered: NIXL refuses the WRITE, nothing moves."""
-    from datadistd.transport.nixl.wire import DESCS as _DESCS
-    from datadistd.transport.nixl.wire import ID as _ID
-    from datadistd.transport.nixl.wire import MD_LEN as _MD_LEN
+    from datadistd.transport.onesided.wire import DESCS as _DESCS
+    from datadistd.transport.onesided.wire import ID as _ID
+    from datadistd.transport.onesided.wire import MD_LEN as _MD_LEN
     elsewhere = np.zeros(4096, np.uint8)
     rows = np.array([[elsewhere.ctypes.data, 4096]], dtype=np.uint64)
     _raw(pair.inb).send_control(CONTROL_TRANSPORT, _ID.pack(_DESCS, 77) + _MD_LEN.pack(0) + rows.tobytes(),
@@ -267,8 +267,8 @@ def test_a_malformed_message_drops_the_channel_not_the_daemon(pair, message: byt
 
 @needs_nixl
 def test_a_peer_claiming_our_own_agent_name_is_refused(pair) -> None:
-    from datadistd.transport.nixl.wire import META as _META
-    from datadistd.transport.nixl.wire import META_HEAD as _META_HEAD
+    from datadistd.transport.onesided.wire import META as _META
+    from datadistd.transport.onesided.wire import META_HEAD as _META_HEAD
     name = pair.b.agent_name.encode()
     _raw(pair.out).send_control(CONTROL_TRANSPORT, _META_HEAD.pack(_META, 0, len(name)) + name + b"junk",
                                 deadline())

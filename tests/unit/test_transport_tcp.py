@@ -808,7 +808,7 @@ def test_stripe_senders_belong_to_the_channel_and_end_with_it() -> None:
 
 def test_data_ports_bind_the_first_free_port_of_the_range() -> None:
     """[transport] data_ports: a firewall opens exactly the configured ports (issue 29, finding 4)."""
-    from datadistd.tools.daemonproc import free_port
+    from tests.daemonproc import free_port
 
     first = free_port()
     taken = socket.socket()

@@ -1,4 +1,4 @@
-"""``datadistd.tools.workerproc``: the pipe-driven worker process shared by the tests and the bench.
+"""``tests.workerproc``: the pipe-driven worker process shared by the tests and the bench.
 
 The worker imports this very module and runs the small operations below.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datadist.status import LLMStatusCode
-from datadistd.tools.workerproc import WorkerError, WorkerProcess
+from tests.workerproc import WorkerError, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = "tests.unit.test_workerproc"

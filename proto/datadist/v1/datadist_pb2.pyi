@@ -62,12 +62,6 @@ class ProvePidRequest(_message.Message):
     address: int
     def __init__(self, engine_id: _Optional[int] = ..., address: _Optional[int] = ...) -> None: ...
 
-class SessionEvent(_message.Message):
-    __slots__ = ("event",)
-    EVENT_FIELD_NUMBER: _ClassVar[int]
-    event: str
-    def __init__(self, event: _Optional[str] = ...) -> None: ...
-
 class SharedExport(_message.Message):
     __slots__ = ("path", "file_offset", "length", "pool")
     PATH_FIELD_NUMBER: _ClassVar[int]

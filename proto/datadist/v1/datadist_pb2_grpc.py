@@ -45,11 +45,6 @@ class DataDistStub:
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
-        self.Session = channel.unary_stream(
-                '/datadist.v1.DataDist/Session',
-                request_serializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_datadist__pb2.SessionEvent.FromString,
-                _registered_method=True)
         self.AllocateCache = channel.unary_unary(
                 '/datadist.v1.DataDist/AllocateCache',
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.AllocateCacheRequest.SerializeToString,
@@ -178,13 +173,7 @@ class DataDistServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Finalize(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Session(self, request, context):
-        """Lease: the engine lives while this stream is open; a worker that dies loses its engine.
+        """(Session, a lease stream, is gone: the worker's attach connection is its one lease -- attach.proto.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -352,11 +341,6 @@ def add_DataDistServicer_to_server(servicer, server):
                     servicer.Finalize,
                     request_deserializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.FromString,
                     response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
-            ),
-            'Session': grpc.unary_stream_rpc_method_handler(
-                    servicer.Session,
-                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.FromString,
-                    response_serializer=datadist_dot_v1_dot_datadist__pb2.SessionEvent.SerializeToString,
             ),
             'AllocateCache': grpc.unary_unary_rpc_method_handler(
                     servicer.AllocateCache,
@@ -528,33 +512,6 @@ class DataDist:
             '/datadist.v1.DataDist/Finalize',
             datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
             datadist_dot_v1_dot_common__pb2.Empty.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Session(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/datadist.v1.DataDist/Session',
-            datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
-            datadist_dot_v1_dot_datadist__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,

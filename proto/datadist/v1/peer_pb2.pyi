@@ -15,25 +15,26 @@ class ReadMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 READ_BLOCKS: ReadMode
 READ_SLOT: ReadMode
 
-class ReverseCommand(_message.Message):
-    __slots__ = ("command_id", "open_write", "commit_write", "read", "release", "unlink")
+class OwnerCall(_message.Message):
+    __slots__ = ("command_id", "open_write", "commit_write", "read", "release", "unlink", "ping")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
     COMMIT_WRITE_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     open_write: WriteRequest
     commit_write: CommitRequest
     read: ReadRequest
     release: ReleaseRequest
     unlink: SessionRef
-    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
+    ping: SessionRef
+    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ..., ping: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
 
-class ReverseReply(_message.Message):
-    __slots__ = ("session", "command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+class OwnerReply(_message.Message):
+    __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -41,7 +42,6 @@ class ReverseReply(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
     MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     command_id: int
     status: int
     message: str
@@ -49,7 +49,7 @@ class ReverseReply(_message.Message):
     bytes: int
     release_needed: bool
     more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session: _Optional[bytes] = ..., command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")
@@ -149,14 +149,6 @@ class ReadRequest(_message.Message):
     timeout_ms: int
     def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
-class ReadResponse(_message.Message):
-    __slots__ = ("bytes", "release_needed")
-    BYTES_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
-    bytes: int
-    release_needed: bool
-    def __init__(self, bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ...) -> None: ...
-
 class ReleaseRequest(_message.Message):
     __slots__ = ("session", "key", "tensor_start", "tensor_count")
     SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -196,14 +188,6 @@ class WriteRequest(_message.Message):
     more: _containers.RepeatedCompositeFieldContainer[WriteRequest]
     hold_ms: int
     def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., hold_ms: _Optional[int] = ...) -> None: ...
-
-class WriteResponse(_message.Message):
-    __slots__ = ("transfer_id", "more_transfer_ids")
-    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
-    MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
-    transfer_id: int
-    more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, transfer_id: _Optional[int] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("session", "transfer_id", "timeout_ms", "more_transfer_ids")

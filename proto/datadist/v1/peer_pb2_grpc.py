@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from datadist.v1 import common_pb2 as datadist_dot_v1_dot_common__pb2
 from datadist.v1 import peer_pb2 as datadist_dot_v1_dot_peer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -27,7 +26,12 @@ if _version_not_supported:
 
 
 class PeerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    After the handshake the authenticated data channel carries everything else as frames: the owner
+    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
+    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
+    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -45,49 +49,20 @@ class PeerStub:
                 request_serializer=datadist_dot_v1_dot_peer__pb2.HandshakeRequest.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_peer__pb2.HandshakeResponse.FromString,
                 _registered_method=True)
-        self.Unlink = channel.unary_unary(
-                '/datadist.v1.Peer/Unlink',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.SessionRef.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
-                _registered_method=True)
-        self.Ping = channel.unary_unary(
-                '/datadist.v1.Peer/Ping',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.SessionRef.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
-                _registered_method=True)
-        self.Read = channel.unary_unary(
-                '/datadist.v1.Peer/Read',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.ReadRequest.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_peer__pb2.ReadResponse.FromString,
-                _registered_method=True)
-        self.Release = channel.unary_unary(
-                '/datadist.v1.Peer/Release',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
-                _registered_method=True)
-        self.OpenWrite = channel.unary_unary(
-                '/datadist.v1.Peer/OpenWrite',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.WriteRequest.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_peer__pb2.WriteResponse.FromString,
-                _registered_method=True)
-        self.CommitWrite = channel.unary_unary(
-                '/datadist.v1.Peer/CommitWrite',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.CommitRequest.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
-                _registered_method=True)
-        self.Reverse = channel.stream_stream(
-                '/datadist.v1.Peer/Reverse',
-                request_serializer=datadist_dot_v1_dot_peer__pb2.ReverseReply.SerializeToString,
-                response_deserializer=datadist_dot_v1_dot_peer__pb2.ReverseCommand.FromString,
-                _registered_method=True)
 
 
 class PeerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    After the handshake the authenticated data channel carries everything else as frames: the owner
+    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
+    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
+    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    """
 
     def Challenge(self, request, context):
-        """A fresh single-use challenge for the Handshake that follows (protocol 2): the serving engine
-        issues it, so a captured handshake cannot be used again, not even after a restart.
+        """A fresh single-use challenge for the Handshake that follows: the serving engine issues it, so a
+        captured handshake cannot be used again, not even after a restart. A peer of another protocol
+        version is refused here with LLM_LINK_FAILED naming both versions.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,60 +70,6 @@ class PeerServicer:
 
     def Handshake(self, request, context):
         """Authenticate and create a link; returns the session and the data-plane endpoint.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Unlink(self, request, context):
-        """Tear down the serving side of a link.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Ping(self, request, context):
-        """Liveness of a link.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Read(self, request, context):
-        """Ask the owner to send bytes of one of its caches over the link's data channel.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Release(self, request, context):
-        """Confirm receipt of a Read (lets the owner consume a pulled CacheKey).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def OpenWrite(self, request, context):
-        """Ask the owner to receive bytes into one of its caches; returns the transfer id (one per piece
-        when the request carries more pieces: a layer-wise push opens every layer of a target at once).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CommitWrite(self, request, context):
-        """Wait until all bytes of the named transfers of OpenWrite arrived.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Reverse(self, request_iterator, context):
-        """The reverse control path of a link: opened by the linking daemon right after the handshake,
-        it makes the link usable from the serving side too (a link has two ends; either may pull and
-        push). The serving side sends ReverseCommands (the owner calls above, on the linking side's
-        caches, and Unlink); the linking side answers each with a ReverseReply, in any order, one
-        write at a time. The first ReverseReply names the session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -167,41 +88,6 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=datadist_dot_v1_dot_peer__pb2.HandshakeRequest.FromString,
                     response_serializer=datadist_dot_v1_dot_peer__pb2.HandshakeResponse.SerializeToString,
             ),
-            'Unlink': grpc.unary_unary_rpc_method_handler(
-                    servicer.Unlink,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.SessionRef.FromString,
-                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
-            ),
-            'Ping': grpc.unary_unary_rpc_method_handler(
-                    servicer.Ping,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.SessionRef.FromString,
-                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
-            ),
-            'Read': grpc.unary_unary_rpc_method_handler(
-                    servicer.Read,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.ReadRequest.FromString,
-                    response_serializer=datadist_dot_v1_dot_peer__pb2.ReadResponse.SerializeToString,
-            ),
-            'Release': grpc.unary_unary_rpc_method_handler(
-                    servicer.Release,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.ReleaseRequest.FromString,
-                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
-            ),
-            'OpenWrite': grpc.unary_unary_rpc_method_handler(
-                    servicer.OpenWrite,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.WriteRequest.FromString,
-                    response_serializer=datadist_dot_v1_dot_peer__pb2.WriteResponse.SerializeToString,
-            ),
-            'CommitWrite': grpc.unary_unary_rpc_method_handler(
-                    servicer.CommitWrite,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.CommitRequest.FromString,
-                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
-            ),
-            'Reverse': grpc.stream_stream_rpc_method_handler(
-                    servicer.Reverse,
-                    request_deserializer=datadist_dot_v1_dot_peer__pb2.ReverseReply.FromString,
-                    response_serializer=datadist_dot_v1_dot_peer__pb2.ReverseCommand.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'datadist.v1.Peer', rpc_method_handlers)
@@ -211,7 +97,12 @@ def add_PeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Peer:
-    """Missing associated documentation comment in .proto file."""
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    After the handshake the authenticated data channel carries everything else as frames: the owner
+    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
+    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
+    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    """
 
     @staticmethod
     def Challenge(request,
@@ -257,195 +148,6 @@ class Peer:
             '/datadist.v1.Peer/Handshake',
             datadist_dot_v1_dot_peer__pb2.HandshakeRequest.SerializeToString,
             datadist_dot_v1_dot_peer__pb2.HandshakeResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Unlink(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/Unlink',
-            datadist_dot_v1_dot_peer__pb2.SessionRef.SerializeToString,
-            datadist_dot_v1_dot_common__pb2.Empty.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Ping(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/Ping',
-            datadist_dot_v1_dot_peer__pb2.SessionRef.SerializeToString,
-            datadist_dot_v1_dot_common__pb2.Empty.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Read(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/Read',
-            datadist_dot_v1_dot_peer__pb2.ReadRequest.SerializeToString,
-            datadist_dot_v1_dot_peer__pb2.ReadResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Release(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/Release',
-            datadist_dot_v1_dot_peer__pb2.ReleaseRequest.SerializeToString,
-            datadist_dot_v1_dot_common__pb2.Empty.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def OpenWrite(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/OpenWrite',
-            datadist_dot_v1_dot_peer__pb2.WriteRequest.SerializeToString,
-            datadist_dot_v1_dot_peer__pb2.WriteResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CommitWrite(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/datadist.v1.Peer/CommitWrite',
-            datadist_dot_v1_dot_peer__pb2.CommitRequest.SerializeToString,
-            datadist_dot_v1_dot_common__pb2.Empty.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Reverse(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/datadist.v1.Peer/Reverse',
-            datadist_dot_v1_dot_peer__pb2.ReverseReply.SerializeToString,
-            datadist_dot_v1_dot_peer__pb2.ReverseCommand.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,14 +2,14 @@
 
 A link is set up by the *linking* engine (``link_clusters`` on the decoder, typically) towards a
 *serving* engine (one that set ``listen_ip_info``): an authenticated Peer handshake, then a data
-channel of several connections, then the reverse control path (``reverse.py``). As in CANN, a
-link then has two ends and **either end may pull and push** over it, single and layer-wise; the
-roles of client and server say nothing about prompt and decoder. A pull asks the owner at the
-other end to ``Read`` (bytes flow back over the data channel, straight into the destination), a
-push asks it to ``OpenWrite`` and then streams the bytes to it. The linking end reaches the owner
-through the peer's ``Peer`` service, the serving end through the reverse path; the transfer code
-is the same (``_calls``). Unlinking either end tears down both. When both engines live in this
-daemon the link is ``local`` and transfers are plain memory copies.
+channel of several connections. After the handshake that channel is the only conversation between
+the two daemons: as in CANN, a link has two ends and **either end may pull and push** over it,
+single and layer-wise (the roles of client and server say nothing about prompt and decoder). A pull
+asks the owner at the other end to ``read`` (bytes flow back over the data channel, straight into
+the destination), a push asks it to ``open_write`` and then streams the bytes to it; these owner
+calls, unlink and the heartbeat are CALL/REPLY frames on the same channel (``ownercalls``), the
+same from either end. Unlinking either end tears down both. When both engines live in this daemon
+the link is ``local`` and transfers are plain memory copies.
 
 Deadlines: every transfer has ``sync_kv_timeout`` (or the call's timeout). A transfer that does not
 complete by then ends with ``LLM_TIMEOUT``; one whose connection is lost before (the peer died) with
@@ -20,26 +20,124 @@ docs/choices.md). The first two mark the link ``broken`` (later transfers: ``LLM
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from datadist.status import LLMStatusCode
+
+from ..core.plan import TransferOrder
+from ..engine import Engine
+from ..peering import HandshakeAnswer, HandshakeOffer
+from ..transport.base import Transport
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
+    AnyLink,
     ClusterSpec,
     InboundLink,
     Link,
     LinkState,
     LocalLink,
-    NodeContext,
     OutboundLink,
 )
 from .owner import Owner
-from .requester import Requester
-from .setup import LinkSetup
+from .requester import Piece, Requester, StagedPush
+from .setup import Linker
+from .table import LinkTable, NodeContext
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
            "NodeContext", "MAX_CLUSTERS_PER_CALL"]
 
 
-class LinkManager(LinkSetup, Requester, Owner, OwnerCalls):
-    """The links of one engine and the transfers over them: ``setup`` (link, unlink, handshake, heartbeat),
-    ``requester`` (pull, push), ``owner`` (serve reads and writes), ``calls`` (owner calls as frames or on the
-    reverse stream), sharing the state of ``core.LinkCore``."""
+class LinkManager:
+    """The links of one engine and the transfers over them, composed of parts with one job each, built here
+    and handed what they need: ``table`` (the links and opened writes, ``table.LinkTable``), ``owner`` (serve
+    the other end's reads and writes), ``calls`` (owner calls as data-channel frames, both ways), ``setup``
+    (link, unlink, handshake, heartbeat: ``setup.Linker``), ``requester`` (pull, push). The methods below are
+    the whole surface the rest of the daemon uses."""
+
+    def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
+        self.table = LinkTable(engine, transport, node)
+        self.owner = Owner(self.table)
+        self.calls = OwnerCalls(self.table, self.owner)
+        self.setup = Linker(self.table, self.calls)
+        self.requester = Requester(self.table)
+
+    # ---- state (read-only views for the node's snapshot, comm domains and tests) ---------------------
+
+    @property
+    def engine(self) -> Engine:
+        return self.table.engine
+
+    @property
+    def transport(self) -> Transport:
+        return self.table.transport
+
+    @property
+    def cluster_id(self) -> int:
+        return self.table.cluster_id
+
+    @property
+    def links(self) -> dict[int, "OutboundLink | LocalLink"]:
+        return self.table.links
+
+    @property
+    def served(self) -> dict[int, "InboundLink | LocalLink"]:
+        return self.table.served
+
+    def all_links(self) -> list[AnyLink]:
+        return self.table.all_links()
+
+    def links_to(self, cluster: int) -> AnyLink | None:
+        return self.table.links_to(cluster)
+
+    def start(self) -> None:
+        self.table.start()
+
+    async def close(self) -> None:
+        await self.setup.close()
+
+    # ---- links ------------------------------------------------------------------------------
+
+    async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
+                            reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        return await self.setup.link_clusters(clusters, timeout_ms, reasons)
+
+    async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
+        return await self.setup.link_one(spec, deadline)
+
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
+                              force: bool) -> tuple[int, list[int]]:
+        return await self.setup.unlink_clusters(clusters, timeout_ms, force)
+
+    async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
+        await self.setup.drop_link(link, notify, deadline)
+
+    async def check_link(self, cluster: int, timeout_ms: int | None = None) -> None:
+        await self.setup.check_link(cluster, timeout_ms)
+
+    def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
+        return self.setup.serve_challenge(client, server, source)
+
+    async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
+        return await self.setup.serve_handshake(offer)
+
+    # ---- transfers ----------------------------------------------------------------------------
+
+    async def pull(self, order: TransferOrder) -> tuple[int, str]:
+        return await self.requester.pull(order)
+
+    async def push(self, order: TransferOrder) -> tuple[int, str]:
+        return await self.requester.push(order)
+
+    async def stage_push(self, cluster: int, cache_id: int, pieces: Sequence[Piece], timeout_ms: int | None = None,
+                         hold_ms: int = 0) -> StagedPush:
+        return await self.requester.stage_push(cluster, cache_id, pieces, timeout_ms, hold_ms)
+
+    async def send_staged(self, push: StagedPush, indices: Sequence[int], timeout_ms: int | None = None) -> int:
+        return await self.requester.send_staged(push, indices, timeout_ms)
+
+    async def commit_staged(self, push: StagedPush, timeout_ms: int | None = None) -> None:
+        await self.requester.commit_staged(push, timeout_ms)
+
+    def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
+        self.requester.abandon_staged(push, code)

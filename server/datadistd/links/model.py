@@ -1,29 +1,19 @@
-"""The records of the link code: link states, a link's two ends, cluster specs, what it needs of its daemon."""
+"""The records of the link code: link states, a link's two ends, cluster specs."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from ..core.errors import StatusCode
-from ..metrics import DaemonMetrics
-from ..peering import (
-    PeerClient,
-)
-from ..quota import LinkLimits, LinkUsage
-from ..reverse import (
-    CallCodec,
-    FrameCalls,
-    ReverseHub,
-)
+from ..engine import Engine
+from ..ownercalls import FrameCalls
+from ..quota import LinkUsage
 from ..transport.base import Channel, Receipt
-
-if TYPE_CHECKING:
-    from .core import LinkCore
-
 
 MAX_CLUSTERS_PER_CALL = 16
 
@@ -47,7 +37,7 @@ class ClusterSpec:
 
 
 @dataclass(kw_only=True)
-class Link:
+class Link(abc.ABC):
     """What every link has, whichever kind (``OutboundLink``, ``InboundLink``, ``LocalLink``): its other
     engine, its session, its state and counters. Only the three kinds are made."""
 
@@ -65,13 +55,12 @@ class Link:
     heartbeat: "asyncio.Task[None] | None" = None
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
-    frames: "FrameCalls | None" = None              # owner calls as data-channel frames (both ends; protocol 2)
     usage: LinkUsage = field(default_factory=LinkUsage)   # what the other end holds here ([quota] link_*)
 
     @property
+    @abc.abstractmethod
     def initiator(self) -> bool:
         """Whether this engine is the linking end (it called ``link_clusters``)."""
-        raise NotImplementedError
 
     @property
     def streams(self) -> int:
@@ -88,13 +77,12 @@ class Link:
 
 @dataclass(kw_only=True)
 class OutboundLink(Link):
-    """This engine linked to an engine of another daemon: it holds the Peer client of that daemon, the data
-    channel it opened with ``token``, and answers the serving end's owner calls on the reverse stream."""
+    """This engine linked to an engine of another daemon: the data channel it opened with ``token`` carries
+    the bytes and, as frames, the owner calls both ways (``calls``: this end's calls on the other)."""
 
-    peer: PeerClient
     channel: Channel
     token: bytes
-    reverse_task: "asyncio.Task[None] | None" = None
+    calls: FrameCalls
 
     @property
     def initiator(self) -> bool:
@@ -104,26 +92,18 @@ class OutboundLink(Link):
     def streams(self) -> int:
         return self.channel.streams
 
-    def owner_calls(self) -> "FrameCalls | PeerClient":
-        """How to reach the owner at the serving end: frames on the data channel, else its Peer service."""
-        return self.frames or self.peer
-
 
 @dataclass(kw_only=True)
 class InboundLink(Link):
     """An engine of another daemon linked to this one: its data channel is the one the linking daemon opened
-    with ``token`` (found through the transport), its owner calls go out on the reverse stream ``reverse``."""
+    with ``token`` (found through the transport); ``calls``: this end's owner calls on the other, as frames."""
 
     token: bytes
-    reverse: ReverseHub
+    calls: FrameCalls
 
     @property
     def initiator(self) -> bool:
         return False
-
-    def owner_calls(self) -> "FrameCalls | ReverseHub":
-        """How to reach the owner at the linking end: frames on the data channel, else the reverse stream."""
-        return self.frames or self.reverse
 
 
 @dataclass(kw_only=True)
@@ -131,7 +111,7 @@ class LocalLink(Link):
     """Both engines live in this daemon: one ``LocalLink`` at each end, each naming the other end's link
     manager; transfers are memory copies, no channel, no peer."""
 
-    local_peer: "LinkCore"
+    local_peer: "LocalEnd"                          # the other engine's link table
     linking: bool                                   # this is the end that called link_clusters
 
     @property
@@ -139,7 +119,15 @@ class LocalLink(Link):
         return self.linking
 
 
-#: the links an engine set up (``LinkCore.links``) and the ones set up to it (``LinkCore.served``)
+class LocalEnd(Protocol):
+    """What a same-daemon link sees of the other engine: its engine and its link tables (``table.LinkTable``)."""
+
+    engine: Engine
+    links: dict[int, "LinkingEnd"]
+    served: dict[int, "ServingEnd"]
+
+
+#: the links an engine set up (``LinkTable.links``) and the ones set up to it (``LinkTable.served``)
 LinkingEnd = OutboundLink | LocalLink
 ServingEnd = InboundLink | LocalLink
 RemoteLink = OutboundLink | InboundLink
@@ -154,25 +142,6 @@ class _PendingWrite:
     link: Link
     blocks: int = 0
     nbytes: int = 0                     # booked to ``link.usage`` until the write ends
-
-
-class NodeContext(Protocol):
-    """What a link manager needs from its daemon."""
-
-    secret: bytes
-    version: str
-    streams: int
-    heartbeat_seconds: float
-    peer_connector: Callable[[str], PeerClient]
-    call_codec: "CallCodec | None"
-    metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever path asked
-    link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
-
-    def local_links_at(self, address: str) -> "LinkCore | None": ...
-
-    def principal(self, links: "LinkCore") -> int:
-        """The uid of the worker whose engine ``links`` serves (``authz``: same-daemon links stay within one)."""
-        ...
 
 
 def _overall(codes: Sequence[int]) -> int:

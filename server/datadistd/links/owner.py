@@ -6,63 +6,56 @@ import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
+from ..core.types import RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..metrics import track_transfer
-from ..reverse import MAX_OPEN_PER_CALL
+from ..ownercalls import MAX_OPEN_PER_CALL
 from ..transport.base import Receipt
-from .core import LinkCore
 from .model import Link, _PendingWrite
+from .table import LinkTable
 
 
-class Owner(LinkCore):
-    async def serve_read(self, session: bytes, transfer_id: int, spec: RemoteSpec,
-                         timeout_ms: int) -> tuple[int, bool]:
-        return await self.read_for(self.session_link(session), transfer_id, spec, timeout_ms)
+class Owner:
+    """The owning side of a transfer at either end of a link: what an owner call of the other end runs."""
+
+    def __init__(self, table: LinkTable) -> None:
+        self.table = table
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        limits = self.node.link_limits
-        timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
+        table = self.table
+        limits = table.node.link_limits
+        timeout = limits.clamp(timeout_ms or table.engine.options.sync_kv_timeout_ms)
         deadline = time.monotonic() + timeout / 1000
         await link.usage.enter_call(limits, deadline)   # a per-link cap: one peer cannot fill the daemon's executor
         try:
-            with track_transfer(self.node.metrics, "serve_read", self.cluster_id, link.remote_cluster) as tracked:
-                cache_id, src, release = self.engine.prepare_read(spec)
+            with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
+                cache_id, src, release = self.table.engine.prepare_read(spec)
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
-                        await self._in_thread(channel.send, TransferId(transfer_id), src, deadline)
+                        await self.table.in_thread(channel.send, TransferId(transfer_id), src, deadline)
                 finally:
-                    self.engine.unpin(cache_id)
+                    self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))
         finally:
             link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
-    def serve_release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int,
-                      tensor_count: int) -> None:
-        self.session_link(session)
-        self.engine.release_pulled(key, tensor_start, tensor_count)
-
-    def serve_open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout_ms: int,
-                         hold_ms: int = 0) -> list[int]:
-        return self.open_write_for(self.session_link(session), specs, timeout_ms, hold_ms)
-
     def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else
         ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile."""
         require(0 < len(specs) <= MAX_OPEN_PER_CALL,
                 f"an open write of {len(specs)} pieces; 1 to {MAX_OPEN_PER_CALL} per call")
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        limits = self.node.link_limits
-        hold = limits.clamp(hold_ms or timeout_ms or self.engine.options.sync_kv_timeout_ms)
+        limits = self.table.node.link_limits
+        hold = limits.clamp(hold_ms or timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
         deadline = time.monotonic() + hold / 1000
         nbytes = sum(spec.expected_bytes for spec in specs)
         link.usage.open_writes(limits, len(specs), nbytes)   # per-link caps, before anything is pinned
@@ -70,35 +63,32 @@ class Owner(LinkCore):
         receipts: list[Receipt] = []
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
-                prepared.append(self.engine.prepare_write(spec))
+                prepared.append(self.table.engine.prepare_write(spec))
             for _, dst in prepared:
-                receipts.append(self.transport.expect(dst, channel=channel))
+                receipts.append(self.table.transport.expect(dst, channel=channel))
         except BaseException:
             link.usage.close_writes(len(specs), nbytes)
-            self._release_later(receipts, [cache_id for cache_id, _ in prepared])
+            self.table.release_later(receipts, [cache_id for cache_id, _ in prepared])
             raise
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
-            self.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link, len(spec.blocks),
-                                                             spec.expected_bytes)
+            self.table.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link,
+                                                                   len(spec.blocks), spec.expected_bytes)
         return [receipt.transfer_id for receipt in receipts]
-
-    async def serve_commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout_ms: int) -> None:
-        await self.commit_write_for(self.session_link(session), transfer_ids, timeout_ms)
 
     async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
         """Wait until every byte of the transfers arrived; the first failure cancels the rest (all end here)."""
-        unknown = [t for t in transfer_ids if (pw := self.writes.get(t)) is None or pw.link is not link]
+        unknown = [t for t in transfer_ids if (pw := self.table.writes.get(t)) is None or pw.link is not link]
         if unknown or not transfer_ids or len(set(transfer_ids)) != len(transfer_ids):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"unknown transfer {unknown[0]}" if unknown else "no transfers, or one named twice")
-        limits = self.node.link_limits
-        timeout = limits.clamp(timeout_ms or self.engine.options.sync_kv_timeout_ms)
+        limits = self.table.node.link_limits
+        timeout = limits.clamp(timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
         limit = time.monotonic() + timeout / 1000
         await link.usage.enter_call(limits, limit)   # refused or timed out: the writes stay open for the sweeper
-        if any(self.writes.get(t) is None for t in transfer_ids):   # dropped (unlink, sweeper) while it waited
+        if any(self.table.writes.get(t) is None for t in transfer_ids):   # dropped (unlink, sweeper) while it waited
             link.usage.exit_call()
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a transfer ended while its commit waited for a turn")
-        pending = [self.writes.pop(t) for t in transfer_ids]
+        pending = [self.table.writes.pop(t) for t in transfer_ids]
         link.usage.close_writes(len(pending), sum(pw.nbytes for pw in pending))
         try:
             await self._commit(link, pending, limit)
@@ -106,7 +96,8 @@ class Owner(LinkCore):
             link.usage.exit_call()
 
     async def _commit(self, link: Link, pending: list[_PendingWrite], limit: float) -> None:
-        with track_transfer(self.node.metrics, "serve_write", self.cluster_id, link.remote_cluster) as tracked:
+        table = self.table
+        with track_transfer(table.node.metrics, "serve_write", table.cluster_id, link.remote_cluster) as tracked:
             nbytes = blocks = 0
             try:
                 while pending:
@@ -114,11 +105,11 @@ class Owner(LinkCore):
                     if pw.receipt.done:   # its bytes are in (the usual case for all but the last): no thread hop
                         pw.receipt.wait(min(pw.deadline, limit))
                     else:
-                        await self._in_thread(pw.receipt.wait, min(pw.deadline, limit))
+                        await self.table.in_thread(pw.receipt.wait, min(pw.deadline, limit))
                     pending.pop(0)
-                    self.engine.unpin(pw.cache_id)
+                    self.table.engine.unpin(pw.cache_id)
                     nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks
                     link.bytes_in += pw.receipt.expected
             finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
-                self._release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
+                self.table.release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)

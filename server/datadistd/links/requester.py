@@ -1,4 +1,4 @@
-"""The requesting side of a transfer, at either end of a link: plan, find the owner calls, move the bytes."""
+"""The requesting side of a transfer, at either end of a link: plan, call the owner, move the bytes."""
 
 from __future__ import annotations
 
@@ -17,51 +17,53 @@ from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferI
 from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
 from ..memory.copy import copy_segments
-from ..peering import PeerClient
-from ..reverse import FrameCalls, ReverseHub
+from ..ownercalls import FrameCalls
 from ..transport.base import Channel
-from .core import LinkCore
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
+from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
 
 
-class Requester(LinkCore):
+class Requester:
+    """The requesting side of transfers at either end of a link: pulls, pushes and staged (layer-wise) pushes."""
+
+    def __init__(self, table: LinkTable) -> None:
+        self.table = table
+
     def _transfer_link(self, cluster: int) -> AnyLink:
         """The link to ``cluster``, whichever end of it this engine is: both ends may pull and push."""
-        link = self.links_to(cluster)
+        link = self.table.links_to(cluster)
         if link is None:
             raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
+                                f"cluster {self.table.cluster_id} has no link to cluster {cluster}")
         if link.state == LinkState.BROKEN:  # nothing timed out now: CANN's code for a failed communication
             raise DataDistError(StatusCode.LLM_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); link_clusters again")
         return link
 
-    def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls | PeerClient | ReverseHub, Channel]:
-        """The owner calls of the other end of ``link`` and the data channel: frames on the data channel when
-        both ends speak them; else the peer's Peer service from the linking end, the reverse path from the
-        serving end."""
-        calls = link.owner_calls()
-        channel = self._channel_of(link)
+    def _calls(self, link: RemoteLink, timeout_ms: int) -> tuple[FrameCalls, Channel]:
+        """The owner calls on the other end of ``link`` and its data channel (which carries both)."""
+        calls = link.calls
+        channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise self._transfer_failure(link, DataDistError(
                 StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {link.remote_cluster}"), timeout_ms)
         return calls, channel
 
     def _deadline(self, order: TransferOrder) -> tuple[float, int]:
-        timeout_ms = order.timeout_ms or self.engine.options.sync_kv_timeout_ms
+        timeout_ms = order.timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         return time.monotonic() + timeout_ms / 1000, timeout_ms
 
     def _local_entry(self, cache_id: int) -> CacheEntry:
-        entry = self.engine.registry.find(CacheId(cache_id))
+        entry = self.table.engine.registry.find(CacheId(cache_id))
         if entry is None:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
         return entry
 
     async def pull(self, order: TransferOrder) -> tuple[int, str]:
         entry = self._local_entry(order.local_cache_id)
-        plan = plan_pull(order, entry.desc, entry.is_blocks, self.cluster_id)
+        plan = plan_pull(order, entry.desc, entry.is_blocks, self.table.cluster_id)
         link = self._transfer_link(order.remote.cluster_id)
         deadline, timeout_ms = self._deadline(order)
         dst = segments_of(tensors_of(entry), plan.local_spans)
@@ -71,7 +73,7 @@ class Requester(LinkCore):
         if order.exclusive and link.pulls:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"another pull is running on the link to cluster {link.remote_cluster}")
-        self.engine.registry.pin(entry.cache_id)
+        self.table.engine.registry.pin(entry.cache_id)
         link.inflight += 1
         link.pulls += 1
         try:
@@ -83,15 +85,15 @@ class Requester(LinkCore):
         finally:
             link.inflight -= 1
             link.pulls -= 1
-            self.engine.unpin(entry.cache_id)
-        log.debug("cluster %s pulled %d bytes from cluster %s", self.cluster_id, plan.nbytes, link.remote_cluster)
+            self.table.engine.unpin(entry.cache_id)
+        log.debug("cluster %s pulled %d bytes from cluster %s", self.table.cluster_id, plan.nbytes, link.remote_cluster)
         return plan.nbytes, link.transport
 
     async def _local_pull(self, link: LocalLink, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
         owner = link.local_peer
         cache_id, src, release = owner.engine.prepare_read(spec)
         try:
-            await self._in_thread(copy_segments, dst, src)
+            await self.table.in_thread(copy_segments, dst, src)
         finally:
             owner.engine.unpin(cache_id)
         if release:
@@ -101,13 +103,13 @@ class Requester(LinkCore):
     async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
-        receipt = self.transport.expect(dst, channel=channel)
+        receipt = self.table.transport.expect(dst, channel=channel)
         try:
             _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
             if receipt.done:  # the bytes usually land before the answer: no executor hop
                 receipt.wait(deadline)
             else:
-                await self._in_thread(receipt.wait, deadline)
+                await self.table.in_thread(receipt.wait, deadline)
         except DataDistError as exc:
             receipt.cancel()
             raise self._transfer_failure(link, exc, timeout_ms) from None
@@ -120,8 +122,8 @@ class Requester(LinkCore):
                 await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
                                     max(0.5, deadline - time.monotonic()))
             except DataDistError as exc:
-                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s", self.cluster_id,
-                            link.remote_cluster, exc)
+                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
+                            self.table.cluster_id, link.remote_cluster, exc)
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the
@@ -131,36 +133,36 @@ class Requester(LinkCore):
         that is not a timeout. Each with the reason."""
         cluster = link.remote_cluster
         if exc.code in (StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
-            self._mark_broken(link, str(exc))
+            self.table.mark_broken(link, str(exc))
             return DataDistError(StatusCode.LLM_TIMEOUT,
                                  f"transfer with cluster {cluster} did not complete within {timeout_ms} ms: "
                                  f"{exc.message}; the link is broken, link_clusters again")
-        if exc.code == StatusCode.LLM_LINK_FAILED and self.links_to(cluster) is not link:
+        if exc.code == StatusCode.LLM_LINK_FAILED and self.table.links_to(cluster) is not link:
             return DataDistError(StatusCode.LLM_NOT_YET_LINK,
                                  f"the link to cluster {cluster} was closed during the transfer ({exc.message})")
         if exc.code == StatusCode.LLM_LINK_FAILED:
-            self._mark_broken(link, str(exc))
+            self.table.mark_broken(link, str(exc))
             return DataDistError(StatusCode.LLM_FAILED,
                                  f"transfer with cluster {cluster} failed: the connection was lost ({exc.message}); "
                                  "the link is broken, link_clusters again")
         if exc.code == StatusCode.LLM_NOT_YET_LINK:
-            self._mark_broken(link, "the peer no longer knows this link")
+            self.table.mark_broken(link, "the peer no longer knows this link")
         return exc
 
     async def push(self, order: TransferOrder) -> tuple[int, str]:
         entry = self._local_entry(order.local_cache_id)
-        plan = plan_push(order, entry.desc, entry.is_blocks, self.cluster_id)
+        plan = plan_push(order, entry.desc, entry.is_blocks, self.table.cluster_id)
         link = self._transfer_link(order.remote.cluster_id)
         deadline, timeout_ms = self._deadline(order)
         src = segments_of(tensors_of(entry), plan.local_spans)
-        self.engine.registry.pin(entry.cache_id)
+        self.table.engine.registry.pin(entry.cache_id)
         link.inflight += 1
         try:
             await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
             link.bytes_out += plan.nbytes
         finally:
             link.inflight -= 1
-            self.engine.unpin(entry.cache_id)
+            self.table.engine.unpin(entry.cache_id)
         return plan.nbytes, link.transport
 
     async def _write_owner(self, link: AnyLink, spec: RemoteSpec, src: Sequence[Segment], deadline: float,
@@ -181,14 +183,14 @@ class Requester(LinkCore):
         owner = link.local_peer.engine
         cache_id, dst = owner.prepare_write(spec)
         try:
-            await self._in_thread(copy_segments, dst, src)
+            await self.table.in_thread(copy_segments, dst, src)
         finally:
             owner.unpin(cache_id)
 
     async def _send(self, channel: Channel, tid: int, src: Sequence[Segment], deadline: float) -> None:
         """The bytes of an opened write; the receiver hears of a failure (ABORT) at once."""
         try:
-            await self._in_thread(channel.send, TransferId(tid), src, deadline)
+            await self.table.in_thread(channel.send, TransferId(tid), src, deadline)
         except DataDistError:
             channel.abort(TransferId(tid), LLMStatusCode.LLM_TIMEOUT)
             raise
@@ -205,7 +207,7 @@ class Requester(LinkCore):
         push = StagedPush(cluster, CacheId(cache_id), tuple(pieces), link)
         if isinstance(link, LocalLink):
             return push   # same daemon: each piece is a copy when it is sent
-        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         calls, _ = self._calls(link, timeout_ms)
         link.inflight += 1
         try:
@@ -236,10 +238,10 @@ class Requester(LinkCore):
         """Send the pieces ``indices`` of a staged push; its bytes."""
         require(not push.ended, "the staged push has ended")
         link = self._staged_link(push)
-        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         deadline = time.monotonic() + timeout_ms / 1000
         channel = None if isinstance(link, LocalLink) else self._calls(link, timeout_ms)[1]
-        entry = self.engine.registry.pin(push.cache_id)
+        entry = self.table.engine.registry.pin(push.cache_id)
         link.inflight += 1
         nbytes = 0
         try:
@@ -259,7 +261,7 @@ class Requester(LinkCore):
                 link.bytes_out += spec.expected_bytes
         finally:
             link.inflight -= 1
-            self.engine.unpin(entry.cache_id)
+            self.table.engine.unpin(entry.cache_id)
         return nbytes
 
     async def commit_staged(self, push: StagedPush, timeout_ms: int | None = None) -> None:
@@ -269,7 +271,7 @@ class Requester(LinkCore):
         push.ended = True
         if isinstance(link, LocalLink):
             return
-        timeout_ms = timeout_ms or self.engine.options.sync_kv_timeout_ms
+        timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         calls, _ = self._calls(link, timeout_ms)
         link.inflight += 1
         try:
@@ -285,7 +287,8 @@ class Requester(LinkCore):
         if push.ended:
             return
         push.ended = True
-        if isinstance(push.link, LocalLink) or not push.transfer_ids or self.links_to(push.cluster) is not push.link:
+        if (isinstance(push.link, LocalLink) or not push.transfer_ids
+                or self.table.links_to(push.cluster) is not push.link):
             return   # nothing opened, or the link went (its end dropped the writes)
         link = push.link
 
@@ -298,12 +301,13 @@ class Requester(LinkCore):
         async def tell_owner() -> None:
             try:
                 calls, channel = self._calls(link, 1000)
-                await self._in_thread(abort_unsent, channel)
+                await self.table.in_thread(abort_unsent, channel)
                 await calls.commit_write(link.session, push.transfer_ids, _ABANDON_SECONDS)
             except DataDistError as exc:   # expected: the aborted pieces fail the commit
-                log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.cluster_id, push.cluster, exc)
+                log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.table.cluster_id, push.cluster,
+                          exc)
 
-        self._spawn(tell_owner())
+        self.table.spawn(tell_owner())
 
 
 #: a piece of a push: the local spans and what they become at the owner

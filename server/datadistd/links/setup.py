@@ -1,5 +1,5 @@
-"""Setting links up and tearing them down, at either end: the handshake (challenge, offer, answer), same-daemon
-links, heartbeats, unlink."""
+"""Setting links up and tearing them down, at either end: the handshake (challenge, offer, answer; the only
+Peer RPCs), same-daemon links, heartbeats and unlink (owner calls on the data channel)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,16 @@ from ..authz import REMOTE, authorize_displace, authorize_local_link
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
     PROTOCOL_VERSION,
+    ChallengeStore,
     HandshakeAnswer,
     HandshakeOffer,
     answer_mac,
+    check_version,
     data_token,
     make_offer,
     offer_mac,
 )
-from ..reverse import (
-    ReverseHub,
-)
-from ..transport.base import CallChannel, CallTransport
-from .core import LinkCore
+from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
     ClusterSpec,
@@ -37,11 +35,21 @@ from .model import (
     ServingEnd,
     _overall,
 )
+from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
 
 
-class LinkSetup(LinkCore):
+class Linker:
+    """Establishing and ending the links of one engine, at either end: ``link_clusters`` (handshake, data
+    channel, heartbeat), the serving side of the handshake, same-daemon links, unlink, ``check_link_status``,
+    and telling every other end at engine finalize."""
+
+    def __init__(self, table: LinkTable, calls: OwnerCalls) -> None:
+        self.table = table
+        self.calls = calls
+        self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
+
     async def link_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
                             reasons: list[str] | None = None) -> tuple[int, list[int]]:
         """The overall code and one per cluster; ``reasons`` (if given) gets one message per cluster ("" when
@@ -75,107 +83,104 @@ class LinkSetup(LinkCore):
                        deadline: float) -> tuple[int, str]:
         """``fn(spec, deadline)`` unless another call is at it: its status code and, when it failed, why."""
         cid = spec.remote_cluster_id
-        if cid in self.pending:
+        if cid in self.table.pending:
             return int(StatusCode.LLM_PROCESSING_LINK), f"another call is linking or unlinking cluster {cid}"
-        self.pending.add(cid)
+        self.table.pending.add(cid)
         try:
             await fn(spec, deadline)
             return int(StatusCode.LLM_SUCCESS), ""
         except DataDistError as exc:
-            log.warning("cluster %s: %s cluster %s at %s failed: %s", self.cluster_id, fn.__name__.strip("_"),
+            log.warning("cluster %s: %s cluster %s at %s failed: %s", self.table.cluster_id, fn.__name__.strip("_"),
                         cid, spec.address, exc)
             return int(exc.code), exc.message
         finally:
-            self.pending.discard(cid)
+            self.table.pending.discard(cid)
 
     async def _link_one(self, spec: ClusterSpec, deadline: float) -> None:
         cid = spec.remote_cluster_id
-        require(cid != self.cluster_id, f"cannot link cluster {cid} to itself")
-        existing = self.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
+        require(cid != self.table.cluster_id, f"cannot link cluster {cid} to itself")
+        existing = self.table.links_to(cid)  # one link per remote cluster, whichever side set it up (CANN)
         if existing is not None:
             if existing.state == LinkState.ESTABLISHED:
                 raise DataDistError(StatusCode.LLM_ALREADY_LINK, f"cluster {cid} is already linked")
             await self._close_link(existing, notify=False)
         require(bool(spec.remote_ip) and spec.remote_port > 0,
                 f"cluster {cid}: remote_ip_info must name the serving node's listen ip:port")
-        local = self.node.local_links_at(spec.address)
+        local = self.table.node.local_links_at(spec.address)
         if local is not None and local is not self:
             self._link_local(spec, local)
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout before contacting {spec.address}")
-        peer = self.node.peer_connector(spec.address)
+        peer = self.table.node.peer_connector(spec.address)
         try:
-            challenge = await peer.challenge(self.cluster_id, cid, remaining)
-            offer = make_offer(self.node.secret, self.cluster_id, cid, challenge, self.node.version)
+            challenge = await peer.challenge(self.table.cluster_id, cid, remaining)
+            offer = make_offer(self.table.node.secret, self.table.cluster_id, cid, challenge, self.table.node.version)
             answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
             self._verify_answer(offer, answer, spec)
-            token = data_token(self.node.secret, answer.session)
-            streams = max(1, min(self.node.streams, answer.streams or self.node.streams))
-            channel = await self._in_thread(self.transport.connect, answer.data_endpoint, token, streams, deadline)
-        except BaseException:
-            await peer.close()
-            raise
-        link = OutboundLink(remote_cluster=cid, transport=self.transport.label, session=answer.session,
-                            address=spec.address, data_endpoint=answer.data_endpoint, peer=peer, channel=channel,
-                            token=token)
-        if self.node.call_codec is not None and isinstance(channel, CallChannel):
-            link.frames = self._frame_calls(link)
-            channel.on_control(self._control_handler(link))
+            token = data_token(self.table.node.secret, answer.session)
+            streams = max(1, min(self.table.node.streams, answer.streams or self.table.node.streams))
+            channel = await self.table.in_thread(self.table.transport.connect, answer.data_endpoint, token, streams,
+                                                 deadline)
+        finally:
+            await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
+        link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, session=answer.session,
+                            address=spec.address, data_endpoint=answer.data_endpoint, channel=channel, token=token,
+                            calls=self.calls.frame_calls(cid, lambda: channel))
+        channel.on_control(self.calls.control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
-        link.reverse_task = asyncio.get_running_loop().create_task(self._serve_reverse(link))
-        self.links[cid] = link
-        log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.cluster_id, cid,
-                 spec.address, self.transport.label, answer.data_endpoint, streams)
+        self.table.links[cid] = link
+        log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.table.cluster_id, cid,
+                 spec.address, self.table.transport.label, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
-        expected = answer_mac(self.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
+        expected = answer_mac(self.table.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
                               answer.data_endpoint)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"peer at {spec.address} failed to prove the shared secret (check [peer] secret)")
-        if answer.protocol_version != PROTOCOL_VERSION:
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"protocol version mismatch: this daemon speaks v{PROTOCOL_VERSION}, peer at "
-                                f"{spec.address} v{answer.protocol_version}")
+        check_version(answer.protocol_version, f"the peer at {spec.address}")
         if answer.server_cluster_id != spec.remote_cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {answer.server_cluster_id}")
 
-    def _link_local(self, spec: ClusterSpec, server: LinkCore) -> None:
-        authorize_local_link(self.node.principal(self), self.node.principal(server))   # before anything is said
+    def _link_local(self, spec: ClusterSpec, server: LinkTable) -> None:
+        table = self.table
+        authorize_local_link(table.node.principal(table), table.node.principal(server))   # before anything is said
         if server.cluster_id != spec.remote_cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {server.cluster_id}")
         session = os.urandom(16)
-        self.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
+        self.table.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
                                                        session=session, address=spec.address, local_peer=server,
                                                        linking=True)
-        serving = LocalLink(remote_cluster=self.cluster_id, transport="local", session=session, local_peer=self,
-                            linking=False)
-        old = server.served.get(self.cluster_id)
-        authorize_displace(self.cluster_id, _origin(old), self)
+        serving = LocalLink(remote_cluster=self.table.cluster_id, transport="local", session=session,
+                            local_peer=self.table, linking=False)
+        old = server.served.get(self.table.cluster_id)
+        authorize_displace(self.table.cluster_id, _origin(old), self.table)
         if old is not None:
-            server._drop_serving(old)
-        server.served[self.cluster_id] = serving
-        log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.cluster_id,
+            server.drop_serving(old)
+        server.served[self.table.cluster_id] = serving
+        log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
     async def _heartbeat(self, link: OutboundLink) -> None:
-        interval = self.node.heartbeat_seconds
-        while link.state == LinkState.ESTABLISHED and not self.closed:
+        """The linking end pings the serving end on the data channel: an answer proves both alive (the serving
+        end drops a link it hears nothing on for three intervals)."""
+        interval = self.table.node.heartbeat_seconds
+        while link.state == LinkState.ESTABLISHED and not self.table.closed:
             await asyncio.sleep(interval)
             if link.channel.broken:
-                self._mark_broken(link, "data channel closed")
+                self.table.mark_broken(link, "data channel closed")
                 return
             try:
-                await link.peer.ping(link.session, max(interval, 1.0))
+                await link.calls.ping(link.session, max(interval, 1.0))
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
-                self._mark_broken(link, f"heartbeat failed: {exc}")
+                self.table.mark_broken(link, f"heartbeat failed: {exc}")
                 return
             except asyncio.CancelledError:
                 raise
@@ -183,8 +188,8 @@ class LinkSetup(LinkCore):
     def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
         """Serving side, first step of a link: a single-use challenge for the handshake that follows
         (``source``: who asked, ``admission.source_key``, for the store's fair share)."""
-        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        if server != self.cluster_id:   # the caller is unauthenticated: this engine's cluster id is not said
+        require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        if server != self.table.cluster_id:   # the caller is unauthenticated: this engine's cluster id is not said
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {server}, which is not "
                                 "the cluster of the engine at this address")
@@ -192,54 +197,45 @@ class LinkSetup(LinkCore):
 
     async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
-        require(not self.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        expected = offer_mac(self.node.secret, offer.protocol_version, offer.client_cluster_id,
+        require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
+        expected = offer_mac(self.table.node.secret, offer.protocol_version, offer.client_cluster_id,
                              offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
         if not hmac.compare_digest(expected, offer.mac):
-            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.cluster_id,
+            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.table.cluster_id,
                         offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
-        if offer.protocol_version != PROTOCOL_VERSION:
-            raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                f"protocol version mismatch: peer speaks v{offer.protocol_version}, "
-                                f"this daemon v{PROTOCOL_VERSION}")
+        check_version(offer.protocol_version, f"linking cluster {offer.client_cluster_id}")
         if not self._challenges.redeem(offer.challenge):  # replayed, stale, or of an earlier daemon
             log.warning("cluster %s: refused a handshake from cluster %s: challenge unknown, used or expired",
-                        self.cluster_id, offer.client_cluster_id)
+                        self.table.cluster_id, offer.client_cluster_id)
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 "handshake refused: its challenge is unknown, already used or expired (a replayed "
                                 "or stale handshake)")
-        if offer.server_cluster_id != self.cluster_id:
+        if offer.server_cluster_id != self.table.cluster_id:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {offer.server_cluster_id}, "
-                                f"this engine is cluster {self.cluster_id}")
-        require(offer.client_cluster_id != self.cluster_id,
+                                f"this engine is cluster {self.table.cluster_id}")
+        require(offer.client_cluster_id != self.table.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
-        old = self.served.get(offer.client_cluster_id)
+        old = self.table.served.get(offer.client_cluster_id)
         authorize_displace(offer.client_cluster_id, _origin(old), REMOTE)
         if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
-            self._drop_serving(old)
+            self.table.drop_serving(old)
         session = os.urandom(16)
-        token = data_token(self.node.secret, session)
-        self.transport.allow(token)
-        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=self.transport.label, session=session,
-                           token=token, data_endpoint=self.transport.endpoint,
-                           reverse=ReverseHub(offer.client_cluster_id))
-        if self.node.call_codec is not None and isinstance(self.transport, CallTransport):
-            link.frames = self._frame_calls(link)
-            self.transport.on_control(token, self._control_handler(link))
-        self.served[offer.client_cluster_id] = link
-        self.sessions[session] = link
-        log.info("cluster %s accepted a link from cluster %s", self.cluster_id, offer.client_cluster_id)
-        endpoint = self.transport.endpoint
-        return HandshakeAnswer(PROTOCOL_VERSION, self.cluster_id, session, endpoint, self.node.streams,
-                               answer_mac(self.node.secret, offer.challenge, session, self.cluster_id, endpoint),
-                               self.node.version)
-
-    def serve_unlink(self, session: bytes) -> None:
-        link = self.session_link(session)
-        log.info("cluster %s: cluster %s unlinked", self.cluster_id, link.remote_cluster)
-        self._drop_serving(link)
+        token = data_token(self.table.node.secret, session)
+        self.table.transport.allow(token)
+        transport = self.table.transport
+        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
+                           token=token, data_endpoint=transport.endpoint,
+                           calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
+        transport.on_control(token, self.calls.control_handler(link))
+        self.table.served[offer.client_cluster_id] = link
+        log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
+        endpoint = self.table.transport.endpoint
+        node = self.table.node
+        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams,
+                               answer_mac(node.secret, offer.challenge, session, self.table.cluster_id, endpoint),
+                               node.version)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
                               force: bool) -> tuple[int, list[int]]:
@@ -251,9 +247,9 @@ class LinkSetup(LinkCore):
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
-            link = self.links_to(spec.remote_cluster_id)
+            link = self.table.links_to(spec.remote_cluster_id)
             if link is None and force:  # CANN: DestroyEntity of an unknown cluster only logs a warning
-                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.cluster_id,
+                log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.table.cluster_id,
                             spec.remote_cluster_id)
                 return
             if link is None:
@@ -268,67 +264,53 @@ class LinkSetup(LinkCore):
         return _overall(codes), codes
 
     async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
-        if self.links.get(link.remote_cluster) is link:
-            del self.links[link.remote_cluster]
-        if link.heartbeat is not None:
-            link.heartbeat.cancel()
-        if isinstance(link, OutboundLink) and link.reverse_task is not None:
-            link.reverse_task.cancel()
-        if link.frames is not None:
-            link.frames.close("unlinked")
+        """Tear down this end of ``link``; ``notify``: tell the other end first (an unlink call on the data channel;
+        its failure is raised once this end is gone)."""
         failure: DataDistError | None = None
-        if isinstance(link, LocalLink):
-            other = link.local_peer
-            for table in (other.links, other.served):
-                peer_side = table.get(self.cluster_id)
-                if peer_side is not None and peer_side.session == link.session:
-                    del table[self.cluster_id]
-            if self.served.get(link.remote_cluster) is link:
-                del self.served[link.remote_cluster]
-        elif isinstance(link, OutboundLink):
-            if notify and link.state == LinkState.ESTABLISHED:
-                try:
-                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                    await link.peer.unlink(link.session, max(0.1, remaining))
-                except DataDistError as exc:
-                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                            f"local end removed, but the serving side was not told: {exc}")
-            await self._in_thread(link.channel.close)
-            await link.peer.close()
-        else:
-            assert isinstance(link, InboundLink)
-            hub = link.reverse
-            # a reverse path not attached yet (a link just made) is waited for within the deadline
-            if notify and link.state == LinkState.ESTABLISHED and not hub.closed:
-                try:
-                    remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                    await hub.unlink(link.session, max(0.1, remaining))
-                except DataDistError as exc:
-                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                            f"local end removed, but the linking side was not told: {exc}")
-            self._drop_serving(link)
-        log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
+        if isinstance(link, (OutboundLink, InboundLink)) and notify and link.state == LinkState.ESTABLISHED \
+                and not link.calls.closed:
+            try:
+                remaining = (deadline or time.monotonic() + 1) - time.monotonic()
+                await link.calls.unlink(link.session, max(0.1, remaining))
+            except DataDistError as exc:
+                other_end = "serving" if isinstance(link, OutboundLink) else "linking"
+                failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+                                        f"local end removed, but the {other_end} side was not told: {exc}")
+        await self.table.forget(link)
         if failure is not None:
             raise failure
 
+    async def close(self) -> None:
+        """Engine finalize: tell linked peers (briefly), drop everything, stop the data plane."""
+        if self.table.closed:
+            return
+        self.table.closed = True
+        deadline = time.monotonic() + 1.0
+        for link in self.table.all_links():
+            try:
+                await self._close_link(link, notify=True, deadline=deadline)
+            except DataDistError as exc:
+                log.info("cluster %s: finalize: %s", self.table.cluster_id, exc)
+        await self.table.stop()
+
     async def check_link(self, cluster: int, timeout_ms: int | None = None) -> None:
         """v1 ``check_link_status``: raise when the link to ``cluster`` is missing, busy or broken."""
-        link = self.links_to(cluster)
+        link = self.table.links_to(cluster)
         if link is None:
             raise DataDistError(StatusCode.LLM_NOT_YET_LINK,
-                                f"cluster {self.cluster_id} has no link to cluster {cluster}")
+                                f"cluster {self.table.cluster_id} has no link to cluster {cluster}")
         if link.pulls or link.layerwise:
             raise DataDistError(StatusCode.LLM_LINK_BUSY, f"transfers are running on the link to cluster {cluster}")
-        channel = self._channel_of(link)
+        channel = self.table.channel_of(link)
         if link.state == LinkState.ESTABLISHED and channel is not None and channel.broken:
-            self._mark_broken(link, "data channel closed")
-        if isinstance(link, OutboundLink) and link.state == LinkState.ESTABLISHED:
-            timeout = (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000
+            self.table.mark_broken(link, "data channel closed")
+        if isinstance(link, (OutboundLink, InboundLink)) and link.state == LinkState.ESTABLISHED:
+            timeout = (timeout_ms or self.table.engine.options.sync_kv_timeout_ms) / 1000
             try:
-                await link.peer.ping(link.session, timeout)
+                await link.calls.ping(link.session, timeout)
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
-                self._mark_broken(link, f"check_link_status: {exc}")
+                self.table.mark_broken(link, f"check_link_status: {exc}")
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")

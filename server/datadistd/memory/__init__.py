@@ -1,8 +1,8 @@
 """Memory backends: where cache bytes live and how the daemon reaches them.
 
 ``get_backend(name)`` loads a backend module by name, only when asked for: ``host`` (memfd
-pools, runs everywhere) is built in; ``acl`` (Ascend) and ``cuda`` are registered names whose
-modules import their device libraries lazily and fail with a clear error where absent.
+pools, runs everywhere) is built in; ``acl`` (Ascend) imports its device library lazily and fails with a
+clear error where absent. A backend that does not exist is not registered (an unknown name lists the known).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ __all__ = [
 BACKENDS: dict[str, str] = {
     "host": "datadistd.memory.host:HostBackend",
     "acl": "datadistd.memory.acl:AclBackend",
-    "cuda": "datadistd.memory.cuda:CudaBackend",
 }
 
 

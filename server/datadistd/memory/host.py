@@ -9,8 +9,8 @@ the attach socket (``export_fd``) and maps it, so its tensors and the daemon's h
 same pages; the seals mean that worker cannot shrink it under the daemon's mapping.
 
 **Both placements are host RAM here.** A ``DEVICE`` pool of this backend is emulated with host
-shared memory, exactly like a ``HOST`` pool; real device memory is the job of the ``acl`` and
-``cuda`` backends. This keeps the whole API usable (and testable) on any Linux machine.
+shared memory, exactly like a ``HOST`` pool; real device memory is the job of the ``acl``
+backend. This keeps the whole API usable (and testable) on any Linux machine.
 
 Worker memory (``import_memory``) arrives as descriptors the worker sent (``FdRef``):
 

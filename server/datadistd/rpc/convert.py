@@ -24,17 +24,19 @@ from ..core.types import (
     Role,
 )
 from ..links import ClusterSpec
-from ..peering import HandshakeAnswer, HandshakeOffer
-from ..reverse import (
+from ..ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
     OpenWriteCmd,
+    OwnerCall,
+    OwnerReply,
+    PingCmd,
     ReadCmd,
+    RefusedCall,
     ReleaseCmd,
-    ReverseCmd,
-    ReverseReply,
     UnlinkCmd,
 )
+from ..peering import HandshakeAnswer, HandshakeOffer
 
 MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
 
@@ -188,11 +190,11 @@ def specs_from_write_pb(msg: peer_pb2.WriteRequest) -> tuple[RemoteSpec, ...]:
 
 
 def ids_to_pb(ids: Sequence[int]) -> dict[str, Any]:
-    """``transfer_id`` + ``more_transfer_ids`` of a WriteResponse / CommitRequest / ReverseReply."""
+    """``transfer_id`` + ``more_transfer_ids`` of a CommitRequest / OwnerReply."""
     return {"transfer_id": ids[0] if ids else 0, "more_transfer_ids": list(ids[1:])}
 
 
-def ids_from_pb(msg: peer_pb2.WriteResponse | peer_pb2.CommitRequest | peer_pb2.ReverseReply) -> tuple[int, ...]:
+def ids_from_pb(msg: peer_pb2.CommitRequest | peer_pb2.OwnerReply) -> tuple[int, ...]:
     """The transfer ids of a message (none when it names none: a transfer id is never 0)."""
     require(len(msg.more_transfer_ids) < MAX_OPEN_PER_CALL,
             f"{len(msg.more_transfer_ids) + 1} transfers in one call; at most {MAX_OPEN_PER_CALL}")
@@ -229,25 +231,27 @@ def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
                            msg.mac, msg.server_version)
 
 
-def reverse_command_to_pb(cmd: ReverseCmd) -> peer_pb2.ReverseCommand:
+def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
     cid = cmd.command_id
     if isinstance(cmd, OpenWriteCmd):
-        return peer_pb2.ReverseCommand(command_id=cid, open_write=specs_to_write_pb(cmd.session, cmd.specs,
+        return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.session, cmd.specs,
                                                                                     cmd.timeout_ms, cmd.hold_ms))
     if isinstance(cmd, CommitWriteCmd):
-        return peer_pb2.ReverseCommand(command_id=cid, commit_write=peer_pb2.CommitRequest(
+        return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
             session=cmd.session, timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
     if isinstance(cmd, ReadCmd):
-        return peer_pb2.ReverseCommand(command_id=cid, read=spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec,
+        return peer_pb2.OwnerCall(command_id=cid, read=spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec,
                                                                             cmd.timeout_ms))
     if isinstance(cmd, ReleaseCmd):
-        return peer_pb2.ReverseCommand(command_id=cid, release=peer_pb2.ReleaseRequest(
+        return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
             session=cmd.session, key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start,
             tensor_count=cmd.tensor_count))
-    return peer_pb2.ReverseCommand(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
+    if isinstance(cmd, PingCmd):
+        return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.SessionRef(session=cmd.session))
+    return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
 
 
-def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
+def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
     which = msg.WhichOneof("command")
     cid = msg.command_id
     if which == "open_write":
@@ -266,40 +270,44 @@ def reverse_command_from_pb(msg: peer_pb2.ReverseCommand) -> ReverseCmd:
                           msg.release.tensor_count)
     if which == "unlink":
         return UnlinkCmd(cid, msg.unlink.session)
-    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"reverse command {cid} names no call this daemon knows")
+    if which == "ping":
+        return PingCmd(cid, msg.ping.session)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
 
 
-def reverse_reply_from_pb(msg: peer_pb2.ReverseReply) -> ReverseReply:
-    return ReverseReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
+def reply_from_pb(msg: peer_pb2.OwnerReply) -> OwnerReply:
+    return OwnerReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
                         msg.release_needed)
 
 
-def reverse_reply_to_pb(reply: ReverseReply) -> peer_pb2.ReverseReply:
-    return peer_pb2.ReverseReply(command_id=reply.command_id, status=reply.status, message=reply.message,
+def reply_to_pb(reply: OwnerReply) -> peer_pb2.OwnerReply:
+    return peer_pb2.OwnerReply(command_id=reply.command_id, status=reply.status, message=reply.message,
                                  bytes=reply.nbytes, release_needed=reply.release_needed,
                                  **ids_to_pb(reply.transfer_ids))
 
 
 class ProtobufCallCodec:
-    """``reverse.CallCodec`` as the Peer service's own messages (``ReverseCommand``/``ReverseReply``):
-    the owner calls carried as data-channel frames are byte for byte what the Reverse stream carries."""
+    """``ownercalls.CallCodec`` as ``peer.proto``'s ``OwnerCall`` / ``OwnerReply`` messages."""
 
-    def encode_command(self, cmd: ReverseCmd) -> bytes:
-        return reverse_command_to_pb(cmd).SerializeToString()
+    def encode_command(self, cmd: OwnerCall) -> bytes:
+        return call_to_pb(cmd).SerializeToString()
 
-    def decode_command(self, data: bytes) -> ReverseCmd:
+    def decode_command(self, data: bytes) -> OwnerCall:
         try:
-            msg = peer_pb2.ReverseCommand.FromString(data)
+            msg = peer_pb2.OwnerCall.FromString(data)
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable call frame") from None
-        return reverse_command_from_pb(msg)
-
-    def encode_reply(self, reply: ReverseReply) -> bytes:
-        return reverse_reply_to_pb(reply).SerializeToString()
-
-    def decode_reply(self, data: bytes) -> ReverseReply:
         try:
-            return reverse_reply_from_pb(peer_pb2.ReverseReply.FromString(data))
+            return call_from_pb(msg)
+        except DataDistError as exc:   # a valid frame asking for something invalid: answered with the code
+            raise RefusedCall(msg.command_id, exc.code, exc.message) from None
+
+    def encode_reply(self, reply: OwnerReply) -> bytes:
+        return reply_to_pb(reply).SerializeToString()
+
+    def decode_reply(self, data: bytes) -> OwnerReply:
+        try:
+            return reply_from_pb(peer_pb2.OwnerReply.FromString(data))
         except Exception:  # noqa: BLE001
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable reply frame") from None
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
-from typing import AsyncIterator, Sequence
+from typing import Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
@@ -23,8 +21,6 @@ from ..node import EngineSlot, Node
 from ..sessions import WorkerSession
 from . import convert
 from .errors import abort_with, guarded
-
-log = logging.getLogger(__name__)
 
 EMPTY = common_pb2.Empty()
 #: metadata key of the capability a worker got on the attach socket (hex)
@@ -150,33 +146,6 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = self._slot(context, request.engine_id)
         await self.node.finalize_engine(slot.engine_id)
         return EMPTY
-
-    async def Session(self, request, context) -> AsyncIterator[datadist_pb2.SessionEvent]:  # noqa: N802, ANN001
-        """Lease: while this stream is open the engine lives; when the worker goes, so does its engine.
-
-        When the daemon drains (SIGTERM) the stream ends with a ``stopping`` event at once, so open
-        leases do not hold the shutdown for the whole drain time; the daemon then frees every engine.
-        """
-        engine_id = request.engine_id
-        try:
-            self._slot(context, engine_id)
-        except DataDistError as exc:
-            await abort_with(context, exc)
-        interval = self.node.config.daemon.session_keepalive_seconds
-        try:
-            yield datadist_pb2.SessionEvent(event="ready")
-            while engine_slot_or_none(self.node, engine_id) is not None:
-                try:
-                    await asyncio.wait_for(self.node.draining.wait(), interval)
-                except asyncio.TimeoutError:
-                    yield datadist_pb2.SessionEvent(event="keepalive")
-                    continue
-                yield datadist_pb2.SessionEvent(event="stopping")
-                return
-        finally:
-            if engine_slot_or_none(self.node, engine_id) is not None and not self.node.draining.is_set():
-                log.warning("engine %s: worker session ended without finalize; releasing its caches", engine_id)
-                await asyncio.shield(self.node.finalize_engine(engine_id, reason="worker session ended"))
 
     # ---- caches ------------------------------------------------------------------------------
 
@@ -426,11 +395,3 @@ def _check_counts(request: datadist_pb2.AllocateCacheRequest | datadist_pb2.Regi
 def _too_many_clusters(n: int) -> datadist_pb2.LinkClustersResponse:
     code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
     return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n)
-
-
-def engine_slot_or_none(node: Node, engine_id: int) -> EngineSlot | None:
-    try:
-        return node.slot(engine_id)
-    except DataDistError:
-        return None
-

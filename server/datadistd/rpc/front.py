@@ -8,8 +8,8 @@ listens on a private loopback port, and this front owns the public address:
 * it accepts a TCP connection, asks ``Admission`` (caps per source and in total, a pre-auth
   deadline, eviction of the oldest pre-auth connection; refusals logged at a bounded rate), opens a
   connection to the private port and relays bytes both ways, with back-pressure either way;
-* the Peer servicer tells the front when a connection *authenticated* (a good Handshake, or a request
-  naming a live session) through ``authenticate(context.peer())``: the private server sees the
+* the Peer servicer tells the front when a connection *authenticated* (a good Handshake) through
+  ``authenticate(context.peer())``: the private server sees the
   relay's own loopback port, which maps back to the public connection;
 * a request that did not come through the front (someone on this host dialling the private port)
   is refused by the servicer (``admitted`` is False), so the caps cannot be walked around.

@@ -128,25 +128,12 @@ def _bounded(parse):  # noqa: ANN001, ANN202
 _NOT_VIA_FRONT = "connect to the engine's peer port: this private port serves only its front"
 
 
-def _gated(handler, front: PeerFront, streaming: bool):  # noqa: ANN001, ANN202
-    """Refuse calls that did not come through ``front``; a request naming a live session authenticates its
-    connection there (Handshake and Reverse do it in the servicer, once they succeeded)."""
-    if streaming:
-        async def stream(request_iterator, context):  # noqa: ANN001, ANN202
-            if not front.admitted(context.peer()):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, _NOT_VIA_FRONT)
-            async for reply in handler(request_iterator, context):
-                yield reply
-
-        return stream
-
+def _gated(handler, front: PeerFront):  # noqa: ANN001, ANN202
+    """Refuse calls that did not come through ``front`` (Handshake authenticates its connection there, in the
+    servicer, once it succeeded)."""
     async def unary(request, context):  # noqa: ANN001, ANN202
-        peer = context.peer()
-        if not front.admitted(peer):
+        if not front.admitted(context.peer()):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, _NOT_VIA_FRONT)
-        session = getattr(request, "session", b"")
-        if session and handler.__self__.links.sessions.get(session) is not None:
-            front.authenticate(peer)
         return await handler(request, context)
 
     return unary
@@ -160,10 +147,9 @@ def _peer_handlers(servicer: PeerServicer, front: PeerFront) -> grpc.GenericRpcH
         if method.name in UNAUTHENTICATED_METHODS:
             parse = _bounded(parse)
         serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
-        kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
-                else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = kind(_gated(getattr(servicer, method.name), front, method.client_streaming),
-                                     request_deserializer=parse, response_serializer=serialize)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(_gated(getattr(servicer, method.name), front),
+                                                                    request_deserializer=parse,
+                                                                    response_serializer=serialize)
     return grpc.method_handlers_generic_handler(PEER_SERVICE, handlers)
 
 

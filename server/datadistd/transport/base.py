@@ -8,7 +8,7 @@ Life cycle of a link's data plane (TCP shown; others follow the same shape):
    ``streams`` connections, each presenting the token; the serving side then finds the same
    connections with ``channel(token)``. A channel carries bytes both ways.
 3. Receiving: ``expect(segments)`` registers where an incoming transfer's byte stream goes and
-   returns a ``Receipt`` with a fresh transfer id; the id travels to the sender over gRPC.
+   returns a ``Receipt`` with a fresh transfer id; the id travels to the sender in an owner call.
 4. Sending: ``channel.send(transfer_id, segments, deadline)`` streams the concatenated bytes of
    ``segments``; it may stripe them over all of the channel's connections.
 5. ``receipt.wait(deadline)`` returns once every byte arrived, or raises ``DataDistError``
@@ -17,21 +17,22 @@ Life cycle of a link's data plane (TCP shown; others follow the same shape):
 
 All deadlines are absolute ``time.monotonic()`` values. No call blocks past its deadline.
 
-Declared capability: a transport whose channels can also carry small *control frames* (the owner
-calls of a transfer, so they need no gRPC call) implements ``CallTransport`` and its channels
-``CallChannel``; the link manager checks with ``isinstance`` and otherwise keeps the gRPC path.
+Every channel also carries small *control frames* (``CONTROL_KINDS``) beside the bytes: the owner calls
+of a transfer, unlink and liveness (``datadistd.ownercalls``), so after the handshake the channel is the
+only conversation between two daemons. The serving end sets its handler by token, before the channel
+exists (``Transport.on_control``); the linking end on the channel it opened (``Channel.on_control``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence
 
 from datadist.status import LLMStatusCode
 
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "CallChannel", "CallTransport", "CONTROL_CALL", "CONTROL_REPLY",
+__all__ = ["Transport", "Channel", "Receipt", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
            "CONTROL_TRANSPORT", "CONTROL_KINDS"]
 
 #: control frames: an owner call, and its answer
@@ -39,6 +40,9 @@ CONTROL_CALL, CONTROL_REPLY = 4, 5
 #: control frames of a transport layered on a channel (``nixl`` runs its own messages over a tcp channel)
 CONTROL_TRANSPORT = 6
 CONTROL_KINDS = (CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT)
+
+#: ``handler(kind, payload)``: a control frame, called in a transport thread (keep it short)
+ControlHandler = Callable[[int, bytes], None]
 
 
 class Receipt(Protocol):
@@ -84,6 +88,15 @@ class Channel(Protocol):
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""
 
+    def on_control(self, handler: ControlHandler) -> None:
+        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""
+
+    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """Send one control frame without blocking; False (nothing sent) when that is not possible now."""
+
+    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
+        """Send one control frame, blocking until ``deadline`` at most."""
+
     def close(self) -> None: ...
 
 
@@ -113,31 +126,10 @@ class Transport(Protocol):
     def channel(self, token: bytes) -> Channel | None:
         """The inbound channel made with ``token``, once at least one connection presented it."""
 
+    def on_control(self, token: bytes, handler: ControlHandler) -> None:
+        """The control frames of the inbound channel made with ``token``: the handler is set at the handshake,
+        before the channel exists."""
+
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> Receipt:
         """Where the bytes of a new incoming transfer go; ``channel``: the one they will come on (its
         breaking fails the receipt at once)."""
-
-
-@runtime_checkable
-class CallChannel(Protocol):
-    """A channel that carries control frames (``CONTROL_KINDS``) beside the bytes."""
-
-    @property
-    def broken(self) -> bool: ...
-
-    def on_control(self, handler: Callable[[int, bytes], None]) -> None:
-        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""
-
-    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
-        """Send one frame without blocking; False (nothing sent) when that is not possible now."""
-
-    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
-        """Send one frame, blocking until ``deadline`` at most."""
-
-
-@runtime_checkable
-class CallTransport(Protocol):
-    """A transport whose inbound channels carry control frames: the handler is set by token, before the
-    channel exists (the serving end learns the token at the handshake, the channel comes later)."""
-
-    def on_control(self, token: bytes, handler: Callable[[int, bytes], None]) -> None: ...

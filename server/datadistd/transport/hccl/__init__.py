@@ -1,6 +1,6 @@
 """The ``hccl`` transport (``[transport] name = "hccl"``): bytes between two daemons' NPU memory by one-sided
-HCCL, everything else over a tcp channel -- the shape of the ``nixl`` transport, whose machinery it reuses
-(token hello, admission, owner calls as control frames, destination rows shipped by the receiver).
+HCCL, everything else over a tcp channel -- a one-sided transport (``transport.onesided``, the base it shares
+with ``nixl``: token hello, admission, owner calls as control frames, destination rows shipped by the receiver).
 
 Each engine has its own transport on its own NPU (``ge.exec.deviceId``). Per link (CANN's call order,
 LLM-DataDist ``comm_entity.cc``): each engine's agent sends its identity (server id, physical device id, device

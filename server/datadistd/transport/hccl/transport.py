@@ -1,4 +1,4 @@
-"""``HcclTransport``: the nixl transport's link machinery with an HCCL agent (see the package doc)."""
+"""``HcclTransport``: a one-sided transport (``transport.onesided``) with an HCCL agent (see the package doc)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datadist.ascend.acl import acl
 from datadist.ascend.hccl import hccl
 
 from ...core.errors import DataDistError
-from ..nixl.transport import NixlTransport, _Peer
+from ..onesided import LinkPeer, OneSidedTransport
 from .agent import DONE, HcclAgent
 
 __all__ = ["HcclTransport", "SCHEME"]
@@ -18,7 +18,7 @@ __all__ = ["HcclTransport", "SCHEME"]
 SCHEME = "hccl+tcp"
 
 
-class HcclTransport(NixlTransport):
+class HcclTransport(OneSidedTransport):
     """Links whose bytes move by ``HcclBatchPut`` between NPU memories (``[transport] name = "hccl"``)."""
 
     name = "hccl"
@@ -59,13 +59,13 @@ class HcclTransport(NixlTransport):
     def label(self) -> str:
         return f"hccl:device{self.device_id}"
 
-    def _bind_agent(self, peer: _Peer, name: str, metadata: bytes) -> None:
+    def _bind_agent(self, peer: LinkPeer, name: str, metadata: bytes) -> None:
         super()._bind_agent(peer, name, metadata)
         agent = self._agent()
         assert isinstance(agent, HcclAgent)
         agent.route(name, lambda message: peer.send(DONE + message))
 
-    def _on_extra(self, peer: _Peer, payload: bytes) -> None:
+    def _on_extra(self, peer: LinkPeer, payload: bytes) -> None:
         if payload[:1] != DONE or peer.agent_name is None:
             raise ValueError(f"unknown message {payload[:1]!r}")
         agent = self._agent()

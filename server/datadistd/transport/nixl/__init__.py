@@ -23,8 +23,9 @@ calls as control frames, liveness -- but the KV bytes of every pull and push mov
    sender's answer (``F``: nothing was posted; or the notification: the WRITE landed); without one it
    drops the channel and the peer's agent, so no byte lands after the memory is handed back.
 
-Modules: ``agent`` (the only one that imports NIXL), ``pieces`` (row pairing), ``wire`` (the
-messages), ``receipt``, ``transport`` (``NixlTransport``, ``NixlChannel``, the per-link state).
+Modules: ``agent`` (the only one that imports NIXL), ``transport`` (``NixlTransport``: which agent, which
+label). The link machinery -- steps 1-5 above, row pairing, the messages, receipts -- is
+``transport.onesided``'s, shared with ``hccl``.
 
 One NIXL agent per engine, like the tcp listener: engines of one daemon share no registrations.
 Only memory mapped into the daemon is registered (pools; sealed worker memory); worker memory reached
@@ -41,6 +42,6 @@ Verified here: UCX over TCP (``UCX_TLS=tcp``) and over shared memory, two daemon
 RDMA NIC. Not verified here: InfiniBand/RoCE verbs, EFA, GPU memory.
 """
 
-from .transport import SCHEME, NixlChannel, NixlReceipt, NixlTransport
+from .transport import SCHEME, NixlTransport
 
-__all__ = ["NixlTransport", "NixlChannel", "NixlReceipt", "SCHEME"]
+__all__ = ["NixlTransport", "SCHEME"]

@@ -13,12 +13,13 @@ Wire format (little endian, ``struct``):
   - ``DATA``: ``length`` payload bytes that belong at byte ``offset`` of the concatenated
     stream of transfer ``transfer_id`` (the receiver's ``expect`` segments);
   - ``ABORT``: the sender gave up on ``transfer_id``; ``length`` carries the status code;
-  - ``PING``: no payload; ignored (keeps the door open for liveness probes);
+  - ``PING``: no payload; read and ignored (nothing sends it: liveness is a ``ping`` owner call);
   - ``CALL`` / ``REPLY``: ``length`` (at most ``MAX_CONTROL``) bytes of a control message for the
-    link manager (an owner call of ``reverse.FrameCalls`` and its answer); ``transfer id`` and
-    ``offset`` are 0. The reader hands the payload to the channel's control handler (``on_control``)
-    in its own thread; frames that arrive before a handler is set wait for it (at most
-    ``_CONTROL_BACKLOG``). Peers that handshook with peer protocol 2 speak these.
+    link manager (an ``OwnerCall`` of ``ownercalls.FrameCalls`` and its ``OwnerReply``, peer.proto);
+    ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
+    handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
+    (at most ``_CONTROL_BACKLOG``). After the handshake these are the only conversation between two
+    daemons (peer protocol 3).
   - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
     metadata, destination descriptors and completions this way).
 
@@ -48,7 +49,7 @@ Memory safety: a reader touches a receipt's destination only between ``_begin_io
 reader left it, so the caller may reuse the memory at once.
 
 Modules: ``wire`` (constants, header structs, small helpers), ``receipt`` (``TcpReceipt``), ``conn``
-(``_Conn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
+(``DataConn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
 control frames), ``transport`` (``TcpTransport``: listener, admission, hello, connect, buffers).
 At run time ``transport`` imports ``channel`` and ``receipt``, ``channel`` imports ``conn``; the other
 references are for the type checker only.

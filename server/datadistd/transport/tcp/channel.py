@@ -21,7 +21,7 @@ from ...memory import addr as memaddr
 from ...memory.access import has_raw
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable, byte_view
-from .conn import _by_handle, _Conn
+from .conn import DataConn, _by_handle
 from .wire import (
     _ABORT_TIMEOUT,
     _CONTROL_BACKLOG,
@@ -35,7 +35,6 @@ from .wire import (
     KIND_ABORT,
     KIND_CONTROL,
     KIND_DATA,
-    KIND_PING,
     MAX_CONTROL,
     ControlHandler,
     _encode_code,
@@ -58,7 +57,7 @@ class TcpChannel:
         self._token = token
         self._peer = peer
         self._outbound = outbound
-        self._conns: list[_Conn] = []
+        self._conns: list[DataConn] = []
         self._lock = threading.Lock()
         self._broken = False
         self._closed = False
@@ -102,15 +101,15 @@ class TcpChannel:
         total["connections"] = per
         return total
 
-    def _attach(self, sock: socket.socket, index: int, peer: str) -> _Conn | None:
+    def _attach(self, sock: socket.socket, index: int, peer: str) -> DataConn | None:
         with self._lock:
             if self._broken or self._closed:
                 return None
-            conn = _Conn(self, sock, index, peer)
+            conn = DataConn(self, sock, index, peer)
             self._conns.append(conn)
             return conn
 
-    def _live(self) -> list[_Conn]:
+    def _live(self) -> list[DataConn]:
         with self._lock:
             if self._broken or self._closed:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
@@ -140,7 +139,7 @@ class TcpChannel:
         stop = threading.Event()
         transport = self._transport
 
-        def work(conn: _Conn, share: list[tuple[int, int]]) -> None:
+        def work(conn: DataConn, share: list[tuple[int, int]]) -> None:
             staging: memoryview | None = None
             try:
                 for offset, length in share:  # in order, one chunk per frame
@@ -272,7 +271,7 @@ class TcpChannel:
                     return
         log.warning("data channel to %s: could not send ABORT for transfer %s in time", self._peer, transfer_id)
 
-    # -- control frames (transport.base.CallChannel) --
+    # -- control frames (transport.base.Channel) --
 
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
@@ -330,18 +329,6 @@ class TcpChannel:
                     conn.lock.release()
         return False
 
-    def ping(self, deadline: float) -> None:
-        """Send a PING on every connection (raises ``DataDistError`` when the channel is unusable)."""
-        header = memoryview(HEADER.pack(FRAME_MAGIC, KIND_PING, 0, 0, 0))
-        for conn in self._live():
-            try:
-                conn.send_frame([header], deadline)
-            except _SendError as exc:
-                if exc.unusable:
-                    conn.shutdown()
-                    self._break(f"PING failed: {exc.message}")
-                raise DataDistError(exc.code, f"ping to {self._peer}: {exc.message}") from None
-
     # -- life cycle --
 
     def _senders(self) -> ThreadPoolExecutor:
@@ -388,7 +375,7 @@ class TcpChannel:
         self._transport._channel_down(self, f"data channel {'to' if self._outbound else 'from'} {self._peer} "
                                             f"broke: {reason}")
 
-    def _conn_lost(self, conn: _Conn, reason: str, clean: bool) -> None:
+    def _conn_lost(self, conn: DataConn, reason: str, clean: bool) -> None:
         if self._closed or self._transport._stopping or not reason:
             return
         self._break(f"connection #{conn.index}: {reason}", clean)

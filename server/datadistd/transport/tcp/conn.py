@@ -1,4 +1,4 @@
-"""``_Conn``: one socket of a channel -- its send lock, its reader loop, scatter into the destination."""
+"""``DataConn``: one socket of a channel -- its send lock, its reader loop, scatter into the destination."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class _FairLock:
                 self._locked = False
 
 
-class _Conn:
+class DataConn:
     """One socket of a channel: its reader and its send lock."""
 
     def __init__(self, channel: "TcpChannel", sock: socket.socket, index: int, peer: str) -> None:

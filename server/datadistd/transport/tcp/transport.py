@@ -47,7 +47,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .conn import _Conn
+    from .conn import DataConn
 
 log = logging.getLogger("datadistd.transport.tcp")
 
@@ -396,7 +396,7 @@ class TcpTransport:
     def _serve(self, sock: socket.socket, peer: str, ticket: Ticket) -> None:
         """Hello, then this thread becomes the connection's reader."""
         assert self._admission is not None
-        conn: _Conn | None = None
+        conn: DataConn | None = None
         try:
             conn = self._hello(sock, peer, ticket)
         except Exception:  # noqa: BLE001
@@ -417,7 +417,7 @@ class TcpTransport:
         if not self._stopping and self._admission is not None:
             self._admission.refusals(f"{peer}: {why}")
 
-    def _hello(self, sock: socket.socket, peer: str, ticket: Ticket) -> _Conn | None:
+    def _hello(self, sock: socket.socket, peer: str, ticket: Ticket) -> DataConn | None:
         """Check the hello (by the ticket's pre-auth deadline); on success register the socket with its
         channel and acknowledge it."""
         assert self._admission is not None

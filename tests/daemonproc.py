@@ -24,6 +24,8 @@ from typing import IO, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from datadistd.cli import PARENT_PID_ENV
+
 __all__ = ["DaemonProcess", "free_port", "port_pool"]
 
 _Self = TypeVar("_Self", bound="DaemonProcess")
@@ -86,7 +88,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 #: parent dies (``datadistd.cli``). Done by the daemon after exec, not by a ``preexec_fn`` between fork and
 #: exec: code there can deadlock on a lock another thread of the parent held at fork (a bench run hung
 #: for 9 minutes in ``Popen`` that way, its child never reaching exec).
-PARENT_PID_ENV = "DATADIST_DIE_WITH_PARENT"
 
 
 class DaemonProcess:

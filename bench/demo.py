@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from .tools.daemonproc import DaemonProcess, free_port
+from tests.daemonproc import DaemonProcess, free_port
 
 LAYERS, BLOCK_TOKENS, HEADS, HEAD_DIM = 8, 16, 8, 64
 NUM_BLOCKS = 512

@@ -1,4 +1,4 @@
-"""The messages nixl links exchange in CONTROL_TRANSPORT frames of their tcp channel (see the package doc).
+"""The messages one-sided links exchange in CONTROL_TRANSPORT frames of their tcp channel (see the package doc).
 
 Each message is one letter, then its fields, little-endian:
 """

@@ -1,30 +1,53 @@
-"""``NixlReceipt``: a transfer the peer WRITEs into this daemon's memory, and how it ends."""
+"""``OneSidedReceipt``: a transfer the peer WRITEs into this daemon's memory, and how it ends."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 
-if TYPE_CHECKING:
-    from .transport import NixlTransport, _Peer
 
-__all__ = ["NixlReceipt", "QUIESCE", "POLL"]
+class _Landing(Protocol):
+    """What a receipt needs of its transport (``OneSidedTransport``): look for notifications, and forget it."""
+
+    def poll(self) -> None: ...
+
+    def _landed(self, tid: int) -> None: ...
+
+
+class _Link(Protocol):
+    """What a receipt needs of its link (``link.LinkPeer``)."""
+
+    @property
+    def broken(self) -> bool: ...
+
+    @property
+    def what(self) -> str: ...
+
+    @property
+    def agent_name(self) -> str | None: ...
+
+    def forget(self, tid: int) -> bool: ...
+
+    def quiesce(self, receipt: "OneSidedReceipt") -> None: ...
+
+__all__ = ["OneSidedReceipt", "QUIESCE", "POLL"]
 
 QUIESCE = 2.0           # how long cancel() waits for the sender to confirm it writes no more
 POLL = 0.1              # waits look at the channel this often
 
 
-class NixlReceipt:
+class OneSidedReceipt:
     """A transfer the peer WRITEs into this daemon's memory: done when NIXL delivers the WRITE's
     notification (which comes after its bytes); failed by the sender's FIN, a broken channel or the deadline."""
 
-    def __init__(self, transport: "NixlTransport", peer: "_Peer", transfer_id: TransferId, expected: int) -> None:
+    def __init__(self, transport: _Landing, peer: _Link, transfer_id: TransferId,
+                 expected: int) -> None:
         self._transport = transport
         self._peer = peer
         self._id = transfer_id

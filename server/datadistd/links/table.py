@@ -1,22 +1,21 @@
-"""``LinkCore``: the state every side of a link manager shares -- the link tables, the sweeper, the
-helpers -- and the methods one side calls on another (declared here, defined by the sides)."""
+"""``LinkTable``: the links of one engine (both ends of each, by remote cluster), the writes opened at it, and
+what every part of the link manager does to them: find a link's channel, mark it broken, forget it, sweep
+the ones whose other end went away. It owns no protocol: the parts (``setup``, ``calls``, ``requester``,
+``owner``) receive it in their constructors. Event-loop state only (see docs/daemon.md, "Concurrency")."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
-from ..core.errors import DataDistError, StatusCode
-from ..core.types import CacheId, RemoteSpec
+from ..core.types import CacheId
 from ..engine import Engine
-from ..peering import (
-    ChallengeStore,
-)
-from ..reverse import (
-    FrameCalls,
-)
+from ..metrics import DaemonMetrics
+from ..ownercalls import CallCodec
+from ..peering import PeerClient
+from ..quota import LinkLimits
 from ..transport.base import Channel, Receipt, Transport
 from .model import (
     AnyLink,
@@ -24,7 +23,7 @@ from .model import (
     Link,
     LinkingEnd,
     LinkState,
-    NodeContext,
+    LocalLink,
     OutboundLink,
     ServingEnd,
     _PendingWrite,
@@ -32,23 +31,40 @@ from .model import (
 
 log = logging.getLogger("datadistd.links")
 
+
+class NodeContext(Protocol):
+    """What a link manager needs from its daemon."""
+
+    secret: bytes
+    version: str
+    streams: int
+    heartbeat_seconds: float
+    peer_connector: Callable[[str], PeerClient]
+    call_codec: CallCodec
+    metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
+    link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+
+    def local_links_at(self, address: str) -> "LinkTable | None":
+        """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""
+
+    def principal(self, links: "LinkTable") -> int:
+        """The uid of the worker whose engine ``links`` serves (``authz``: same-daemon links stay within one)."""
+
 _T = TypeVar("_T")
 
 
-class LinkCore:
+class LinkTable:
     def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
         self.engine = engine
         self.transport = transport
         self.node = node
         self.links: dict[int, LinkingEnd] = {}     # links this engine set up (it is their linking end)
         self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
-        self.sessions: dict[bytes, InboundLink] = {}   # the served links of other daemons, by session
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
-        self._challenges = ChallengeStore()     # what serve_challenge issued; serve_handshake redeems each once
-        self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``_spawn``), running
+        self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``spawn``), running
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -56,7 +72,7 @@ class LinkCore:
     def cluster_id(self) -> int:
         return self.engine.cluster_id
 
-    async def _in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
+    async def in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` on the daemon's executor, counted by the engine's gate (finalize waits for it)."""
         return await self.engine.gate.run(self.engine.executor, fn, *args)
 
@@ -70,27 +86,27 @@ class LinkCore:
         while not self.closed:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for link in list(self.sessions.values()):
+            for link in [served for served in self.served.values() if isinstance(served, InboundLink)]:
                 channel = self.transport.channel(link.token)
                 if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
                     log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
-                                else f"no heartbeat for {now - link.last_seen:.1f}s")
-                    self._drop_serving(link)
+                                else f"no frame for {now - link.last_seen:.1f}s")
+                    self.drop_serving(link)
             # abandoned writes, and those of links gone (unlinked, dropped): never committed now. Not at the
             # unlink itself: a commit may still be on its way while the unlink tells the other end
             live = {id(link) for link in self.all_links()}
-            self._drop_writes([tid for tid, pw in self.writes.items()
+            self.drop_writes([tid for tid, pw in self.writes.items()
                                if now > pw.deadline + 1.0 or id(pw.link) not in live])
 
-    def _drop_writes(self, transfer_ids: Iterable[int]) -> None:
+    def drop_writes(self, transfer_ids: Iterable[int]) -> None:
         """Forget opened writes; their receipts are cancelled and their caches unpinned in the background."""
         dropped = [pw for pw in (self.writes.pop(tid, None) for tid in list(transfer_ids)) if pw is not None]
         for pw in dropped:
             pw.link.usage.close_writes(1, pw.nbytes)
-        self._release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
+        self.release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
 
-    def _release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:
+    def release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:
         """Cancel ``receipts`` in a worker thread (a cancel may wait for the sender to confirm it writes no
         more), then unpin ``cache_ids``: their memory is handed back only when nothing more can land in it."""
         if not receipts and not cache_ids:
@@ -99,14 +115,14 @@ class LinkCore:
         async def release() -> None:
             try:
                 if receipts:
-                    await self._in_thread(_cancel_all, receipts)
+                    await self.in_thread(_cancel_all, receipts)
             finally:
                 for cache_id in cache_ids:
                     self.engine.unpin(CacheId(cache_id))
 
-        self._spawn(release())
+        self.spawn(release())
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, referenced until it ends (the loop holds tasks only weakly)."""
         job = asyncio.get_running_loop().create_task(work)
         self._jobs.add(job)
@@ -115,33 +131,23 @@ class LinkCore:
     def all_links(self) -> list[AnyLink]:
         return [*self.links.values(), *self.served.values()]
 
-    def _drop_serving(self, link: ServingEnd) -> None:
-        if link.frames is not None:
-            link.frames.close("the link was dropped")
+    def drop_serving(self, link: ServingEnd) -> None:
         if self.served.get(link.remote_cluster) is link:
             del self.served[link.remote_cluster]
         if isinstance(link, InboundLink):
-            link.reverse.close("the link was dropped")
-            self.sessions.pop(link.session, None)
+            link.calls.close("the link was dropped")
             self.transport.revoke(link.token)
 
-    def _mark_broken(self, link: Link, reason: str) -> None:
+    def mark_broken(self, link: Link, reason: str) -> None:
         if link.state != LinkState.BROKEN:
             link.state = LinkState.BROKEN
             link.reason = reason
-            if link.frames is not None:
-                link.frames.close(reason)
+            if isinstance(link, (OutboundLink, InboundLink)):
+                link.calls.close(reason)
             log.warning("cluster %s: link to cluster %s (%s) broken: %s", self.cluster_id, link.remote_cluster,
                         link.address or link.transport, reason)
 
-    def session_link(self, session: bytes) -> InboundLink:
-        link = self.sessions.get(session)
-        if link is None:
-            raise DataDistError(StatusCode.LLM_NOT_YET_LINK, "unknown or expired link session; link first")
-        link.last_seen = time.monotonic()
-        return link
-
-    def _channel_of(self, link: Link) -> Channel | None:
+    def channel_of(self, link: Link) -> Channel | None:
         """The data channel of a link: the one this side opened, or the one the linking side opened to it
         (None for a same-daemon link, or once the transport forgot the token)."""
         if isinstance(link, OutboundLink):
@@ -153,50 +159,39 @@ class LinkCore:
     def links_to(self, cluster: int) -> AnyLink | None:
         return self.links.get(cluster) or self.served.get(cluster)
 
-    async def close(self) -> None:
-        """Engine finalize: tell linked peers (briefly), drop everything, stop the data plane."""
-        if self.closed:
-            return
+    async def forget(self, link: Link) -> None:
+        """Tear down this end of ``link`` without telling the other end: out of the tables, its heartbeat and owner
+        calls stopped, its channel closed (in a worker thread: a close may wait for senders) or revoked."""
+        if self.links.get(link.remote_cluster) is link:
+            del self.links[link.remote_cluster]
+        if link.heartbeat is not None:
+            link.heartbeat.cancel()
+        if isinstance(link, LocalLink):
+            other = link.local_peer
+            for table in (other.links, other.served):
+                peer_side = table.get(self.cluster_id)
+                if peer_side is not None and peer_side.session == link.session:
+                    del table[self.cluster_id]
+            if self.served.get(link.remote_cluster) is link:
+                del self.served[link.remote_cluster]
+        elif isinstance(link, OutboundLink):
+            link.calls.close("unlinked")
+            await self.in_thread(link.channel.close)
+        else:
+            assert isinstance(link, InboundLink)
+            self.drop_serving(link)
+        log.info("cluster %s unlinked cluster %s", self.cluster_id, link.remote_cluster)
+
+    async def stop(self) -> None:
+        """Engine finalize, after the other ends were told: drop the writes, stop the data plane."""
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
-        deadline = time.monotonic() + 1.0
-        for link in self.all_links():
-            try:
-                await self._close_link(link, notify=True, deadline=deadline)
-            except DataDistError as exc:
-                log.info("cluster %s: finalize: %s", self.cluster_id, exc)
         for pw in self.writes.values():
             pw.receipt.cancel()
         self.writes.clear()
-        await self._in_thread(self.transport.stop)  # fails every wait and send still running
-        await self.engine.gate.drained(5.0)           # bounded: let those jobs return before memory is freed
-
-    # ---- what one side calls on another (defined by the sides; declared here for the type checker) -----
-
-    def _frame_calls(self, link: Link) -> FrameCalls:
-        raise NotImplementedError
-
-    def _control_handler(self, link: Link) -> Callable[[int, bytes], None]:
-        raise NotImplementedError
-
-    async def _serve_reverse(self, link: OutboundLink) -> None:
-        raise NotImplementedError
-
-    async def _heartbeat(self, link: OutboundLink) -> None:
-        raise NotImplementedError
-
-    async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
-        raise NotImplementedError
-
-    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
-        raise NotImplementedError
-
-    def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
-        raise NotImplementedError
-
-    async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:
-        raise NotImplementedError
+        await self.in_thread(self.transport.stop)  # fails every wait and send still running
+        await self.engine.gate.drained(5.0)          # bounded: let those jobs return before memory is freed
 
 
 def _cancel_all(receipts: list[Receipt]) -> None:

@@ -1,0 +1,48 @@
+"""``OneSidedAgent``: what a one-sided transport needs of its engine's agent (NIXL's ``nixl.agent.Agent``,
+``hccl.agent.HcclAgent``): memory registrations described to peers, peers loaded by their metadata, WRITEs
+that carry a notification, and the notifications that arrived."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from ...core.errors import DataDistError
+from ...memory.base import Segment
+from ..registry import Registration
+
+__all__ = ["OneSidedAgent"]
+
+
+class OneSidedAgent(Protocol):
+    name: str
+
+    def metadata(self) -> bytes:
+        """Everything a peer needs to load this agent (every registration so far)."""
+
+    def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
+        """What a peer that has the rest needs to reach ``regs`` too."""
+
+    def serials(self) -> set[int]:
+        """The registrations ``metadata`` describes."""
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Load a peer's metadata; the peer's agent name."""
+
+    def drop_peer(self, name: str) -> None: ...
+
+    def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
+        """Rows ``(address, length)`` of ``segments`` (registering their handles once), the registrations used,
+        and those made by this call."""
+
+    def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
+              stop: Callable[[], DataDistError | None]) -> None:
+        """One WRITE of ``local`` rows into the peer's ``remote`` rows, then ``notif`` to the peer."""
+
+    def notify(self, peer: str, message: bytes) -> None: ...
+
+    def notifications(self) -> list[tuple[str, bytes]]:
+        """``(peer name, message)`` of the notifications that arrived since the last call."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,132 @@
+"""Owner calls' records and ``FrameCalls`` (``datadistd.ownercalls``): every command kind survives the wire,
+and any number of calls in flight are answered by id, in any order."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from datadistd.core.errors import DataDistError, StatusCode
+from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
+from datadistd.ownercalls import (
+    MAX_OPEN_PER_CALL,
+    CommitWriteCmd,
+    FrameCalls,
+    OpenWriteCmd,
+    OwnerCall,
+    OwnerReply,
+    PingCmd,
+    ReadCmd,
+    RefusedCall,
+    ReleaseCmd,
+    UnlinkCmd,
+)
+from datadistd.rpc import convert
+from datadistd.rpc.convert import CALL_CODEC
+
+SESSION = b"s" * 16
+SPEC = RemoteSpec(BlocksKeyRef(7, 1), ReadMode.BLOCKS, (3, 1, 4), -1, 0, 2, 4, 4096)
+
+
+class Hub:
+    """``FrameCalls`` whose frames land in a queue (the other end, played by the test, answers by id)."""
+
+    def __init__(self) -> None:
+        self.sent: asyncio.Queue[OwnerCall] = asyncio.Queue()
+
+        async def send(payload: bytes, deadline: float) -> None:
+            self.sent.put_nowait(CALL_CODEC.decode_command(payload))
+
+        self.calls = FrameCalls(2, CALL_CODEC, send)
+
+    async def next_command(self) -> OwnerCall:
+        return await asyncio.wait_for(self.sent.get(), 5.0)
+
+
+@pytest.mark.parametrize("cmd", [
+    OpenWriteCmd(1, SESSION, (SPEC,), 500),
+    OpenWriteCmd(1, SESSION, (SPEC, replace(SPEC, tensor_start=4), replace(SPEC, blocks=(9,))), 500, 8000),
+    CommitWriteCmd(2, SESSION, (99,), 500),
+    CommitWriteCmd(2, SESSION, (99, 100, 7), 500),
+    ReadCmd(3, SESSION, 42, RemoteSpec(IdIndexRef(7, 2, 1), ReadMode.SLOT, (), 128, 64, 0, 0, 512), 700),
+    ReleaseCmd(4, SESSION, CacheKeyRef(7, 11, 0), 0, 6),
+    UnlinkCmd(5, SESSION),
+    PingCmd(6, SESSION),
+])
+def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
+    assert convert.call_from_pb(convert.call_to_pb(cmd)) == cmd
+
+
+def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
+    for reply in (OwnerReply(9, 0, "", (5,), 4096, True), OwnerReply(9, transfer_ids=(5, 6, 11)),
+                  OwnerReply(9, nbytes=3)):
+        assert convert.reply_from_pb(convert.reply_to_pb(reply)) == reply
+    empty = convert.call_to_pb(UnlinkCmd(6, SESSION))
+    empty.ClearField("unlink")
+    with pytest.raises(DataDistError) as info:
+        convert.call_from_pb(empty)
+    assert info.value.code == StatusCode.LLM_PARAM_INVALID
+    with pytest.raises(RefusedCall) as refused:   # as a frame: refused by id, so the caller gets an answer
+        CALL_CODEC.decode_command(empty.SerializeToString())
+    assert refused.value.command_id == 6 and refused.value.code == StatusCode.LLM_PARAM_INVALID
+
+
+def test_concurrent_calls_are_matched_by_id_answered_in_reverse_order() -> None:
+    async def main() -> list:
+        hub = Hub()
+        calls = [asyncio.ensure_future(hub.calls.read(SESSION, tid, SPEC, 5.0)) for tid in range(12)]
+        commands = [await hub.next_command() for _ in calls]
+        for cmd in reversed(commands):  # the other end answers in any order
+            assert isinstance(cmd, ReadCmd)
+            hub.calls.on_reply(OwnerReply(cmd.command_id, nbytes=cmd.transfer_id * 10, release_needed=True))
+        results = await asyncio.wait_for(asyncio.gather(*calls), 5.0)
+        failing = asyncio.ensure_future(hub.calls.unlink(SESSION, 5.0))
+        cmd = await hub.next_command()
+        hub.calls.on_reply(OwnerReply(cmd.command_id, int(StatusCode.LLM_NOT_YET_LINK), "gone"))
+        with pytest.raises(DataDistError) as info:
+            await failing
+        assert info.value.code == StatusCode.LLM_NOT_YET_LINK
+        return results
+
+    assert asyncio.run(main()) == [(tid * 10, True) for tid in range(12)]
+
+
+def test_closed_calls_fail_the_calls_in_flight_at_once() -> None:
+    async def main() -> None:
+        hub = Hub()
+        call = asyncio.ensure_future(hub.calls.open_write(SESSION, [SPEC], 30.0))
+        await hub.next_command()
+        hub.calls.close("the link was dropped")
+        with pytest.raises(DataDistError) as info:
+            await asyncio.wait_for(call, 5.0)
+        assert info.value.code == StatusCode.LLM_LINK_FAILED
+        with pytest.raises(DataDistError) as info:   # and every later call at once
+            await hub.calls.ping(SESSION, 5.0)
+        assert info.value.code == StatusCode.LLM_LINK_FAILED
+
+    asyncio.run(main())
+
+
+def test_an_open_write_of_too_many_pieces_is_refused_before_decoding() -> None:
+    """A hostile peer cannot make the owner open (and pin caches for) an unbounded number of transfers."""
+    msg = convert.call_to_pb(OpenWriteCmd(1, SESSION, (SPEC,) * MAX_OPEN_PER_CALL, 500))
+    assert len(convert.call_from_pb(msg).specs) == MAX_OPEN_PER_CALL
+    msg.open_write.more.append(msg.open_write.more[0])
+    with pytest.raises(DataDistError) as info:
+        convert.call_from_pb(msg)
+    assert info.value.code == StatusCode.LLM_PARAM_INVALID
+
+
+def test_an_answer_with_the_wrong_number_of_transfers_fails_the_open() -> None:
+    async def main() -> None:
+        hub = Hub()
+        call = asyncio.ensure_future(hub.calls.open_write(SESSION, [SPEC, SPEC], 5.0))
+        cmd = await hub.next_command()
+        hub.calls.on_reply(OwnerReply(cmd.command_id, transfer_ids=(4,)))   # an owner that opened only the first
+        with pytest.raises(DataDistError) as info:
+            await asyncio.wait_for(call, 5.0)
+        assert info.value.code == StatusCode.LLM_FAILED
+
+    asyncio.run(main())

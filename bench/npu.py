@@ -14,7 +14,7 @@ on NPU 0 and the decoder on NPU 1, DEVICE caches (allocated from the daemon's po
 ``aclrtMalloc``'d tensors registered by IPC key), scenario 1's pulls and pushes of shuffled blocks.
 
 The baseline (``BareHccl``), HCCL's own number: two processes on NPUs 0 and 1 and nothing of datadist but
-the ctypes bindings (``datadist.ascend``) and the rank table datadist's agent builds (``cluster_table``): each
+the ctypes bindings (``datadist_ascend``) and the rank table datadist's agent builds (``cluster_table``): each
 ``aclrtMalloc``'s a cache of the same size, ``HcclCommInitClusterInfoMemConfig``, ``aclrtCreateStream``,
 ``HcclRegisterGlobalMem`` + ``HcclCommBindMem``, ``HcclCommPrepare``. One request = the same number of shuffled
 blocks of every tensor as datadist's request, one descriptor per block, built before the clock; timed from
@@ -108,8 +108,8 @@ def _rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blocks: i
 def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blocks: int, block: int, n: int,
                 comm_name: str) -> None:
     os.environ.update(env)
-    from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
-    from datadist.ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
+    from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+    from datadist_ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
     from datadistd.transport.hccl.agent import cluster_table
 
     a, h = acl(), hccl()

@@ -96,7 +96,7 @@ def cache(state: dict, name: str, memory: str, num_tensors: int, num_blocks: int
         c = cm.allocate_blocks_cache(desc, key)
         arrays: list[Any] = [_npu_rows(a, num_blocks, block_bytes, device) for a in c.tensor_addrs]
     elif NPU and memory == "registered":
-        from datadist.ascend.acl import acl
+        from datadist_ascend.acl import acl
         arrays = [_npu_rows(acl().malloc(device, num_blocks * block_bytes), num_blocks, block_bytes, device)
                   for _ in range(num_tensors)]
         c = cm.register_blocks_cache(desc, [a.addr for a in arrays], key)
@@ -372,7 +372,7 @@ def drop(state: dict, name: str) -> None:
         cm.unregister_cache(c.cache_id)
         for a in arrays:
             if _on_npu(a):   # the worker's own NPU memory: freed once the daemon let it go
-                from datadist.ascend.acl import acl
+                from datadist_ascend.acl import acl
                 acl().free(a.device, a.addr)
     else:
         cm.deallocate_blocks_cache(c)

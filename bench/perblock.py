@@ -8,7 +8,7 @@ worst case) goes through what the two daemons run for it between the plan and th
   ``RegistrationTable.rows``), the destination rows as the bytes of the control frame;
 * sender (``send``): its segment table and rows, the destination rows read back from the frame, the pairing of
   both (``pair_rows``), then the engine's descriptors -- hccl: the binding's ``OneSideOpDesc`` array
-  (``datadist.ascend.hccl.descriptors``, what ``Hccl.batch`` hands to ``HcclBatchPut``); nixl: NIXL's transfer
+  (``datadist_ascend.hccl.descriptors``, what ``Hccl.batch`` hands to ``HcclBatchPut``); nixl: NIXL's transfer
   descriptor lists of both sides (``get_xfer_descs`` of ``(N, 3)`` arrays, as ``Agent.write``).
 
 The engines' own calls (the put, the WRITE) are not on this clock: scenario 9 and 10's bulk rows time them. The
@@ -73,7 +73,7 @@ def _request(blocks: int, block: int, seed: int) -> tuple[Callable[[], Any], Any
 
 def _descriptors(engine: str) -> Callable[[np.ndarray, np.ndarray], Any]:
     if engine == "hccl":
-        from datadist.ascend.hccl import descriptors
+        from datadist_ascend.hccl import descriptors
 
         return lambda src, dst: descriptors(src[:, 0], dst[:, 0], src[:, 1])
     from datadistd.transport.nixl.agent import Agent

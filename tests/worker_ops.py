@@ -35,20 +35,20 @@ class NpuTensor:
 
     @classmethod
     def allocate(cls, shape: tuple, dtype: Any, device: int = 0) -> "NpuTensor":
-        from datadist.ascend.acl import acl
+        from datadist_ascend.acl import acl
         t = cls(0, shape, dtype, device)
         t.addr = acl().malloc(device, t.nbytes)
         t.store(np.zeros(t.shape, t.dtype))
         return t
 
     def load(self) -> np.ndarray:
-        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+        from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
         out = np.empty(self.shape, self.dtype)
         acl().memcpy(self.device, out.ctypes.data, self.nbytes, self.addr, self.nbytes, MEMCPY_DEVICE_TO_HOST)
         return out
 
     def store(self, arr: np.ndarray) -> None:
-        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
         src = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
         assert src.size == self.nbytes
         acl().memcpy(self.device, self.addr, self.nbytes, src.ctypes.data, self.nbytes, MEMCPY_HOST_TO_DEVICE)

@@ -41,12 +41,12 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
     importer closes first; the daemon closes its import when the cache goes).
 
     While the daemon imports it, the memory's first 16 bytes hold this connection's proof of possession
-    (``datadist.ascend.proof``); they are restored before this returns, whatever the answer."""
+    (``datadist_ascend.proof``); they are restored before this returns, whatever the answer."""
     import ctypes
 
-    from datadist.ascend import AscendError
-    from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
-    from datadist.ascend.proof import PROOF_LEN, possession_proof
+    from datadist_ascend import AscendError
+    from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+    from datadist_ascend.proof import PROOF_LEN, possession_proof
 
     if length < PROOF_LEN:
         raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, NPU memory handed to "
@@ -77,8 +77,8 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
 def device_to_host(address: int, shape: Tuple[int, ...], dtype: Any, func: str, device: int) -> np.ndarray:
     """A host copy of the NPU tensor at ``address`` on NPU ``device`` (daemon backend ``acl``): ``aclrtMemcpy``
     device to host -- the host cannot load NPU memory itself."""
-    from datadist.ascend import AscendError
-    from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+    from datadist_ascend import AscendError
+    from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
 
     out = np.empty(shape, dtype)
     try:

@@ -119,14 +119,14 @@ class _DeviceImport:
         return self.size
 
     def close(self) -> None:
-        from datadist.ascend.acl import acl
+        from datadist_ascend.acl import acl
 
         acl().ipc_close(self.key)
 
 
 def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int]:
-    """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist.ascend``)."""
-    from datadist.ascend.acl import acl
+    """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist_ascend``)."""
+    from datadist_ascend.acl import acl
 
     return _DeviceImport(key, size), acl().ipc_import(device, key)
 

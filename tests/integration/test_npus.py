@@ -134,7 +134,7 @@ def test_npu_memory_of_another_device_is_refused(daemon_factory, worker_factory)
 
 
 def _physical_id(state: dict, device: int) -> int:
-    from datadist.ascend.acl import acl
+    from datadist_ascend.acl import acl
     return acl().physical_id(device)
 
 

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from tests.harness import Daemon
+from tests.reliability.common import status, wait_until
 
 from .test_examples import Script, run_pair, user_env
 from .test_netns import Hosts
@@ -84,6 +85,8 @@ def test_two_hosts_behind_firewalls_from_the_checklist(hosts) -> None:
             assert done.returncode == 0 and "SERVING" in done.stdout, done.stdout + done.stderr
         finally:
             prompt.kill()
+        # the daemon finalizes the killed worker's engine (and closes its listener) once it sees the lease end
+        assert wait_until(lambda: not status(da).engines, 30), status(da)
         run_pair(user_env(DATADIST_DAEMON=da.target), user_env(DATADIST_DAEMON=db.target), listen,
                  local_ip=hosts.ip_b)
     finally:

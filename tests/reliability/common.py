@@ -270,7 +270,10 @@ class PeerAgent:
 
         request = peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=self.client_cluster,
                                             server_cluster_id=self.server_cluster)
-        return self.peer.Challenge(request, timeout=10).challenge
+        # a connection of its own, as a linking daemon asks (admission grants few challenges per pre-auth
+        # connection); a local subchannel pool, or gRPC would share one connection among the channels
+        with grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            return peer_pb2_grpc.PeerStub(ch).Challenge(request, timeout=10).challenge
 
     def offer(self, challenge: bytes | None = None, **override: Any) -> peer_pb2.HandshakeRequest:
         """A signed offer over ``challenge`` (default: a fresh one from the server); ``override`` fields after."""

@@ -3,7 +3,7 @@ cannot hand another worker's NPU memory over as its own, even knowing its IPC ke
 
 An IPC key is only a name (ACL tells an importer nothing of who exported it) and the victim white-listed
 the daemon's pid, as register_cache does. The daemon therefore asks for a proof of possession
-(``datadist.ascend.proof``) that only the memory's owner can have put there."""
+(``datadist_ascend.proof``) that only the memory's owner can have put there."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _attach(state: dict):  # noqa: ANN202
 
 def leak_npu_key(state: dict, seed: int) -> tuple[str, int]:
     """Victim: NPU memory of its own, exported for the daemon as register_cache exports it; the key leaks."""
-    from datadist.ascend.acl import acl
+    from datadist_ascend.acl import acl
 
     attach = _attach(state)
     t = NpuTensor.allocate((NBYTES,), np.uint8)

@@ -272,7 +272,8 @@ def test_11_idle_strangers_on_the_peer_port_are_capped_and_timed_out(pair):
         stub.Challenge(peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=9,
                                                  server_cluster_id=P),
                        timeout=10)
-        assert grpc.ChannelConnectivity.READY in states
+        # connectivity callbacks arrive on gRPC's own thread, possibly after the call returned
+        assert wait_until(lambda: grpc.ChannelConnectivity.READY in states, 10), states
         ready = states.index(grpc.ChannelConnectivity.READY)
         assert wait_until(lambda: len(states) > ready + 1, PREAUTH + 10), states   # the front hung up
     # the legitimate link outlived the deadline: still established, still moving bytes

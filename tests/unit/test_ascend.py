@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from datadist.ascend.errors import ACL_STATUS, HCCL_STATUS
 from datadist.status import LLMStatusCode as S
+from datadist_ascend.errors import ACL_STATUS, HCCL_STATUS
 from tests.harness import ROOT
 from tests.sim import build, sim_env
 
@@ -55,8 +55,8 @@ def test_pool_key_imports_only_in_the_white_listed_process(sim_root, tmp_path) -
         import os
         from datadistd.memory.acl import AclBackend
         from datadistd.core.types import Placement
-        from datadist.ascend import AscendError
-        from datadist.ascend.acl import acl
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
         pool = AclBackend().create_pool(Placement.DEVICE, 1 << 20)
         key = pool.export_key(os.getpid() + 1)           # another process's key
         try:
@@ -74,7 +74,7 @@ def test_device_memory_is_not_host_memory(sim_root, tmp_path) -> None:
     dereferenced one (copies go through aclrtMemcpy)."""
     run("""
         import ctypes
-        from datadist.ascend.acl import acl
+        from datadist_ascend.acl import acl
         ctypes.string_at(acl().malloc(0, 4096), 1)
         """, sim_env(sim_root, str(tmp_path)), expect_rc=-11)
 
@@ -106,9 +106,9 @@ def test_device_handle_copies_and_bounds(sim_root, tmp_path) -> None:
 
 def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_path) -> None:
     out = run("""
-        from datadist.ascend import AscendError
-        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
-        from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+        from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
         from datadistd.transport.hccl.agent import cluster_table
         a, h = acl(), hccl()
         table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": "10.0.0.1"}
@@ -144,8 +144,8 @@ def test_device_memory_is_taken_only_with_the_presenters_proof_and_its_true_leng
     as many bytes as the key really has."""
     out = run("""
         import ctypes, os
-        from datadist.ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
-        from datadist.ascend.proof import possession_proof
+        from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        from datadist_ascend.proof import possession_proof
         from datadistd.core.errors import DataDistError
         from datadistd.memory.acl import AclBackend
         from datadistd.memory.base import DeviceRef
@@ -187,7 +187,7 @@ def test_device_copies_stay_on_the_device(sim_root, tmp_path) -> None:
     wrapped round the real (simulated) one."""
     out = run("""
         import numpy as np
-        from datadist.ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+        from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
         from datadistd.memory.acl import DeviceHandle
         from datadistd.memory.base import Segment
         from datadistd.memory.copy import copy_segments
@@ -242,7 +242,7 @@ def test_libraries_come_from_ascend_home_before_the_system_search(sim_root, tmp_
     shutil.copy(sim_root / "lib64" / "libascendcl.so", home / "lib64" / "libsecond.so")
     shutil.copy(sim_root / "lib64" / "libascendcl.so", other / "libfirst.so")
     out = run("""
-        from datadist.ascend.loader import find_library
+        from datadist_ascend.loader import find_library
         print(find_library("libfirst.so", "libsecond.so")._name)
         """, {"ASCEND_HOME_PATH": str(home), "LD_LIBRARY_PATH": str(other)})
     assert out == str(home / "lib64" / "libsecond.so")

@@ -1,7 +1,7 @@
 """The one-sided transports' per-block arithmetic (nixl and hccl) against brute-force per-block oracles.
 
 Rows of a transfer (``RegistrationTable.rows``), their pairing with the peer's rows (``pair_rows``) and HCCL's
-descriptor array (``datadist.ascend.hccl.descriptors``) are built with numpy, no Python object per block; each
+descriptor array (``datadist_ascend.hccl.descriptors``) are built with numpy, no Python object per block; each
 must equal what a plain loop over the blocks builds. No NIXL or CANN needed: the engines' calls are faked.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datadist.ascend.hccl import DATA_TYPE_UINT8, DESC_DTYPE, OneSideOpDesc, descriptors
+from datadist_ascend.hccl import DATA_TYPE_UINT8, DESC_DTYPE, OneSideOpDesc, descriptors
 from datadistd.memory.base import Segment
 from datadistd.memory.segments import SegmentTable
 from datadistd.transport.onesided.pieces import pair_rows
@@ -195,7 +195,7 @@ def test_hccl_descriptors_take_one_length_for_all() -> None:
 
 def test_hccl_batch_hands_the_whole_array_over_in_one_call() -> None:
     """``Hccl.batch`` calls the library once, with a pointer to ``n`` descriptors laid out as the C struct."""
-    from datadist.ascend.hccl import Hccl
+    from datadist_ascend.hccl import Hccl
 
     calls: list[tuple[str, list[tuple[int, int, int, int]]]] = []
 

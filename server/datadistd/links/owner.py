@@ -58,16 +58,22 @@ class Owner:
         hold = limits.clamp(hold_ms or timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
         deadline = time.monotonic() + hold / 1000
         nbytes = sum(spec.expected_bytes for spec in specs)
-        link.usage.open_writes(limits, len(specs), nbytes)   # per-link caps, before anything is pinned
+        link.usage.check_writes(limits, len(specs))   # over the count cap: refused before any piece is looked at
         prepared: list[tuple[int, Sequence[Segment]]] = []
         receipts: list[Receipt] = []
+        booked = False
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
                 prepared.append(self.table.engine.prepare_write(spec))
+            # the caps booked once the pieces are valid (so a bad byte count is LLM_PARAM_INVALID, not a cap), before
+            # any receipt exists; no await since the pins above, so nothing ran with them over the cap
+            link.usage.open_writes(limits, len(specs), nbytes)
+            booked = True
             for _, dst in prepared:
                 receipts.append(self.table.transport.expect(dst, channel=channel))
         except BaseException:
-            link.usage.close_writes(len(specs), nbytes)
+            if booked:
+                link.usage.close_writes(len(specs), nbytes)
             self.table.release_later(receipts, [cache_id for cache_id, _ in prepared])
             raise
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):

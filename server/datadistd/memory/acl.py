@@ -1,4 +1,4 @@
-"""Ascend device memory (``acl``): pools in NPU memory through CANN's C runtime (``datadist.ascend.acl``).
+"""Ascend device memory (``acl``): pools in NPU memory through CANN's C runtime (``datadist_ascend.acl``).
 
 * DEVICE pools: one ``aclrtMalloc`` of the pool's capacity on the engine's NPU (``ge.exec.deviceId``; engines
   that name none: ``[memory] device_id``; one daemon serves every NPU of the host),
@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from datadist.ascend import AscendError
-from datadist.ascend.acl import (
+from datadist_ascend import AscendError
+from datadist_ascend.acl import (
     ASYNC_D2D_ALIGN,
     MEMCPY_DEVICE_TO_DEVICE,
     MEMCPY_DEVICE_TO_HOST,
@@ -38,7 +38,7 @@ from datadist.ascend.acl import (
     Acl,
     acl,
 )
-from datadist.ascend.proof import PROOF_LEN
+from datadist_ascend.proof import PROOF_LEN
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
@@ -270,7 +270,7 @@ class AclBackend:
         handle.read_into(0, memoryview(held))
         require(hmac.compare_digest(bytes(held), ref.proof),
                 "the NPU memory behind this key does not hold this worker's proof of possession: a worker hands "
-                "over only its own memory (datadist.ascend.proof)")
+                "over only its own memory (datadist_ascend.proof)")
 
     def close(self) -> None:
         self._host.close()

@@ -100,7 +100,7 @@ class ProcessRef:
 class DeviceRef:
     """Worker NPU memory (backend ``acl``): ``length`` bytes behind the IPC ``key`` the worker exported on
     ``device`` with only the daemon's pid on its white list; ``proof``: what its first bytes must hold while
-    it is handed over (``datadist.ascend.proof``: the key is a name, anyone who learned it could present it)."""
+    it is handed over (``datadist_ascend.proof``: the key is a name, anyone who learned it could present it)."""
 
     key: str
     device: int

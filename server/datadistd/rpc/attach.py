@@ -29,8 +29,8 @@ import os
 import socket
 import struct
 
-from datadist.ascend.proof import possession_proof
 from datadist.v1 import attach_pb2
+from datadist_ascend.proof import possession_proof
 
 from .. import __version__
 from ..admission import RefusalLog

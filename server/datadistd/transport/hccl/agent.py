@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from datadist.ascend import AscendError
-from datadist.ascend.acl import acl
-from datadist.ascend.hccl import MEM_DEVICE, CommConfig, hccl
 from datadist.status import LLMStatusCode
+from datadist_ascend import AscendError
+from datadist_ascend.acl import acl
+from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from datadist.ascend import AscendError
-from datadist.ascend.acl import acl
-from datadist.ascend.hccl import hccl
+from datadist_ascend import AscendError
+from datadist_ascend.acl import acl
+from datadist_ascend.hccl import hccl
 
 from ...core.errors import DataDistError
 from ..onesided import LinkPeer, OneSidedTransport

@@ -8,6 +8,7 @@ import sys
 GRPC_FREE = ["datadistd", "datadistd.core.types", "datadistd.core.registry", "datadistd.core.layout",
              "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.engine",
              "datadistd.links", "datadistd.node", "datadistd.comm", "datadistd.memory", "datadistd.memory.host",
+             "datadistd.memory.imported",
              "datadistd.transport", "datadistd.transport.tcp", "datadistd.config"]
 
 

@@ -1,4 +1,4 @@
-"""``TcpTransport``: the listener (admission, hello), outbound connects, receipts, staging buffers."""
+"""``TcpTransport``: the listener (admission, hello), outbound connects, the tables of channels and receipts."""
 
 from __future__ import annotations
 
@@ -19,18 +19,14 @@ from datadist.status import LLMStatusCode
 from ...admission import Admission, AdmissionLimits, Ticket
 from ...core.errors import DataDistError
 from ...core.types import TransferId
-from ...memory import addr as memaddr
 from ...memory.base import Segment
 from ..base import Channel
 from .channel import TcpChannel
 from .receipt import TcpReceipt
+from .staging import Buffers
 from .wire import (
-    _DISCARD,
     _JOIN,
     _POLL,
-    _SPARE_BYTES,
-    _SPARES,
-    _STAGING,
     _U64,
     ACK,
     HELLO,
@@ -93,8 +89,7 @@ class TcpTransport:
         self._hellos: set[socket.socket] = set()
         self._retired = {"bytes_sent": 0, "frames_sent": 0, "bytes_received": 0, "frames_received": 0,
                          "bytes_discarded": 0}
-        self._local = threading.local()
-        self._spare: list[memoryview] = []     # send staging buffers to reuse
+        self._buffers = Buffers(chunk_size)     # staging buffers of senders and readers
         self._started = False
         self._stopping = False
 
@@ -232,7 +227,7 @@ class TcpTransport:
         for index, sock in enumerate(socks):
             conn = channel._attach(sock, index, endpoint)
             assert conn is not None
-            self._spawn(conn.run, f"datadist-tcp-read:{endpoint}#{index}", self)
+            self._spawn(conn.run, f"datadist-tcp-read:{endpoint}#{index}")
         return channel
 
     def _open(self, endpoint: str, host: str, port: int, token: bytes, index: int, count: int,
@@ -278,7 +273,7 @@ class TcpTransport:
         if channel is not None and (not isinstance(channel, TcpChannel) or channel._transport is not self):
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "the channel belongs to another transport")
         tid = TransferId(next(self._ids) & _U64)
-        receipt = TcpReceipt(self, tid, table, channel)
+        receipt = TcpReceipt(self._forget, tid, table, channel)
         if receipt.done:
             return receipt
         with self._lock:
@@ -328,33 +323,6 @@ class TcpTransport:
             s = channel.stats()
             for k in self._retired:
                 self._retired[k] += s[k]  # type: ignore[operator]
-
-    def _discard_buffer(self) -> memoryview:
-        buf = getattr(self._local, "discard", None)
-        if buf is None:
-            buf = self._local.discard = memoryview(bytearray(_DISCARD))
-        return buf
-
-    def _staging_buffer(self) -> tuple[memoryview, int]:
-        """This reader thread's receive staging buffer and its address."""
-        buf = getattr(self._local, "staging", None)
-        if buf is None:
-            view = memoryview(bytearray(_STAGING))
-            buf = self._local.staging = (view, memaddr.buffer_address(view)[0])
-        return buf
-
-    def _take_staging(self, n: int) -> memoryview:
-        """A send staging buffer of at least ``n`` bytes (reused across sends; ``_give_staging`` it back)."""
-        with self._lock:
-            for i, buf in enumerate(self._spare):
-                if len(buf) >= n:
-                    return self._spare.pop(i)
-        return memoryview(bytearray(max(n, min(self.chunk_size, _SPARE_BYTES))))
-
-    def _give_staging(self, buf: memoryview) -> None:
-        with self._lock:
-            if len(self._spare) < _SPARES and len(buf) <= _SPARE_BYTES:
-                self._spare.append(buf)
 
     def _spawn(self, target, name: str, *args: object) -> None:
         def run() -> None:
@@ -408,7 +376,7 @@ class TcpTransport:
             if conn is None:
                 sock.close()
                 return
-            conn.run(self)
+            conn.run()
         finally:
             self._admission.release(ticket)
 

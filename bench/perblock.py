@@ -53,7 +53,7 @@ def _request(blocks: int, block: int, seed: int) -> tuple[Callable[[], Any], Any
     from datadistd.core.types import CacheDesc, DType
     from datadistd.memory.base import Segment
     from datadistd.memory.segments import SegmentTable
-    from datadistd.transport.registry import RegistrationTable
+    from datadistd.transport.registrations import RegistrationTable
 
     per = max(1, blocks // _TENSORS)
     num = 2 * per                                          # half the cache's blocks, none adjacent to the next

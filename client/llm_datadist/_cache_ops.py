@@ -18,9 +18,9 @@ from datadist.v1 import datadist_pb2
 from . import _memory
 from . import _validate as v
 from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, range_pb
+from ._engine import EngineView
 from ._layerwise import check_transfer_args, start_transfer
 from ._rpc import RPC_MARGIN_S, DaemonClient
-from ._session import EngineSession
 from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, Placement
 from .status import LLMException, LLMStatusCode
 
@@ -149,7 +149,7 @@ def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Opt
 class CacheOps:
     """The daemon side of a cache manager: one engine, its mapped memory, its RPCs."""
 
-    def __init__(self, owner: EngineSession) -> None:
+    def __init__(self, owner: EngineView) -> None:
         self._owner = owner
         self._initialized = True
         self._mapper = _memory.Mapper(self._fetch_pool)

@@ -22,8 +22,8 @@ from datadist.v1 import datadist_pb2
 
 from . import _validate as v
 from ._convert import any_key_pb, range_pb
+from ._engine import EngineView
 from ._rpc import rpc_exception
-from ._session import EngineSession
 from ._task import CacheTask
 from .llm_types import TENSORS_PER_LAYER, LayerSynchronizer, TransferConfig, TransferWithCacheKeyConfig
 from .status import LLMStatusCode
@@ -166,7 +166,7 @@ class _Run:
             self._requests.put(_END)  # unblock gRPC's request thread if the daemon ended the stream first
 
 
-def start_transfer(owner: EngineSession, src_cache_id: int, src_desc: Any, layer_synchronizer: Any,
+def start_transfer(owner: EngineView, src_cache_id: int, src_desc: Any, layer_synchronizer: Any,
                    transfer_configs: List[Any], src_block_indices: Optional[Sequence[int]],
                    dst_block_indices: Optional[Sequence[int]], dst_block_memory_size: Optional[int],
                    default_error: LLMStatusCode, ranges: Optional[Sequence[range]] = None) -> CacheTask:

@@ -13,7 +13,7 @@ from datadist.v1 import datadist_pb2
 
 from . import _validate as v
 from ._cache_ops import UINT64_MAX, CacheOps, check_blocks, layer_kwargs
-from ._session import EngineSession
+from ._engine import EngineView
 from ._task import CacheTask
 from .llm_types import (
     BlocksCacheKey,
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class CacheManager(CacheOps):
-    def __init__(self, owner: EngineSession, options: Dict[str, str]) -> None:
+    def __init__(self, owner: EngineView, options: Dict[str, str]) -> None:
         super().__init__(owner)
         self._enable_remote_cache_accessible = options.get("llm.EnableRemoteCacheAccessible") == "1"
         self._has_pool = {Placement.DEVICE: bool(options.get("llm.MemPoolConfig")),

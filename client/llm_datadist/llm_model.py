@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from datadist.v1 import datadist_pb2
 
 from . import _validate as v
-from ._session import EngineSession
+from ._engine import EngineView
 from .configs import LLMRole
 from .data_type import DataType
 from .llm_types import BlocksCacheKey, CacheDesc, CacheKey, KvCache, Placement
@@ -218,7 +218,7 @@ def _req_list(llm_req: Any) -> List[LLMReq]:
 class LLMModel:
     """Returned by ``LLMDataDist.add_model``; what it does depends on the node's role (module docstring)."""
 
-    def __init__(self, owner: EngineSession, model_id: int, desc: CacheDesc, runner: ModelRunner) -> None:
+    def __init__(self, owner: EngineView, model_id: int, desc: CacheDesc, runner: ModelRunner) -> None:
         self._owner = owner
         self._model_id = model_id
         self._desc = desc
@@ -393,7 +393,7 @@ class LLMModel:
 # ---- LLMDataDist entry points (llm_datadist.py delegates here) ----------------------------------
 
 
-def add_model(owner: EngineSession, model_options: Dict[str, str], model_runner: Optional[ModelRunner]) -> LLMModel:
+def add_model(owner: EngineView, model_options: Dict[str, str], model_runner: Optional[ModelRunner]) -> LLMModel:
     v.check_dict("model_options", model_options, str, str, allow_none=False)
     v.check_isinstance("model_runner", model_runner, [ModelRunner])
     v.raise_if_true(owner._enable_cache_manager, "add_model is only supported in KvCacheManager mode "
@@ -409,7 +409,7 @@ def _tokens(desc: CacheDesc) -> int:
     return desc.shape[0] * (desc.shape[seq_dim] if seq_dim else 1)
 
 
-def check_capacity(owner: EngineSession, seq_len: int) -> CapacityState:
+def check_capacity(owner: EngineView, seq_len: int) -> CapacityState:
     v.check_uint64("seq_len", seq_len)
     v.raise_if_false(owner._role == LLMRole.PROMPT, "check_capacity is supported by PROMPT only")
     v.raise_if_false(len(owner._models) > 0, "check_capacity needs a model (add_model)")

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from datadistd.core.types import Placement
 from datadistd.memory.base import FdPiece, FdRef
-from datadistd.memory.host import FdHandle, HostBackend
+from datadistd.memory.host import HostBackend
+from datadistd.memory.imported import FdHandle
 from llm_datadist import _memory
 
 PAGE = mmap.PAGESIZE

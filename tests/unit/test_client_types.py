@@ -606,16 +606,16 @@ def test_transfer_with_cache_key_config() -> None:
     assert cfg.dst_layer_range == range(1, 3)
 
 
-def test_llm_datadist_is_the_session_its_managers_are_typed_against() -> None:
-    """``_session.EngineSession`` declares what managers and models use of ``LLMDataDist``; it must have it all."""
+def test_llm_datadist_is_the_engine_view_its_managers_are_typed_against() -> None:
+    """``_engine.EngineView`` declares what managers and models use of ``LLMDataDist``; it must have it all."""
     import inspect
 
     import llm_datadist as ld
-    from llm_datadist._session import EngineSession
+    from llm_datadist._engine import EngineView
 
     dd = ld.LLMDataDist(ld.LLMRole.PROMPT, 1)
-    declared = set(EngineSession.__annotations__) | {
-        name for name, _ in inspect.getmembers(EngineSession)
+    declared = set(EngineView.__annotations__) | {
+        name for name, _ in inspect.getmembers(EngineView)
         if not name.startswith("__") and name not in ("_abc_impl", "_is_protocol", "_is_runtime_protocol")}
     missing = [name for name in sorted(declared) if not hasattr(type(dd), name) and name not in vars(dd)]
     assert declared >= {"_engine_id", "_call", "_check_init", "cluster_id"} and not missing, missing

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.memory.base import FdPiece, MemoryHandle, Segment
 from datadistd.memory.copy import STAGE_MAX, copy_segments
-from datadistd.memory.host import DirectHandle, FdHandle
+from datadistd.memory.imported import DirectHandle, FdHandle
 
 
 class ViewHandle:

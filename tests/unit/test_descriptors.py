@@ -17,7 +17,7 @@ from datadist_ascend.hccl import DATA_TYPE_UINT8, DESC_DTYPE, OneSideOpDesc, des
 from datadistd.memory.base import Segment
 from datadistd.memory.segments import SegmentTable
 from datadistd.transport.onesided.pieces import pair_rows
-from datadistd.transport.registry import Registration, RegistrationTable
+from datadistd.transport.registrations import Registration, RegistrationTable
 
 
 class Mem:

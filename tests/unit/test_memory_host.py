@@ -20,14 +20,8 @@ from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import Placement
 from datadistd.memory import get_backend, handover
 from datadistd.memory.base import Allocation, FdPiece, FdRef, MemoryHandle, ProcessRef
-from datadistd.memory.host import (
-    DirectHandle,
-    FdHandle,
-    HostBackend,
-    HostPool,
-    MappedFdHandle,
-    PiecesHandle,
-)
+from datadistd.memory.host import HostBackend, HostPool
+from datadistd.memory.imported import DirectHandle, FdHandle, MappedFdHandle, PiecesHandle
 
 KiB = 1024
 MiB = 1024 * KiB

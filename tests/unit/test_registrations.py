@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from datadistd.memory.base import Segment
-from datadistd.transport.registry import Registration, RegistrationTable
+from datadistd.transport.registrations import Registration, RegistrationTable
 from tests.fakes import ArrayHandle
 
 

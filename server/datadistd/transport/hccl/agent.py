@@ -26,7 +26,7 @@ from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
-from ..registry import Registration, RegistrationTable
+from ..registrations import Registration, RegistrationTable
 
 __all__ = ["HcclAgent", "DONE", "cluster_table"]
 

@@ -20,7 +20,7 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.base import MemoryHandle, Segment
-from ..registry import Registration, RegistrationTable
+from ..registrations import Registration, RegistrationTable
 
 __all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "UCX_MODULES_DEFAULT", "status_of", "ucx_transports"]
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...core.errors import DataDistError
 from ...memory.base import Segment
-from ..registry import Registration
+from ..registrations import Registration
 
 __all__ = ["OneSidedAgent"]
 

@@ -48,11 +48,13 @@ Memory safety: a reader touches a receipt's destination only between ``_begin_io
 ``_end_io``; once a receipt failed or was cancelled, ``wait``/``cancel`` return only after every
 reader left it, so the caller may reuse the memory at once.
 
-Modules: ``wire`` (constants, header structs, small helpers), ``receipt`` (``TcpReceipt``), ``conn``
-(``DataConn``: a socket, its send lock and reader loop), ``channel`` (``TcpChannel``: sending, striping,
-control frames), ``transport`` (``TcpTransport``: listener, admission, hello, connect, buffers).
-At run time ``transport`` imports ``channel`` and ``receipt``, ``channel`` imports ``conn``; the other
-references are for the type checker only.
+Modules, bottom to top (each imports only modules before it, for the type checker too): ``wire``
+(constants, header structs, small helpers), ``staging`` (``Buffers``, ``SendPlan``, ``write_out``: bytes of
+handles without a mapping), ``receipt`` (``TcpReceipt``), ``conn`` (``DataConn``: a socket, its send lock
+and reader loop; ``ConnOwner``, what it needs of its channel), ``channel`` (``TcpChannel``: sending,
+striping, control frames; ``ChannelOwner``, what it needs of its transport), ``listener``
+(``TcpListener``: accept, admission, hello), ``transport`` (``TcpTransport``: tokens, the tables of
+channels and receipts, connect).
 """
 
 from __future__ import annotations

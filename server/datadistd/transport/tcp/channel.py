@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
@@ -17,15 +17,13 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...core.types import TransferId
-from ...memory import addr as memaddr
-from ...memory.access import has_raw
 from ...memory.base import Segment
-from ...memory.segments import SegmentTable, byte_view
-from .conn import DataConn, _by_handle
+from ...memory.segments import SegmentTable
+from .conn import DataConn
+from .staging import Buffers, SendPlan
 from .wire import (
     _ABORT_TIMEOUT,
     _CONTROL_BACKLOG,
-    _FEW,
     _FRAME_PIECES,
     _INLINE_FINISH,
     _INLINE_MAX,
@@ -44,15 +42,32 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .transport import TcpTransport
+    from .receipt import TcpReceipt
 
 log = logging.getLogger("datadistd.transport.tcp")
+
+
+class ChannelOwner(Protocol):
+    """What a channel needs of the transport that made it (``TcpTransport``), declared here so that this
+    module names nothing above it."""
+
+    chunk_size: int
+    stripe: int
+    _stopping: bool
+    _buffers: Buffers
+    _receipts: dict[int, TcpReceipt]
+
+    def _channel_down(self, channel: TcpChannel, message: str) -> None:
+        """Fail the receipts bound to ``channel``."""
+
+    def _retire(self, channel: TcpChannel) -> None:
+        """``channel`` leaves the transport's tables; its counters stay in the totals."""
 
 
 class TcpChannel:
     """The connections made with one token; carries frames both ways."""
 
-    def __init__(self, transport: "TcpTransport", token: bytes, peer: str, outbound: bool) -> None:
+    def __init__(self, transport: ChannelOwner, token: bytes, peer: str, outbound: bool) -> None:
         self._transport = transport
         self._token = token
         self._peer = peer
@@ -105,7 +120,7 @@ class TcpChannel:
         with self._lock:
             if self._broken or self._closed:
                 return None
-            conn = DataConn(self, sock, index, peer)
+            conn = DataConn(self, sock, index, peer, self._transport._receipts, self._transport._buffers)
             self._conns.append(conn)
             return conn
 
@@ -127,7 +142,7 @@ class TcpChannel:
         conns = self._live()
         if table.nbytes == 0:
             return
-        plan = _SendPlan(table)
+        plan = SendPlan(table)
         total = plan.total
         size = self._transport.chunk_size
         chunks = _frames(plan.table, size)
@@ -137,7 +152,7 @@ class TcpChannel:
         shares = [chunks[w::workers] for w in range(workers)]  # chunk k goes to worker k % workers
         errors: list[_SendError] = []
         stop = threading.Event()
-        transport = self._transport
+        buffers = self._transport._buffers
 
         def work(conn: DataConn, share: list[tuple[int, int]]) -> None:
             staging: memoryview | None = None
@@ -146,7 +161,7 @@ class TcpChannel:
                     if stop.is_set():
                         return
                     if staging is None and not plan.all_mapped:
-                        staging = transport._take_staging(size)
+                        staging = buffers.take(size)
                     try:
                         conn.send_chunk(transfer_id, offset, length, plan, staging, deadline)
                     except _SendError as exc:
@@ -162,7 +177,7 @@ class TcpChannel:
                         return
             finally:
                 if staging is not None:
-                    transport._give_staging(staging)
+                    buffers.give(staging)
 
         helpers: list[Future[None]] = []
         try:
@@ -213,8 +228,8 @@ class TcpChannel:
         conns = self._live()
         if table.nbytes == 0:
             return True
-        plan = _SendPlan(table)
-        staging = None if plan.all_mapped else self._transport._take_staging(plan.total)
+        plan = SendPlan(table)
+        staging = None if plan.all_mapped else self._transport._buffers.take(plan.total)
         try:
             bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, transfer_id, 0, plan.total))]
             try:
@@ -249,7 +264,7 @@ class TcpChannel:
             bufs = []
             plan.release()
             if staging is not None:
-                self._transport._give_staging(staging)
+                self._transport._buffers.give(staging)
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
@@ -392,81 +407,3 @@ def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
     starts = np.concatenate((np.zeros(1, np.int64), cuts))
     lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
     return list(zip(starts.tolist(), lengths.tolist(), strict=True))
-
-
-class _SendPlan:
-    """The source of one send: its segment table, one readable view per handle (``None``: no mapping)."""
-
-    def __init__(self, table: SegmentTable) -> None:
-        self.table = table.nonempty()
-        self.total = self.table.nbytes
-        self.views: list[memoryview | None] = [byte_view(h, writable=False) for h in self.table.handles]
-        self.mapped_l = [v is not None for v in self.views]
-        self.mapped = np.array(self.mapped_l, bool)
-        self.all_mapped = all(self.mapped_l)
-        self.raw = [has_raw(h) for h in self.table.handles]
-
-    def gather(self, offset: int, length: int, staging: memoryview | None, bufs: list[memoryview]) -> None:
-        """Append the buffers holding stream bytes ``[offset, offset + length)`` to ``bufs``: views of mapped
-        memory, and for the rest ``staging`` (filled here; piece k sits at its stream position - offset)."""
-        which, offs, lens = self.table.cut(offset, offset + length)
-        views = self.views
-        if self.all_mapped:
-            hs = which.tolist()
-            if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()):
-                v = views[hs[0]]
-                bufs += [v[a:b] for a, b in zip(offs.tolist(), (offs + lens).tolist(), strict=True)]
-            else:
-                bufs += [views[h][a:b] for h, a, b in zip(hs, offs.tolist(), (offs + lens).tolist(), strict=True)]
-            return
-        if staging is None or len(staging) < length:
-            raise _SendError(LLMStatusCode.LLM_FAILED, "internal: staging buffer too small", unusable=False)
-        if len(lens) <= _FEW:  # a few pieces: one read_into each beats building a batch
-            handles, mapped_l = self.table.handles, self.mapped_l
-            pos, run = 0, -1
-            for h, a, n in zip(which.tolist(), offs.tolist(), lens.tolist(), strict=True):
-                if mapped_l[h]:
-                    if run >= 0:
-                        bufs.append(staging[run:pos])
-                        run = -1
-                    bufs.append(views[h][a:a + n])
-                else:
-                    handles[h].read_into(a, staging[pos:pos + n])
-                    if run < 0:
-                        run = pos
-                pos += n
-            if run >= 0:
-                bufs.append(staging[run:pos])
-            return
-        mapped = self.mapped[which]
-        local = np.cumsum(lens) - lens           # where each piece sits in the staging buffer
-        base = memaddr.buffer_address(staging)[0]
-        handles = self.table.handles
-        unmapped = ~mapped
-        for h, sel in _by_handle(which, unmapped):
-            if self.raw[h]:
-                handles[h].read_raw(np.stack((offs[sel], base + local[sel], lens[sel]), axis=1))
-                continue
-            for off, loc, n in zip(offs[sel].tolist(), local[sel].tolist(), lens[sel].tolist(), strict=True):
-                handles[h].read_into(off, staging[loc:loc + n])
-        if not mapped.any():
-            bufs.append(staging[:length])
-            return
-        run = -1  # start (in staging) of the current run of staged pieces
-        pieces = zip(which.tolist(), offs.tolist(), lens.tolist(), local.tolist(), mapped.tolist(), strict=True)
-        for h, a, n, loc, m in pieces:
-            if m:
-                if run >= 0:
-                    bufs.append(staging[run:loc])
-                    run = -1
-                bufs.append(views[h][a:a + n])
-            elif run < 0:
-                run = loc
-        if run >= 0:
-            bufs.append(staging[run:length])
-
-    def release(self) -> None:
-        self.views = []
-
-
-# ---- the transport ---------------------------------------------------------------------------

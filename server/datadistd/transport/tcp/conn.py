@@ -8,7 +8,7 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -16,9 +16,10 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.segments import cut
+from ..base import Channel
+from .staging import Buffers, SendPlan, write_out
 from .wire import (
     _DONTWAIT,
-    _FEW,
     _IOV_MAX,
     _JOIN,
     _POLL,
@@ -42,11 +43,20 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from .channel import TcpChannel, _SendPlan
     from .receipt import TcpReceipt
-    from .transport import TcpTransport
 
 log = logging.getLogger("datadistd.transport.tcp")
+
+
+class ConnOwner(Channel, Protocol):
+    """What a connection reports to the channel it belongs to (``TcpChannel``), declared here so that this
+    module names nothing above it."""
+
+    def _on_control(self, kind: int, payload: bytes) -> None:
+        """A control frame arrived (raises ``_ProtocolError`` to drop the connection)."""
+
+    def _conn_lost(self, conn: DataConn, reason: str, clean: bool) -> None:
+        """The connection's reader ended (``reason`` empty: closed here)."""
 
 
 class _FairLock:
@@ -86,8 +96,11 @@ class _FairLock:
 class DataConn:
     """One socket of a channel: its reader and its send lock."""
 
-    def __init__(self, channel: "TcpChannel", sock: socket.socket, index: int, peer: str) -> None:
+    def __init__(self, channel: ConnOwner, sock: socket.socket, index: int, peer: str,
+                 receipts: dict[int, TcpReceipt], buffers: Buffers) -> None:
         self.channel = channel
+        self._receipts = receipts         # the transport's pending receipts by transfer id (read without a lock)
+        self._buffers = buffers
         self.index = index
         self.peer = peer
         self.sock = sock
@@ -131,7 +144,7 @@ class DataConn:
         finally:
             self.lock.release()
 
-    def send_chunk(self, tid: int, offset: int, length: int, plan: "_SendPlan", staging: memoryview | None,
+    def send_chunk(self, tid: int, offset: int, length: int, plan: SendPlan, staging: memoryview | None,
                    deadline: float) -> None:
         """One DATA frame: stream bytes ``[offset, offset + length)`` of ``plan``. Pieces of handles without
         a view are first read into ``staging`` (the worker's own buffer, so a slow source never holds the
@@ -200,7 +213,7 @@ class DataConn:
 
     # -- receiving (reader thread) --
 
-    def run(self, transport: "TcpTransport") -> None:
+    def run(self) -> None:
         header = bytearray(HEADER.size)
         hv = memoryview(header)
         reason = ""
@@ -216,9 +229,9 @@ class DataConn:
                 if kind == KIND_DATA:
                     if length > MAX_FRAME:
                         raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-                    self._on_data(transport, tid, offset, length)
+                    self._on_data(tid, offset, length)
                 elif kind == KIND_ABORT:
-                    receipt = transport._receipts.get(tid)
+                    receipt = self._receipts.get(tid)
                     if receipt is not None:
                         code = _decode_code(length)
                         if code == LLMStatusCode.LLM_SUCCESS:
@@ -296,7 +309,7 @@ class DataConn:
         return True
 
     def _discard(self, n: int) -> None:
-        buf = self.channel._transport._discard_buffer()
+        buf = self._buffers.discard()
         while n > 0:  # each pass reads >= 1 byte or polls (ends with the connection)
             got = self._recv_once(buf[:min(n, len(buf))])
             n -= got
@@ -311,8 +324,8 @@ class DataConn:
             n = None
         return self._received(n)
 
-    def _on_data(self, transport: "TcpTransport", tid: int, offset: int, length: int) -> None:
-        receipt = transport._receipts.get(tid)
+    def _on_data(self, tid: int, offset: int, length: int) -> None:
+        receipt = self._receipts.get(tid)
         if receipt is None:
             self._discard(length)
             return
@@ -330,7 +343,7 @@ class DataConn:
             if mapped.all():
                 done = self._recv_mapped(receipt, which, offs, lens)
             elif not mapped.any():
-                done = self._recv_staged(transport, receipt, tid, which, offs, lens)
+                done = self._recv_staged(receipt, tid, which, offs, lens)
             else:  # runs of mapped and unmapped pieces, in stream order
                 edges = [0, *(np.flatnonzero(mapped[1:] != mapped[:-1]) + 1).tolist(), len(mapped)]
                 for a, b in zip(edges[:-1], edges[1:], strict=True):
@@ -338,7 +351,7 @@ class DataConn:
                     if mapped[a]:
                         got = self._recv_mapped(receipt, which[a:b], offs[a:b], lens[a:b])
                     else:
-                        got = self._recv_staged(transport, receipt, tid, which[a:b], offs[a:b], lens[a:b])
+                        got = self._recv_staged(receipt, tid, which[a:b], offs[a:b], lens[a:b])
                     done += got
                     if got < want:
                         break
@@ -402,12 +415,12 @@ class DataConn:
                     got = 0
         return done
 
-    def _recv_staged(self, transport: "TcpTransport", receipt: TcpReceipt, tid: int, which: np.ndarray,
-                     offs: np.ndarray, lens: np.ndarray) -> int:
+    def _recv_staged(self, receipt: TcpReceipt, tid: int, which: np.ndarray, offs: np.ndarray,
+                     lens: np.ndarray) -> int:
         """Pieces of handles without a mapping: receive a staging buffer full, then write it out in one
         batch per handle (``write_raw``: one system call per ``IOV_MAX`` pieces) or per piece
         (``write_from``). Returns the bytes read (fewer than asked when the receipt ended or failed)."""
-        staging, base = transport._staging_buffer()
+        staging, base = self._buffers.staging()
         ends = np.cumsum(lens)
         pos = ends - lens
         total = int(ends[-1])
@@ -424,7 +437,7 @@ class DataConn:
                 return done + hi - lo   # read off the wire, dropped
             failure: Exception | None = None
             try:
-                _write_out(receipt, which[i0:i1], o, base + (p - lo), k, staging, base)
+                write_out(receipt._table.handles, receipt._raw, which[i0:i1], o, base + (p - lo), k, staging, base)
             except Exception as exc:  # noqa: BLE001 - the destination failed, not the wire
                 failure = exc
             finally:
@@ -435,30 +448,3 @@ class DataConn:
                 receipt._fail(code, f"transfer {tid}: writing into the destination failed: {failure}")
                 return done
         return done
-
-
-def _by_handle(which: np.ndarray, among: np.ndarray | None = None) -> list[tuple[int, Any]]:
-    """``(handle index, selector)`` for each distinct handle of the pieces (``among``: only those pieces)."""
-    if among is None:
-        first = int(which[0])
-        if int(which[-1]) == first and (len(which) < 3 or bool((which == first).all())):
-            return [(first, slice(None))]       # the common case: one handle (one tensor) per window
-        return [(h, which == h) for h in np.unique(which).tolist()]
-    return [(h, among & (which == h)) for h in np.unique(which[among]).tolist()]
-
-
-def _write_out(receipt: TcpReceipt, which: np.ndarray, offs: np.ndarray, local: np.ndarray, lens: np.ndarray,
-               staging: memoryview, base: int) -> None:
-    """Under ``_begin_io``: staged pieces into their (unmapped) destination handles, one batch per handle."""
-    handles = receipt._table.handles
-    if len(which) <= _FEW:  # a few pieces: one write_from each beats building a batch
-        for h, off, loc, n in zip(which.tolist(), offs.tolist(), local.tolist(), lens.tolist(), strict=True):
-            handles[h].write_from(off, staging[loc - base:loc - base + n])
-        return
-    for h, sel in _by_handle(which):
-        handle = handles[h]
-        if receipt._raw[h]:
-            handle.write_raw(np.stack((offs[sel], local[sel], lens[sel]), axis=1))
-            continue
-        for off, loc, n in zip(offs[sel].tolist(), local[sel].tolist(), lens[sel].tolist(), strict=True):
-            handle.write_from(off, staging[loc - base:loc - base + n])

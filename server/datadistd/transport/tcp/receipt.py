@@ -6,7 +6,7 @@ import bisect
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.access import has_raw
 from ...memory.segments import SegmentTable, byte_view
+from ..base import Channel
 from .wire import (
     _DONE,
     _FAILED,
@@ -23,19 +24,15 @@ from .wire import (
     _QUIESCE,
 )
 
-if TYPE_CHECKING:
-    from .channel import TcpChannel
-    from .transport import TcpTransport
-
 log = logging.getLogger("datadistd.transport.tcp")
 
 
 class TcpReceipt:
     """Where the bytes of one incoming transfer go, and how far they got."""
 
-    def __init__(self, transport: "TcpTransport", transfer_id: TransferId, table: SegmentTable,
-                 channel: "TcpChannel | None") -> None:
-        self._transport = transport
+    def __init__(self, forget: Callable[[int], None], transfer_id: TransferId, table: SegmentTable,
+                 channel: Channel | None) -> None:
+        self._forget = forget          # the transport's: drop this receipt from its table once over
         self._tid = transfer_id
         self._table = table.nonempty()
         # one writable byte view per destination handle (None: no mapping, bytes go through staging);
@@ -47,7 +44,7 @@ class TcpReceipt:
         self._received = 0
         self._lo: list[int] = []       # claimed stream ranges [lo, hi), sorted, disjoint, merged
         self._hi: list[int] = []
-        self._channels: set[TcpChannel] = {channel} if channel is not None else set()
+        self._channels: set[Channel] = {channel} if channel is not None else set()
         self._bound = channel          # given: only frames of this channel may fill the receipt
         self._cond = threading.Condition(threading.Lock())
         self._active = 0               # readers writing into the destination right now
@@ -101,7 +98,7 @@ class TcpReceipt:
         self._state = _FAILED
         self._error = DataDistError(code, message)
         self._cond.notify_all()
-        self._transport._forget(self._tid)
+        self._forget(self._tid)
         if self._active == 0:
             self._drop_views()
 
@@ -126,14 +123,14 @@ class TcpReceipt:
                 return
             self._cond.wait(remaining)
 
-    def _fail(self, code: LLMStatusCode, message: str, channel: "TcpChannel | None" = None) -> bool:
+    def _fail(self, code: LLMStatusCode, message: str, channel: Channel | None = None) -> bool:
         with self._cond:
             if self._state != _PENDING or (channel is not None and channel not in self._channels):
                 return False
             self._set_failed(code, message)
             return True
 
-    def _claim(self, offset: int, length: int, channel: "TcpChannel") -> str | None:
+    def _claim(self, offset: int, length: int, channel: Channel) -> str | None:
         """Reserve ``[offset, offset+length)``; ``None`` if fine, ``""`` if the receipt is gone, else why not."""
         end = offset + length
         with self._cond:
@@ -180,9 +177,6 @@ class TcpReceipt:
             if self._received == self._expected:
                 self._state = _DONE
                 self._cond.notify_all()
-                self._transport._forget(self._tid)
+                self._forget(self._tid)
                 if self._active == 0:
                     self._drop_views()
-
-
-# ---- connections and channels ----------------------------------------------------------------

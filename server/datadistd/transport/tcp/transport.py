@@ -1,9 +1,7 @@
-"""``TcpTransport``: the listener (admission, hello), outbound connects, receipts, staging buffers."""
+"""``TcpTransport``: tokens, outbound connects, the tables of channels and receipts (its listener: ``listener.py``)."""
 
 from __future__ import annotations
 
-import errno
-import functools
 import hmac
 import itertools
 import logging
@@ -12,25 +10,21 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
-from ...admission import Admission, AdmissionLimits, Ticket
+from ...admission import AdmissionLimits
 from ...core.errors import DataDistError
 from ...core.types import TransferId
-from ...memory import addr as memaddr
 from ...memory.base import Segment
 from ..base import Channel
 from .channel import TcpChannel
+from .listener import TcpListener
 from .receipt import TcpReceipt
+from .staging import Buffers
 from .wire import (
-    _DISCARD,
     _JOIN,
-    _POLL,
-    _SPARE_BYTES,
-    _SPARES,
-    _STAGING,
     _U64,
     ACK,
     HELLO,
@@ -45,9 +39,6 @@ from .wire import (
     _recv_exact,
     _table,
 )
-
-if TYPE_CHECKING:
-    from .conn import DataConn
 
 log = logging.getLogger("datadistd.transport.tcp")
 
@@ -80,8 +71,7 @@ class TcpTransport:
         self.rcvbuf = rcvbuf
         self.stripe = stripe or _auto_stripe()
         self.admission_limits = admission or AdmissionLimits()
-        self._admission: Admission | None = None      # made at start(): caps on who holds the listener
-        self._listener: socket.socket | None = None
+        self._listener: TcpListener | None = None     # made at start()
         self._lock = threading.Lock()
         self._allowed: set[bytes] = set()
         self._control_handlers: dict[bytes, ControlHandler] = {}   # token -> handler of its inbound channel
@@ -90,11 +80,9 @@ class TcpTransport:
         self._receipts: dict[int, TcpReceipt] = {}
         self._ids = itertools.count(secrets.randbits(32) + 1)
         self._threads: set[threading.Thread] = set()
-        self._hellos: set[socket.socket] = set()
         self._retired = {"bytes_sent": 0, "frames_sent": 0, "bytes_received": 0, "frames_received": 0,
                          "bytes_discarded": 0}
-        self._local = threading.local()
-        self._spare: list[memoryview] = []     # send staging buffers to reuse
+        self._buffers = Buffers(chunk_size)     # staging buffers of senders and readers
         self._started = False
         self._stopping = False
 
@@ -113,38 +101,13 @@ class TcpTransport:
     def start(self) -> None:
         if self._started:
             return
-        listener = self._listen()
+        listener = TcpListener(self, self._lock, self.host, self.port, self.ports, self.connect_timeout, self.nodelay,
+                               self.sndbuf, self.rcvbuf, self.admission_limits)
+        self.port = listener.bind()
         self._listener = listener
-        self.port = listener.getsockname()[1]
         self._started = True
-        self._admission = Admission(f"tcp data plane {self.endpoint}", self.admission_limits, log)
-        self._spawn(self._accept_loop, f"datadist-tcp-accept:{self.port}")
+        listener.start()
         log.debug("tcp data plane listening on %s", self.endpoint)
-
-    def _listen(self) -> socket.socket:
-        """The data-plane listener on ``host``: at ``port``, or the first free port of ``ports``."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        candidates = range(self.ports[0], self.ports[1] + 1) if self.ports else (self.port,)
-        for port in candidates:   # bounded: at most the range's size
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if self.rcvbuf:
-                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-                listener.bind((self.host, port))
-                listener.listen(128)
-                listener.settimeout(_POLL)
-                return listener
-            except OSError as exc:
-                listener.close()
-                if self.ports and exc.errno == errno.EADDRINUSE:
-                    continue
-                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                    f"cannot listen for data connections on {self.host}:{port}: {exc}") from None
-        assert self.ports is not None
-        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                            f"cannot listen for data connections on {self.host}: every port of [transport] data_ports "
-                            f"{self.ports[0]}-{self.ports[1]} is in use (one per engine listening on this address)")
 
     def stop(self) -> None:
         with self._lock:
@@ -153,12 +116,8 @@ class TcpTransport:
                 return
             self._stopping = True
             channels = list(self._inbound.values()) + list(self._outbound)
-            hellos = list(self._hellos)
-        for sock in hellos:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if self._listener is not None:
+            self._listener.shut_hellos()
         for ch in channels:
             ch.close()
         with self._lock:
@@ -186,9 +145,9 @@ class TcpTransport:
 
     def admission_stats(self) -> dict[str, int]:
         """The books of the listener's admission (``admission.Admitting``)."""
-        if self._admission is None:
+        if self._listener is None:
             return {}
-        return self._admission.stats()
+        return self._listener.admission_stats()
 
     def on_control(self, token: bytes, handler: ControlHandler) -> None:
         """The control handler of the inbound channel ``token`` makes (set before its first frame)."""
@@ -232,7 +191,7 @@ class TcpTransport:
         for index, sock in enumerate(socks):
             conn = channel._attach(sock, index, endpoint)
             assert conn is not None
-            self._spawn(conn.run, f"datadist-tcp-read:{endpoint}#{index}", self)
+            self._spawn(conn.run, f"datadist-tcp-read:{endpoint}#{index}")
         return channel
 
     def _open(self, endpoint: str, host: str, port: int, token: bytes, index: int, count: int,
@@ -278,7 +237,7 @@ class TcpTransport:
         if channel is not None and (not isinstance(channel, TcpChannel) or channel._transport is not self):
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, "the channel belongs to another transport")
         tid = TransferId(next(self._ids) & _U64)
-        receipt = TcpReceipt(self, tid, table, channel)
+        receipt = TcpReceipt(self._forget, tid, table, channel)
         if receipt.done:
             return receipt
         with self._lock:
@@ -329,33 +288,6 @@ class TcpTransport:
             for k in self._retired:
                 self._retired[k] += s[k]  # type: ignore[operator]
 
-    def _discard_buffer(self) -> memoryview:
-        buf = getattr(self._local, "discard", None)
-        if buf is None:
-            buf = self._local.discard = memoryview(bytearray(_DISCARD))
-        return buf
-
-    def _staging_buffer(self) -> tuple[memoryview, int]:
-        """This reader thread's receive staging buffer and its address."""
-        buf = getattr(self._local, "staging", None)
-        if buf is None:
-            view = memoryview(bytearray(_STAGING))
-            buf = self._local.staging = (view, memaddr.buffer_address(view)[0])
-        return buf
-
-    def _take_staging(self, n: int) -> memoryview:
-        """A send staging buffer of at least ``n`` bytes (reused across sends; ``_give_staging`` it back)."""
-        with self._lock:
-            for i, buf in enumerate(self._spare):
-                if len(buf) >= n:
-                    return self._spare.pop(i)
-        return memoryview(bytearray(max(n, min(self.chunk_size, _SPARE_BYTES))))
-
-    def _give_staging(self, buf: memoryview) -> None:
-        with self._lock:
-            if len(self._spare) < _SPARES and len(buf) <= _SPARE_BYTES:
-                self._spare.append(buf)
-
     def _spawn(self, target, name: str, *args: object) -> None:
         def run() -> None:
             try:
@@ -369,123 +301,26 @@ class TcpTransport:
             self._threads.add(thread)
         thread.start()
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stopping:  # ends at stop(); each pass waits at most _POLL
-            try:
-                sock, addr = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if self._stopping:
-                    break
-                self._refuse("-", f"accept failed: {exc}")   # EMFILE and the like: rate-limited
-                time.sleep(_POLL)
-                continue
-            peer = f"{addr[0]}:{addr[1]}"
-            assert self._admission is not None
-            self._admission.expire()   # the deadline of a silent hello is its own recv timeout; this is the sweep
-            ticket = None if self._stopping else self._admission.admit(addr[0], functools.partial(_shut, sock))
-            if ticket is None:
-                sock.close()
-                continue
-            with self._lock:
-                self._hellos.add(sock)
-            self._spawn(self._serve, f"datadist-tcp-read:{peer}", sock, peer, ticket)
-
-    def _serve(self, sock: socket.socket, peer: str, ticket: Ticket) -> None:
-        """Hello, then this thread becomes the connection's reader."""
-        assert self._admission is not None
-        conn: DataConn | None = None
-        try:
-            conn = self._hello(sock, peer, ticket)
-        except Exception:  # noqa: BLE001
-            log.exception("tcp data plane %s: handshake with %s failed", self.endpoint, peer)
-        finally:
-            with self._lock:
-                self._hellos.discard(sock)
-        try:
-            if conn is None:
-                sock.close()
-                return
-            conn.run(self)
-        finally:
-            self._admission.release(ticket)
-
-    def _refuse(self, peer: str, why: str) -> None:
-        """A rate-limited warning naming the remote address (never the token); quiet while stopping."""
-        if not self._stopping and self._admission is not None:
-            self._admission.refusals(f"{peer}: {why}")
-
-    def _hello(self, sock: socket.socket, peer: str, ticket: Ticket) -> DataConn | None:
-        """Check the hello (by the ticket's pre-auth deadline); on success register the socket with its
-        channel and acknowledge it."""
-        assert self._admission is not None
-        deadline = min(ticket.deadline, time.monotonic() + self.connect_timeout)
-        try:
-            _configure(sock, self.nodelay, self.sndbuf, self.rcvbuf)
-            head = _recv_exact(sock, HELLO.size, deadline)
-            if head is None:
-                self._refuse(peer, "closed before the hello")
-                return None
-            magic, version, tlen, index, count = HELLO.unpack(head)
-            if magic != HELLO_MAGIC:
-                self._refuse(peer, "not a datadist hello")
-                return None
-            if version != PROTOCOL_VERSION:
-                self._refuse(peer, f"protocol version {version}, want {PROTOCOL_VERSION}")
-                return None
-            if not 1 <= tlen <= MAX_TOKEN or not index < count <= MAX_STREAMS:
-                self._refuse(peer, "malformed hello")
-                return None
-            token = _recv_exact(sock, tlen, deadline)
-        except TimeoutError:
-            self._admission.timed_out(ticket)
-            self._refuse(peer, f"no hello within {min(self.connect_timeout, self.admission_limits.preauth_seconds):g}s")
-            return None
-        except OSError as exc:
-            self._refuse(peer, str(exc))
-            return None
-        if token is None:
-            self._refuse(peer, "closed during the hello")
-            return None
+    def _match(self, token: bytes) -> bytes | None:
+        """``ListenerOwner``: the allowed token equal to ``token``, compared with every one in constant time."""
         with self._lock:
             allowed = list(self._allowed)
         match = None
         for candidate in allowed:  # compare with every allowed token, in constant time each
             if hmac.compare_digest(candidate, token):
                 match = candidate
-        if match is None:
-            self._refuse(peer, "token not accepted")
-            return None
-        self._admission.authenticate(ticket)
-        if not ticket.authenticated:   # closed to make room just now
-            return None
+        return match
+
+    def _inbound_channel(self, token: bytes, peer: str) -> TcpChannel | None:
+        """``ListenerOwner``: the inbound channel of ``token``, made with its handler on its first connection."""
         with self._lock:
-            if self._stopping or match not in self._allowed:
+            if self._stopping or token not in self._allowed:
                 return None
-            channel = self._inbound.get(match)
+            channel = self._inbound.get(token)
             if channel is None:
-                channel = self._inbound[match] = TcpChannel(self, match, peer, outbound=False)
-                channel._control = self._control_handlers.get(match)   # before its first frame is read
-        conn = channel._attach(sock, index, peer)
-        if conn is None:
-            self._refuse(peer, "the channel of its token is already broken")
-            return None
-        try:
-            conn.send_ack(deadline)
-        except OSError as exc:
-            conn.shutdown()
-            channel._break(f"acknowledging connection #{index} from {peer} failed: {exc}")
-        return conn
-
-
-def _shut(sock: socket.socket) -> None:
-    """How admission ends a pre-auth connection: wake its reader (it then closes the socket)."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+                channel = self._inbound[token] = TcpChannel(self, token, peer, outbound=False)
+                channel._control = self._control_handlers.get(token)   # before its first frame is read
+            return channel
 
 
 def _auto_stripe() -> int:

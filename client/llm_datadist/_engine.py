@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     from ._rpc import DaemonClient
     from .llm_types import LLMRole
 
-__all__ = ["EngineSession"]
+__all__ = ["EngineView"]
 
 
-class EngineSession(Protocol):
+class EngineView(Protocol):
     """One initialized engine on the daemon, as the objects hanging off an ``LLMDataDist`` see it."""
 
     _engine_id: int                 # the daemon's id of this engine

@@ -28,28 +28,28 @@ HUGE = 2**32 - 1
 
 def test_8_one_peer_is_held_to_its_links_caps():
     async def main() -> None:
-        async with Pair(False) as pair:
+        async with Pair() as pair:
             pair.p.link_limits = LinkLimits(calls_in_flight=4, open_writes=4096, pinned_bytes=1 << 30,
                                             max_wait_ms=2000, calls_queued=2)
             assert await pair.link() == (0, [0])
             serving, _ = pair.links
             src, _ = pair.caches()
-            (link,) = serving.sessions.values()
+            (link,) = serving.served.values()
             piece = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
             # 150 open writes of 2,048 pieces, held "forever": two fit the per-link cap, the rest are refused
             opened, refused = [], 0
             for _ in range(150):
                 try:
-                    opened.append(serving.open_write_for(link, [piece] * 2048, HUGE, HUGE))
+                    opened.append(serving.owner.open_write_for(link, [piece] * 2048, HUGE, HUGE))
                 except DataDistError as exc:
                     assert exc.code == S.LLM_LINK_BUSY and "link_open_writes" in exc.message
                     refused += 1
             assert len(opened) == 2 and refused == 148
             assert link.usage.writes == 4096
-            assert all(pw.deadline <= time.monotonic() + 2.0 for pw in serving.writes.values())   # hold cut
+            assert all(pw.deadline <= time.monotonic() + 2.0 for pw in serving.table.writes.values())   # hold cut
             # owner calls kept hanging (commits of writes whose bytes never come): 4 run (4 executor threads),
             # 2 wait for a turn holding no thread, the 7th is refused
-            stuck = [asyncio.ensure_future(serving.commit_write_for(link, [tid], HUGE)) for tid in opened[0][:7]]
+            stuck = [asyncio.ensure_future(serving.owner.commit_write_for(link, [tid], HUGE)) for tid in opened[0][:7]]
             await asyncio.sleep(0.2)
             busy = [t for t in stuck if t.done()]
             assert link.usage.calls == 4 and link.usage.waiting == 2
@@ -70,9 +70,9 @@ def test_8_one_peer_is_held_to_its_links_caps():
                     await asyncio.wait_for(t, 10)
                 except DataDistError:
                     pass
-            serving._drop_writes(list(serving.writes))
+            serving.table.drop_writes(list(serving.table.writes))
             assert link.usage.writes == 0 and link.usage.pinned == 0 and link.usage.calls == 0
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            assert serving.open_write_for(link, [piece], 1000)     # the legitimate use goes on
+            assert serving.owner.open_write_for(link, [piece], 1000)     # the legitimate use goes on
 
     asyncio.run(main())

@@ -22,8 +22,8 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, datadist_pb2
-from tests.daemonproc import DaemonProcess
 from llm_datadist.status import LLMException
+from tests.daemonproc import DaemonProcess
 from tests.harness import free_port
 
 from .test_local import Worker, refused

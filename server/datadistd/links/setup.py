@@ -10,6 +10,7 @@ import os
 import time
 from typing import Awaitable, Callable, Sequence
 
+from ..admission import source_key
 from ..authz import REMOTE, authorize_displace, authorize_local_link
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
@@ -126,7 +127,8 @@ class Linker:
         finally:
             await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
         link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, session=answer.session,
-                            address=spec.address, data_endpoint=answer.data_endpoint, channel=channel, token=token,
+                            address=spec.address, peer=source_key(spec.remote_ip), data_endpoint=answer.data_endpoint,
+                            channel=channel, token=token,
                             calls=self.calls.frame_calls(cid, lambda: channel))
         channel.on_control(self.calls.control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
@@ -195,8 +197,9 @@ class Linker:
                                 "the cluster of the engine at this address")
         return self._challenges.issue(source)
 
-    async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
-        """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
+    async def serve_handshake(self, offer: HandshakeOffer, source: str = "") -> HandshakeAnswer:
+        """Serving side of ``link_clusters``: authenticate, record the link, open the data plane (``source``:
+        the linking daemon's address, ``admission.source_key``: its owner calls' share of the threads)."""
         require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
         expected = offer_mac(self.table.node.secret, offer.protocol_version, offer.client_cluster_id,
                              offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
@@ -226,7 +229,7 @@ class Linker:
         self.table.transport.allow(token)
         transport = self.table.transport
         link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
-                           token=token, data_endpoint=transport.endpoint,
+                           token=token, data_endpoint=transport.endpoint, peer=source,
                            calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
         transport.on_control(token, self.calls.control_handler(link))
         self.table.served[offer.client_cluster_id] = link

@@ -11,7 +11,7 @@ import time
 from typing import Awaitable, Callable, Sequence
 
 from ..admission import source_key
-from ..authz import REMOTE, authorize_displace, authorize_local_link
+from ..authz import OWN, REMOTE, authorize_displace, authorize_local_link
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
     PROTOCOL_VERSION,
@@ -27,13 +27,13 @@ from ..peering import (
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
+    AnyLink,
     ClusterSpec,
     InboundLink,
     Link,
     LinkState,
     LocalLink,
     OutboundLink,
-    ServingEnd,
     _overall,
 )
 from .table import LinkTable
@@ -155,17 +155,16 @@ class Linker:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {server.cluster_id}")
+        old = _holder(server, self.table.cluster_id)
+        authorize_displace(self.table.cluster_id, _origin(server, old), self.table)   # before either end exists
+        if isinstance(old, (InboundLink, LocalLink)):
+            server.drop_serving(old)
         session = os.urandom(16)
         self.table.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
                                                        session=session, address=spec.address, local_peer=server,
                                                        linking=True)
-        serving = LocalLink(remote_cluster=self.table.cluster_id, transport="local", session=session,
-                            local_peer=self.table, linking=False)
-        old = server.served.get(self.table.cluster_id)
-        authorize_displace(self.table.cluster_id, _origin(old), self.table)
-        if old is not None:
-            server.drop_serving(old)
-        server.served[self.table.cluster_id] = serving
+        server.served[self.table.cluster_id] = LocalLink(remote_cluster=self.table.cluster_id, transport="local",
+                                                         session=session, local_peer=self.table, linking=False)
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
@@ -220,9 +219,9 @@ class Linker:
                                 f"this engine is cluster {self.table.cluster_id}")
         require(offer.client_cluster_id != self.table.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
-        old = self.table.served.get(offer.client_cluster_id)
-        authorize_displace(offer.client_cluster_id, _origin(old), REMOTE)
-        if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
+        old = _holder(self.table, offer.client_cluster_id)
+        authorize_displace(offer.client_cluster_id, _origin(self.table, old), REMOTE)
+        if isinstance(old, (InboundLink, LocalLink)):  # the linking side relinks (e.g. after a restart): replaced
             self.table.drop_serving(old)
         session = os.urandom(16)
         token = data_token(self.table.node.secret, session)
@@ -319,8 +318,17 @@ class Linker:
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
 
 
-def _origin(link: ServingEnd | None) -> object | None:
-    """Who set up a served link (``authz.authorize_displace``): a peer daemon, or a linking engine here."""
+def _holder(table: LinkTable, cluster: int) -> AnyLink | None:
+    """The link ``table``'s engine has with ``cluster``, whichever end it is: the one a new served link naming
+    ``cluster`` would displace or shadow (one link per remote cluster, ``authz.authorize_displace``)."""
+    return table.links.get(cluster) or table.served.get(cluster)
+
+
+def _origin(table: LinkTable, link: AnyLink | None) -> object | None:
+    """Who set up ``link`` of ``table`` (``authz.authorize_displace``): a peer daemon, a linking engine here, or
+    (a link this engine set up itself) ``OWN``."""
     if link is None:
         return None
+    if isinstance(link, OutboundLink) or table.links.get(link.remote_cluster) is link:
+        return OWN
     return REMOTE if isinstance(link, InboundLink) else link.local_peer

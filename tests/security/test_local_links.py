@@ -17,6 +17,7 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import peer_pb2, peer_pb2_grpc
+from datadistd.peering import PROTOCOL_VERSION
 from tests.daemonproc import free_port
 
 from .test_users import as_user, daemon, users  # noqa: F401 - the throwaway-users fixtures
@@ -89,7 +90,7 @@ def test_2_same_daemon_links_stay_within_one_user(daemon):  # noqa: F811
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:              # a stranger asks the wrong cluster
             with pytest.raises(grpc.RpcError) as info:
                 peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(
-                    protocol_version=2, client_cluster_id=9, server_cluster_id=77), timeout=10)
+                    protocol_version=PROTOCOL_VERSION, client_cluster_id=9, server_cluster_id=77), timeout=10)
             assert "77" in info.value.details() and "cluster 1" not in info.value.details()
         prompt.stdin.write("go\n")
         prompt.stdin.flush()

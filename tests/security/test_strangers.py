@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from datadist.v1 import peer_pb2, peer_pb2_grpc
+from datadistd.peering import PROTOCOL_VERSION
 from tests.reliability.common import PeerAgent
 
 from .test_peer import P, _link_and_pull, pair  # noqa: F401 - pair: the prompt/decoder fixture
@@ -78,7 +79,7 @@ class _From:
 
 def _flood(address: str, channels: int, calls: int) -> int:
     """``channels`` connections each asking ``calls`` challenges at once; how many were granted."""
-    request = peer_pb2.ChallengeRequest(protocol_version=2, client_cluster_id=9, server_cluster_id=P)
+    request = peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=9, server_cluster_id=P)
     granted = 0
     chans = [grpc.insecure_channel(address) for _ in range(channels)]
     try:
@@ -120,6 +121,6 @@ def test_9_a_stranger_asking_the_wrong_cluster_learns_no_cluster_id(pair):  # no
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         with pytest.raises(grpc.RpcError) as info:
             peer_pb2_grpc.PeerStub(ch).Challenge(peer_pb2.ChallengeRequest(
-                protocol_version=2, client_cluster_id=9, server_cluster_id=77), timeout=10)
+                protocol_version=PROTOCOL_VERSION, client_cluster_id=9, server_cluster_id=77), timeout=10)
     assert "77" in info.value.details() and f"cluster {P}" not in info.value.details(), info.value.details()
     _link_and_pull(port, prompt, decoder)

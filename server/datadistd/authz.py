@@ -10,11 +10,16 @@ and every setup asks here first:
   tenant. Engines of different users in one daemon do not link; ``LLM_LINK_FAILED``.
 * **remote links** authenticate by the handshake (the peer daemon proves the shared secret); every
   daemon holding it is trusted for its links (docs/security.md, threat model).
-* **displacing a served link**: the serving engine keeps one link per linking cluster id (CANN). A new
-  link naming a cluster id that already has one may replace it only when it comes from the same origin:
-  the same linking engine of this daemon (a relink), or a peer daemon replacing a peer daemon's link (a
-  restarted peer relinks before its old link times out). A same-daemon link can no longer drop a remote
-  peer's link by naming its cluster id, nor a peer a same-daemon one: ``LLM_ALREADY_LINK``.
+* **displacing a link**: an engine keeps one link per remote cluster id, whichever end set it up (CANN's
+  one entity per cluster). A new served link naming a cluster id the engine already has a link with may
+  replace it only when it comes from the same origin: the same linking engine of this daemon (a relink),
+  or a peer daemon replacing a peer daemon's link (a restarted peer relinks before its old link times
+  out). A link the engine set up itself (``OWN``) is never displaced nor shadowed by one set up to it. A
+  same-daemon link cannot drop a remote peer's link by naming its cluster id, nor a peer a same-daemon
+  one, nor anyone stand in for the engine's own link: ``LLM_ALREADY_LINK``. With at most one link per
+  cluster id, each from one origin, a cluster id names exactly one origin's link for every operation of
+  the engine's worker (transfers, unlink, check_link_status); what the other end does arrives on its own
+  link's data channel (its session's token), never looked up by a cluster id (docs/security.md, "Links").
 
 What a link may then read or write is the target engine's consent, checked in one place for every kind
 of link (``Engine.prepare_read``/``prepare_write``: remotely accessible caches only). Answers to callers
@@ -25,10 +30,12 @@ from __future__ import annotations
 
 from .core.errors import DataDistError, StatusCode
 
-__all__ = ["authorize_local_link", "authorize_displace", "REMOTE"]
+__all__ = ["authorize_local_link", "authorize_displace", "REMOTE", "OWN"]
 
 #: the origin of a link set up by a peer daemon's handshake
 REMOTE = "remote"
+#: the origin of a link the engine set up itself (its linking end): no served link may stand beside it
+OWN = "own"
 
 
 def authorize_local_link(linking_uid: int, serving_uid: int) -> None:
@@ -40,10 +47,13 @@ def authorize_local_link(linking_uid: int, serving_uid: int) -> None:
 
 
 def authorize_displace(cluster_id: int, old_origin: object | None, new_origin: object) -> None:
-    """A new link of ``new_origin`` (a linking engine's link manager, or ``REMOTE``) over the served link of
-    ``cluster_id`` whose origin is ``old_origin`` (None: there is none)."""
-    if old_origin is None or old_origin is new_origin:
+    """A new served link of ``new_origin`` (a linking engine's link manager, or ``REMOTE``) naming ``cluster_id``,
+    with which the engine has a link of ``old_origin`` (``OWN``: one it set up; None: none)."""
+    if old_origin is None or (old_origin is new_origin and old_origin is not OWN):
         return
+    if old_origin is OWN:
+        raise DataDistError(StatusCode.LLM_ALREADY_LINK,
+                            f"this engine has its own link to cluster {cluster_id}; one link per cluster pair")
     raise DataDistError(StatusCode.LLM_ALREADY_LINK,
                         f"cluster {cluster_id} already has a link to this engine "
                         f"({'from a peer daemon' if old_origin is REMOTE else 'from this daemon'}); unlink it first")

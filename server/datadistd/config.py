@@ -274,6 +274,11 @@ class QuotaSection:
                                  "0 = no limit.", default=8192)
     link_pinned_bytes: int = _doc("Bytes of this daemon's caches one link's open writes may pin at once. "
                                   "0 = no limit.", default=64 << 30)
+    threads_per_principal: int = _doc("Threads of the daemon's executor (128) one principal may hold at once: a "
+                                      "uid's local work (copies, pulls, pushes of its engines) or one peer "
+                                      "address's owner calls over all its links. More wait for a turn on the event "
+                                      "loop, holding no thread, so one principal never fills the executor. "
+                                      "0 = no limit (one shared pool).", default=32)
     link_max_wait_ms: int = _doc("The longest timeout or hold time a peer's owner call may ask for; longer ones "
                                  "are cut to this. 0 = no limit.", default=600_000)
 

@@ -10,7 +10,6 @@ worker threads on pinned caches. No grpc here.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -42,7 +41,7 @@ from .core.types import (
     ReadMode,
     RemoteSpec,
 )
-from .gate import Gate
+from .gate import Gate, Lane
 from .memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from .memory.copy import copy_segments
 from .memory.segments import SegmentTable
@@ -108,7 +107,7 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
-                 pools: dict[Placement, Pool], executor: Executor | None = None) -> None:
+                 pools: dict[Placement, Pool], lane: Lane | None = None) -> None:
         self.engine_id = engine_id
         self.options = options
         self.cluster_id = ClusterId(options.cluster_id)
@@ -119,7 +118,7 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
-        self.executor = executor    # the daemon's one executor (None: the loop's default, in unit tests)
+        self.lane = lane            # its worker's share of the daemon's threads (None: the loop's default executor)
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -320,7 +319,7 @@ class Engine:
     async def _copy_pinned(self, cache_ids: Sequence[int], dst: list[Segment], src: list[Segment]) -> int:
         pinned = [self.registry.pin(CacheId(c)) for c in cache_ids if c >= 0]
         try:
-            return await self.gate.run(self.executor, copy_segments, dst, src)
+            return await self.gate.run(self.lane, copy_segments, dst, src)
         finally:
             for entry in pinned:
                 self.unpin(entry.cache_id)

@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
@@ -24,6 +23,7 @@ from .core.errors import DataDistError, StatusCode, require
 from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
+from .gate import EXECUTOR_THREADS, Lane, Threads
 from .links import LinkManager
 from .links.table import LinkTable
 from .memory import MemoryBackend, Pool, backend_from_config
@@ -104,7 +104,9 @@ class Node:
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
         self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
-        self.executor = ThreadPoolExecutor(max_workers=128, thread_name_prefix="datadist-io")
+        # the daemon's one executor, shared fairly: one uid's local work, or one peer's owner calls, hold at
+        # most [quota] threads_per_principal of its threads at once (gate.py)
+        self.threads = Threads(EXECUTOR_THREADS, config.quota.threads_per_principal)
         self.secret = config.secret_bytes()
         self.real_secret = config.has_real_secret()
         if not self.real_secret:
@@ -217,7 +219,8 @@ class Node:
                 charge.release()
             raise
         engine_id = EngineId(next(self._ids))
-        engine = Engine(engine_id, opts, self.backend, pools, self.executor)
+        uid = session.cred.uid if session is not None else os.getuid()
+        engine = Engine(engine_id, opts, self.backend, pools, Lane(self.threads, f"uid {uid}"))
         host = opts.listen[0] if opts.listen else self.config.transport.host
         settings = self.config.transport.settings(host, device, opts)
         try:
@@ -344,7 +347,7 @@ class Node:
         for session in self.sessions.sessions():
             self.sessions.close(session)
         self.backend.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.threads.shutdown()
 
 
 #: v1 engine pool when ``ge.flowGraphMemMaxSize`` is absent (CANN's engine default is 10 GiB of device

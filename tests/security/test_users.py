@@ -29,7 +29,8 @@ GROUP = "ddtest"
 USERS = ("ddtest-daemon", "ddtest-alice", "ddtest-bob")
 PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = next(p for p in sys.path if p.endswith("site-packages"))
-PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("client", "server", "proto")) + os.pathsep + SITE
+# usersite/sitecustomize.py makes SITE a site directory (its .pth files: the editable install's package map)
+PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("tests/security/usersite", "client", "server", "proto"))
 
 
 def _have_tools() -> str | None:
@@ -54,7 +55,8 @@ def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
     uid, gid = _ids(name)
     cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--inh-caps=-all",
            "--bounding-set=-all", "--no-new-privs", PYTHON, *args]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "HOME": "/tmp", **kw.pop("env", {})}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "DATADIST_TEST_SITE": SITE, "HOME": "/tmp",
+           **kw.pop("env", {})}
     return subprocess.Popen(cmd, env=env, **kw)
 
 

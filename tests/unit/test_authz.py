@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from datadistd.authz import REMOTE, authorize_displace, authorize_local_link
+from datadistd.authz import OWN, REMOTE, authorize_displace, authorize_local_link
 from datadistd.core.errors import DataDistError, StatusCode
 
 
@@ -21,7 +21,8 @@ def test_a_served_link_is_displaced_only_by_its_own_origin():
     authorize_displace(2, None, engine)          # nothing to displace
     authorize_displace(2, engine, engine)        # the same engine relinks
     authorize_displace(2, REMOTE, REMOTE)        # a restarted peer relinks
-    for old, new in ((REMOTE, engine), (engine, REMOTE), (engine, other)):
+    # the engine's own link to that cluster: nobody stands in for it, whatever origin
+    for old, new in ((REMOTE, engine), (engine, REMOTE), (engine, other), (OWN, REMOTE), (OWN, engine), (OWN, OWN)):
         with pytest.raises(DataDistError) as info:
             authorize_displace(2, old, new)
         assert info.value.code == StatusCode.LLM_ALREADY_LINK

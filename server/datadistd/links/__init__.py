@@ -118,8 +118,8 @@ class LinkManager:
     def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
         return self.setup.serve_challenge(client, server, source)
 
-    async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
-        return await self.setup.serve_handshake(offer)
+    async def serve_handshake(self, offer: HandshakeOffer, source: str = "") -> HandshakeAnswer:
+        return await self.setup.serve_handshake(offer, source)
 
     # ---- transfers ----------------------------------------------------------------------------
 

@@ -41,18 +41,22 @@ class OwnerCalls:
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
         async def send(payload: bytes, deadline: float) -> None:
-            await self._control_frame(channel(), remote_cluster, CONTROL_CALL, payload, deadline)
+            await self._control_frame(channel(), remote_cluster, CONTROL_CALL, payload, deadline, "")
 
         return FrameCalls(remote_cluster, self.table.node.call_codec, send)
 
     async def _control_frame(self, channel: Channel | None, remote_cluster: int, kind: int, payload: bytes,
-                             deadline: float) -> None:
+                             deadline: float, principal: str) -> None:
         """One control frame on a link's channel: from the event loop when a connection is idle (no thread
-        hop), else from the executor, waiting for a connection until ``deadline``."""
+        hop), else from the executor, waiting for a connection until ``deadline``; as ``principal`` (a reply:
+        the link's peer), else as this engine's worker (a call of its own)."""
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {remote_cluster}")
         if not channel.try_control(kind, payload, deadline):
-            await self.table.in_thread(channel.send_control, kind, payload, deadline)
+            if principal:
+                await self.table.in_thread_of(principal, channel.send_control, kind, payload, deadline)
+            else:
+                await self.table.in_thread(channel.send_control, kind, payload, deadline)
 
     def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
         """What the data channel's reader threads call with a control frame: hand it to the event loop."""
@@ -118,7 +122,7 @@ class OwnerCalls:
         deadline = time.monotonic() + max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
         try:
             await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
-                                      self.table.node.call_codec.encode_reply(reply), deadline)
+                                      self.table.node.call_codec.encode_reply(reply), deadline, link.principal)
         except DataDistError as exc:
             log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id, reply.command_id,
                      link.remote_cluster, exc)

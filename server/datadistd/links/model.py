@@ -56,6 +56,13 @@ class Link(abc.ABC):
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     usage: LinkUsage = field(default_factory=LinkUsage)   # what the other end holds here ([quota] link_*)
+    peer: str = ""                                  # the other daemon's source address (admission.source_key)
+
+    @property
+    def principal(self) -> str:
+        """Whose turn the other end's owner calls take on the daemon's threads (``gate.Threads``): its daemon's
+        address, over all its links, so many links from one peer still hold one share."""
+        return f"peer {self.peer}"
 
     @property
     @abc.abstractmethod

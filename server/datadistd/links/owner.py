@@ -37,7 +37,8 @@ class Owner:
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
-                        await self.table.in_thread(channel.send, TransferId(transfer_id), src, deadline)
+                        await self.table.in_thread_of(link.principal, channel.send, TransferId(transfer_id), src,
+                                                      deadline)
                 finally:
                     self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))
@@ -111,7 +112,7 @@ class Owner:
                     if pw.receipt.done:   # its bytes are in (the usual case for all but the last): no thread hop
                         pw.receipt.wait(min(pw.deadline, limit))
                     else:
-                        await self.table.in_thread(pw.receipt.wait, min(pw.deadline, limit))
+                        await self.table.in_thread_of(link.principal, pw.receipt.wait, min(pw.deadline, limit))
                     pending.pop(0)
                     self.table.engine.unpin(pw.cache_id)
                     nbytes, blocks = nbytes + pw.receipt.expected, blocks + pw.blocks

@@ -10,7 +10,8 @@ import os
 import time
 from typing import Awaitable, Callable, Sequence
 
-from ..authz import REMOTE, authorize_displace, authorize_local_link
+from ..admission import source_key
+from ..authz import OWN, REMOTE, authorize_displace, authorize_local_link
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
     PROTOCOL_VERSION,
@@ -26,13 +27,13 @@ from ..peering import (
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
+    AnyLink,
     ClusterSpec,
     InboundLink,
     Link,
     LinkState,
     LocalLink,
     OutboundLink,
-    ServingEnd,
     _overall,
 )
 from .table import LinkTable
@@ -126,7 +127,8 @@ class Linker:
         finally:
             await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
         link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, session=answer.session,
-                            address=spec.address, data_endpoint=answer.data_endpoint, channel=channel, token=token,
+                            address=spec.address, peer=source_key(spec.remote_ip), data_endpoint=answer.data_endpoint,
+                            channel=channel, token=token,
                             calls=self.calls.frame_calls(cid, lambda: channel))
         channel.on_control(self.calls.control_handler(link))
         link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
@@ -153,17 +155,16 @@ class Linker:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: expected cluster {spec.remote_cluster_id} at {spec.address}, "
                                 f"found cluster {server.cluster_id}")
+        old = _holder(server, self.table.cluster_id)
+        authorize_displace(self.table.cluster_id, _origin(server, old), self.table)   # before either end exists
+        if isinstance(old, (InboundLink, LocalLink)):
+            server.drop_serving(old)
         session = os.urandom(16)
         self.table.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
                                                        session=session, address=spec.address, local_peer=server,
                                                        linking=True)
-        serving = LocalLink(remote_cluster=self.table.cluster_id, transport="local", session=session,
-                            local_peer=self.table, linking=False)
-        old = server.served.get(self.table.cluster_id)
-        authorize_displace(self.table.cluster_id, _origin(old), self.table)
-        if old is not None:
-            server.drop_serving(old)
-        server.served[self.table.cluster_id] = serving
+        server.served[self.table.cluster_id] = LocalLink(remote_cluster=self.table.cluster_id, transport="local",
+                                                         session=session, local_peer=self.table, linking=False)
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
@@ -195,8 +196,9 @@ class Linker:
                                 "the cluster of the engine at this address")
         return self._challenges.issue(source)
 
-    async def serve_handshake(self, offer: HandshakeOffer) -> HandshakeAnswer:
-        """Serving side of ``link_clusters``: authenticate, record the link, open the data plane."""
+    async def serve_handshake(self, offer: HandshakeOffer, source: str = "") -> HandshakeAnswer:
+        """Serving side of ``link_clusters``: authenticate, record the link, open the data plane (``source``:
+        the linking daemon's address, ``admission.source_key``: its owner calls' share of the threads)."""
         require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
         expected = offer_mac(self.table.node.secret, offer.protocol_version, offer.client_cluster_id,
                              offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
@@ -217,16 +219,16 @@ class Linker:
                                 f"this engine is cluster {self.table.cluster_id}")
         require(offer.client_cluster_id != self.table.cluster_id,
                 f"linking cluster id {offer.client_cluster_id} equals this engine's own cluster id")
-        old = self.table.served.get(offer.client_cluster_id)
-        authorize_displace(offer.client_cluster_id, _origin(old), REMOTE)
-        if old is not None:  # the linking side relinks (e.g. after a restart): the new link replaces the old
+        old = _holder(self.table, offer.client_cluster_id)
+        authorize_displace(offer.client_cluster_id, _origin(self.table, old), REMOTE)
+        if isinstance(old, (InboundLink, LocalLink)):  # the linking side relinks (e.g. after a restart): replaced
             self.table.drop_serving(old)
         session = os.urandom(16)
         token = data_token(self.table.node.secret, session)
         self.table.transport.allow(token)
         transport = self.table.transport
         link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
-                           token=token, data_endpoint=transport.endpoint,
+                           token=token, data_endpoint=transport.endpoint, peer=source,
                            calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
         transport.on_control(token, self.calls.control_handler(link))
         self.table.served[offer.client_cluster_id] = link
@@ -316,8 +318,17 @@ class Linker:
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
 
 
-def _origin(link: ServingEnd | None) -> object | None:
-    """Who set up a served link (``authz.authorize_displace``): a peer daemon, or a linking engine here."""
+def _holder(table: LinkTable, cluster: int) -> AnyLink | None:
+    """The link ``table``'s engine has with ``cluster``, whichever end it is: the one a new served link naming
+    ``cluster`` would displace or shadow (one link per remote cluster, ``authz.authorize_displace``)."""
+    return table.links.get(cluster) or table.served.get(cluster)
+
+
+def _origin(table: LinkTable, link: AnyLink | None) -> object | None:
+    """Who set up ``link`` of ``table`` (``authz.authorize_displace``): a peer daemon, a linking engine here, or
+    (a link this engine set up itself) ``OWN``."""
     if link is None:
         return None
+    if isinstance(link, OutboundLink) or table.links.get(link.remote_cluster) is link:
+        return OWN
     return REMOTE if isinstance(link, InboundLink) else link.local_peer

@@ -12,6 +12,7 @@ from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
 from ..engine import Engine
+from ..gate import UNMETERED
 from ..metrics import DaemonMetrics
 from ..ownercalls import CallCodec
 from ..peering import PeerClient
@@ -73,8 +74,15 @@ class LinkTable:
         return self.engine.cluster_id
 
     async def in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
-        """``fn(*args)`` on the daemon's executor, counted by the engine's gate (finalize waits for it)."""
-        return await self.engine.gate.run(self.engine.executor, fn, *args)
+        """``fn(*args)`` on the daemon's threads as this engine's worker (its uid's share, ``gate.Threads``),
+        counted by the engine's gate (finalize waits for it)."""
+        return await self.engine.gate.run(self.engine.lane, fn, *args)
+
+    async def in_thread_of(self, principal: str, fn: Callable[..., _T], *args: object) -> _T:
+        """``fn(*args)`` as ``principal``: a link's peer (``Link.principal``) for the owner calls of the other
+        end, ``gate.UNMETERED`` for teardown that ends other jobs (never waits behind them)."""
+        lane = self.engine.lane
+        return await self.engine.gate.run(lane.of(principal) if lane is not None else None, fn, *args)
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -115,7 +123,7 @@ class LinkTable:
         async def release() -> None:
             try:
                 if receipts:
-                    await self.in_thread(_cancel_all, receipts)
+                    await self.in_thread_of(UNMETERED, _cancel_all, receipts)
             finally:
                 for cache_id in cache_ids:
                     self.engine.unpin(CacheId(cache_id))
@@ -176,7 +184,7 @@ class LinkTable:
                 del self.served[link.remote_cluster]
         elif isinstance(link, OutboundLink):
             link.calls.close("unlinked")
-            await self.in_thread(link.channel.close)
+            await self.in_thread_of(UNMETERED, link.channel.close)
         else:
             assert isinstance(link, InboundLink)
             self.drop_serving(link)
@@ -190,7 +198,7 @@ class LinkTable:
         for pw in self.writes.values():
             pw.receipt.cancel()
         self.writes.clear()
-        await self.in_thread(self.transport.stop)  # fails every wait and send still running
+        await self.in_thread_of(UNMETERED, self.transport.stop)  # fails every wait and send still running
         await self.engine.gate.drained(5.0)          # bounded: let those jobs return before memory is freed
 
 

@@ -158,6 +158,11 @@ class PeerFront:
         if relay is not None and relay.ticket is not None:
             self.admission.authenticate(relay.ticket)
 
+    def source_of(self, grpc_peer: str) -> str:
+        """The source (``admission.source_key``) of the connection a call came on; "" when unknown."""
+        relay = self._relay(grpc_peer)
+        return relay.ticket.source if relay is not None and relay.ticket is not None else ""
+
     def admit_challenge(self, grpc_peer: str) -> str:
         """The source a ``Peer/Challenge`` counts against (``admission.source_key``), or ``LLM_LINK_FAILED``
         when its connection or its source asked for too many (``Admission.allow_challenge``)."""

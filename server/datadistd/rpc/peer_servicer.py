@@ -44,7 +44,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     @guarded
     async def Handshake(self, request, context):  # noqa: N802, ANN001, ANN201
         _refuse_oversized(request, peer_pb2.HandshakeRequest)
-        answer = await self.links.serve_handshake(convert.offer_from_pb(request))
+        source = self.front.source_of(context.peer()) if self.front is not None else ""
+        answer = await self.links.serve_handshake(convert.offer_from_pb(request), source)
         if self.front is not None:
             self.front.authenticate(context.peer())
         return convert.answer_to_pb(answer)

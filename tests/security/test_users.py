@@ -29,8 +29,7 @@ GROUP = "ddtest"
 USERS = ("ddtest-daemon", "ddtest-alice", "ddtest-bob")
 PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = next(p for p in sys.path if p.endswith("site-packages"))
-# usersite/sitecustomize.py makes SITE a site directory (its .pth files: the editable install's package map)
-PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("tests/security/usersite", "client", "server", "proto"))
+PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("client", "server", "proto")) + os.pathsep + SITE
 
 
 def _have_tools() -> str | None:
@@ -55,8 +54,7 @@ def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
     uid, gid = _ids(name)
     cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--inh-caps=-all",
            "--bounding-set=-all", "--no-new-privs", PYTHON, *args]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "DATADIST_TEST_SITE": SITE, "HOME": "/tmp",
-           **kw.pop("env", {})}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "HOME": "/tmp", **kw.pop("env", {})}
     return subprocess.Popen(cmd, env=env, **kw)
 
 

@@ -80,6 +80,16 @@ class DaemonMetrics:
             "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
             ["method", "code"], registry=r)
 
+        self._bound: dict[tuple[str, str, str], _Bound] = {}
+
+    def bound(self, op: str, cluster: str, peer: str) -> "_Bound":
+        """The transfer series' children of ``op`` between ``cluster`` and ``peer``, bound to their labels once
+        (``labels()`` hashes and locks on every call; a child is the same object every time)."""
+        b = self._bound.get((op, cluster, peer))
+        if b is None:
+            b = self._bound[(op, cluster, peer)] = _Bound(self, op, cluster, peer)
+        return b
+
     def attach(self, node: SnapshotSource) -> None:
         """Add the scrape-time state series read from ``node``."""
         self.registry.register(NodeCollector(node))
@@ -93,6 +103,47 @@ class DaemonMetrics:
         return encoder(self.registry), content_type
 
 
+class _Bound:
+    """The children of one (op, cluster, peer) (``DaemonMetrics.bound``), each bound on first use (as
+    ``labels()`` did: a series appears in the exposition only once something touched it)."""
+
+    __slots__ = ("metrics", "op", "cluster", "peer", "_in_flight", "_seconds", "_bytes", "_blocks", "_outcomes")
+
+    def __init__(self, m: DaemonMetrics, op: str, cluster: str, peer: str) -> None:
+        self.metrics, self.op, self.cluster, self.peer = m, op, cluster, peer
+        self._in_flight: Gauge | None = None
+        self._seconds: Histogram | None = None
+        self._bytes: Counter | None = None
+        self._blocks: Counter | None = None
+        self._outcomes: dict[str, Counter] = {}
+
+    def in_flight(self) -> Gauge:
+        if self._in_flight is None:
+            self._in_flight = self.metrics.in_flight.labels(self.op, self.cluster)
+        return self._in_flight
+
+    def seconds(self) -> Histogram:
+        if self._seconds is None:
+            self._seconds = self.metrics.transfer_seconds.labels(self.op, self.cluster)
+        return self._seconds
+
+    def bytes(self) -> Counter:
+        if self._bytes is None:
+            self._bytes = self.metrics.transfer_bytes.labels(DIRECTION[self.op], self.cluster, self.peer)
+        return self._bytes
+
+    def blocks(self) -> Counter:
+        if self._blocks is None:
+            self._blocks = self.metrics.transfer_blocks.labels(DIRECTION[self.op], self.cluster, self.peer)
+        return self._blocks
+
+    def outcome(self, outcome: str) -> Counter:
+        c = self._outcomes.get(outcome)
+        if c is None:
+            c = self._outcomes[outcome] = self.metrics.transfers.labels(self.op, self.cluster, self.peer, outcome)
+        return c
+
+
 class TransferTracker:
     """Context manager around one transfer: in-flight gauge, latency, counters and one log line.
 
@@ -100,7 +151,7 @@ class TransferTracker:
     outcome by status code. Works with ``metrics=None`` (metrics off): it then only logs.
     """
 
-    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok")
+    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok", "bound")
 
     def __init__(self, metrics: DaemonMetrics | None, op: str, cluster: int, peer: int, cache: int | None = None
                  ) -> None:
@@ -113,11 +164,12 @@ class TransferTracker:
         self.blocks = 0
         self.started = 0.0
         self.ok = False
+        self.bound = metrics.bound(op, self.cluster, self.peer) if metrics is not None else None
 
     def __enter__(self) -> "TransferTracker":
         self.started = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.in_flight.labels(self.op, self.cluster).inc()
+        if self.bound is not None:
+            self.bound.in_flight().inc()
         return self
 
     def done(self, nbytes: int, blocks: int = 0) -> None:
@@ -134,20 +186,20 @@ class TransferTracker:
             outcome = "cancelled"
         else:
             outcome = "LLM_FAILED"
-        m = self.metrics
-        if m is not None:
-            m.in_flight.labels(self.op, self.cluster).dec()
-            m.transfers.labels(self.op, self.cluster, self.peer, outcome).inc()
+        b = self.bound
+        if b is not None:
+            b.in_flight().dec()
+            b.outcome(outcome).inc()
             if outcome == "success":
-                direction = DIRECTION[self.op]
-                m.transfer_seconds.labels(self.op, self.cluster).observe(elapsed)
-                m.transfer_bytes.labels(direction, self.cluster, self.peer).inc(self.nbytes)
+                b.seconds().observe(elapsed)
+                b.bytes().inc(self.nbytes)
                 if self.blocks:
-                    m.transfer_blocks.labels(direction, self.cluster, self.peer).inc(self.blocks)
+                    b.blocks().inc(self.blocks)
         cache = "-" if self.cache is None else self.cache
         if outcome == "success":
-            transfer_log.debug("cluster %s %s peer cluster %s: cache %s, %d blocks, %d bytes in %.1f ms", self.cluster,
-                               self.op, self.peer, cache, self.blocks, self.nbytes, elapsed * 1e3)
+            if transfer_log.isEnabledFor(logging.DEBUG):
+                transfer_log.debug("cluster %s %s peer cluster %s: cache %s, %d blocks, %d bytes in %.1f ms",
+                                   self.cluster, self.op, self.peer, cache, self.blocks, self.nbytes, elapsed * 1e3)
         else:
             transfer_log.warning("cluster %s %s peer cluster %s failed: cache %s, %.1f ms: %s", self.cluster, self.op,
                                  self.peer, cache, elapsed * 1e3, exc if exc is not None else outcome)

@@ -133,6 +133,12 @@ class CallCodec(Protocol):
     def decode_reply(self, data: bytes) -> OwnerReply: ...
 
 
+def _expire(fut: asyncio.Future[OwnerReply]) -> None:
+    """An owner call's deadline passed: its reply's future ends with ``TimeoutError``."""
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())
+
+
 class FrameCalls:
     """Owner calls to the other end of one link as CALL frames on its data channel (either end of the link).
 
@@ -179,13 +185,18 @@ class FrameCalls:
         cmd = make(command_id, timeout_ms)
         fut: asyncio.Future[OwnerReply] = loop.create_future()
         self._pending[command_id] = fut
+        timer: asyncio.TimerHandle | None = None
         try:
             await self._send_frame(self.codec.encode_command(cmd), time.monotonic() + timeout)
-            reply = await asyncio.wait_for(fut, max(0.001, deadline - loop.time()))
+            # the deadline as one timer on the reply's future: what wait_for did, without its second future
+            timer = loop.call_at(max(deadline, loop.time() + 0.001), _expire, fut)
+            reply = await fut
         except asyncio.TimeoutError:
             raise DataDistError(StatusCode.LLM_TIMEOUT,
                                 f"cluster {self.remote_cluster} did not answer an owner call in time") from None
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(command_id, None)
         if reply.status != 0:
             try:

@@ -50,9 +50,18 @@ def same_device(handles: Sequence[Any]) -> bool:
         len({h.device for h in handles}) == 1
 
 
+#: handle class -> offers ``RawAccess``: decided once per class (every handle class defines its methods on the
+#: class), not by a runtime-Protocol ``isinstance`` per call (that walks the Protocol's members every time)
+_RAW_BY_TYPE: dict[type, bool] = {}
+
+
 def has_raw(handle: Any) -> bool:
     """The handle offers batched positional I/O (``RawAccess``)."""
-    return isinstance(handle, RawAccess)
+    cls = type(handle)
+    raw = _RAW_BY_TYPE.get(cls)
+    if raw is None:
+        raw = _RAW_BY_TYPE[cls] = isinstance(handle, RawAccess)
+    return raw
 
 
 def access_kind(handle: Any, view: memoryview | None) -> int:

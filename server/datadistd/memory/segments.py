@@ -13,6 +13,8 @@ working; the hot paths (``transport.tcp``, ``memory.copy``) use the arrays.
 
 from __future__ import annotations
 
+import bisect
+from itertools import accumulate
 from typing import Any, Iterator, Sequence, overload
 
 import numpy as np
@@ -30,17 +32,19 @@ _EMPTY_Q = np.zeros(0, np.int64)
 class SegmentTable(Sequence[Segment]):
     """Segment ``i`` is ``lengths[i]`` bytes at ``offsets[i]`` of ``handles[which[i]]``; immutable by convention."""
 
-    __slots__ = ("handles", "which", "offsets", "lengths", "nbytes", "_ends", "_bad")
+    __slots__ = ("handles", "which", "offsets", "lengths", "nbytes", "_ends", "_bad", "_small")
 
     def __init__(self, handles: Sequence[MemoryHandle], which: np.ndarray, offsets: np.ndarray,
-                 lengths: np.ndarray) -> None:
+                 lengths: np.ndarray, nbytes: int | None = None) -> None:
+        """``nbytes``: the sum of ``lengths`` when the caller has it already (else it is summed here)."""
         self.handles = tuple(handles)
         self.which = which
         self.offsets = offsets
         self.lengths = lengths
-        self.nbytes = int(lengths.sum()) if len(lengths) else 0
+        self.nbytes = nbytes if nbytes is not None else int(lengths.sum()) if len(lengths) else 0
         self._ends: np.ndarray | None = None
         self._bad: int | None = None
+        self._small: tuple[list[int], list[int]] | None = None   # (ends, lengths) as lists: short tables' cut
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -77,6 +81,12 @@ class SegmentTable(Sequence[Segment]):
         """
         if len(blocks) <= _SMALL:
             return cls._blocks_small(tensors, tensor_indices, blocks, row)
+        return cls._blocks_large(tensors, tensor_indices, blocks, row)
+
+    @classmethod
+    def _blocks_large(cls, tensors: Sequence[Segment], tensor_indices: Sequence[int], blocks: Sequence[int],
+                      row: int) -> "SegmentTable":
+        """``blocks`` with numpy: a few array operations whatever the block count."""
         b = np.asarray(blocks, dtype=np.int64)
         if b.size == 0 or len(tensor_indices) == 0:
             return cls((), _EMPTY_I, _EMPTY_Q, _EMPTY_Q)
@@ -110,8 +120,9 @@ class SegmentTable(Sequence[Segment]):
     @classmethod
     def _blocks_small(cls, tensors: Sequence[Segment], tensor_indices: Sequence[int], blocks: Sequence[int],
                       row: int) -> "SegmentTable":
-        """``blocks`` for short block lists: plain Python arithmetic, three arrays at the end (numpy's
-        per-call overhead would cost more than the work)."""
+        """``blocks`` for short block lists: plain Python arithmetic, three arrays at the end and no numpy
+        reduction (numpy's per-call overhead would cost more than the work); the same table as
+        ``_blocks_large`` (a property test holds them equal)."""
         runs: list[tuple[int, int]] = []
         prev = first = -2
         for b in blocks:
@@ -138,8 +149,10 @@ class SegmentTable(Sequence[Segment]):
             base = seg.offset
             which += [k] * len(runs)
             offsets += [base + off for off, _ in runs]
-        lengths = [n for _, n in runs] * len(tensor_indices)
-        return cls(handles, np.array(which, np.intp), np.array(offsets, np.int64), np.array(lengths, np.int64))
+        run_lengths = [n for _, n in runs]
+        lengths = run_lengths * len(tensor_indices)
+        return cls(handles, np.array(which, np.intp), np.array(offsets, np.int64), np.array(lengths, np.int64),
+                   sum(run_lengths) * len(tensor_indices))
 
     # ---- the Sequence protocol ---------------------------------------------------------------
 
@@ -197,7 +210,10 @@ class SegmentTable(Sequence[Segment]):
 
     def nonempty(self) -> "SegmentTable":
         """The same table without its zero-length segments (itself when there are none)."""
-        if self.lengths.min(initial=1) > 0:
+        if len(self.lengths) <= _SMALL:
+            if min(self.lengths.tolist(), default=1) > 0:   # a numpy reduction costs more on a few items
+                return self
+        elif self.lengths.min(initial=1) > 0:
             return self
         keep = self.lengths > 0
         out = SegmentTable(self.handles, self.which[keep], self.offsets[keep], self.lengths[keep])
@@ -208,7 +224,10 @@ class SegmentTable(Sequence[Segment]):
     def ends(self) -> np.ndarray:
         """Stream position where each segment ends (the stream is the segments concatenated)."""
         if self._ends is None:
-            self._ends = np.cumsum(self.lengths)
+            if len(self.lengths) <= _SMALL:   # a numpy reduction costs more on a few items
+                self._ends = np.array(list(accumulate(self.lengths.tolist())), np.int64)
+            else:
+                self._ends = np.cumsum(self.lengths)
         return self._ends
 
     def cut(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -216,8 +235,30 @@ class SegmentTable(Sequence[Segment]):
 
         Needs a table without zero-length segments (``nonempty``) and ``0 <= lo < hi <= nbytes``.
         """
+        if len(self.lengths) <= _SMALL:
+            return self._cut_small(lo, hi)
         i0, i1, lengths, (offsets,) = cut(self.ends, self.lengths, lo, hi, self.offsets)
         return self.which[i0:i1], offsets, lengths
+
+
+    def _cut_small(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``cut`` of a short table: the search in Python lists (numpy's per-call overhead would cost more
+        than the work); the same arrays as ``cut`` (a property test holds them equal)."""
+        if self._small is None:
+            self._small = (self.ends.tolist(), self.lengths.tolist())
+        ends, lengths = self._small
+        i0 = bisect.bisect_right(ends, lo)
+        i1 = bisect.bisect_left(ends, hi) + 1
+        n = self.lengths[i0:i1].copy()
+        offsets = self.offsets[i0:i1].copy()
+        head = lo - (ends[i0] - lengths[i0])     # bytes of the first piece before lo
+        if head:
+            n[0] -= head
+            offsets[0] += head
+        tail = ends[i1 - 1] - hi                 # bytes of the last piece after hi
+        if tail:
+            n[-1] -= tail
+        return self.which[i0:i1], offsets, n
 
 
 def cut(ends: np.ndarray, lengths: np.ndarray, lo: int, hi: int,

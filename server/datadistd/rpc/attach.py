@@ -52,6 +52,7 @@ PROTOCOL_VERSION = 2
 MAX_MESSAGE = 64 << 10
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
 
 
 def attach_path(worker_socket: str) -> str:
@@ -183,7 +184,7 @@ class AttachServer:
             return
         request = attach_pb2.AttachRequest()
         try:
-            require(not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC),
+            require(not flags & _TRUNCATED,
                     f"an attach message is at most {MAX_MESSAGE} bytes with at most {MAX_PIECES} descriptors")
             try:
                 request.ParseFromString(data)

@@ -19,12 +19,12 @@ from ...memory.segments import cut
 from ..base import Channel
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
-    _DONTWAIT,
     _IOV_MAX,
     _JOIN,
     _POLL,
     _RECV_MAX,
     _SEND_FLAGS,
+    _SEND_NOWAIT,
     _WAITALL,
     ACK,
     FRAME_MAGIC,
@@ -168,7 +168,7 @@ class DataConn:
         if self.closed:
             raise _SendError(LLMStatusCode.LLM_LINK_FAILED, "data connection is closed", unusable=True)
         try:
-            sent = self.sock.sendmsg(bufs, [], _SEND_FLAGS | _DONTWAIT)
+            sent = self.sock.sendmsg(bufs, [], _SEND_NOWAIT)
         except BlockingIOError:
             return False
         except OSError as exc:

@@ -44,13 +44,16 @@ _SPARES = 8                  # send staging buffers kept for reuse ...
 _SPARE_BYTES = 16 << 20      # ... of at most this size
 _JOIN = 2.0                  # bound on joining threads at stop()
 _ABORT_TIMEOUT = 0.5
-_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+# socket's MSG_* are IntFlag members: plain ints here, as every ``|``/``&`` on a member builds a new member
+# (an enum call, ~1 us) -- and these are used once per frame
+_SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
+_DONTWAIT = int(getattr(socket, "MSG_DONTWAIT", 0))
+_SEND_NOWAIT = _SEND_FLAGS | _DONTWAIT
 _INLINE_MAX = 256 << 10      # try_send: the largest transfer sent from the caller's thread
 _FEW = 4                     # up to this many staged pieces: per-piece read_into/write_from, no batch
 _FRAME_PIECES = _IOV_MAX     # at most this many pieces per DATA frame (see _frames)
 _INLINE_FINISH = 0.05        # try_send: how long a frame cut short by a full socket may take to finish
-_WAITALL = socket.MSG_WAITALL
+_WAITALL = int(socket.MSG_WAITALL)
 
 
 def _timeval(seconds: float) -> bytes:

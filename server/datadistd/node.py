@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -37,6 +38,9 @@ from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from .transport import Transport, get_transport
 
 __all__ = ["Node", "EngineSlot", "ListenerFactory", "Listener"]
+
+#: how long an Init whose listen address an engine being finalized still holds waits for it (``_retired_address``)
+RETIRING_WAIT_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -268,12 +272,24 @@ class Node:
         self.check_listen_host(host)
         if self.listener_factory is None:
             raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, "this daemon cannot open peer listeners")
+        await self._retired_address(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         try:
             slot.listener = await self.listener_factory(host, port, slot)
         except DataDistError:
             raise
         except Exception as exc:  # bind errors and the like
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {host}:{port}: {exc}") from None
+
+    async def _retired_address(self, address: str, timeout: float = RETIRING_WAIT_SECONDS) -> None:
+        """Wait (at most ``timeout`` seconds) until no engine being finalized listens at ``address``: a worker
+        restarted at once on its old listen address (its predecessor died; the daemon is still telling that
+        engine's peers) gets the address when the old engine lets it go, not "address already in use"."""
+        deadline = time.monotonic() + timeout
+        while any(_same_address(listener.address, address)
+                  for old in self._retiring.values() for listener in old.listeners()):
+            if time.monotonic() >= deadline:   # the bind below then says why
+                return
+            await asyncio.sleep(0.05)
 
     async def ensure_listener(self, slot: EngineSlot, host: str, port: int) -> None:
         """Make ``slot`` reachable at host:port (comm-domain links), in addition to its listen_ip_info."""

@@ -123,3 +123,27 @@ def test_exit_time_finalize_of_an_embedded_engine_tells_the_peer(daemon_factory,
     assert "Traceback" not in done.stderr and "LLM_FAILED" not in done.stderr, done.stderr
     # the prompt heard of the unlink: it has no link left to cluster 2
     assert prompt.call("unlink", D, "127.0.0.1", 1) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])
+
+
+def test_a_worker_restarted_at_once_gets_its_listen_address_back(daemon_factory, worker_factory) -> None:
+    """A prompt worker dies and its replacement inits on the same listen address at once, while the daemon is
+    still finalizing the old engine (telling its peers; a stopped peer makes that take its whole notify
+    deadline): Init waits for the old engine to let the address go instead of "address already in use"."""
+    import signal
+
+    from tests.reliability.common import status, wait_until
+
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    old, decoder, new = worker_factory(dp), worker_factory(dd), worker_factory(dp)
+    old.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    dd.proc.send_signal(signal.SIGSTOP)          # the old engine's peer will not answer its unlink notice
+    try:
+        old.kill()
+        assert wait_until(lambda: not status(dp).engines, 10), status(dp)   # finalize has begun
+        # the worker's call has its own deadline (60 s); the daemon waits at most RETIRING_WAIT_SECONDS (10 s)
+        assert new.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True) == P
+    finally:
+        dd.proc.send_signal(signal.SIGCONT)

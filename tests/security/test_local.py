@@ -36,15 +36,6 @@ OPTIONS = {"llm.EnableCacheManager": "1", "llm.MemPoolConfig": '{"memory_size": 
            "llm.HostMemPoolConfig": '{"memory_size": 1048576}'}
 
 
-@pytest.fixture
-def daemon():
-    d = DaemonProcess("sec")
-    d.start()
-    yield d
-    d.stop()
-    d.discard()
-
-
 class Worker:
     """One attach connection (one kernel-verified session) and a DataDist stub carrying its capability."""
 

@@ -34,15 +34,6 @@ pytestmark = pytest.mark.integration
 MiB = 1 << 20
 
 
-@pytest.fixture
-def daemon():
-    d = DaemonProcess("tenant")
-    d.start()
-    yield d
-    d.stop()
-    d.discard()
-
-
 def _ask(s: socket.socket, request: attach_pb2.AttachRequest, fds: list[int]) -> attach_pb2.AttachReply:
     socket.send_fds(s, [request.SerializeToString()], fds)
     data, got, _, _ = socket.recv_fds(s, 1 << 16, 4)

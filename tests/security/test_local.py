@@ -73,6 +73,18 @@ class Worker:
         self.attach.close()
 
 
+def attach_ask(s: socket.socket, payload: bytes, fds: list[int]) -> attach_pb2.AttachReply:
+    """One raw attach datagram (``payload``, with ``fds`` over SCM_RIGHTS) on ``s`` and its reply; descriptors the
+    reply carries are closed."""
+    socket.send_fds(s, [payload], fds)
+    data, got, _, _ = socket.recv_fds(s, 1 << 16, 4)
+    for fd in got:
+        os.close(fd)
+    reply = attach_pb2.AttachReply()
+    reply.ParseFromString(data)
+    return reply
+
+
 def code_of(err: grpc.RpcError) -> int:
     return int(dict(err.trailing_metadata())["datadist-status-code"])
 
@@ -313,13 +325,7 @@ def test_6_attach_messages_are_bounded(daemon):
     s.connect(daemon.socket + ".attach")
 
     def ask(payload: bytes, fds: list[int] = ()) -> attach_pb2.AttachReply:  # noqa: B006
-        socket.send_fds(s, [payload], list(fds))
-        data, got, _, _ = socket.recv_fds(s, 1 << 16, 4)
-        for fd in got:
-            os.close(fd)
-        reply = attach_pb2.AttachReply()
-        reply.ParseFromString(data)
-        return reply
+        return attach_ask(s, payload, list(fds))
 
     try:
         before = ask(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(engine_id=1)).SerializeToString())

@@ -26,7 +26,7 @@ from llm_datadist.status import LLMException
 from tests.daemonproc import DaemonProcess
 from tests.harness import free_port
 
-from .test_local import Worker, refused
+from .test_local import Worker, attach_ask, refused
 from .test_users import _ids, as_user, users  # noqa: F401 - users: the throwaway-users fixture
 
 pytestmark = pytest.mark.integration
@@ -35,13 +35,7 @@ MiB = 1 << 20
 
 
 def _ask(s: socket.socket, request: attach_pb2.AttachRequest, fds: list[int]) -> attach_pb2.AttachReply:
-    socket.send_fds(s, [request.SerializeToString()], fds)
-    data, got, _, _ = socket.recv_fds(s, 1 << 16, 4)
-    for fd in got:
-        os.close(fd)
-    reply = attach_pb2.AttachReply()
-    reply.ParseFromString(data)
-    return reply
+    return attach_ask(s, request.SerializeToString(), fds)
 
 
 def _lingering_socket() -> tuple[socket.socket, socket.socket, socket.socket]:

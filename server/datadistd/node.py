@@ -272,7 +272,7 @@ class Node:
         self.check_listen_host(host)
         if self.listener_factory is None:
             raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, "this daemon cannot open peer listeners")
-        await self._retired_address(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        await self._retired_address(_host_port(host, port))
         try:
             slot.listener = await self.listener_factory(host, port, slot)
         except DataDistError:
@@ -293,7 +293,7 @@ class Node:
 
     async def ensure_listener(self, slot: EngineSlot, host: str, port: int) -> None:
         """Make ``slot`` reachable at host:port (comm-domain links), in addition to its listen_ip_info."""
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address = _host_port(host, port)
         if any(_same_address(listener.address, address) for listener in slot.listeners()):
             return
         self.check_listen_host(host)
@@ -393,6 +393,11 @@ def v1_engine_pool(opts: EngineOptions, options: Mapping[str, str]) -> EngineOpt
     require(size >> V1_PAGE_SHIFT > 0, f"the v1 memory pool of {size} bytes (ge.flowGraphMemMaxSize x "
                                        f"llm.MemoryUtilization) is too small")
     return replace(opts, pools=(*opts.pools, (Placement.DEVICE, PoolConfig(size, V1_PAGE_SHIFT))))
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port`` as listeners name their address (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _same_address(a: str, b: str) -> bool:

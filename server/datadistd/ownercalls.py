@@ -26,7 +26,8 @@ from .core.errors import DataDistError, StatusCode
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
-           "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "checked_ids"]
+           "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "INLINE_READ_MAX",
+           "checked_ids"]
 
 
 
@@ -55,11 +56,15 @@ class CommitWriteCmd:
 
 @dataclass(frozen=True)
 class ReadCmd:
+    """Send what ``spec`` names: as transfer ``transfer_id`` on the data channel, or (``inline``: a small read,
+    at most ``INLINE_READ_MAX`` bytes) in the reply itself."""
+
     command_id: int
     session: bytes
     transfer_id: int
     spec: RemoteSpec
     timeout_ms: int
+    inline: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,12 @@ class OwnerReply:
     transfer_ids: tuple[int, ...] = ()   # open write: one per spec, in order
     nbytes: int = 0                 # read: bytes sent
     release_needed: bool = False    # read: confirm the receipt with a release
+    data: bytes = b""               # inline read: the bytes themselves
 
+
+#: the largest read answered with its bytes in the reply (``ReadCmd.inline``): a small pull then needs no transfer
+#: on the data channel, no receipt at the requester and no pin at the owner past the copy into the reply
+INLINE_READ_MAX = 64 << 10
 
 #: most transfers one OpenWrite may open (a layer-wise push opens a target's layers at once: a model's
 #: layers, up to two pieces each); more is refused with ``LLM_PARAM_INVALID`` before anything is opened
@@ -220,6 +230,14 @@ class FrameCalls:
     async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
         reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
+
+    async def read_inline(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[bytes, bool]:
+        """A small read answered with its bytes (at most ``INLINE_READ_MAX``): the bytes, whether to release."""
+        reply = await self._call(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True), timeout)
+        if len(reply.data) != spec.expected_bytes:
+            raise DataDistError(StatusCode.LLM_FAILED, f"cluster {self.remote_cluster} answered a read of "
+                                                       f"{spec.expected_bytes} bytes with {len(reply.data)}")
+        return reply.data, reply.release_needed
 
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:

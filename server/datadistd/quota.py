@@ -158,6 +158,14 @@ class LinkUsage:
                                 f"no turn before the deadline: this link has {self.calls} owner calls running "
                                 f"([quota] link_calls_in_flight = {cap})") from None
 
+    def try_enter_call(self, limits: LinkLimits) -> bool:
+        """``enter_call`` when there is a turn at once (none waits, the cap not reached); else False, nothing taken."""
+        cap = limits.calls_in_flight
+        if cap and (self.calls >= cap or self._turns):
+            return False
+        self.calls += 1
+        return True
+
     def exit_call(self) -> None:
         """A call ended: its turn goes to the longest-waiting call, else the count drops."""
         while self._turns:

@@ -98,6 +98,9 @@ class OwnerCalls:
             elif isinstance(cmd, CommitWriteCmd):
                 await self.owner.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)
                 reply = OwnerReply(cmd.command_id)
+            elif isinstance(cmd, ReadCmd) and cmd.inline:
+                await self._answer_inline(link, cmd)
+                return
             elif isinstance(cmd, ReadCmd):
                 nbytes, release = await self.owner.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
                 reply = OwnerReply(cmd.command_id, nbytes=nbytes, release_needed=release)
@@ -117,6 +120,27 @@ class OwnerCalls:
         if isinstance(cmd, UnlinkCmd):
             log.info("cluster %s: cluster %s unlinked from its end", self.table.cluster_id, link.remote_cluster)
             await self.table.forget(link)
+
+    async def _answer_inline(self, link: RemoteLink, cmd: ReadCmd) -> None:
+        """A small read answered with its bytes. It counts as one of the link's owner calls until the reply is
+        out, so a peer that asks and stops reading holds at most ``link_calls_in_flight`` replies here."""
+        limits = self.table.node.link_limits
+        if not link.usage.try_enter_call(limits):
+            timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
+            try:
+                await link.usage.enter_call(limits, time.monotonic() + timeout / 1000)
+            except DataDistError as exc:
+                await self._reply(link, OwnerReply(cmd.command_id, int(exc.code), exc.message))
+                return
+        try:
+            try:
+                data, release = await self.owner.read_inline(link, cmd.spec)
+                reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
+            except DataDistError as exc:
+                reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
+            await self._reply(link, reply)
+        finally:
+            link.usage.exit_call()
 
     async def _reply(self, link: RemoteLink, reply: OwnerReply) -> None:
         deadline = time.monotonic() + max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)

@@ -8,8 +8,9 @@ from typing import Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import RemoteSpec, TransferId
 from ..memory.base import Segment
+from ..memory.copy import all_mapped, read_bytes
 from ..metrics import track_transfer
-from ..ownercalls import MAX_OPEN_PER_CALL
+from ..ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 from ..transport.base import Receipt
 from .model import Link, _PendingWrite
 from .table import LinkTable
@@ -46,6 +47,25 @@ class Owner:
             link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
+
+    async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
+        """Owner side of a small pull answered in the reply: the bytes ``spec`` names (checked as ``read_for``
+        checks them), copied out under a pin that ends here -- nothing stays pinned while the reply travels.
+        Mapped memory is copied on the event loop (a ``memmove`` of at most ``INLINE_READ_MAX`` bytes); memory
+        read by system call or device copy in a thread, as the link's peer."""
+        require(spec.expected_bytes <= INLINE_READ_MAX,
+                f"an inline read of {spec.expected_bytes} bytes; at most {INLINE_READ_MAX}")
+        table = self.table
+        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
+            cache_id, src, release = table.engine.prepare_read(spec)
+            try:
+                data = read_bytes(src) if all_mapped(src) else await table.in_thread_of(link.principal, read_bytes,
+                                                                                          src)
+            finally:
+                table.engine.unpin(cache_id)
+            tracked.done(len(data), len(spec.blocks))
+        link.bytes_out += len(data)
+        return data, release
 
     def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else

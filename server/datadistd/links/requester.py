@@ -16,8 +16,8 @@ from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
-from ..memory.copy import copy_segments
-from ..ownercalls import FrameCalls
+from ..memory.copy import all_mapped, copy_segments, write_bytes
+from ..ownercalls import INLINE_READ_MAX, FrameCalls
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 from .table import LinkTable
@@ -103,6 +103,30 @@ class Requester:
     async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
+        if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
+            # small: the bytes come in the reply (no receipt, no DATA frame)
+            try:
+                data, release = await calls.read_inline(link.session, spec, deadline - time.monotonic())
+            except DataDistError as exc:
+                raise self._transfer_failure(link, exc, timeout_ms) from None
+            if all_mapped(dst):
+                write_bytes(dst, data)
+            else:
+                await self.table.in_thread(write_bytes, dst, data)
+        else:
+            release = await self._read_over(link, calls, channel, spec, dst, deadline, timeout_ms)
+        if release:
+            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+            try:
+                await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+                                    max(0.5, deadline - time.monotonic()))
+            except DataDistError as exc:
+                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
+                            self.table.cluster_id, link.remote_cluster, exc)
+
+    async def _read_over(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
+                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> bool:
+        """A read sent as a transfer on the data channel, straight into ``dst``; whether to release the key."""
         receipt = self.table.transport.expect(dst, channel=channel)
         try:
             _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
@@ -116,14 +140,7 @@ class Requester:
         except BaseException:
             receipt.cancel()
             raise
-        if release:
-            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
-            try:
-                await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
-                                    max(0.5, deadline - time.monotonic()))
-            except DataDistError as exc:
-                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
-                            self.table.cluster_id, link.remote_cluster, exc)
+        return release
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the

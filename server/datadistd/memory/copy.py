@@ -35,7 +35,7 @@ from .access import MAPPED, PLAIN, RAW, DeviceCopy, access_kind, same_device
 from .base import Segment
 from .segments import SegmentTable, byte_view, cut
 
-__all__ = ["copy_segments", "STAGE_MAX"]
+__all__ = ["copy_segments", "STAGE_MAX", "BufferHandle", "all_mapped", "read_bytes", "write_bytes"]
 
 #: the largest staging buffer used when neither side is mapped
 STAGE_MAX = 4 << 20
@@ -220,3 +220,94 @@ def _stage_io(side: _Side, which: np.ndarray, offsets: np.ndarray, local: np.nda
                 handle.read_into(off, part)
             else:
                 handle.write_from(off, part)
+
+
+class BufferHandle:
+    """Bytes of the daemon's own as a ``MemoryHandle``: the payload of an inline read, on either side."""
+
+    def __init__(self, buf: bytes | bytearray) -> None:
+        self._view = memoryview(buf).cast("B")
+
+    @property
+    def size(self) -> int:
+        return len(self._view)
+
+    def view(self) -> memoryview | None:
+        return self._view
+
+    def read_into(self, offset: int, dst: memoryview) -> None:
+        out = memoryview(dst).cast("B")
+        out[:] = self._view[offset:offset + len(out)]
+
+    def write_from(self, offset: int, src: memoryview | bytes) -> None:
+        data = memoryview(src).cast("B")
+        self._view[offset:offset + len(data)] = data
+
+    def close(self) -> None:
+        pass
+
+
+def all_mapped(segments: Sequence[Segment]) -> bool:
+    """Whether every handle of ``segments`` is mapped in the daemon (so copying them is a ``memmove`` that
+    nothing but the CPU can hold up: safe on the event loop)."""
+    return all(h.view() is not None for h in SegmentTable.of(segments).handles)
+
+
+def _views(table: SegmentTable, writable: bool) -> list[memoryview] | None:
+    """Byte views of every handle of a small table, or None (a handle without one, or too many pieces)."""
+    if len(table) > _FEW:
+        return None
+    views = []
+    for h in table.handles:
+        v = byte_view(h, writable)
+        if v is None:
+            return None
+        views.append(v)
+    return views
+
+
+def _pieces(table: SegmentTable, views: list[memoryview], side: str) -> list[tuple[memoryview, int, int]]:
+    out = []
+    for w, o, n in zip(table.which.tolist(), table.offsets.tolist(), table.lengths.tolist(), strict=True):
+        v = views[w]
+        if o < 0 or n < 0 or o + n > len(v):
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"{side} segment [{o}, {o + n}) is outside its memory of {len(v)} bytes")
+        out.append((v, o, n))
+    return out
+
+
+def read_bytes(src: Sequence[Segment]) -> bytes:
+    """The concatenated bytes of ``src``, copied out (the owner's side of an inline read). A few mapped pieces
+    are sliced directly (the usual small read: no tables, no staging); anything else goes through
+    ``copy_segments``."""
+    table = SegmentTable.of(src)
+    views = _views(table, writable=False)
+    if views is not None:
+        return b"".join([v[o:o + n] for v, o, n in _pieces(table, views, "source")])
+    buf = bytearray(table.nbytes)
+    copy_segments([Segment(BufferHandle(buf), 0, len(buf))], src)
+    return bytes(buf)
+
+
+def write_bytes(dst: Sequence[Segment], data: bytes) -> None:
+    """Copy ``data`` into the concatenated ``dst`` (the requester's side of an inline read); the lengths must
+    agree (``LLM_PARAM_INVALID`` before any byte moves)."""
+    table = SegmentTable.of(dst)
+    views = _views(table, writable=True)
+    if views is None:
+        copy_segments(dst, [Segment(BufferHandle(data), 0, len(data))])
+        return
+    pieces = _pieces(table, views, "destination")
+    if table.nbytes != len(data):
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"source has {len(data)} bytes but destination has {table.nbytes} bytes")
+    src = memoryview(data)
+    at = 0
+    for v, o, n in pieces:
+        v[o:o + n] = src[at:at + n]
+        at += n
+
+
+#: the most pieces ``read_bytes`` / ``write_bytes`` slice one by one (more: ``copy_segments``' array arithmetic)
+_FEW = 64

@@ -240,8 +240,9 @@ def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
         return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
             session=cmd.session, timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
     if isinstance(cmd, ReadCmd):
-        return peer_pb2.OwnerCall(command_id=cid, read=spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec,
-                                                                            cmd.timeout_ms))
+        read = spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
+        read.inline = cmd.inline
+        return peer_pb2.OwnerCall(command_id=cid, read=read)
     if isinstance(cmd, ReleaseCmd):
         return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
             session=cmd.session, key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start,
@@ -262,7 +263,7 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
         return CommitWriteCmd(cid, c.session, ids_from_pb(c), c.timeout_ms)
     if which == "read":
         r = msg.read
-        return ReadCmd(cid, r.session, r.transfer_id, spec_from_pb(r), r.timeout_ms)
+        return ReadCmd(cid, r.session, r.transfer_id, spec_from_pb(r), r.timeout_ms, r.inline)
     if which == "release":
         key = key_from_pb(msg.release.key)
         require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
@@ -277,12 +278,12 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
 
 def reply_from_pb(msg: peer_pb2.OwnerReply) -> OwnerReply:
     return OwnerReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
-                        msg.release_needed)
+                      msg.release_needed, msg.data)
 
 
 def reply_to_pb(reply: OwnerReply) -> peer_pb2.OwnerReply:
     return peer_pb2.OwnerReply(command_id=reply.command_id, status=reply.status, message=reply.message,
-                                 bytes=reply.nbytes, release_needed=reply.release_needed,
+                                 bytes=reply.nbytes, release_needed=reply.release_needed, data=reply.data,
                                  **ids_to_pb(reply.transfer_ids))
 
 

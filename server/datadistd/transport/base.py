@@ -102,6 +102,10 @@ class Channel(Protocol):
 
 class Transport(Protocol):
     name: str
+    #: small pulls (at most ``ownercalls.INLINE_READ_MAX`` bytes) come back in the owner's reply, not as a transfer
+    #: on this transport: true where the bytes would cross the same socket anyway (tcp), false where a fabric moves
+    #: them (nixl, hccl)
+    inline_small_reads: bool
 
     @property
     def label(self) -> str:

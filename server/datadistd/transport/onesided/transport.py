@@ -40,6 +40,7 @@ class OneSidedTransport(abc.ABC):
 
     name = ""
     scheme = ""
+    inline_small_reads = False   # a pull's bytes move on the fabric, whatever their size
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:

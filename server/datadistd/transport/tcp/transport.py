@@ -48,6 +48,7 @@ class TcpTransport:
 
     name = "tcp"
     label = "tcp"
+    inline_small_reads = True   # the reply and the bytes share the link's sockets: one frame instead of two
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, nodelay: bool = True, sndbuf: int | None = None,

@@ -25,8 +25,8 @@ __all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient"
 
 #: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge; 3: after the
 #: handshake the data channel carries everything (owner calls, unlink, liveness): the Peer service has only
-#: Challenge and Handshake; 4: a small read is answered with its bytes in the reply (``ReadRequest.inline``). A peer
-#: of another version is refused at the challenge and at the handshake.
+#: Challenge and Handshake; 4: reads and every reply are fixed-layout frames (``ownerwire``), a small read answered
+#: with its bytes in the reply. A peer of another version is refused at the challenge and at the handshake.
 PROTOCOL_VERSION = 4
 CHALLENGE_BYTES = 32
 #: how long an issued challenge may be answered (a handshake answers it within milliseconds)

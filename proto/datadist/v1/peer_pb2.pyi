@@ -34,7 +34,7 @@ class OwnerCall(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ..., ping: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
 
 class OwnerReply(_message.Message):
-    __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids", "data")
+    __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -42,7 +42,6 @@ class OwnerReply(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
     MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     status: int
     message: str
@@ -50,8 +49,7 @@ class OwnerReply(_message.Message):
     bytes: int
     release_needed: bool
     more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
-    data: bytes
-    def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")
@@ -126,7 +124,7 @@ class SessionRef(_message.Message):
     def __init__(self, session: _Optional[bytes] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("session", "transfer_id", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms", "inline")
+    __slots__ = ("session", "transfer_id", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,7 +136,6 @@ class ReadRequest(_message.Message):
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    INLINE_FIELD_NUMBER: _ClassVar[int]
     session: bytes
     transfer_id: int
     key: _common_pb2.AnyKey
@@ -150,8 +147,7 @@ class ReadRequest(_message.Message):
     tensor_count: int
     expected_bytes: int
     timeout_ms: int
-    inline: bool
-    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., inline: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session", "key", "tensor_start", "tensor_count")

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 
+from .. import ownerwire
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
 from ..core.types import (
@@ -159,13 +160,6 @@ def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
 
 # ---- Peer service --------------------------------------------------------------------------------
 
-def spec_to_read_pb(session: bytes, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
-    return peer_pb2.ReadRequest(session=session, transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
-                                blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
-                                tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
-                                expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
-
-
 def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
     return peer_pb2.WriteRequest(key=key_to_pb(spec.key), mode=int(spec.mode), blocks=list(spec.blocks),
                                  size=spec.size, offset=spec.offset, tensor_start=spec.tensor_start,
@@ -232,6 +226,7 @@ def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
 
 
 def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
+    """Every call but a read (``ownerwire``)."""
     cid = cmd.command_id
     if isinstance(cmd, OpenWriteCmd):
         return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.session, cmd.specs,
@@ -239,17 +234,15 @@ def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
     if isinstance(cmd, CommitWriteCmd):
         return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
             session=cmd.session, timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
-    if isinstance(cmd, ReadCmd):
-        read = spec_to_read_pb(cmd.session, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
-        read.inline = cmd.inline
-        return peer_pb2.OwnerCall(command_id=cid, read=read)
     if isinstance(cmd, ReleaseCmd):
         return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
             session=cmd.session, key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start,
             tensor_count=cmd.tensor_count))
     if isinstance(cmd, PingCmd):
         return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.SessionRef(session=cmd.session))
-    return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
+    if isinstance(cmd, UnlinkCmd):
+        return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
+    raise TypeError(f"{type(cmd).__name__} travels as an ownerwire frame, not as a peer.proto message")
 
 
 def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
@@ -261,9 +254,6 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
     if which == "commit_write":
         c = msg.commit_write
         return CommitWriteCmd(cid, c.session, ids_from_pb(c), c.timeout_ms)
-    if which == "read":
-        r = msg.read
-        return ReadCmd(cid, r.session, r.transfer_id, spec_from_pb(r), r.timeout_ms, r.inline)
     if which == "release":
         key = key_from_pb(msg.release.key)
         require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
@@ -276,24 +266,19 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
 
 
-def reply_from_pb(msg: peer_pb2.OwnerReply) -> OwnerReply:
-    return OwnerReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
-                      msg.release_needed, msg.data)
-
-
-def reply_to_pb(reply: OwnerReply) -> peer_pb2.OwnerReply:
-    return peer_pb2.OwnerReply(command_id=reply.command_id, status=reply.status, message=reply.message,
-                                 bytes=reply.nbytes, release_needed=reply.release_needed, data=reply.data,
-                                 **ids_to_pb(reply.transfer_ids))
-
-
 class ProtobufCallCodec:
-    """``ownercalls.CallCodec`` as ``peer.proto``'s ``OwnerCall`` / ``OwnerReply`` messages."""
+    """``ownercalls.CallCodec``: reads and every reply as ``ownerwire``'s fixed-layout frames (on every pull's
+    path), the other calls as ``peer.proto``'s ``OwnerCall`` messages; a call frame is told apart by its first
+    byte."""
 
     def encode_command(self, cmd: OwnerCall) -> bytes:
+        if isinstance(cmd, ReadCmd):
+            return ownerwire.encode_read(cmd)
         return call_to_pb(cmd).SerializeToString()
 
     def decode_command(self, data: bytes) -> OwnerCall:
+        if ownerwire.is_binary(data):
+            return ownerwire.decode_read(data)
         try:
             msg = peer_pb2.OwnerCall.FromString(data)
         except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
@@ -304,13 +289,10 @@ class ProtobufCallCodec:
             raise RefusedCall(msg.command_id, exc.code, exc.message) from None
 
     def encode_reply(self, reply: OwnerReply) -> bytes:
-        return reply_to_pb(reply).SerializeToString()
+        return ownerwire.encode_reply(reply)
 
     def decode_reply(self, data: bytes) -> OwnerReply:
-        try:
-            return reply_from_pb(peer_pb2.OwnerReply.FromString(data))
-        except Exception:  # noqa: BLE001
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable reply frame") from None
+        return ownerwire.decode_reply(data)
 
 
 CALL_CODEC = ProtobufCallCodec()

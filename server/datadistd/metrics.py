@@ -151,7 +151,7 @@ class TransferTracker:
     outcome by status code. Works with ``metrics=None`` (metrics off): it then only logs.
     """
 
-    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok", "bound")
+    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok", "bound", "handed")
 
     def __init__(self, metrics: DaemonMetrics | None, op: str, cluster: int, peer: int, cache: int | None = None
                  ) -> None:
@@ -164,6 +164,7 @@ class TransferTracker:
         self.blocks = 0
         self.started = 0.0
         self.ok = False
+        self.handed = False
         self.bound = metrics.bound(op, self.cluster, self.peer) if metrics is not None else None
 
     def __enter__(self) -> "TransferTracker":
@@ -175,9 +176,17 @@ class TransferTracker:
     def done(self, nbytes: int, blocks: int = 0) -> None:
         self.nbytes, self.blocks, self.ok = nbytes, blocks, True
 
+    def hand_on(self) -> None:
+        """The transfer goes on elsewhere (a tracker of its own counts it): leaving counts no outcome."""
+        self.handed = True
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         elapsed = time.monotonic() - self.started
+        if self.handed and exc is None:
+            if self.bound is not None:
+                self.bound.in_flight().dec()
+            return
         if self.ok and exc is None:
             outcome = "success"
         elif isinstance(exc, DataDistError):

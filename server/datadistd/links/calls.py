@@ -87,6 +87,8 @@ class OwnerCalls:
             log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
                         link.remote_cluster, exc.message)
             return
+        if isinstance(cmd, ReadCmd) and cmd.inline and self._answer_inline_now(link, cmd):
+            return
         self.table.spawn(self._answer(link, cmd))
 
     async def _answer(self, link: RemoteLink, cmd: OwnerCall) -> None:
@@ -121,9 +123,49 @@ class OwnerCalls:
             log.info("cluster %s: cluster %s unlinked from its end", self.table.cluster_id, link.remote_cluster)
             await self.table.forget(link)
 
+    def _answer_inline_now(self, link: RemoteLink, cmd: ReadCmd) -> bool:
+        """A small read answered here and now, no task: when the link has a turn free at once, the memory is
+        mapped and a connection takes the reply without blocking (else the reply goes from a thread, the call
+        still counted). False, with nothing done, when there is no turn or the memory is not mapped: the task
+        path (``_answer_inline``) answers it."""
+        if not link.usage.try_enter_call(self.table.node.link_limits):
+            return False
+        counted = True
+        try:
+            try:
+                got = self.owner.read_inline_now(link, cmd.spec)
+                if got is None:
+                    return False
+                reply = OwnerReply(cmd.command_id, nbytes=len(got[0]), release_needed=got[1], data=got[0])
+            except DataDistError as exc:
+                reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
+            channel = self.table.channel_of(link)
+            payload = self.table.node.call_codec.encode_reply(reply)
+            try:
+                if channel is not None and not channel.broken and channel.try_control(
+                        CONTROL_REPLY, payload, time.monotonic() + self._reply_seconds()):
+                    return True
+            except DataDistError as exc:
+                log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id,
+                         cmd.command_id, link.remote_cluster, exc)
+                return True
+            counted = False   # handed on: the task ends the call once the reply is out
+            self.table.spawn(self._reply_then_exit(link, reply))
+            return True
+        finally:
+            if counted:
+                link.usage.exit_call()
+
+    async def _reply_then_exit(self, link: RemoteLink, reply: OwnerReply) -> None:
+        try:
+            await self._reply(link, reply)
+        finally:
+            link.usage.exit_call()
+
     async def _answer_inline(self, link: RemoteLink, cmd: ReadCmd) -> None:
-        """A small read answered with its bytes. It counts as one of the link's owner calls until the reply is
-        out, so a peer that asks and stops reading holds at most ``link_calls_in_flight`` replies here."""
+        """A small read answered with its bytes, as a task (no turn free at once, or memory copied in a thread).
+        It counts as one of the link's owner calls until the reply is out, so a peer that asks and stops reading
+        holds at most ``link_calls_in_flight`` replies here."""
         limits = self.table.node.link_limits
         if not link.usage.try_enter_call(limits):
             timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
@@ -142,8 +184,11 @@ class OwnerCalls:
         finally:
             link.usage.exit_call()
 
+    def _reply_seconds(self) -> float:
+        return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
+
     async def _reply(self, link: RemoteLink, reply: OwnerReply) -> None:
-        deadline = time.monotonic() + max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
+        deadline = time.monotonic() + self._reply_seconds()
         try:
             await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
                                       self.table.node.call_codec.encode_reply(reply), deadline, link.principal)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Awaitable, Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import RemoteSpec, TransferId
@@ -48,19 +48,43 @@ class Owner:
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
+    def read_inline_now(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool] | None:
+        """Owner side of a small pull answered in the reply, on the event loop: the bytes ``spec`` names (checked
+        as ``read_for`` checks them) and whether the requester must release the key, copied out under a pin that
+        ends here -- nothing stays pinned while the reply travels. None, with nothing held, when the memory is
+        not mapped in the daemon (its copy may block: ``read_inline`` copies it in a thread)."""
+        return self._read_inline(link, spec, now=True)   # type: ignore[return-value]
+
     async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
-        """Owner side of a small pull answered in the reply: the bytes ``spec`` names (checked as ``read_for``
-        checks them), copied out under a pin that ends here -- nothing stays pinned while the reply travels.
-        Mapped memory is copied on the event loop (a ``memmove`` of at most ``INLINE_READ_MAX`` bytes); memory
-        read by system call or device copy in a thread, as the link's peer."""
+        """``read_inline_now``; memory read by system call or device copy is copied in a thread, as the peer."""
+        got = self._read_inline(link, spec, now=False)
+        return got if isinstance(got, tuple) else await got
+
+    def _read_inline(self, link: Link, spec: RemoteSpec, now: bool
+                     ) -> tuple[bytes, bool] | None | Awaitable[tuple[bytes, bool]]:
         require(spec.expected_bytes <= INLINE_READ_MAX,
                 f"an inline read of {spec.expected_bytes} bytes; at most {INLINE_READ_MAX}")
         table = self.table
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
             cache_id, src, release = table.engine.prepare_read(spec)
+            if not all_mapped(src):
+                table.engine.unpin(cache_id)
+                tracked.hand_on()
+                return None if now else self._read_in_thread(link, spec)
             try:
-                data = read_bytes(src) if all_mapped(src) else await table.in_thread_of(link.principal, read_bytes,
-                                                                                          src)
+                data = read_bytes(src)
+            finally:
+                table.engine.unpin(cache_id)
+            tracked.done(len(data), len(spec.blocks))
+        link.bytes_out += len(data)
+        return data, release
+
+    async def _read_in_thread(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
+        table = self.table
+        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
+            cache_id, src, release = table.engine.prepare_read(spec)
+            try:
+                data = await table.in_thread_of(link.principal, read_bytes, src)
             finally:
                 table.engine.unpin(cache_id)
             tracked.done(len(data), len(spec.blocks))

@@ -143,78 +143,140 @@ class CallCodec(Protocol):
     def decode_reply(self, data: bytes) -> OwnerReply: ...
 
 
-def _expire(fut: asyncio.Future[OwnerReply]) -> None:
-    """An owner call's deadline passed: its reply's future ends with ``TimeoutError``."""
-    if not fut.done():
-        fut.set_exception(asyncio.TimeoutError())
+#: what a call's answer goes to: the reply, or the error that ended the call (closed, timed out, not sent)
+Answer = Callable[["OwnerReply | DataDistError"], None]
+
+
+def _checked(reply: OwnerReply) -> OwnerReply | DataDistError:
+    """A reply, or the error it carries."""
+    if reply.status == 0:
+        return reply
+    try:
+        code = StatusCode(reply.status)
+    except ValueError:
+        code = StatusCode.LLM_FAILED
+    return DataDistError(code, reply.message)
 
 
 class FrameCalls:
     """Owner calls to the other end of one link as CALL frames on its data channel (either end of the link).
 
     ``send(payload, deadline)`` puts one CALL frame on the channel (awaitable; the link code decides whether
-    that needs a thread); replies arrive through ``on_reply`` (the link code decodes them with ``codec``)."""
+    that needs a thread), ``try_send`` the same without blocking (False: nothing sent); replies arrive through
+    ``on_reply`` (the link code decodes them with ``codec``). A call is awaited (``open_write``, ``read``, ...)
+    or started with a callback (``start_read_inline``: no task, no future -- the small pull's path)."""
 
     def __init__(self, remote_cluster: int, codec: CallCodec,
-                 send: Callable[[bytes, float], Awaitable[None]]) -> None:
+                 send: Callable[[bytes, float], Awaitable[None]],
+                 try_send: Callable[[bytes, float], bool] | None = None) -> None:
         self.remote_cluster = remote_cluster
         self.codec = codec
         self._send_frame = send
-        self._pending: dict[int, asyncio.Future[OwnerReply]] = {}
+        self._try_send = try_send
+        self._pending: dict[int, tuple[Answer, asyncio.TimerHandle | None]] = {}
         self._ids = itertools.count(1)
+        self._sends: set[asyncio.Task[None]] = set()
         self.closed = False
         self.reason = ""
 
     def on_reply(self, reply: OwnerReply) -> None:
-        fut = self._pending.pop(reply.command_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(reply)
+        waiter = self._pending.pop(reply.command_id, None)
+        if waiter is not None:
+            if waiter[1] is not None:
+                waiter[1].cancel()
+            waiter[0](_checked(reply))
 
     def close(self, reason: str) -> None:
         if self.closed:
             return
         self.closed = True
         self.reason = reason
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(DataDistError(StatusCode.LLM_LINK_FAILED,
-                                                f"owner calls to cluster {self.remote_cluster} closed: {reason}"))
-        self._pending.clear()
+        pending, self._pending = self._pending, {}
+        for answer, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
+            answer(DataDistError(StatusCode.LLM_LINK_FAILED, f"owner calls to cluster {self.remote_cluster} closed: "
+                                                             f"{reason}"))
 
-    async def _call(self, make: Callable[[int, int], OwnerCall], timeout: float) -> OwnerReply:
-        """``make(command_id, timeout_ms)`` builds the command once its id and the time left are known."""
+    def _expire(self, command_id: int) -> None:
+        waiter = self._pending.pop(command_id, None)
+        if waiter is not None:
+            waiter[0](DataDistError(StatusCode.LLM_TIMEOUT,
+                                    f"cluster {self.remote_cluster} did not answer an owner call in time"))
+
+    def _start(self, make: Callable[[int, int], OwnerCall], timeout: float, answer: Answer) -> None:
+        """Send the call ``make(command_id, timeout_ms)`` builds; its reply or error goes to ``answer``, exactly
+        once, from the event loop (never before this returns). The deadline is one timer."""
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
         if timeout <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, "deadline passed before the owner call")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         command_id = next(self._ids)
-        timeout_ms = max(1, int(timeout * 1000))
-        cmd = make(command_id, timeout_ms)
-        fut: asyncio.Future[OwnerReply] = loop.create_future()
-        self._pending[command_id] = fut
-        timer: asyncio.TimerHandle | None = None
-        try:
-            await self._send_frame(self.codec.encode_command(cmd), time.monotonic() + timeout)
-            # the deadline as one timer on the reply's future: what wait_for did, without its second future
-            timer = loop.call_at(max(deadline, loop.time() + 0.001), _expire, fut)
-            reply = await fut
-        except asyncio.TimeoutError:
-            raise DataDistError(StatusCode.LLM_TIMEOUT,
-                                f"cluster {self.remote_cluster} did not answer an owner call in time") from None
-        finally:
-            if timer is not None:
-                timer.cancel()
-            self._pending.pop(command_id, None)
-        if reply.status != 0:
+        payload = self.codec.encode_command(make(command_id, max(1, int(timeout * 1000))))
+        deadline = time.monotonic() + timeout
+        timer = loop.call_at(loop.time() + max(timeout, 0.001), self._expire, command_id)
+        self._pending[command_id] = (answer, timer)
+        if self._try_send is not None:
             try:
-                code = StatusCode(reply.status)
-            except ValueError:
-                code = StatusCode.LLM_FAILED
-            raise DataDistError(code, reply.message)
-        return reply
+                if self._try_send(payload, deadline):
+                    return
+            except DataDistError as exc:
+                self._fail(command_id, exc)
+                return
+        task = loop.create_task(self._send_later(command_id, payload, deadline))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send_later(self, command_id: int, payload: bytes, deadline: float) -> None:
+        try:
+            await self._send_frame(payload, deadline)
+        except DataDistError as exc:
+            self._fail(command_id, exc)
+
+    def _fail(self, command_id: int, exc: DataDistError) -> None:
+        """The call could not be sent: its answer is the error (from the loop, never inside ``_start``)."""
+        waiter = self._pending.pop(command_id, None)
+        if waiter is not None:
+            if waiter[1] is not None:
+                waiter[1].cancel()
+            asyncio.get_running_loop().call_soon(waiter[0], exc)
+
+    async def _call(self, make: Callable[[int, int], OwnerCall], timeout: float) -> OwnerReply:
+        """``make(command_id, timeout_ms)`` builds the command once its id and the time left are known."""
+        fut: asyncio.Future[OwnerReply | DataDistError] = asyncio.get_running_loop().create_future()
+
+        def answer(result: OwnerReply | DataDistError) -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        self._start(make, timeout, answer)
+        try:
+            result = await fut
+        except asyncio.CancelledError:
+            for command_id, (waiting, timer) in list(self._pending.items()):
+                if waiting is answer:
+                    del self._pending[command_id]
+                    if timer is not None:
+                        timer.cancel()
+            raise
+        if isinstance(result, DataDistError):
+            raise result
+        return result
+
+    def _inline(self, result: OwnerReply | DataDistError, spec: RemoteSpec) -> OwnerReply | DataDistError:
+        """An inline read's answer, its data checked to be what the read asked for."""
+        if isinstance(result, OwnerReply) and len(result.data) != spec.expected_bytes:
+            return DataDistError(StatusCode.LLM_FAILED, f"cluster {self.remote_cluster} answered a read of "
+                                                        f"{spec.expected_bytes} bytes with {len(result.data)}")
+        return result
+
+    def start_read_inline(self, session: bytes, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
+        """A small read answered with its bytes, by callback: ``answer`` gets the reply (its ``data`` checked to be
+        ``spec.expected_bytes`` long) or the error."""
+        self._start(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True), timeout,
+                    lambda result: answer(self._inline(result, spec)))
 
     async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
                          hold_ms: int = 0) -> list[int]:
@@ -232,12 +294,12 @@ class FrameCalls:
         return reply.nbytes, reply.release_needed
 
     async def read_inline(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[bytes, bool]:
-        """A small read answered with its bytes (at most ``INLINE_READ_MAX``): the bytes, whether to release."""
-        reply = await self._call(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True), timeout)
-        if len(reply.data) != spec.expected_bytes:
-            raise DataDistError(StatusCode.LLM_FAILED, f"cluster {self.remote_cluster} answered a read of "
-                                                       f"{spec.expected_bytes} bytes with {len(reply.data)}")
-        return reply.data, reply.release_needed
+        """``start_read_inline``, awaited: the bytes and whether to release the key."""
+        result = self._inline(await self._call(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True),
+                                               timeout), spec)
+        if isinstance(result, DataDistError):
+            raise result
+        return result.data, result.release_needed
 
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:

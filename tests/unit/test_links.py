@@ -168,9 +168,11 @@ def test_each_end_holds_the_record_of_its_kind() -> None:
     asyncio.run(main())
 
 
-def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout() -> None:
+@pytest.mark.parametrize("how", ["inline", "awaited"])
+def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout(how: str) -> None:
     """CANN answers LLM_NOT_YET_LINK for a link that was destroyed (hixl data_cache_engine.cc, PullCache); the
-    pull used to say LLM_TIMEOUT "failed within 1000 ms" though nothing timed out."""
+    pull used to say LLM_TIMEOUT "failed within 1000 ms" though nothing timed out. Both ways a small pull runs:
+    started by callback (``start_pull``: the attach socket's) and awaited (``pull``)."""
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
@@ -184,9 +186,18 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout() -> No
                     await asyncio.sleep(0.01)
                 raise DataDistError(S.LLM_LINK_FAILED, f"owner calls to cluster {P} closed: unlinked")
 
-            serving.owner.read_for = read_while_this_end_unlinks  # type: ignore[method-assign]
+            # the owner answers a small read with its bytes (inline): make it take the awaited path and unlink there
+            serving.owner.read_inline_now = lambda *args: None  # type: ignore[method-assign]
+            serving.owner.read_inline = read_while_this_end_unlinks  # type: ignore[method-assign]
             with pytest.raises(DataDistError) as info:
-                await linking.pull(_order(P, dst, [1], [1]))
+                if how == "awaited":
+                    await linking.pull(_order(P, dst, [1], [1]))
+                else:
+                    ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                    linking.start_pull(_order(P, dst, [1], [1]), ended.set_result)
+                    result = await asyncio.wait_for(ended, 10)
+                    if isinstance(result, DataDistError):
+                        raise result
             assert info.value.code == S.LLM_NOT_YET_LINK, info.value
             assert info.value.message.startswith(f"the link to cluster {P} was closed during the transfer ("), \
                 info.value.message

@@ -40,7 +40,7 @@ from .model import (
     OutboundLink,
 )
 from .owner import Owner
-from .requester import Piece, Requester, StagedPush
+from .requester import Piece, PullDone, Requester, StagedPush
 from .setup import Linker
 from .table import LinkTable, NodeContext
 
@@ -125,6 +125,9 @@ class LinkManager:
 
     async def pull(self, order: TransferOrder) -> tuple[int, str]:
         return await self.requester.pull(order)
+
+    def start_pull(self, order: TransferOrder, done: PullDone) -> None:
+        self.requester.start_pull(order, done)
 
     async def push(self, order: TransferOrder) -> tuple[int, str]:
         return await self.requester.push(order)

@@ -43,7 +43,13 @@ class OwnerCalls:
         async def send(payload: bytes, deadline: float) -> None:
             await self._control_frame(channel(), remote_cluster, CONTROL_CALL, payload, deadline, "")
 
-        return FrameCalls(remote_cluster, self.table.node.call_codec, send)
+        def try_send(payload: bytes, deadline: float) -> bool:
+            ch = channel()
+            if ch is None or ch.broken:
+                raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {remote_cluster}")
+            return ch.try_control(CONTROL_CALL, payload, deadline)
+
+        return FrameCalls(remote_cluster, self.table.node.call_codec, send, try_send)
 
     async def _control_frame(self, channel: Channel | None, remote_cluster: int, kind: int, payload: bytes,
                              deadline: float, principal: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from datadist.status import LLMStatusCode
 
@@ -17,7 +17,7 @@ from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferI
 from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, write_bytes
-from ..ownercalls import INLINE_READ_MAX, FrameCalls
+from ..ownercalls import INLINE_READ_MAX, FrameCalls, OwnerReply
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 from .table import LinkTable
@@ -61,7 +61,8 @@ class Requester:
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
         return entry
 
-    async def pull(self, order: TransferOrder) -> tuple[int, str]:
+    def _prepare_pull(self, order: TransferOrder) -> _Pull:
+        """Everything a pull checks before it holds anything: its plan, link, deadline and destination."""
         entry = self._local_entry(order.local_cache_id)
         plan = plan_pull(order, entry.desc, entry.is_blocks, self.table.cluster_id)
         link = self._transfer_link(order.remote.cluster_id)
@@ -73,21 +74,96 @@ class Requester:
         if order.exclusive and link.pulls:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"another pull is running on the link to cluster {link.remote_cluster}")
-        self.table.engine.registry.pin(entry.cache_id)
-        link.inflight += 1
-        link.pulls += 1
+        return _Pull(entry, plan.remote, plan.nbytes, link, deadline, timeout_ms, dst)
+
+    def _hold(self, p: _Pull) -> None:
+        self.table.engine.registry.pin(p.entry.cache_id)
+        p.link.inflight += 1
+        p.link.pulls += 1
+
+    def _end(self, p: _Pull, ok: bool) -> None:
+        p.link.inflight -= 1
+        p.link.pulls -= 1
+        self.table.engine.unpin(p.entry.cache_id)
+        if ok:
+            p.link.bytes_in += p.nbytes
+            log.debug("cluster %s pulled %d bytes from cluster %s", self.table.cluster_id, p.nbytes,
+                      p.link.remote_cluster)
+
+    def start_pull(self, order: TransferOrder, done: PullDone) -> None:
+        """A pull whose end goes to ``done`` -- ``(bytes, transport)`` or the ``DataDistError`` -- exactly once,
+        from the event loop, possibly before this returns (an order refused at once). A small pull over a link
+        whose transport answers small reads inline, into mapped memory, runs without a task: one call frame out,
+        the reply's bytes copied in where it is handed to the loop; any other pull runs ``pull`` as a task."""
         try:
-            if isinstance(link, LocalLink):
-                await self._local_pull(link, plan.remote, dst)
-            else:
-                await self._remote_pull(link, plan.remote, dst, deadline, timeout_ms)
-            link.bytes_in += plan.nbytes
+            p = self._prepare_pull(order)
+            link = p.link
+            fast = (not isinstance(link, LocalLink) and p.nbytes <= INLINE_READ_MAX
+                    and self.table.transport.inline_small_reads and all_mapped(p.dst))
+            if not fast:
+                self.table.spawn(self._pull_then(p, done))
+                return
+            assert not isinstance(link, LocalLink)
+            calls, _ = self._calls(link, p.timeout_ms)
+        except DataDistError as exc:
+            done(exc)
+            return
+        self._hold(p)
+
+        def answer(result: OwnerReply | DataDistError) -> None:
+            try:
+                if isinstance(result, DataDistError):
+                    raise self._transfer_failure(link, result, p.timeout_ms)
+                write_bytes(p.dst, result.data)
+            except Exception as exc:  # noqa: BLE001 - the pull ends here whatever went wrong; a bug is logged too
+                if not isinstance(exc, DataDistError):
+                    log.exception("cluster %s: a pull from cluster %s failed", self.table.cluster_id,
+                                  link.remote_cluster)
+                    exc = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
+                self._end(p, ok=False)
+                done(exc)
+                return
+            if result.release_needed:   # a CacheKey pull of an allocated cache: the key is consumed once confirmed
+                self.table.spawn(self._release_then(p, calls, done))
+                return
+            self._end(p, ok=True)
+            done((p.nbytes, link.transport))
+
+        try:
+            calls.start_read_inline(link.session, p.spec, p.deadline - time.monotonic(), answer)
+        except DataDistError as exc:
+            self._end(p, ok=False)
+            done(self._transfer_failure(link, exc, p.timeout_ms))
+
+    async def _pull_then(self, p: _Pull, done: PullDone) -> None:
+        try:
+            result: tuple[int, str] | DataDistError = await self._pull(p)
+        except DataDistError as exc:
+            result = exc
+        done(result)
+
+    async def _release_then(self, p: _Pull, calls: FrameCalls, done: PullDone) -> None:
+        try:
+            await self._release(p.link, calls, p.spec, p.deadline)
         finally:
-            link.inflight -= 1
-            link.pulls -= 1
-            self.table.engine.unpin(entry.cache_id)
-        log.debug("cluster %s pulled %d bytes from cluster %s", self.table.cluster_id, plan.nbytes, link.remote_cluster)
-        return plan.nbytes, link.transport
+            self._end(p, ok=True)
+        done((p.nbytes, p.link.transport))
+
+    async def pull(self, order: TransferOrder) -> tuple[int, str]:
+        return await self._pull(self._prepare_pull(order))
+
+    async def _pull(self, p: _Pull) -> tuple[int, str]:
+        self._hold(p)
+        ok = False
+        try:
+            if isinstance(p.link, LocalLink):
+                await self._local_pull(p.link, p.spec, p.dst)
+            else:
+                await self._remote_pull(p.link, p.spec, p.dst, p.deadline, p.timeout_ms)
+            ok = True
+        finally:
+            self._end(p, ok)
+        return p.nbytes, p.link.transport
 
     async def _local_pull(self, link: LocalLink, spec: RemoteSpec, dst: Sequence[Segment]) -> None:
         owner = link.local_peer
@@ -116,13 +192,17 @@ class Requester:
         else:
             release = await self._read_over(link, calls, channel, spec, dst, deadline, timeout_ms)
         if release:
-            assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
-            try:
-                await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
-                                    max(0.5, deadline - time.monotonic()))
-            except DataDistError as exc:
-                log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
-                            self.table.cluster_id, link.remote_cluster, exc)
+            await self._release(link, calls, spec, deadline)
+
+    async def _release(self, link: RemoteLink, calls: FrameCalls, spec: RemoteSpec, deadline: float) -> None:
+        """Confirm a pulled key to its owner, which consumes it (a failure is logged: the bytes are in)."""
+        assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+        try:
+            await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+                                max(0.5, deadline - time.monotonic()))
+        except DataDistError as exc:
+            log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
+                        self.table.cluster_id, link.remote_cluster, exc)
 
     async def _read_over(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
                          dst: Sequence[Segment], deadline: float, timeout_ms: int) -> bool:
@@ -325,6 +405,23 @@ class Requester:
                           exc)
 
         self.table.spawn(tell_owner())
+
+
+#: where a started pull's end goes: its bytes and transport, or why it failed
+PullDone = Callable[["tuple[int, str] | DataDistError"], None]
+
+
+@dataclass(frozen=True)
+class _Pull:
+    """A pull checked and planned: the destination cache, what the owner is asked for, the link, the deadline."""
+
+    entry: CacheEntry
+    spec: RemoteSpec
+    nbytes: int
+    link: AnyLink
+    deadline: float
+    timeout_ms: int
+    dst: Sequence[Segment]
 
 
 #: a piece of a push: the local spans and what they become at the owner

@@ -29,7 +29,7 @@ import os
 import socket
 import struct
 
-from datadist.v1 import attach_pb2
+from datadist.v1 import attach_pb2, datadist_pb2
 from datadist_ascend.proof import possession_proof
 
 from .. import __version__
@@ -41,7 +41,7 @@ from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
 from ..sockfiles import OwnedSocket
-from .datadist_servicer import run_transfer
+from .datadist_servicer import run_transfer, start_pull
 from .errors import count_error
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
@@ -73,13 +73,18 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
 
 
 class _Conn:
-    __slots__ = ("sock", "session", "greeted", "tasks")
+    __slots__ = ("sock", "session", "greeted", "tasks", "pulls")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
         self.session = session
         self.greeted = False
-        self.tasks: set[asyncio.Task[None]] = set()     # transfers in flight on this connection
+        self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight on this connection
+        self.pulls = 0                                  # pulls in flight (``start_pull``: no task of their own)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.tasks) + self.pulls
 
 
 #: transfers one connection may have in flight (more wait in the worker's socket buffer)
@@ -168,7 +173,7 @@ class AttachServer:
             self._loop.create_task(self.node.end_session(session))
 
     def _on_readable(self, conn: _Conn) -> None:
-        if len(conn.tasks) >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
+        if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
             assert self._loop is not None
             self._loop.remove_reader(conn.sock.fileno())
             return
@@ -193,6 +198,9 @@ class AttachServer:
             if request.WhichOneof("msg") in ("pull", "push"):
                 require(not fds, "a transfer carries no descriptors")
                 require(conn.greeted, "the first attach message must be hello")
+                if request.WhichOneof("msg") == "pull":
+                    self._pull(conn, request.request_id, request.pull)
+                    return
                 task = asyncio.ensure_future(self._transfer(conn, request))
                 conn.tasks.add(task)
                 task.add_done_callback(lambda t: self._transfer_done(conn, t))
@@ -220,6 +228,25 @@ class AttachServer:
                 log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
             self._drop(conn)
 
+    def _pull(self, conn: _Conn, request_id: int, msg: datadist_pb2.TransferRequest) -> None:
+        """A pull, by callback (``start_pull``): its reply goes out when it ends, in completion order."""
+        def done(result: datadist_pb2.TransferResponse | DataDistError) -> None:
+            conn.pulls -= 1
+            if isinstance(result, DataDistError):
+                count_error(self.metrics, "Pull", result.code)
+                reply = attach_pb2.AttachReply(status=int(result.code), message=result.message)
+            else:
+                reply = attach_pb2.AttachReply(transfer=result)
+            reply.request_id = request_id
+            self._reply(conn, reply)
+            self._resume(conn)
+
+        conn.pulls += 1
+        try:
+            start_pull(self.node.owned_slot(conn.session, msg.engine_id), msg, self.metrics, done)
+        except DataDistError as exc:
+            done(exc)
+
     async def _transfer(self, conn: _Conn, request: attach_pb2.AttachRequest) -> None:
         push = request.WhichOneof("msg") == "push"
         msg = request.push if push else request.pull
@@ -240,7 +267,10 @@ class AttachServer:
 
     def _transfer_done(self, conn: _Conn, task: asyncio.Task[None]) -> None:
         conn.tasks.discard(task)
-        if (len(conn.tasks) == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
+        self._resume(conn)
+
+    def _resume(self, conn: _Conn) -> None:
+        if (conn.in_flight == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
                 and conn.sock.fileno() >= 0):
             self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
@@ -51,6 +51,27 @@ async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, 
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
         tracked.done(nbytes, len(request.local_blocks))
     return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+
+
+def start_pull(slot: EngineSlot, request: datadist_pb2.TransferRequest, metrics: DaemonMetrics | None,
+               done: Callable[[datadist_pb2.TransferResponse | DataDistError], None]) -> None:
+    """``run_transfer`` of a pull, by callback (the attach socket's path: no task for a small pull): ``done`` gets
+    the response or the error, exactly once, possibly before this returns."""
+    order = convert.order_from_pb(request)
+    tracked = track_transfer(metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
+                             order.local_cache_id).__enter__()
+    blocks = len(request.local_blocks)
+
+    def finish(result: tuple[int, str] | DataDistError) -> None:
+        if isinstance(result, DataDistError):
+            tracked.__exit__(DataDistError, result, None)
+            done(result)
+            return
+        tracked.done(result[0], blocks)
+        tracked.__exit__(None, None, None)
+        done(datadist_pb2.TransferResponse(bytes=result[0], transport=result[1]))
+
+    slot.links.start_pull(order, finish)
 
 
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):

@@ -58,7 +58,10 @@ class Owner:
     async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
         """``read_inline_now``; memory read by system call or device copy is copied in a thread, as the peer."""
         got = self._read_inline(link, spec, now=False)
-        return got if isinstance(got, tuple) else await got
+        if isinstance(got, tuple):
+            return got
+        assert got is not None
+        return await got
 
     def _read_inline(self, link: Link, spec: RemoteSpec, now: bool
                      ) -> tuple[bytes, bool] | None | Awaitable[tuple[bytes, bool]]:

@@ -124,7 +124,7 @@ class Requester:
                 done(exc)
                 return
             if result.release_needed:   # a CacheKey pull of an allocated cache: the key is consumed once confirmed
-                self.table.spawn(self._release_then(p, calls, done))
+                self.table.spawn(self._release_then(p, link, calls, done))
                 return
             self._end(p, ok=True)
             done((p.nbytes, link.transport))
@@ -142,9 +142,9 @@ class Requester:
             result = exc
         done(result)
 
-    async def _release_then(self, p: _Pull, calls: FrameCalls, done: PullDone) -> None:
+    async def _release_then(self, p: _Pull, link: RemoteLink, calls: FrameCalls, done: PullDone) -> None:
         try:
-            await self._release(p.link, calls, p.spec, p.deadline)
+            await self._release(link, calls, p.spec, p.deadline)
         finally:
             self._end(p, ok=True)
         done((p.nbytes, p.link.transport))

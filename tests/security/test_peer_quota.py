@@ -76,3 +76,51 @@ def test_8_one_peer_is_held_to_its_links_caps():
             assert serving.owner.open_write_for(link, [piece], 1000)     # the legitimate use goes on
 
     asyncio.run(main())
+
+
+def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
+    """Peer protocol 4 answers a small read with its bytes in the reply. The other end cannot use that to make
+    the owner copy out more than ``INLINE_READ_MAX`` per call, to hold more replies than its link's call cap,
+    or to keep a cache pinned: the copy ends before the reply goes out."""
+    from datadistd.ownercalls import INLINE_READ_MAX
+
+    async def main() -> None:
+        async with Pair() as pair:
+            pair.p.link_limits = LinkLimits(calls_in_flight=2, open_writes=64, pinned_bytes=1 << 30,
+                                            max_wait_ms=5000, calls_queued=1)
+            assert await pair.link() == (0, [0])
+            serving, linking = pair.links
+            src, _ = pair.caches()
+            (link,) = serving.served.values()
+            out = linking.links[P]
+            spec = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1, 3), -1, 0, 0, 0, 4 * BLOCK)
+            data, release = await out.calls.read_inline(out.session, spec, 5.0)   # the legitimate use, over the wire
+            assert data == bytes([1]) * 2 * BLOCK + bytes([2]) * 2 * BLOCK and not release
+            assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
+            for bad, code in [(RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, INLINE_READ_MAX + 1),
+                               S.LLM_PARAM_INVALID),     # more than an inline reply may carry: refused unread
+                              (RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), -1, 0, 0, 0, 2 * BLOCK),
+                               S.LLM_PARAM_INVALID),     # a block past the cache's end
+                              (RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 3 * BLOCK),
+                               S.LLM_PARAM_INVALID),     # a byte count that is not what the blocks hold
+                              (RemoteSpec(BlocksKeyRef(P, 9), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK),
+                               S.LLM_KV_CACHE_NOT_EXIST)]:   # a key the owner does not have
+                with pytest.raises(DataDistError) as info:
+                    await out.calls.read_inline(out.session, bad, 5.0)
+                assert info.value.code == code, (bad, info.value)
+            assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
+            # the link's two turns taken: one more inline read waits for a turn, the next is refused at once
+            limits = pair.p.link_limits
+            for _ in range(2):
+                await link.usage.enter_call(limits, time.monotonic() + 5)
+            waiting = asyncio.ensure_future(out.calls.read_inline(out.session, spec, 5.0))
+            assert await _until(lambda: link.usage.waiting == 1)
+            with pytest.raises(DataDistError) as info:
+                await out.calls.read_inline(out.session, spec, 5.0)
+            assert info.value.code == S.LLM_LINK_BUSY
+            link.usage.exit_call()
+            assert (await asyncio.wait_for(waiting, 5))[0] == data    # served once a turn is free
+            link.usage.exit_call()
+            assert await _until(lambda: link.usage.calls == 0) and serving.engine.entry(src).pins == 0
+
+    asyncio.run(main())

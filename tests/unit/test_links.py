@@ -447,3 +447,28 @@ def test_liveness_and_check_link_are_frames_from_either_end() -> None:
             assert pair.peers[0].calls == ["challenge", "handshake"]
 
     asyncio.run(main())
+
+
+def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel() -> None:
+    """Peer protocol 4: a pull of at most ``INLINE_READ_MAX`` bytes over tcp asks the owner for its bytes in the
+    reply -- no receipt at the requester, no transfer sent by the owner -- by callback and awaited alike."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst = pair.caches()
+            used: list[str] = []
+            expect, read_for = linking.table.transport.expect, serving.owner.read_for
+            linking.table.transport.expect = lambda *a, **k: used.append("expect") or expect(*a, **k)  # type: ignore
+            serving.owner.read_for = lambda *a, **k: used.append("read_for") or read_for(*a, **k)  # type: ignore
+            assert await linking.pull(_order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
+            ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            linking.start_pull(_order(P, dst, [5], [0]), ended.set_result)
+            assert await asyncio.wait_for(ended, 10) == (2 * BLOCK, "tcp")
+            assert used == []
+            for t, tensor in enumerate(_bytes(pair.ds, dst)):
+                blocks = tensor.reshape(BLOCKS, BLOCK)
+                assert (blocks[[0, 2, 7]] == t + 1).all() and (blocks[[1, 3, 4, 5, 6]] == 0).all()
+            assert serving.engine.entry(src).pins == 0 and linking.engine.entry(dst).pins == 0
+
+    asyncio.run(main())

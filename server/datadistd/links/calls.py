@@ -5,6 +5,7 @@ one (``_frame_calls``), handing an incoming frame from a reader thread to the ev
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Callable
@@ -28,6 +29,9 @@ from .owner import Owner
 from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
+
+#: control frames one wake-up of the event loop handles before it lets other work run
+_CONTROL_DRAIN = 64
 
 
 class OwnerCalls:
@@ -65,14 +69,29 @@ class OwnerCalls:
                 await self.table.in_thread(channel.send_control, kind, payload, deadline)
 
     def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
-        """What the data channel's reader threads call with a control frame: hand it to the event loop."""
+        """What the data channel's reader threads call with a control frame: queue it for the event loop, which
+        drains every queued frame per wake-up (``_CONTROL_DRAIN`` at most per turn): many replies and calls in
+        flight cost one wake-up, not one each."""
         loop = asyncio.get_running_loop()
+        inbox: collections.deque[tuple[int, bytes]] = collections.deque()
+
+        def drain() -> None:
+            for _ in range(_CONTROL_DRAIN):
+                try:
+                    kind, payload = inbox.popleft()
+                except IndexError:
+                    return
+                self._on_control(link, kind, payload)
+            if inbox:   # more than a turn's worth: the rest after the loop's other work
+                loop.call_soon(drain)
 
         def handler(kind: int, payload: bytes) -> None:
-            try:
-                loop.call_soon_threadsafe(self._on_control, link, kind, payload)
-            except RuntimeError:   # the loop is closed: the daemon is stopping
-                pass
+            inbox.append((kind, payload))
+            if len(inbox) == 1:   # the queue was empty: nothing scheduled to drain it (see ``drain``)
+                try:
+                    loop.call_soon_threadsafe(drain)
+                except RuntimeError:   # the loop is closed: the daemon is stopping
+                    pass
 
         return handler
 

@@ -14,7 +14,7 @@ READ (``ReadCmd``)::
     then the session bytes, then ``blocks`` u64 block numbers
 
     key kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
-    b=cache_id c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
+    b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
 
 REPLY (``OwnerReply``)::
 
@@ -48,6 +48,7 @@ _CACHE_KEY, _BY_ID, _BLOCKS_KEY = 1, 2, 3
 MAX_BLOCKS = 1 << 20
 _MAX_SESSION = 256
 _U64 = np.dtype("<u8")
+_MASK = (1 << 64) - 1
 
 
 def is_binary(data: bytes) -> bool:
@@ -59,8 +60,8 @@ def encode_read(cmd: ReadCmd) -> bytes:
     spec, key = cmd.spec, cmd.spec.key
     if isinstance(key, CacheKeyRef):
         kind, a, b, c, d = _CACHE_KEY, key.cluster_id, key.req_id, key.model_id, key.prefix_id
-    elif isinstance(key, IdIndexRef):
-        kind, a, b, c, d = _BY_ID, key.cluster_id, key.cache_id, key.batch_index, 0
+    elif isinstance(key, IdIndexRef):   # cache_id is signed (int64 in common.proto): its two's complement
+        kind, a, b, c, d = _BY_ID, key.cluster_id, key.cache_id & _MASK, key.batch_index, 0
     elif isinstance(key, BlocksKeyRef):
         kind, a, b, c, d = _BLOCKS_KEY, key.cluster_id, 0, key.model_id, 0
     else:
@@ -95,7 +96,7 @@ def decode_read(data: bytes) -> ReadCmd:
     if kind == _CACHE_KEY:
         key: CacheKeyRef | IdIndexRef | BlocksKeyRef = CacheKeyRef(a, b, c, d)
     elif kind == _BY_ID:
-        key = IdIndexRef(a, b, c)
+        key = IdIndexRef(a, b - (1 << 64) if b >> 63 else b, c)
     elif kind == _BLOCKS_KEY:
         key = BlocksKeyRef(a, c)
     else:

@@ -238,6 +238,26 @@ class CallFailed(Exception):
         self.message = message
 
 
+def _as_ownerwire(payload: bytes) -> bytes | None:
+    """A read (``OwnerCall.read``) as peer protocol 4 sends it: an ``ownerwire`` frame; None for any other call,
+    and for a read whose fields no frame can carry (no key, an unknown mode: sent as the message, which the
+    daemon refuses as a call it does not know)."""
+    from datadistd import ownerwire
+    from datadistd.core.errors import DataDistError
+    from datadistd.ownercalls import ReadCmd
+    from datadistd.rpc.convert import spec_from_pb
+
+    msg = peer_pb2.OwnerCall.FromString(payload)
+    if msg.WhichOneof("command") != "read":
+        return None
+    r = msg.read
+    try:
+        return ownerwire.encode_read(ReadCmd(msg.command_id, r.session, r.transfer_id, spec_from_pb(r),
+                                             r.timeout_ms))
+    except DataDistError:
+        return None
+
+
 @dataclass
 class PeerAgent:
     """A fake linking daemon: handshake with the right secret, data channel with the derived token."""
@@ -318,14 +338,21 @@ class PeerAgent:
 
         with self._answered:
             self.control_bytes += len(payload)
-        if kind == CONTROL_REPLY:
-            reply = peer_pb2.OwnerReply.FromString(payload)
+        from datadistd.ownercalls import OwnerReply
+        from datadistd.rpc.convert import CALL_CODEC
+
+        if kind == CONTROL_REPLY:   # peer protocol 4: every reply is an ownerwire frame; handed on as the message
+            got = CALL_CODEC.decode_reply(payload)
+            ids = got.transfer_ids
+            reply = peer_pb2.OwnerReply(command_id=got.command_id, status=got.status, message=got.message,
+                                        transfer_id=ids[0] if ids else 0, more_transfer_ids=ids[1:],
+                                        bytes=got.nbytes, release_needed=got.release_needed)
             with self._answered:
                 self._replies[reply.command_id] = reply
                 self._answered.notify_all()
         elif kind == CONTROL_CALL:
-            answer = peer_pb2.OwnerReply(command_id=peer_pb2.OwnerCall.FromString(payload).command_id)
-            self.channel.try_control(CONTROL_REPLY, answer.SerializeToString(), time.monotonic() + 1)
+            answer = OwnerReply(CALL_CODEC.decode_command(payload).command_id)
+            self.channel.try_control(CONTROL_REPLY, CALL_CODEC.encode_reply(answer), time.monotonic() + 1)
 
     def call(self, which: str, request: Any, timeout: float = 10) -> Any:
         """One owner call (``which``: a field of ``OwnerCall``'s oneof) as a CALL frame; its ``OwnerReply``, or
@@ -338,6 +365,7 @@ class PeerAgent:
 
         command_id = next(self._ids)
         payload = call + peer_pb2.OwnerCall(command_id=command_id).SerializeToString()
+        payload = _as_ownerwire(payload) or payload
         deadline = time.monotonic() + timeout
         self.channel.send_control(CONTROL_CALL, payload, deadline)
         with self._answered:

@@ -18,7 +18,7 @@ from datadistd.rpc.convert import CALL_CODEC
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)
-KEYS = st.one_of(st.builds(CacheKeyRef, U64, U64, U64, U64), st.builds(IdIndexRef, U64, U64, U64),
+KEYS = st.one_of(st.builds(CacheKeyRef, U64, U64, U64, U64), st.builds(IdIndexRef, U64, I64, U32),
                  st.builds(BlocksKeyRef, U64, U64))
 SPECS = st.builds(RemoteSpec, KEYS, st.sampled_from(list(ReadMode)), st.lists(U64, max_size=300).map(tuple), I64,
                   U64, U32, U32, U64)

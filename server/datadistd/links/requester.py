@@ -140,6 +140,9 @@ class Requester:
             result: tuple[int, str] | DataDistError = await self._pull(p)
         except DataDistError as exc:
             result = exc
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker still gets an answer, the log the trace
+            log.exception("cluster %s: a pull from cluster %s failed", self.table.cluster_id, p.link.remote_cluster)
+            result = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
         done(result)
 
     async def _release_then(self, p: _Pull, link: RemoteLink, calls: FrameCalls, done: PullDone) -> None:

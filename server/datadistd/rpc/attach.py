@@ -11,8 +11,9 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
   pool of one of *its own* engines;
 * ``pull``/``push`` (protocol 2) run the DataDist Pull/Push of one of the session's engines without a
-  gRPC call: the local hot path. Each runs as its own task on the event loop; replies go out in
-  completion order, matched by request id, so a worker may have many in flight.
+  gRPC call: the local hot path. A pull is started with a callback (``start_pull``: a small one runs
+  with no task at all), a push runs as its own task on the event loop; replies go out in completion
+  order, matched by request id, so a worker may have many in flight.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -246,6 +247,9 @@ class AttachServer:
             start_pull(self.node.owned_slot(conn.session, msg.engine_id), msg, self.metrics, done)
         except DataDistError as exc:
             done(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
+            log.exception("attach pull of pid %s failed", conn.session.cred.pid)
+            done(DataDistError(StatusCode.LLM_FAILED, str(exc)))
 
     async def _transfer(self, conn: _Conn, request: attach_pb2.AttachRequest) -> None:
         push = request.WhichOneof("msg") == "push"

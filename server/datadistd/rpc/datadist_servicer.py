@@ -9,7 +9,7 @@ from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import LayerTask
+from ..core.plan import LayerTask, TransferOrder
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
 from ..engine import MAX_REGISTERED_ADDRS, Operand
@@ -41,15 +41,21 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
     return info
 
 
-async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
-                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
-    """One Pull or Push of ``slot``'s engine (the caller checked it may reach it): the gRPC RPCs and the
-    attach socket's transfers both run this."""
-    order = convert.order_from_pb(request)
+async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
+                    metrics: DaemonMetrics | None) -> tuple[int, str]:
+    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. Every
+    way in runs this -- the gRPC Pull/Push, the attach socket's protobuf transfers and its binary frames."""
     with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
                         order.local_cache_id) as tracked:
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
-        tracked.done(nbytes, len(request.local_blocks))
+        tracked.done(nbytes, len(order.local_blocks))
+    return nbytes, transport
+
+
+async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
+                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
+    """``run_order`` of a protobuf ``TransferRequest``."""
+    nbytes, transport = await run_order(slot, convert.order_from_pb(request), push=push, metrics=metrics)
     return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
 

@@ -134,6 +134,8 @@ def check_blocks(name: str, blocks: Any) -> List[int]:
 
 def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Optional[range], Optional[range], int]:
     """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (docs/spec.md §6)."""
+    if not kwargs:
+        return None, None, TENSORS_PER_LAYER
     unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer", *extra}
     v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
     src = kwargs.get("src_layer_range")
@@ -155,6 +157,7 @@ class CacheOps:
         self._owner = owner
         self._initialized = True
         self._mapper = _memory.Mapper(self._fetch_pool)
+        self._grpc_transfers = os.environ.get(LOCAL_TRANSFERS_ENV) == "grpc"   # read once, as the engine starts
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -305,7 +308,7 @@ class CacheOps:
             raise RuntimeError("llm datadist is not initialized")
         timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
         attachment = self._client.attachment
-        if (attachment is not None and attachment.protocol >= 2 and os.environ.get(LOCAL_TRANSFERS_ENV) != "grpc"
+        if (attachment is not None and attachment.protocol >= 2 and not self._grpc_transfers
                 and (attachment.protocol < 3 or blocks_fit(frame.remote_blocks, frame.local_blocks))):
             attachment.transfer(frame, func, timeout_s)
             return

@@ -219,7 +219,7 @@ class AttachServer:
             rid, frame = decode_request(data)
         except FrameError as exc:
             if exc.request_id is None:   # names no request to answer: the sender is not speaking the protocol
-                log.warning("attach: dropping pid %s: %s", conn.session.cred.pid, exc)
+                self._refuse(f"pid {conn.session.cred.pid} dropped: {exc}")
                 self._drop(conn)
                 return
             self._send(conn, encode_reply(exc.request_id, int(StatusCode.LLM_PARAM_INVALID), message=str(exc)))

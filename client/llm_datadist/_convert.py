@@ -1,5 +1,5 @@
-"""Private: client types -> the daemon's protobuf messages, in one place (``_cache_ops``, ``_layerwise`` and
-the managers build their requests from these; nothing here imports them back)."""
+"""Private: client types -> the daemon's protobuf messages and the fields of a pull/push frame, in one place
+(``_cache_ops``, ``_layerwise`` and the managers build their requests from these; nothing here imports them back)."""
 
 from __future__ import annotations
 

@@ -45,14 +45,16 @@ def frame(engine: int, remote: tuple[int, ...] = (0,), local: tuple[int, ...] = 
     return ff.TransferFrame(op, engine, ff.KIND_BLOCKS, ff.KEY_BLOCKS, (9, 0, 0, 0), 1, remote, local)
 
 
-PROMPT = """
+N = 8192   # blocks of 64 bytes: enough for a pull whose block lists do not fit one attach datagram
+PROMPT = f"""
+N = {N}
 import sys, numpy as np, llm_datadist as ld
 cfg = ld.LLMConfig(); cfg.device_id = 0; cfg.enable_cache_manager = True; cfg.enable_remote_cache_accessible = True
-cfg.listen_ip_info = f"127.0.0.1:{sys.argv[1]}"
+cfg.listen_ip_info = f"127.0.0.1:{{sys.argv[1]}}"
 dd = ld.LLMDataDist(ld.LLMRole.PROMPT, 1)
 dd.init(cfg.generate_options())
-kv = np.arange(8, dtype=np.uint8).repeat(512).reshape(8, 512) + 1
-dd.cache_manager.register_blocks_cache(ld.CacheDesc(1, [8, 512], ld.DataType.DT_UINT8), [kv.ctypes.data],
+kv = (np.arange(N) % 251 + 1).astype(np.uint8).repeat(64).reshape(N, 64)
+dd.cache_manager.register_blocks_cache(ld.CacheDesc(1, [N, 64], ld.DataType.DT_UINT8), [kv.ctypes.data],
                                        ld.BlocksCacheKey(1, 0))
 print("ready", flush=True)
 sys.stdin.readline()
@@ -62,7 +64,7 @@ dd.finalize()
 
 def test_a_binary_pull_moves_the_exact_bytes(daemon, monkeypatch):
     """Two engines of one daemon (a same-daemon link): this process's decoder pulls with one binary frame each
-    way, and every block lands where it was asked to."""
+    way, and every block lands where it was asked to; block lists past one datagram go as the gRPC call."""
     sent: list[ff.TransferFrame] = []
     real = AttachClient.transfer
 
@@ -85,8 +87,8 @@ def test_a_binary_pull_moves_the_exact_bytes(daemon, monkeypatch):
         cfg.enable_remote_cache_accessible = True
         dd = ld.LLMDataDist(ld.LLMRole.DECODER, 2)
         dd.init(cfg.generate_options())
-        kv = np.zeros((8, 512), np.uint8)
-        cache = dd.cache_manager.register_blocks_cache(ld.CacheDesc(1, [8, 512], ld.DataType.DT_UINT8),
+        kv = np.zeros((N, 64), np.uint8)
+        cache = dd.cache_manager.register_blocks_cache(ld.CacheDesc(1, [N, 64], ld.DataType.DT_UINT8),
                                                        [kv.ctypes.data], ld.BlocksCacheKey(2, 0))
         info = ld.LLMClusterInfo()
         info.remote_cluster_id = 1
@@ -95,10 +97,16 @@ def test_a_binary_pull_moves_the_exact_bytes(daemon, monkeypatch):
         code, _ = dd.link_clusters([info], 5000)
         assert int(code) == 0
         dd.cache_manager.pull_blocks(ld.BlocksCacheKey(1, 0), cache, [5, 0, 7], [1, 6, 2])
-        expected = np.zeros((8, 512), np.uint8)
+        expected = np.zeros((N, 64), np.uint8)
         expected[[1, 6, 2]] = np.array([6, 1, 8], np.uint8)[:, None]
         assert (kv == expected).all()
         assert [(f.op, f.remote_blocks, f.local_blocks) for f in sent] == [(ff.PULL, (5, 0, 7), (1, 6, 2))]
+        src = list(range(N - 1, N - 5001, -1))
+        dst = list(range(5000))
+        assert not ff.blocks_fit(src, dst)
+        dd.cache_manager.pull_blocks(ld.BlocksCacheKey(1, 0), cache, src, dst)
+        assert len(sent) == 1                                  # not a frame: the gRPC call
+        assert (kv[:5000, 0] == (np.array(src) % 251 + 1)).all() and (kv[:5000] == kv[:5000, :1]).all()
     finally:
         if dd is not None:
             dd.finalize()

@@ -31,31 +31,32 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Coroutine
+from typing import Callable
 
 from datadist.fastframe import (
     MAGIC,
     MAX_DATAGRAM,
     PUSH,
     FrameError,
-    TransferFrame,
     decode_request,
     encode_reply,
     request_id_of,
 )
-from datadist.v1 import attach_pb2
+from datadist.v1 import attach_pb2, datadist_pb2
 from datadist_ascend.proof import possession_proof
 
 from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import TransferOrder
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
 from ..memory.handover import discard
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
 from ..sockfiles import OwnedSocket
-from .datadist_servicer import run_order, run_transfer
+from . import convert
+from .datadist_servicer import start_order
 from .errors import count_error
 from .orders import order_from_frame
 
@@ -97,7 +98,19 @@ class _Conn:
         self.sock = sock
         self.session = session
         self.greeted = False
-        self.tasks: set[asyncio.Task[None]] = set()     # transfers in flight on this connection
+        self.tasks: set[asyncio.Task[tuple[int, str]]] = set()     # transfers in flight on this connection
+
+
+#: how a transfer is answered: ``(status, bytes, transport, message)``
+_Answer = Callable[[int, int, str, str], None]
+
+
+def _transfer_reply(rid: int, status: int, nbytes: int, transport: str, why: str) -> attach_pb2.AttachReply:
+    """A protocol-2 (protobuf) transfer's answer."""
+    if status:
+        return attach_pb2.AttachReply(request_id=rid, status=status, message=why)
+    return attach_pb2.AttachReply(request_id=rid, transfer=datadist_pb2.TransferResponse(bytes=nbytes,
+                                                                                         transport=transport))
 
 
 #: transfers one connection may have in flight (more wait in the worker's socket buffer)
@@ -237,7 +250,9 @@ class AttachServer:
             self._send(conn, encode_reply(rid, int(StatusCode.LLM_PARAM_INVALID),
                                           message="the first attach message must be hello"))
             return
-        self._start(conn, self._run_frame(conn, rid, frame))
+        self._transfer(conn, frame.op == PUSH, frame.engine_id, lambda: order_from_frame(frame),
+                       lambda status, nbytes, transport, why: self._send(
+                           conn, encode_reply(rid, status, nbytes, transport, why)))
 
     def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
         """A protobuf ``AttachRequest``: hello, memory, pools, and protocol 2's pull/push."""
@@ -252,7 +267,12 @@ class AttachServer:
             if request.WhichOneof("msg") in ("pull", "push"):
                 require(not fds, "a transfer carries no descriptors")
                 require(conn.greeted, "the first attach message must be hello")
-                self._start(conn, self._transfer(conn, request))
+                push = request.WhichOneof("msg") == "push"
+                msg = request.push if push else request.pull
+                rid = request.request_id
+                self._transfer(conn, push, msg.engine_id, lambda: convert.order_from_pb(msg),
+                               lambda status, nbytes, transport, why: self._reply(
+                                   conn, _transfer_reply(rid, status, nbytes, transport, why)))
                 return
             reply, out_fd = self._handle(conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
@@ -285,52 +305,43 @@ class AttachServer:
 
     # ---- transfers -----------------------------------------------------------------------------
 
-    def _start(self, conn: _Conn, run: Coroutine[Any, Any, None]) -> None:
-        """A transfer of ``conn`` in flight: the one place a transfer starts (it ends in ``_transfer_done``)."""
-        assert self._loop is not None
-        task = self._loop.create_task(run)
-        conn.tasks.add(task)
-        task.add_done_callback(lambda t: self._transfer_done(conn, t))
-
-    async def _run_frame(self, conn: _Conn, rid: int, frame: TransferFrame) -> None:
-        push = frame.op == PUSH
+    def _transfer(self, conn: _Conn, push: bool, engine_id: int, order_of: Callable[[], TransferOrder],
+                  answer: _Answer) -> None:
+        """One pull or push of ``conn``: the engine's owner and the order checked at once (a refusal is answered in
+        this turn), then ``start_order``; ``answer(status, bytes, transport, message)`` when it ended (nothing when
+        the connection went first)."""
         try:
-            slot = self.node.owned_slot(conn.session, frame.engine_id)
-            nbytes, transport = await run_order(slot, order_from_frame(frame), push=push, metrics=self.metrics)
-            out = encode_reply(rid, 0, nbytes, transport)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - DataDistError answered with its code, a bug of ours LLM_FAILED
+            slot = self.node.owned_slot(conn.session, engine_id)
+            order = order_of()
+        except DataDistError as exc:
             code, why = self._failed(conn, push, exc)
-            out = encode_reply(rid, int(code), message=why)
-        self._send(conn, out)
+            answer(int(code), 0, "", why)
+            return
 
-    async def _transfer(self, conn: _Conn, request: attach_pb2.AttachRequest) -> None:
-        push = request.WhichOneof("msg") == "push"
-        msg = request.push if push else request.pull
-        try:
-            slot = self.node.owned_slot(conn.session, msg.engine_id)
-            reply = attach_pb2.AttachReply(transfer=await run_transfer(slot, msg, push=push, metrics=self.metrics))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - DataDistError answered with its code, a bug of ours LLM_FAILED
-            code, why = self._failed(conn, push, exc)
-            reply = attach_pb2.AttachReply(status=int(code), message=why)
-        reply.request_id = request.request_id
-        self._reply(conn, reply)
+        def done(task: asyncio.Task[tuple[int, str]]) -> None:
+            self._transfer_done(conn, task)
+            if task.cancelled():
+                return
+            exc = task.exception()
+            if exc is None:
+                answer(0, *task.result(), "")
+            else:
+                code, why = self._failed(conn, push, exc)
+                answer(int(code), 0, "", why)
+        conn.tasks.add(start_order(slot, order, push=push, metrics=self.metrics, done=done))
 
-    def _failed(self, conn: _Conn, push: bool, exc: Exception) -> tuple[StatusCode, str]:
+    def _failed(self, conn: _Conn, push: bool, exc: BaseException) -> tuple[StatusCode, str]:
         """The status and message a failed transfer answers, counted; a bug of ours (not a DataDistError) logged
         with its trace."""
         if isinstance(exc, DataDistError):
             code, why = exc.code, exc.message
         else:
-            log.exception("attach transfer of pid %s failed", conn.session.cred.pid)
+            log.error("attach transfer of pid %s failed", conn.session.cred.pid, exc_info=exc)
             code, why = StatusCode.LLM_FAILED, str(exc)
         count_error(self.metrics, "Push" if push else "Pull", code)
         return code, why
 
-    def _transfer_done(self, conn: _Conn, task: asyncio.Task[None]) -> None:
+    def _transfer_done(self, conn: _Conn, task: asyncio.Task[tuple[int, str]]) -> None:
         conn.tasks.discard(task)
         if (len(conn.tasks) == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
                 and conn.sock.fileno() >= 0):

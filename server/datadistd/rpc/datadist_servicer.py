@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
@@ -50,6 +51,15 @@ async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
         tracked.done(nbytes, len(order.local_blocks))
     return nbytes, transport
+
+
+def start_order(slot: EngineSlot, order: TransferOrder, *, push: bool, metrics: DaemonMetrics | None,
+                done: Callable[[asyncio.Task[tuple[int, str]]], None]) -> asyncio.Task[tuple[int, str]]:
+    """Start ``run_order`` on the running loop; ``done(task)`` runs when it ended (its result or exception). The one
+    entry of the attach socket's transfers: today a task, tomorrow whatever the requester offers instead."""
+    task = asyncio.get_running_loop().create_task(run_order(slot, order, push=push, metrics=metrics))
+    task.add_done_callback(done)
+    return task
 
 
 async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,

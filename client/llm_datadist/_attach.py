@@ -2,29 +2,37 @@
 
 One ``SOCK_SEQPACKET`` connection per ``LLMDataDist``: the daemon learns who we are from the
 kernel, answers the capability every DataDist call carries, takes memory we register as file
-descriptors and hands us the descriptors of our engine's pools, and (protocol 2) runs our pulls and
-pushes without a gRPC call. Closing it (or exiting) ends our lease: the daemon then releases our
-engines.
+descriptors and hands us the descriptors of our engine's pools, and runs our pulls and pushes without
+a gRPC call -- protocol 3 as binary frames (``datadist.fastframe``), protocol 2 as protobuf. Closing
+it (or exiting) ends our lease: the daemon then releases our engines.
 
-Requests may be in flight from many threads at once: each carries a request id, one reader thread
-hands every reply to the caller waiting for that id.
+Requests may be in flight from many threads at once, each with a request id. Nobody reads for them
+in the background: a caller waiting for its reply reads the socket itself while no other caller
+does (the *leader*); the replies it reads for others go to them (one wake-up each) and, when it
+leaves, the leadership passes to a caller still waiting. A thread of ours only watches the
+connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops
+is logged at once and every waiting call fails with LLM_FAILED; every wait has its deadline
+(LLM_TIMEOUT).
 """
 
 from __future__ import annotations
 
+import array
 import itertools
 import logging
 import os
+import select
 import socket
 import struct
 import threading
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from datadist import fastframe
 from datadist.status import LLMStatusCode, code_2_status
 from datadist.v1 import attach_pb2
 
+from ._convert import transfer_pb
 from .status import LLMException
 
 __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"]
@@ -32,9 +40,22 @@ __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"
 log = logging.getLogger(__name__)
 
 CAPABILITY_METADATA_KEY = "datadist-capability"
-PROTOCOL_VERSION = 2
-_MAX_MESSAGE = 64 << 10
+PROTOCOL_VERSION = 3
 _TIMEOUT_S = 30.0
+_DRAIN = 64                         # datagrams a leader reads per wake-up before it looks at its own reply
+_MAGIC = bytes([fastframe.MAGIC])
+_DONTWAIT = int(socket.MSG_DONTWAIT)
+_FD_SPACE = socket.CMSG_SPACE(4)     # a reply carries at most one descriptor
+
+
+def _fds_of(anc: List[Tuple[int, int, bytes]]) -> List[int]:
+    """The descriptors of a datagram's ancillary data (``socket.recv_fds``, which in Python < 3.12 drops the
+    flags it is given: we read with MSG_DONTWAIT on a blocking socket)."""
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    return list(fds)
 
 
 def unix_path(target: str) -> str:
@@ -53,7 +74,23 @@ def attach_path(target: str) -> str:
     return unix_path(target) + ".attach"
 
 
+#: a reply as read: a binary transfer reply (bytes) or a protobuf AttachReply
+_Raw = Union[bytes, attach_pb2.AttachReply]
 _Reply = Tuple[attach_pb2.AttachReply, int]
+
+
+class _Waiter:
+    """One call waiting for its reply: ``wake`` is released (once per ``signaled``) when the reply or the
+    failure is in, or when the caller should take over reading."""
+    __slots__ = ("wake", "signaled", "reply", "fd", "error")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.signaled = False
+        self.reply: Optional[_Raw] = None
+        self.fd = -1
+        self.error: Optional[str] = None
 
 
 class AttachClient:
@@ -61,30 +98,36 @@ class AttachClient:
         self.path = attach_path(target)
         self.timeout = timeout
         self._send_lock = threading.Lock()
+        # a read and the hand-over of what it read are one step: a reply read before the daemon's hang-up reaches
+        # its caller before the hang-up fails the rest (the watcher and a leader may both be reading)
+        self._recv_lock = threading.Lock()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending: Dict[int, "Future[_Reply]"] = {}
+        self._pending: Dict[int, _Waiter] = {}
+        self._reading = False              # a caller (the leader) reads the socket
         self._broken: Optional[str] = None
         self._closing = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(self.path)
-            self._sock.settimeout(None)         # the reader blocks; every caller waits with its own deadline,
-            # and a send the daemon does not take within `timeout` fails (SO_SNDTIMEO) instead of hanging
+            self._sock.settimeout(None)         # leaders poll with their own deadline, then read without blocking;
+            # a send the daemon does not take within `timeout` fails (SO_SNDTIMEO) instead of hanging
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                                   struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
-            self._reader = threading.Thread(target=self._read, name="datadist-attach", daemon=True)
-            self._reader.start()
+            self._ready = select.poll()         # only ever polled by the one leader
+            self._ready.register(self._sock.fileno(), select.POLLIN)
+            self._watcher = threading.Thread(target=self._watch, name="datadist-attach", daemon=True)
+            self._watcher.start()
             welcome = self._call(attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
                 protocol_version=PROTOCOL_VERSION)), "init")[0].welcome
         except OSError as exc:
-            self._sock.close()
+            self.close()
             raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, cannot attach to datadistd "
                                f"at {self.path}: {exc.strerror or exc}; is it running, and is this user in its group?",
                                status_code=LLMStatusCode.LLM_FAILED) from None
         except BaseException:
-            self._sock.close()
+            self.close()
             raise
         self.capability = bytes(welcome.capability)
         self.uid, self.pid = welcome.uid, welcome.pid
@@ -100,58 +143,166 @@ class AttachClient:
     def metadata(self) -> Tuple[Tuple[str, str], ...]:
         return ((CAPABILITY_METADATA_KEY, self.capability.hex()),)
 
-    def _read(self) -> None:
-        """The reader thread: every reply to the caller waiting for its request id."""
-        why = "datadistd closed the attach connection"
-        try:
-            while True:
-                data, fds, _, _ = socket.recv_fds(self._sock, _MAX_MESSAGE, 1)
-                if not data:
-                    break
-                reply = attach_pb2.AttachReply()
+    # ---- reading: whoever waits reads ---------------------------------------------------------
+
+    def _signal(self, w: _Waiter) -> None:
+        """Wake ``w`` (under ``_lock``): at most one release per wait, so the Lock never over-releases."""
+        if not w.signaled:
+            w.signaled = True
+            w.wake.release()
+
+    def _hand_on(self) -> None:
+        """Under ``_lock``, when the leader left or a caller gave up: a caller still waiting takes over reading."""
+        if not self._reading and self._pending:
+            self._signal(next(iter(self._pending.values())))
+
+    def _dispatch(self, data: bytes, fds: List[int]) -> None:
+        """One reply read (under ``_lock``) to the caller waiting for its request id."""
+        reply: _Raw
+        if data[:1] == _MAGIC:
+            reply, rid = data, fastframe.request_id_of(data)
+        else:
+            reply = attach_pb2.AttachReply()
+            try:
                 reply.ParseFromString(data)
+            except Exception:  # noqa: BLE001 - a reply we cannot read answers nobody
+                rid = None
+            else:
+                rid = reply.request_id
+        w = self._pending.pop(rid, None) if rid is not None else None
+        if w is None:
+            for fd in fds:       # nobody waits for it any more (it timed out)
+                os.close(fd)
+            return
+        for fd in fds[1:]:
+            os.close(fd)
+        w.reply, w.fd = reply, (fds[0] if fds else -1)
+        self._signal(w)
+
+    def _drain(self) -> bool:
+        """Read every reply that is in (up to ``_DRAIN``) and hand each to its caller; False once the connection
+        is gone (every waiting call failed)."""
+        for _ in range(_DRAIN):
+            with self._recv_lock:
+                try:
+                    data, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    return True
+                except OSError as exc:
+                    self._lost(f"the attach connection to datadistd failed: {exc.strerror or exc}")
+                    return False
+                if not data:
+                    self._lost("datadistd closed the attach connection")
+                    return False
+                fds = _fds_of(anc) if anc else []
                 with self._lock:
-                    waiter = self._pending.pop(reply.request_id, None)
-                if waiter is None or not waiter.set_running_or_notify_cancel():
-                    for fd in fds:       # nobody waits for it any more (it timed out)
-                        os.close(fd)
-                    continue
-                waiter.set_result((reply, fds[0] if fds else -1))
-        except OSError as exc:
-            why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                    self._dispatch(data, fds)
+        return True
+
+    def _lead(self, w: _Waiter, deadline: float) -> None:
+        """Read the socket until ``w``'s reply is in, the connection is gone or ``deadline`` passed."""
+        while w.reply is None and w.error is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._ready.poll(left * 1e3) and not self._drain():
+                return
+
+    def _wait(self, w: _Waiter, deadline: float) -> None:
+        """Until ``w`` is answered or failed, or ``deadline``: leading while nobody else reads, else asleep until
+        a leader hands us our reply or the leadership."""
+        while True:
+            with self._lock:
+                if w.reply is not None or w.error is not None:
+                    return
+                lead = not self._reading
+                self._reading = True
+            if lead:
+                try:
+                    self._lead(w, deadline)
+                finally:
+                    with self._lock:
+                        self._reading = False
+                        self._hand_on()
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if w.wake.acquire(timeout=left):
+                with self._lock:
+                    w.signaled = False
+
+    def _lost(self, why: str) -> None:
+        """The connection is gone: every waiting call fails; the daemon's ending our lease is logged, once."""
         with self._lock:
-            self._broken = why
+            first, closing = self._broken is None, self._closing
+            if first:
+                self._broken = why
             pending, self._pending = self._pending, {}
-            closing = self._closing
-        if not closing:   # the daemon ended our lease (it stops: SIGTERM, or it died)
+            for w in pending.values():
+                w.error = why
+                self._signal(w)
+        if first and not closing:   # the daemon ended our lease (it stops: SIGTERM, or it died)
             log.warning("datadistd at %s is stopping: this engine and its caches are released (%s); finalize and "
                         "init again once it is back", self.path, why)
-        for waiter in pending.values():
-            if waiter.set_running_or_notify_cancel():
-                waiter.set_exception(ConnectionError(why))
 
-    def _call(self, request: attach_pb2.AttachRequest, func: str, fds: Sequence[int] = (),
-              timeout: Optional[float] = None) -> _Reply:
-        """One request, its reply (and the descriptor it carried, or -1); LLMException on failure."""
-        waiter: "Future[_Reply]" = Future()
+    def _watch(self) -> None:
+        """The watcher thread: asleep until the daemon hangs up (POLLRDHUP / POLLHUP; replies do not wake it), then
+        reads what is left to its callers and fails the rest, whether or not anybody is calling."""
+        hangup = select.poll()
+        hangup.register(self._sock.fileno(), select.POLLRDHUP)
+        try:
+            while not hangup.poll():
+                pass
+        except OSError:
+            pass
+        while self._drain():     # at a hang-up the socket reads to its end, never "nothing yet"
+            time.sleep(0.01)
+
+    # ---- calls ---------------------------------------------------------------------------------
+
+    def _exchange(self, rid: int, data: bytes, func: str, fds: Sequence[int], timeout: Optional[float]
+                  ) -> Tuple[_Raw, int]:
+        """Send ``data`` (request ``rid``) and wait for its reply; LLMException when none comes."""
+        w = _Waiter()
         with self._lock:
             if self._broken is not None:
                 raise self._failed(func, self._broken)
-            request.request_id = next(self._ids)
-            self._pending[request.request_id] = waiter
+            self._pending[rid] = w
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         try:
             with self._send_lock:
-                socket.send_fds(self._sock, [request.SerializeToString()], list(fds))
-            reply, fd = waiter.result(self.timeout if timeout is None else timeout)
-        except FutureTimeout:
+                if fds:
+                    socket.send_fds(self._sock, [data], list(fds))
+                else:
+                    self._sock.send(data)
+        except OSError as exc:
             with self._lock:
-                self._pending.pop(request.request_id, None)
-            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not answer "
-                               "in time.", status_code=LLMStatusCode.LLM_TIMEOUT) from None
-        except (OSError, ConnectionError) as exc:
-            with self._lock:
-                self._pending.pop(request.request_id, None)
+                self._pending.pop(rid, None)
+                self._hand_on()
             raise self._failed(func, str(exc)) from None
+        self._wait(w, deadline)
+        if w.reply is not None:
+            return w.reply, w.fd
+        if w.error is not None:
+            raise self._failed(func, w.error)
+        with self._lock:
+            self._pending.pop(rid, None)
+            self._hand_on()
+            late = w.reply is not None     # answered after all, between the deadline and the lock
+        if late:
+            assert w.reply is not None
+            return w.reply, w.fd
+        raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not answer "
+                           "in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
+
+    def _call(self, request: attach_pb2.AttachRequest, func: str, fds: Sequence[int] = (),
+              timeout: Optional[float] = None) -> _Reply:
+        """One protobuf request, its reply (and the descriptor it carried, or -1); LLMException on failure."""
+        request.request_id = rid = next(self._ids)
+        reply, fd = self._exchange(rid, request.SerializeToString(), func, fds, timeout)
+        if not isinstance(reply, attach_pb2.AttachReply):
+            raise self._failed(func, "datadistd answered a binary frame to a protobuf request")
         if reply.status:
             if fd >= 0:
                 os.close(fd)
@@ -164,10 +315,27 @@ class AttachClient:
         return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, {why}",
                             status_code=LLMStatusCode.LLM_FAILED)
 
-    def transfer(self, push: bool, request: Any, func: str, timeout: float) -> Any:
-        """A DataDist Pull or Push over this connection (protocol 2): the ``TransferResponse``."""
-        msg = attach_pb2.AttachRequest(push=request) if push else attach_pb2.AttachRequest(pull=request)
-        return self._call(msg, func, timeout=timeout)[0].transfer
+    def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
+        """A pull or push over this connection: ``(bytes, transport)``. Protocol 3: one binary frame each way
+        (the frame must fit a datagram: ``fastframe.blocks_fit``); protocol 2: protobuf."""
+        if self.protocol < 3:
+            msg = transfer_pb(frame)
+            request = (attach_pb2.AttachRequest(push=msg) if frame.op == fastframe.PUSH
+                       else attach_pb2.AttachRequest(pull=msg))
+            done = self._call(request, func, timeout=timeout)[0].transfer
+            return int(done.bytes), done.transport
+        rid = next(self._ids)
+        raw = self._exchange(rid, fastframe.encode_request(rid, frame), func, (), timeout)[0]
+        try:
+            reply = fastframe.decode_reply(raw) if isinstance(raw, bytes) else None
+        except fastframe.FrameError:
+            reply = None
+        if reply is None:
+            raise self._failed(func, "datadistd answered a transfer frame with something else")
+        if reply.status:
+            code = code_2_status(reply.status)
+            raise LLMException(f"[{func}] failed, error code is {code}, {reply.message}.", status_code=code)
+        return reply.nbytes, reply.transport
 
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,
                       func: str) -> int:
@@ -208,9 +376,10 @@ class AttachClient:
         with self._lock:
             self._closing = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)   # wakes the reader, which fails whatever still waits
+            self._sock.shutdown(socket.SHUT_RDWR)   # wakes the watcher, which fails whatever still waits
         except OSError:
             pass
+        watcher = getattr(self, "_watcher", None)     # none when the connection was never made
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(5.0)
         self._sock.close()
-        if self._reader is not threading.current_thread():
-            self._reader.join(5.0)

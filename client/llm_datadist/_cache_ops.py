@@ -13,11 +13,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from datadist.fastframe import KIND_BLOCKS, KIND_CACHE, PULL, PUSH, TransferFrame, blocks_fit
 from datadist.v1 import datadist_pb2
 
 from . import _memory
 from . import _validate as v
-from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, range_pb
+from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, frame_key, range_pb, transfer_pb
 from ._engine import EngineView
 from ._layerwise import check_transfer_args, start_transfer
 from ._rpc import RPC_MARGIN_S, DaemonClient
@@ -25,7 +26,8 @@ from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, P
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheOps", "desc_pb", "cache_key_pb", "blocks_key_pb", "any_key_pb", "worker_memory", "check_range",
-           "range_pb", "check_blocks", "UINT64_MAX"]   # the *_pb helpers live in _convert, re-exported here
+           "range_pb", "check_blocks", "UINT64_MAX",   # the *_pb helpers live in _convert, re-exported here
+           "PULL", "PUSH", "KIND_CACHE", "KIND_BLOCKS", "TransferFrame"]   # and the frame's, from datadist.fastframe
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +134,8 @@ def check_blocks(name: str, blocks: Any) -> List[int]:
 
 def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Optional[range], Optional[range], int]:
     """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (docs/spec.md §6)."""
+    if not kwargs:
+        return None, None, TENSORS_PER_LAYER
     unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer", *extra}
     v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
     src = kwargs.get("src_layer_range")
@@ -153,6 +157,7 @@ class CacheOps:
         self._owner = owner
         self._initialized = True
         self._mapper = _memory.Mapper(self._fetch_pool)
+        self._grpc_transfers = os.environ.get(LOCAL_TRANSFERS_ENV) == "grpc"   # read once, as the engine starts
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -295,30 +300,30 @@ class CacheOps:
 
     # ---- transfers -----------------------------------------------------------------------------
 
-    def _transfer(self, method: str, func: str, req: datadist_pb2.TransferRequest) -> None:
-        """Pull/Push on the attach connection (no gRPC call: the local hot path), or over gRPC where the daemon
-        does not take transfers there (protocol 1) or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
+    def _transfer(self, func: str, frame: TransferFrame) -> None:
+        """Pull/Push on the attach connection (no gRPC call: the local hot path; a binary frame since protocol 3),
+        or over gRPC where the daemon does not take transfers there (protocol 1), the block lists do not fit one
+        attach datagram, or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
         if not self._initialized:
             raise RuntimeError("llm datadist is not initialized")
         timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
         attachment = self._client.attachment
-        if attachment is not None and attachment.protocol >= 2 and os.environ.get(LOCAL_TRANSFERS_ENV) != "grpc":
-            attachment.transfer(method == "Push", req, func, timeout_s)
+        if (attachment is not None and attachment.protocol >= 2 and not self._grpc_transfers
+                and (attachment.protocol < 3 or blocks_fit(frame.remote_blocks, frame.local_blocks))):
+            attachment.transfer(frame, func, timeout_s)
             return
-        self._call(method, req, func, timeout_s)
+        self._call("Push" if frame.op == PUSH else "Pull", transfer_pb(frame), func, timeout_s)
 
-    def _request(self, kind: int, remote: Any, local_cache_id: int, remote_blocks: Sequence[int],
+    def _request(self, op: int, kind: int, remote: Any, local_cache_id: int, remote_blocks: Sequence[int],
                  local_blocks: Sequence[int], batch_index: int, size: int, src: Optional[range],
-                 dst: Optional[range], per: int) -> datadist_pb2.TransferRequest:
-        req = datadist_pb2.TransferRequest(engine_id=self._engine_id, kind=kind, remote=any_key_pb(remote),
-                                           local_cache_id=local_cache_id, remote_blocks=list(remote_blocks),
-                                           local_blocks=list(local_blocks), local_batch_index=batch_index, size=size,
-                                           tensor_num_per_layer=per)
-        if src is not None:
-            req.src_layer_range.CopyFrom(range_pb(src))
-        if dst is not None:
-            req.dst_layer_range.CopyFrom(range_pb(dst))
-        return req
+                 dst: Optional[range], per: int, src_offset: Optional[int] = None,
+                 dst_offset: Optional[int] = None) -> TransferFrame:
+        """The pull (``op`` PULL) or push of ``kind`` (KIND_CACHE / KIND_BLOCKS) the caller validated."""
+        key_kind, key = frame_key(remote)
+        return TransferFrame(op, self._engine_id, kind, key_kind, key, local_cache_id, tuple(remote_blocks),
+                             tuple(local_blocks), batch_index, size, per,
+                             None if src is None else (src.start, src.stop),
+                             None if dst is None else (dst.start, dst.stop), None, src_offset, dst_offset)
 
     def _transfer_async(self, src_cache_id: int, src_desc: CacheDesc, layer_synchronizer: Any,
                         transfer_configs: Sequence[Any], src_block_indices: Optional[Sequence[int]],

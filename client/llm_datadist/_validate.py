@@ -52,6 +52,8 @@ def check_isinstance(arg_name: str, arg_value: Any, classes: _Types, inner_class
     """
     if allow_none and arg_value is None:
         return arg_value
+    if inner_class is None and type(classes) is list and type(arg_value) in classes:   # the common case, no tuple built
+        return arg_value
     classes = _as_list(classes)
     if not isinstance(arg_value, tuple(classes)):
         raise TypeError(f"{extra_fmt}{arg_name} only support {[c.__name__ for c in classes]}, "
@@ -83,6 +85,8 @@ def check_dict(arg_name: str, arg_value: Any, k_class: _Types, v_class: _Types,
 
 
 def _check_int_range(arg_name: str, arg_value: Any, low: int, high: int, type_name: str) -> int:
+    if type(arg_value) is int and low <= arg_value <= high:   # the common case (bool and int subclasses below)
+        return arg_value
     check_isinstance(arg_name, arg_value, [int], allow_none=False)
     if arg_value < low or arg_value > high:
         raise ValueError(f"{arg_name}'s value is out of range,{arg_value} is not a {type_name} value.")

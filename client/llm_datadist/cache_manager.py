@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from datadist.v1 import datadist_pb2
 
 from . import _validate as v
-from ._cache_ops import UINT64_MAX, CacheOps, check_blocks, layer_kwargs
+from ._cache_ops import KIND_BLOCKS, KIND_CACHE, PULL, PUSH, UINT64_MAX, CacheOps, check_blocks, layer_kwargs
 from ._engine import EngineView
 from ._task import CacheTask
 from .llm_types import (
@@ -190,8 +190,8 @@ class CacheManager(CacheOps):
             self.check_cache_key(cache_key)
         v.raise_if_true(cache_key.cluster_id == self._owner.cluster_id, "cannot pull from this node's own cluster id")
         src, dst, per = self._layer_kwargs(kwargs)
-        self._transfer("Pull", "pull_cache", self._request(
-            datadist_pb2.TRANSFER_CACHE, cache_key, cache.cache_id, [], [], batch_index, size, src, dst, per))
+        self._transfer("pull_cache", self._request(
+            PULL, KIND_CACHE, cache_key, cache.cache_id, [], [], batch_index, size, src, dst, per))
 
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
@@ -213,8 +213,8 @@ class CacheManager(CacheOps):
         v.raise_if_true(src_cache_key.cluster_id == self._owner.cluster_id,
                         "cannot pull from this node's own cluster id")
         src, dst, per = self._layer_kwargs(kwargs)
-        self._transfer("Pull", "pull_blocks", self._request(
-            datadist_pb2.TRANSFER_BLOCKS, src_cache_key, dst_cache.cache_id, src_list, dst_list, 0, -1, src, dst, per))
+        self._transfer("pull_blocks", self._request(
+            PULL, KIND_BLOCKS, src_cache_key, dst_cache.cache_id, src_list, dst_list, 0, -1, src, dst, per))
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
                    src_layer_range: range = None, dst_layer_range: range = None, size: int = -1,
@@ -228,8 +228,8 @@ class CacheManager(CacheOps):
         v.raise_if_true(src_cache.is_blocks_cache, "push_cache needs a contiguous source cache")
         src, dst, per = self._layer_kwargs({"src_layer_range": src_layer_range, "dst_layer_range": dst_layer_range,
                                             "tensor_num_per_layer": tensor_num_per_layer})
-        self._transfer("Push", "push_cache", self._request(
-            datadist_pb2.TRANSFER_CACHE, dst_cache_key, src_cache.cache_id, [], [], src_batch_index, -1, src, dst, per))
+        self._transfer("push_cache", self._request(
+            PUSH, KIND_CACHE, dst_cache_key, src_cache.cache_id, [], [], src_batch_index, -1, src, dst, per))
 
     def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
@@ -245,8 +245,8 @@ class CacheManager(CacheOps):
         v.raise_if_false(len(src_list) == len(dst_list), "src_blocks and dst_blocks must have the same length")
         src, dst, per = self._layer_kwargs({"src_layer_range": src_layer_range, "dst_layer_range": dst_layer_range,
                                             "tensor_num_per_layer": tensor_num_per_layer})
-        self._transfer("Push", "push_blocks", self._request(
-            datadist_pb2.TRANSFER_BLOCKS, dst_cache_key, src_cache.cache_id, dst_list, src_list, 0, -1, src, dst, per))
+        self._transfer("push_blocks", self._request(
+            PUSH, KIND_BLOCKS, dst_cache_key, src_cache.cache_id, dst_list, src_list, 0, -1, src, dst, per))
 
     def transfer_cache_async(self, src_cache: Cache, layer_synchronizer: LayerSynchronizer,
                              transfer_configs: Union[List[Union[TransferConfig, TransferWithCacheKeyConfig]],

@@ -12,10 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from datadist.v1 import datadist_pb2
-
 from . import _validate as v
-from ._cache_ops import UINT64_MAX, CacheOps, layer_kwargs
+from ._cache_ops import KIND_BLOCKS, KIND_CACHE, PULL, UINT64_MAX, CacheOps, TransferFrame, layer_kwargs
 from ._task import CacheTask
 from .configs import LLMRole
 from .llm_types import (
@@ -118,11 +116,10 @@ class KvCacheManager(CacheOps):
 
     # ---- pulls (DECODER) -----------------------------------------------------------------------
 
-    def _transfer_checked(self, func: str, req: datadist_pb2.TransferRequest) -> None:
-        v.raise_if_true(req.remote.WhichOneof("key") and _cluster_of(req) == self._owner.cluster_id,
-                        "cannot pull from this node's own cluster id")
-        req.exclusive = True  # v1: "not concurrent with itself ... on the same link" (LLM_LINK_BUSY)
-        self._transfer("Pull", func, req)
+    def _transfer_checked(self, func: str, req: TransferFrame) -> None:
+        v.raise_if_true(req.key[0] == self._owner.cluster_id, "cannot pull from this node's own cluster id")
+        # v1: "not concurrent with itself ... on the same link" (LLM_LINK_BUSY)
+        self._transfer(func, req._replace(exclusive=True))
 
     def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], kv_cache: KvCache, batch_index: int = 0,
                    size: int = -1, **kwargs: Any) -> None:
@@ -141,12 +138,8 @@ class KvCacheManager(CacheOps):
         v.raise_if_true(bool(getattr(kv_cache.cache_desc, "_is_blocks", False)),
                         "pull_cache needs a contiguous cache; use pull_blocks")
         src, dst, per = layer_kwargs(kwargs, extra=("src_cache_offset", "dst_cache_offset"))
-        req = self._request(datadist_pb2.TRANSFER_CACHE, cache_key, kv_cache.cache_id, [], [], batch_index, size,
-                            src, dst, per)
-        if src_off >= 0:
-            req.src_cache_offset = src_off
-        if dst_off >= 0:
-            req.dst_cache_offset = dst_off
+        req = self._request(PULL, KIND_CACHE, cache_key, kv_cache.cache_id, [], [], batch_index, size, src, dst, per,
+                            src_off if src_off >= 0 else None, dst_off if dst_off >= 0 else None)
         self._transfer_checked("pull_cache", req)
 
     def pull_blocks(self, prompt_cache_key: BlocksCacheKey, decoder_kv_cache: KvCache, prompt_blocks: List[int],
@@ -167,7 +160,7 @@ class KvCacheManager(CacheOps):
                          "pull_blocks needs a blocks cache (allocate_blocks_cache)")
         src, dst, per = layer_kwargs(kwargs)
         self._transfer_checked("pull_blocks", self._request(
-            datadist_pb2.TRANSFER_BLOCKS, prompt_cache_key, decoder_kv_cache.cache_id, prompt_blocks, decoder_blocks,
+            PULL, KIND_BLOCKS, prompt_cache_key, decoder_kv_cache.cache_id, prompt_blocks, decoder_blocks,
             0, -1, src, dst, per))
 
     # ---- local copies --------------------------------------------------------------------------
@@ -254,11 +247,6 @@ class KvCacheManager(CacheOps):
         return self._transfer_async(src_cache.cache_id, src_cache.cache_desc, layer_synchronizer, transfer_configs,
                                     src_block_indices, dst_block_indices, dst_block_memory_size,
                                     LLMStatusCode.LLM_WAIT_PROCESS_TIMEOUT, remote_cache_accessible=False, v1=True)
-
-
-def _cluster_of(req: datadist_pb2.TransferRequest) -> int:
-    which = req.remote.WhichOneof("key")
-    return getattr(req.remote, which).cluster_id
 
 
 def _operand_id(cache: KvCache) -> int:

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from datadist.v1 import datadist_pb2
 
 from . import _validate as v
+from ._cache_ops import KIND_BLOCKS, PULL
 from ._engine import EngineView
 from .configs import LLMRole
 from .data_type import DataType
@@ -357,7 +358,7 @@ class LLMModel:
         else:
             src = CacheKey(llm_req.prompt_cluster_id, llm_req.req_id, self._model_id)
             kv.check_cache_key(src)
-        req = kv._request(datadist_pb2.TRANSFER_BLOCKS, src, self._blocks_cache_id(), list(prompt_blocks),
+        req = kv._request(PULL, KIND_BLOCKS, src, self._blocks_cache_id(), list(prompt_blocks),
                           list(decoder_blocks), 0, -1, None, None, 2)
         kv._transfer_checked("pull_blocks", req)
 

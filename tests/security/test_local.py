@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import pytest
 
+from datadist import fastframe
 from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, common_pb2, datadist_pb2, datadist_pb2_grpc
 from llm_datadist._attach import AttachClient
@@ -332,7 +333,7 @@ def test_6_attach_messages_are_bounded(daemon):
         assert before.status == LLMStatusCode.LLM_PARAM_INVALID and "hello" in before.message
         hello = ask(attach_pb2.AttachRequest(hello=attach_pb2.AttachHello()).SerializeToString())
         assert hello.status == 0 and len(hello.welcome.capability) == 32 and hello.welcome.pid == os.getpid()
-        assert ask(b"\xff" * 100).status == LLMStatusCode.LLM_PARAM_INVALID
+        assert ask(b"\xfe" * 100).status == LLMStatusCode.LLM_PARAM_INVALID   # (0xff starts a binary frame)
         assert ask(b"\x00" * (70 << 10)).status == LLMStatusCode.LLM_PARAM_INVALID      # over 64 KiB
         r, w = os.pipe()
         try:
@@ -406,14 +407,19 @@ def test_attach_transfers_reach_only_the_callers_engines(daemon):
         intruder.init(2)
         request = datadist_pb2.TransferRequest(engine_id=engine, kind=datadist_pb2.TRANSFER_BLOCKS, local_cache_id=1,
                                                remote_blocks=[0], local_blocks=[0])
-        for push in (False, True):
-            with pytest.raises(LLMException) as info:
-                intruder.attach.transfer(push, request, "pull_blocks", 10)
-            assert info.value.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED
-            # the owner gets past the ownership check to the transfer's own validation (no link yet)
-            with pytest.raises(LLMException) as info:
-                victim.attach.transfer(push, request, "pull_blocks", 10)
-            assert info.value.status_code != LLMStatusCode.LLM_ENGINE_FINALIZED
+        for op in (fastframe.PULL, fastframe.PUSH):
+            frame = fastframe.TransferFrame(op, engine, fastframe.KIND_BLOCKS, fastframe.KEY_BLOCKS, (9, 0, 0, 0), 1,
+                                            (0,), (0,))
+            for protocol in (3, 2):     # the binary frame, and protobuf as a protocol-2 client sends it
+                intruder.attach.protocol = victim.attach.protocol = protocol
+                with pytest.raises(LLMException) as info:
+                    intruder.attach.transfer(frame, "pull_blocks", 10)
+                assert info.value.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED
+                # the owner gets past the ownership check to the transfer's own validation, the same either way
+                with pytest.raises(LLMException) as info:
+                    victim.attach.transfer(frame, "pull_blocks", 10)
+                assert info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID, info.value
+                assert "local cache 1 does not exist" in str(info.value)
         # a transfer sent before hello is refused like any other message
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         s.settimeout(10)

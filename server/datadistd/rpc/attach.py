@@ -10,10 +10,12 @@ so this small protocol does the two things only the kernel can vouch for (``atta
 * ``import_memory`` takes memory as descriptors (``SCM_RIGHTS``) and answers a memory id the
   worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
   pool of one of *its own* engines;
-* ``pull``/``push`` (protocol 2) run the DataDist Pull/Push of one of the session's engines without a
-  gRPC call: the local hot path. A pull is started with a callback (``start_pull``: a small one runs
-  with no task at all), a push runs as its own task on the event loop; replies go out in completion
-  order, matched by request id, so a worker may have many in flight.
+* pulls and pushes of one of the session's engines without a gRPC call, the local hot path: since
+  protocol 3 as binary frames (``datadist.fastframe``: a fixed layout decoded straight into a
+  ``TransferOrder``, answered with a fixed-layout reply), protocol 2's protobuf ``pull``/``push`` still
+  served for older clients. Each runs as its own task on the event loop; replies go out in
+  completion order, matched by request id, so a worker may have many in flight; every datagram a
+  worker queued is read per wake-up (up to ``_DRAIN``).
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -29,28 +31,44 @@ import logging
 import os
 import socket
 import struct
+from typing import Callable
 
+from datadist.fastframe import (
+    MAGIC,
+    MAX_DATAGRAM,
+    PUSH,
+    FrameError,
+    decode_request,
+    encode_reply,
+    request_id_of,
+)
 from datadist.v1 import attach_pb2, datadist_pb2
 from datadist_ascend.proof import possession_proof
 
 from .. import __version__
 from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import TransferOrder
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
 from ..memory.handover import discard
 from ..metrics import DaemonMetrics
 from ..node import Node
 from ..sessions import PeerCred, WorkerSession
 from ..sockfiles import OwnedSocket
-from .datadist_servicer import run_transfer, start_pull
+from . import convert
+from .datadist_servicer import start_order
 from .errors import count_error
+from .orders import order_from_frame
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2
-MAX_MESSAGE = 64 << 10
+PROTOCOL_VERSION = 3
+MAX_MESSAGE = MAX_DATAGRAM
+#: datagrams read per wake-up of a connection (the loop's other work gets its turn in between)
+_DRAIN = 64
+_MAGIC_BYTE = bytes([MAGIC])
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
@@ -81,11 +99,23 @@ class _Conn:
         self.session = session
         self.greeted = False
         self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight on this connection
-        self.pulls = 0                                  # pulls in flight (``start_pull``: no task of their own)
+        self.pulls = 0                                  # pulls in flight (started by callback: no task of their own)
 
     @property
     def in_flight(self) -> int:
         return len(self.tasks) + self.pulls
+
+
+#: how a transfer is answered: ``(status, bytes, transport, message)``
+_Answer = Callable[[int, int, str, str], None]
+
+
+def _transfer_reply(rid: int, status: int, nbytes: int, transport: str, why: str) -> attach_pb2.AttachReply:
+    """A protocol-2 (protobuf) transfer's answer."""
+    if status:
+        return attach_pb2.AttachReply(request_id=rid, status=status, message=why)
+    return attach_pb2.AttachReply(request_id=rid, transfer=datadist_pb2.TransferResponse(bytes=nbytes,
+                                                                                         transport=transport))
 
 
 #: transfers one connection may have in flight (more wait in the worker's socket buffer)
@@ -174,24 +204,67 @@ class AttachServer:
             self._loop.create_task(self.node.end_session(session))
 
     def _on_readable(self, conn: _Conn) -> None:
-        if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
-            assert self._loop is not None
-            self._loop.remove_reader(conn.sock.fileno())
-            return
+        """Every datagram the worker has queued, up to ``_DRAIN`` per wake-up (the reader fires again while more
+        wait); at ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure)."""
+        assert self._loop is not None
+        for _ in range(_DRAIN):
+            if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
+                self._loop.remove_reader(conn.sock.fileno())
+                return
+            try:
+                data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_DATAGRAM, MAX_PIECES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._drop(conn)
+                return
+            if not data and not fds:
+                self._drop(conn)  # the worker closed the connection (or died)
+                return
+            if data[:1] == _MAGIC_BYTE:
+                self._on_frame(conn, data, fds, flags)
+            else:
+                self._on_message(conn, data, fds, flags)
+            if conn.session.closed:
+                return
+
+    def _on_frame(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+        """A binary pull/push (protocol 3): decoded straight into a ``TransferOrder``, no protobuf."""
         try:
-            data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_MESSAGE, MAX_PIECES)
-        except (BlockingIOError, InterruptedError):
+            require(not flags & _TRUNCATED, f"an attach message is at most {MAX_DATAGRAM} bytes with at most "
+                                            f"{MAX_PIECES} descriptors")
+            require(not fds, "a transfer carries no descriptors")
+            rid, frame = decode_request(data)
+        except FrameError as exc:
+            if exc.request_id is None:   # names no request to answer: the sender is not speaking the protocol
+                self._refuse(f"pid {conn.session.cred.pid} dropped: {exc}")
+                self._drop(conn)
+                return
+            self._send(conn, encode_reply(exc.request_id, int(StatusCode.LLM_PARAM_INVALID), message=str(exc)))
             return
-        except OSError:
-            self._drop(conn)
+        except DataDistError as exc:
+            rid = request_id_of(data)
+            if rid is None:
+                self._drop(conn)
+            else:
+                self._send(conn, encode_reply(rid, int(exc.code), message=exc.message))
             return
-        if not data and not fds:
-            self._drop(conn)  # the worker closed the connection (or died)
+        finally:
+            discard(fds)
+        if not conn.greeted:
+            self._send(conn, encode_reply(rid, int(StatusCode.LLM_PARAM_INVALID),
+                                          message="the first attach message must be hello"))
             return
+        self._transfer(conn, frame.op == PUSH, frame.engine_id, lambda: order_from_frame(frame),
+                       lambda status, nbytes, transport, why: self._send(
+                           conn, encode_reply(rid, status, nbytes, transport, why)))
+
+    def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+        """A protobuf ``AttachRequest``: hello, memory, pools, and protocol 2's pull/push."""
         request = attach_pb2.AttachRequest()
         try:
             require(not flags & _TRUNCATED,
-                    f"an attach message is at most {MAX_MESSAGE} bytes with at most {MAX_PIECES} descriptors")
+                    f"an attach message is at most {MAX_DATAGRAM} bytes with at most {MAX_PIECES} descriptors")
             try:
                 request.ParseFromString(data)
             except Exception:  # noqa: BLE001 - any malformed message gets the same answer
@@ -199,12 +272,12 @@ class AttachServer:
             if request.WhichOneof("msg") in ("pull", "push"):
                 require(not fds, "a transfer carries no descriptors")
                 require(conn.greeted, "the first attach message must be hello")
-                if request.WhichOneof("msg") == "pull":
-                    self._pull(conn, request.request_id, request.pull)
-                    return
-                task = asyncio.ensure_future(self._transfer(conn, request))
-                conn.tasks.add(task)
-                task.add_done_callback(lambda t: self._transfer_done(conn, t))
+                push = request.WhichOneof("msg") == "push"
+                msg = request.push if push else request.pull
+                rid = request.request_id
+                self._transfer(conn, push, msg.engine_id, lambda: convert.order_from_pb(msg),
+                               lambda status, nbytes, transport, why: self._reply(
+                                   conn, _transfer_reply(rid, status, nbytes, transport, why)))
                 return
             reply, out_fd = self._handle(conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
@@ -219,59 +292,72 @@ class AttachServer:
         self._reply(conn, reply, out_fd)
 
     def _reply(self, conn: _Conn, reply: attach_pb2.AttachReply, out_fd: int | None = None) -> None:
+        self._send(conn, reply.SerializeToString(), out_fd)
+
+    def _send(self, conn: _Conn, data: bytes, out_fd: int | None = None) -> None:
         if conn.session.closed:
             return
         try:
-            socket.send_fds(conn.sock, [reply.SerializeToString()], [out_fd] if out_fd is not None else [])
+            if out_fd is None:
+                conn.sock.send(data)
+            else:
+                socket.send_fds(conn.sock, [data], [out_fd])
         except OSError as exc:
             # replies are small and the worker reads them as they come: a full buffer means it stopped reading
             if exc.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET):
                 log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
             self._drop(conn)
 
-    def _pull(self, conn: _Conn, request_id: int, msg: datadist_pb2.TransferRequest) -> None:
-        """A pull, by callback (``start_pull``): its reply goes out when it ends, in completion order."""
-        def done(result: datadist_pb2.TransferResponse | DataDistError) -> None:
-            conn.pulls -= 1
-            if isinstance(result, DataDistError):
-                count_error(self.metrics, "Pull", result.code)
-                reply = attach_pb2.AttachReply(status=int(result.code), message=result.message)
+    # ---- transfers -----------------------------------------------------------------------------
+
+    def _transfer(self, conn: _Conn, push: bool, engine_id: int, order_of: Callable[[], TransferOrder],
+                  answer: _Answer) -> None:
+        """One pull or push of ``conn``: the engine's owner and the order checked at once (a refusal is answered in
+        this turn), then ``start_order``; ``answer(status, bytes, transport, message)`` when it ended (nothing when
+        the connection went first)."""
+        try:
+            slot = self.node.owned_slot(conn.session, engine_id)
+            order = order_of()
+        except DataDistError as exc:
+            code, why = self._failed(conn, push, exc)
+            answer(int(code), 0, "", why)
+            return
+
+        task: asyncio.Task[None] | None = None
+
+        def done(result: tuple[int, str] | Exception) -> None:
+            if task is None:
+                conn.pulls -= 1
             else:
-                reply = attach_pb2.AttachReply(transfer=result)
-            reply.request_id = request_id
-            self._reply(conn, reply)
+                conn.tasks.discard(task)
             self._resume(conn)
+            if isinstance(result, Exception):
+                code, why = self._failed(conn, push, result)
+                answer(int(code), 0, "", why)
+            else:
+                answer(0, *result, "")
 
-        conn.pulls += 1
+        if not push:
+            conn.pulls += 1
         try:
-            start_pull(self.node.owned_slot(conn.session, msg.engine_id), msg, self.metrics, done)
-        except DataDistError as exc:
+            task = start_order(slot, order, push=push, metrics=self.metrics, done=done)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
             done(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
-            log.exception("attach pull of pid %s failed", conn.session.cred.pid)
-            done(DataDistError(StatusCode.LLM_FAILED, str(exc)))
+            return
+        if task is not None:
+            conn.tasks.add(task)
+            task.add_done_callback(conn.tasks.discard)   # cancelled (the connection went): no answer, forgotten
 
-    async def _transfer(self, conn: _Conn, request: attach_pb2.AttachRequest) -> None:
-        push = request.WhichOneof("msg") == "push"
-        msg = request.push if push else request.pull
-        try:
-            slot = self.node.owned_slot(conn.session, msg.engine_id)
-            reply = attach_pb2.AttachReply(transfer=await run_transfer(slot, msg, push=push, metrics=self.metrics))
-        except DataDistError as exc:
-            count_error(self.metrics, "Push" if push else "Pull", exc.code)
-            reply = attach_pb2.AttachReply(status=int(exc.code), message=exc.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
-            log.exception("attach transfer of pid %s failed", conn.session.cred.pid)
-            count_error(self.metrics, "Push" if push else "Pull", StatusCode.LLM_FAILED)
-            reply = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc))
-        reply.request_id = request.request_id
-        self._reply(conn, reply)
-
-    def _transfer_done(self, conn: _Conn, task: asyncio.Task[None]) -> None:
-        conn.tasks.discard(task)
-        self._resume(conn)
+    def _failed(self, conn: _Conn, push: bool, exc: BaseException) -> tuple[StatusCode, str]:
+        """The status and message a failed transfer answers, counted; a bug of ours (not a DataDistError) logged
+        with its trace."""
+        if isinstance(exc, DataDistError):
+            code, why = exc.code, exc.message
+        else:
+            log.error("attach transfer of pid %s failed", conn.session.cred.pid, exc_info=exc)
+            code, why = StatusCode.LLM_FAILED, str(exc)
+        count_error(self.metrics, "Push" if push else "Pull", code)
+        return code, why
 
     def _resume(self, conn: _Conn) -> None:
         if (conn.in_flight == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None

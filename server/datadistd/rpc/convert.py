@@ -38,15 +38,9 @@ from ..ownercalls import (
     UnlinkCmd,
 )
 from ..peering import HandshakeAnswer, HandshakeOffer
-
-MAX_LIST = 1 << 20  # a block list longer than this is refused before any work
-
-
-def _enum(kind: type, value: int, what: str):  # noqa: ANN202
-    try:
-        return kind(value)
-    except ValueError:
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown {what} value {value}") from None
+from .orders import blocks as _blocks
+from .orders import enum_of as _enum
+from .orders import layer_range
 
 
 def desc_from_pb(msg: common_pb2.CacheDesc) -> CacheDesc:
@@ -107,18 +101,8 @@ def owner_key_to_pb(key: OwnerKey, cluster_id: int) -> common_pb2.AnyKey:
     return key_to_pb(CacheKeyRef(cluster_id, key.ident, key.model_id, UINT64_MAX))
 
 
-def _blocks(values: object, what: str) -> tuple[int, ...]:
-    seq = tuple(values)  # type: ignore[call-overload]
-    require(len(seq) <= MAX_LIST, f"{what} has {len(seq)} entries; at most {MAX_LIST} per call")
-    return seq
-
-
 def _range(msg: common_pb2.LayerRange, present: bool) -> tuple[int, int] | None:
-    if not present:
-        return None
-    require(0 <= msg.start < msg.stop,
-            f"layer range must satisfy 0 <= start < stop, got range({msg.start}, {msg.stop})")
-    return int(msg.start), int(msg.stop)
+    return layer_range(int(msg.start), int(msg.stop)) if present else None
 
 
 def order_from_pb(msg: datadist_pb2.TransferRequest) -> TransferOrder:

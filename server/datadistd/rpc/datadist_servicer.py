@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Callable, Sequence
 
@@ -9,7 +10,7 @@ from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import LayerTask
+from ..core.plan import LayerTask, TransferOrder
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
 from ..engine import MAX_REGISTERED_ADDRS, Operand
@@ -41,37 +42,52 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
     return info
 
 
-async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
-                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
-    """One Pull or Push of ``slot``'s engine (the caller checked it may reach it): the gRPC RPCs and the
-    attach socket's transfers both run this."""
-    order = convert.order_from_pb(request)
+async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
+                    metrics: DaemonMetrics | None) -> tuple[int, str]:
+    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. Every
+    way in runs this -- the gRPC Pull/Push, the attach socket's protobuf transfers and its binary frames."""
     with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
                         order.local_cache_id) as tracked:
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
-        tracked.done(nbytes, len(request.local_blocks))
-    return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+        tracked.done(nbytes, len(order.local_blocks))
+    return nbytes, transport
 
 
-def start_pull(slot: EngineSlot, request: datadist_pb2.TransferRequest, metrics: DaemonMetrics | None,
-               done: Callable[[datadist_pb2.TransferResponse | DataDistError], None]) -> None:
-    """``run_transfer`` of a pull, by callback (the attach socket's path: no task for a small pull): ``done`` gets
-    the response or the error, exactly once, possibly before this returns."""
-    order = convert.order_from_pb(request)
+def start_order(slot: EngineSlot, order: TransferOrder, *, push: bool, metrics: DaemonMetrics | None,
+                done: Callable[[tuple[int, str] | Exception], None]) -> asyncio.Task[None] | None:
+    """Start a pull or push of ``slot``'s engine; ``done`` gets ``(bytes, transport)`` or the exception, exactly once,
+    from the event loop (a pull refused at once: before this returns; a cancelled push: never). The one entry of
+    the attach socket's transfers. A pull starts by callback (``LinkManager.start_pull``: a small one runs with
+    no task at all) and returns None; a push runs ``run_order`` as a task, returned so its caller may cancel it."""
+    if push:
+        async def run() -> None:
+            try:
+                result: tuple[int, str] | Exception = await run_order(slot, order, push=True, metrics=metrics)
+            except Exception as exc:  # noqa: BLE001 - every failure is the caller's to answer
+                result = exc
+            done(result)
+
+        return asyncio.get_running_loop().create_task(run())
     tracked = track_transfer(metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
                              order.local_cache_id).__enter__()
-    blocks = len(request.local_blocks)
 
     def finish(result: tuple[int, str] | DataDistError) -> None:
         if isinstance(result, DataDistError):
             tracked.__exit__(DataDistError, result, None)
-            done(result)
-            return
-        tracked.done(result[0], blocks)
-        tracked.__exit__(None, None, None)
-        done(datadist_pb2.TransferResponse(bytes=result[0], transport=result[1]))
+        else:
+            tracked.done(result[0], len(order.local_blocks))
+            tracked.__exit__(None, None, None)
+        done(result)
 
     slot.links.start_pull(order, finish)
+    return None
+
+
+async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
+                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
+    """``run_order`` of a protobuf ``TransferRequest``."""
+    nbytes, transport = await run_order(slot, convert.order_from_pb(request), push=push, metrics=metrics)
+    return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
 
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):

@@ -1,0 +1,241 @@
+"""The worker's attach connection (``llm_datadist._attach``) against a scripted daemon: callers read for each other
+(no reader thread per reply), every reply reaches its own caller, a stopping daemon is logged with nobody calling
+and fails waiting callers with LLM_FAILED, deadlines give LLM_TIMEOUT, protocol 2 still gets protobuf."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Callable
+
+import pytest
+
+from datadist import fastframe as ff
+from datadist.status import LLMStatusCode
+from datadist.v1 import attach_pb2, datadist_pb2
+from llm_datadist._attach import AttachClient
+from llm_datadist.status import LLMException
+
+FRAME = ff.TransferFrame(ff.PULL, 1, ff.KIND_BLOCKS, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (4,), (5,))
+
+
+class FakeDaemon:
+    """One attach connection: answers hello with ``protocol``, then hands every request to the test (``requests``)
+    and sends what the test asks (``answer``)."""
+
+    def __init__(self, tmp: str, protocol: int = 3) -> None:
+        self.path = os.path.join(tmp, "d.sock")
+        self.protocol = protocol
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.path + ".attach")
+        self.listener.listen(1)
+        self.requests: queue.Queue[bytes] = queue.Queue()
+        self.conn: socket.socket | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def target(self) -> str:
+        return "unix:" + self.path
+
+    def _serve(self) -> None:
+        self.conn, _ = self.listener.accept()
+        hello = attach_pb2.AttachRequest.FromString(self.conn.recv(1 << 16))
+        self.conn.send(attach_pb2.AttachReply(request_id=hello.request_id, welcome=attach_pb2.Welcome(
+            capability=b"c" * 32, protocol_version=self.protocol)).SerializeToString())
+        while True:
+            try:
+                data = self.conn.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.requests.put(data)
+
+    def take(self, n: int) -> list[bytes]:
+        return [self.requests.get(timeout=10) for _ in range(n)]
+
+    def answer(self, request: bytes, status: int = 0, nbytes: int = 4096) -> None:
+        assert self.conn is not None
+        rid = ff.decode_request(request)[0]
+        self.conn.send(ff.encode_reply(rid, status, nbytes, "tcp", "no" if status else ""))
+
+    def hang_up(self) -> None:
+        assert self.conn is not None
+        self.conn.shutdown(socket.SHUT_RDWR)     # (a close alone would wait for our own reader's recv)
+        self.conn.close()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def daemon(tmp_path):  # noqa: ANN001, ANN201
+    d = FakeDaemon(str(tmp_path))
+    yield d
+    d.close()
+
+
+def in_threads(n: int, fn: Callable[[int], object]) -> tuple[list[threading.Thread], dict[int, object]]:
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(i)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out[i] = exc
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def test_every_reply_reaches_its_own_caller_in_any_order_with_no_thread_per_call(daemon):
+    client = AttachClient(daemon.target)
+    try:
+        assert client.protocol == 3
+        before = threading.active_count()
+        threads, out = in_threads(16, lambda i: client.transfer(FRAME._replace(local_cache_id=i), "pull_blocks", 30))
+        requests = daemon.take(16)
+        assert threading.active_count() == before + 16        # the callers; nobody reads for them in a thread
+        for request in reversed(requests):                    # answered in reverse: most go to a follower
+            daemon.answer(request, nbytes=1000 + ff.decode_request(request)[1].local_cache_id)
+        for t in threads:
+            t.join(10)
+        assert out == {i: (1000 + i, "tcp") for i in range(16)}
+        assert client._pending == {} and not client._reading
+    finally:
+        client.close()
+
+
+def test_a_refused_transfer_raises_its_status(daemon):
+    client = AttachClient(daemon.target)
+    try:
+        threads, out = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        daemon.answer(daemon.take(1)[0], status=int(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST))
+        threads[0].join(10)
+        err = out[0]
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_KV_CACHE_NOT_EXIST
+        assert "[pull_blocks] failed" in str(err) and "no" in str(err)
+    finally:
+        client.close()
+
+
+def test_a_caller_past_its_deadline_times_out_and_a_waiting_caller_takes_over_reading(daemon):
+    client = AttachClient(daemon.target)
+    try:
+        short, out_short = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 0.5))
+        first = daemon.take(1)[0]
+        long, out_long = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        second = daemon.take(1)[0]
+        short[0].join(10)
+        err = out_short[0]
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_TIMEOUT
+        daemon.answer(first)             # late: nobody waits for it any more
+        daemon.answer(second)
+        long[0].join(10)
+        assert out_long[0] == (4096, "tcp")
+        assert client._pending == {}
+    finally:
+        client.close()
+
+
+def test_a_daemon_that_stops_is_logged_with_nobody_calling(daemon, caplog):
+    client = AttachClient(daemon.target)
+    try:
+        with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
+            daemon.hang_up()
+            client._watcher.join(10)       # the watcher saw the hang-up, logged it and ended
+            assert not client._watcher.is_alive()
+        assert "is stopping: this engine and its caches are released" in caplog.text
+        with pytest.raises(LLMException) as info:
+            client.transfer(FRAME, "pull_blocks", 30)
+        assert info.value.status_code == LLMStatusCode.LLM_FAILED
+    finally:
+        client.close()
+
+
+def test_callers_waiting_when_the_daemon_stops_fail_with_llm_failed(daemon, caplog):
+    client = AttachClient(daemon.target)
+    try:
+        with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
+            threads, out = in_threads(8, lambda i: client.transfer(FRAME, "pull_blocks", 60))
+            requests = daemon.take(8)
+            daemon.answer(requests[3])       # one is answered before the daemon goes
+            daemon.hang_up()
+            for t in threads:
+                t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        answered = [r for r in out.values() if r == (4096, "tcp")]
+        failed = [r for r in out.values() if isinstance(r, LLMException)]
+        assert len(answered) == 1 and len(failed) == 7
+        assert {e.status_code for e in failed} == {LLMStatusCode.LLM_FAILED}
+        assert caplog.text.count("is stopping") == 1
+    finally:
+        client.close()
+
+
+def test_close_logs_nothing_and_fails_nobody_twice(daemon, caplog):
+    client = AttachClient(daemon.target)
+    with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
+        client.close()
+    assert not client._watcher.is_alive()
+    assert "is stopping" not in caplog.text
+
+
+def test_a_protocol_2_daemon_gets_protobuf_transfers(tmp_path):
+    daemon = FakeDaemon(str(tmp_path), protocol=2)
+    client = AttachClient(daemon.target)
+    try:
+        assert client.protocol == 2
+        frame = FRAME._replace(key_kind=ff.KEY_BY_ID, key=(2, -1, 3, 0), src_layers=(0, 1), dst_offset=8,
+                               exclusive=True)
+        threads, out = in_threads(1, lambda i: client.transfer(frame, "pull_cache", 30))
+        request = attach_pb2.AttachRequest.FromString(daemon.take(1)[0])
+        assert request.WhichOneof("msg") == "pull"
+        pull = request.pull
+        assert (pull.engine_id, pull.local_cache_id, list(pull.remote_blocks), list(pull.local_blocks)) == (1, 3, [4],
+                                                                                                            [5])
+        assert (pull.remote.by_id.cluster_id, pull.remote.by_id.cache_id, pull.remote.by_id.batch_index) == (2, -1, 3)
+        assert (pull.src_layer_range.start, pull.src_layer_range.stop, pull.dst_cache_offset, pull.exclusive) == (
+            0, 1, 8, True)
+        assert not pull.HasField("dst_layer_range") and not pull.HasField("src_cache_offset")
+        assert daemon.conn is not None
+        daemon.conn.send(attach_pb2.AttachReply(request_id=request.request_id, transfer=datadist_pb2.TransferResponse(
+            bytes=77, transport="local")).SerializeToString())
+        threads[0].join(10)
+        assert out[0] == (77, "local")
+    finally:
+        client.close()
+        daemon.close()
+
+
+def test_many_rounds_of_concurrent_calls_never_lose_a_reply(daemon):
+    """Leadership passes between callers over and over: every call of every round is answered."""
+    client = AttachClient(daemon.target)
+    stop = threading.Event()
+
+    def answer_all() -> None:
+        while not stop.is_set():
+            try:
+                request = daemon.requests.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            daemon.answer(request)
+    answerer = threading.Thread(target=answer_all, daemon=True)
+    answerer.start()
+    try:
+        threads, out = in_threads(8, lambda i: [client.transfer(FRAME, "pull_blocks", 30) for _ in range(50)])
+        for t in threads:
+            t.join(60)
+        assert out == {i: [(4096, "tcp")] * 50 for i in range(8)}
+    finally:
+        stop.set()
+        answerer.join(5)
+        client.close()
+

@@ -26,7 +26,8 @@ from .core.errors import DataDistError, StatusCode
 from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
-           "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "checked_ids"]
+           "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "checked_ids", "GrantReadCmd",
+           "DoneReadCmd"]
 
 
 
@@ -63,6 +64,29 @@ class ReadCmd:
 
 
 @dataclass(frozen=True)
+class GrantReadCmd:
+    """A pull over a transport that reads (``transport.base.ReadGrants``): validate and pin what ``spec`` names,
+    answer the grant (``OwnerReply.grant``, its id in ``transfer_ids``); held until ``DoneReadCmd`` or
+    ``timeout_ms``."""
+
+    command_id: int
+    session: bytes
+    spec: RemoteSpec
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class DoneReadCmd:
+    """The puller ended the read of grant ``grant_id``: unpin; ``consume``: it read every byte, so a key a
+    pull consumes is consumed (what ``ReleaseCmd`` does after a ``ReadCmd``)."""
+
+    command_id: int
+    session: bytes
+    grant_id: int
+    consume: bool
+
+
+@dataclass(frozen=True)
 class ReleaseCmd:
     command_id: int
     session: bytes
@@ -85,7 +109,7 @@ class PingCmd:
     session: bytes
 
 
-OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd]
+OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd, DoneReadCmd]
 
 
 @dataclass(frozen=True)
@@ -96,6 +120,7 @@ class OwnerReply:
     transfer_ids: tuple[int, ...] = ()   # open write: one per spec, in order
     nbytes: int = 0                 # read: bytes sent
     release_needed: bool = False    # read: confirm the receipt with a release
+    grant: bytes = b""              # grant read: what the transport's read needs (its id in transfer_ids)
 
 
 #: most transfers one OpenWrite may open (a layer-wise push opens a target's layers at once: a model's
@@ -220,6 +245,15 @@ class FrameCalls:
     async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
         reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
+
+    async def grant_read(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[int, bytes]:
+        """The owner's grant to read what ``spec`` names: its id and the transport's bytes."""
+        reply = await self._call(lambda cid, ms: GrantReadCmd(cid, session, spec, ms), timeout)
+        (grant_id,) = checked_ids(reply.transfer_ids, 1, f"cluster {self.remote_cluster}")
+        return grant_id, reply.grant
+
+    async def done_read(self, session: bytes, grant_id: int, consume: bool, timeout: float) -> None:
+        await self._call(lambda cid, ms: DoneReadCmd(cid, session, grant_id, consume), timeout)
 
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:

@@ -27,6 +27,8 @@ from ..links import ClusterSpec
 from ..ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
+    DoneReadCmd,
+    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -248,6 +250,11 @@ def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
             tensor_count=cmd.tensor_count))
     if isinstance(cmd, PingCmd):
         return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.SessionRef(session=cmd.session))
+    if isinstance(cmd, GrantReadCmd):
+        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(cmd.session, 0, cmd.spec, cmd.timeout_ms))
+    if isinstance(cmd, DoneReadCmd):
+        done = peer_pb2.DoneRead(session=cmd.session, grant_id=cmd.grant_id, consume=cmd.consume)
+        return peer_pb2.OwnerCall(command_id=cid, done_read=done)
     return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
 
 
@@ -272,17 +279,22 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
         return UnlinkCmd(cid, msg.unlink.session)
     if which == "ping":
         return PingCmd(cid, msg.ping.session)
+    if which == "grant_read":
+        g = msg.grant_read
+        return GrantReadCmd(cid, g.session, spec_from_pb(g), g.timeout_ms)
+    if which == "done_read":
+        return DoneReadCmd(cid, msg.done_read.session, msg.done_read.grant_id, msg.done_read.consume)
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
 
 
 def reply_from_pb(msg: peer_pb2.OwnerReply) -> OwnerReply:
     return OwnerReply(msg.command_id, int(msg.status), msg.message, ids_from_pb(msg), msg.bytes,
-                        msg.release_needed)
+                        msg.release_needed, msg.grant)
 
 
 def reply_to_pb(reply: OwnerReply) -> peer_pb2.OwnerReply:
     return peer_pb2.OwnerReply(command_id=reply.command_id, status=reply.status, message=reply.message,
-                                 bytes=reply.nbytes, release_needed=reply.release_needed,
+                                 bytes=reply.nbytes, release_needed=reply.release_needed, grant=reply.grant,
                                  **ids_to_pb(reply.transfer_ids))
 
 

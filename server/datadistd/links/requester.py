@@ -103,6 +103,9 @@ class Requester:
     async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
+        if self.table.reads is not None:
+            await self._read_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
+            return
         receipt = self.table.transport.expect(dst, channel=channel)
         try:
             _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
@@ -124,6 +127,30 @@ class Requester:
             except DataDistError as exc:
                 log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
                             self.table.cluster_id, link.remote_cluster, exc)
+
+    async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
+                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
+        """A pull over a transport that reads (``ReadGrants``): the owner grants the rows, this side reads them
+        straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key)."""
+        reads = self.table.reads
+        assert reads is not None
+        try:
+            grant_id, grant = await calls.grant_read(link.session, spec, deadline - time.monotonic())
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        done = False
+        try:
+            await self.table.in_thread(reads.read, channel, grant, dst, deadline)
+            done = True
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        finally:
+            if not channel.broken:
+                try:
+                    await calls.done_read(link.session, grant_id, done, max(0.5, deadline - time.monotonic()))
+                except DataDistError as exc:
+                    log.warning("cluster %s: read from cluster %s but could not end its grant: %s",
+                                self.table.cluster_id, link.remote_cluster, exc)
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the

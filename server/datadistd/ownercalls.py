@@ -246,11 +246,12 @@ class FrameCalls:
         reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
 
-    async def grant_read(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[int, bytes]:
-        """The owner's grant to read what ``spec`` names: its id and the transport's bytes."""
+    async def grant_read(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
+        """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it
+        consumes a key (the puller then waits for that answer; else it need not)."""
         reply = await self._call(lambda cid, ms: GrantReadCmd(cid, session, spec, ms), timeout)
         (grant_id,) = checked_ids(reply.transfer_ids, 1, f"cluster {self.remote_cluster}")
-        return grant_id, reply.grant
+        return grant_id, reply.grant, reply.release_needed
 
     async def done_read(self, session: bytes, grant_id: int, consume: bool, timeout: float) -> None:
         await self._call(lambda cid, ms: DoneReadCmd(cid, session, grant_id, consume), timeout)

@@ -94,7 +94,7 @@ def test_a_pull_is_a_read_by_the_puller_and_the_owner_writes_nothing() -> None:
                 np.testing.assert_array_equal(got[t][[0, 2, 5]], want[t][[1, 3, 6]])
             assert owner_t.bytes_sent == 0                       # the owner's agent posted no WRITE
             assert puller_t.bytes_received == nbytes              # the puller's READ moved every byte
-            assert _held(pair, src) == (0, 0, 0, 0)               # the grant ended with the pull
+            assert await _until(lambda: _held(pair, src) == (0, 0, 0, 0))   # the grant ended after the pull
             # the other way: the serving end pulls from the linking end, by READ too
             n2, _ = await serving.pull(_order(D, src, [0], [7]))
             assert owner_t.bytes_received == n2 and puller_t.bytes_sent == 0
@@ -151,8 +151,8 @@ def test_grants_are_held_to_the_links_caps_and_end_only_by_their_link() -> None:
             src, _ = pair.caches()
             (link,) = serving.served.values()
             owner = serving.owner
-            g1, _ = owner.grant_read_for(link, _spec((0, 1)), 60_000)
-            g2, _ = owner.grant_read_for(link, _spec((2, 3, 4)), 60_000)
+            g1, _, _ = owner.grant_read_for(link, _spec((0, 1)), 60_000)
+            g2, _, _ = owner.grant_read_for(link, _spec((2, 3, 4)), 60_000)
             with pytest.raises(DataDistError) as info:        # 6 blocks pinned > 5
                 owner.grant_read_for(link, _spec((5,)), 60_000)
             assert info.value.code == S.LLM_LINK_BUSY and "link_pinned_bytes" in info.value.message
@@ -186,7 +186,7 @@ def test_a_grant_never_ended_severs_the_link_before_the_owner_unpins() -> None:
             (dlink,) = linking.table.links.values()
             (slink,) = serving.served.values()
             channel = _channel(pair)
-            _, grant = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)   # asks for "a minute"
+            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)   # asks for "a minute"
             assert _held(pair, src)[:2] == (1, 1)
             # never ended: at the cut hold (0.3 s) the owner severs the link, then unpins
             assert await _until(lambda: not serving.table.grants, 6.0)
@@ -211,7 +211,7 @@ def test_unlink_ends_the_grants_and_a_deallocated_cache_waits_for_them() -> None
             src, dst = pair.caches()
             (dlink,) = linking.table.links.values()
             channel = _channel(pair)
-            _, grant = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)
+            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)
             # the owner deallocates the cache the grant holds: its memory waits for the grant (pinned)
             pair.ps.engine.deallocate_cache(src, is_blocks=True)
             entry = next(iter(pair.ps.engine.registry._draining.values()))

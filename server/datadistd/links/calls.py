@@ -109,8 +109,8 @@ class OwnerCalls:
             elif isinstance(cmd, PingCmd):
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, GrantReadCmd):
-                grant_id, grant = self.owner.grant_read_for(link, cmd.spec, cmd.timeout_ms)
-                reply = OwnerReply(cmd.command_id, transfer_ids=(grant_id,), grant=grant)
+                grant_id, grant, release = self.owner.grant_read_for(link, cmd.spec, cmd.timeout_ms)
+                reply = OwnerReply(cmd.command_id, transfer_ids=(grant_id,), grant=grant, release_needed=release)
             elif isinstance(cmd, DoneReadCmd):
                 self.owner.done_read_for(link, cmd.grant_id, cmd.consume)
                 reply = OwnerReply(cmd.command_id)

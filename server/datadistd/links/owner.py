@@ -49,11 +49,12 @@ class Owner:
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
-    def grant_read_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bytes]:
+    def grant_read_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bytes, bool]:
         """Owner side of a pull over a transport that reads (``ReadGrants``): check ``spec`` as ``read_for`` does
         (``engine.prepare_read``: the key, remote accessibility, every bound, the byte count), pin the source and
         book it to the link's caps, and answer the grant: its id and the rows the other end may read. Held until
-        ``done_read_for``, the link goes, or the (clamped) timeout -- then the link is severed before the unpin."""
+        ``done_read_for``, the link goes, or the (clamped) timeout -- then the link is severed before the unpin.
+        Also answers whether ending it consumes a key."""
         reads = self.table.reads
         channel = self.table.channel_of(link)
         if reads is None:
@@ -76,7 +77,7 @@ class Owner:
             raise
         grant_id = next(self._grant_ids)
         self.table.grants[grant_id] = _Grant(cache_id, time.monotonic() + hold / 1000, link, spec, release)
-        return grant_id, grant
+        return grant_id, grant, release
 
     def done_read_for(self, link: Link, grant_id: int, consume: bool) -> None:
         """The other end ended its read of ``grant_id`` (``consume``: it has every byte): unpin; a pull that

@@ -35,6 +35,7 @@ log = logging.getLogger("datadistd.transport.onesided")
 
 _NAP = 0.0002            # the longest sleep between two looks for a receipt's notification
 _IDLE = 0.005            # progress thread: the pause between two looks when no receipt waits
+_GRANTED = 2.0           # ... and this long after a read grant: a peer's READ over UCX's TCP needs our progress
 
 
 class OneSidedTransport(abc.ABC):
@@ -64,6 +65,7 @@ class OneSidedTransport(abc.ABC):
         self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
         self.bytes_received = 0   # by READ
+        self._granted_until = 0.0
 
     # -- what each engine's transport says (decided when it is built: no probing) --
 
@@ -117,11 +119,12 @@ class OneSidedTransport(abc.ABC):
 
     def _progress(self) -> None:
         """UCX makes progress only when called: look for notifications (which also accepts peers' connections
-        and receives the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
-        a receipt waits, every ``_IDLE`` otherwise."""
+        and moves the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
+        a receipt waits or a read was granted recently (``_GRANTED``), every ``_IDLE`` otherwise."""
         while not self._stopping.is_set():
             self.poll()
-            self._stopping.wait(_NAP if self._landing else _IDLE)
+            busy = self._landing or time.monotonic() < self._granted_until
+            self._stopping.wait(_NAP if busy else _IDLE)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -314,6 +317,7 @@ class OneSidedTransport(abc.ABC):
         peer = _peer_of(self.name, channel)
         rows, metadata, missing = self._describe(peer, segments)
         peer.shipped.update(reg.serial for reg in missing)
+        self._granted_until = time.monotonic() + _GRANTED
         return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(rows, dtype=np.uint64).tobytes()
 
     def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:

@@ -191,13 +191,19 @@ def _nixl_target(conn: Any, total: int, block: int, env: dict[str, str], memfd: 
     _, agent = _nixl_agent("bare-target", env)
     agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
     conn.send((agent.get_agent_metadata(), buf.ctypes.data))
-    if read:                    # the initiator reads: progress until told to stop, as an owner daemon polls
-        checks = 0
-        while not conn.poll(0):
+    if read:                    # the initiator reads: progress, as an owner daemon's does, while a request runs
+        active, checks = False, 0
+        while True:
+            if conn.poll(0 if active else 0.005):
+                command = conn.recv()
+                if not command:
+                    return
+                active, checks = command == "go", 0
+                continue
             agent.get_new_notifs()
-            checks += 1
-            _nap(min(checks, 400))
-        return
+            if active:
+                checks += 1
+                _nap(min(checks, 400))
     idle = 0
     while True:                 # progress (the initiator's connection, then the bytes) while no request runs
         if conn.poll(0.005 if idle > 20 else 0):
@@ -284,10 +290,12 @@ class BareNixl:
 
     def once(self, timeout: float = 120.0) -> float:
         if self.read:                # the target only makes progress (UCX over TCP needs it); the READ ends at DONE
+            self.tconn.send("go")
             self.iconn.send(True)
             if not self.iconn.poll(timeout):
                 raise TimeoutError("bare NIXL READ did not finish")
             t0, state, t1 = self.iconn.recv()
+            self.tconn.send("idle")
             if state != "DONE":
                 raise RuntimeError(f"bare NIXL READ ended in state {state}")
             return t1 - t0

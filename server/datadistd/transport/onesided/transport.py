@@ -35,7 +35,6 @@ log = logging.getLogger("datadistd.transport.onesided")
 
 _NAP = 0.0002            # the longest sleep between two looks for a receipt's notification
 _IDLE = 0.005            # progress thread: the pause between two looks when no receipt waits
-_GRANTED = 2.0           # ... and this long after a read grant: a peer's READ over UCX's TCP needs our progress
 
 
 class OneSidedTransport(abc.ABC):
@@ -46,6 +45,9 @@ class OneSidedTransport(abc.ABC):
 
     name = ""
     scheme = ""
+    #: how long after a read grant the progress thread polls as if a receipt waited (a peer's READ over UCX's
+    #: TCP needs this side's progress; HCCL's get needs none)
+    progress_after_grant = 0.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:
@@ -120,7 +122,7 @@ class OneSidedTransport(abc.ABC):
     def _progress(self) -> None:
         """UCX makes progress only when called: look for notifications (which also accepts peers' connections
         and moves the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
-        a receipt waits or a read was granted recently (``_GRANTED``), every ``_IDLE`` otherwise."""
+        a receipt waits or a read was granted recently (``progress_after_grant``), every ``_IDLE`` otherwise."""
         while not self._stopping.is_set():
             self.poll()
             busy = self._landing or time.monotonic() < self._granted_until
@@ -317,7 +319,8 @@ class OneSidedTransport(abc.ABC):
         peer = _peer_of(self.name, channel)
         rows, metadata, missing = self._describe(peer, segments)
         peer.shipped.update(reg.serial for reg in missing)
-        self._granted_until = time.monotonic() + _GRANTED
+        if self.progress_after_grant:
+            self._granted_until = time.monotonic() + self.progress_after_grant
         return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(rows, dtype=np.uint64).tobytes()
 
     def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:

@@ -124,6 +124,11 @@ def test_grants_out_of_bounds_of_another_engine_or_not_remote_are_refused_before
                     owner.grant_read_for(link, spec, 1000)
                 assert info.value.code == code, what
                 assert _held(pair, src) == (0, 0, 0, 0), what
+            # the put-for-pull path is gone on a transport that reads: a read call is refused, nothing is sent
+            with pytest.raises(DataDistError) as info:
+                await owner.read_for(link, 1, _spec((1,)), 1000)
+            assert info.value.code == S.LLM_PARAM_INVALID and serving.table.transport.bytes_sent == 0
+            assert _held(pair, src) == (0, 0, 0, 0)
             # a cache of another engine of the owner's daemon (cluster 3) is not this link's to read
             other = await pair.p.init_engine(3, Role.PROMPT, {"llm.MemPoolConfig": POOL,
                                                               "llm.EnableRemoteCacheAccessible": "1"})

@@ -25,6 +25,8 @@ class Owner:
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
+        if self.table.reads is not None:   # the puller reads (``grant_read_for``): the owner sends nothing
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} read: ask a grant_read")
         channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")

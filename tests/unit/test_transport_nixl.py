@@ -375,6 +375,12 @@ def test_pair_rows_covers_the_same_bytes_in_order(case) -> None:
         assert not (s[k, 0] == s[k - 1, 0] + s[k - 1, 1] and d[k, 0] == d[k - 1, 0] + d[k - 1, 1])
 
 
+def test_pair_rows_refuses_lengths_that_wrap_the_sum_around() -> None:
+    """A peer's rows whose 64-bit sum wraps to this side's total: refused, not cut into pieces past our rows."""
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63 + 4096]], np.uint64), np.array([[0x5000, 4096]], np.uint64))
+
+
 def test_pair_rows_refuses_different_totals() -> None:
     with pytest.raises(ValueError):
         pair_rows(np.array([[0, 10]]), np.array([[0, 11]]))

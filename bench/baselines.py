@@ -185,12 +185,25 @@ def _nixl_buffer(size: int, memfd: bool, fill: int) -> Any:
     return buf
 
 
-def _nixl_target(conn: Any, total: int, block: int, env: dict[str, str], memfd: bool) -> None:
+def _nixl_target(conn: Any, total: int, block: int, env: dict[str, str], memfd: bool, read: bool = False) -> None:
     size, _ = _blocks(total, block, True, seed=2)
     buf = _nixl_buffer(size, memfd, 0)
     _, agent = _nixl_agent("bare-target", env)
     agent.register_memory([(buf.ctypes.data, size, 0, "")], "DRAM")
     conn.send((agent.get_agent_metadata(), buf.ctypes.data))
+    if read:                    # the initiator reads: progress, as an owner daemon's does, while a request runs
+        active, checks = False, 0
+        while True:
+            if conn.poll(0 if active else 0.005):
+                command = conn.recv()
+                if not command:
+                    return
+                active, checks = command == "go", 0
+                continue
+            agent.get_new_notifs()
+            if active:
+                checks += 1
+                _nap(min(checks, 400))
     idle = 0
     while True:                 # progress (the initiator's connection, then the bytes) while no request runs
         if conn.poll(0.005 if idle > 20 else 0):
@@ -214,7 +227,8 @@ def _nixl_target(conn: Any, total: int, block: int, env: dict[str, str], memfd: 
             return
 
 
-def _nixl_initiator(conn: Any, total: int, block: int, env: dict[str, str], prepped: bool, memfd: bool) -> None:
+def _nixl_initiator(conn: Any, total: int, block: int, env: dict[str, str], prepped: bool, memfd: bool,
+                    read: bool = False) -> None:
     size, src_off = _blocks(total, block, True, seed=1)
     _, dst_off = _blocks(total, block, True, seed=2)
     buf = _nixl_buffer(size, memfd, 1)
@@ -231,7 +245,9 @@ def _nixl_initiator(conn: Any, total: int, block: int, env: dict[str, str], prep
     conn.send("ready")
     while conn.recv():
         t0 = time.perf_counter()
-        if prepped:
+        if read:        # this side's blocks dst_idx <- the target's blocks src_idx
+            handle = agent.make_prepped_xfer("READ", local, dst_idx, remote, src_idx, b"")
+        elif prepped:
             handle = agent.make_prepped_xfer("WRITE", local, src_idx, remote, dst_idx, b"bare")
         else:   # descriptor lists made per request, as datadist does (its blocks change per request)
             rows = np.column_stack([lengths[:len(src_idx)], zeros[:len(src_idx)]])
@@ -246,19 +262,23 @@ def _nixl_initiator(conn: Any, total: int, block: int, env: dict[str, str], prep
             checks += 1
             _nap(checks)
             state = agent.check_xfer_state(handle)
+        t1 = time.perf_counter()
         handle.release()
-        conn.send((t0, state))
+        conn.send((t0, state, t1))
 
 
 class BareNixl:
-    """Two processes, one NIXL agent each, moving a request's shuffled blocks by one prepped WRITE."""
+    """Two processes, one NIXL agent each, moving a request's shuffled blocks by one prepped WRITE (``read``: one
+    prepped READ of the target's blocks by the initiator, timed from the post to its DONE, where the bytes land)."""
 
-    def __init__(self, total: int, block: int, env: dict[str, str], prepped: bool = True, memfd: bool = False) -> None:
+    def __init__(self, total: int, block: int, env: dict[str, str], prepped: bool = True, memfd: bool = False,
+                 read: bool = False) -> None:
         ctx = mp.get_context("spawn")
+        self.read = read
         self.tconn, tchild = ctx.Pipe()
         self.iconn, ichild = ctx.Pipe()
-        self.target = ctx.Process(target=_nixl_target, args=(tchild, total, block, env, memfd), daemon=True)
-        self.initiator = ctx.Process(target=_nixl_initiator, args=(ichild, total, block, env, prepped, memfd),
+        self.target = ctx.Process(target=_nixl_target, args=(tchild, total, block, env, memfd, read), daemon=True)
+        self.initiator = ctx.Process(target=_nixl_initiator, args=(ichild, total, block, env, prepped, memfd, read),
                                      daemon=True)
         self.target.start()
         self.initiator.start()
@@ -269,11 +289,21 @@ class BareNixl:
             raise TimeoutError("bare NIXL initiator did not start")
 
     def once(self, timeout: float = 120.0) -> float:
+        if self.read:                # the target only makes progress (UCX over TCP needs it); the READ ends at DONE
+            self.tconn.send("go")
+            self.iconn.send(True)
+            if not self.iconn.poll(timeout):
+                raise TimeoutError("bare NIXL READ did not finish")
+            t0, state, t1 = self.iconn.recv()
+            self.tconn.send("idle")
+            if state != "DONE":
+                raise RuntimeError(f"bare NIXL READ ended in state {state}")
+            return t1 - t0
         self.tconn.send(True)
         self.iconn.send(True)
         if not self.iconn.poll(timeout) or not self.tconn.poll(timeout):
             raise TimeoutError("bare NIXL request did not finish")
-        t0, state = self.iconn.recv()
+        t0, state, _ = self.iconn.recv()
         landed = self.tconn.recv()
         if state != "DONE":
             raise RuntimeError(f"bare NIXL WRITE ended in state {state}")

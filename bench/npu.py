@@ -290,9 +290,9 @@ def bulk_hccl(run: Any) -> None:
         tail = f"; {SIMULATED}" if simulated else ""
         notes = {
             "bare HCCL put": f"{how}, built before the clock; HcclBatchPut + stream synchronised: the judged "
-                             f"baseline (datadist puts, pulls and pushes alike){tail}",
+                             f"baseline of pushes (datadist's owner puts){tail}",
             "bare HCCL get": f"{how}, built before the clock; HcclBatchGet by the receiving rank + stream "
-                             f"synchronised: information only (datadist does not get){tail}",
+                             f"synchronised: the judged baseline of pulls (datadist's puller gets){tail}",
             "bare HCCL put, binding fills descriptors": f"{how}, filled by Hccl.batch (one numpy array, as datadist's "
                                                         f"transport calls it) on the clock: information only{tail}"}
         ops = dict(zip(notes, BareHccl.OPS, strict=True))
@@ -300,7 +300,7 @@ def bulk_hccl(run: Any) -> None:
         def bare(block: int, n: int, num_blocks: int) -> _Baseline:
             b = BareHccl(env, tensors, num_blocks, block, n)
             return _Baseline({k: (lambda op=op: b.once(op)) for k, op in ops.items()}, ["bare HCCL put"], notes,
-                             b.close)
+                             b.close, ["bare HCCL get"])
 
         _bulk(run, scenario, wp, wd, bare, bulk_mib=mib)
     finally:

@@ -174,12 +174,14 @@ def _bulk_target(scenario: str, block: int) -> Target | None:
 
 @dataclass
 class _Baseline:
-    """Baseline variants of one block size, each timed by a call; ``judge`` names the ones a ratio may use."""
+    """Baseline variants of one block size, each timed by a call; ``judge`` names the ones a ratio may use, and
+    ``judge_pull`` those a pull's may (where datadist pulls by reading: the bare engine's read), if not the same."""
 
     variants: dict[str, Callable[[], float]]
     judge: list[str]
     notes: dict[str, str]
     close: Callable[[], None] = lambda: None
+    judge_pull: list[str] | None = None
 
 
 def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callable[[int, int, int], _Baseline],
@@ -230,10 +232,11 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
             for k, fig in b_figs.items():
                 run.add(Row(scenario, f"baseline: {k} ({_kib(block)} blocks)", fig, note=base.notes.get(k, "")))
                 series.setdefault(k, {})[block] = fig
-            best = max(base.judge, key=lambda k: b_figs[k].median)
+            judged = {"push": base.judge, "pull": base.judge_pull or base.judge}
             for memory, name, mid in names:
                 _verify(wp, wd, name, tensors, tables[-1], mid, f"{scenario} {name}")
                 for op in ("pull", "push"):
+                    best = max(judged[op], key=lambda k: b_figs[k].median)
                     gibs = gib_per_s(nbytes, d_times[(memory, op)])
                     fig = figure(gibs, "GiB/s")
                     med, lo, hi = paired(gibs, b_gibs[best])
@@ -825,26 +828,33 @@ def bulk_nixl(run: Run) -> None:
             # judged against bare NIXL on the same kind of memory as the daemon's pools (shared memfd
             # mappings); numpy's anonymous memory gets huge pages here, shmem does not unless the host
             # enables it (/sys/kernel/mm/transparent_hugepage/shmem_enabled), and copies pay per page
-            pools = baselines.BareNixl(n * block * tensors, block, ucx, memfd=True)
-            try:
-                anon = baselines.BareNixl(n * block * tensors, block, ucx, memfd=False)
-            except BaseException:
-                pools.close()
-                raise
-            how = "two processes, one agent each, prepped descriptor lists, one WRITE by block index with a " \
-                  "notification; post to notification seen"
+            made: list[baselines.BareNixl] = []
 
             def close() -> None:
-                pools.close()
-                anon.close()
+                for b in made:
+                    b.close()
 
-            return _Baseline({"bare NIXL, memfd memory": pools.once, "bare NIXL, anonymous memory": anon.once},
+            try:
+                for memfd, read in ((True, False), (False, False), (True, True)):
+                    made.append(baselines.BareNixl(n * block * tensors, block, ucx, memfd=memfd, read=read))
+            except BaseException:
+                close()
+                raise
+            pools, anon, reads = made
+            how = "two processes, one agent each, prepped descriptor lists, one WRITE by block index with a " \
+                  "notification; post to notification seen"
+            return _Baseline({"bare NIXL, memfd memory": pools.once, "bare NIXL, anonymous memory": anon.once,
+                              "bare NIXL READ, memfd memory": reads.once},
                              ["bare NIXL, memfd memory"],
                              {"bare NIXL, memfd memory": f"{how}; shared memfd mappings as the daemon's pools "
-                                                         f"(the judged baseline)",
+                                                         f"(the judged baseline of pushes)",
                               "bare NIXL, anonymous memory": f"{how}; numpy memory (huge pages): information "
-                                                             f"only, see docs/nixl.md"},
-                             close)
+                                                             f"only, see docs/nixl.md",
+                              "bare NIXL READ, memfd memory": "two processes, one agent each, prepped descriptor "
+                                                              "lists, one READ by block index; post to DONE at the "
+                                                              "reader; memfd mappings (the judged baseline of "
+                                                              "pulls: datadist pulls by READ)"},
+                             close, ["bare NIXL READ, memfd memory"])
 
         pool = 2 * total + 64 * MIB if "allocated" in cfg.memory else 0
         nodes = (f"PN-{tls}", f"DN-{tls}")

@@ -27,7 +27,7 @@ from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
            "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "INLINE_READ_MAX",
-           "checked_ids"]
+           "checked_ids", "GrantReadCmd", "DoneReadCmd"]
 
 
 
@@ -68,6 +68,29 @@ class ReadCmd:
 
 
 @dataclass(frozen=True)
+class GrantReadCmd:
+    """A pull over a transport that reads (``transport.base.ReadGrants``): validate and pin what ``spec`` names,
+    answer the grant (``OwnerReply.grant``, its id in ``transfer_ids``); held until ``DoneReadCmd`` or
+    ``timeout_ms``."""
+
+    command_id: int
+    session: bytes
+    spec: RemoteSpec
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class DoneReadCmd:
+    """The puller ended the read of grant ``grant_id``: unpin; ``consume``: it read every byte, so a key a
+    pull consumes is consumed (what ``ReleaseCmd`` does after a ``ReadCmd``)."""
+
+    command_id: int
+    session: bytes
+    grant_id: int
+    consume: bool
+
+
+@dataclass(frozen=True)
 class ReleaseCmd:
     command_id: int
     session: bytes
@@ -90,7 +113,7 @@ class PingCmd:
     session: bytes
 
 
-OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd]
+OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd, DoneReadCmd]
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,7 @@ class OwnerReply:
     nbytes: int = 0                 # read: bytes sent
     release_needed: bool = False    # read: confirm the receipt with a release
     data: bytes = b""               # inline read: the bytes themselves
+    grant: bytes = b""              # grant read: what the transport's read needs (its id in transfer_ids)
 
 
 #: the largest read answered with its bytes in the reply (``ReadCmd.inline``): a small pull then needs no transfer
@@ -300,6 +324,16 @@ class FrameCalls:
         if isinstance(result, DataDistError):
             raise result
         return result.data, result.release_needed
+
+    async def grant_read(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
+        """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it
+        consumes a key (the puller then waits for that answer; else it need not)."""
+        reply = await self._call(lambda cid, ms: GrantReadCmd(cid, session, spec, ms), timeout)
+        (grant_id,) = checked_ids(reply.transfer_ids, 1, f"cluster {self.remote_cluster}")
+        return grant_id, reply.grant, reply.release_needed
+
+    async def done_read(self, session: bytes, grant_id: int, consume: bool, timeout: float) -> None:
+        await self._call(lambda cid, ms: DoneReadCmd(cid, session, grant_id, consume), timeout)
 
     async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:

@@ -19,8 +19,9 @@ READ (``ReadCmd``)::
 REPLY (``OwnerReply``)::
 
     B tag  B flags (bit 0: release_needed)  H reserved  I message length  q status  Q command_id  Q nbytes
-    I transfer ids  I data length
-    then the transfer ids (u64 each), the message (UTF-8), the data (an inline read's bytes)
+    I transfer ids  I grant length  I data length
+    then the transfer ids (u64 each), the message (UTF-8), the grant (what a one-sided transport's read of a
+    ``grant_read`` needs), the data (an inline read's bytes)
 
 No grpc and no protobuf here.
 """
@@ -40,7 +41,7 @@ __all__ = ["TAG", "encode_read", "decode_read", "encode_reply", "decode_reply", 
 TAG = 0xFF
 _OP_READ = 1
 _READ = struct.Struct("<BBBBHHII QQQQQQ qQ II Q")
-_REPLY = struct.Struct("<BBHI qQQ II")
+_REPLY = struct.Struct("<BBHI qQQ III")
 _INLINE = 1
 _RELEASE = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY = 1, 2, 3
@@ -110,22 +111,23 @@ def decode_read(data: bytes) -> ReadCmd:
 def encode_reply(reply: OwnerReply) -> bytes:
     message = reply.message.encode("utf-8", "replace")
     head = _REPLY.pack(TAG, _RELEASE if reply.release_needed else 0, 0, len(message), reply.status,
-                       reply.command_id, reply.nbytes, len(reply.transfer_ids), len(reply.data))
-    if not reply.transfer_ids:
-        return b"".join((head, message, reply.data))
-    return b"".join((head, np.asarray(reply.transfer_ids, _U64).tobytes(), message, reply.data))
+                       reply.command_id, reply.nbytes, len(reply.transfer_ids), len(reply.grant), len(reply.data))
+    ids = np.asarray(reply.transfer_ids, _U64).tobytes() if reply.transfer_ids else b""
+    return b"".join((head, ids, message, reply.grant, reply.data))
 
 
 def decode_reply(data: bytes) -> OwnerReply:
     if len(data) < _REPLY.size:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a reply frame of {len(data)} bytes is cut short")
-    _, flags, _, message_len, status, cid, nbytes, nids, data_len = _REPLY.unpack_from(data)
-    if nids > MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + data_len != len(data):
+    _, flags, _, message_len, status, cid, nbytes, nids, grant_len, data_len = _REPLY.unpack_from(data)
+    if nids > MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + grant_len + data_len != len(data):
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a malformed reply frame ({len(data)} bytes, {nids} "
-                                                          f"transfers, {message_len} + {data_len} bytes after them)")
+                                                          f"transfers, {message_len} + {grant_len} + {data_len} "
+                                                          f"bytes after them)")
     at = _REPLY.size
     ids = tuple(np.frombuffer(data, _U64, nids, at).tolist()) if nids else ()
     at += 8 * nids
     message = data[at:at + message_len].decode("utf-8", "replace")
     at += message_len
-    return OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE), data[at:])
+    grant = data[at:at + grant_len]
+    return OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE), data[at + grant_len:], grant)

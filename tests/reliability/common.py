@@ -346,7 +346,7 @@ class PeerAgent:
             ids = got.transfer_ids
             reply = peer_pb2.OwnerReply(command_id=got.command_id, status=got.status, message=got.message,
                                         transfer_id=ids[0] if ids else 0, more_transfer_ids=ids[1:],
-                                        bytes=got.nbytes, release_needed=got.release_needed)
+                                        bytes=got.nbytes, release_needed=got.release_needed, grant=got.grant)
             with self._answered:
                 self._replies[reply.command_id] = reply
                 self._answered.notify_all()

@@ -13,7 +13,9 @@ from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode
 from datadistd.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
+    DoneReadCmd,
     FrameCalls,
+    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -54,6 +56,9 @@ class Hub:
     ReleaseCmd(4, SESSION, CacheKeyRef(7, 11, 0), 0, 6),
     UnlinkCmd(5, SESSION),
     PingCmd(6, SESSION),
+    GrantReadCmd(7, SESSION, SPEC, 900),
+    DoneReadCmd(8, SESSION, 12, True),
+    DoneReadCmd(8, SESSION, 13, False),
 ])
 def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
     assert CALL_CODEC.decode_command(CALL_CODEC.encode_command(cmd)) == cmd
@@ -61,7 +66,7 @@ def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
 
 def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
     for reply in (OwnerReply(9, 0, "", (5,), 4096, True), OwnerReply(9, transfer_ids=(5, 6, 11)),
-                  OwnerReply(9, nbytes=3)):
+                  OwnerReply(9, nbytes=3), OwnerReply(9, transfer_ids=(4,), grant=b"\0rows")):
         assert CALL_CODEC.decode_reply(CALL_CODEC.encode_reply(reply)) == reply
     empty = convert.call_to_pb(UnlinkCmd(6, SESSION))
     empty.ClearField("unlink")

@@ -24,7 +24,7 @@ SPECS = st.builds(RemoteSpec, KEYS, st.sampled_from(list(ReadMode)), st.lists(U6
                   U64, U32, U32, U64)
 READS = st.builds(ReadCmd, U64, st.binary(max_size=256), U64, SPECS, U32, st.booleans())
 REPLIES = st.builds(OwnerReply, U64, I64, st.text(max_size=200), st.lists(U64, max_size=50).map(tuple), U64,
-                    st.booleans(), st.binary(max_size=5000))
+                    st.booleans(), st.binary(max_size=5000), st.binary(max_size=300))
 
 
 @given(READS)
@@ -84,7 +84,7 @@ def test_an_unknown_binary_call_is_dropped_unanswered() -> None:
 
 @pytest.mark.parametrize("mangle", [lambda f: f[:-1], lambda f: f + b"x", lambda f: f[:10]])
 def test_a_malformed_reply_is_refused(mangle) -> None:  # noqa: ANN001
-    frame = ownerwire.encode_reply(OwnerReply(3, 0, "fine", (1, 2), 10, True, b"0123456789"))
+    frame = ownerwire.encode_reply(OwnerReply(3, 0, "fine", (1, 2), 10, True, b"0123456789", b"grant"))
     with pytest.raises(DataDistError) as info:
         CALL_CODEC.decode_reply(mangle(frame))
     assert info.value.code == S.LLM_PARAM_INVALID

@@ -22,6 +22,6 @@ def test_the_peer_service_has_only_the_pre_channel_rpcs() -> None:
 
 
 def test_every_owner_call_kind_is_a_frame() -> None:
-    """The frame payload names every kind of call the removed RPCs made."""
+    """The frame payload names every kind of call the removed RPCs made, and the read grants (issue 28)."""
     kinds = {f.name for f in peer_pb2.OwnerCall.DESCRIPTOR.oneofs_by_name["command"].fields}
-    assert kinds == {"open_write", "commit_write", "read", "release", "unlink", "ping"}
+    assert kinds == {"open_write", "commit_write", "read", "release", "unlink", "ping", "grant_read", "done_read"}

@@ -141,6 +141,50 @@ def test_a_tcp_peer_is_refused_by_name() -> None:
 
 
 @needs_nixl
+def test_a_read_of_a_grant_moves_the_bytes_by_the_readers_read_only(pair) -> None:
+    """b grants scattered source ranges, a reads them into ranges cut differently: byte-exact, and b's agent
+    posted nothing (no WRITE, no bytes sent); the grant's partial metadata is shipped once."""
+    from datadistd.transport.base import ReadGrants
+    assert isinstance(pair.a, ReadGrants)
+    rng = np.random.default_rng(7)
+    src, dst = ArrayHandle(1 << 20, seed=7), ArrayHandle(1 << 20)
+    for i in range(3):
+        s = scattered(src, rng, 16, 4096)
+        grant = pair.b.grant(pair.inb, s)
+        assert (len(grant) > 4 + 16 * 16) == (i == 0)      # metadata of b's registration: the first grant only
+        d = [Segment(dst, 0, 3 * 4096), Segment(dst, 100_000, 13 * 4096)]
+        pair.a.read(pair.out, grant, d, deadline())
+        got = np.concatenate([dst.arr[0:3 * 4096], dst.arr[100_000:100_000 + 13 * 4096]])
+        want = np.concatenate([src.arr[x.offset:x.offset + 4096] for x in s])
+        np.testing.assert_array_equal(got, want)
+    assert pair.b.bytes_sent == 0 and pair.a.bytes_received == 3 * 16 * 4096
+
+
+@needs_nixl
+@pytest.mark.parametrize("grant", [b"", b"\x05\0\0\0ab", b"\0\0\0\0" + bytes(15)])
+def test_a_malformed_grant_is_refused_before_a_read(pair, grant: bytes) -> None:
+    dst = ArrayHandle(4096)
+    with pytest.raises(DataDistError) as err:
+        pair.a.read(pair.out, grant, [Segment(dst, 0, 4096)], deadline(2))
+    assert err.value.code == S.LLM_FAILED
+    assert not dst.arr.any() and pair.a.bytes_received == 0
+
+
+@needs_nixl
+def test_a_grant_of_another_size_or_after_the_link_closed_reads_nothing(pair) -> None:
+    src, dst = ArrayHandle(8192, seed=8), ArrayHandle(8192)
+    grant = pair.b.grant(pair.inb, [Segment(src, 0, 8192)])
+    with pytest.raises(DataDistError) as err:          # the reader's memory bounds what lands: 4096 != 8192
+        pair.a.read(pair.out, grant, [Segment(dst, 0, 4096)], deadline(2))
+    assert err.value.code == S.LLM_FAILED
+    pair.out.close()
+    with pytest.raises(DataDistError) as err:
+        pair.a.read(pair.out, grant, [Segment(dst, 0, 8192)], deadline(2))
+    assert err.value.code == S.LLM_LINK_FAILED
+    assert not dst.arr.any()
+
+
+@needs_nixl
 def test_timeout_then_cancel_confirms_nothing_more_lands(pair) -> None:
     """The sender never sends: the receiver times out; cancel asks the sender, which confirms at once,
     and a late send of that transfer is refused instead of writing."""
@@ -329,6 +373,12 @@ def test_pair_rows_covers_the_same_bytes_in_order(case) -> None:
     assert _bytes_of(s) == _bytes_of(src) and _bytes_of(d) == _bytes_of(dst)
     for k in range(1, len(s)):   # merged: no row continues its predecessor on both sides
         assert not (s[k, 0] == s[k - 1, 0] + s[k - 1, 1] and d[k, 0] == d[k - 1, 0] + d[k - 1, 1])
+
+
+def test_pair_rows_refuses_lengths_that_wrap_the_sum_around() -> None:
+    """A peer's rows whose 64-bit sum wraps to this side's total: refused, not cut into pieces past our rows."""
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63 + 4096]], np.uint64), np.array([[0x5000, 4096]], np.uint64))
 
 
 def test_pair_rows_refuses_different_totals() -> None:

@@ -16,7 +16,7 @@ READ_BLOCKS: ReadMode
 READ_SLOT: ReadMode
 
 class OwnerCall(_message.Message):
-    __slots__ = ("command_id", "open_write", "commit_write", "read", "release", "unlink", "ping")
+    __slots__ = ("command_id", "open_write", "commit_write", "read", "release", "unlink", "ping", "grant_read", "done_read")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
     COMMIT_WRITE_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class OwnerCall(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
+    GRANT_READ_FIELD_NUMBER: _ClassVar[int]
+    DONE_READ_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     open_write: WriteRequest
     commit_write: CommitRequest
@@ -31,10 +33,12 @@ class OwnerCall(_message.Message):
     release: ReleaseRequest
     unlink: SessionRef
     ping: SessionRef
-    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ..., ping: _Optional[_Union[SessionRef, _Mapping]] = ...) -> None: ...
+    grant_read: ReadRequest
+    done_read: DoneRead
+    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ..., ping: _Optional[_Union[SessionRef, _Mapping]] = ..., grant_read: _Optional[_Union[ReadRequest, _Mapping]] = ..., done_read: _Optional[_Union[DoneRead, _Mapping]] = ...) -> None: ...
 
 class OwnerReply(_message.Message):
-    __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids")
+    __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids", "grant")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +46,7 @@ class OwnerReply(_message.Message):
     BYTES_FIELD_NUMBER: _ClassVar[int]
     RELEASE_NEEDED_FIELD_NUMBER: _ClassVar[int]
     MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     status: int
     message: str
@@ -49,7 +54,18 @@ class OwnerReply(_message.Message):
     bytes: int
     release_needed: bool
     more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    grant: bytes
+    def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ...) -> None: ...
+
+class DoneRead(_message.Message):
+    __slots__ = ("session", "grant_id", "consume")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_FIELD_NUMBER: _ClassVar[int]
+    session: bytes
+    grant_id: int
+    consume: bool
+    def __init__(self, session: _Optional[bytes] = ..., grant_id: _Optional[int] = ..., consume: _Optional[bool] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")

@@ -13,7 +13,9 @@ from typing import Callable
 from ..core.errors import DataDistError, StatusCode
 from ..ownercalls import (
     CommitWriteCmd,
+    DoneReadCmd,
     FrameCalls,
+    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -135,6 +137,12 @@ class OwnerCalls:
                 self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, PingCmd):
+                reply = OwnerReply(cmd.command_id)
+            elif isinstance(cmd, GrantReadCmd):
+                grant_id, grant, release = self.owner.grant_read_for(link, cmd.spec, cmd.timeout_ms)
+                reply = OwnerReply(cmd.command_id, transfer_ids=(grant_id,), grant=grant, release_needed=release)
+            elif isinstance(cmd, DoneReadCmd):
+                self.owner.done_read_for(link, cmd.grant_id, cmd.consume)
                 reply = OwnerReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Awaitable, Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.types import RemoteSpec, TransferId
+from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes
 from ..metrics import track_transfer
 from ..ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 from ..transport.base import Receipt
-from .model import Link, _PendingWrite
+from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
 
 
@@ -21,9 +22,12 @@ class Owner:
 
     def __init__(self, table: LinkTable) -> None:
         self.table = table
+        self._grant_ids = itertools.count(1)
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
+        if self.table.reads is not None:   # the puller reads (``grant_read_for``): the owner sends nothing
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} read: ask a grant_read")
         channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
@@ -93,6 +97,53 @@ class Owner:
             tracked.done(len(data), len(spec.blocks))
         link.bytes_out += len(data)
         return data, release
+
+    def grant_read_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bytes, bool]:
+        """Owner side of a pull over a transport that reads (``ReadGrants``): check ``spec`` as ``read_for`` does
+        (``engine.prepare_read``: the key, remote accessibility, every bound, the byte count), pin the source and
+        book it to the link's caps, and answer the grant: its id and the rows the other end may read. Held until
+        ``done_read_for``, the link goes, or the (clamped) timeout -- then the link is severed before the unpin.
+        Also answers whether ending it consumes a key."""
+        reads = self.table.reads
+        channel = self.table.channel_of(link)
+        if reads is None:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the {link.transport} transport pulls by read calls")
+        if channel is None or channel.broken:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
+        limits = self.table.node.link_limits
+        hold = limits.clamp(timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
+        link.usage.check_writes(limits, 1)   # over the count cap: refused before the spec is looked at
+        cache_id, src, release = self.table.engine.prepare_read(spec)
+        booked = False
+        try:
+            link.usage.open_writes(limits, 1, spec.expected_bytes)
+            booked = True
+            grant = reads.grant(channel, src)
+        except BaseException:
+            if booked:
+                link.usage.close_writes(1, spec.expected_bytes)
+            self.table.engine.unpin(cache_id)
+            raise
+        grant_id = next(self._grant_ids)
+        self.table.grants[grant_id] = _Grant(cache_id, time.monotonic() + hold / 1000, link, spec, release)
+        return grant_id, grant, release
+
+    def done_read_for(self, link: Link, grant_id: int, consume: bool) -> None:
+        """The other end ended its read of ``grant_id`` (``consume``: it has every byte): unpin; a pull that
+        consumes its key consumes it now."""
+        grant = self.table.grants.get(grant_id)
+        if grant is None or grant.link is not link:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown read grant {grant_id}")
+        self.table.drop_grants([grant_id])
+        if consume:
+            spec = grant.spec
+            with track_transfer(self.table.node.metrics, "serve_read", self.table.cluster_id,
+                                link.remote_cluster) as tracked:
+                tracked.done(spec.expected_bytes, len(spec.blocks))
+            link.bytes_out += spec.expected_bytes
+            if grant.release:
+                assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+                self.table.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
 
     def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else

@@ -17,7 +17,7 @@ from ..metrics import DaemonMetrics
 from ..ownercalls import CallCodec
 from ..peering import PeerClient
 from ..quota import LinkLimits
-from ..transport.base import Channel, Receipt, Transport
+from ..transport.base import Channel, ReadGrants, Receipt, Transport
 from .model import (
     AnyLink,
     InboundLink,
@@ -27,6 +27,7 @@ from .model import (
     LocalLink,
     OutboundLink,
     ServingEnd,
+    _Grant,
     _PendingWrite,
 )
 
@@ -63,6 +64,9 @@ class LinkTable:
         self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
+        self.grants: dict[int, _Grant] = {}          # reads granted to the other ends of links (``Owner``)
+        #: pulls over this transport read (``ReadGrants``: nixl, hccl), decided once; else the owner sends (tcp)
+        self.reads: ReadGrants | None = transport if isinstance(transport, ReadGrants) else None
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
         self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``spawn``), running
@@ -106,6 +110,12 @@ class LinkTable:
             live = {id(link) for link in self.all_links()}
             self.drop_writes([tid for tid, pw in self.writes.items()
                                if now > pw.deadline + 1.0 or id(pw.link) not in live])
+            # grants of links gone (their channel is closed: the reader's agent unloaded), and grants never
+            # ended by their deadline: the link is severed first, so nothing reads the memory once it is unpinned
+            self.drop_grants([gid for gid, g in self.grants.items() if id(g.link) not in live])
+            for late in {id(g.link): g.link for g in self.grants.values() if now > g.deadline + 1.0}.values():
+                self.mark_broken(late, "a read grant was not ended by its deadline")
+                self.spawn(self._sever(late, [gid for gid, g in self.grants.items() if g.link is late]))
 
     def drop_writes(self, transfer_ids: Iterable[int]) -> None:
         """Forget opened writes; their receipts are cancelled and their caches unpinned in the background."""
@@ -113,6 +123,23 @@ class LinkTable:
         for pw in dropped:
             pw.link.usage.close_writes(1, pw.nbytes)
         self.release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
+
+    def drop_grants(self, grant_ids: Iterable[int]) -> None:
+        """Forget read grants whose link can no longer read: unpin their caches, give back what they booked."""
+        for grant in [g for g in (self.grants.pop(gid, None) for gid in list(grant_ids)) if g is not None]:
+            grant.link.usage.close_writes(1, grant.spec.expected_bytes)
+            self.engine.unpin(CacheId(grant.cache_id))
+
+    async def _sever(self, link: Link, grant_ids: list[int]) -> None:
+        """Close ``link``'s data channel (the reader's agent goes with it), then drop its grants."""
+        channel = self.channel_of(link)
+        try:
+            if isinstance(link, InboundLink):
+                self.drop_serving(link)
+            elif channel is not None:
+                await self.in_thread_of(UNMETERED, channel.close)
+        finally:
+            self.drop_grants(grant_ids)
 
     def release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:
         """Cancel ``receipts`` in a worker thread (a cancel may wait for the sender to confirm it writes no
@@ -199,6 +226,7 @@ class LinkTable:
             pw.receipt.cancel()
         self.writes.clear()
         await self.in_thread_of(UNMETERED, self.transport.stop)  # fails every wait and send still running
+        self.drop_grants(list(self.grants))                       # the agents are gone: nothing reads any more
         await self.engine.gate.drained(5.0)          # bounded: let those jobs return before memory is freed
 
 

@@ -28,6 +28,8 @@ from ..links import ClusterSpec
 from ..ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
+    DoneReadCmd,
+    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -144,6 +146,14 @@ def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
 
 # ---- Peer service --------------------------------------------------------------------------------
 
+def spec_to_read_pb(session: bytes, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
+    """The spec of a ``grant_read`` call (a read itself is an ``ownerwire`` frame)."""
+    return peer_pb2.ReadRequest(session=session, transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
+                                blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
+                                tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
+                                expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
+
+
 def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
     return peer_pb2.WriteRequest(key=key_to_pb(spec.key), mode=int(spec.mode), blocks=list(spec.blocks),
                                  size=spec.size, offset=spec.offset, tensor_start=spec.tensor_start,
@@ -224,6 +234,11 @@ def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
             tensor_count=cmd.tensor_count))
     if isinstance(cmd, PingCmd):
         return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.SessionRef(session=cmd.session))
+    if isinstance(cmd, GrantReadCmd):
+        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(cmd.session, 0, cmd.spec, cmd.timeout_ms))
+    if isinstance(cmd, DoneReadCmd):
+        done = peer_pb2.DoneRead(session=cmd.session, grant_id=cmd.grant_id, consume=cmd.consume)
+        return peer_pb2.OwnerCall(command_id=cid, done_read=done)
     if isinstance(cmd, UnlinkCmd):
         return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
     raise TypeError(f"{type(cmd).__name__} travels as an ownerwire frame, not as a peer.proto message")
@@ -247,6 +262,11 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
         return UnlinkCmd(cid, msg.unlink.session)
     if which == "ping":
         return PingCmd(cid, msg.ping.session)
+    if which == "grant_read":
+        g = msg.grant_read
+        return GrantReadCmd(cid, g.session, spec_from_pb(g), g.timeout_ms)
+    if which == "done_read":
+        return DoneReadCmd(cid, msg.done_read.session, msg.done_read.grant_id, msg.done_read.consume)
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
 
 

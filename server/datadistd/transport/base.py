@@ -25,14 +25,14 @@ exists (``Transport.on_control``); the linking end on the channel it opened (``C
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from datadist.status import LLMStatusCode
 
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
+__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
            "CONTROL_TRANSPORT", "CONTROL_KINDS"]
 
 #: control frames: an owner call, and its answer
@@ -137,3 +137,18 @@ class Transport(Protocol):
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> Receipt:
         """Where the bytes of a new incoming transfer go; ``channel``: the one they will come on (its
         breaking fails the receipt at once)."""
+
+
+@runtime_checkable
+class ReadGrants(Protocol):
+    """A transport over a fabric that reads one-sidedly (``nixl``: a READ, ``hccl``: ``HcclBatchGet``): a pull is a
+    read by the puller. The owner validates and pins what may be read and answers a *grant* -- its rows, opaque to
+    the link code -- in an owner call; the puller reads them straight into its destination and tells the owner
+    when it is done. The owner's Python never touches the bytes. Declared by the transport's class (the link code
+    asks once, when it is built); transports without it pull by the owner's send (``tcp``)."""
+
+    def grant(self, channel: Channel, segments: Sequence[Segment]) -> bytes:
+        """Owner side: what the other end of ``channel`` needs to read ``segments`` (nothing moves here)."""
+
+    def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
+        """Puller side: read what ``grant`` names into ``segments`` (as many bytes); returns once all are in."""

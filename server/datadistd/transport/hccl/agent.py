@@ -1,5 +1,5 @@
 """``HcclAgent``: the one-sided HCCL engine behind ``HcclTransport``, with the interface of the nixl ``Agent``
-(metadata, registrations, ``addresses``, ``write`` with a notification, ``notifications``).
+(metadata, registrations, ``addresses``, ``write`` with a notification, ``read``, ``notifications``).
 
 An engine's agent, on the engine's NPU: one communicator per peer engine (two ranks), made when the peer's
 identity arrives, with the engine's CANN options; every registered range is bound to every communicator.
@@ -255,13 +255,22 @@ class HcclAgent:
               stop: Callable[[], DataDistError | None]) -> None:
         """``HcclBatchPut`` of rows ``local`` into ``peer``'s rows ``remote``, synchronised on the link's stream
         by ``deadline``; then the notification goes to the peer. Raises with the status table's code."""
+        self._batch(True, local, remote, peer, deadline)
+        self.notify(peer, notif)
+
+    def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
+        """``HcclBatchGet`` of ``peer``'s rows ``remote`` into rows ``local``, synchronised on the link's stream by
+        ``deadline`` (then every byte is here: no notification)."""
+        self._batch(False, local, remote, peer, deadline)
+
+    def _batch(self, put: bool, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
         entry = self._ready(peer, deadline)
         with entry.lock:
             if not entry.comm:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
             try:
                 self._acl.use(self.device)
-                self._hccl.batch(True, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],
+                self._hccl.batch(put, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],
                                  entry.stream)
             except AscendError as exc:
                 raise DataDistError(exc.status, f"hccl: {exc}") from None
@@ -272,8 +281,7 @@ class HcclAgent:
                     self._acl.abort(self.device, entry.stream)   # CANN: a failed batch aborts its stream
                 except AscendError as abort_exc:
                     log.warning("hccl: aborting the stream: %s", abort_exc)
-                raise DataDistError(exc.status, f"hccl: put to {peer}: {exc}") from None
-        self.notify(peer, notif)
+                raise DataDistError(exc.status, f"hccl: {'put to' if put else 'get from'} {peer}: {exc}") from None
 
     def notify(self, peer: str, message: bytes) -> None:
         with self._lock:

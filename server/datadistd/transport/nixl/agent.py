@@ -1,4 +1,4 @@
-"""The one module that imports NIXL: an agent, its memory registrations, and WRITEs with a deadline.
+"""The one module that imports NIXL: an agent, its memory registrations, and WRITEs and READs with a deadline.
 
 NIXL (NVIDIA's inference transfer library, the ``nixl-cu12`` wheel) is loaded lazily, by the first
 ``Agent``; without it the transport refuses with ``LLM_FEATURE_NOT_ENABLED`` naming the package.
@@ -182,13 +182,22 @@ class Agent:
         landed (the local DONE means the request left, not that every byte arrived). Returns at DONE.
         ``stop()`` is asked while it runs: an error it returns ends the transfer (released) and is raised;
         so is ``LLM_TIMEOUT`` at ``deadline``."""
+        self._xfer("WRITE", local, remote, peer, notif, deadline, stop)
+
+    def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
+        """READ ``peer``'s rows ``remote`` into this agent's rows ``local``; returns at DONE (every byte is in
+        local memory: a READ completes where its bytes land). ``LLM_TIMEOUT`` at ``deadline``."""
+        self._xfer("READ", local, remote, peer, b"", deadline, lambda: None)
+
+    def _xfer(self, op: str, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
+              stop: Callable[[], DataDistError | None]) -> None:
         zeros = np.zeros((len(local), 1), dtype=np.uint64)
         try:
             handle = self._agent.initialize_xfer(
-                "WRITE", self._agent.get_xfer_descs(np.hstack([local, zeros]), "DRAM"),
+                op, self._agent.get_xfer_descs(np.hstack([local, zeros]), "DRAM"),
                 self._agent.get_xfer_descs(np.hstack([remote, zeros]), "DRAM"), peer, notif)
         except Exception as exc:  # noqa: BLE001
-            raise DataDistError(status_of(exc), f"NIXL refused the transfer to {peer} "
+            raise DataDistError(status_of(exc), f"NIXL refused the {op} with {peer} "
                                                 f"({type(exc).__name__}: {exc})") from None
         try:
             state = self._agent.transfer(handle)
@@ -197,7 +206,7 @@ class Agent:
                 checks += 1
                 if checks > _SPIN:
                     if time.monotonic() >= deadline:
-                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL WRITE to {peer} not done by the "
+                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL {op} with {peer} not done by the "
                                                                        f"deadline")
                     reason = stop()
                     if reason is not None:
@@ -205,17 +214,17 @@ class Agent:
                     time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
                 state = self._agent.check_xfer_state(handle)
             if state != "DONE":
-                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL WRITE to {peer} failed (state {state})")
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL {op} with {peer} failed (state {state})")
         except DataDistError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise DataDistError(status_of(exc), f"NIXL WRITE to {peer} failed ({type(exc).__name__}: "
+            raise DataDistError(status_of(exc), f"NIXL {op} with {peer} failed ({type(exc).__name__}: "
                                                 f"{exc})") from None
         finally:
             try:
                 handle.release()
             except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
-                log.warning("NIXL could not release a transfer to %s: %s", peer, exc)
+                log.warning("NIXL could not release a %s with %s: %s", op, peer, exc)
 
     def notify(self, peer: str, message: bytes) -> None:
         """A notification with no transfer (an empty one has nothing to wait for)."""

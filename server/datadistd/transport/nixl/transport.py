@@ -20,6 +20,7 @@ class NixlTransport(OneSidedTransport):
 
     name = "nixl"
     scheme = SCHEME
+    progress_after_grant = 2.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "UCX", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:

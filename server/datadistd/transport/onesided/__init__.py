@@ -1,7 +1,7 @@
-"""One-sided transports: KV bytes by an agent's WRITE into the peer's registered memory, everything else
-(the link manager's owner calls, the agents' metadata, destination lists, completions) as control frames
-on an authenticated tcp channel. ``OneSidedTransport`` is the base both ``nixl`` and ``hccl`` derive from;
-each says only which agent it runs (``OneSidedAgent``) and how it is labelled.
+"""One-sided transports: KV bytes by an agent's WRITE into the peer's registered memory (a push) or READ of it
+(a pull), everything else (the link manager's owner calls, the agents' metadata, destination lists, completions)
+as control frames on an authenticated tcp channel. ``OneSidedTransport`` is the base both ``nixl`` and ``hccl``
+derive from; each says only which agent it runs (``OneSidedAgent``) and how it is labelled.
 
 A link runs on a tcp data channel exactly as with ``tcp`` -- the same token hello, admission, owner calls
 as control frames, liveness -- but the KV bytes of every pull and push move by one WRITE:
@@ -22,6 +22,12 @@ as control frames, liveness -- but the KV bytes of every pull and push move by o
 5. ``receipt.cancel`` sends ``X`` and waits ``QUIESCE`` for the sender's answer (``F``: nothing was
    posted; or the notification: the WRITE landed); without one it drops the channel and the peer's
    agent, so no byte lands after the memory is handed back.
+
+That is a push. A pull reads (``transport.base.ReadGrants``): the owner's ``grant(channel, segments)`` answers
+the source rows and any partial metadata the peer lacks (``u32`` metadata length, metadata, ``(u64 address,
+u64 length)`` rows; the link manager carries it in its ``grant_read`` owner call); the puller's ``read(channel,
+grant, segments, deadline)`` loads the metadata, pairs the rows with its own and posts one READ
+(``agent.read``), done when it is; a READ that times out drops the link's channel and the peer's agent.
 
 Modules: ``agent`` (the ``OneSidedAgent`` Protocol), ``pieces`` (row pairing), ``wire`` (the messages),
 ``receipt``, ``link`` (``LinkPeer``: the per-link state; ``OneSidedChannel``), ``transport``

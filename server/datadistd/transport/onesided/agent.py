@@ -1,6 +1,6 @@
 """``OneSidedAgent``: what a one-sided transport needs of its engine's agent (NIXL's ``nixl.agent.Agent``,
 ``hccl.agent.HcclAgent``): memory registrations described to peers, peers loaded by their metadata, WRITEs
-that carry a notification, and the notifications that arrived."""
+that carry a notification, READs, and the notifications that arrived."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ class OneSidedAgent(Protocol):
     def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
               stop: Callable[[], DataDistError | None]) -> None:
         """One WRITE of ``local`` rows into the peer's ``remote`` rows, then ``notif`` to the peer."""
+
+    def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
+        """One READ of the peer's ``remote`` rows into ``local`` rows (row for row of equal length), returning
+        once every byte is in local memory; ``LLM_TIMEOUT`` at ``deadline``."""
 
     def notify(self, peer: str, message: bytes) -> None: ...
 

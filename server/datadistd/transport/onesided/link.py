@@ -213,6 +213,14 @@ class LinkPeer:
             return DataDistError(LLMStatusCode.LLM_FAILED, f"transfer {tid} was cancelled by the receiver")
         return None
 
+    def reading(self, tid: int) -> None:
+        """A READ of this peer's memory starts (``sent`` ends it): ``LLM_LINK_FAILED`` if the link is closed or
+        its channel broke (the owner severs a link whose grant outlived its deadline)."""
+        with self._cond:
+            if self.broken:
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} is closed")
+            self._sending.add(tid)
+
     def sent(self, tid: int) -> None:
         with self._cond:
             self._sending.discard(tid)

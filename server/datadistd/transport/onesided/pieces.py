@@ -30,6 +30,10 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         dst = dst[dst[:, 1] > 0]
     s_end = np.cumsum(src[:, 1], dtype=np.uint64)
     d_end = np.cumsum(dst[:, 1], dtype=np.uint64)
+    # rows of the other daemon: lengths that wrap the 64-bit sum around would pass the totals' check below and cut
+    # this side's rows outside themselves; a sum that never wraps only grows (each row is not empty)
+    if (len(s_end) > 1 and (s_end[1:] <= s_end[:-1]).any()) or (len(d_end) > 1 and (d_end[1:] <= d_end[:-1]).any()):
+        raise ValueError("the row lengths add up past 2**64 bytes")
     total = int(s_end[-1]) if len(s_end) else 0
     if total != (int(d_end[-1]) if len(d_end) else 0):
         raise ValueError(f"source has {total} bytes, destination {int(d_end[-1]) if len(d_end) else 0}")

@@ -6,10 +6,13 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
+
+import numpy as np
 
 from datadist.status import LLMStatusCode
 
@@ -18,9 +21,11 @@ from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel, ControlHandler
+from ..registrations import Registration
 from ..tcp import TcpTransport
 from .agent import OneSidedAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer, OneSidedChannel
+from .pieces import pair_rows
 from .receipt import OneSidedReceipt
 from .wire import DESCS, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
 
@@ -41,6 +46,9 @@ class OneSidedTransport(abc.ABC):
     name = ""
     scheme = ""
     inline_small_reads = False   # a pull's bytes move on the fabric, whatever their size
+    #: how long after a read grant the progress thread polls as if a receipt waited (a peer's READ over UCX's
+    #: TCP needs this side's progress; HCCL's get needs none)
+    progress_after_grant = 0.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:
@@ -59,6 +67,8 @@ class OneSidedTransport(abc.ABC):
         self._stopping = threading.Event()
         self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
+        self.bytes_received = 0   # by READ
+        self._granted_until = 0.0
 
     # -- what each engine's transport says (decided when it is built: no probing) --
 
@@ -112,11 +122,12 @@ class OneSidedTransport(abc.ABC):
 
     def _progress(self) -> None:
         """UCX makes progress only when called: look for notifications (which also accepts peers' connections
-        and receives the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
-        a receipt waits, every ``_IDLE`` otherwise."""
+        and moves the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
+        a receipt waits or a read was granted recently (``progress_after_grant``), every ``_IDLE`` otherwise."""
         while not self._stopping.is_set():
             self.poll()
-            self._stopping.wait(_NAP if self._landing else _IDLE)
+            busy = self._landing or time.monotonic() < self._granted_until
+            self._stopping.wait(_NAP if busy else _IDLE)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -270,17 +281,23 @@ class OneSidedTransport(abc.ABC):
     def _landed(self, tid: int) -> None:
         self._landing.pop(tid, None)
 
-    def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
-        if not isinstance(channel, OneSidedChannel):
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{self.name}: expect() needs the link's channel")
-        peer = channel._peer
+    def _next_id(self) -> TransferId:
+        with self._lock:
+            self._ids += 1
+            return TransferId(self._ids)
+
+    def _describe(self, peer: LinkPeer, segments: Sequence[Segment]) -> tuple[np.ndarray, bytes, list[Registration]]:
+        """The rows ``(address, length)`` of ``segments`` in this agent's registrations (registering their handles
+        once), the partial metadata ``peer`` lacks to reach them, and the registrations it describes."""
         agent = self._agent()
         rows, used, _ = agent.addresses(segments)
         missing = [reg for reg in used if reg.serial not in peer.shipped]
-        metadata = agent.partial_metadata(missing) if missing else b""
-        with self._lock:
-            self._ids += 1
-            tid = TransferId(self._ids)
+        return rows, agent.partial_metadata(missing) if missing else b"", missing
+
+    def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
+        peer = _peer_of(self.name, channel)
+        rows, metadata, missing = self._describe(peer, segments)
+        tid = self._next_id()
         receipt = OneSidedReceipt(self, peer, tid, int(rows[:, 1].sum()) if len(rows) else 0)
         peer.add_receipt(receipt)
         self._landing[tid] = receipt
@@ -294,8 +311,67 @@ class OneSidedTransport(abc.ABC):
         peer.shipped.update(reg.serial for reg in missing)
         return receipt
 
+    # -- pulls by READ (``transport.base.ReadGrants``) --
+
+    def grant(self, channel: Channel, segments: Sequence[Segment]) -> bytes:
+        """The owner's side of a pull: what the peer at the other end of ``channel`` needs to READ ``segments`` --
+        the partial metadata of registrations it has not been sent yet, then the rows (``u32`` metadata length,
+        metadata, ``(u64 address, u64 length)`` rows). No byte moves here."""
+        peer = _peer_of(self.name, channel)
+        rows, metadata, missing = self._describe(peer, segments)
+        peer.shipped.update(reg.serial for reg in missing)
+        if self.progress_after_grant:
+            self._granted_until = time.monotonic() + self.progress_after_grant
+        return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(rows, dtype=np.uint64).tobytes()
+
+    def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
+        """The puller's side: one READ of the rows a ``grant`` of the owner names into ``segments`` (this side's
+        memory), returning when every byte is in. The grant's rows are the owner's memory only: what lands here
+        is bounded by ``segments``, whose byte count must equal the grant's."""
+        peer = _peer_of(self.name, channel)
+        agent = self._agent()
+        try:
+            (size,) = MD_LEN.unpack_from(grant)
+            at = MD_LEN.size + size
+            if len(grant) < at or (len(grant) - at) % 16:
+                raise ValueError("truncated")
+        except (struct.error, ValueError):
+            raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: a malformed read grant from the peer "
+                                                          f"{peer.what}") from None
+        if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
+        if size and agent.add_peer(grant[MD_LEN.size:at]) != peer.agent_name:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: the read grant of {peer.what} "
+                                                               f"describes another agent")
+        remote = np.frombuffer(grant, dtype=np.uint64, offset=at).reshape(-1, 2)
+        local, _, _ = agent.addresses(segments)
+        try:
+            src, dst = pair_rows(remote, local)
+        except ValueError as exc:
+            raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: the read grant of {peer.what} does not "
+                                                          f"match the destination ({exc})") from None
+        if not len(src):
+            return
+        tid = self._next_id()
+        peer.reading(int(tid))    # the peer's agent stays loaded until this READ ended (``LinkPeer.sent``)
+        try:
+            agent.read(dst, src, peer.agent_name, deadline)
+        except DataDistError as exc:
+            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight: nothing more lands once it is gone
+                self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
+            raise
+        finally:
+            peer.sent(int(tid))
+        self.bytes_received += int(src[:, 1].sum())
+
     def _send_later(self, peer: LinkPeer, receipt: OneSidedReceipt, payload: bytes) -> None:
         try:
             peer.send(payload)
         except DataDistError as exc:
             receipt._finish(exc)
+
+
+def _peer_of(name: str, channel: Channel | None) -> LinkPeer:
+    if not isinstance(channel, OneSidedChannel):
+        raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: a transfer needs the link's channel")
+    return channel._peer

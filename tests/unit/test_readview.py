@@ -202,3 +202,43 @@ def test_every_refusal_has_the_status_it_had(case: str) -> None:
         assert fast == slow != int(S.LLM_SUCCESS) and reads == 0
 
     asyncio.run(main())
+
+
+def test_the_registry_generation_moves_with_what_a_peer_may_read_and_not_with_pins() -> None:
+    """Every change a published view must not outlive bumps it (before any entry is returned to be freed);
+    pin and unpin -- every transfer -- do not."""
+    from datadistd.core.registry import CacheRegistry
+    from datadistd.core.types import UINT64_MAX, OwnerKey
+
+    r = CacheRegistry()
+    desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+    seen = [r.generation]
+
+    def moved() -> bool:
+        seen.append(r.generation)
+        return seen[-1] > seen[-2]
+
+    blocks = r.add(desc, is_blocks=True, owned=True, remote_accessible=True, memory=None)
+    assert moved()
+    r.bind_blocks_key(blocks.cache_id, 0, overwrite=False)
+    assert moved()
+    r.pin(blocks.cache_id)
+    r.unpin(blocks.cache_id)
+    assert not moved()
+    other = r.add(desc, is_blocks=True, owned=False, remote_accessible=False, memory=None)
+    assert moved()
+    r.bind_blocks_key(other.cache_id, 0, overwrite=True)     # re-pointed: the view must not keep the old one
+    assert moved()
+    r.pin(blocks.cache_id)
+    assert r.remove_cache(blocks.cache_id) == [] and moved()  # retired while pinned: unreadable at once
+    assert r.unpin(blocks.cache_id) == [blocks] and not moved()   # freed later: the bump came before
+    slots = r.add(CacheDesc(1, (2, BLOCK), DType.DT_UINT8, Placement.DEVICE), is_blocks=False, owned=True,
+                  remote_accessible=True, memory=None)
+    key = OwnerKey.from_cache_key(7, UINT64_MAX, 0)
+    assert key is not None
+    r.bind_keys(slots.cache_id, [key])
+    assert moved()
+    assert r.release_id(slots.cache_id) == [] and not moved()   # its key still holds it: nothing a peer sees
+    assert r.consume_pulled(key, [0]) == [slots] and moved()     # the key consumed and the cache freed
+    r.clear()
+    assert moved()

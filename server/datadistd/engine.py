@@ -10,6 +10,7 @@ worker threads on pinned caches. No grpc here.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -20,6 +21,7 @@ from .core.layout import (
     block_copy_pairs,
     block_runs,
     block_spans,
+    owner_spans,
     slot_spans,
     swap_pairs,
     total_length,
@@ -120,6 +122,10 @@ class Engine:
         self.closed = False
         self.lane = lane            # its worker's share of the daemon's threads (None: the loop's default executor)
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
+        # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
+        # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
+        self.read_view: object = None
+        self.read_lock = threading.Lock()
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -128,9 +134,13 @@ class Engine:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, f"engine {self.engine_id} is finalized")
 
     def _free(self, entries: Sequence[CacheEntry]) -> None:
+        if not entries:
+            return
+        with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
+            for entry in entries:
+                memory: CacheMemory = entry.memory
+                memory.release()
         for entry in entries:
-            memory: CacheMemory = entry.memory
-            memory.release()
             log.debug("engine %s freed cache %s (%d bytes)", self.engine_id, entry.cache_id, entry.desc.total_size)
 
     def entry(self, cache_id: int) -> CacheEntry:
@@ -390,7 +400,8 @@ class Engine:
         entry, owner_key = self.registry.lookup_by_id(CacheId(key.cache_id), key.batch_index)
         return entry, key.batch_index, owner_key
 
-    def _owner_spans(self, spec: RemoteSpec, side: str) -> tuple[CacheEntry, list[Span], OwnerKey | None, list[int]]:
+    def _owner_spans(self, spec: RemoteSpec, side: str
+                     ) -> tuple[CacheEntry, Sequence[Span], OwnerKey | None, list[int]]:
         self._check_open()
         if spec.key.cluster_id != self.cluster_id:  # every legitimate request names its owner's cluster
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
@@ -407,26 +418,7 @@ class Engine:
         if not entry.remote_accessible:
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
                                 f"cache {entry.cache_id} of cluster {self.cluster_id} is not remotely accessible")
-        desc = entry.desc
-        count = spec.tensor_count or desc.num_tensors
-        require(spec.tensor_start + count <= desc.num_tensors,
-                f"tensors [{spec.tensor_start}, {spec.tensor_start + count}) outside cache {entry.cache_id} "
-                f"with {desc.num_tensors} tensors")
-        indices = list(range(spec.tensor_start, spec.tensor_start + count))
-        if spec.mode == ReadMode.BLOCKS:
-            require(entry.is_blocks, f"cache {entry.cache_id} is not a blocks cache")
-            spans = block_spans(desc, indices, spec.blocks, side)
-        else:
-            require(not entry.is_blocks, f"cache {entry.cache_id} is a blocks cache; address it with a BlocksCacheKey")
-            require(spec.size == -1 or spec.size + spec.offset <= desc.row_size,
-                    f"{spec.size} bytes at offset {spec.offset} exceed the batch slot of {desc.row_size} bytes "
-                    f"of cache {entry.cache_id}")
-            spans = slot_spans(desc, indices, batch, spec.size, spec.offset,
-                               missing_code=StatusCode.LLM_KV_CACHE_NOT_EXIST)
-        got = total_length(spans)
-        require(spec.expected_bytes == got,
-                f"size mismatch: requester expects {spec.expected_bytes} bytes, cache {entry.cache_id} of cluster "
-                f"{self.cluster_id} has {got} bytes for that request")
+        spans, indices = owner_spans(entry.desc, entry.is_blocks, entry.cache_id, batch, spec, side, self.cluster_id)
         return entry, spans, owner_key, indices
 
     def prepare_read(self, spec: RemoteSpec) -> tuple[int, list[Segment], bool]:
@@ -467,8 +459,9 @@ class Engine:
             return
         self.closed = True
         self._free(self.registry.clear())
-        for pool in self.pools.values():
-            pool.close()
+        with self.read_lock:
+            for pool in self.pools.values():
+                pool.close()
         self.pools = {}
 
     def pool_usage(self) -> list[tuple[Placement, int, int]]:

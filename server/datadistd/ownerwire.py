@@ -36,7 +36,7 @@ from .core.errors import DataDistError, StatusCode
 from .core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
 from .ownercalls import MAX_OPEN_PER_CALL, OwnerReply, ReadCmd, RefusedCall
 
-__all__ = ["TAG", "encode_read", "decode_read", "encode_reply", "decode_reply", "is_binary"]
+__all__ = ["TAG", "is_inline_read", "encode_read", "decode_read", "encode_reply", "decode_reply", "is_binary"]
 
 TAG = 0xFF
 _OP_READ = 1
@@ -54,6 +54,11 @@ _MASK = (1 << 64) - 1
 
 def is_binary(data: bytes) -> bool:
     return len(data) > 0 and data[0] == TAG
+
+
+def is_inline_read(data: bytes) -> bool:
+    """Whether ``data`` is a READ frame asking for its bytes in the reply (its header not yet checked)."""
+    return len(data) >= _READ.size and data[0] == TAG and data[1] == _OP_READ and data[4] & _INLINE == _INLINE
 
 
 def encode_read(cmd: ReadCmd) -> bytes:

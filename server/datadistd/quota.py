@@ -158,6 +158,13 @@ class LinkUsage:
                                 f"no turn before the deadline: this link has {self.calls} owner calls running "
                                 f"([quota] link_calls_in_flight = {cap})") from None
 
+    def has_turn(self, limits: LinkLimits) -> bool:
+        """Whether ``try_enter_call`` would get a turn now, taking none: what a data reader thread peeks before it
+        answers a small read itself (``OwnerCalls._answer_here``; two reads of loop-owned counts, so at most one
+        such answer per connection beyond the cap while the loop takes the last turn)."""
+        cap = limits.calls_in_flight
+        return not cap or (self.calls < cap and not self._turns)
+
     def try_enter_call(self, limits: LinkLimits) -> bool:
         """``enter_call`` when there is a turn at once (none waits, the cap not reached); else False, nothing taken."""
         cap = limits.calls_in_flight

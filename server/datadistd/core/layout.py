@@ -20,11 +20,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import DataDistError, StatusCode, require
-from .types import CacheDesc
+from .types import CacheDesc, ReadMode, RemoteSpec
 
 __all__ = [
     "Span", "BlockSpans", "layer_range_to_tensor_indices", "inclusive_pair_to_range", "block_spans", "slot_spans",
-    "slot_as_blocks_spans", "total_length", "block_copy_pairs", "swap_pairs", "block_runs",
+    "slot_as_blocks_spans", "total_length", "owner_spans", "block_copy_pairs", "swap_pairs", "block_runs",
 ]
 
 
@@ -293,3 +293,31 @@ def swap_pairs(src_to_dst: Mapping[int, int], src_rows: int, dst_rows: int) -> l
         _check_block(dst, dst_rows, f"swap_blocks destination block (of source {src})")
         pairs.append((src, dst))
     return pairs
+
+
+def owner_spans(desc: CacheDesc, is_blocks: bool, cache_id: int, batch: int, spec: RemoteSpec, side: str,
+                cluster_id: int) -> tuple[Sequence[Span], list[int]]:
+    """What a peer's ``spec`` touches of a cache it may address (found, remotely accessible): the spans and the
+    tensor indices, after every bound -- tensor range, blocks or slot, and the requester's byte count. The one
+    copy of these checks: ``Engine.prepare_read`` / ``prepare_write`` and the owner's reader-thread read
+    (``readview``) both call it, so both refuse alike."""
+    count = spec.tensor_count or desc.num_tensors
+    require(spec.tensor_start + count <= desc.num_tensors,
+            f"tensors [{spec.tensor_start}, {spec.tensor_start + count}) outside cache {cache_id} "
+            f"with {desc.num_tensors} tensors")
+    indices = list(range(spec.tensor_start, spec.tensor_start + count))
+    spans: Sequence[Span]
+    if spec.mode == ReadMode.BLOCKS:
+        require(is_blocks, f"cache {cache_id} is not a blocks cache")
+        spans = block_spans(desc, indices, spec.blocks, side)
+    else:
+        require(not is_blocks, f"cache {cache_id} is a blocks cache; address it with a BlocksCacheKey")
+        require(spec.size == -1 or spec.size + spec.offset <= desc.row_size,
+                f"{spec.size} bytes at offset {spec.offset} exceed the batch slot of {desc.row_size} bytes "
+                f"of cache {cache_id}")
+        spans = slot_spans(desc, indices, batch, spec.size, spec.offset, missing_code=StatusCode.LLM_KV_CACHE_NOT_EXIST)
+    got = total_length(spans)
+    require(spec.expected_bytes == got,
+            f"size mismatch: requester expects {spec.expected_bytes} bytes, cache {cache_id} of cluster "
+            f"{cluster_id} has {got} bytes for that request")
+    return spans, indices

@@ -62,6 +62,9 @@ class CacheRegistry:
         self._slot_keys: dict[CacheId, dict[int, OwnerKey]] = {}   # contiguous: batch index -> key
         self._pulled: dict[OwnerKey, set[int]] = {}          # REQ key -> tensor indices pulled so far
         self._bytes_owned = 0
+        #: bumped by every change to what a peer may read (an entry added or retired, a key bound or unbound,
+        #: ``clear``) -- not by pin/unpin. A published read view (``readview``) is good while it is unchanged.
+        self.generation = 0
 
     # ---- entries -------------------------------------------------------------------------------
 
@@ -70,6 +73,7 @@ class CacheRegistry:
         require(isinstance(desc, CacheDesc), f"a cache needs a CacheDesc, got {type(desc).__name__}")
         cache_id = CacheId(self._next_id)
         self._next_id += 1
+        self.generation += 1
         entry = CacheEntry(cache_id, desc, bool(is_blocks), bool(owned), bool(remote_accessible), memory)
         self._live[cache_id] = entry
         self._cache_keys[cache_id] = {}
@@ -256,6 +260,7 @@ class CacheRegistry:
 
     def clear(self) -> list[CacheEntry]:
         """Engine finalize: every entry, pinned or not, leaves the registry and is returned."""
+        self.generation += 1
         out = list(self._live.values()) + list(self._draining.values())
         for entry in out:
             entry.id_held = False
@@ -276,10 +281,12 @@ class CacheRegistry:
                 f"cache key at position {position} must be a CacheKey (req_id or prefix_id), got {key!r}")
 
     def _bind(self, key: OwnerKey, cache_id: CacheId, batch_index: int) -> None:
+        self.generation += 1
         self._keys[key] = (cache_id, batch_index)
         self._cache_keys[cache_id][key] = batch_index
 
     def _unbind(self, key: OwnerKey) -> None:
+        self.generation += 1
         cache_id, batch_index = self._keys.pop(key)
         del self._cache_keys[cache_id][key]
         slots = self._slot_keys.get(cache_id)
@@ -297,6 +304,7 @@ class CacheRegistry:
     def _retire(self, entry: CacheEntry) -> list[CacheEntry]:
         """Make the entry unaddressable; free it now or when its last pin goes."""
         cache_id = entry.cache_id
+        self.generation += 1   # before anything can be freed (``Engine._free``: see ``readview``)
         for key in list(self._cache_keys[cache_id]):
             self._unbind(key)
         del self._cache_keys[cache_id]

@@ -10,8 +10,11 @@ import logging
 import time
 from typing import Callable
 
+from .. import ownerwire, readview
 from ..core.errors import DataDistError, StatusCode
+from ..metrics import track_transfer
 from ..ownercalls import (
+    INLINE_READ_MAX,
     CommitWriteCmd,
     DoneReadCmd,
     FrameCalls,
@@ -26,7 +29,7 @@ from ..ownercalls import (
     UnlinkCmd,
 )
 from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
-from .model import RemoteLink
+from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
 
@@ -43,6 +46,7 @@ class OwnerCalls:
     def __init__(self, table: LinkTable, owner: Owner) -> None:
         self.table = table
         self.owner = owner
+        self.loop_frames = 0   # control frames the event loop handled (tests: reader-thread reads add none)
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -88,6 +92,8 @@ class OwnerCalls:
                 loop.call_soon(drain)
 
         def handler(kind: int, payload: bytes) -> None:
+            if kind == CONTROL_CALL and ownerwire.is_inline_read(payload) and self._answer_here(link, payload):
+                return
             inbox.append((kind, payload))
             if len(inbox) == 1:   # the queue was empty: nothing scheduled to drain it (see ``drain``)
                 try:
@@ -97,7 +103,42 @@ class OwnerCalls:
 
         return handler
 
+    def _answer_here(self, link: RemoteLink, payload: bytes) -> bool:
+        """A small read answered by the data reader thread that read it (``readview``): the bytes by the
+        engine's published read view, the reply sent on an idle connection without blocking. False, with
+        nothing sent and nothing counted, for anything else -- a stale view, another key, a refusal, a busy
+        connection, an error: the event loop answers it as before, with its status code. A reader thread
+        answers one frame at a time, so this holds at most one reply per connection."""
+        table = self.table
+        if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+                or not link.usage.has_turn(table.node.link_limits)):   # at its call cap: the loop queues or refuses
+            return False
+        link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
+        try:
+            cmd = ownerwire.decode_read(payload)
+        except Exception:   # noqa: BLE001 - a frame the event loop refuses (or drops) with its status code
+            return False
+        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
+            try:
+                data = readview.read_now(table.engine, cmd.spec, INLINE_READ_MAX)
+                channel = table.channel_of(link)
+                sent = data is not None and channel is not None and not channel.broken and channel.try_control(
+                    CONTROL_REPLY, table.node.call_codec.encode_reply(
+                        OwnerReply(cmd.command_id, nbytes=len(data), data=data)),
+                    time.monotonic() + self._reply_seconds())
+            except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
+                sent = False
+            if not sent or data is None:
+                tracked.hand_on()
+                return False
+            tracked.done(len(data), len(cmd.spec.blocks))
+        with link.reader_lock:
+            link.reader_bytes_out += len(data)
+            link.reader_reads += 1
+        return True
+
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
+        self.loop_frames += 1
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
         codec = self.table.node.call_codec
         try:
@@ -114,8 +155,11 @@ class OwnerCalls:
             log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
                         link.remote_cluster, exc.message)
             return
-        if isinstance(cmd, ReadCmd) and cmd.inline and self._answer_inline_now(link, cmd):
-            return
+        if isinstance(cmd, ReadCmd) and cmd.inline:
+            if self.table.reads is None and not readview.current(self.table.engine):
+                readview.publish(self.table.engine)   # what the reader threads read the next ones by
+            if self._answer_inline_now(link, cmd):
+                return
         self.table.spawn(self._answer(link, cmd))
 
     async def _answer(self, link: RemoteLink, cmd: OwnerCall) -> None:

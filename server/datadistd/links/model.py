@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -58,6 +59,16 @@ class Link(abc.ABC):
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     usage: LinkUsage = field(default_factory=LinkUsage)   # what the other end holds here ([quota] link_*)
     peer: str = ""                                  # the other daemon's source address (admission.source_key)
+    # reads answered by the data reader threads (``readview``, ``OwnerCalls._answer_here``): bytes and count,
+    # under ``reader_lock`` (``bytes_out`` stays the event loop's)
+    reader_bytes_out: int = 0
+    reader_reads: int = 0
+    reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this end sent the other over the link: the event loop's count and the reader threads'."""
+        return self.bytes_out + self.reader_bytes_out
 
     @property
     def principal(self) -> str:

@@ -13,6 +13,8 @@ import numpy as np
 
 __all__ = ["pair_rows"]
 
+_U64_MAX = (1 << 64) - 1
+
 
 def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``src``/``dst``: ``(N, 2)`` arrays of ``(address, length)`` whose lengths add up to the same total.
@@ -24,6 +26,13 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     their rows pair up as they are; otherwise the two sorted lists of cut points are merged."""
     src = np.asarray(src, dtype=np.uint64).reshape(-1, 2)
     dst = np.asarray(dst, dtype=np.uint64).reshape(-1, 2)
+    n = len(src)
+    if n and n == len(dst):
+        lengths = src[:, 1]
+        # the usual case, in a few array operations: the same non-empty lengths row by row (so the same cuts),
+        # none so long that the sum of n of them could wrap 64 bits
+        if (lengths == dst[:, 1]).all() and lengths.min() > 0 and int(lengths.max()) <= _U64_MAX // n:
+            return _joined(src, dst, lengths, src[:, 0], dst[:, 0], True)
     if len(src) and not src[:, 1].all():
         src = src[src[:, 1] > 0]
     if len(dst) and not dst[:, 1].all():
@@ -57,7 +66,13 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
             return rows[i, 0] + (starts - row_start)
 
         s_addr, d_addr = place(src, s_end), place(dst, d_end)
-    # a piece opens a new row unless it continues the previous one on both sides
+    return _joined(src, dst, lengths, s_addr, d_addr, same_cuts)
+
+
+def _joined(src: np.ndarray, dst: np.ndarray, lengths: np.ndarray, s_addr: np.ndarray, d_addr: np.ndarray,
+            same_cuts: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces ``lengths`` at ``s_addr`` / ``d_addr`` as rows, each piece that continues the previous one on
+    both sides merged into it (``src``, ``dst`` themselves when they are the pieces and none merges)."""
     joined = np.zeros(len(lengths), dtype=bool)
     joined[1:] = (s_addr[1:] == s_addr[:-1] + lengths[:-1]) & (d_addr[1:] == d_addr[:-1] + lengths[:-1])
     if same_cuts and not joined.any():

@@ -24,7 +24,9 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     inputs themselves when they pair up one to one already: the usual shuffled blocks of one size).
 
     Array operations only, linear in the rows: when both sides cut the stream at the same places
-    their rows pair up as they are; otherwise the two sorted lists of cut points are merged."""
+    their rows pair up as they are; when every row is whole blocks of one size (runs of adjacent blocks
+    merged at different places on the two sides) the rows are spread over the blocks (``_units``);
+    otherwise the two sorted lists of cut points are merged."""
     src = np.asarray(src, dtype=np.uint64).reshape(-1, 2)
     dst = np.asarray(dst, dtype=np.uint64).reshape(-1, 2)
     n = len(src)

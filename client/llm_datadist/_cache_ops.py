@@ -127,7 +127,9 @@ def check_range(name: str, value: Optional[range]) -> None:
 def check_blocks(name: str, blocks: Any) -> List[int]:
     v.check_isinstance(name, blocks, [list, tuple])
     out = list(blocks or ())
-    for b in out:
+    if out and set(map(type, out)) == {int} and min(out) >= 0 and max(out) <= UINT64_MAX:
+        return out   # every element a plain int in range, found by C loops (the usual list of block numbers)
+    for b in out:   # anything else: element by element, each refusal as check_uint64 words it
         v.check_uint64(f"{name} element", b)
     return out
 

@@ -143,6 +143,47 @@ def test_pair_rows_equals_the_byte_by_byte_oracle(case: tuple[np.ndarray, np.nda
     assert [tuple(r) for r in s.tolist()] == want_s and [tuple(r) for r in d.tolist()] == want_d
 
 
+@st.composite
+def block_sides(draw):  # noqa: ANN001, ANN201
+    """Both sides' rows of a stream of blocks of one size (a power of two or not): each side merges runs of
+    adjacent blocks into one row at its own places, rows shuffled in memory, a zero-length row at times --
+    the pieces are then the blocks (``pieces._units``), or the sorted cuts when rows are long."""
+    unit = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
+    nblocks = draw(st.integers(1, 40))
+
+    def side(base: int) -> np.ndarray:
+        cuts = sorted(set(draw(st.lists(st.integers(1, nblocks - 1), max_size=nblocks)))) if nblocks > 1 else []
+        bounds = [0, *cuts, nblocks]
+        lengths = [(hi - lo) * unit for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        slots = draw(st.permutations(range(len(lengths))))
+        width = max(lengths) + draw(st.sampled_from([0, unit, 5]))
+        rows = [(base + slots[k] * width, n) for k, n in enumerate(lengths)]
+        if draw(st.booleans()):
+            rows.insert(draw(st.integers(0, len(rows))), (base, 0))
+        return np.array(rows, dtype=np.uint64)
+
+    return side(1000), side(1 << 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(block_sides())
+def test_pair_rows_of_merged_block_runs_equals_the_oracle(case: tuple[np.ndarray, np.ndarray]) -> None:
+    src, dst = case
+    s, d = pair_rows(src, dst)
+    want_s, want_d = oracle_pairs(src, dst)
+    assert s.dtype == d.dtype == np.uint64
+    assert [tuple(r) for r in s.tolist()] == want_s and [tuple(r) for r in d.tolist()] == want_d
+
+
+def test_pair_rows_of_runs_cut_apart_in_one_row_each() -> None:
+    """Long rows cut at different places (more units than ``_UNITS_PER_ROW`` a row): the sorted cuts, same rows."""
+    src = np.array([[1 << 30, 4096 * 100], [3 << 30, 4096 * 100]], dtype=np.uint64)
+    dst = np.array([[5 << 30, 4096], [7 << 30, 4096 * 199]], dtype=np.uint64)
+    s, d = pair_rows(src, dst)
+    assert s.tolist() == [[1 << 30, 4096], [(1 << 30) + 4096, 4096 * 99], [3 << 30, 4096 * 100]]
+    assert d.tolist() == [[5 << 30, 4096], [7 << 30, 4096 * 99], [(7 << 30) + 4096 * 99, 4096 * 100]]
+
+
 def test_pair_rows_of_shuffled_blocks_keeps_one_row_per_block() -> None:
     rng = np.random.default_rng(3)
     n, block = 5000, 16384

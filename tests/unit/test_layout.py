@@ -304,3 +304,19 @@ def test_layer_ranges_match_python_range_arithmetic(start: int, length: int, per
     # the inclusive C++ pair of the same layers gives the same tensors
     first, second = inclusive_pair_to_range(start, stop - 1)
     assert layer_range_to_tensor_indices(first, second, per, n) == got
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 12), st.booleans(), st.integers(0, 9).map(np.int64), st.none(),
+                          st.floats(0, 9)), min_size=1, max_size=12))
+def test_block_lists_are_checked_element_by_element_unless_all_plain_ints(blocks: list[object]) -> None:
+    """A list of plain in-range ints passes at once; anything else fails naming its first bad element, as a check
+    of each element (``_is_int`` and the range) would."""
+    desc = CacheDesc(1, (10, 4), DType.DT_UINT8)
+    bad = next((i for i, b in enumerate(blocks) if not (isinstance(b, int) and not isinstance(b, bool)
+                                                         and 0 <= b < 10)), None)
+    if bad is None:
+        assert block_spans(desc, [0], blocks, "dst").nbytes == 4 * len(blocks)
+    else:
+        with pytest.raises(DataDistError, match=rf"dst_blocks\[{bad}\] = "):
+            block_spans(desc, [0], blocks, "dst")

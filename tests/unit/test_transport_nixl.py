@@ -379,6 +379,10 @@ def test_pair_rows_refuses_lengths_that_wrap_the_sum_around() -> None:
     """A peer's rows whose 64-bit sum wraps to this side's total: refused, not cut into pieces past our rows."""
     with pytest.raises(ValueError, match="2\\*\\*64"):
         pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63 + 4096]], np.uint64), np.array([[0x5000, 4096]], np.uint64))
+    # the same lengths row by row on both sides (the one-to-one case, checked in fewer steps): refused alike
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63]], np.uint64),
+                  np.array([[0x5000, 2**63], [0x7000, 2**63]], np.uint64))
 
 
 def test_pair_rows_refuses_different_totals() -> None:

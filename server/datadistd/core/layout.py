@@ -117,7 +117,7 @@ def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "")
         ok = min(rows) >= 0 and max(rows) < n
     except TypeError:
         ok = False
-    if ok and all(type(b) is int for b in rows):  # fast path for plain ints
+    if ok and set(map(type, rows)) == {int}:  # fast path for plain ints (the types found by a C loop)
         return
     for i, b in enumerate(rows):
         if not (_is_int(b) and 0 <= b < n):

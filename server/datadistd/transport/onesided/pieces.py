@@ -13,6 +13,9 @@ import numpy as np
 
 __all__ = ["pair_rows"]
 
+_U64_MAX = (1 << 64) - 1
+_UNITS_PER_ROW = 4   # at most this many units per row of both sides, else the sorted cuts (``_units``)
+
 
 def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``src``/``dst``: ``(N, 2)`` arrays of ``(address, length)`` whose lengths add up to the same total.
@@ -21,9 +24,18 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     inputs themselves when they pair up one to one already: the usual shuffled blocks of one size).
 
     Array operations only, linear in the rows: when both sides cut the stream at the same places
-    their rows pair up as they are; otherwise the two sorted lists of cut points are merged."""
+    their rows pair up as they are; when every row is whole blocks of one size (runs of adjacent blocks
+    merged at different places on the two sides) the rows are spread over the blocks (``_units``);
+    otherwise the two sorted lists of cut points are merged."""
     src = np.asarray(src, dtype=np.uint64).reshape(-1, 2)
     dst = np.asarray(dst, dtype=np.uint64).reshape(-1, 2)
+    n = len(src)
+    if n and n == len(dst):
+        lengths = src[:, 1]
+        # the usual case, in a few array operations: the same non-empty lengths row by row (so the same cuts),
+        # none so long that the sum of n of them could wrap 64 bits
+        if (lengths == dst[:, 1]).all() and lengths.min() > 0 and int(lengths.max()) <= _U64_MAX // n:
+            return _joined(src, dst, lengths, src[:, 0], dst[:, 0], True)
     if len(src) and not src[:, 1].all():
         src = src[src[:, 1] > 0]
     if len(dst) and not dst[:, 1].all():
@@ -44,6 +56,10 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     if same_cuts:
         # both sides cut the stream at the same places (the usual case: blocks of one size on both sides)
         lengths, s_addr, d_addr = src[:, 1], src[:, 0], dst[:, 0]
+    elif (units := _units(src, dst, total)) is not None:
+        # runs of blocks of one size, cut differently on the two sides (adjacent blocks merged into one row on
+        # one side only): the pieces are the blocks, each side's rows spread over them -- no search
+        lengths, s_addr, d_addr = units
     else:
         # sorted ends of the pieces: two sorted runs, which a stable sort (timsort) merges in linear time
         both = np.sort(np.concatenate([s_end, d_end]), kind="stable")
@@ -57,7 +73,39 @@ def pair_rows(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]
             return rows[i, 0] + (starts - row_start)
 
         s_addr, d_addr = place(src, s_end), place(dst, d_end)
-    # a piece opens a new row unless it continues the previous one on both sides
+    return _joined(src, dst, lengths, s_addr, d_addr, same_cuts)
+
+
+def _units(src: np.ndarray, dst: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The stream cut into units of ``g``, a common divisor of every row length (each row is whole units, so every
+    cut of either side is a unit boundary): ``(lengths, s_addr, d_addr)`` of the units, or None when there would
+    be more than ``_UNITS_PER_ROW`` units per row of both sides (long rows whose lengths share only a small
+    divisor: the sorted cuts are cheaper then). ``g`` is the shortest row when it is a power of two dividing
+    every length (blocks of one size: masks and shifts), else the greatest common divisor."""
+    lengths = np.concatenate([src[:, 1], dst[:, 1]])
+    g = int(lengths.min())
+    if g & (g - 1) == 0 and not (lengths & np.uint64(g - 1)).any():
+        counts = lengths >> np.uint64(g.bit_length() - 1)
+    else:
+        g = int(np.gcd.reduce(lengths))
+        counts = lengths // np.uint64(g)
+    units = total // g
+    if units > _UNITS_PER_ROW * len(lengths):
+        return None
+    step = np.arange(units, dtype=np.uint64) * np.uint64(g)
+
+    def spread(rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        first = np.cumsum(counts) - counts     # each row's first unit
+        # a unit's address: its row's address + (unit - the row's first unit) * g, in modular uint64 arithmetic
+        return np.repeat(rows[:, 0] - first * np.uint64(g), counts.astype(np.intp)) + step
+
+    return np.full(units, g, dtype=np.uint64), spread(src, counts[:len(src)]), spread(dst, counts[len(src):])
+
+
+def _joined(src: np.ndarray, dst: np.ndarray, lengths: np.ndarray, s_addr: np.ndarray, d_addr: np.ndarray,
+            same_cuts: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces ``lengths`` at ``s_addr`` / ``d_addr`` as rows, each piece that continues the previous one on
+    both sides merged into it (``src``, ``dst`` themselves when they are the pieces and none merges)."""
     joined = np.zeros(len(lengths), dtype=bool)
     joined[1:] = (s_addr[1:] == s_addr[:-1] + lengths[:-1]) & (d_addr[1:] == d_addr[:-1] + lengths[:-1])
     if same_cuts and not joined.any():

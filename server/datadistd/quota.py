@@ -167,8 +167,7 @@ class LinkUsage:
 
     def try_enter_call(self, limits: LinkLimits) -> bool:
         """``enter_call`` when there is a turn at once (none waits, the cap not reached); else False, nothing taken."""
-        cap = limits.calls_in_flight
-        if cap and (self.calls >= cap or self._turns):
+        if not self.has_turn(limits):
             return False
         self.calls += 1
         return True

@@ -121,11 +121,8 @@ class OwnerCalls:
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
             try:
                 data = readview.read_now(table.engine, cmd.spec, INLINE_READ_MAX)
-                channel = table.channel_of(link)
-                sent = data is not None and channel is not None and not channel.broken and channel.try_control(
-                    CONTROL_REPLY, table.node.call_codec.encode_reply(
-                        OwnerReply(cmd.command_id, nbytes=len(data), data=data)),
-                    time.monotonic() + self._reply_seconds())
+                sent = data is not None and self._try_reply(link, OwnerReply(cmd.command_id, nbytes=len(data),
+                                                                             data=data))
             except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
                 sent = False
             if not sent or data is None:
@@ -216,11 +213,8 @@ class OwnerCalls:
                 reply = OwnerReply(cmd.command_id, nbytes=len(got[0]), release_needed=got[1], data=got[0])
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
-            channel = self.table.channel_of(link)
-            payload = self.table.node.call_codec.encode_reply(reply)
             try:
-                if channel is not None and not channel.broken and channel.try_control(
-                        CONTROL_REPLY, payload, time.monotonic() + self._reply_seconds()):
+                if self._try_reply(link, reply):
                     return True
             except DataDistError as exc:
                 log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id,
@@ -244,13 +238,12 @@ class OwnerCalls:
         It counts as one of the link's owner calls until the reply is out, so a peer that asks and stops reading
         holds at most ``link_calls_in_flight`` replies here."""
         limits = self.table.node.link_limits
-        if not link.usage.try_enter_call(limits):
-            timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
-            try:
-                await link.usage.enter_call(limits, time.monotonic() + timeout / 1000)
-            except DataDistError as exc:
-                await self._reply(link, OwnerReply(cmd.command_id, int(exc.code), exc.message))
-                return
+        timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
+        try:
+            await link.usage.enter_call(limits, time.monotonic() + timeout / 1000)
+        except DataDistError as exc:
+            await self._reply(link, OwnerReply(cmd.command_id, int(exc.code), exc.message))
+            return
         try:
             try:
                 data, release = await self.owner.read_inline(link, cmd.spec)
@@ -260,6 +253,13 @@ class OwnerCalls:
             await self._reply(link, reply)
         finally:
             link.usage.exit_call()
+
+    def _try_reply(self, link: RemoteLink, reply: OwnerReply) -> bool:
+        """``reply`` on an idle connection of the link without blocking (any thread); False, nothing sent, when
+        none takes it now or the link has no live channel."""
+        channel = self.table.channel_of(link)
+        return channel is not None and not channel.broken and channel.try_control(
+            CONTROL_REPLY, self.table.node.call_codec.encode_reply(reply), time.monotonic() + self._reply_seconds())
 
     def _reply_seconds(self) -> float:
         return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)

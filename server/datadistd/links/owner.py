@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Awaitable, Sequence
+from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
@@ -57,34 +57,26 @@ class Owner:
         as ``read_for`` checks them) and whether the requester must release the key, copied out under a pin that
         ends here -- nothing stays pinned while the reply travels. None, with nothing held, when the memory is
         not mapped in the daemon (its copy may block: ``read_inline`` copies it in a thread)."""
-        return self._read_inline(link, spec, now=True)   # type: ignore[return-value]
-
-    async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
-        """``read_inline_now``; memory read by system call or device copy is copied in a thread, as the peer."""
-        got = self._read_inline(link, spec, now=False)
-        if isinstance(got, tuple):
-            return got
-        assert got is not None
-        return await got
-
-    def _read_inline(self, link: Link, spec: RemoteSpec, now: bool
-                     ) -> tuple[bytes, bool] | None | Awaitable[tuple[bytes, bool]]:
         require(spec.expected_bytes <= INLINE_READ_MAX,
                 f"an inline read of {spec.expected_bytes} bytes; at most {INLINE_READ_MAX}")
         table = self.table
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
             cache_id, src, release = table.engine.prepare_read(spec)
-            if not all_mapped(src):
-                table.engine.unpin(cache_id)
-                tracked.hand_on()
-                return None if now else self._read_in_thread(link, spec)
             try:
+                if not all_mapped(src):
+                    tracked.hand_on()   # counted by ``_read_in_thread``'s own tracker
+                    return None
                 data = read_bytes(src)
             finally:
                 table.engine.unpin(cache_id)
             tracked.done(len(data), len(spec.blocks))
         link.bytes_out += len(data)
         return data, release
+
+    async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
+        """``read_inline_now``; memory read by system call or device copy is copied in a thread, as the peer."""
+        now = self.read_inline_now(link, spec)
+        return now if now is not None else await self._read_in_thread(link, spec)
 
     async def _read_in_thread(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
         table = self.table

@@ -253,6 +253,10 @@ def all_mapped(segments: Sequence[Segment]) -> bool:
     return all(h.view() is not None for h in SegmentTable.of(segments).handles)
 
 
+#: the most pieces ``read_bytes`` / ``write_bytes`` slice one by one (more: ``copy_segments``' array arithmetic)
+_FEW = 64
+
+
 def _views(table: SegmentTable, writable: bool) -> list[memoryview] | None:
     """Byte views of every handle of a small table, or None (a handle without one, or too many pieces)."""
     if len(table) > _FEW:
@@ -307,7 +311,3 @@ def write_bytes(dst: Sequence[Segment], data: bytes) -> None:
     for v, o, n in pieces:
         v[o:o + n] = src[at:at + n]
         at += n
-
-
-#: the most pieces ``read_bytes`` / ``write_bytes`` slice one by one (more: ``copy_segments``' array arithmetic)
-_FEW = 64

@@ -94,7 +94,13 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
     Close();
     return Fail("Initialize", llm_datadist::LLM_FAILED, "datadistd answered the hello without a welcome");
   }
-  capability_hex_ = Hex(reply.welcome().capability());
+  capability_ = reply.welcome().capability();
+  capability_hex_ = Hex(capability_);
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
+    daemon_pid_ = cred.pid;
+  }
   if (!reply.welcome().memory_backend().empty()) {
     memory_backend_ = reply.welcome().memory_backend();
   }
@@ -236,6 +242,25 @@ Status AttachClient::ImportMemory(const std::vector<int> &fds,
   datadist::v1::AttachReply reply;
   int fd = -1;
   const Status st = Call(req, func, fds, 30000, &reply, &fd);
+  if (fd >= 0) {
+    (void)close(fd);
+  }
+  if (st == llm_datadist::LLM_SUCCESS) {
+    *memory_id = reply.imported().memory_id();
+  }
+  return st;
+}
+
+Status AttachClient::ImportDeviceMemory(const std::string &key, int32_t device, uint64_t length, const char *func,
+                                        uint64_t *memory_id) {
+  datadist::v1::AttachRequest req;
+  auto *msg = req.mutable_import_memory();
+  msg->set_device_key(key);
+  msg->set_device_id(device);
+  msg->set_length(length);
+  datadist::v1::AttachReply reply;
+  int fd = -1;
+  const Status st = Call(req, func, {}, 30000, &reply, &fd);
   if (fd >= 0) {
     (void)close(fd);
   }

@@ -38,11 +38,17 @@ class AttachClient {
 
   Status ImportMemory(const std::vector<int> &fds, const std::vector<std::pair<uint64_t, uint64_t>> &pieces,
                       uint64_t offset, uint64_t length, const char *func, uint64_t *memory_id);
+  // NPU memory (memory backend "acl"): `length` bytes behind an IPC key exported for the daemon's pid.
+  Status ImportDeviceMemory(const std::string &key, int32_t device, uint64_t length, const char *func,
+                            uint64_t *memory_id);
   void ReleaseMemory(const std::vector<uint64_t> &memory_ids);
   Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd, uint64_t *size);
   Status Transfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms);
 
+  const std::string &capability() const { return capability_; }
   const std::string &capability_hex() const { return capability_hex_; }
+  // the daemon's pid as the kernel reports it for this connection (SO_PEERCRED), never what a message says
+  int32_t daemon_pid() const { return daemon_pid_; }
   const std::string &memory_backend() const { return memory_backend_; }
   bool broken() const;
 
@@ -54,7 +60,9 @@ class AttachClient {
   uint64_t next_id_ = 1U;
   std::string path_;
   std::string broken_;  // why the connection is gone ("" while it works)
+  std::string capability_;
   std::string capability_hex_;
+  int32_t daemon_pid_ = -1;
   std::string memory_backend_ = "host";
 };
 

@@ -29,6 +29,7 @@
 #include "attach.h"
 #include "common.h"
 #include "datadist/v1/datadist.grpc.pb.h"
+#include "npu.h"
 #include "private_daemon.h"
 #include "share.h"
 
@@ -163,7 +164,7 @@ class __attribute__((visibility("hidden"))) LlmDataDist::LlmDataDistImpl {
   Status CheckInit(const char *func) const;
   Status Register(const char *func, const CacheDesc &desc, const std::vector<uint64_t> &addrs, bool is_blocks,
                   int64_t model_id, int64_t *cache_id);
-  Status HandOver(const char *func, uint64_t addr, uint64_t size, pb::WorkerMemory *mem);
+  Status HandOver(const char *func, uint64_t addr, uint64_t size, bool npu, pb::WorkerMemory *mem);
   Status MapPool(const char *func, const pb::SharedExport &t, uint64_t *addr);
   bool Twin(int64_t cache_id, int64_t *twin, CacheDesc *desc);
   void ReleaseAttached(const pb::RegisterCacheRequest &req);
@@ -173,6 +174,7 @@ class __attribute__((visibility("hidden"))) LlmDataDist::LlmDataDistImpl {
   bool initialized_ = false;
   bool linked_once_ = false;
   uint64_t engine_id_ = 0U;
+  int32_t device_id_ = 0;
   int sync_timeout_ms_ = 1000;
   std::unique_ptr<datadist_cpp::PrivateDaemon> private_daemon_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -339,6 +341,7 @@ Status LlmDataDist::LlmDataDistImpl::Initialize(const std::map<AscendString, Asc
     return st;
   }
   engine_id_ = resp.engine_id();
+  device_id_ = static_cast<int32_t>(resp.device_id());
   initialized_ = true;
   Log(LogLevel::kInfo, "initialized: cluster " + std::to_string(cluster_id_) + ", engine " +
                            std::to_string(engine_id_) + " via " + target);
@@ -462,7 +465,14 @@ Status LlmDataDist::LlmDataDistImpl::Link(bool unlink, const std::vector<Cluster
 
 // ---- memory -----------------------------------------------------------------------------------------------------
 
-Status LlmDataDist::LlmDataDistImpl::HandOver(const char *func, uint64_t addr, uint64_t size, pb::WorkerMemory *mem) {
+Status LlmDataDist::LlmDataDistImpl::HandOver(const char *func, uint64_t addr, uint64_t size, bool npu,
+                                              pb::WorkerMemory *mem) {
+  if (npu) {
+    uint64_t memory_id = 0U;
+    const Status st = datadist_cpp::HandOverDeviceMemory(attach_, addr, size, device_id_, func, &memory_id);
+    if (st == LLM_SUCCESS) mem->mutable_attached()->set_memory_id(memory_id);
+    return st;
+  }
   datadist_cpp::Shared shared;
   std::string why;
   if (!datadist_cpp::Share(addr, size, &shared, &why)) return Fail(func, LLM_PARAM_INVALID, why);
@@ -526,9 +536,11 @@ Status LlmDataDist::LlmDataDistImpl::Register(const char *func, const CacheDesc 
     req.mutable_blocks_key()->set_cluster_id(cluster_id_);
     req.mutable_blocks_key()->set_model_id(static_cast<uint64_t>(model_id));
   }
+  // DEVICE tensors of a daemon keeping them in NPU memory (backend acl) go by ACL IPC; the rest as files
+  const bool npu = desc.placement == CachePlacement::kDevice && attach_.memory_backend() == "acl";
   for (uint64_t a : addrs) {
     pb::WorkerMemory mem;
-    st = HandOver(func, a, size, &mem);
+    st = HandOver(func, a, size, npu, &mem);
     if (st != LLM_SUCCESS) {
       ReleaseAttached(req);
       return st;

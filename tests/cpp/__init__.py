@@ -42,8 +42,8 @@ def compile_program(source: Path, out: Path, *flags: str) -> Path:
     """``g++ source $(pkg-config --cflags --libs llm_datadist)`` with ``flags`` (e.g. the old libstdc++ ABI)."""
     pc = subprocess.run(["pkg-config", "--cflags", "--libs", "llm_datadist"], capture_output=True, text=True,
                         env=_env(), check=True).stdout.split()
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", *flags, str(source), "-o", str(out),
-                        *pc], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(out), *pc,
+                        *flags], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"compiling {source.name} failed:\n{r.stderr[-4000:]}")
     return out

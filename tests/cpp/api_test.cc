@@ -4,6 +4,7 @@
 //   api_test pair <target A> <target B> <port>        a prompt on A and a decoder on B in this process: transfers
 //   api_test dead <target>                            READY, then (the daemon killed) every call fails cleanly
 //   api_test private                                  no DATADIST_DAEMON: the library's private daemon
+//   api_test private_refused                          ... refused: the per-user secret is readable by others
 // Prints "ok <check>" / "FAIL <check>: ..." per check; exits 1 when a check failed.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -386,6 +387,15 @@ int Private() {
   dd.Finalize();
   return g_failed == 0 ? 0 : 1;
 }
+
+// the per-user peer secret is not this user's alone: no private daemon is started with it
+int PrivateRefused() {
+  LlmDataDist dd(1U, LlmRole::kPrompt);
+  std::map<AscendString, AscendString> o;
+  o[OPTION_DEVICE_ID] = "0";
+  Expect("private_unsafe_secret", dd.Initialize(o), LLM_FAILED);
+  return g_failed == 0 ? 0 : 1;
+}
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -394,6 +404,7 @@ int main(int argc, char **argv) {
   if (scenario == "pair" && argc == 5) return Pair(argv[2], argv[3], std::atoi(argv[4]));
   if (scenario == "dead" && argc == 3) return Dead(argv[2]);
   if (scenario == "private" && argc == 2) return Private();
+  if (scenario == "private_refused" && argc == 2) return PrivateRefused();
   std::fprintf(stderr, "usage: api_test local TARGET | pair TARGET_A TARGET_B PORT | dead TARGET | private\n");
   return 2;
 }

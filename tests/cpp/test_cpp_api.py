@@ -96,3 +96,26 @@ def test_private_daemon_without_configuration(api_test, tmp_path) -> None:
     leftover = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("datadist-cpp-*")
                 if p.stat().st_uid == os.getuid() and any(p.iterdir())]
     assert not leftover, leftover
+
+
+@pytest.mark.parametrize("plant", ["group_readable_file", "symlink", "open_directory"])
+def test_private_daemon_refuses_a_secret_others_can_read_or_plant(api_test, tmp_path, plant) -> None:
+    """The per-user secret must be this user's alone: a file others can read, a symlink someone planted, or a
+    directory others can write stops Initialize (LLM_FAILED, saying which path) -- no daemon runs with it."""
+    os.chmod(tmp_path, 0o700)
+    secret_dir = tmp_path / "datadist"
+    secret_dir.mkdir(mode=0o700)
+    secret = secret_dir / "peer.secret"
+    if plant == "group_readable_file":
+        secret.write_text("known\n")
+        secret.chmod(0o644)
+    elif plant == "symlink":
+        target = tmp_path / "elsewhere"
+        target.write_text("known\n")
+        target.chmod(0o600)
+        secret.symlink_to(target)
+    else:
+        secret_dir.chmod(0o777)
+    env = {"PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}", "XDG_RUNTIME_DIR": str(tmp_path)}
+    r = run(api_test, "private_refused", env=env, timeout=60)
+    assert str(secret_dir) in r.stderr, r.stderr

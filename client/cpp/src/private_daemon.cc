@@ -48,7 +48,7 @@ bool Private(const struct stat &st) { return st.st_uid == getuid() && (st.st_mod
 
 // This user's peer secret (client/llm_datadist's datadistd.usersecret): made on first use, 0600 in a 0700
 // directory of this uid; anything else is refused rather than trusted.
-bool UserSecretFile(std::string *path, std::string *why) {
+bool UserSecretFile(std::string *path, std::string *why, bool retry = true) {
   std::string base;
   const char *runtime = std::getenv("XDG_RUNTIME_DIR");
   const char *config = std::getenv("XDG_CONFIG_HOME");
@@ -84,6 +84,10 @@ bool UserSecretFile(std::string *path, std::string *why) {
     }
     return ok;
   }
+  if (errno != ENOENT) {  // a symlink (O_NOFOLLOW), a file we may not read, ...: not ours to trust
+    *why = *path + " exists but cannot be opened as this user's own file: " + std::strerror(errno);
+    return false;
+  }
   unsigned char raw[32];
   if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
     *why = "getrandom failed";
@@ -104,10 +108,11 @@ bool UserSecretFile(std::string *path, std::string *why) {
   }
   const bool written = write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
   (void)close(fd);
-  if (!written || link(tmp.c_str(), path->c_str()) != 0) {
+  const int link_err = !written ? EIO : (link(tmp.c_str(), path->c_str()) != 0 ? errno : 0);
+  if (link_err != 0) {
     (void)unlink(tmp.c_str());
-    if (errno == EEXIST) {  // another process made it meanwhile
-      return UserSecretFile(path, why);
+    if (link_err == EEXIST && retry) {  // another process made it meanwhile: read it, once
+      return UserSecretFile(path, why, false);
     }
     *why = "cannot make " + *path;
     return false;
@@ -116,20 +121,25 @@ bool UserSecretFile(std::string *path, std::string *why) {
   return true;
 }
 
-bool Serving(const std::string &path) {
+bool Accepts(const std::string &path, int type) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
     return false;
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1U);
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     return false;
   }
   const bool ok = connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
   (void)close(fd);
   return ok;
+}
+
+// both of the daemon's worker sockets accept connections (it makes them one after the other)
+bool Serving(const std::string &socket) {
+  return Accepts(socket + ".attach", SOCK_SEQPACKET) && Accepts(socket, SOCK_STREAM);
 }
 }  // namespace
 
@@ -188,7 +198,7 @@ Status PrivateDaemon::Start(int timeout_ms) {
   }
   pid_ = pid;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!Serving(socket_ + ".attach")) {
+  while (!Serving(socket_)) {
     int wstatus = 0;
     if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
       pid_ = -1;

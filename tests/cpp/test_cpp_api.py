@@ -56,6 +56,9 @@ def test_transfers_between_two_daemons(api_test, daemon_factory) -> None:
     assert "[PullKvBlocks] failed, error code is LLM_KV_CACHE_NOT_EXIST" in r.stderr
     assert "[PullKvBlocks] failed, error code is LLM_PARAM_INVALID(0x5010B005), src_blocks[0] = 8 out of range" \
         in r.stderr
+    owner_log, requester_log = Path(dp.log_path).read_text(), Path(dd.log_path).read_text()
+    assert "LLM_KV_CACHE_NOT_EXIST: no cache is bound to BlocksCacheKey(model_id=9999)" in requester_log
+    assert "serve_read peer cluster 2 failed" in owner_log and "src_blocks[0] = 8 out of range" in owner_log
 
 
 def test_dead_daemon_fails_cleanly(api_test, daemon_factory) -> None:

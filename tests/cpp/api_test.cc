@@ -7,6 +7,10 @@
 //   api_test private_refused                          ... refused: the per-user secret is readable by others
 // Prints "ok <check>" / "FAIL <check>: ..." per check; exits 1 when a check failed.
 #include <sys/mman.h>
+#include <thread>
+#include <algorithm>
+#include <numeric>
+#include <random>
 #include <unistd.h>
 
 #include <cstdio>
@@ -327,6 +331,54 @@ int Pair(const char *target_a, const char *target_b, int port) {
   Expect("pull_unknown_local_cache", decoder.PullKvCache(Index(kP, pid), AsCache(9999, d)), LLM_PARAM_INVALID);
   Expect("pull_unlinked_other_cluster", decoder.PullKvCache(Index(5U, pid), dc), LLM_NOT_YET_LINK);
   Expect("set_role_with_links", decoder.SetRole(LlmRole::kPrompt), LLM_EXIST_LINK);
+
+  // block lists too long for one attach datagram go as the gRPC Pull (the Python client's rule): 20000 blocks
+  constexpr int64_t kMany = 20000;
+  CacheDesc many_desc = Desc();
+  many_desc.shape = {kMany, 1};
+  std::vector<std::vector<int32_t>> pm(kTensors, std::vector<int32_t>(kMany)), dm(kTensors, std::vector<int32_t>(kMany));
+  std::vector<uint64_t> pm_addrs, dm_addrs;
+  for (uint32_t t = 0; t < kTensors; ++t) {
+    std::iota(pm[t].begin(), pm[t].end(), static_cast<int32_t>(t) * 1000000);
+    pm_addrs.push_back(reinterpret_cast<uint64_t>(pm[t].data()));
+    dm_addrs.push_back(reinterpret_cast<uint64_t>(dm[t].data()));
+  }
+  int64_t pmid = -1, dmid = -1;
+  Expect("prompt_register_many", prompt.RegisterKvCache(many_desc, pm_addrs, {}, pmid), LLM_SUCCESS);
+  Expect("decoder_register_many", decoder.RegisterKvCache(many_desc, dm_addrs, {}, dmid), LLM_SUCCESS);
+  std::vector<uint64_t> src_list(kMany), dst_list(kMany);
+  std::iota(src_list.begin(), src_list.end(), 0U);
+  std::iota(dst_list.begin(), dst_list.end(), 0U);
+  std::shuffle(dst_list.begin(), dst_list.end(), std::mt19937(7));
+  Cache dmc{};
+  dmc.cache_id = dmid;
+  Expect("pull_20000_blocks", decoder.PullKvBlocks(Index(kP, pmid), dmc, src_list, dst_list), LLM_SUCCESS);
+  ok = true;
+  for (uint32_t t = 0; t < kTensors; ++t)
+    for (int64_t i = 0; i < kMany; ++i) ok = ok && dm[t][dst_list[i]] == pm[t][src_list[i]];
+  Check("pull_20000_blocks_bytes", ok);
+  // eight threads of one engine pull at once (one waits on the attach connection, the others go by gRPC)
+  for (auto &t : dm) std::fill(t.begin(), t.end(), 0);
+  std::vector<std::thread> threads;
+  std::vector<Status> results(8, LLM_FAILED);
+  for (int w = 0; w < 8; ++w) {
+    threads.emplace_back([&, w] {
+      Status last = LLM_SUCCESS;
+      for (int64_t b = w; b < 400 && last == LLM_SUCCESS; b += 8) {
+        last = decoder.PullKvBlocks(Index(kP, pmid), dmc, {static_cast<uint64_t>(b)}, {static_cast<uint64_t>(b + 1000)});
+      }
+      results[w] = last;
+    });
+  }
+  for (auto &t : threads) t.join();
+  ok = std::all_of(results.begin(), results.end(), [](Status r) { return r == LLM_SUCCESS; });
+  Check("pull_from_8_threads", ok);
+  ok = true;
+  for (uint32_t t = 0; t < kTensors; ++t)
+    for (int64_t b = 0; b < 400; ++b) ok = ok && dm[t][b + 1000] == pm[t][b];
+  Check("pull_from_8_threads_bytes", ok);
+  Expect("prompt_unregister_many", prompt.UnregisterKvCache(pmid), LLM_SUCCESS);
+  Expect("decoder_unregister_many", decoder.UnregisterKvCache(dmid), LLM_SUCCESS);
 
   Expect("unlink", decoder.UnlinkLlmClusters({Cluster(kP, static_cast<uint16_t>(port))}, rets), LLM_SUCCESS);
   Check("unlink_rets", rets.size() == 1U && rets[0] == LLM_SUCCESS);

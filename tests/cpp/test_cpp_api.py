@@ -23,7 +23,7 @@ def api_test(cpp_install: Path, tmp_path_factory) -> Path:
     """api_test.cc built against the installed header and library with CANN's sample flag (the old libstdc++
     ABI); the examples (test_cpp_examples.py) use the default ABI."""
     out = tmp_path_factory.mktemp("cpp") / "api_test"
-    return compile_program(HERE / "api_test.cc", out, "-D_GLIBCXX_USE_CXX11_ABI=0")
+    return compile_program(HERE / "api_test.cc", out, "-D_GLIBCXX_USE_CXX11_ABI=0", "-pthread")
 
 
 def run(binary: Path, *args: str, env: dict[str, str] | None = None,

@@ -121,8 +121,13 @@ Status AttachClient::Lost(const char *func, const std::string &why) {
 
 Status AttachClient::Call(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
                           int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out) {
-  *fd_out = -1;
   std::lock_guard<std::mutex> lock(mu_);
+  return CallLocked(request, func, fds, timeout_ms, reply, fd_out);
+}
+
+Status AttachClient::CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
+                                int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out) {
+  *fd_out = -1;
   if (!broken_.empty() || fd_ < 0) {
     return Fail(func, llm_datadist::LLM_FAILED, broken_.empty() ? "not attached to datadistd" : broken_);
   }
@@ -307,21 +312,29 @@ Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, con
   return llm_datadist::LLM_SUCCESS;
 }
 
-Status AttachClient::Transfer(bool push, const datadist::v1::TransferRequest &request, const char *func,
-                              int timeout_ms) {
+bool AttachClient::TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func,
+                               int timeout_ms, Status *status) {
   datadist::v1::AttachRequest req;
   if (push) {
     *req.mutable_push() = request;
   } else {
     *req.mutable_pull() = request;
   }
+  req.set_request_id(UINT64_MAX);  // the largest id: the size below holds for any real one
+  if (req.ByteSizeLong() > kMaxDatagram) {
+    return false;  // block lists too long for one datagram
+  }
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return false;  // another thread of this engine is waiting for its reply here
+  }
   datadist::v1::AttachReply reply;
   int fd = -1;
-  const Status st = Call(req, func, {}, timeout_ms, &reply, &fd);
+  *status = CallLocked(req, func, {}, timeout_ms, &reply, &fd);
   if (fd >= 0) {
     (void)close(fd);
   }
-  return st;
+  return true;
 }
 
 }  // namespace datadist_cpp

@@ -4,7 +4,8 @@
 // call carries; memory crosses as descriptors; pulls and pushes go as protobuf requests (protocol 2). The
 // connection is the engine's lease: closing it (or this process dying) releases the engine.
 //
-// One request at a time (a mutex): replies are read by the caller, each wait has a deadline.
+// One request at a time (a mutex): replies are read by the caller, each wait has a deadline; a transfer that
+// finds the connection busy goes as a gRPC call instead (TryTransfer), so threads of one engine pull in parallel.
 #ifndef DATADIST_CPP_ATTACH_H_
 #define DATADIST_CPP_ATTACH_H_
 
@@ -43,7 +44,11 @@ class AttachClient {
                             uint64_t *memory_id);
   void ReleaseMemory(const std::vector<uint64_t> &memory_ids);
   Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd, uint64_t *size);
-  Status Transfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms);
+  // A pull or push on this connection (no gRPC call: the local hot path). false when it cannot go here -- another
+  // thread of the engine is waiting on the connection, or the block lists do not fit one datagram -- and the
+  // caller sends it as the gRPC Pull / Push instead (as the Python client does for long lists).
+  bool TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms,
+                   Status *status);
 
   const std::string &capability() const { return capability_; }
   const std::string &capability_hex() const { return capability_hex_; }
@@ -54,6 +59,8 @@ class AttachClient {
 
  private:
   Status Lost(const char *func, const std::string &why);
+  Status CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
+                    int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out);
 
   mutable std::mutex mu_;
   int fd_ = -1;

@@ -801,7 +801,10 @@ Status LlmDataDist::LlmDataDistImpl::Transfer(const char *func, bool push, bool 
     for (uint64_t b : remote_blocks) req.add_remote_blocks(b);
     for (uint64_t b : local_blocks) req.add_local_blocks(b);
   }
-  return attach_.Transfer(push, req, func, sync_timeout_ms_ + kRpcMarginMs);
+  const int timeout = sync_timeout_ms_ + kRpcMarginMs;
+  if (attach_.TryTransfer(push, req, func, timeout, &st)) return st;
+  pb::TransferResponse resp;
+  return Rpc(push ? &pb::DataDist::Stub::Push : &pb::DataDist::Stub::Pull, req, &resp, func, timeout);
 }
 
 Status LlmDataDist::LlmDataDistImpl::CopyKvCache(const Cache &src, const Cache &dst, uint32_t src_batch,

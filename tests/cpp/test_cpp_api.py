@@ -93,12 +93,12 @@ def test_private_daemon_without_configuration(api_test, tmp_path) -> None:
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}", "XDG_RUNTIME_DIR": str(tmp_path),
            "DATADIST_CPP_LOG": "info"}
     os.chmod(tmp_path, 0o700)
+    private_dirs = Path(os.environ.get("TMPDIR", "/tmp"))
+    before = set(private_dirs.glob("datadist-cpp-*"))
     r = run(api_test, "private", env=env, timeout=120)
     assert "started a private datadistd" in r.stderr
     assert (tmp_path / "datadist" / "peer.secret").stat().st_mode & 0o077 == 0
-    leftover = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("datadist-cpp-*")
-                if p.stat().st_uid == os.getuid() and any(p.iterdir())]
-    assert not leftover, leftover
+    assert set(private_dirs.glob("datadist-cpp-*")) == before   # its directory is gone with it
 
 
 @pytest.mark.parametrize("plant", ["group_readable_file", "symlink", "open_directory"])
@@ -120,5 +120,8 @@ def test_private_daemon_refuses_a_secret_others_can_read_or_plant(api_test, tmp_
     else:
         secret_dir.chmod(0o777)
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}", "XDG_RUNTIME_DIR": str(tmp_path)}
+    private_dirs = Path(os.environ.get("TMPDIR", "/tmp"))
+    before = set(private_dirs.glob("datadist-cpp-*"))
     r = run(api_test, "private_refused", env=env, timeout=60)
     assert str(secret_dir) in r.stderr, r.stderr
+    assert set(private_dirs.glob("datadist-cpp-*")) == before

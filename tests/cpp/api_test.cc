@@ -19,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "llm_datadist/llm_datadist.h"
@@ -127,6 +128,10 @@ void AscendStrings() {
                                      std::string(moved.GetString()) == "1" && AscendString("x") == AscendString("x") &&
                                      AscendString("a") < AscendString("ab") && AscendString().GetLength() == 0U &&
                                      std::string(AscendString(nullptr).GetString()).empty());
+  std::unordered_map<AscendString, int> hashed{{"k", 1}};
+  Check("ascend_string_hash_and_find", hashed.count(AscendString("k", 1)) == 1U &&
+                                           AscendString("llm.DeviceId").Find("Device") == 4U &&
+                                           AscendString("abc").Find("x") == static_cast<size_t>(-1));
 }
 
 int Local(const char *target) {

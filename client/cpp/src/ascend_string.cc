@@ -74,6 +74,10 @@ const char *AscendString::GetString() const { return data_ == nullptr ? "" : dat
 size_t AscendString::GetLength() const { return length_; }
 size_t AscendString::Hash() const { return std::hash<std::string>()(std::string(GetString(), length_)); }
 
+size_t AscendString::Find(const AscendString &ascend_string) const {
+  return std::string(GetString(), length_).find(std::string(ascend_string.GetString(), ascend_string.GetLength()));
+}
+
 bool AscendString::operator<(const AscendString &d) const { return Compare(*this, d) < 0; }
 bool AscendString::operator>(const AscendString &d) const { return Compare(*this, d) > 0; }
 bool AscendString::operator<=(const AscendString &d) const { return Compare(*this, d) <= 0; }

@@ -101,6 +101,7 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
     daemon_pid_ = cred.pid;
   }
+  protocol_ = reply.welcome().protocol_version();
   if (!reply.welcome().memory_backend().empty()) {
     memory_backend_ = reply.welcome().memory_backend();
   }
@@ -321,8 +322,8 @@ bool AttachClient::TryTransfer(bool push, const datadist::v1::TransferRequest &r
     *req.mutable_pull() = request;
   }
   req.set_request_id(UINT64_MAX);  // the largest id: the size below holds for any real one
-  if (req.ByteSizeLong() > kMaxDatagram) {
-    return false;  // block lists too long for one datagram
+  if (protocol_ < 2U || req.ByteSizeLong() > kMaxDatagram) {
+    return false;  // a daemon that takes no transfers here, or block lists too long for one datagram
   }
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) {

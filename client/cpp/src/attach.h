@@ -71,6 +71,7 @@ class AttachClient {
   std::string capability_hex_;
   int32_t daemon_pid_ = -1;
   std::string memory_backend_ = "host";
+  uint32_t protocol_ = 1U;  // the daemon's: 2 and later take pulls and pushes on this connection
 };
 
 }  // namespace datadist_cpp

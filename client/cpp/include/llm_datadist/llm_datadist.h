@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -45,6 +46,8 @@ class DATADIST_CPP_API AscendString {
   const char *GetString() const;  // never nullptr ("" when empty)
   size_t GetLength() const;
   size_t Hash() const;
+  // the position of the first occurrence of `ascend_string`, or size_t(-1) (std::string::npos)
+  size_t Find(const AscendString &ascend_string) const;
 
   bool operator<(const AscendString &d) const;
   bool operator>(const AscendString &d) const;
@@ -103,6 +106,13 @@ enum DataType {
   DT_MAX
 };
 }  // namespace ge
+
+namespace std {
+template <>
+struct hash<ge::AscendString> {
+  size_t operator()(const ge::AscendString &s) const { return s.Hash(); }
+};
+}  // namespace std
 
 namespace llm_datadist {
 namespace {

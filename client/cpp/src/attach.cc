@@ -168,7 +168,10 @@ Status AttachClient::CallLocked(datadist::v1::AttachRequest &request, const char
     return Lost(func, std::string("the attach connection to datadistd failed: ") + std::strerror(errno));
   }
 
-  std::string buf(kMaxDatagram, '\0');
+  if (buf_.size() < kMaxDatagram) {
+    buf_.resize(kMaxDatagram);
+  }
+  std::string &buf = buf_;
   for (;;) {
     pollfd p{fd_, POLLIN, 0};
     const int left = RemainingMs(deadline);

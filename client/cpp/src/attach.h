@@ -67,6 +67,7 @@ class AttachClient {
   uint64_t next_id_ = 1U;
   std::string path_;
   std::string broken_;  // why the connection is gone ("" while it works)
+  std::string buf_;     // one datagram read (under mu_)
   std::string capability_;
   std::string capability_hex_;
   int32_t daemon_pid_ = -1;

@@ -455,8 +455,10 @@ Status LlmDataDist::LlmDataDistImpl::Link(bool unlink, const std::vector<Cluster
     rets.push_back(code);
     if (code != LLM_SUCCESS) {
       const std::string reason = i < resp.reasons_size() ? resp.reasons(i) : "";
-      Fail(func, code, "cluster " + std::to_string(clusters[static_cast<size_t>(i)].remote_cluster_id) +
-                           (reason.empty() ? "" : ": " + reason));
+      const std::string which = static_cast<size_t>(i) < clusters.size()
+                                    ? std::to_string(clusters[static_cast<size_t>(i)].remote_cluster_id)
+                                    : "#" + std::to_string(i);
+      Fail(func, code, "cluster " + which + (reason.empty() ? "" : ": " + reason));
     }
   }
   if (!unlink) linked_once_ = true;

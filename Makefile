@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test test-ascend bench bench-ascend proto proto-check lint run clean deploy-check
+.PHONY: venv nixl demo test test-ascend bench bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
 
 venv: $(STAMP)
 
@@ -30,8 +30,32 @@ $(NIXL_STAMP): $(STAMP)
 
 nixl: $(NIXL_STAMP)
 
-## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed)
-test: $(STAMP) $(NIXL_STAMP) proto-check
+## make cpp: the C++ client (CANN's llm_datadist::LlmDataDist over datadistd, docs/cpp.md) built with CMake against
+## the distribution's gRPC and protobuf, installed into build/cpp/install (include/, lib/libllm_datadist.so,
+## lib/pkgconfig/llm_datadist.pc, lib/cmake/llm_datadist/)
+CPP_TOOLS   := cmake g++ pkg-config protoc grpc_cpp_plugin
+CPP_PACKAGES := cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+CPP_BUILD   := build/cpp/build
+CPP_INSTALL := $(abspath build/cpp/install)
+CPP_JOBS    ?= 2
+
+cpp:
+	@for t in $(CPP_TOOLS); do command -v $$t >/dev/null || { echo "make cpp: $$t is missing (Debian: apt-get install $(CPP_PACKAGES))"; exit 2; }; done
+	@pkg-config --exists grpc++ protobuf || { echo "make cpp: gRPC C++ / protobuf not found by pkg-config (Debian: apt-get install $(CPP_PACKAGES))"; exit 2; }
+	cmake -S client/cpp -B $(CPP_BUILD) -DCMAKE_INSTALL_PREFIX=$(CPP_INSTALL) >/dev/null
+	cmake --build $(CPP_BUILD) -j $(CPP_JOBS)
+	cmake --install $(CPP_BUILD) >/dev/null
+	@echo "make cpp: installed into $(CPP_INSTALL)"
+
+## cpp-check: say up front whether make test builds and runs the C++ client's tests (tests/cpp) or skips them
+cpp-check:
+	@missing=""; for t in $(CPP_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	 if [ -z "$$missing" ] && pkg-config --exists grpc++ protobuf; then echo "make test: the C++ client's tests (tests/cpp) build and run"; \
+	 else echo "make test: SKIPPING the C++ client's tests (tests/cpp): missing$${missing:- gRPC C++/protobuf (pkg-config)}; install: apt-get install $(CPP_PACKAGES)"; fi
+
+## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed;
+## the C++ client's where its toolchain is installed, cpp-check says which)
+test: $(STAMP) $(NIXL_STAMP) proto-check cpp-check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## make test-ascend: the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set, npu-smi

@@ -1,6 +1,7 @@
 """The SIMULATED Ascend runtime tests run against (no NPU here): ``build()`` compiles ``ascendcl.c`` and
-``hccl.c`` with the system C compiler into ``<root>/lib64/libascendcl.so`` and ``libhccl.so`` -- a tree laid
-out like ``$ASCEND_HOME_PATH``, so daemons and workers load it exactly as they would load CANN's. What the
+``hccl.c`` with the system C compiler into ``<root>/lib64/libascendcl.so`` and ``libhccl.so``, with the
+header ``<root>/include/acl/acl.h`` declaring what it exports -- a tree laid out like ``$ASCEND_HOME_PATH``,
+so daemons and workers load it exactly as they would load CANN's (and C++ code built for an NPU builds). What the
 simulation checks and what it cannot: ``docs/ascend.md``."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 __all__ = ["build", "sim_env", "SOURCES"]
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("sim.h", "ascendcl.c", "hccl.c")
+SOURCES = ("sim.h", "ascendcl.c", "hccl.c", "acl_errmsg.c", "include/acl/acl.h")
 
 
 def _compiler() -> str | None:
@@ -37,8 +38,10 @@ def build(root: Path | None = None) -> Path | None:
     try:
         (work / "lib64").mkdir()
         flags = ["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread"]
-        subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libascendcl.so"), str(HERE / "ascendcl.c")],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libascendcl.so"), str(HERE / "ascendcl.c"),
+                        str(HERE / "acl_errmsg.c")], check=True, capture_output=True, timeout=120)
+        # the header C/C++ code written for an NPU includes (acl/acl.h), declaring what the library exports
+        shutil.copytree(HERE / "include", work / "include")
         subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libhccl.so"), str(HERE / "hccl.c"),
                         f"-L{work / 'lib64'}", "-lascendcl", "-Wl,-rpath,$ORIGIN"],
                        check=True, capture_output=True, timeout=120)

@@ -1,0 +1,80 @@
+// Private: the attach connection to datadistd (proto/datadist/v1/attach.proto), as the Python client's
+// client/llm_datadist/_attach.py: SOCK_SEQPACKET on "<worker socket>.attach", one datagram per message, file
+// descriptors as SCM_RIGHTS. The daemon learns who we are from the kernel and answers the capability every gRPC
+// call carries; memory crosses as descriptors; pulls and pushes go as protobuf requests (protocol 2). The
+// connection is the engine's lease: closing it (or this process dying) releases the engine.
+//
+// One request at a time (a mutex): replies are read by the caller, each wait has a deadline; a transfer that
+// finds the connection busy goes as a gRPC call instead (TryTransfer), so threads of one engine pull in parallel.
+#ifndef DATADIST_CPP_ATTACH_H_
+#define DATADIST_CPP_ATTACH_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "datadist/v1/attach.pb.h"
+
+namespace datadist_cpp {
+
+class AttachClient {
+ public:
+  AttachClient() = default;
+  ~AttachClient();
+  AttachClient(const AttachClient &) = delete;
+  AttachClient &operator=(const AttachClient &) = delete;
+
+  // Connects to `path` and says hello; LLM_FAILED (logged) when nothing answers.
+  Status Connect(const std::string &path, int timeout_ms);
+  void Close();
+
+  // One request and its reply within `timeout_ms`; `fd_out` gets the descriptor the reply carried (or -1).
+  // The reply's own status is returned (mapped), LLM_FAILED when the connection is gone, LLM_TIMEOUT when no
+  // reply came in time.
+  Status Call(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds, int timeout_ms,
+              datadist::v1::AttachReply *reply, int *fd_out);
+
+  Status ImportMemory(const std::vector<int> &fds, const std::vector<std::pair<uint64_t, uint64_t>> &pieces,
+                      uint64_t offset, uint64_t length, const char *func, uint64_t *memory_id);
+  // NPU memory (memory backend "acl"): `length` bytes behind an IPC key exported for the daemon's pid.
+  Status ImportDeviceMemory(const std::string &key, int32_t device, uint64_t length, const char *func,
+                            uint64_t *memory_id);
+  void ReleaseMemory(const std::vector<uint64_t> &memory_ids);
+  Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd, uint64_t *size);
+  // A pull or push on this connection (no gRPC call: the local hot path). false when it cannot go here -- another
+  // thread of the engine is waiting on the connection, or the block lists do not fit one datagram -- and the
+  // caller sends it as the gRPC Pull / Push instead (as the Python client does for long lists).
+  bool TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms,
+                   Status *status);
+
+  const std::string &capability() const { return capability_; }
+  const std::string &capability_hex() const { return capability_hex_; }
+  // the daemon's pid as the kernel reports it for this connection (SO_PEERCRED), never what a message says
+  int32_t daemon_pid() const { return daemon_pid_; }
+  const std::string &memory_backend() const { return memory_backend_; }
+  bool broken() const;
+
+ private:
+  Status Lost(const char *func, const std::string &why);
+  Status CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
+                    int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out);
+
+  mutable std::mutex mu_;
+  int fd_ = -1;
+  uint64_t next_id_ = 1U;
+  std::string path_;
+  std::string broken_;  // why the connection is gone ("" while it works)
+  std::string buf_;     // one datagram read (under mu_)
+  std::string capability_;
+  std::string capability_hex_;
+  int32_t daemon_pid_ = -1;
+  std::string memory_backend_ = "host";
+  uint32_t protocol_ = 1U;  // the daemon's: 2 and later take pulls and pushes on this connection
+};
+
+}  // namespace datadist_cpp
+
+#endif  // DATADIST_CPP_ATTACH_H_

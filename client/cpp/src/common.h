@@ -1,0 +1,30 @@
+// Private: status codes, the library's log, deadlines.
+#ifndef DATADIST_CPP_COMMON_H_
+#define DATADIST_CPP_COMMON_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "llm_datadist/llm_datadist.h"
+
+namespace datadist_cpp {
+using llm_datadist::Status;
+
+// A daemon's numeric code as a ge::Status: the known LLMStatusCode values as they are, anything else
+// LLM_FAILED (the Python client's code_2_status).
+Status CodeToStatus(int64_t code);
+const char *StatusName(Status status);
+
+// The library's log: stderr, "[llm_datadist] LEVEL message". DATADIST_CPP_LOG=debug|info|warning|error (default
+// warning) sets the least level written.
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+void Log(LogLevel level, const std::string &message);
+
+// "[func] failed, error code is NAME(value), why": logged as an error; returns status.
+Status Fail(const char *func, Status status, const std::string &why);
+
+using Clock = std::chrono::steady_clock;
+}  // namespace datadist_cpp
+
+#endif  // DATADIST_CPP_COMMON_H_

@@ -1,0 +1,101 @@
+#include "npu.h"
+
+#include <dlfcn.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace datadist_cpp {
+namespace {
+constexpr size_t kProofLen = 16U;
+constexpr size_t kIpcKeyLen = 65U;
+constexpr int kHostToDevice = 1;
+constexpr int kDeviceToHost = 2;
+const char kLabel[] = "datadist npu memory possession v1";  // + its NUL, as proof.py's label
+
+struct Acl {
+  int (*set_device)(int32_t) = nullptr;
+  int (*export_key)(void *, size_t, char *, size_t, uint64_t) = nullptr;
+  int (*set_import_pid)(const char *, int32_t *, size_t) = nullptr;
+  int (*memcpy)(void *, size_t, const void *, size_t, int) = nullptr;
+  bool ok() const { return set_device && export_key && set_import_pid && memcpy; }
+};
+
+template <typename F>
+void Resolve(void *lib, const char *name, F *fn) {
+  void *sym = dlsym(lib, name);
+  *fn = reinterpret_cast<F>(sym);
+}
+
+const Acl &Runtime() {
+  static Acl acl;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void *lib = RTLD_DEFAULT;
+    if (dlsym(lib, "aclrtIpcMemGetExportKey") == nullptr) {
+      const char *home = std::getenv("ASCEND_HOME_PATH");
+      const std::string path = home != nullptr ? std::string(home) + "/lib64/libascendcl.so" : "libascendcl.so";
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (lib == nullptr) return;
+    }
+    Resolve(lib, "aclrtSetDevice", &acl.set_device);
+    Resolve(lib, "aclrtIpcMemGetExportKey", &acl.export_key);
+    Resolve(lib, "aclrtIpcMemSetImportPid", &acl.set_import_pid);
+    Resolve(lib, "aclrtMemcpy", &acl.memcpy);
+  });
+  return acl;
+}
+}  // namespace
+
+Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
+                            const char *func, uint64_t *memory_id) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) {
+    return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
+                "the daemon keeps DEVICE caches in NPU memory (memory backend acl), and this process has no ACL "
+                "runtime (libascendcl.so) to export it");
+  }
+  if (length < kProofLen) {
+    return Fail(func, llm_datadist::LLM_PARAM_INVALID, "NPU memory handed to the daemon must be at least 16 bytes");
+  }
+  if (attach.daemon_pid() <= 0) return Fail(func, llm_datadist::LLM_FAILED, "the daemon's pid is unknown");
+  void *ptr = reinterpret_cast<void *>(address);
+  int err = acl.set_device(device);
+  char key[kIpcKeyLen] = {0};
+  if (err == 0) err = acl.export_key(ptr, length, key, sizeof(key), 0U);
+  int32_t pid = attach.daemon_pid();
+  if (err == 0) err = acl.set_import_pid(key, &pid, 1U);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_PARAM_INVALID, "exporting the NPU memory by IPC failed: aclError " +
+                                                           std::to_string(err));
+  }
+  std::string message(kLabel, sizeof(kLabel));  // with its NUL
+  message += key;
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_len = 0U;
+  const std::string &cap = attach.capability();
+  if (HMAC(EVP_sha256(), cap.data(), static_cast<int>(cap.size()), reinterpret_cast<const unsigned char *>(message.data()),
+           message.size(), digest, &digest_len) == nullptr) {
+    return Fail(func, llm_datadist::LLM_FAILED, "HMAC-SHA256 failed");
+  }
+  unsigned char saved[kProofLen];
+  err = acl.memcpy(saved, kProofLen, ptr, kProofLen, kDeviceToHost);
+  if (err == 0) err = acl.memcpy(ptr, kProofLen, digest, kProofLen, kHostToDevice);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_PARAM_INVALID, "aclrtMemcpy of the NPU memory failed: aclError " +
+                                                           std::to_string(err));
+  }
+  const Status st = attach.ImportDeviceMemory(key, device, length, func, memory_id);
+  err = acl.memcpy(ptr, kProofLen, saved, kProofLen, kHostToDevice);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_FAILED, "could not restore the first 16 bytes of the NPU memory: aclError " +
+                                                    std::to_string(err));
+  }
+  return st;
+}
+
+}  // namespace datadist_cpp

@@ -1,0 +1,243 @@
+#include "private_daemon.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+extern char **environ;
+
+namespace datadist_cpp {
+namespace {
+std::string FindDaemon() {
+  const char *bin = std::getenv("DATADISTD_BIN");
+  if (bin != nullptr && *bin != '\0') {
+    return bin;
+  }
+  const char *path = std::getenv("PATH");
+  std::string dirs = path == nullptr ? "/usr/local/bin:/usr/bin:/bin" : path;
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    if (colon == std::string::npos) {
+      colon = dirs.size();
+    }
+    const std::string dir = dirs.substr(start, colon - start);
+    if (!dir.empty()) {
+      const std::string candidate = dir + "/datadistd";
+      if (access(candidate.c_str(), X_OK) == 0) {
+        return candidate;
+      }
+    }
+    start = colon + 1;
+  }
+  return "";
+}
+
+bool Private(const struct stat &st) { return st.st_uid == getuid() && (st.st_mode & 077) == 0; }
+
+// This user's peer secret (client/llm_datadist's datadistd.usersecret): made on first use, 0600 in a 0700
+// directory of this uid; anything else is refused rather than trusted.
+bool UserSecretFile(std::string *path, std::string *why, bool retry = true) {
+  std::string base;
+  const char *runtime = std::getenv("XDG_RUNTIME_DIR");
+  const char *config = std::getenv("XDG_CONFIG_HOME");
+  const char *home = std::getenv("HOME");
+  if (runtime != nullptr && runtime[0] == '/') {
+    base = runtime;
+  } else if (config != nullptr && config[0] == '/') {
+    base = config;
+  } else if (home != nullptr && home[0] == '/') {
+    base = std::string(home) + "/.config";
+  } else {
+    *why = "no XDG_RUNTIME_DIR, XDG_CONFIG_HOME or HOME for this user's peer secret";
+    return false;
+  }
+  (void)mkdir(base.c_str(), 0700);
+  const std::string dir = base + "/datadist";
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    *why = "cannot make " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || !Private(st)) {
+    *why = dir + " must be a directory of this user closed to group and others";
+    return false;
+  }
+  *path = dir + "/peer.secret";
+  int fd = open(path->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && Private(st) && st.st_size > 0;
+    (void)close(fd);
+    if (!ok) {
+      *why = *path + " must be a non-empty file of this user closed to group and others";
+    }
+    return ok;
+  }
+  if (errno != ENOENT) {  // a symlink (O_NOFOLLOW), a file we may not read, ...: not ours to trust
+    *why = *path + " exists but cannot be opened as this user's own file: " + std::strerror(errno);
+    return false;
+  }
+  unsigned char raw[32];
+  if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
+    *why = "getrandom failed";
+    return false;
+  }
+  static const char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : raw) {
+    hex.push_back(kDigits[c >> 4U]);
+    hex.push_back(kDigits[c & 0xFU]);
+  }
+  hex.push_back('\n');
+  const std::string tmp = dir + "/.peer.secret." + std::to_string(getpid());
+  fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = "cannot write " + tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  const bool written = write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
+  (void)close(fd);
+  const int link_err = !written ? EIO : (link(tmp.c_str(), path->c_str()) != 0 ? errno : 0);
+  if (link_err != 0) {
+    (void)unlink(tmp.c_str());
+    if (link_err == EEXIST && retry) {  // another process made it meanwhile: read it, once
+      return UserSecretFile(path, why, false);
+    }
+    *why = "cannot make " + *path;
+    return false;
+  }
+  (void)unlink(tmp.c_str());
+  return true;
+}
+
+bool Accepts(const std::string &path, int type) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return false;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1U);
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return false;
+  }
+  const bool ok = connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+  (void)close(fd);
+  return ok;
+}
+
+// both of the daemon's worker sockets accept connections (it makes them one after the other)
+bool Serving(const std::string &socket) {
+  return Accepts(socket + ".attach", SOCK_SEQPACKET) && Accepts(socket, SOCK_STREAM);
+}
+}  // namespace
+
+PrivateDaemon::~PrivateDaemon() { Stop(); }
+
+Status PrivateDaemon::Start(int timeout_ms) {
+  const std::string bin = FindDaemon();
+  if (bin.empty()) {
+    return Fail("Initialize", llm_datadist::LLM_FAILED,
+                "no daemon configured (DATADIST_DAEMON) and no datadistd on PATH (or DATADISTD_BIN) to start a "
+                "private one; install datadist, or point DATADIST_DAEMON at a running daemon's socket");
+  }
+  const char *tmpdir = std::getenv("TMPDIR");
+  std::string templ = std::string(tmpdir != nullptr && tmpdir[0] == '/' ? tmpdir : "/tmp") + "/datadist-cpp-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    return Fail("Initialize", llm_datadist::LLM_FAILED, std::string("mkdtemp: ") + std::strerror(errno));
+  }
+  dir_ = buf.data();
+  socket_ = dir_ + "/datadistd.sock";
+  std::vector<std::string> env;
+  for (char **e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "DATADISTD_DAEMON_SOCKET=", 24) != 0 && std::strncmp(*e, "DATADIST_DIE_WITH_PARENT=", 25) != 0) {
+      env.emplace_back(*e);
+    }
+  }
+  env.push_back("DATADISTD_DAEMON_SOCKET=" + socket_);
+  env.push_back("DATADIST_DIE_WITH_PARENT=" + std::to_string(getpid()));
+  if (std::getenv("DATADISTD_DAEMON_DRAIN_SECONDS") == nullptr) {
+    env.push_back("DATADISTD_DAEMON_DRAIN_SECONDS=1.0");
+  }
+  if (std::getenv("DATADISTD_PEER_SECRET") == nullptr && std::getenv("DATADISTD_PEER_SECRET_FILE") == nullptr) {
+    std::string secret, why;
+    if (!UserSecretFile(&secret, &why)) {
+      Stop();
+      return Fail("Initialize", llm_datadist::LLM_FAILED, "private daemon: " + why);
+    }
+    env.push_back("DATADISTD_PEER_SECRET_FILE=" + secret);
+  }
+  std::vector<char *> envp;
+  for (std::string &s : env) {
+    envp.push_back(&s[0]);
+  }
+  envp.push_back(nullptr);
+  std::string arg0 = bin;
+  char *argv[] = {&arg0[0], nullptr};
+  const pid_t pid = fork();
+  if (pid < 0) {
+    Stop();
+    return Fail("Initialize", llm_datadist::LLM_FAILED, std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    execve(bin.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  pid_ = pid;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!Serving(socket_)) {
+    int wstatus = 0;
+    if (waitpid(pid_, &wstatus, WNOHANG) == pid_) {
+      pid_ = -1;
+      Stop();
+      return Fail("Initialize", llm_datadist::LLM_FAILED, "the private datadistd (" + bin + ") exited at start; "
+                                                          "its log is above");
+    }
+    if (Clock::now() >= deadline) {
+      Stop();
+      return Fail("Initialize", llm_datadist::LLM_FAILED, "the private datadistd did not serve in time");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Log(LogLevel::kInfo, "started a private datadistd (pid " + std::to_string(pid_) + ") at " + socket_);
+  return llm_datadist::LLM_SUCCESS;
+}
+
+void PrivateDaemon::Stop() {
+  if (pid_ > 0) {
+    (void)kill(pid_, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::seconds(15);
+    int wstatus = 0;
+    while (waitpid(pid_, &wstatus, WNOHANG) == 0) {
+      if (Clock::now() >= deadline) {
+        (void)kill(pid_, SIGKILL);
+        (void)waitpid(pid_, &wstatus, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    pid_ = -1;
+  }
+  if (!dir_.empty()) {
+    for (const char *name : {"/datadistd.sock", "/datadistd.sock.attach", "/datadistd.sock.admin"}) {
+      (void)unlink((dir_ + name).c_str());
+    }
+    (void)rmdir(dir_.c_str());
+    dir_.clear();
+  }
+}
+
+}  // namespace datadist_cpp

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .quota import LinkLimits, QuotaLimits
 
@@ -28,7 +28,7 @@ else:  # pragma: no cover
 
 __all__ = ["DEV_SECRET", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection",
            "TransportSection", "MetricsSection", "QuotaSection", "load_config", "default_socket_path", "ConfigError",
-           "parse_listen_address"]
+           "parse_listen_address", "env_names", "ENV_PREFIX"]
 
 
 #: the built-in secret of an unconfigured daemon: public, so good for loopback only
@@ -346,7 +346,8 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
                           f"known: {', '.join(f.name for f in fields(cfg))}")
     names = {f.name: f for f in fields(section)}
     if key not in names:
-        raise ConfigError(f"unknown config key {dotted!r}; known in [{section_name}]: {', '.join(names)}")
+        raise ConfigError(f"unknown config key {dotted!r}{_nearest(key, names)}; known in [{section_name}]: "
+                          f"{', '.join(names)}")
     setattr(section, key, _coerce(names[key].type, value, dotted))
 
 
@@ -367,20 +368,39 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             for key, value in table.items():
                 _set(cfg, f"{section_name}.{key}", value)
     env = os.environ if env is None else env
-    section_names = [f.name for f in fields(cfg)]
+    known = env_names(cfg)
     for name, value in env.items():
-        if not name.startswith("DATADISTD_"):
+        if not name.startswith(ENV_PREFIX):
             continue
-        rest = name[len("DATADISTD_"):].lower()
-        for section_name in section_names:
-            if rest.startswith(section_name + "_"):
-                _set(cfg, f"{section_name}.{rest[len(section_name) + 1:]}", value)
-                break
+        if name not in known:   # a misspelt variable is an error, as a misspelt key in the file is
+            raise ConfigError(f"unknown environment variable {name}{_nearest(name, known)}; every {ENV_PREFIX}* "
+                              f"variable is a [section] key of the config file ({ENV_PREFIX}<SECTION>_<KEY>, "
+                              "deploy/datadistd.toml)")
+        _set(cfg, known[name], value)
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set(cfg, dotted, value)
     _check(cfg)
     return cfg
+
+
+#: every environment variable that configures the daemon starts with this; each names a key (``env_names``)
+ENV_PREFIX = "DATADISTD_"
+
+
+def env_names(cfg: Config | None = None) -> dict[str, str]:
+    """``{"DATADISTD_SECTION_KEY": "section.key"}`` for every key of the config."""
+    cfg = cfg or Config()
+    return {f"{ENV_PREFIX}{s.name}_{k.name}".upper(): f"{s.name}.{k.name}"
+            for s in fields(cfg) for k in fields(getattr(cfg, s.name))}
+
+
+def _nearest(name: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` for the closest of ``candidates`` to ``name`` (or "" when none is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -130,9 +130,13 @@ class MemorySection:
 
 @dataclass
 class PeerSection:
-    secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. "
-                       "Empty = the public development secret: the daemon then listens on loopback only.", default="")
-    secret_file: str = _doc("Read the secret from this file instead (first line).", default="")
+    secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. Empty (and no "
+                       "secret_file) = this user's own, made on first use (datadistd/peersecret.py): the daemons of "
+                       "one user on one host link, embedded or not; a system service without a home falls back "
+                       "to the public development secret and listens on loopback only.", default="")
+    secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
+                            "(or root's) and closed to group and others (chmod 600), or the start stops.",
+                            default="")
     max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
                                          "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)
@@ -301,17 +305,6 @@ class Config:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     quota: QuotaSection = field(default_factory=QuotaSection)
 
-    def secret_bytes(self) -> bytes:
-        if self.peer.secret_file:
-            text = Path(self.peer.secret_file).read_text().splitlines()
-            return (text[0] if text else "").encode()
-        return (self.peer.secret or DEV_SECRET).encode()
-
-    def has_real_secret(self) -> bool:
-        """A secret of the operator's (not empty, not the public development secret)."""
-        secret = self.secret_bytes()
-        return bool(secret) and secret != DEV_SECRET.encode()
-
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
         """A copy with ``{"section.key": value}`` applied (values coerced to the field type)."""
         cfg = dataclasses.replace(self, **{f.name: dataclasses.replace(getattr(self, f.name)) for f in fields(self)})
@@ -478,6 +471,4 @@ def _check(cfg: Config) -> None:
             parse_listen_address(cfg.metrics.listen)
         except ValueError as exc:
             raise ConfigError(f"metrics.listen: {exc}") from None
-    if not is_loopback(cfg.transport.host) and not cfg.peer.secret_file and cfg.peer.secret in ("", DEV_SECRET):
-        raise ConfigError(f"transport.host = {cfg.transport.host!r} would serve the data plane to other hosts with "
-                          f"no secret (or the public development secret): {SECRET_FIX}")
+    # [transport] host against the secret: Node, once the secret is known (datadistd.peersecret)

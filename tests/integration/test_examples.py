@@ -23,8 +23,6 @@ pytestmark = pytest.mark.integration
 
 EXAMPLES = ROOT / "docs" / "examples"
 SCRIPTS = ("prompt_worker.py", "decoder_worker.py")
-#: the daemons' peer secret: configured, so the development secret's start-up warning stays out of their logs
-SECRET = {"DATADISTD_PEER_SECRET": "examples-test-secret"}
 
 
 class Script:
@@ -109,7 +107,7 @@ def warnings_in(log: str) -> list[str]:
 def test_the_examples_through_two_daemons() -> None:
     """A run as the README shows it leaves no warning in either daemon's log (issue 37, item 5: the alert queries
     of docs/operations.md watch them), and the prompt listens only once its cache is registered."""
-    daemons = Daemon.start_all([Daemon("example-p", env=SECRET), Daemon("example-d", env=SECRET)])
+    daemons = Daemon.start_all([Daemon("example-p"), Daemon("example-d")])
     try:
         run_pair(user_env(DATADIST_DAEMON=daemons[0].target), user_env(DATADIST_DAEMON=daemons[1].target),
                  f"127.0.0.1:{free_port()}")
@@ -127,7 +125,7 @@ def test_the_examples_through_two_daemons() -> None:
 def test_the_examples_started_together_pull_no_missing_cache() -> None:
     """The README starts the prompt in the background and the decoder at once: the decoder links as soon as the
     prompt listens, and finds its cache there (no LLM_KV_CACHE_NOT_EXIST in either daemon's log)."""
-    daemons = Daemon.start_all([Daemon("together-p", env=SECRET), Daemon("together-d", env=SECRET)])
+    daemons = Daemon.start_all([Daemon("together-p"), Daemon("together-d")])
     listen = f"127.0.0.1:{free_port()}"
     prompt = Script("prompt_worker.py", ["--listen", listen, "--timeout", "60"],
                     user_env(DATADIST_DAEMON=daemons[0].target))

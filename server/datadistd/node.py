@@ -98,10 +98,12 @@ class Node:
         """``peer_secret``: what peers must prove (default: ``peersecret.peer_secret`` of ``config``, as a
         standalone daemon reads it); ConfigError when ``[transport] host`` is off loopback without a real one."""
         self.peer_secret = peer_secret or _peer_secret(config.peer)
-        self.real_secret = self.peer_secret.real
-        if not self.real_secret and not is_loopback(config.transport.host):
-            raise ConfigError(f"transport.host = {config.transport.host!r} would serve the data plane to other hosts "
-                              f"with {self.peer_secret.source}, which is public: {SECRET_FIX}")
+        if not self.peer_secret.real:
+            if not is_loopback(config.transport.host):
+                raise ConfigError(f"transport.host = {config.transport.host!r} would serve the data plane to other "
+                                  f"hosts with {self.peer_secret.source}, which is public: {SECRET_FIX}")
+            log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s",
+                        self.peer_secret.source, SECRET_FIX)
         self.config = config
         # owner calls as bytes on the data channel (rpc.convert.CALL_CODEC: this package imports no protobuf)
         self.call_codec = call_codec
@@ -120,9 +122,6 @@ class Node:
         # the daemon's one executor, shared fairly: one uid's local work, or one peer's owner calls, hold at
         # most [quota] threads_per_principal of its threads at once (gate.py)
         self.threads = Threads(EXECUTOR_THREADS, config.quota.threads_per_principal)
-        if not self.real_secret:
-            log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s",
-                        self.peer_secret.source, SECRET_FIX)
         self.version = __version__
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
@@ -270,7 +269,7 @@ class Node:
 
     def check_listen_host(self, host: str) -> None:
         """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
-        if not self.real_secret and not is_loopback(host):
+        if not self.peer_secret.real and not is_loopback(host):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                 f"this daemon's peers authenticate with {self.peer_secret.source}, which is public, "
                                 f"so it does not listen on {host} (a non-loopback address anyone could link to); "

@@ -3,9 +3,9 @@
 Two ``datadistd`` daemons on loopback (one per "node"), two worker processes using only the
 public ``llm_datadist`` API the way vLLM-style connectors do:
 
-* prefill worker: ``LLMDataDist(PROMPT)``, listens on 127.0.0.1, allocates its paged KV cache
-  itself (numpy, K and V per layer), fills it with deterministic bytes, ``register_blocks_cache``
-  with a ``BlocksCacheKey``;
+* prefill worker: ``LLMDataDist(PROMPT)``, allocates its paged KV cache itself (numpy, K and V
+  per layer), fills it with deterministic bytes, ``register_blocks_cache`` with a ``BlocksCacheKey``,
+  and only then listens on 127.0.0.1 (``switch_role`` with ``llm.listenIpInfo``);
 * decode worker: ``LLMDataDist(DECODER)``, registers an empty cache of the same layout,
   ``link_clusters`` to the prefill node, pulls a shuffled block table in batches
   (``pull_blocks``), verifies every byte against the generator, prints throughput;
@@ -34,13 +34,11 @@ def _expected(tensor: int, num_blocks: int) -> np.ndarray:
                                                          dtype=np.uint8)
 
 
-def _config(ld, listen: str | None = None):  # noqa: ANN001, ANN202
+def _config(ld):  # noqa: ANN001, ANN202
     cfg = ld.LLMConfig()
     cfg.device_id = 0
     cfg.enable_cache_manager = True
     cfg.sync_kv_timeout = 20000
-    if listen:
-        cfg.listen_ip_info = listen
     return cfg.generate_options()
 
 
@@ -56,12 +54,13 @@ def prefill_worker(daemon: str, listen: str, num_blocks: int, ready, done) -> No
     import llm_datadist as ld
 
     dd = ld.LLMDataDist(ld.LLMRole.PROMPT, PREFILL_CLUSTER)
-    dd.init(_config(ld, listen))
+    dd.init(_config(ld))
     tensors, desc = _kv_cache(ld, num_blocks)
     for i, t in enumerate(tensors):
         t.reshape(num_blocks, -1).view(np.uint8)[:] = _expected(i, num_blocks)
     cache = dd.cache_manager.register_blocks_cache(desc, [t.ctypes.data for t in tensors],
                                                    ld.BlocksCacheKey(PREFILL_CLUSTER, 0))
+    dd.switch_role(ld.LLMRole.PROMPT, {"llm.listenIpInfo": listen})   # listen once there is a cache to pull
     ready.set()
     done.wait(300)
     dd.cache_manager.unregister_cache(cache.cache_id)

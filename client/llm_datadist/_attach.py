@@ -29,6 +29,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from datadist import fastframe
+from datadist.address import socket_path
 from datadist.status import LLMStatusCode, code_2_status
 from datadist.v1 import attach_pb2
 
@@ -59,15 +60,13 @@ def _fds_of(anc: List[Tuple[int, int, bytes]]) -> List[int]:
 
 
 def unix_path(target: str) -> str:
-    """The socket path of a gRPC target ``unix:/path``, ``unix:///path`` or ``unix:path``."""
-    if not target.startswith("unix:"):
-        raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, datadistd serves workers "
-                           f"on a unix socket only; got {target!r} (use unix:///run/datadist/datadistd.sock).",
-                           status_code=LLMStatusCode.LLM_PARAM_INVALID)
-    rest = target[len("unix:"):]
-    if rest.startswith("//"):
-        rest = rest[2:]
-    return rest
+    """The socket path of a daemon address: a plain path or a ``unix:`` target (``datadist.address``, the parser
+    ``datadistctl`` uses too)."""
+    try:
+        return socket_path(target)
+    except ValueError as exc:
+        raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
+                           status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
 
 
 def attach_path(target: str) -> str:

@@ -3,7 +3,8 @@
 Used when neither the ``datadist.daemon`` option nor ``DATADIST_DAEMON`` names a daemon. The
 client still talks gRPC to it, through the same code path as to a system daemon. ``DATADISTD_*``
 environment variables configure it like the system daemon (except the socket); without a peer secret
-it uses this user's own (``datadistd.usersecret``), never the public development secret.
+it uses this user's own, as a daemon of this user does (``datadistd.peersecret``), and never falls back to
+the public development secret.
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ class EmbeddedDaemon:
     def __init__(self) -> None:
         from datadistd.app import DaemonApp  # the daemon package, loaded only in embedded mode
         from datadistd.config import load_config
-        from datadistd.usersecret import user_secret_file
+        from datadistd.peersecret import peer_secret
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)
         overrides: dict[str, Any] = {"daemon.socket": os.path.join(self._dir, "datadistd.sock"),
                                      "daemon.socket_mode": 0o600, "daemon.drain_seconds": 1.0}
-        config = load_config(overrides=overrides)
-        if not config.peer.secret and not config.peer.secret_file:
-            # never the public development secret: this user's own (docs/security.md, "Embedded mode")
-            config = config.with_overrides({"peer.secret_file": user_secret_file()})
-        self.app = DaemonApp(config)
+        try:   # a bad DATADISTD_* variable or secret file: ConfigError naming it, and no directory left behind
+            config = load_config(overrides=overrides)
+            self.app = DaemonApp(config, peer_secret=peer_secret(config.peer, embedded=True))
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self._loop = asyncio.new_event_loop()
         started: Future[Any] = Future()
 

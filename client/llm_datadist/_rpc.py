@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import Any
 
@@ -78,9 +79,10 @@ class DaemonClient:
     (closing it, or the worker dying, releases the engine)."""
 
     def __init__(self, target: str, embedded: bool = False) -> None:
-        self.target = target
+        # a plain socket path or a unix: target, as datadistctl takes it (LLM_PARAM_INVALID for anything else)
+        self.target = "unix://" + os.path.abspath(unix_path(target))
         self.embedded = embedded        # the daemon runs inside this process
-        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self._channel = grpc.insecure_channel(self.target, options=_OPTIONS)
         self._stub = datadist_pb2_grpc.DataDistStub(self._channel)
         self.attachment: AttachClient | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()

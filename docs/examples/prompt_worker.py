@@ -6,8 +6,10 @@ Through a daemon (the production shape; one ``datadistd`` per node, see README "
 
 Without ``DATADIST_DAEMON`` the worker starts an embedded daemon inside itself. A listen address other hosts
 can reach needs the cluster's peer secret in the daemon's config (``[peer] secret_file``; embedded: the
-``DATADISTD_PEER_SECRET_FILE`` variable); loopback works without one. The worker serves until a decoder
-pushed a block back into its cache (``decoder_worker.py``) or ``--timeout`` seconds passed.
+``DATADISTD_PEER_SECRET_FILE`` variable); loopback works without one. It registers its cache before it
+listens (``switch_role`` with ``llm.listenIpInfo``), so a decoder never links before there is something to pull.
+The worker serves until a decoder pushed a block back into its cache (``decoder_worker.py``) or ``--timeout``
+seconds passed.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ def main() -> int:
     cfg.device_id = 0
     cfg.enable_cache_manager = True
     cfg.enable_remote_cache_accessible = True      # decoders pull from and push to this worker's cache
-    cfg.listen_ip_info = args.listen               # prompt side: peers link to this address
     dd = ld.LLMDataDist(ld.LLMRole.PROMPT, cluster_id=PROMPT_CLUSTER)
     dd.init(cfg.generate_options())                # connects to $DATADIST_DAEMON, or embedded mode
 
@@ -57,6 +58,9 @@ def main() -> int:
     desc = ld.CacheDesc(len(kv), list(kv[0].shape), ld.DataType.DT_FLOAT16)       # DEVICE: remotely accessible
     cache = dd.cache_manager.register_blocks_cache(desc, [t.ctypes.data for t in kv],
                                                    ld.BlocksCacheKey(PROMPT_CLUSTER, 0))
+    # a decoder may link as soon as this worker listens: it finds the cache (CANN also wants remotely accessible
+    # caches registered before peers link)
+    dd.switch_role(ld.LLMRole.PROMPT, {"llm.listenIpInfo": args.listen})   # listen once the cache is registered
     print(f"prompt: cluster {PROMPT_CLUSTER} serves {len(kv)} tensors x {BLOCKS} blocks on {args.listen}",
           flush=True)
 

@@ -24,6 +24,7 @@ from .memory import backend_from_config
 from .memory.base import StaleCleanup
 from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
 from .node import Node
+from .peersecret import PeerSecret
 from .rpc.attach import AttachServer, attach_path
 from .rpc.convert import CALL_CODEC
 from .rpc.server import DATADIST_SERVICE, admin_path, create_worker_server, grpc_peer_connector, start_peer_listener
@@ -36,8 +37,12 @@ log = logging.getLogger(__name__)
 
 
 class DaemonApp:
-    def __init__(self, config: Config, on_ready: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: Config, on_ready: Callable[[], None] | None = None,
+                 peer_secret: PeerSecret | None = None) -> None:
+        """``peer_secret``: what peers must prove (default: as a standalone daemon reads it, ``datadistd.peersecret``;
+        embedded mode passes its own, which never falls back to the public one)."""
         self.config = config
+        self.peer_secret = peer_secret
         self.node: Node | None = None
         self.server = None
         self.health = None
@@ -74,7 +79,8 @@ class DaemonApp:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
         self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls), call_codec=CALL_CODEC,
                          listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics,
-                                                            limits=cfg.peer.admission()))
+                                                            limits=cfg.peer.admission()),
+                         peer_secret=self.peer_secret)
         self.metrics.attach(self.node)
         self.node.metrics = self.metrics
         if cfg.metrics.listen:
@@ -98,6 +104,8 @@ class DaemonApp:
                  cfg.memory.backend, cfg.transport.name,
                  self.tls.describe() if self.tls is not None else "plaintext (HMAC-authenticated handshake)",
                  f"http://{self.metrics_server.address}/metrics" if self.metrics_server else "off")
+        if log.isEnabledFor(logging.INFO):   # the fingerprint costs a slow hash: only when it is shown
+            log.info("peers authenticate with %s", self.node.peer_secret.describe())
         if self.on_ready is not None:
             self.on_ready()
 

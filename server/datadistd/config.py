@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .quota import LinkLimits, QuotaLimits
 
@@ -28,7 +28,7 @@ else:  # pragma: no cover
 
 __all__ = ["DEV_SECRET", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection",
            "TransportSection", "MetricsSection", "QuotaSection", "load_config", "default_socket_path", "ConfigError",
-           "parse_listen_address"]
+           "parse_listen_address", "env_names", "ENV_PREFIX"]
 
 
 #: the built-in secret of an unconfigured daemon: public, so good for loopback only
@@ -130,9 +130,13 @@ class MemorySection:
 
 @dataclass
 class PeerSection:
-    secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. "
-                       "Empty = the public development secret: the daemon then listens on loopback only.", default="")
-    secret_file: str = _doc("Read the secret from this file instead (first line).", default="")
+    secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. Empty (and no "
+                       "secret_file) = this user's own, made on first use (datadistd/peersecret.py): the daemons of "
+                       "one user on one host link, embedded or not; a system service without a home falls back "
+                       "to the public development secret and listens on loopback only.", default="")
+    secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
+                            "(or root's) and closed to group and others (chmod 600), or the start stops.",
+                            default="")
     max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
                                          "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)
@@ -301,17 +305,6 @@ class Config:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     quota: QuotaSection = field(default_factory=QuotaSection)
 
-    def secret_bytes(self) -> bytes:
-        if self.peer.secret_file:
-            text = Path(self.peer.secret_file).read_text().splitlines()
-            return (text[0] if text else "").encode()
-        return (self.peer.secret or DEV_SECRET).encode()
-
-    def has_real_secret(self) -> bool:
-        """A secret of the operator's (not empty, not the public development secret)."""
-        secret = self.secret_bytes()
-        return bool(secret) and secret != DEV_SECRET.encode()
-
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Config":
         """A copy with ``{"section.key": value}`` applied (values coerced to the field type)."""
         cfg = dataclasses.replace(self, **{f.name: dataclasses.replace(getattr(self, f.name)) for f in fields(self)})
@@ -346,7 +339,8 @@ def _set(cfg: Config, dotted: str, value: Any) -> None:
                           f"known: {', '.join(f.name for f in fields(cfg))}")
     names = {f.name: f for f in fields(section)}
     if key not in names:
-        raise ConfigError(f"unknown config key {dotted!r}; known in [{section_name}]: {', '.join(names)}")
+        raise ConfigError(f"unknown config key {dotted!r}{_nearest(key, names)}; known in [{section_name}]: "
+                          f"{', '.join(names)}")
     setattr(section, key, _coerce(names[key].type, value, dotted))
 
 
@@ -367,20 +361,39 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             for key, value in table.items():
                 _set(cfg, f"{section_name}.{key}", value)
     env = os.environ if env is None else env
-    section_names = [f.name for f in fields(cfg)]
+    known = env_names(cfg)
     for name, value in env.items():
-        if not name.startswith("DATADISTD_"):
+        if not name.startswith(ENV_PREFIX):
             continue
-        rest = name[len("DATADISTD_"):].lower()
-        for section_name in section_names:
-            if rest.startswith(section_name + "_"):
-                _set(cfg, f"{section_name}.{rest[len(section_name) + 1:]}", value)
-                break
+        if name not in known:   # a misspelt variable is an error, as a misspelt key in the file is
+            raise ConfigError(f"unknown environment variable {name}{_nearest(name, known)}; every {ENV_PREFIX}* "
+                              f"variable is a [section] key of the config file ({ENV_PREFIX}<SECTION>_<KEY>, "
+                              "deploy/datadistd.toml)")
+        _set(cfg, known[name], value)
     for dotted, value in (overrides or {}).items():
         if value is not None:
             _set(cfg, dotted, value)
     _check(cfg)
     return cfg
+
+
+#: every environment variable that configures the daemon starts with this; each names a key (``env_names``)
+ENV_PREFIX = "DATADISTD_"
+
+
+def env_names(cfg: Config | None = None) -> dict[str, str]:
+    """``{"DATADISTD_SECTION_KEY": "section.key"}`` for every key of the config."""
+    cfg = cfg or Config()
+    return {f"{ENV_PREFIX}{s.name}_{k.name}".upper(): f"{s.name}.{k.name}"
+            for s in fields(cfg) for k in fields(getattr(cfg, s.name))}
+
+
+def _nearest(name: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` for the closest of ``candidates`` to ``name`` (or "" when none is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -458,6 +471,4 @@ def _check(cfg: Config) -> None:
             parse_listen_address(cfg.metrics.listen)
         except ValueError as exc:
             raise ConfigError(f"metrics.listen: {exc}") from None
-    if not is_loopback(cfg.transport.host) and not cfg.peer.secret_file and cfg.peer.secret in ("", DEV_SECRET):
-        raise ConfigError(f"transport.host = {cfg.transport.host!r} would serve the data plane to other hosts with "
-                          f"no secret (or the public development secret): {SECRET_FIX}")
+    # [transport] host against the secret: Node, once the secret is known (datadistd.peersecret)

@@ -23,6 +23,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from datadist.address import socket_path
 from datadist.status import STATUS_METADATA_KEY, LLMStatusCode
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
@@ -44,13 +45,10 @@ class CtlError(Exception):
 # ---- finding the daemon ----------------------------------------------------------------------------
 
 def _strip_scheme(value: str) -> str:
-    if value.startswith("unix://"):
-        return value[len("unix://"):]
-    if value.startswith("unix:"):
-        return value[len("unix:"):]
-    if "://" in value:
-        raise CtlError(f"{value!r}: only unix sockets are supported (unix:///path/to/datadistd.sock)")
-    return value
+    try:
+        return socket_path(value)   # the parser workers use too
+    except ValueError as exc:
+        raise CtlError(str(exc)) from None
 
 
 def resolve_socket(socket_arg: str | None, config_path: str | None = None,

@@ -21,6 +21,7 @@ from .core.layout import (
     block_copy_pairs,
     block_runs,
     block_spans,
+    describe_layout,
     owner_spans,
     slot_spans,
     swap_pairs,
@@ -85,6 +86,12 @@ class Operand:
     is_blocks: bool
     cache_id: int = -1
     handles: tuple[MemoryHandle, ...] = field(default=())
+
+
+def _operand(op: "Operand | CacheEntry", role: str) -> str:
+    """``"the source cache 3 has 8 tensors (block shape [...] of DT_FLOAT16, ...)"`` for a mismatch message."""
+    name = f"the {role} cache {op.cache_id}" if op.cache_id >= 0 else f"the {role} CPU cache"
+    return f"{name} has {op.desc.num_tensors} tensors ({describe_layout(op.desc, op.is_blocks)})"
 
 
 def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
@@ -347,7 +354,8 @@ class Engine:
         dst, src = self.entry(dst_id), self.entry(src_id)
         require(not dst.is_blocks and not src.is_blocks, "copy_cache works on contiguous caches only")
         require(dst.desc.num_tensors == src.desc.num_tensors,
-                f"tensor counts differ: dst {dst.desc.num_tensors}, src {src.desc.num_tensors}")
+                f"copy_cache: tensor counts differ: {_operand(src, 'source')}, {_operand(dst, 'destination')}; "
+                "copy between caches of the same CacheDesc num_tensors")
         stride = min(dst.desc.row_size, src.desc.row_size)
         require(0 <= offset < stride, f"offset {offset} outside the batch stride {stride}")
         nbytes = stride - offset if size == -1 else size
@@ -374,10 +382,12 @@ class Engine:
         require({src.desc.placement, dst.desc.placement} == {Placement.HOST, Placement.DEVICE},
                 f"swap_blocks copies between HOST and DEVICE; got {src.desc.placement.name} -> "
                 f"{dst.desc.placement.name}")
-        require(src.desc.num_tensors == dst.desc.num_tensors,
-                f"tensor counts differ: src {src.desc.num_tensors}, dst {dst.desc.num_tensors}")
-        require(src.desc.row_size == dst.desc.row_size,
-                f"block sizes differ: src {src.desc.row_size} bytes, dst {dst.desc.row_size} bytes")
+        if src.desc.num_tensors != dst.desc.num_tensors or src.desc.row_size != dst.desc.row_size:
+            what = "tensor counts" if src.desc.num_tensors != dst.desc.num_tensors else "block sizes"
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"swap_blocks: {what} differ: {_operand(src, 'source')}, {_operand(dst, 'destination')}"
+                                "; swap between caches of the same CacheDesc num_tensors and block size (shape[1:] "
+                                "and data_type)")
         pairs = swap_pairs(src_to_dst, src.desc.rows, dst.desc.rows)
         indices = range(src.desc.num_tensors)
         src_segs = segments_of(src.tensors, block_spans(src.desc, indices, [s for s, _ in pairs], "src"))

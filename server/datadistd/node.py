@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 from . import __version__
 from .admission import Admitting
 from .comm import CommManager
-from .config import SECRET_FIX, Config, is_loopback
+from .config import SECRET_FIX, Config, ConfigError, is_loopback
 from .core.errors import DataDistError, StatusCode, require
 from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
@@ -32,6 +32,8 @@ from .memory.base import DeviceBackend
 from .metrics import DaemonMetrics
 from .ownercalls import CallCodec
 from .peering import PeerClient
+from .peersecret import PeerSecret
+from .peersecret import peer_secret as _peer_secret
 from .quota import Charge, QuotaBook
 from .sessions import SessionTable, WorkerSession
 from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
@@ -92,7 +94,16 @@ class EngineSlot:
 class Node:
     def __init__(self, config: Config, *, call_codec: CallCodec, backend: MemoryBackend | None = None,
                  peer_connector: Callable[[str], PeerClient] | None = None,
-                 listener_factory: ListenerFactory | None = None) -> None:
+                 listener_factory: ListenerFactory | None = None, peer_secret: PeerSecret | None = None) -> None:
+        """``peer_secret``: what peers must prove (default: ``peersecret.peer_secret`` of ``config``, as a
+        standalone daemon reads it); ConfigError when ``[transport] host`` is off loopback without a real one."""
+        self.peer_secret = peer_secret or _peer_secret(config.peer)
+        if not self.peer_secret.real:
+            if not is_loopback(config.transport.host):
+                raise ConfigError(f"transport.host = {config.transport.host!r} would serve the data plane to other "
+                                  f"hosts with {self.peer_secret.source}, which is public: {SECRET_FIX}")
+            log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s",
+                        self.peer_secret.source, SECRET_FIX)
         self.config = config
         # owner calls as bytes on the data channel (rpc.convert.CALL_CODEC: this package imports no protobuf)
         self.call_codec = call_codec
@@ -111,11 +122,6 @@ class Node:
         # the daemon's one executor, shared fairly: one uid's local work, or one peer's owner calls, hold at
         # most [quota] threads_per_principal of its threads at once (gate.py)
         self.threads = Threads(EXECUTOR_THREADS, config.quota.threads_per_principal)
-        self.secret = config.secret_bytes()
-        self.real_secret = config.has_real_secret()
-        if not self.real_secret:
-            log.warning("no [peer] secret is set: peers authenticate with the public development secret, so this "
-                        "daemon listens on loopback addresses only; %s", SECRET_FIX)
         self.version = __version__
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
@@ -263,10 +269,11 @@ class Node:
 
     def check_listen_host(self, host: str) -> None:
         """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
-        if not self.real_secret and not is_loopback(host):
+        if not self.peer_secret.real and not is_loopback(host):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                f"this daemon has no [peer] secret of its own, so it does not listen on {host} (a "
-                                f"non-loopback address anyone could link to); {SECRET_FIX}")
+                                f"this daemon's peers authenticate with {self.peer_secret.source}, which is public, "
+                                f"so it does not listen on {host} (a non-loopback address anyone could link to); "
+                                f"{SECRET_FIX}")
 
     async def _listen(self, slot: EngineSlot, host: str, port: int) -> None:
         self.check_listen_host(host)

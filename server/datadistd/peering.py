@@ -21,7 +21,11 @@ from typing import Protocol
 from .core.errors import DataDistError, StatusCode
 
 __all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "make_offer", "check_version",
-           "offer_mac", "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S"]
+           "offer_mac", "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S",
+           "AUTH_FAILED"]
+
+#: how a serving daemon's refusal of a wrong secret begins (the linking daemon adds which secret it used)
+AUTH_FAILED = "authentication failed: wrong or missing shared secret"
 
 #: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge; 3: after the
 #: handshake the data channel carries everything (owner calls, unlink, liveness): the Peer service has only

@@ -356,3 +356,17 @@ def test_an_unknown_init_option_is_ignored_as_cann_does_but_named_in_a_warning(l
     warned = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
     assert warned == ["init options datadist does not read are ignored (as CANN ignores them): llm.SomethingMadeUp; "
                       "a typo?"]
+
+
+def test_a_copy_between_caches_of_different_tensor_counts_names_both(local_dd) -> None:
+    """issue 37, item 7: not "dst 4, src 2" but both caches, their layouts and what to register."""
+    dd = local_dd("PROMPT")
+    src = dd.cache_manager.allocate_cache(CacheDesc(2, [2, 8], U8))
+    dst = dd.cache_manager.allocate_cache(CacheDesc(4, [2, 8], U8))
+    with pytest.raises(ld.LLMException) as info:
+        dd.cache_manager.copy_cache(dst, src)
+    assert info.value.status_code is S.LLM_PARAM_INVALID
+    said = str(info.value)
+    assert f"copy_cache: tensor counts differ: the source cache {src.cache_id} has 2 tensors (batch slot shape [8] " \
+           f"of DT_UINT8, 8 bytes per tensor and batch slot), the destination cache {dst.cache_id} has 4 tensors" \
+           in said and "copy between caches of the same CacheDesc num_tensors" in said, said

@@ -55,3 +55,26 @@ def test_a_daemon_that_exists_but_does_not_answer_is_waited_for(tmp_path) -> Non
         finally:
             client.close()
     assert "(from DATADIST_DAEMON) is not ready within 0.5s" in str(info.value)
+
+
+def test_a_plain_socket_path_is_a_daemon_address_as_for_datadistctl(daemon_factory, worker_factory) -> None:
+    """``DATADIST_DAEMON=/path/to.sock`` reaches the daemon, as it does for ``datadistctl`` (issue 37, item 8)."""
+    from datadistd.ctl import resolve_socket
+
+    daemon = daemon_factory("plain")
+    assert resolve_socket(None, env={"DATADIST_DAEMON": daemon.socket}) == daemon.socket
+    worker = worker_factory(daemon, DATADIST_DAEMON=daemon.socket)
+    worker.call("init", "PROMPT", 1, mem_pool=1 << 20)
+    worker.call("allocate", "kv", 1, (4, 16))      # the daemon's memory, reached through that address
+    worker.call("fill", "kv", 3)
+
+
+def test_a_daemon_address_of_another_scheme_is_refused_naming_both_forms(monkeypatch) -> None:
+    monkeypatch.setenv("DATADIST_DAEMON", "dns:///127.0.0.1:26000")
+    dd = ld.LLMDataDist(ld.LLMRole.DECODER, 2)
+    cfg = ld.LLMConfig()
+    cfg.device_id = 0
+    with pytest.raises(ld.LLMException) as info:
+        dd.init(cfg.generate_options())
+    assert info.value.status_code is LLMStatusCode.LLM_PARAM_INVALID
+    assert "unix socket only" in str(info.value) and "/run/datadist/datadistd.sock or unix://" in str(info.value)

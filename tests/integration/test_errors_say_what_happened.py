@@ -82,3 +82,78 @@ def test_no_finalize_error_after_the_daemon_released_the_engine(restart: bool, d
     logged = worker.call("logs", "finalize")
     assert "already released by datadistd" in logged, logged
     assert "failed" not in logged, logged
+
+
+# ---- mismatches name tensors, layers, block shapes and the option that fixes them (issue 37, item 7) ----------
+
+LAYOUT = "block shape [16, 16] of DT_FLOAT16, 512 bytes per tensor and block"
+
+
+@pytest.fixture
+def mismatched(daemon_factory, worker_factory):
+    """A linked prompt (cluster P) and decoder (cluster D); each test registers the caches it pairs."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    return prompt, decoder
+
+
+def _refused(call) -> str:  # noqa: ANN001
+    with pytest.raises(WorkerError) as info:
+        call()
+    assert info.value.status_code == S.LLM_PARAM_INVALID, info.value
+    return str(info.value)
+
+
+def test_a_tensor_count_mismatch_names_both_counts_and_the_layer_ranges_that_fix_it(mismatched) -> None:
+    """8 tensors (4 layers of K and V) at the prompt, 4 at the decoder: not only byte counts."""
+    prompt, decoder = mismatched
+    pid = prompt.call("register_blocks", "kv", 8, BLOCKS, (16, 16), model_id=0)
+    did = decoder.call("register_blocks", "kv", 4, BLOCKS, (16, 16))
+    prompt.call("fill", "kv", 5)
+    said = _refused(lambda: decoder.call("pull_blocks", P, "kv", [0, 1], [2, 3]))
+    assert f"tensor counts differ: the source cache {pid} of cluster {P} has 8 tensors ({LAYOUT}), the " \
+           f"destination cache {did} has 4 tensors ({LAYOUT}); move the layers both have -- " \
+           "src_layer_range=range(0, 2) and dst_layer_range=range(0, 2)" in said, said
+    assert "or register both caches with the same number of tensors (CacheDesc num_tensors)" in said, said
+    decoder.call("pull_blocks", P, "kv", [0, 1], [2, 3], src_layer_range=(0, 2), dst_layer_range=(0, 2))  # the fix
+    assert (decoder.call("rows", "kv", None, [2, 3]) == prompt.call("rows", "kv", [0, 1, 2, 3], [0, 1])).all()
+    said = _refused(lambda: decoder.call("push_blocks", P, "kv", [0], [1]))   # the other way: the owner is dst
+    assert f"tensor counts differ: the destination cache {pid} of cluster {P} has 8 tensors ({LAYOUT}), the " \
+           f"source cache {did} has 4 tensors" in said, said
+
+
+def test_a_block_size_mismatch_names_the_block_shapes_and_the_option(mismatched) -> None:
+    prompt, decoder = mismatched
+    pid = prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)
+    did = decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 32))
+    said = _refused(lambda: decoder.call("pull_blocks", P, "kv", [0, 1], [2, 3]))
+    assert f"block sizes differ: the source cache {pid} of cluster {P} has 2 tensors ({LAYOUT}), the destination " \
+           f"cache {did} has 2 tensors (block shape [16, 32] of DT_FLOAT16, 1024 bytes per tensor and block); " \
+           "register both caches with the same number of tensors and block shape (CacheDesc num_tensors, shape[1:] " \
+           "and data_type)" in said, said
+
+
+def test_one_layer_range_against_a_whole_cache_names_both_lengths(mismatched) -> None:
+    """(Two ranges of different lengths are refused by the client already, naming both.)"""
+    prompt, decoder = mismatched
+    prompt.call("register_blocks", "kv", 8, BLOCKS, (16, 16), model_id=0)
+    decoder.call("register_blocks", "kv", 8, BLOCKS, (16, 16))
+    said = _refused(lambda: decoder.call("pull_blocks", P, "kv", [0], [0], src_layer_range=(0, 2)))
+    assert "layer ranges differ in length: src_layer_range=range(0, 2) covers 2 layers = 4 tensors at " \
+           "tensor_num_per_layer=2, no dst_layer_range: all 8 tensors of the local cache (4 layers); give " \
+           "src_layer_range and dst_layer_range the same length" in said, said
+
+
+def test_a_swap_between_mismatched_caches_names_both_layouts(daemon_factory, worker_factory) -> None:
+    worker = worker_factory(daemon_factory("d"))
+    worker.call("init", "DECODER", D, mem_pool=1 << 20, host_mem_pool=1 << 20)
+    dev = worker.call("allocate", "dev", 2, (BLOCKS, 16, 16), blocks=True)
+    host = worker.call("allocate", "host", 4, (BLOCKS, 16, 16), blocks=True, placement="HOST")
+    said = _refused(lambda: worker.call("swap_blocks", "dev", "host", {0: 1}))
+    assert f"swap_blocks: tensor counts differ: the source cache {dev} has 2 tensors (block shape [16, 16] of " \
+           f"DT_FLOAT16, 512 bytes per tensor and block), the destination cache {host} has 4 tensors" in said, said
+    assert "swap between caches of the same CacheDesc num_tensors and block size" in said, said

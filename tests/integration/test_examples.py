@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -95,19 +96,58 @@ def run_pair(prompt_env: dict[str, str], decoder_env: dict[str, str], listen: st
     return p_out, d_out
 
 
+def full_log(daemon: Daemon) -> str:
+    return Path(daemon.log_path).read_text(errors="replace")
+
+
+def warnings_in(log: str) -> list[str]:
+    return [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+
+
 def test_the_examples_through_two_daemons() -> None:
+    """A run as the README shows it leaves no warning in either daemon's log (issue 37, item 5: the alert queries
+    of docs/operations.md watch them), and the prompt listens only once its cache is registered."""
     daemons = Daemon.start_all([Daemon("example-p"), Daemon("example-d")])
     try:
         run_pair(user_env(DATADIST_DAEMON=daemons[0].target), user_env(DATADIST_DAEMON=daemons[1].target),
                  f"127.0.0.1:{free_port()}")
+        for d in daemons:
+            assert not warnings_in(full_log(d)), (d.name, warnings_in(full_log(d)))
+        prompt_log = full_log(daemons[0]).splitlines()
+        registered = next(i for i, line in enumerate(prompt_log) if " registered " in line)
+        listening = next(i for i, line in enumerate(prompt_log) if re.search(r"listen=\d", line))
+        assert registered < listening, prompt_log
     finally:
         for d in daemons:
             d.discard()
 
 
+def test_the_examples_started_together_pull_no_missing_cache() -> None:
+    """The README starts the prompt in the background and the decoder at once: the decoder links as soon as the
+    prompt listens, and finds its cache there (no LLM_KV_CACHE_NOT_EXIST in either daemon's log)."""
+    daemons = Daemon.start_all([Daemon("together-p"), Daemon("together-d")])
+    listen = f"127.0.0.1:{free_port()}"
+    prompt = Script("prompt_worker.py", ["--listen", listen, "--timeout", "60"],
+                    user_env(DATADIST_DAEMON=daemons[0].target))
+    decoder = Script("decoder_worker.py", ["--prompt", listen], user_env(DATADIST_DAEMON=daemons[1].target))
+    try:
+        d_code, d_out = decoder.finish()
+        p_code, p_out = prompt.finish()
+        assert d_code == 0 and "0 bytes differ" in d_out, d_out
+        assert p_code == 0 and "arrived intact" in p_out, p_out
+        for d in daemons:
+            assert "LLM_KV_CACHE_NOT_EXIST" not in full_log(d), full_log(d)[-3000:]
+    finally:
+        decoder.kill()
+        prompt.kill()
+        for d in daemons:
+            d.discard()
+
+
 def test_the_examples_embedded() -> None:
-    """No DATADIST_DAEMON: each worker starts its own daemon."""
-    run_pair(user_env(), user_env(), f"127.0.0.1:{free_port()}")
+    """No DATADIST_DAEMON: each worker starts its own daemon, whose warnings would reach the worker's stderr."""
+    for out in run_pair(user_env(), user_env(), f"127.0.0.1:{free_port()}"):
+        assert "LLM_KV_CACHE_NOT_EXIST" not in out and "failed" not in out, out
 
 
 def python_blocks(markdown: str) -> list[list[str]]:

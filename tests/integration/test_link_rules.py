@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.config import DEV_SECRET
 from tests.harness import free_port
 
 pytestmark = pytest.mark.integration
@@ -115,9 +114,8 @@ def test_exit_time_finalize_of_an_embedded_engine_tells_the_peer(daemon_factory,
     script = tmp_path / "decoder.py"
     script.write_text(_EXITING_DECODER)
     done = subprocess.run([sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=60,
-                          env={**{k: v for k, v in os.environ.items() if k != "DATADIST_DAEMON"},
-                               # the test daemon's (public) secret: an embedded daemon's own would not link
-                               "DATADISTD_PEER_SECRET": DEV_SECRET})
+                          # embedded, no secret configured: the same per-user secret as the test daemon's
+                          env={k: v for k, v in os.environ.items() if k != "DATADIST_DAEMON"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["linked", "0"]
     assert "Traceback" not in done.stderr and "LLM_FAILED" not in done.stderr, done.stderr

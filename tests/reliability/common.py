@@ -1,7 +1,8 @@
 """Shared helpers of the reliability tests: daemon probes, a test-controlled peer, network namespaces.
 
 Nothing here changes product behaviour. ``PeerAgent`` plays a peer daemon that knows the shared
-secret (as any configured node of the cluster does): it handshakes with an engine's listener,
+secret (by default what a daemon of this user with no secret configured proves: the per-user one, which the
+test daemons, started with this environment, read too): it handshakes with an engine's listener,
 opens the authenticated data channel with the derived token and then sends hand-made owner calls
 (``OwnerCall`` CALL frames on that channel), so a test can check what the owner does with hostile or
 out-of-range requests.
@@ -33,6 +34,14 @@ from tests.harness import fd_targets
 
 STATUS_KEY = "datadist-status-code"
 DEV_SECRET = b"datadist-development-secret"
+
+
+def unconfigured_secret() -> bytes:
+    """The secret a daemon of this user proves when none is configured (``datadistd.peersecret``)."""
+    from datadistd.config import PeerSection
+    from datadistd.peersecret import peer_secret
+
+    return peer_secret(PeerSection()).value
 
 IS_ROOT = os.geteuid() == 0
 HAVE_NETNS = IS_ROOT and shutil.which("ip") is not None and shutil.which("tc") is not None
@@ -265,7 +274,7 @@ class PeerAgent:
     address: str
     client_cluster: int
     server_cluster: int
-    secret: bytes = DEV_SECRET
+    secret: bytes = field(default_factory=unconfigured_secret)
     session: bytes = b""
     endpoint: str = ""
     token: bytes = b""

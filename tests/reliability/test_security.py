@@ -23,6 +23,7 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2
 from datadistd.peering import PROTOCOL_VERSION
+from datadistd.peersecret import PeerSecret
 from tests.harness import Daemon, WorkerError, free_port, pool_memfds
 from tests.reliability.common import (
     DEV_SECRET,
@@ -75,7 +76,7 @@ def _pull_and_check(decoder, prompt, src, dst) -> None:  # noqa: ANN001
 def test_wrong_or_missing_secret_is_refused_and_logged(daemon_factory, worker_factory) -> None:
     dp, prompt, port = _prompt(daemon_factory, worker_factory, env={"DATADISTD_PEER_SECRET": SECRET_A})
     wrong = daemon_factory("wrong", env={"DATADISTD_PEER_SECRET": SECRET_B})
-    missing = daemon_factory("missing")           # no secret configured: the development secret
+    missing = daemon_factory("missing")           # no secret configured: this user's own
     for daemon, cluster in ((wrong, D), (missing, D + 1)):
         decoder = _decoder(daemon, worker_factory, cluster)
         assert decoder.call("link", P, "127.0.0.1", port) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
@@ -85,9 +86,16 @@ def test_wrong_or_missing_secret_is_refused_and_logged(daemon_factory, worker_fa
         assert not decoder.call("rows", "kv").any()
         assert links(daemon) == []
     assert links(dp) == []
-    assert "refused a handshake from cluster 2: bad credential" in dp.log()
-    assert "refused a handshake from cluster 3: bad credential" in dp.log()
+    assert "refused a handshake from cluster 2 at 127.0.0.1: bad credential" in dp.log()
+    assert "refused a handshake from cluster 3 at 127.0.0.1: bad credential" in dp.log()
     assert "authentication failed: wrong or missing shared secret" in wrong.log()
+    # which secret each side holds, told apart by fingerprint (both are "the [peer] secret")
+    fingerprints = [PeerSecret(s.encode(), "", True).fingerprint for s in (SECRET_A, SECRET_B)]
+    assert f"the serving daemon uses the [peer] secret (DATADISTD_PEER_SECRET or the config file) (fingerprint " \
+           f"{fingerprints[0]})" in wrong.log()
+    assert f"this worker's daemon uses the [peer] secret (DATADISTD_PEER_SECRET or the config file) (fingerprint " \
+           f"{fingerprints[1]})" in wrong.log()
+    assert "this worker's daemon uses the per-user secret" in missing.log()
     for daemon in (dp, wrong, missing):  # the secret is never logged
         assert SECRET_A not in daemon.log() and SECRET_B not in daemon.log()
     # the right secret links and moves bytes

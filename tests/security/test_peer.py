@@ -1,8 +1,9 @@
 """Remote attacks on the peer plane (security issue, items 8 and 9), each refused next to the legitimate use.
 
-8. A daemon with no secret of its own (the public development secret) listens on loopback only: a
-   non-loopback ``listen_ip_info`` is refused at ``init``, a non-loopback ``[transport] host`` stops the
-   start with exit 2, both naming the fix; loopback development keeps working, with one warning.
+8. A daemon with no secret of its own (the public development secret: set explicitly, or the fallback of a user
+   with no place for a per-user secret) listens on loopback only: a non-loopback ``listen_ip_info`` is refused at
+   ``init``, a non-loopback ``[transport] host`` stops the start with exit 2, both naming the fix; loopback
+   development keeps working, with one warning. A per-user secret (nothing configured) is a real one.
 9. An unauthenticated ``Handshake`` over 4 KiB is refused before it is parsed; the peer listener takes
    messages up to what an authenticated request needs (16 MiB), not 64 MiB.
 10. Strangers holding silent connections to the data-plane port do not keep a linking peer out;
@@ -30,7 +31,7 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.config import ConfigError, load_config
+from datadistd.config import load_config
 from datadistd.peering import PROTOCOL_VERSION
 from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
@@ -41,9 +42,23 @@ pytestmark = pytest.mark.integration
 P, D = 1, 2
 
 
+#: the two ways a daemon is left with the public development secret (``datadistd.peersecret``)
+PUBLIC = {"explicit": {"DATADISTD_PEER_SECRET": "datadist-development-secret"},
+          "no per-user place": {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
+                                "HOME": "/proc/datadist-none"}}
+
+
+@pytest.fixture(params=sorted(PUBLIC))
+def dev_daemon(request):
+    d = DaemonProcess("dev", env=PUBLIC[request.param])
+    d.start()
+    yield d
+    d.discard()
+
+
 @pytest.fixture
-def dev_daemon():
-    d = DaemonProcess("dev")   # no [peer] secret: the development secret
+def plain_daemon():
+    d = DaemonProcess("plain")   # nothing configured: this user's own secret
     d.start()
     yield d
     d.discard()
@@ -73,8 +88,8 @@ def test_8_no_real_secret_means_loopback_only(dev_daemon):
             assert "secret_file" in str(info.value)
         # loopback development works, and the daemon said once why it stays there
         w.call("init", "PROMPT", P, listen=f"127.0.0.1:{free_port()}")
-        assert dev_daemon.log().count("no [peer] secret is set") == 1
-        assert "secret_file" in dev_daemon.log()
+        assert dev_daemon.log().count("listens on loopback addresses only") == 1
+        assert "the public development secret" in dev_daemon.log() and "secret_file" in dev_daemon.log()
     finally:
         w.close()
 
@@ -85,30 +100,50 @@ def test_8_a_real_secret_lifts_the_rule(tmp_path):
         pytest.skip("this host has no non-loopback IPv4 address to bind")
     secret = tmp_path / "peer.secret"
     secret.write_text("a-cluster-secret\n")
-    d = DaemonProcess("real", env={"DATADISTD_PEER_SECRET_FILE": str(secret)}).start()
-    w = Worker({"DATADIST_DAEMON": d.target})
-    try:
-        w.call("init", "PROMPT", P, listen=f"{ip}:{free_port()}")   # bound, nothing else is sent there
-        assert "no [peer] secret is set" not in d.log()
-    finally:
-        w.close()
-        d.discard()
+    secret.chmod(0o600)
+    for env in ({"DATADISTD_PEER_SECRET_FILE": str(secret)}, {}):   # configured, or this user's own
+        d = DaemonProcess("real", env=env).start()
+        w = Worker({"DATADIST_DAEMON": d.target})
+        try:
+            w.call("init", "PROMPT", P, listen=f"{ip}:{free_port()}")   # bound, nothing else is sent there
+            assert "loopback addresses only" not in d.log()
+        finally:
+            w.close()
+            d.discard()
 
 
-def test_8_a_public_data_plane_without_a_secret_does_not_start():
-    with pytest.raises(ConfigError, match="secret_file"):
-        load_config(env={"DATADISTD_TRANSPORT_HOST": "0.0.0.0"})
-    for env in ({"DATADISTD_PEER_SECRET": "datadist-development-secret"}, {}):
-        done = subprocess.run([sys.executable, "-m", "datadistd", "--socket", "/nonexistent/x.sock"],
+def test_8_a_public_data_plane_without_a_secret_does_not_start(tmp_path):
+    for name, env in PUBLIC.items():
+        done = subprocess.run([sys.executable, "-m", "datadistd", "--socket", str(tmp_path / "d" / "x.sock")],
                               env={**os.environ, "DATADISTD_TRANSPORT_HOST": "0.0.0.0", **env},
                               capture_output=True, text=True, timeout=60)
-        assert done.returncode == 2 and "secret_file" in done.stderr, done.stderr[-500:]
+        assert done.returncode == 2 and "secret_file" in done.stderr, (name, done.stderr[-500:])
+        assert "public development secret" in done.stderr, (name, done.stderr[-500:])
     assert load_config(env={"DATADISTD_TRANSPORT_HOST": "0.0.0.0", "DATADISTD_PEER_SECRET": "s3cret"})
 
 
-def test_9_oversized_unauthenticated_handshakes_are_refused_unparsed(dev_daemon):
+def test_8_a_secret_file_others_may_read_stops_a_daemon_and_an_embedded_worker_alike(tmp_path):
+    """One rule for secret files in every mode (issue 37, item 4): the standalone daemon used to take a 0644 one."""
+    secret = tmp_path / "peer.secret"
+    secret.write_text("a-cluster-secret\n")
+    secret.chmod(0o644)
+    env = {**os.environ, "DATADISTD_PEER_SECRET_FILE": str(secret)}
+    done = subprocess.run([sys.executable, "-m", "datadistd", "--socket", str(tmp_path / "d" / "x.sock")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "has mode 0o644" in done.stderr and f"chmod 600 {secret}" in done.stderr, \
+        done.stderr[-1000:]
+    w = Worker({"DATADISTD_PEER_SECRET_FILE": str(secret)})   # embedded: the same file, the same refusal
+    try:
+        with pytest.raises(WorkerError) as info:
+            w.call("init", "DECODER", D)
+        assert info.value.kind == "UnsafeSecret" and f"chmod 600 {secret}" in info.value.message
+    finally:
+        w.close()
+
+
+def test_9_oversized_unauthenticated_handshakes_are_refused_unparsed(plain_daemon):
     port = free_port()
-    w = Worker({"DATADIST_DAEMON": dev_daemon.target})
+    w = Worker({"DATADIST_DAEMON": plain_daemon.target})
     try:
         w.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
         big = [("grpc.max_send_message_length", 64 << 20)]
@@ -121,11 +156,11 @@ def test_9_oversized_unauthenticated_handshakes_are_refused_unparsed(dev_daemon)
             with pytest.raises(grpc.RpcError) as info:   # 20 MiB: over what the listener takes at all
                 stub.Handshake(peer_pb2.HandshakeRequest(client_version="x" * (20 << 20)), timeout=30)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # a real peer still links with the (development) secret on loopback
+        # a real peer still links with the daemon's secret
         agent = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(streams=1)
         assert agent.session
         agent.close()
-        assert dev_daemon.proc.poll() is None
+        assert plain_daemon.proc.poll() is None
     finally:
         w.close()
 

@@ -132,3 +132,53 @@ def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
     assert (own["device_ip"], own["server_id"], own["physical_id"], own["traffic_class"], own["service_level"],
             own["retries"], own["prepare_timeout"]) == ("10.9.9.9", "n1", 6, 0, 3, 5, 40.0)
     assert cfg.transport.device_ip(7) == ""   # a list without that device: the data plane's host address
+
+
+def test_an_unknown_environment_variable_is_an_error_naming_the_nearest_known_one() -> None:
+    """A misspelt section is refused like a misspelt key, never ignored (issue 37, item 3); the value (perhaps a
+    secret) is not repeated."""
+    for name, nearest in (("DATADISTD_METRIC_LISTEN", "DATADISTD_METRICS_LISTEN"),
+                          ("DATADISTD_PEER_SECRET_FIEL", "DATADISTD_PEER_SECRET_FILE"),
+                          ("DATADISTD_TRANSPORTS_NAME", "DATADISTD_TRANSPORT_NAME")):
+        with pytest.raises(ConfigError) as info:
+            load_config(env={name: "value-not-shown"})
+        assert f"unknown environment variable {name} (did you mean {nearest}?)" in str(info.value)
+        assert "value-not-shown" not in str(info.value)
+    with pytest.raises(ConfigError, match="unknown environment variable DATADISTD_XYZZY;"):
+        load_config(env={"DATADISTD_XYZZY": "1"})
+    assert load_config(env={"DATADISTD_METRICS_LISTEN": "9400", "DATADIST_DAEMON": "/x", "DATADISTX": "1"})
+
+
+def test_the_daemon_exits_2_on_an_unknown_environment_variable() -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "datadistd", "--socket", "/nonexistent/x.sock"],
+                          env={**os.environ, "DATADISTD_METRIC_LISTEN": "9400"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert "DATADISTD_METRIC_LISTEN (did you mean DATADISTD_METRICS_LISTEN?)" in done.stderr
+
+
+def test_every_daemon_variable_the_tree_names_is_known() -> None:
+    """What the docs, deploy files, tests and bench set is accepted: none is refused by the rule above."""
+    import re
+
+    from datadistd.config import env_names
+
+    known = env_names()
+    placeholders = {"DATADISTD_SECTION_KEY", "DATADISTD_EXECUTABLE"}   # a pattern; check.sh's argument name
+    found: dict[str, str] = {}
+    for top in ("README.md", "docs", "deploy", "tests", "bench", "server", "client", "Makefile", ".ci"):
+        for path in ([ROOT / top] if (ROOT / top).is_file() else (ROOT / top).rglob("*")):
+            if path.is_file() and path.suffix in ("", ".md", ".py", ".toml", ".sh", ".service", ".conf", ".cfg") \
+                    and path != Path(__file__):   # this file misspells some on purpose
+                # (a quoted refusal, "unknown environment variable X", is not a use of X)
+                text = path.read_text(errors="replace")
+                for name in re.findall(r"(?<!unknown environment variable )DATADISTD_[A-Z0-9_]+", text):
+                    found.setdefault(name, str(path.relative_to(ROOT)))
+    unknown = {name: where for name, where in found.items()
+               if name not in known and name not in placeholders and not name.endswith("_")}
+    assert not unknown, unknown
+    assert len(found) > 20

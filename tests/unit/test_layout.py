@@ -16,6 +16,7 @@ from datadistd.core.layout import (
     block_copy_pairs,
     block_runs,
     block_spans,
+    explain_size_mismatch,
     inclusive_pair_to_range,
     layer_range_to_tensor_indices,
     slot_as_blocks_spans,
@@ -320,3 +321,29 @@ def test_block_lists_are_checked_element_by_element_unless_all_plain_ints(blocks
     else:
         with pytest.raises(DataDistError, match=rf"dst_blocks\[{bad}\] = "):
             block_spans(desc, [0], blocks, "dst")
+
+
+@pytest.mark.parametrize("theirs,what", [
+    ((4, (8, 16)), "tensor counts differ"),                 # 4 tensors of the same blocks against 8
+    ((8, (8, 32)), "block sizes differ"),                   # 8 tensors of twice the block
+    ((2, (8, 32)), "tensor counts and block sizes differ"),  # both wrong
+])
+def test_an_owner_size_mismatch_becomes_the_requesters_whole_story(theirs, what) -> None:
+    """The owner says its side (``size_mismatch``), the requester reads it and adds its own (issue 37, item 7): the
+    two halves of one format, kept in one module."""
+    from datadistd.core.layout import owner_spans
+    from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
+
+    owner = CacheDesc(8, (16, 8, 16), DType.DT_FLOAT16)
+    count, block = theirs
+    requester = CacheDesc(count, (16, *block), DType.DT_FLOAT16)
+    expected = count * 2 * requester.row_size
+    spec = RemoteSpec(BlocksKeyRef(1, 0), ReadMode.BLOCKS, (0, 1), expected_bytes=expected)
+    with pytest.raises(DataDistError) as info:
+        owner_spans(owner, True, 7, 1, spec, "src", 1)
+    told = explain_size_mismatch(info.value.message, requester, True, 9, count, False)
+    assert told is not None and told.startswith(f"{what}: the source cache 7 of cluster 1 has 8 tensors (block "
+                                                "shape [8, 16] of DT_FLOAT16, 256 bytes per tensor and block), the "
+                                                f"destination cache 9 has {count} tensors"), told
+    assert ("src_layer_range=range(0, 2) and dst_layer_range=range(0, 2)" in told) == (what == "tensor counts differ")
+    assert explain_size_mismatch("an unrelated refusal", requester, True, 9, count, False) is None

@@ -16,6 +16,7 @@ anything is returned. Pure Python, no numpy: the daemon core imports no array li
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -317,7 +318,57 @@ def owner_spans(desc: CacheDesc, is_blocks: bool, cache_id: int, batch: int, spe
                 f"of cache {cache_id}")
         spans = slot_spans(desc, indices, batch, spec.size, spec.offset, missing_code=StatusCode.LLM_KV_CACHE_NOT_EXIST)
     got = total_length(spans)
-    require(spec.expected_bytes == got,
-            f"size mismatch: requester expects {spec.expected_bytes} bytes, cache {cache_id} of cluster "
-            f"{cluster_id} has {got} bytes for that request")
+    if spec.expected_bytes != got:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            size_mismatch(desc, is_blocks, cache_id, cluster_id, spec, side, count, got))
     return spans, indices
+
+
+def describe_layout(desc: CacheDesc, is_blocks: bool) -> str:
+    """``"block shape [16, 8, 64] of DT_FLOAT16, 16384 bytes per tensor and block"``: what two caches a transfer or
+    a copy pairs must agree on, for messages."""
+    unit = "block" if is_blocks else "batch slot"
+    return f"{unit} shape {list(desc.shape[1:])} of {desc.dtype.name}, {desc.row_size} bytes per tensor and {unit}"
+
+
+#: how an owner's refusal of a requester's byte count begins (``size_mismatch``; ``explain_size_mismatch`` reads it)
+SIZE_MISMATCH = "size mismatch: "
+_OWNER_FACTS = re.compile(r"size mismatch: (the (source|destination) cache \d+ of cluster \d+ has (\d+) tensors "
+                          r"\((?:block|batch slot) shape \[[\d, ]*\] of \w+, (\d+) bytes per tensor and "
+                          r"(?:block|batch slot)\))")
+
+
+def size_mismatch(desc: CacheDesc, is_blocks: bool, cache_id: int, cluster_id: int, spec: RemoteSpec, side: str,
+                  count: int, got: int) -> str:
+    """The owner's side of a byte count it does not hold for a peer's request: its tensors and layout, in the
+    caller's terms (``side``: this cache's side of the transfer, "src" for a pull, "dst" for a push). The
+    requester, which knows its own cache, turns it into the whole story (``explain_size_mismatch``)."""
+    ours, theirs = ("source", "destination") if side == "src" else ("destination", "source")
+    return (f"{SIZE_MISMATCH}the {ours} cache {cache_id} of cluster {cluster_id} has {count} tensors "
+            f"({describe_layout(desc, is_blocks)}): {got} bytes for this request, the {theirs} side expects "
+            f"{spec.expected_bytes}")
+
+
+def explain_size_mismatch(message: str, local: CacheDesc, local_is_blocks: bool, local_cache_id: int,
+                          local_tensors: int, layers_given: bool) -> str | None:
+    """The requester's account of an owner's ``size_mismatch`` refusal: both caches' tensor counts and layouts,
+    what differs and the option that fixes it; None when ``message`` is no such refusal (an older owner's)."""
+    found = _OWNER_FACTS.search(message)
+    if found is None:
+        return None
+    there, role, count, row = found.group(1), found.group(2), int(found.group(3)), int(found.group(4))
+    mine = "destination" if role == "source" else "source"
+    here = (f"the {mine} cache {local_cache_id} has {local_tensors} tensors "
+            f"({describe_layout(local, local_is_blocks)})")
+    if count != local_tensors and row == local.row_size:
+        common = min(count, local_tensors) // 2
+        if layers_given or not common:
+            layers = "src_layer_range and dst_layer_range covering the same number of tensors"
+        else:
+            layers = (f"src_layer_range=range(0, {common}) and dst_layer_range=range(0, {common}) (with the default "
+                      f"tensor_num_per_layer=2: the first {2 * common} tensors of each)")
+        return (f"tensor counts differ: {there}, {here}; move the layers both have -- {layers} -- or register both "
+                "caches with the same number of tensors (CacheDesc num_tensors)")
+    what = "block sizes differ" if count == local_tensors else "tensor counts and block sizes differ"
+    return (f"{what}: {there}, {here}; register both caches with the same number of tensors and block shape "
+            "(CacheDesc num_tensors, shape[1:] and data_type)")

@@ -58,17 +58,24 @@ def _indices(layers: tuple[int, int] | None, per_layer: int, num_tensors: int) -
 
 
 def _remote_tensors(layers: tuple[int, int] | None, per_layer: int, local_count: int,
-                    local_given: bool) -> tuple[int, int]:
-    """(tensor_start, tensor_count) on the owner; count 0 = all of its tensors."""
+                    local_given: bool, remote_side: str) -> tuple[int, int]:
+    """(tensor_start, tensor_count) on the owner; count 0 = all of its tensors. ``remote_side``: "src" (a pull)
+    or "dst" (a push), for the message naming the two ranges."""
     if layers is None:
         return 0, (local_count if local_given else 0)
     start, stop = layers
     require(per_layer >= 1, f"tensor_num_per_layer must be >= 1, got {per_layer}")
     require(0 <= start < stop, f"layer range must satisfy 0 <= start < stop, got range({start}, {stop})")
     count = (stop - start) * per_layer
-    require(count == local_count,
-            f"layer ranges differ in length: remote {stop - start} layers ({count} tensors), "
-            f"local {local_count} tensors")
+    if count != local_count:
+        local_side = "dst" if remote_side == "src" else "src"
+        local = (f"{local_side}_layer_range covers {local_count} tensors" if local_given else
+                 f"no {local_side}_layer_range: all {local_count} tensors of the local cache")
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"layer ranges differ in length: {remote_side}_layer_range=range({start}, {stop}) covers "
+                            f"{stop - start} layers = {count} tensors at tensor_num_per_layer={per_layer}, {local} "
+                            f"({local_count / per_layer:g} layers); give src_layer_range and dst_layer_range the same "
+                            "length")
     return start * per_layer, count
 
 
@@ -82,7 +89,7 @@ def plan_pull(order: TransferOrder, dst: CacheDesc, dst_is_blocks: bool, own_clu
     _check_remote(order, own_cluster, "pull from")
     per = order.tensor_num_per_layer
     local = _indices(order.dst_layers, per, dst.num_tensors)
-    t_start, t_count = _remote_tensors(order.src_layers, per, len(local), order.dst_layers is not None)
+    t_start, t_count = _remote_tensors(order.src_layers, per, len(local), order.dst_layers is not None, "src")
     if order.kind == TransferKind.CACHE:
         require(not dst_is_blocks, "pull_cache needs a contiguous destination cache; use pull_blocks")
         require(not isinstance(order.remote, BlocksKeyRef), "pull_cache takes a CacheKey or CacheKeyByIdAndIndex")
@@ -122,7 +129,7 @@ def plan_push(order: TransferOrder, src: CacheDesc, src_is_blocks: bool, own_clu
     _check_remote(order, own_cluster, "push to")
     per = order.tensor_num_per_layer
     local = _indices(order.src_layers, per, src.num_tensors)
-    t_start, t_count = _remote_tensors(order.dst_layers, per, len(local), order.src_layers is not None)
+    t_start, t_count = _remote_tensors(order.dst_layers, per, len(local), order.src_layers is not None, "dst")
     if order.kind == TransferKind.CACHE:
         require(not src_is_blocks, "push_cache needs a contiguous source cache; use push_blocks")
         require(isinstance(order.remote, (IdIndexRef, CacheKeyRef)), "push_cache takes a CacheKeyByIdAndIndex")

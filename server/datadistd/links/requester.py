@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from datadist.status import LLMStatusCode
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.layout import Span
+from ..core.layout import Span, explain_size_mismatch
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
@@ -113,7 +113,7 @@ class Requester:
         def answer(result: OwnerReply | DataDistError) -> None:
             try:
                 if isinstance(result, DataDistError):
-                    raise self._transfer_failure(link, result, p.timeout_ms)
+                    raise _explained(self._transfer_failure(link, result, p.timeout_ms), p.entry, p.spec)
                 write_bytes(p.dst, result.data)
             except Exception as exc:  # noqa: BLE001 - the pull ends here whatever went wrong; a bug is logged too
                 if not isinstance(exc, DataDistError):
@@ -139,7 +139,7 @@ class Requester:
         try:
             result: tuple[int, str] | DataDistError = await self._pull(p)
         except DataDistError as exc:
-            result = exc
+            result = _explained(exc, p.entry, p.spec)
         except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker still gets an answer, the log the trace
             log.exception("cluster %s: a pull from cluster %s failed", self.table.cluster_id, p.link.remote_cluster)
             result = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
@@ -153,7 +153,11 @@ class Requester:
         done((p.nbytes, p.link.transport))
 
     async def pull(self, order: TransferOrder) -> tuple[int, str]:
-        return await self._pull(self._prepare_pull(order))
+        p = self._prepare_pull(order)
+        try:
+            return await self._pull(p)
+        except DataDistError as exc:
+            raise _explained(exc, p.entry, p.spec) from None
 
     async def _pull(self, p: _Pull) -> tuple[int, str]:
         self._hold(p)
@@ -298,6 +302,8 @@ class Requester:
         try:
             await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
             link.bytes_out += plan.nbytes
+        except DataDistError as exc:
+            raise _explained(exc, entry, plan.remote) from None
         finally:
             link.inflight -= 1
             self.table.engine.unpin(entry.cache_id)
@@ -450,6 +456,16 @@ class Requester:
 
 #: where a started pull's end goes: its bytes and transport, or why it failed
 PullDone = Callable[["tuple[int, str] | DataDistError"], None]
+
+
+def _explained(exc: DataDistError, entry: CacheEntry, spec: RemoteSpec) -> DataDistError:
+    """``exc``, or, when it is the owner's refusal of this side's byte count, the whole story: both caches' tensors
+    and layouts, what differs and the option that fixes it (``core.layout.explain_size_mismatch``)."""
+    if exc.code != StatusCode.LLM_PARAM_INVALID:
+        return exc
+    told = explain_size_mismatch(exc.message, entry.desc, entry.is_blocks, entry.cache_id,
+                                 spec.tensor_count or entry.desc.num_tensors, spec.tensor_count != 0)
+    return exc if told is None else DataDistError(StatusCode.LLM_PARAM_INVALID, told)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ from typing import Awaitable, Callable, Sequence
 
 from ..admission import source_key
 from ..authz import OWN, REMOTE, authorize_displace, authorize_local_link
+from ..config import is_loopback
 from ..core.errors import DataDistError, StatusCode, require
 from ..peering import (
+    AUTH_FAILED,
     PROTOCOL_VERSION,
     ChallengeStore,
     HandshakeAnswer,
@@ -24,6 +26,7 @@ from ..peering import (
     make_offer,
     offer_mac,
 )
+from ..peersecret import SAME_SECRET_FIX
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
@@ -117,10 +120,17 @@ class Linker:
         peer = self.table.node.peer_connector(spec.address)
         try:
             challenge = await peer.challenge(self.table.cluster_id, cid, remaining)
-            offer = make_offer(self.table.node.secret, self.table.cluster_id, cid, challenge, self.table.node.version)
-            answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
+            secret = self.table.node.peer_secret
+            offer = make_offer(secret.value, self.table.cluster_id, cid, challenge, self.table.node.version)
+            try:
+                answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
+            except DataDistError as exc:   # say which secret this side used, and how to make both agree
+                if exc.code != StatusCode.LLM_LINK_FAILED or not exc.message.startswith(AUTH_FAILED):
+                    raise
+                raise DataDistError(StatusCode.LLM_LINK_FAILED, f"{exc.message}; this worker's daemon uses "
+                                    f"{secret.describe()}: {SAME_SECRET_FIX}") from None
             self._verify_answer(offer, answer, spec)
-            token = data_token(self.table.node.secret, answer.session)
+            token = data_token(self.table.node.peer_secret.value, answer.session)
             streams = max(1, min(self.table.node.streams, answer.streams or self.table.node.streams))
             channel = await self.table.in_thread(self.table.transport.connect, answer.data_endpoint, token, streams,
                                                  deadline)
@@ -137,8 +147,8 @@ class Linker:
                  spec.address, self.table.transport.label, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
-        expected = answer_mac(self.table.node.secret, offer.challenge, answer.session, answer.server_cluster_id,
-                              answer.data_endpoint)
+        expected = answer_mac(self.table.node.peer_secret.value, offer.challenge, answer.session,
+                              answer.server_cluster_id, answer.data_endpoint)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"peer at {spec.address} failed to prove the shared secret (check [peer] secret)")
@@ -200,12 +210,17 @@ class Linker:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane (``source``:
         the linking daemon's address, ``admission.source_key``: its owner calls' share of the threads)."""
         require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
-        expected = offer_mac(self.table.node.secret, offer.protocol_version, offer.client_cluster_id,
+        expected = offer_mac(self.table.node.peer_secret.value, offer.protocol_version, offer.client_cluster_id,
                              offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
         if not hmac.compare_digest(expected, offer.mac):
-            log.warning("cluster %s: refused a handshake from cluster %s: bad credential", self.table.cluster_id,
-                        offer.client_cluster_id)
-            raise DataDistError(StatusCode.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret")
+            secret = self.table.node.peer_secret
+            log.warning("cluster %s: refused a handshake from cluster %s at %s: bad credential; this daemon uses %s",
+                        self.table.cluster_id, offer.client_cluster_id, source or "an unknown address",
+                        secret.describe())
+            # which secret this side uses is told to this host's daemons only (its fingerprint is a slow, short
+            # hash; other hosts read it in this log): an unauthenticated caller learns nothing new of it
+            told = secret.describe() if source and is_loopback(source) else "the secret its log names"
+            raise DataDistError(StatusCode.LLM_LINK_FAILED, f"{AUTH_FAILED}: the serving daemon uses {told}")
         check_version(offer.protocol_version, f"linking cluster {offer.client_cluster_id}")
         if not self._challenges.redeem(offer.challenge):  # replayed, stale, or of an earlier daemon
             log.warning("cluster %s: refused a handshake from cluster %s: challenge unknown, used or expired",
@@ -224,7 +239,7 @@ class Linker:
         if isinstance(old, (InboundLink, LocalLink)):  # the linking side relinks (e.g. after a restart): replaced
             self.table.drop_serving(old)
         session = os.urandom(16)
-        token = data_token(self.table.node.secret, session)
+        token = data_token(self.table.node.peer_secret.value, session)
         self.table.transport.allow(token)
         transport = self.table.transport
         link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
@@ -235,8 +250,8 @@ class Linker:
         log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
         endpoint = self.table.transport.endpoint
         node = self.table.node
-        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams,
-                               answer_mac(node.secret, offer.challenge, session, self.table.cluster_id, endpoint),
+        mac = answer_mac(node.peer_secret.value, offer.challenge, session, self.table.cluster_id, endpoint)
+        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams, mac,
                                node.version)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,

@@ -16,6 +16,7 @@ from ..gate import UNMETERED
 from ..metrics import DaemonMetrics
 from ..ownercalls import CallCodec
 from ..peering import PeerClient
+from ..peersecret import PeerSecret
 from ..quota import LinkLimits
 from ..transport.base import Channel, ReadGrants, Receipt, Transport
 from .model import (
@@ -37,7 +38,7 @@ log = logging.getLogger("datadistd.links")
 class NodeContext(Protocol):
     """What a link manager needs from its daemon."""
 
-    secret: bytes
+    peer_secret: PeerSecret           # what peers prove (its value) and which one it is (for mismatch messages)
     version: str
     streams: int
     heartbeat_seconds: float

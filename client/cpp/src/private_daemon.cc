@@ -20,7 +20,7 @@ extern char **environ;
 namespace datadist_cpp {
 namespace {
 std::string FindDaemon() {
-  const char *bin = std::getenv("DATADISTD_BIN");
+  const char *bin = std::getenv("DATADIST_DAEMON_BIN");
   if (bin != nullptr && *bin != '\0') {
     return bin;
   }
@@ -149,7 +149,7 @@ Status PrivateDaemon::Start(int timeout_ms) {
   const std::string bin = FindDaemon();
   if (bin.empty()) {
     return Fail("Initialize", llm_datadist::LLM_FAILED,
-                "no daemon configured (DATADIST_DAEMON) and no datadistd on PATH (or DATADISTD_BIN) to start a "
+                "no daemon configured (DATADIST_DAEMON) and no datadistd on PATH (or DATADIST_DAEMON_BIN) to start a "
                 "private one; install datadist, or point DATADIST_DAEMON at a running daemon's socket");
   }
   const char *tmpdir = std::getenv("TMPDIR");

@@ -27,10 +27,11 @@ class EmbeddedDaemon:
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)
         overrides: dict[str, Any] = {"daemon.socket": os.path.join(self._dir, "datadistd.sock"),
-                                     "daemon.socket_mode": 0o600, "daemon.drain_seconds": 1.0}
+                                     "daemon.socket_mode": 0o600, "daemon.drain_seconds": 1.0,
+                                     "peer.dev_secret_fallback": False}
         try:   # a bad DATADISTD_* variable or secret file: ConfigError naming it, and no directory left behind
             config = load_config(overrides=overrides)
-            self.app = DaemonApp(config, peer_secret=peer_secret(config.peer, embedded=True))
+            self.app = DaemonApp(config, peer_secret=peer_secret(config.peer))
         except BaseException:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise

@@ -137,6 +137,10 @@ class PeerSection:
     secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
                             "(or root's) and closed to group and others (chmod 600), or the start stops.",
                             default="")
+    dev_secret_fallback: bool = _doc("With no secret configured and no place to make this user's own (no home), "
+                                     "use the public development secret (loopback only). false: refuse to start "
+                                     "instead, as a worker's embedded daemon and the C++ library's private one do.",
+                                     default=True)
     max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
                                          "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)

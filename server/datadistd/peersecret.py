@@ -10,7 +10,8 @@ Where it comes from, the first that applies (embedded and standalone daemons ali
    one host -- one behind a worker, one inside it -- reads the same file, so their workers link without any
    configuration; another user cannot read it, so its handshakes fail. When the user has no place to make it (a
    system service without a home, ``ProtectHome=``), a standalone daemon falls back to the development secret, as
-   before: public, so it listens on loopback only; an embedded daemon refuses to start instead.
+   before: public, so it listens on loopback only; a daemon of one worker process (embedded, or the C++ library's
+   private one: ``[peer] dev_secret_fallback = false``) refuses to start instead.
 
 A secret only its user knows is a real secret: a daemon may listen off loopback with it (only holders link). The
 development secret never is (``Node.check_listen_host``).
@@ -170,9 +171,10 @@ def _made_user_secret(env: Mapping[str, str]) -> Path:
     return path
 
 
-def peer_secret(peer: PeerSection, *, embedded: bool = False, env: Mapping[str, str] | None = None) -> PeerSecret:
+def peer_secret(peer: PeerSection, *, env: Mapping[str, str] | None = None) -> PeerSecret:
     """The secret a daemon configured with ``peer`` proves (module doc: where it comes from); UnsafeSecret (a
-    ConfigError: exit 2) when a file breaks the rule, or, ``embedded``, when there is no per-user secret."""
+    ConfigError: exit 2) when a file breaks the rule, or, without ``peer.dev_secret_fallback``, when there is no
+    per-user secret."""
     if peer.secret_file:
         value = read_secret_file(peer.secret_file)
         return PeerSecret(value, f"the secret file {peer.secret_file}", value != DEV_SECRET.encode())
@@ -183,7 +185,7 @@ def peer_secret(peer: PeerSection, *, embedded: bool = False, env: Mapping[str, 
     try:
         path = _made_user_secret(os.environ if env is None else env)
     except NoUserSecret as exc:
-        if embedded:   # never the public secret in a worker's own daemon: any local user could link to it
+        if not peer.dev_secret_fallback:   # a worker's own daemon: never the public secret, any local user could link
             raise UnsafeSecret(f"{exc}; set DATADISTD_PEER_SECRET_FILE to a file of your own (mode 0600)") from None
         return PeerSecret(DEV_SECRET.encode(), f"the public development secret (no [peer] secret is set and {exc})",
                           False)

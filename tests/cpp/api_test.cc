@@ -147,6 +147,7 @@ int Local(const char *target) {
   Expect("initialize_bad_listen", dd.Initialize(Options(target, "127.0.0.1")), LLM_PARAM_INVALID);
   std::map<AscendString, AscendString> nobody = Options("unix:///nonexistent/datadistd.sock");
   Expect("initialize_no_daemon", dd.Initialize(nobody), LLM_FAILED);
+  Expect("initialize_other_scheme", dd.Initialize(Options("tcp://127.0.0.1:1")), LLM_PARAM_INVALID);
   std::map<AscendString, AscendString> opts = Options(target);
   opts["llm.MemPoolConfig"] = "{\"memory_size\": 1048576, \"page_shift\": 16}";
   Expect("initialize", dd.Initialize(opts), LLM_SUCCESS);

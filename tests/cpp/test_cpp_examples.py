@@ -77,7 +77,8 @@ def test_prompt_and_decoder_pull_push_and_switch_roles(examples, daemon_factory)
         cache_id = prompt.wait_for("cache_id = ").split("= ")[1]
         prompt.wait_for("waiting: the decoder pulled and pushed")
         decoder = Program([str(examples / "decoder"), f"127.0.0.1:{prompt_port}", cache_id,
-                           f"127.0.0.1:{decoder_port}"], {"DATADIST_DAEMON": dd.target})
+                           f"127.0.0.1:{decoder_port}"],   # a plain socket path, as a Python worker takes it
+                          {"DATADIST_DAEMON": dd.target.removeprefix("unix://")})
         for step in ("PullKvCache success", "batch 0 holds the prompt's batch 1", "blocks 1, 2 hold the prompt's 2, 3",
                      "layer 1 of block 7 pulled, layer 0 untouched", "PushKvBlocks success", "PushKvCache success",
                      "UnlinkLlmClusters success", "SetRole(kPrompt) success"):

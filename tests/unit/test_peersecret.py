@@ -69,7 +69,7 @@ def test_a_configured_secret_file_others_may_read_or_change_is_refused_with_the_
     path = _configured(tmp_path, mode)
     for embedded in (False, True):   # the same rule in every mode
         with pytest.raises(UnsafeSecret) as info:
-            peer_secret(PeerSection(secret_file=path), embedded=embedded)
+            peer_secret(PeerSection(secret_file=path, dev_secret_fallback=not embedded))
         assert f"chmod 600 {path}" in str(info.value) and oct(mode)[2:] in str(info.value)
 
 
@@ -99,7 +99,8 @@ def test_a_configured_secret_file_of_another_user_or_empty_is_refused(tmp_path):
 
 def test_nothing_configured_is_the_per_user_secret_in_both_modes(tmp_path):
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    daemon, embedded = peer_secret(PeerSection(), env=env), peer_secret(PeerSection(), embedded=True, env=env)
+    daemon = peer_secret(PeerSection(), env=env)
+    embedded = peer_secret(PeerSection(dev_secret_fallback=False), env=env)
     assert daemon == embedded and daemon.real
     assert daemon.source == f"the per-user secret {tmp_path / 'datadist' / 'peer.secret'}"
 
@@ -109,7 +110,7 @@ def test_without_a_place_for_it_a_daemon_falls_back_to_the_public_secret_and_an_
     secret = peer_secret(PeerSection(), env=env)
     assert secret.value == DEV_SECRET.encode() and not secret.real and "public development secret" in secret.source
     with pytest.raises(UnsafeSecret, match="DATADISTD_PEER_SECRET_FILE"):
-        peer_secret(PeerSection(), embedded=True, env=env)
+        peer_secret(PeerSection(dev_secret_fallback=False), env=env)
     assert not peer_secret(PeerSection(secret=DEV_SECRET)).real
 
 

@@ -78,10 +78,16 @@ bool SplitListen(const std::string &info, std::string *ip, std::string *port) {
   return Digits(*port) && std::stoul(*port) <= 65535U;
 }
 
+// The socket path a daemon address names, as proto/datadist/address.py's socket_path reads it: unix:///abs,
+// unix:path or a plain path; "" for another scheme or no path.
 std::string UnixPath(const std::string &target) {
-  if (target.rfind("unix:", 0) != 0) return "";
-  std::string rest = target.substr(5);
-  if (rest.rfind("//", 0) == 0) rest = rest.substr(2);
+  std::string rest = target;
+  if (rest.rfind("unix:", 0) == 0) {
+    rest = rest.substr(5);
+    if (rest.rfind("//", 0) == 0) rest = rest.substr(2);
+  } else if (rest.find("://") != std::string::npos) {
+    return "";
+  }
   return rest;
 }
 
@@ -308,7 +314,8 @@ Status LlmDataDist::LlmDataDistImpl::Initialize(const std::map<AscendString, Asc
   if (path.empty()) {
     Finalize();
     return Fail(kFunc, LLM_PARAM_INVALID, "datadistd serves workers on a unix socket only; got \"" + target +
-                                              "\" from " + source + " (use unix:///run/datadist/datadistd.sock)");
+                                              "\" from " + source +
+                                              " (use unix:///run/datadist/datadistd.sock or /run/datadist/datadistd.sock)");
   }
   const std::string absent = NobodyListens(path);
   if (!absent.empty()) {

@@ -1,11 +1,8 @@
 #include "private_daemon.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,82 +41,6 @@ std::string FindDaemon() {
   return "";
 }
 
-bool Private(const struct stat &st) { return st.st_uid == getuid() && (st.st_mode & 077) == 0; }
-
-// This user's peer secret (client/llm_datadist's datadistd.usersecret): made on first use, 0600 in a 0700
-// directory of this uid; anything else is refused rather than trusted.
-bool UserSecretFile(std::string *path, std::string *why, bool retry = true) {
-  std::string base;
-  const char *runtime = std::getenv("XDG_RUNTIME_DIR");
-  const char *config = std::getenv("XDG_CONFIG_HOME");
-  const char *home = std::getenv("HOME");
-  if (runtime != nullptr && runtime[0] == '/') {
-    base = runtime;
-  } else if (config != nullptr && config[0] == '/') {
-    base = config;
-  } else if (home != nullptr && home[0] == '/') {
-    base = std::string(home) + "/.config";
-  } else {
-    *why = "no XDG_RUNTIME_DIR, XDG_CONFIG_HOME or HOME for this user's peer secret";
-    return false;
-  }
-  (void)mkdir(base.c_str(), 0700);
-  const std::string dir = base + "/datadist";
-  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    *why = "cannot make " + dir + ": " + std::strerror(errno);
-    return false;
-  }
-  struct stat st {};
-  if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || !Private(st)) {
-    *why = dir + " must be a directory of this user closed to group and others";
-    return false;
-  }
-  *path = dir + "/peer.secret";
-  int fd = open(path->c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd >= 0) {
-    const bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && Private(st) && st.st_size > 0;
-    (void)close(fd);
-    if (!ok) {
-      *why = *path + " must be a non-empty file of this user closed to group and others";
-    }
-    return ok;
-  }
-  if (errno != ENOENT) {  // a symlink (O_NOFOLLOW), a file we may not read, ...: not ours to trust
-    *why = *path + " exists but cannot be opened as this user's own file: " + std::strerror(errno);
-    return false;
-  }
-  unsigned char raw[32];
-  if (getrandom(raw, sizeof(raw), 0) != static_cast<ssize_t>(sizeof(raw))) {
-    *why = "getrandom failed";
-    return false;
-  }
-  static const char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : raw) {
-    hex.push_back(kDigits[c >> 4U]);
-    hex.push_back(kDigits[c & 0xFU]);
-  }
-  hex.push_back('\n');
-  const std::string tmp = dir + "/.peer.secret." + std::to_string(getpid());
-  fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    *why = "cannot write " + tmp + ": " + std::strerror(errno);
-    return false;
-  }
-  const bool written = write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
-  (void)close(fd);
-  const int link_err = !written ? EIO : (link(tmp.c_str(), path->c_str()) != 0 ? errno : 0);
-  if (link_err != 0) {
-    (void)unlink(tmp.c_str());
-    if (link_err == EEXIST && retry) {  // another process made it meanwhile: read it, once
-      return UserSecretFile(path, why, false);
-    }
-    *why = "cannot make " + *path;
-    return false;
-  }
-  (void)unlink(tmp.c_str());
-  return true;
-}
 
 bool Accepts(const std::string &path, int type) {
   sockaddr_un addr{};
@@ -172,13 +93,11 @@ Status PrivateDaemon::Start(int timeout_ms) {
   if (std::getenv("DATADISTD_DAEMON_DRAIN_SECONDS") == nullptr) {
     env.push_back("DATADISTD_DAEMON_DRAIN_SECONDS=1.0");
   }
-  if (std::getenv("DATADISTD_PEER_SECRET") == nullptr && std::getenv("DATADISTD_PEER_SECRET_FILE") == nullptr) {
-    std::string secret, why;
-    if (!UserSecretFile(&secret, &why)) {
-      Stop();
-      return Fail("Initialize", llm_datadist::LLM_FAILED, "private daemon: " + why);
-    }
-    env.push_back("DATADISTD_PEER_SECRET_FILE=" + secret);
+  // no peer secret set here: a daemon with none configured uses this user's own (datadistd.peersecret), the one
+  // embedded Python workers use, and exits at start when that file is unsafe (group/other bits, a symlink) or,
+  // as an embedded daemon, when this user has no place for it (never the public development secret)
+  if (std::getenv("DATADISTD_PEER_DEV_SECRET_FALLBACK") == nullptr) {
+    env.push_back("DATADISTD_PEER_DEV_SECRET_FALLBACK=false");
   }
   std::vector<char *> envp;
   for (std::string &s : env) {

@@ -38,6 +38,7 @@ from .model import (
     LinkState,
     LocalLink,
     OutboundLink,
+    too_many_clusters,
 )
 from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
@@ -45,7 +46,7 @@ from .setup import Linker
 from .table import LinkTable, NodeContext
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
-           "NodeContext", "MAX_CLUSTERS_PER_CALL"]
+           "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters"]
 
 
 class LinkManager:
@@ -105,9 +106,9 @@ class LinkManager:
     async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
         return await self.setup.link_one(spec, deadline)
 
-    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
-                              force: bool) -> tuple[int, list[int]]:
-        return await self.setup.unlink_clusters(clusters, timeout_ms, force)
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,
+                              reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        return await self.setup.unlink_clusters(clusters, timeout_ms, force, reasons)
 
     async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
         await self.setup.drop_link(link, notify, deadline)

@@ -35,6 +35,7 @@ from .model import (
     LocalLink,
     OutboundLink,
     _overall,
+    too_many_clusters,
 )
 from .table import LinkTable
 
@@ -58,8 +59,7 @@ class Linker:
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
         if len(clusters) > MAX_CLUSTERS_PER_CALL:
-            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-            return code, [code] * len(clusters)
+            return _too_many(clusters, reasons)
         deadline = time.monotonic() + timeout_ms / 1000
         results = await asyncio.gather(*(self._attempt(self._link_one, c, deadline) for c in clusters))
         if reasons is not None:
@@ -70,15 +70,11 @@ class Linker:
     async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
         """Link one cluster by ``deadline``: its status code (``LLM_PROCESSING_LINK`` while another call is
         linking it); for callers that retry (comm domains)."""
-        return await self._guarded(self._link_one, spec, deadline)
+        return (await self._attempt(self._link_one, spec, deadline))[0]
 
     async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
         """Tear down ``link`` (either end); ``notify``: tell the other end too (its failure is raised)."""
         await self._close_link(link, notify=notify, deadline=deadline)
-
-    async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
-                       deadline: float) -> int:
-        return (await self._attempt(fn, spec, deadline))[0]
 
     async def _attempt(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
                        deadline: float) -> tuple[int, str]:
@@ -239,13 +235,13 @@ class Linker:
                                answer_mac(node.secret, offer.challenge, session, self.table.cluster_id, endpoint),
                                node.version)
 
-    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
-                              force: bool) -> tuple[int, list[int]]:
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,
+                              reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        """As ``link_clusters``: the overall code, one per cluster, and (into ``reasons``) why each one failed."""
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
         if len(clusters) > MAX_CLUSTERS_PER_CALL:
-            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-            return code, [code] * len(clusters)
+            return _too_many(clusters, reasons)
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
@@ -262,7 +258,10 @@ class Linker:
             await self._close_link(link, notify=not force, deadline=dl)
 
         one.__name__ = "unlink"
-        codes = await asyncio.gather(*(self._guarded(one, c, deadline) for c in clusters))
+        results = await asyncio.gather(*(self._attempt(one, c, deadline) for c in clusters))
+        if reasons is not None:
+            reasons.extend(reason for _, reason in results)
+        codes = [code for code, _ in results]
         return _overall(codes), codes
 
     async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
@@ -316,6 +315,14 @@ class Linker:
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+
+
+def _too_many(clusters: Sequence[ClusterSpec], reasons: list[str] | None) -> tuple[int, list[int]]:
+    """A call naming more clusters than CANN allows: refused whole, each cluster told why."""
+    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+    if reasons is not None:
+        reasons.extend([too_many_clusters(len(clusters))] * len(clusters))
+    return code, [code] * len(clusters)
 
 
 def _holder(table: LinkTable, cluster: int) -> AnyLink | None:

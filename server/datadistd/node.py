@@ -25,7 +25,7 @@ from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .gate import EXECUTOR_THREADS, Lane, Threads
-from .links import LinkManager
+from .links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from .links.table import LinkTable
 from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
@@ -104,6 +104,7 @@ class Node:
         self.sessions = SessionTable()
         self.quota = QuotaBook(config.quota.limits())
         self.link_limits = config.quota.link_limits()
+        self.link_attempts = AddressSlots(LINK_ATTEMPTS_PER_ADDRESS)   # every engine's links leave from one address
         self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
         self._finalizing: set[asyncio.Task[None]] = set()  # finalize_engine's tasks (referenced until done)
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon

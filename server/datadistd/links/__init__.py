@@ -42,11 +42,12 @@ from .model import (
 )
 from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
-from .setup import Linker
+from .setup import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, Linker
 from .table import LinkTable, NodeContext
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
-           "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters"]
+           "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters", "AddressSlots",
+           "LINK_ATTEMPTS_PER_ADDRESS"]
 
 
 class LinkManager:

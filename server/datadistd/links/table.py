@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
 from ..engine import Engine
@@ -31,6 +31,9 @@ from .model import (
     _PendingWrite,
 )
 
+if TYPE_CHECKING:
+    from .setup import AddressSlots
+
 log = logging.getLogger("datadistd.links")
 
 
@@ -45,6 +48,7 @@ class NodeContext(Protocol):
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+    link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (setup.py)
 
     def local_links_at(self, address: str) -> "LinkTable | None":
         """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""

@@ -28,6 +28,7 @@ from ..core.plan import TransferOrder
 from ..engine import Engine
 from ..peering import HandshakeAnswer, HandshakeOffer
 from ..transport.base import Transport
+from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
@@ -42,7 +43,7 @@ from .model import (
 )
 from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
-from .setup import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, Linker
+from .setup import Linker
 from .table import LinkTable, NodeContext
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",

@@ -4,13 +4,12 @@ Peer RPCs), same-daemon links, heartbeats and unlink (owner calls on the data ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
 import random
 import time
-from typing import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from ..admission import source_key
 from ..authz import OWN, REMOTE, authorize_displace, authorize_local_link
@@ -46,44 +45,6 @@ log = logging.getLogger("datadistd.links")
 #: the first pause before a link attempt the peer's admission turned away is retried, and the longest
 _RETRY_FIRST_S = 0.05
 _RETRY_MAX_S = 0.8
-#: link attempts a node makes at once to one peer address (``AddressSlots``): half the unauthenticated connections
-#: a listener lets a stranger's address hold (``[peer] max_preauth_per_source``, 8), so a node's start-up burst
-#: (16 engines linking the same prompt engine) is never cut down by it; each attempt holds one connection at a
-#: time on the Peer listener, then one on the data plane
-LINK_ATTEMPTS_PER_ADDRESS = 4
-
-
-class AddressSlots:
-    """At most ``per_address`` link attempts of this node at once to one peer address (node-wide: all its engines'
-    links leave from one address, and a listener lets an address that has not proved the secret lately hold only
-    a few unauthenticated connections, ``admission.AdmissionLimits.per_source``, closing its oldest past that).
-    An address's entry goes when its last attempt does."""
-
-    def __init__(self, per_address: int) -> None:
-        self.per_address = per_address
-        self._slots: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}   # address -> (slots, [attempts])
-
-    @contextlib.asynccontextmanager
-    async def hold(self, address: str, deadline: float) -> AsyncIterator[None]:
-        slots, users = self._slots.setdefault(address, (asyncio.Semaphore(self.per_address), [0]))
-        users[0] += 1
-        try:
-            try:
-                await asyncio.wait_for(slots.acquire(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout while this node's other link attempts "
-                                    f"to {address} went first") from None
-            try:
-                yield
-            finally:
-                slots.release()
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._slots[address]
-
-    def __len__(self) -> int:
-        return len(self._slots)
 
 
 class Linker:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Protocol, TypeVar
+from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
 from ..engine import Engine
@@ -18,6 +18,7 @@ from ..ownercalls import CallCodec
 from ..peering import PeerClient
 from ..quota import LinkLimits
 from ..transport.base import Channel, ReadGrants, Receipt, Transport
+from .attempts import AddressSlots
 from .model import (
     AnyLink,
     InboundLink,
@@ -30,9 +31,6 @@ from .model import (
     _Grant,
     _PendingWrite,
 )
-
-if TYPE_CHECKING:
-    from .setup import AddressSlots
 
 log = logging.getLogger("datadistd.links")
 
@@ -48,7 +46,7 @@ class NodeContext(Protocol):
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
-    link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (setup.py)
+    link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
 
     def local_links_at(self, address: str) -> "LinkTable | None":
         """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""

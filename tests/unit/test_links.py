@@ -502,3 +502,32 @@ def test_a_node_makes_at_most_a_few_link_attempts_at_once_per_address() -> None:
         assert len(inside) == 6 and len(slots) == 0                  # every attempt ran; no entry left behind
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_challenge_refused_with_retry_later_is_retried_within_the_timeout() -> None:
+    """Issue 37, item 1: the peer's admission says "retry later" (an address over its challenge budget): the link
+    tries again within its timeout and gets in; any other failure is reported at once, untried again."""
+    from datadistd.peering import RETRY_LATER
+
+    async def main() -> None:
+        async with Pair() as pair:
+            refusals = [DataDistError(S.LLM_LINK_FAILED, f"too many challenges; {RETRY_LATER}", retryable=True)
+                        for _ in range(2)]
+            connect = pair._connect
+
+            def refusing(address: str) -> InProcessPeer:
+                peer = connect(address)
+                if refusals:
+                    peer.fail["challenge"] = refusals.pop()
+                return peer
+
+            pair.d.peer_connector = refusing
+            assert await pair.link() == (0, [0])
+            assert [p.calls for p in pair.peers] == [["challenge"], ["challenge"], ["challenge", "handshake"]]
+            assert await pair.ds.links.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False) == (0, [0])
+            refusals.append(DataDistError(S.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret"))
+            before = len(pair.peers)
+            assert await pair.link() == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+            assert len(pair.peers) == before + 1                          # one attempt: nothing to retry
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -158,5 +158,6 @@ def test_9_a_challenge_over_the_budget_is_a_retry_later_the_linking_side_knows(p
         refused, took = asyncio.run(ask(60))
     finally:
         relay.close()
-    assert refused and all(exc.retryable and exc.message.endswith("retry later") for exc in refused), {(e.retryable, e.message) for e in refused}
+    assert refused and all(exc.retryable and exc.message.endswith("retry later") for exc in refused), \
+        {(e.retryable, e.message) for e in refused}
     assert len(refused) >= 60 - 20 - 10 * took - 1, (len(refused), took)   # a burst of 20, then 10 a second

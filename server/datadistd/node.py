@@ -378,6 +378,8 @@ class Node:
     async def close(self) -> None:
         for engine_id in list(self.engines):
             await self.finalize_engine(engine_id, reason="daemon stopping")
+        # finalizes whose callers went (a worker killed during its Finalize) end before the memory backend does
+        await asyncio.gather(*self._finalizing, return_exceptions=True)
         for session in self.sessions.sessions():
             self.sessions.close(session)
         self.backend.close()

@@ -279,7 +279,7 @@ def exit_now(state: dict) -> None:
     os._exit(0)
 
 
-def link_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) -> tuple:
+def _infos(cluster_ids: list, port: int) -> list:
     infos = []
     for cid in cluster_ids:
         info = ld.LLMClusterInfo()
@@ -287,7 +287,16 @@ def link_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) ->
         info.append_local_ip_info("127.0.0.1", 0)
         info.append_remote_ip_info("127.0.0.1", port)
         infos.append(info)
-    code, codes = state["dd"].link_clusters(infos, timeout)
+    return infos
+
+
+def link_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) -> tuple:
+    code, codes = state["dd"].link_clusters(_infos(cluster_ids, port), timeout)
+    return int(code), [int(c) for c in codes]
+
+
+def unlink_many(state: dict, cluster_ids: list, port: int, timeout: int = 2000) -> tuple:
+    code, codes = state["dd"].unlink_clusters(_infos(cluster_ids, port), timeout)
     return int(code), [int(c) for c in codes]
 
 

@@ -123,6 +123,19 @@ def _cluster_pb(info: LLMClusterInfo) -> datadist_pb2.ClusterLink:
     return msg
 
 
+def _say_why(call: str, msgs: List[datadist_pb2.ClusterLink], resp: datadist_pb2.LinkClustersResponse
+             ) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+    """The codes of a ``link_clusters`` / ``unlink_clusters`` answer; CANN returns codes only, so every cluster
+    that failed is logged here with the daemon's reason (an older daemon sends none)."""
+    codes = [code_2_status(s) for s in resp.statuses]
+    reasons = list(resp.reasons)
+    for i, (msg, code) in enumerate(zip(msgs, codes, strict=False)):
+        if code != LLMStatusCode.LLM_SUCCESS:
+            reason = reasons[i] if i < len(reasons) and reasons[i] else "the daemon gave no reason"
+            log.warning("%s: cluster %d: %s: %s", call, msg.remote_cluster_id, code.name, reason)
+    return code_2_status(resp.status), codes
+
+
 class LLMDataDist:
     """``LLMDataDist(role, cluster_id)``; call ``init(options)`` before anything else."""
 
@@ -265,12 +278,7 @@ class LLMDataDist:
         resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
             engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
             timeout / 1000 + RPC_MARGIN_S)
-        codes = [code_2_status(s) for s in resp.statuses]
-        # CANN returns codes only: say why here (an older daemon sends no reasons)
-        for msg, code, reason in zip(msgs, codes, resp.reasons, strict=False):
-            if code != LLMStatusCode.LLM_SUCCESS:
-                log.warning("link_clusters: cluster %d: %s: %s", msg.remote_cluster_id, code.name, reason)
-        return code_2_status(resp.status), codes
+        return _say_why("link_clusters", msgs, resp)
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
                         timeout: int = 3000, force: bool = False) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
@@ -282,7 +290,7 @@ class LLMDataDist:
         resp = self._call("UnlinkClusters", datadist_pb2.UnlinkClustersRequest(
             engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout, force=force), "unlink_clusters",
             timeout / 1000 + RPC_MARGIN_S)
-        return code_2_status(resp.status), [code_2_status(s) for s in resp.statuses]
+        return _say_why("unlink_clusters", msgs, resp)
 
     def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None) -> None:
         """v2: same role allowed; ``llm.listenIpInfo`` (re)starts listening, without it the listener closes.

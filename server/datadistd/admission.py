@@ -15,6 +15,19 @@ Peer service; a good hello token on the data plane). Until then a connection is 
 * the listener holds at most ``max_connections`` in all (authenticated ones included); past that
   new connections are refused, which bounds its file descriptors (only secret holders get there).
 
+A source that proved the secret on this listener lately (a connection of it authenticated within
+``proven_seconds``: a live or recent link) is a **proven** source, and the caps meant for strangers would
+throttle a legitimate node: a decode node of 16 engines linking at start-up to the 16 engines of a prompt host
+makes 16 handshakes at once on each prompt engine's Peer listener, then 16 x ``[transport] streams`` data
+connections on its data plane, all from one address; a decoder that links, pulls and unlinks in a loop asks
+~20 challenges a second. So a proven source may hold up to ``proven_per_source`` pre-auth connections (by
+default the listener's whole ``preauth_total``), asks challenges from a bucket of its own
+(``proven_challenges_per_second``, burst twice that), and is the last one evicted when the total cap needs a
+victim. A node's first burst, before any of its connections authenticated, still meets the stranger caps: the
+linking side retries what they refuse (``links/setup.py``), and the first handshake through proves the source.
+Whoever shares a proven address (a NAT, a shared host) shares its budget: still bounded, and still without
+the secret nothing but challenges.
+
 Sources are counted by ``source_key``: an IPv4 address, or the /64 of an IPv6 address (one host
 commonly owns a whole /64, so per-address counting would give it unlimited sources). Each source has a
 token bucket of admissions (``SourceRate``): it does not refuse anything by itself, but when the total
@@ -118,6 +131,14 @@ class AdmissionLimits:
     challenges_per_connection: int = 4
     #: Peer/Challenge calls per second per source; burst twice that
     challenges_per_second: float = 10.0
+    #: how long a source counts as proven after one of its connections authenticated (see the module doc)
+    proven_seconds: float = 600.0
+    #: pre-auth connections a proven source may hold (at most preauth_total): a start-up burst of 16 links, each
+    #: with 4 data connections, is 64
+    proven_per_source: int = 64
+    #: Peer/Challenge calls per second of a proven source; burst twice that (256 links in a second from one
+    #: decode node, 16 per listener; a link loop at ~20 links/s)
+    proven_challenges_per_second: float = 128.0
 
     def __post_init__(self) -> None:
         if not self.preauth_seconds > 0:
@@ -194,6 +215,24 @@ class Admission:
         lim = self.limits
         self._connect_rate = SourceRate(lim.connections_per_second, 2 * lim.connections_per_second, clock=clock)
         self._challenge_rate = SourceRate(lim.challenges_per_second, 2 * lim.challenges_per_second, clock=clock)
+        self._proven_rate = SourceRate(lim.proven_challenges_per_second, 2 * lim.proven_challenges_per_second,
+                                       clock=clock)
+        self._proven: OrderedDict[str, float] = OrderedDict()   # source -> until when it counts as proven
+        self.max_proven = 4096                                  # sources remembered (the least recent forgotten)
+
+    def proven(self, source: str) -> bool:
+        """``source`` (a ``source_key``) authenticated on this listener within ``proven_seconds``."""
+        with self._lock:
+            return self._is_proven(source, self._clock())
+
+    def _is_proven(self, source: str, now: float) -> bool:   # lock held
+        until = self._proven.get(source)
+        if until is None:
+            return False
+        if until <= now:
+            del self._proven[source]
+            return False
+        return True
 
     def admit(self, source: str, close: Callable[[], None]) -> Ticket | None:
         """A new connection from ``source``: its ticket, or None (over ``max_connections``: close it).
@@ -204,43 +243,52 @@ class Admission:
         self._connect_rate.take(source)
         victims: list[Ticket] = []
         with self._lock:
+            now = self._clock()
             if len(self._preauth) + self._authenticated >= lim.max_connections:
                 self.refused += 1
                 ticket = None
             else:
                 mine = self._by_source.get(source)
-                if mine is not None and len(mine) >= lim.per_source:
+                cap = (min(lim.proven_per_source, lim.preauth_total) if self._is_proven(source, now)
+                       else lim.per_source)
+                if mine is not None and len(mine) >= cap:
                     victims.append(next(iter(mine)))
                 elif len(self._preauth) >= lim.preauth_total:
-                    # the source holding most; among equals, the one that connected most lately (the churner)
+                    # a stranger before a proven source; then the source holding most; among equals, the one
+                    # that connected most lately (the churner)
                     heaviest = max(self._by_source.items(),
-                                   key=lambda kv: (len(kv[1]), -self._connect_rate.tokens(kv[0])))[1]
+                                   key=lambda kv: (not self._is_proven(kv[0], now), len(kv[1]),
+                                                   -self._connect_rate.tokens(kv[0])))[1]
                     victims.append(next(iter(heaviest)))
                 for victim in victims:
                     self._forget(victim)
                     self.evicted += 1
-                ticket = Ticket(source, self._clock() + lim.preauth_seconds, close)
+                ticket = Ticket(source, now + lim.preauth_seconds, close)
                 self._preauth[ticket] = None
                 self._by_source.setdefault(source, OrderedDict())[ticket] = None
         if ticket is None:
             self.refusals(f"{source}: the listener holds {lim.max_connections} connections")
         for victim in victims:
-            self.refusals(f"{victim.source}: closed an unauthenticated connection to make room "
-                          f"(at most {lim.per_source} per source, {lim.preauth_total} in all)")
+            self.refusals(f"{victim.source}: closed an unauthenticated connection to make room (at most "
+                          f"{lim.per_source} per source, {lim.proven_per_source} per proven source, "
+                          f"{lim.preauth_total} in all)")
             victim._close()
         return ticket
 
     def allow_challenge(self, ticket: Ticket) -> bool:
-        """May this connection ask for another challenge (per pre-auth connection, and per source per second)?"""
+        """May this connection ask for another challenge (per pre-auth connection, and per source per second:
+        a proven source from a bucket of its own)?"""
         with self._lock:
             if not ticket.authenticated:
                 if ticket.challenges >= self.limits.challenges_per_connection:
                     return False
                 ticket.challenges += 1
-        return self._challenge_rate.take(ticket.source)
+            proven = self._is_proven(ticket.source, self._clock())
+        return (self._proven_rate if proven else self._challenge_rate).take(ticket.source)
 
     def authenticate(self, ticket: Ticket) -> None:
-        """The connection proved the secret: no deadline, no longer counted against the pre-auth caps."""
+        """The connection proved the secret: no deadline, no longer counted against the pre-auth caps; its
+        source counts as proven for ``proven_seconds``."""
         with self._lock:
             if ticket.closed or ticket.authenticated:
                 return
@@ -248,6 +296,10 @@ class Admission:
             ticket.closed = False
             ticket.authenticated = True
             self._authenticated += 1
+            self._proven[ticket.source] = self._clock() + self.limits.proven_seconds
+            self._proven.move_to_end(ticket.source)
+            if len(self._proven) > self.max_proven:
+                self._proven.popitem(last=False)
 
     def release(self, ticket: Ticket) -> None:
         """The connection is gone (closed by either side)."""

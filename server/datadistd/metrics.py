@@ -11,6 +11,11 @@ Two kinds of series:
 * **state series**, read from the ``Node`` at scrape time by ``NodeCollector``: engines, pools,
   caches, links.
 
+Event series name a peer cluster (``peer_cluster_id``) or an engine's cluster (``cluster_id``); peers come
+and go (every decoder a prompt node ever served), so a series must not outlive what it counts: each scrape
+first drops (``prune``) the per-peer series of every (cluster, peer) no engine is linked with any more, and
+the per-engine series of clusters with no engine left. Cardinality follows the live links, not the history.
+
 The endpoint is a small asyncio HTTP server on the daemon's own event loop, so a scrape reads the
 node's state on the same thread that changes it (no locks, no torn reads). Metric names and
 labels are listed in ``docs/operations.md``.
@@ -22,7 +27,7 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -50,6 +55,11 @@ transfer_log = logging.getLogger("datadistd.transfer")
 # Seconds: 0.5 ms (a few blocks over loopback) to 60 s (the longest sync_kv_timeout in practice).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+# the labels of the event series (``prune`` removes by them)
+_BY_DIRECTION = ("direction", "cluster_id", "peer_cluster_id")
+_BY_OUTCOME = ("op", "cluster_id", "peer_cluster_id", "outcome")
+_BY_OP = ("op", "cluster_id")
+
 # op -> which way the bytes cross this node's memory.
 DIRECTION = {"pull": "in", "push": "out", "serve_read": "out", "serve_write": "in"}
 
@@ -62,25 +72,26 @@ class DaemonMetrics:
         r = self.registry
         self.transfer_bytes = Counter(
             "datadist_transfer_bytes", "Bytes moved by completed transfers, by direction (in = written into this "
-            "node's memory) and peer cluster.", ["direction", "cluster_id", "peer_cluster_id"], registry=r)
+            "node's memory) and peer cluster.", _BY_DIRECTION, registry=r)
         self.transfer_blocks = Counter(
             "datadist_transfer_blocks", "Blocks moved by completed block transfers (pull_blocks/push_blocks), by "
-            "direction and peer cluster.", ["direction", "cluster_id", "peer_cluster_id"], registry=r)
+            "direction and peer cluster.", _BY_DIRECTION, registry=r)
         self.transfers = Counter(
             "datadist_transfers", "Transfers finished, by operation and outcome (success or the LLMStatusCode name).",
-            ["op", "cluster_id", "peer_cluster_id", "outcome"], registry=r)
+            _BY_OUTCOME, registry=r)
         self.transfer_seconds = Histogram(
             "datadist_transfer_duration_seconds", "Duration of successful transfers, by operation "
             "(pull/push on the requesting daemon, serve_read/serve_write on the owning daemon).",
-            ["op", "cluster_id"], buckets=LATENCY_BUCKETS, registry=r)
+            _BY_OP, buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge(
-            "datadist_transfers_in_flight", "Transfers currently running, by operation.", ["op", "cluster_id"],
+            "datadist_transfers_in_flight", "Transfers currently running, by operation.", _BY_OP,
             registry=r)
         self.rpc_errors = Counter(
             "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
             ["method", "code"], registry=r)
 
         self._bound: dict[tuple[str, str, str], _Bound] = {}
+        self._node: SnapshotSource | None = None
 
     def bound(self, op: str, cluster: str, peer: str) -> "_Bound":
         """The transfer series' children of ``op`` between ``cluster`` and ``peer``, bound to their labels once
@@ -91,8 +102,25 @@ class DaemonMetrics:
         return b
 
     def attach(self, node: SnapshotSource) -> None:
-        """Add the scrape-time state series read from ``node``."""
+        """Add the scrape-time state series read from ``node`` (which also tells ``prune`` what is live)."""
+        self._node = node
         self.registry.register(NodeCollector(node))
+
+    def prune(self, view: NodeView) -> None:
+        """Drop the event series of what ``view`` no longer holds: per (cluster, peer) where no engine of that
+        cluster is linked with that peer, per cluster where no engine of it is left (see the module doc).
+
+        On the daemon's event loop, where the links change. A transfer still finishing on a link just removed
+        counts on children no longer exposed, or brings a series back until the next scrape drops it again."""
+        clusters = {str(ev.cluster_id) for ev in view.engines}
+        peers = {(str(ev.cluster_id), str(link.remote_cluster)) for ev in view.engines for link in ev.links}
+        for key in [k for k in self._bound if (k[1], k[2]) not in peers]:
+            del self._bound[key]
+        for metric, names in ((self.transfer_bytes, _BY_DIRECTION), (self.transfer_blocks, _BY_DIRECTION),
+                              (self.transfers, _BY_OUTCOME)):
+            _remove_series(metric, names, lambda labels: (labels["cluster_id"], labels["peer_cluster_id"]) not in peers)
+        for metric, names in ((self.transfer_seconds, _BY_OP), (self.in_flight, _BY_OP)):
+            _remove_series(metric, names, lambda labels: labels["cluster_id"] not in clusters)
 
     def rpc_error(self, method: str, code_name: str) -> None:
         self.rpc_errors.labels(method, code_name).inc()
@@ -100,7 +128,19 @@ class DaemonMetrics:
     def exposition(self, accept: str = "") -> tuple[bytes, str]:
         """The registry rendered in the format ``accept`` asks for (Prometheus text or OpenMetrics)."""
         encoder, content_type = choose_encoder(accept)
+        if self._node is not None:
+            self.prune(self._node.snapshot())
         return encoder(self.registry), content_type
+
+
+def _remove_series(metric: Counter | Gauge | Histogram, names: tuple[str, ...],
+                   gone: Callable[[dict[str, str]], bool]) -> None:
+    """Remove every child of ``metric`` (labelled ``names``) whose labels ``gone`` answers True for (the children
+    are listed as the samples of ``collect``: prometheus_client has no public list of them)."""
+    doomed = {tuple(sample.labels[n] for n in names)
+              for family in metric.collect() for sample in family.samples if gone(sample.labels)}
+    for values in doomed:
+        metric.remove(*values)
 
 
 class _Bound:

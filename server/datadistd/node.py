@@ -25,7 +25,7 @@ from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from .core.types import EngineId, Placement, Role
 from .engine import Engine
 from .gate import EXECUTOR_THREADS, Lane, Threads
-from .links import LinkManager
+from .links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from .links.table import LinkTable
 from .memory import MemoryBackend, Pool, backend_from_config
 from .memory.base import DeviceBackend
@@ -115,7 +115,9 @@ class Node:
         self.sessions = SessionTable()
         self.quota = QuotaBook(config.quota.limits())
         self.link_limits = config.quota.link_limits()
+        self.link_attempts = AddressSlots(LINK_ATTEMPTS_PER_ADDRESS)   # every engine's links leave from one address
         self._retiring: dict[EngineId, EngineSlot] = {}   # finalizing: memory not yet freed, still counted
+        self._finalizing: set[asyncio.Task[None]] = set()  # finalize_engine's tasks (referenced until done)
         # engine ids never repeat across daemon restarts: a client left over from the previous daemon
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
         self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
@@ -289,8 +291,8 @@ class Node:
 
     async def _retired_address(self, address: str, timeout: float = RETIRING_WAIT_SECONDS) -> None:
         """Wait (at most ``timeout`` seconds) until no engine being finalized listens at ``address``: a worker
-        restarted at once on its old listen address (its predecessor died; the daemon is still telling that
-        engine's peers) gets the address when the old engine lets it go, not "address already in use"."""
+        restarted at once on its old listen address (its predecessor died or finalized) gets the address when
+        the old engine lets it go (the first step of ``_finalize``), not "address already in use"."""
         deadline = time.monotonic() + timeout
         while any(_same_address(listener.address, address)
                   for old in self._retiring.values() for listener in old.listeners()):
@@ -318,26 +320,42 @@ class Node:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, f"cannot listen on {address}: {exc}") from None
 
     async def finalize_engine(self, engine_id: int, reason: str = "finalize") -> None:
-        slot = self.engines.pop(EngineId(engine_id), None)
+        """Remove the engine and everything it holds. The work is the node's, not the caller's: it runs in a task
+        of its own to its end even when the caller is cancelled (a worker killed during its Finalize call, whose
+        gRPC handler is then cancelled: the engine's listen address used to stay bound for good)."""
+        eid = EngineId(engine_id)
+        slot = self.engines.pop(eid, None)
         if slot is None:
             return
         if slot.session is not None:
-            slot.session.retire(EngineId(engine_id))
-        self._retiring[EngineId(engine_id)] = slot  # its pools count against the node cap until freed
+            slot.session.retire(eid)
+        self._retiring[eid] = slot  # its pools count against the node cap until freed
+        done = asyncio.get_running_loop().create_task(self._finalize(eid, slot, reason))
+        self._finalizing.add(done)
+        done.add_done_callback(self._finalized)
+        await asyncio.shield(done)
+
+    def _finalized(self, task: asyncio.Task[None]) -> None:
+        self._finalizing.discard(task)
+        if not task.cancelled() and task.exception() is not None:   # its caller may be gone: say it here
+            log.error("finalize failed: %r", task.exception())
+
+    async def _finalize(self, eid: EngineId, slot: EngineSlot, reason: str) -> None:
         try:
+            for listener in slot.listeners():   # first: no new link, and a restarted worker gets its address back
+                await listener.stop()
+            slot.listener, slot.extra_listeners = None, []   # what _retired_address waits for
             if slot.comm is not None:
                 await slot.comm.close()
             await slot.links.close()  # while the data channels still work: the peers are told (unlink calls)
-            for listener in slot.listeners():
-                await listener.stop()
             await slot.engine.drain(timeout=5.0)
             usage = slot.engine.registry.bytes_owned
             slot.engine.close()
         finally:
-            self._retiring.pop(EngineId(engine_id), None)
+            self._retiring.pop(eid, None)
             if slot.charge is not None:
                 slot.charge.release()
-        log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", engine_id, slot.engine.cluster_id,
+        log.info("engine %s (cluster %s) removed: %s; %d owned bytes returned", eid, slot.engine.cluster_id,
                  reason, usage)
 
     async def switch_role(self, engine_id: int, role: Role, options: Mapping[str, str]) -> None:
@@ -367,6 +385,8 @@ class Node:
     async def close(self) -> None:
         for engine_id in list(self.engines):
             await self.finalize_engine(engine_id, reason="daemon stopping")
+        # finalizes whose callers went (a worker killed during its Finalize) end before the memory backend does
+        await asyncio.gather(*self._finalizing, return_exceptions=True)
         for session in self.sessions.sessions():
             self.sessions.close(session)
         self.backend.close()

@@ -33,6 +33,9 @@ AUTH_FAILED = "authentication failed: wrong or missing shared secret"
 #: with its bytes in the reply. A peer of another version is refused at the challenge and at the handshake.
 PROTOCOL_VERSION = 4
 CHALLENGE_BYTES = 32
+#: how a serving engine's admission ends a refusal the linking side may retry within its deadline
+#: (``rpc/front.py``; ``rpc/peer_client.py`` marks such a failure ``retryable``)
+RETRY_LATER = "retry later"
 #: how long an issued challenge may be answered (a handshake answers it within milliseconds)
 CHALLENGE_TTL_S = 30.0
 #: challenges outstanding per serving engine; past it the oldest is forgotten

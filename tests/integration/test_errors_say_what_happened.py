@@ -66,6 +66,28 @@ def test_a_failed_link_tells_the_worker_why(daemon_factory, worker_factory) -> N
     assert "Connection refused" in logged or "unreachable" in logged
 
 
+def test_link_and_unlink_log_every_cluster_that_failed_and_why(daemon_factory, worker_factory) -> None:
+    """More than 16 clusters in one call: refused whole (CANN's LLM_CLUSTER_NUM_EXCEED_LIMIT), and each cluster's
+    reason names the limit; unlink_clusters logs its failures as link_clusters does (issue 37, item 6)."""
+    dd = daemon_factory("d")
+    decoder = worker_factory(dd)
+    decoder.call("init", "DECODER", D)
+    decoder.call("capture_logs")
+    port = free_port()
+    many = list(range(100, 117))
+    for op, call in (("link_many", "link_clusters"), ("unlink_many", "unlink_clusters")):
+        code, codes = decoder.call(op, many, port)
+        assert code == S.LLM_CLUSTER_NUM_EXCEED_LIMIT and codes == [S.LLM_CLUSTER_NUM_EXCEED_LIMIT] * 17
+        logged = decoder.call("logs", f"{call}: cluster 116")
+        for cid in many:
+            assert (f"{call}: cluster {cid}: LLM_CLUSTER_NUM_EXCEED_LIMIT: 17 clusters in one call, more than the "
+                    "limit of 16") in logged, logged
+    assert decoder.call("unlink_many", [7, 8], port) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK] * 2)
+    logged = decoder.call("logs", "unlink_clusters: cluster 8")
+    for cid in (7, 8):
+        assert f"unlink_clusters: cluster {cid}: LLM_NOT_YET_LINK: no link to cluster {cid}" in logged, logged
+
+
 @pytest.mark.parametrize("restart", [True, False], ids=["restarted", "stopped"])
 def test_no_finalize_error_after_the_daemon_released_the_engine(restart: bool, daemon_factory,
                                                                 worker_factory) -> None:

@@ -145,3 +145,31 @@ def test_a_worker_restarted_at_once_gets_its_listen_address_back(daemon_factory,
         assert new.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True) == P
     finally:
         dd.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_worker_killed_during_its_finalize_gets_its_listen_address_back(daemon_factory, worker_factory) -> None:
+    """The worker finalizes and is killed before the daemon finished (a supervisor's kill after its grace): the
+    daemon's finalize must not die with the worker's call (it used to, holding the listen address for good), and
+    the replacement's Init at once waits for it to let the address go (issue 37, item 10)."""
+    import signal
+
+    from tests.reliability.common import links, status, wait_until
+
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    old, decoder, new = worker_factory(dp), worker_factory(dd), worker_factory(dp)
+    old.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    dd.proc.send_signal(signal.SIGSTOP)          # the old engine's peer will not answer its unlink notice
+    try:
+        old.send("finalize")
+        assert wait_until(lambda: not status(dp).engines, 10), status(dp)   # the daemon's finalize has begun
+        old.kill()                                                            # ... and its caller is gone
+        assert new.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True) == P
+    finally:
+        dd.proc.send_signal(signal.SIGCONT)
+    assert [e.listen_address for e in status(dp).engines] == [f"127.0.0.1:{port}"]
+    # the old engine's finalize ran to its end: its peer was told, its memory returned
+    assert wait_until(lambda: "(cluster 1) removed: finalize" in dp.log(), 15), dp.log()
+    assert wait_until(lambda: not links(dd), 15), links(dd)

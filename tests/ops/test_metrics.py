@@ -10,11 +10,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc
+from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 from datadistd.config import load_config
 from datadistd.metrics import DaemonMetrics, parse_listen_address
+from tests.harness import Daemon, free_port
+from tests.reliability.common import blocks_key, stub
 
-from .conftest import BLOCK_BYTES, PULLED, PUSHED, TENSORS, D, P, scrape
+from .conftest import BLOCK_BYTES, PULLED, PUSHED, TENSORS, D, P, metrics_address, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +151,73 @@ def test_a_failed_transfer_counts_its_status_code_and_no_bytes() -> None:
                                             "outcome": "LLM_TIMEOUT"}) == 1
     assert get("datadist_transfer_bytes_total", {"direction": "in", "cluster_id": "2", "peer_cluster_id": "1"}) is None
     assert get("datadist_transfer_duration_seconds_count", {"op": "pull", "cluster_id": "2"}) is None
+
+
+CYCLES = 1000
+
+
+def _series(address: str) -> list[dict[str, str]]:
+    """The labels of every sample a scrape shows."""
+    return [s.labels for f in text_string_to_metric_families(scrape(address)) for s in f.samples]
+
+
+def test_per_peer_series_go_with_their_last_link() -> None:
+    """Issue 37, item 9: 1,000 link/pull/unlink cycles, each with a peer of its own (a decoder engine of a new
+    cluster id linking the one prompt engine): both scrapes end where they began, with no series of a peer or
+    an engine that is gone. Before, every peer ever seen kept its transfer series (cardinality grew by ~20
+    samples a cycle)."""
+    pools = {"llm.EnableCacheManager": "1", "llm.EnableRemoteCacheAccessible": "1", "llm.SyncKvCacheWaitTime": "5000",
+             "llm.MemPoolConfig": '{"memory_size": 1048576, "page_shift": 16}'}
+    desc = common_pb2.CacheDesc(num_tensors=2, shape=[4, 64], data_type=1, placement=common_pb2.PLACEMENT_DEVICE)
+    dp, dd = Daemon.start_all([Daemon("m-p", args=["--metrics", "127.0.0.1:0"]),
+                               Daemon("m-d", args=["--metrics", "127.0.0.1:0"])])
+    try:
+        port = free_port()
+        with stub(dp) as s:
+            prompt = s.Init(datadist_pb2.InitRequest(cluster_id=P, role=common_pb2.ROLE_PROMPT, options={
+                **pools, "llm.Role": "Prompt", "llm.listenIpInfo": f"127.0.0.1:{port}"}), timeout=30).engine_id
+            s.AllocateCache(datadist_pb2.AllocateCacheRequest(engine_id=prompt, desc=desc, is_blocks=True,
+                                                              blocks_key=common_pb2.BlocksCacheKey(cluster_id=P)),
+                            timeout=10)
+        where = {"prompt": metrics_address(dp), "decoder": metrics_address(dd)}
+        cluster = [datadist_pb2.ClusterLink(remote_cluster_id=P, remote_ip_info=[
+            datadist_pb2.IpPort(ip="127.0.0.1", port=port)])]
+
+        finalizing: list[grpc.Future] = []   # a finalize waits ~0.2 s for the data plane's accept poll: overlapped
+
+        def cycle(s: datadist_pb2_grpc.DataDistStub, cid: int, look: bool = False) -> None:
+            engine = s.Init(datadist_pb2.InitRequest(cluster_id=cid, role=common_pb2.ROLE_DECODER,
+                                                     options={**pools, "llm.Role": "Decoder"}), timeout=30).engine_id
+            cache = s.AllocateCache(datadist_pb2.AllocateCacheRequest(engine_id=engine, desc=desc, is_blocks=True),
+                                    timeout=10).cache_id
+            assert s.LinkClusters(datadist_pb2.LinkClustersRequest(engine_id=engine, clusters=cluster,
+                                                                   timeout_ms=5000), timeout=15).status == 0
+            s.Pull(datadist_pb2.TransferRequest(engine_id=engine, kind=datadist_pb2.TRANSFER_BLOCKS,
+                                                remote=blocks_key(P), local_cache_id=cache, remote_blocks=[1],
+                                                local_blocks=[2]), timeout=10)
+            if look:   # while linked, both ends show the peer's series
+                assert {"op": "serve_read", "cluster_id": str(P), "peer_cluster_id": str(cid),
+                        "outcome": "success"} in _series(where["prompt"])
+                assert {"op": "pull", "cluster_id": str(cid), "peer_cluster_id": str(P),
+                        "outcome": "success"} in _series(where["decoder"])
+            assert s.UnlinkClusters(datadist_pb2.UnlinkClustersRequest(engine_id=engine, clusters=cluster,
+                                                                       timeout_ms=5000), timeout=15).status == 0
+            finalizing.append(s.Finalize.future(datadist_pb2.EngineRef(engine_id=engine), timeout=60))
+
+        with stub(dd) as s:
+            cycle(s, 1000, look=True)
+            finalizing.pop().result()
+            before = {side: len(_series(address)) for side, address in where.items()}
+            for cid in range(1001, 1000 + CYCLES):
+                cycle(s, cid)
+            for f in finalizing:
+                f.result()
+        after = {side: _series(address) for side, address in where.items()}
+        print({side: (before[side], len(labels)) for side, labels in after.items()}, "samples after 1 / all cycles")
+        gone = {str(cid) for cid in range(1000, 1000 + CYCLES)}
+        for side, labels in after.items():
+            assert not [x for x in labels if gone & {x.get("peer_cluster_id"), x.get("cluster_id")}], side
+            assert len(labels) <= before[side], (side, len(labels), before[side])
+    finally:
+        for d in (dp, dd):
+            d.discard()

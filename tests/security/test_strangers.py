@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -124,3 +125,39 @@ def test_9_a_stranger_asking_the_wrong_cluster_learns_no_cluster_id(pair):  # no
                 protocol_version=PROTOCOL_VERSION, client_cluster_id=9, server_cluster_id=77), timeout=10)
     assert "77" in info.value.details() and f"cluster {P}" not in info.value.details(), info.value.details()
     _link_and_pull(port, prompt, decoder)
+
+
+def test_9_a_challenge_over_the_budget_is_a_retry_later_the_linking_side_knows(pair):  # noqa: F811
+    """Issue 37, item 1: past an address's challenge budget the front answers "retry later", and the linking
+    daemon's peer client marks exactly that failure retryable (``links/setup.py`` retries it within its timeout)."""
+    import asyncio
+
+    from datadistd.core.errors import DataDistError
+    from datadistd.rpc.peer_client import GrpcPeerClient
+
+    _, port, prompt, decoder = pair
+    relay = _From("127.0.0.5", port)         # an address that never proved the secret: a stranger's budget
+
+    async def one() -> DataDistError | None:
+        peer = GrpcPeerClient(relay.address)   # a connection of its own, as a linking daemon asks
+        try:
+            await peer.challenge(77, P, 10)
+            return None
+        except DataDistError as exc:
+            return exc
+        finally:
+            await peer.close()
+
+    async def ask(n: int) -> tuple[list[DataDistError], float]:
+        started, got = time.monotonic(), []
+        for _ in range(n // 4):    # 4 at once: under the 8 pre-auth connections an address may hold
+            got += await asyncio.gather(*(one() for _ in range(4)))
+        return [exc for exc in got if exc is not None], time.monotonic() - started
+
+    try:
+        refused, took = asyncio.run(ask(60))
+    finally:
+        relay.close()
+    assert refused and all(exc.retryable and exc.message.endswith("retry later") for exc in refused), \
+        {(e.retryable, e.message) for e in refused}
+    assert len(refused) >= 60 - 20 - 10 * took - 1, (len(refused), took)   # a burst of 20, then 10 a second

@@ -69,7 +69,7 @@ def test_authenticated_connections_leave_the_pre_auth_books_and_the_deadline() -
     conn, ticket = admit(adm, "10.0.0.1")
     adm.authenticate(ticket)
     for _ in range(3):
-        admit(adm, "10.0.0.1")                         # pre-auth ones come and go; the proven one stays
+        admit(adm, "10.0.0.2")                         # pre-auth ones come and go; the proven one stays
     clock.now += 60
     assert adm.expire() == 2 and not conn.closed and ticket.authenticated
     assert adm.stats() == {"preauth": 0, "authenticated": 1, "sources": 0, "evicted": 1, "expired": 2,
@@ -168,7 +168,9 @@ def test_the_books_hold_under_any_sequence(ops: list[tuple[str, int]]) -> None:
         per_source: dict[str, int] = {}
         for t in open_preauth:
             per_source[t.source] = per_source.get(t.source, 0) + 1  # type: ignore[attr-defined]
-        assert all(v <= lim.per_source for v in per_source.values())
+        # a source that proved the secret lately may hold more (issue 37, item 1), never more than the total
+        assert all(v <= (min(lim.proven_per_source, lim.preauth_total) if adm.proven(s) else lim.per_source)
+                   for s, v in per_source.items())
         if op == "expire":   # nothing pre-auth outlives its deadline past a sweep
             assert all(t.deadline > clock.now for t in open_preauth)  # type: ignore[attr-defined]
 
@@ -213,3 +215,31 @@ def test_challenges_are_limited_per_connection_and_per_source() -> None:
     assert c is not None and adm.allow_challenge(c)  # another source is not limited by these
     adm.authenticate(a)
     assert adm.allow_challenge(a)                    # an authenticated connection has no per-connection cap
+
+
+def test_a_proven_source_gets_a_start_up_budget_and_strangers_keep_theirs() -> None:
+    """Issue 37, item 1: an address that proved the secret lately (one of its connections authenticated) may open
+    the connections and ask the challenges of a node's start-up (16 links at once, each with 4 data connections;
+    a link loop at ~20/s); a stranger stays at 8 connections and 20 challenges (10/s)."""
+    clock = Clock()
+    lim = AdmissionLimits()
+    adm = Admission("t", lim, clock=clock)
+    first = [admit(adm, "10.0.0.1") for _ in range(16)]        # a first burst: the stranger caps still hold
+    assert sum(c.closed for c, _ in first) == 16 - lim.per_source and not adm.proven("10.0.0.1")
+    adm.authenticate(first[-1][1])                             # ... until one of them proves the secret
+    assert adm.proven("10.0.0.1")
+    burst = [admit(adm, "10.0.0.1") for _ in range(lim.proven_per_source - lim.per_source + 1)]
+    assert not any(c.closed for c, _ in burst)                 # 64 pre-auth connections, none evicted
+    held = [t for c, t in first + burst if not c.closed and t is not None and not t.authenticated]
+    assert len(held) == lim.proven_per_source
+    granted = sum(adm.allow_challenge(t) for t in held for _ in range(4))
+    assert granted == 2 * lim.proven_challenges_per_second    # the proven bucket's burst: 256 ...
+    assert not adm.allow_challenge(admit(adm, "10.0.0.1")[1])  # ... and no more at once
+    strangers = [admit(adm, "10.0.0.9") for _ in range(16)]     # the listener is full: a stranger is evicted first,
+    assert sum(c.closed for c, _ in strangers) == 16 - 1        # its own oldest, down to one each time
+    # the proven source lost two more: one to its own 65th, one to the stranger's first (it then held them all)
+    assert sum(c.closed for c, _ in first + burst) == 16 - lim.per_source + 2
+    stranger_granted = sum(adm.allow_challenge(admit(adm, "10.0.0.8")[1]) for _ in range(40))
+    assert stranger_granted == 2 * lim.challenges_per_second   # 20: a stranger's bucket as before
+    clock.now += lim.proven_seconds + 1                        # proven only lately: then a stranger again
+    assert not adm.proven("10.0.0.1")

@@ -472,3 +472,62 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
             assert serving.engine.entry(src).pins == 0 and linking.engine.entry(dst).pins == 0
 
     asyncio.run(main())
+
+
+def test_a_node_makes_at_most_a_few_link_attempts_at_once_per_address() -> None:
+    """Issue 37, item 1: a node's own start-up burst to one listener stays under a stranger's pre-auth cap."""
+    from datadistd.links import AddressSlots
+
+    async def scenario() -> None:
+        slots = AddressSlots(2)
+        inside: list[str] = []
+        release = asyncio.Event()
+
+        async def attempt(address: str) -> None:
+            async with slots.hold(address, time.monotonic() + 30):
+                inside.append(address)
+                await release.wait()
+
+        tasks = [asyncio.create_task(attempt("10.0.0.1:26000")) for _ in range(5)]
+        tasks.append(asyncio.create_task(attempt("10.0.0.2:26000")))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert sorted(inside) == ["10.0.0.1:26000"] * 2 + ["10.0.0.2:26000"]   # 2 per address; others wait
+        with pytest.raises(DataDistError) as info:                  # a wait past its deadline: LLM_TIMEOUT
+            async with slots.hold("10.0.0.1:26000", time.monotonic()):
+                pass
+        assert info.value.code == S.LLM_TIMEOUT
+        release.set()
+        await asyncio.gather(*tasks)
+        assert len(inside) == 6 and len(slots) == 0                  # every attempt ran; no entry left behind
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_a_challenge_refused_with_retry_later_is_retried_within_the_timeout() -> None:
+    """Issue 37, item 1: the peer's admission says "retry later" (an address over its challenge budget): the link
+    tries again within its timeout and gets in; any other failure is reported at once, untried again."""
+    from datadistd.peering import RETRY_LATER
+
+    async def main() -> None:
+        async with Pair() as pair:
+            refusals = [DataDistError(S.LLM_LINK_FAILED, f"too many challenges; {RETRY_LATER}", retryable=True)
+                        for _ in range(2)]
+            connect = pair._connect
+
+            def refusing(address: str) -> InProcessPeer:
+                peer = connect(address)
+                if refusals:
+                    peer.fail["challenge"] = refusals.pop()
+                return peer
+
+            pair.d.peer_connector = refusing
+            assert await pair.link() == (0, [0])
+            assert [p.calls for p in pair.peers] == [["challenge"], ["challenge"], ["challenge", "handshake"]]
+            assert await pair.ds.links.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False) == (0, [0])
+            refusals.append(DataDistError(S.LLM_LINK_FAILED, "authentication failed: wrong or missing shared secret"))
+            before = len(pair.peers)
+            assert await pair.link() == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+            assert len(pair.peers) == before + 1                          # one attempt: nothing to retry
+
+    asyncio.run(asyncio.wait_for(main(), 30))

@@ -12,10 +12,13 @@ StatusCode = LLMStatusCode
 class DataDistError(Exception):
     """A failure with one of CANN's status codes; the gRPC layer carries ``code`` end to end."""
 
-    def __init__(self, code: LLMStatusCode, message: str = "") -> None:
+    def __init__(self, code: LLMStatusCode, message: str = "", retryable: bool = False) -> None:
         super().__init__(message or code.name)
         self.code = LLMStatusCode(code)
         self.message = message or code.name
+        #: a peer's admission turned the attempt away ("retry later"): the same attempt may succeed a moment
+        #: later, within its deadline
+        self.retryable = retryable
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}"

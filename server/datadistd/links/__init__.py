@@ -28,6 +28,7 @@ from ..core.plan import TransferOrder
 from ..engine import Engine
 from ..peering import HandshakeAnswer, HandshakeOffer
 from ..transport.base import Transport
+from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
@@ -38,6 +39,7 @@ from .model import (
     LinkState,
     LocalLink,
     OutboundLink,
+    too_many_clusters,
 )
 from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
@@ -45,7 +47,8 @@ from .setup import Linker
 from .table import LinkTable, NodeContext
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
-           "NodeContext", "MAX_CLUSTERS_PER_CALL"]
+           "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters", "AddressSlots",
+           "LINK_ATTEMPTS_PER_ADDRESS"]
 
 
 class LinkManager:
@@ -105,9 +108,9 @@ class LinkManager:
     async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
         return await self.setup.link_one(spec, deadline)
 
-    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
-                              force: bool) -> tuple[int, list[int]]:
-        return await self.setup.unlink_clusters(clusters, timeout_ms, force)
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,
+                              reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        return await self.setup.unlink_clusters(clusters, timeout_ms, force, reasons)
 
     async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
         await self.setup.drop_link(link, notify, deadline)

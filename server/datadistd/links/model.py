@@ -17,7 +17,15 @@ from ..ownercalls import FrameCalls
 from ..quota import LinkUsage
 from ..transport.base import Channel, Receipt
 
+#: clusters one link_clusters / unlink_clusters call may name (CANN: LLM_CLUSTER_NUM_EXCEED_LIMIT past it)
 MAX_CLUSTERS_PER_CALL = 16
+
+
+def too_many_clusters(n: int) -> str:
+    """Why a call naming ``n`` clusters (more than ``MAX_CLUSTERS_PER_CALL``) was refused, said to each one."""
+    return (f"{n} clusters in one call, more than the limit of {MAX_CLUSTERS_PER_CALL} per link_clusters or "
+            f"unlink_clusters call (LLM_CLUSTER_NUM_EXCEED_LIMIT): nothing was done; split the list into calls of "
+            f"at most {MAX_CLUSTERS_PER_CALL}")
 
 
 class LinkState(str, enum.Enum):

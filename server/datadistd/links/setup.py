@@ -7,6 +7,7 @@ import asyncio
 import hmac
 import logging
 import os
+import random
 import time
 from typing import Awaitable, Callable, Sequence
 
@@ -38,10 +39,15 @@ from .model import (
     LocalLink,
     OutboundLink,
     _overall,
+    too_many_clusters,
 )
 from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
+
+#: the first pause before a link attempt the peer's admission turned away is retried, and the longest
+_RETRY_FIRST_S = 0.05
+_RETRY_MAX_S = 0.8
 
 
 class Linker:
@@ -61,8 +67,7 @@ class Linker:
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
         if len(clusters) > MAX_CLUSTERS_PER_CALL:
-            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-            return code, [code] * len(clusters)
+            return _too_many(clusters, reasons)
         deadline = time.monotonic() + timeout_ms / 1000
         results = await asyncio.gather(*(self._attempt(self._link_one, c, deadline) for c in clusters))
         if reasons is not None:
@@ -73,15 +78,11 @@ class Linker:
     async def link_one(self, spec: ClusterSpec, deadline: float) -> int:
         """Link one cluster by ``deadline``: its status code (``LLM_PROCESSING_LINK`` while another call is
         linking it); for callers that retry (comm domains)."""
-        return await self._guarded(self._link_one, spec, deadline)
+        return (await self._attempt(self._link_one, spec, deadline))[0]
 
     async def drop_link(self, link: Link, notify: bool, deadline: float) -> None:
         """Tear down ``link`` (either end); ``notify``: tell the other end too (its failure is raised)."""
         await self._close_link(link, notify=notify, deadline=deadline)
-
-    async def _guarded(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
-                       deadline: float) -> int:
-        return (await self._attempt(fn, spec, deadline))[0]
 
     async def _attempt(self, fn: Callable[[ClusterSpec, float], Awaitable[None]], spec: ClusterSpec,
                        deadline: float) -> tuple[int, str]:
@@ -114,6 +115,25 @@ class Linker:
         if local is not None and local is not self:
             self._link_local(spec, local)
             return
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                async with self.table.node.link_attempts.hold(spec.address, deadline):
+                    await self._link_remote(spec, deadline)
+                return
+            except DataDistError as exc:
+                # the peer's admission turned this attempt away ("retry later": more challenges than it grants an
+                # address that has not proved the secret lately): again a moment later, while the deadline allows
+                if not exc.retryable or time.monotonic() + pause >= deadline:
+                    raise
+                log.debug("cluster %s: link to cluster %s at %s: %s; retrying in %.0f ms", self.table.cluster_id,
+                          cid, spec.address, exc, pause * 1e3)
+            await asyncio.sleep(pause * random.uniform(0.5, 1.0))   # spread: a burst's retries must not bunch
+            pause = min(2 * pause, _RETRY_MAX_S)
+
+    async def _link_remote(self, spec: ClusterSpec, deadline: float) -> None:
+        """One attempt at a link to another daemon: challenge, handshake, data channel."""
+        cid = spec.remote_cluster_id
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, f"link timeout before contacting {spec.address}")
@@ -254,13 +274,13 @@ class Linker:
         return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams, mac,
                                node.version)
 
-    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int,
-                              force: bool) -> tuple[int, list[int]]:
+    async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,
+                              reasons: list[str] | None = None) -> tuple[int, list[int]]:
+        """As ``link_clusters``: the overall code, one per cluster, and (into ``reasons``) why each one failed."""
         require(len(clusters) > 0, "clusters must not be empty")
         require(timeout_ms > 0, f"timeout must be > 0 ms, got {timeout_ms}")
         if len(clusters) > MAX_CLUSTERS_PER_CALL:
-            code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-            return code, [code] * len(clusters)
+            return _too_many(clusters, reasons)
         deadline = time.monotonic() + timeout_ms / 1000
 
         async def one(spec: ClusterSpec, dl: float) -> None:
@@ -277,7 +297,10 @@ class Linker:
             await self._close_link(link, notify=not force, deadline=dl)
 
         one.__name__ = "unlink"
-        codes = await asyncio.gather(*(self._guarded(one, c, deadline) for c in clusters))
+        results = await asyncio.gather(*(self._attempt(one, c, deadline) for c in clusters))
+        if reasons is not None:
+            reasons.extend(reason for _, reason in results)
+        codes = [code for code, _ in results]
         return _overall(codes), codes
 
     async def _close_link(self, link: Link, notify: bool, deadline: float | None = None) -> None:
@@ -331,6 +354,14 @@ class Linker:
         if link.state == LinkState.BROKEN:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"the link to cluster {cluster} is broken ({link.reason}); unlink and link again")
+
+
+def _too_many(clusters: Sequence[ClusterSpec], reasons: list[str] | None) -> tuple[int, list[int]]:
+    """A call naming more clusters than CANN allows: refused whole, each cluster told why."""
+    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+    if reasons is not None:
+        reasons.extend([too_many_clusters(len(clusters))] * len(clusters))
+    return code, [code] * len(clusters)
 
 
 def _holder(table: LinkTable, cluster: int) -> AnyLink | None:

@@ -19,6 +19,7 @@ from ..peering import PeerClient
 from ..peersecret import PeerSecret
 from ..quota import LinkLimits
 from ..transport.base import Channel, ReadGrants, Receipt, Transport
+from .attempts import AddressSlots
 from .model import (
     AnyLink,
     InboundLink,
@@ -46,6 +47,7 @@ class NodeContext(Protocol):
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+    link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
 
     def local_links_at(self, address: str) -> "LinkTable | None":
         """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""

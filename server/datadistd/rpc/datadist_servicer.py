@@ -15,7 +15,7 @@ from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
 from ..engine import MAX_REGISTERED_ADDRS, Operand
 from ..layerwise import LayerPush
-from ..links import MAX_CLUSTERS_PER_CALL
+from ..links import MAX_CLUSTERS_PER_CALL, too_many_clusters
 from ..memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ..metrics import DaemonMetrics, track_transfer
 from ..node import EngineSlot, Node
@@ -296,9 +296,10 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = self._slot(context, request.engine_id)
         if len(request.clusters) > MAX_CLUSTERS_PER_CALL:
             return _too_many_clusters(len(request.clusters))
+        reasons: list[str] = []
         code, codes = await slot.links.unlink_clusters([convert.cluster_from_pb(c) for c in request.clusters],
-                                                       request.timeout_ms or 3000, request.force)
-        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes)
+                                                       request.timeout_ms or 3000, request.force, reasons)
+        return datadist_pb2.LinkClustersResponse(status=code, statuses=codes, reasons=reasons)
 
     @guarded
     async def SwitchRole(self, request, context):  # noqa: N802, ANN001, ANN201
@@ -430,5 +431,6 @@ def _check_counts(request: datadist_pb2.AllocateCacheRequest | datadist_pb2.Regi
 
 
 def _too_many_clusters(n: int) -> datadist_pb2.LinkClustersResponse:
+    """Refused before converting a list of any length; each cluster is told why (``links.too_many_clusters``)."""
     code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n)
+    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n, reasons=[too_many_clusters(n)] * n)

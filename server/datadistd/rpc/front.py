@@ -26,6 +26,7 @@ import socket
 
 from ..admission import Admission, AdmissionLimits, Ticket
 from ..core.errors import DataDistError, StatusCode
+from ..peering import RETRY_LATER
 
 __all__ = ["PeerFront"]
 
@@ -172,7 +173,7 @@ class PeerFront:
         if not self.admission.allow_challenge(relay.ticket):
             self.admission.refusals(f"{relay.ticket.source}: too many challenges")
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
-                                "too many challenges from this connection or address; retry later")
+                                f"too many challenges from this connection or address; {RETRY_LATER}")
         return relay.ticket.source
 
     def stats(self) -> dict[str, int]:

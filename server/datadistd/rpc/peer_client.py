@@ -7,7 +7,7 @@ import grpc
 from datadist.v1 import peer_pb2, peer_pb2_grpc
 
 from ..core.errors import DataDistError, StatusCode
-from ..peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, check_version
+from ..peering import PROTOCOL_VERSION, RETRY_LATER, HandshakeAnswer, HandshakeOffer, check_version
 from . import convert
 from .errors import error_from_rpc
 
@@ -39,7 +39,9 @@ class GrpcPeerClient:
         try:
             return await method(request, timeout=timeout, wait_for_ready=False)
         except grpc.RpcError as err:
-            raise error_from_rpc(err, f"{what} on {self.address}") from None
+            exc = error_from_rpc(err, f"{what} on {self.address}")
+            exc.retryable = exc.message.endswith(RETRY_LATER)   # the peer's admission: again within the deadline
+            raise exc from None
 
     async def challenge(self, client: int, server: int, timeout: float) -> bytes:
         try:
@@ -52,7 +54,7 @@ class GrpcPeerClient:
                 raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                     f"protocol version mismatch: the peer at {self.address} speaks protocol 1 (no "
                                     f"Challenge); this daemon speaks v{PROTOCOL_VERSION} -- upgrade it") from None
-            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message)) from None
+            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message), exc.retryable) from None
         check_version(reply.protocol_version, f"the peer at {self.address}")
         return bytes(reply.challenge)
 
@@ -60,7 +62,7 @@ class GrpcPeerClient:
         try:
             answer = await self._call("handshake", self._stub.Handshake, convert.offer_to_pb(offer), timeout)
         except DataDistError as exc:
-            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message)) from None
+            raise DataDistError(exc.code, exc.message + self._tls_hint(exc.message), exc.retryable) from None
         return convert.answer_from_pb(answer)
 
     def _tls_hint(self, message: str) -> str:

@@ -173,7 +173,7 @@ async def start_peer_listener(host: str, port: int, slot: EngineSlot, tls: PeerT
         bound = await front.start(host, port)
     except OSError as exc:
         await server.stop(grace=None)
-        raise OSError(f"cannot listen on {bind_host}:{port}: {exc.strerror or exc}") from None
+        raise OSError(exc.errno, exc.strerror or str(exc)) from None   # the node says where
     for name in ("", PEER_SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     actual = f"{bind_host}:{bound}"

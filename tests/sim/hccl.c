@@ -604,10 +604,10 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
   pthread_mutex_unlock(&c->lock);
   free(entries);
   /* R11: the descriptors before a bad one were enqueued already (hcomm writes them to the stream one by one) */
-  if (j->n && simacl_enqueue(stream, run_copies, j)) {
-    if (ret == HCCL_SUCCESS) ret = HCCL_E_INTERNAL;
+  if (!j->n) {
     free(j);
-  } else if (!j->n) {
+  } else if (simacl_enqueue(stream, run_copies, j)) { /* enqueued, j is the stream's (it may be gone already) */
+    if (ret == HCCL_SUCCESS) ret = HCCL_E_INTERNAL;
     free(j);
   }
   return ret;

@@ -38,6 +38,7 @@ from datadist_ascend.acl import (
     Acl,
     acl,
 )
+from datadist_ascend.globalmem import global_mem
 from datadist_ascend.proof import PROOF_LEN
 
 from ..core.errors import DataDistError, StatusCode, require
@@ -69,15 +70,18 @@ def _buffer_address(buf: memoryview | bytes) -> int:
 
 
 class DeviceHandle:
-    """``size`` bytes of device memory at ``address`` (this process's address) on ``device``."""
+    """``size`` bytes of device memory at ``address`` (this process's address) on ``device``, inside the
+    allocation ``region`` (``(base, size)``: its pool, or itself when imported) -- the range HCCL registered."""
 
     kind = "device"
 
-    def __init__(self, runtime: Acl, device: int, address: int, size: int, key: str | None = None) -> None:
+    def __init__(self, runtime: Acl, device: int, address: int, size: int, key: str | None = None,
+                 region: tuple[int, int] | None = None) -> None:
         self._acl = runtime
         self.device = device
         self.address = address
         self._size = size
+        self.region = region or (address, size)
         self._key = key        # imported memory: closed with the handle
         self._closed = False
 
@@ -138,8 +142,9 @@ class DeviceHandle:
         self._closed = True
         key, self._key = self._key, None
         if key is not None:
+            global_mem().retire(self.device, self.address)   # deregistered from HCCL once no link binds it
             try:
-                self._acl.ipc_close(key)
+                self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("closing imported device memory: %s", exc)
 
@@ -159,21 +164,27 @@ class AclPool(CarvedPool[DeviceHandle]):
             self.address = runtime.malloc(device, capacity)
         except AscendError as exc:
             raise ascend_error(exc, f"aclrtMalloc of a {capacity}-byte DEVICE pool on device {device}") from None
+        try:   # registered with HCCL once, whole (now if the device's hccl transport runs): see globalmem
+            global_mem().announce(device, self.address, capacity)
+        except AscendError as exc:
+            runtime.free(device, self.address)
+            raise ascend_error(exc, f"registering a {capacity}-byte DEVICE pool with HCCL") from None
 
     def export_fd(self) -> int:
         raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"pool {self._name!r} is device memory: workers "
                                                                 f"import it by IPC key, not by descriptor")
 
     def export_key(self, pid: int) -> str:
-        """An IPC key of the whole pool that only process ``pid`` may import (the kernel's word for the
-        worker's pid: ``SO_PEERCRED`` of its attach connection)."""
+        """An IPC key of the whole pool that only process ``pid`` may import: the worker's pid as the device driver
+        sees it (its bare tgid, which the worker sends on its authenticated attach connection; ``SO_PEERCRED``'s
+        pid when it sends none)."""
         require(pid > 0, f"pid must be > 0, got {pid}")
         with self._lock:
             if self._closed:
                 raise self._closed_error()
         try:
             key = self._acl.ipc_export(self.device, self.address, self._capacity)
-            self._acl.ipc_allow(key, [pid])
+            self._acl.ipc_allow(self.device, key, [pid])
         except AscendError as exc:
             raise ascend_error(exc, f"exporting pool {self._name!r}") from None
         with self._lock:
@@ -181,7 +192,8 @@ class AclPool(CarvedPool[DeviceHandle]):
         return key
 
     def _handle(self, offset: int, size: int) -> DeviceHandle:
-        return DeviceHandle(self._acl, self.device, self.address + offset, size)
+        return DeviceHandle(self._acl, self.device, self.address + offset, size,
+                            region=(self.address, self._capacity))
 
     def _release(self) -> None:
         """Close the pool's IPC keys, then ``aclrtFree`` it (CANN's order: importers close first; a worker
@@ -190,9 +202,10 @@ class AclPool(CarvedPool[DeviceHandle]):
             keys, self._keys = self._keys, []
         for key in keys:
             try:
-                self._acl.ipc_close(key)
+                self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("pool %s: %s", self._name, exc)
+        global_mem().retire(self.device, self.address)
         try:
             self._acl.free(self.device, self.address)
         except AscendError as exc:
@@ -252,6 +265,10 @@ class AclBackend:
         handle = DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
         try:
             self._check_import(handle, ref)
+            global_mem().announce(ref.device, address, ref.length)   # links made from now on reach it
+        except AscendError as exc:
+            handle.close()
+            raise ascend_error(exc, "registering the worker's device memory with HCCL") from None
         except BaseException:
             handle.close()
             raise

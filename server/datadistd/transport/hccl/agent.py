@@ -130,8 +130,10 @@ def split_rows(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, 
 class _Comm:
     """A communicator with one peer: made and prepared by a thread of its own (both ranks meet in Prepare)."""
 
-    def __init__(self, peer: str, theirs: list[tuple[int, int]]) -> None:
+    def __init__(self, peer: str, name: str, theirs: list[tuple[int, int]]) -> None:
         self.peer = peer
+        self.name = name                            # the communicator's: both ranks derive the same
+        self.closed = threading.Event()             # torn down (a relink's communicator may take its name)
         self.comm = 0
         self.stream = 0
         self.rank = self.remote_rank = 0
@@ -173,6 +175,7 @@ class HcclAgent:
         self._routes: dict[str, Callable[[bytes], None]] = {}
         self._inbox: list[tuple[str, bytes]] = []
         self._closing: list[threading.Thread] = []   # unlinks waiting for a Prepare to end
+        self._closing_names: dict[str, threading.Event] = {}   # communicator name -> set once torn down
         self._closed = False
 
     # -- identity and peers --
@@ -219,18 +222,27 @@ class HcclAgent:
         with self._lock:
             if name in self._comms:
                 return name
-            entry = self._comms[name] = _Comm(name, theirs)
-        threading.Thread(target=self._open, args=(entry, peer), name="datadist-hccl-prepare", daemon=True).start()
+            order = sorted((self.name, name))
+            comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
+            entry = self._comms[name] = _Comm(name, comm_name, theirs)
+            previous = self._closing_names.get(comm_name)
+            self._closing_names[comm_name] = entry.closed
+        threading.Thread(target=self._open, args=(entry, peer, previous), name="datadist-hccl-prepare",
+                         daemon=True).start()
         return name
 
-    def _open(self, entry: _Comm, peer: dict[str, str]) -> None:
+    def _open(self, entry: _Comm, peer: dict[str, str], previous: threading.Event | None) -> None:
         table, order = cluster_table([self._identity, peer])
-        comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
         with entry.opening:
             try:
+                # a relink to the same peer: its communicator's name is the old one's, and HCCL refuses a name in
+                # use on the device ("comm Name exist"): wait for the old one's teardown (after its Prepare)
+                if previous is not None and not previous.wait(self._close_wait()):
+                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "the previous link with this peer is still "
+                                                                       "being torn down")
                 if entry.stop:
                     raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "unlinked while linking")
-                config = CommConfig.make(comm_name, self._traffic_class, self._service_level)
+                config = CommConfig.make(entry.name, self._traffic_class, self._service_level)
                 entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
                 self._acl.set_device(self.device)   # the link's thread takes the engine's context first
                 with _INIT_LOCK:
@@ -280,8 +292,12 @@ class HcclAgent:
             self._closing.append(thread)
         thread.start()
 
+    def _close_wait(self) -> float:
+        """The longest a Prepare can run: every try's timeout, and a margin."""
+        return prepare_seconds(self._prepare_timeout * 1000, self._retries) * self._retries + 5.0
+
     def _close_later(self, entry: _Comm) -> None:
-        wait = prepare_seconds(self._prepare_timeout * 1000, self._retries) * self._retries + 5
+        wait = self._close_wait()
         if not entry.opening.acquire(timeout=wait):
             log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is",
                       entry.peer, wait)
@@ -295,6 +311,10 @@ class HcclAgent:
                 self._teardown(entry)
         finally:
             entry.opening.release()
+            entry.closed.set()
+            with self._lock:
+                if self._closing_names.get(entry.name) is entry.closed:
+                    del self._closing_names[entry.name]
 
     def _teardown(self, entry: _Comm) -> None:
         """CANN's order (LLM-DataDist ``CommEntity::Finalize``): abort the stream, unbind each range, destroy the

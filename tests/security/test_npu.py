@@ -33,7 +33,7 @@ def leak_npu_key(state: dict, seed: int) -> tuple[str, int]:
     t.store(np.random.default_rng(seed).integers(0, 256, NBYTES, dtype=np.uint8))
     state["victim"] = t
     key = acl().ipc_export(attach.device_id, t.addr, NBYTES)
-    acl().ipc_allow(key, [attach.daemon_pid])
+    acl().ipc_allow(attach.device_id, key, [attach.daemon_tgid])
     return key, attach.device_id
 
 

@@ -229,6 +229,11 @@ class AclBackend:
         require(0 <= device_id < self._count,
                 f"[memory] device_id {device_id} is not one of this host's {self._count} NPUs")
         self.device_id = device_id
+        try:
+            self.bare_tgid = self._acl.bare_tgid()
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"memory backend 'acl': {exc}") from None
+        self.pid_is_bare_tgid = self.bare_tgid == os.getpid()
         self._host = HostBackend(**host)
 
     @property

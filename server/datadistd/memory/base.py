@@ -201,6 +201,15 @@ class DeviceBackend(Protocol):
     def create_pool_on(self, device: int, placement: Placement, capacity: int, page_shift: int = 16) -> Pool:
         """``create_pool``, DEVICE pools on NPU ``device``."""
 
+    @property
+    def bare_tgid(self) -> int:
+        """This process's pid as the NPU driver sees it (what IPC allow lists name)."""
+
+    @property
+    def pid_is_bare_tgid(self) -> bool:
+        """This process's pid is its bare tgid: it runs in the PID namespace the driver uses, where the kernel's
+        word for a peer's pid (``SO_PEERCRED``) is the driver's too."""
+
 
 @runtime_checkable
 class StaleCleanup(Protocol):

@@ -23,6 +23,7 @@ peer over the link's channel (``route``), where ``deliver`` queues it.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import threading
@@ -71,6 +72,13 @@ def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
     table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
              "status": "completed"}
     return json.dumps(table, separators=(",", ":")), order
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -219,6 +227,14 @@ class HcclAgent:
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
+        if peer["server_id"] != self._identity["server_id"] and \
+                any(_loopback(m["device_ip"]) for m in (peer, self._identity)):
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                f"hccl: the peer {name} is on another server ({peer['server_id']}, this one "
+                                f"{self._identity['server_id']}) but a device ip is a loopback address (peer "
+                                f"{peer['device_ip']}, this one {self._identity['device_ip']}): HCCL would connect "
+                                "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
+                                "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
         with self._lock:
             if name in self._comms:
                 return name

@@ -194,3 +194,22 @@ def test_no_loopback_device_ip_towards_another_server(sim_root, tmp_path) -> Non
             print(exc.code.name, "device_ip" in exc.message)
         """))
     assert out == ["LLM_LINK_FAILED", "True"]
+
+
+def test_unlink_sets_the_engines_device_whatever_the_thread_says(sim_root, tmp_path) -> None:
+    """The thread that unlinks had the engine's device in the runtime's per-thread cache, but user code (say
+    ``torch_npu``) switched it to another NPU: the teardown still unbinds (HCCL's registry is the current device's)
+    and destroys the communicator."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import threading
+        p, conn, a, buf, ag, peer, other = linked()
+        ag.read(np.array([[buf, 64]], np.uint64), np.array([[other, 64]], np.uint64), peer, time.monotonic() + 30)
+        def unlink():
+            a.use(0)
+            a._fn["aclrtSetDevice"](1)     # behind the cache's back
+            ag.drop_peer(peer)
+        t = threading.Thread(target=unlink); t.start(); t.join()
+        print([sorted(r.binds) for r in global_mem().ranges(0)])
+        conn.send("bye"); ag.close(); p.join()
+        """))
+    assert out == ["[[]]"]

@@ -4,14 +4,14 @@
   that name none: ``[memory] device_id``; one daemon serves every NPU of the host),
   with the policy CANN's own buffers use (huge pages first, high bandwidth), carved by the same page
   allocator as ``host`` pools (``LLM_OUT_OF_MEMORY`` when full; an ``aclrtMalloc`` the device cannot
-  hold: ``LLM_DEVICE_OUT_OF_MEMORY``). A worker reaches a pool by an IPC key the daemon exports for it
-  with the pid white list on, naming only the worker's pid as the kernel reported it on the attach
-  socket (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
+  hold: ``LLM_DEVICE_OUT_OF_MEMORY``), registered whole with HCCL (``datadist_ascend.globalmem``). A worker
+  reaches a pool by an IPC key the daemon exports for it with the pid white list on, naming only the worker's
+  bare tgid (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
 * HOST pools: memfd pools as in ``host`` (workers map them by descriptor). The ``hccl`` transport does not move
   them (HCCL registers host memory only from ``aclrtMallocHost``, which workers could not map): a transfer
   touching a HOST cache over hccl fails with ``LLM_FEATURE_NOT_ENABLED``; ``acl`` + ``tcp`` moves both.
 * Worker NPU memory (``register_cache`` of NPU tensors) arrives as an IPC key the worker exported with
-  the daemon's pid on its white list (``DeviceRef``); the daemon imports it.
+  the daemon's bare tgid on its white list (``DeviceRef``); the daemon imports it and registers it with HCCL.
 
 Device memory has no host mapping: handles give ``view() -> None`` and copy with ``aclrtMemcpy``
 (``read_into`` device to host, ``write_from`` host to device, ``copy_rows`` device to device: a batch of

@@ -176,14 +176,18 @@ class KeyExport(Protocol):
 
 @runtime_checkable
 class DeviceMemory(Protocol):
-    """Declared capability of a handle in NPU memory (``acl``): the device it is on and its address there (in
-    this process); transports that move device memory (``hccl``) register it by these."""
+    """Declared capability of a handle in NPU memory (``acl``): the device it is on, its address there (in
+    this process), and the allocation it lies in -- ``region``, ``(base, size)``: its pool, or itself when
+    imported -- the range HCCL registered (``hccl`` binds and checks by it)."""
 
     @property
     def device(self) -> int: ...
 
     @property
     def address(self) -> int: ...
+
+    @property
+    def region(self) -> tuple[int, int]: ...
 
 
 @runtime_checkable

@@ -373,12 +373,11 @@ class HcclAgent:
 
     def _register(self, handle: MemoryHandle) -> tuple[int, int, int]:
         """A handle's rows: its own addresses; HCCL registered its allocation (``region``) already."""
-        region = getattr(handle, "region", None)   # DeviceHandle's: the allocation HCCL registered
-        if not isinstance(handle, DeviceMemory) or handle.device != self.device or not isinstance(region, tuple):
+        if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the hccl transport moves NPU memory of the engine's device ({self.device}) only "
                                 "(memory backend acl, DEVICE caches); HOST caches: use transport tcp")
-        return handle.address, handle.size, region[0]
+        return handle.address, handle.size, handle.region[0]
 
     def _deregister(self, reg: Registration) -> None:
         pass   # the allocation stays registered until its memory goes (globalmem)

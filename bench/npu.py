@@ -290,7 +290,6 @@ def bulk_hccl(run: Any) -> None:
         wd.send("init", "DECODER", D, mem_pool=pool, device=1)
         wp.result()
         wd.result()
-        wd.call("link", P, f"127.0.0.1:{port}")
         how = "two processes on NPUs 0 and 1, as many shuffled blocks a request as datadist's, a descriptor each"
         tail = f"; {SIMULATED}" if simulated else ""
         notes = {
@@ -307,7 +306,10 @@ def bulk_hccl(run: Any) -> None:
             return _Baseline({k: (lambda op=op: b.once(op)) for k, op in ops.items()}, ["bare HCCL put"], notes,
                              b.close, ["bare HCCL get"])
 
-        _bulk(run, scenario, wp, wd, bare, bulk_mib=mib)
+        # linked once each block size's caches exist, unlinked before they go: HCCL reaches only memory registered
+        # before a link's Prepare, and keeps a registration while a link binds it (docs/ascend.md)
+        _bulk(run, scenario, wp, wd, bare, bulk_mib=mib,
+              link=(lambda: wd.call("link", P, f"127.0.0.1:{port}"), lambda: wd.call("unlink", P)))
     finally:
         run.close_workers()
         run.stop_daemons(*nodes)

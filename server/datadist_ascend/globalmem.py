@@ -24,6 +24,8 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from datadist.status import LLMStatusCode
+
 from .acl import acl
 from .errors import AscendError
 
@@ -54,7 +56,15 @@ class GlobalMem:
         """Memory HCCL may move (a DEVICE pool, an imported worker cache): registered now if the hccl transport of
         ``device`` runs, else when it starts. Raises ``AscendError`` when HCCL refuses it."""
         with self._lock:
-            rng = self._ranges.setdefault((device, base), Range(device, base, size))
+            rng = self._ranges.get((device, base))
+            if rng is None:
+                rng = self._ranges[(device, base)] = Range(device, base, size)
+            elif rng.retired:
+                # new memory where memory still bound to a link was: HCCL knows memory by address, and the old
+                # registration (the old pages) stands until every link binding it is gone
+                raise AscendError("HcclRegisterGlobalMem", 1, LLMStatusCode.LLM_PARAM_INVALID,
+                                  f"{size} bytes at {base:#x} take the place of memory still bound to a link (HCCL "
+                                  "keeps its registration until the link goes): unlink, then register")
             if device in self._active and not rng.handle:
                 self._register(rng)
 

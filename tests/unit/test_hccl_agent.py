@@ -213,3 +213,28 @@ def test_unlink_sets_the_engines_device_whatever_the_thread_says(sim_root, tmp_p
         conn.send("bye"); ag.close(); p.join()
         """))
     assert out == ["[[]]"]
+
+
+def test_new_memory_where_bound_memory_was_is_refused_until_the_link_goes(sim_root, tmp_path) -> None:
+    """HCCL knows memory by address and keeps a registration while a link binds it: memory announced at the address
+    of retired memory still bound is refused (saying to unlink), and registered once the link let it go."""
+    out = run(sim_root, tmp_path, """
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadist_ascend.globalmem import global_mem
+        a, g = acl(), global_mem()
+        buf = a.malloc(0, 1 << 20)
+        g.activate(0)
+        g.announce(0, buf, 1 << 20)
+        (rng,) = g.ranges(0)
+        g.bound(rng, 1)
+        g.retire(0, buf)
+        try:
+            g.announce(0, buf, 1 << 20)
+        except AscendError as exc:
+            print(exc.status.name, "unlink" in str(exc))
+        g.unbound(rng, 1)
+        g.announce(0, buf, 1 << 20)
+        print(len(g.ranges(0)), g.ranges(0)[0] is not rng)
+        """)
+    assert out == ["LLM_PARAM_INVALID", "True", "1", "True"]

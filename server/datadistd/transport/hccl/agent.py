@@ -146,8 +146,8 @@ class _Comm:
         self.stream = 0
         self.rank = self.remote_rank = 0
         self.bound: list[Range] = []                # ranges bound before Prepare: what the peer reaches
-        self.mine: list[tuple[int, int]] = []       # the same, as (base, size)
         self.theirs = theirs                        # the peer's registered ranges when it sent its identity
+        self.mine_at_link: list[tuple[int, int]] = []   # this side's then
         self.ready: Future[None] = Future()
         self.lock = threading.Lock()       # one batch at a time on the stream
         self.opening = threading.Lock()    # held while the communicator is made and prepared
@@ -184,13 +184,16 @@ class HcclAgent:
         self._inbox: list[tuple[str, bytes]] = []
         self._closing: list[threading.Thread] = []   # unlinks waiting for a Prepare to end
         self._closing_names: dict[str, threading.Event] = {}   # communicator name -> set once torn down
+        self._sent: list[tuple[int, int]] = []   # the ranges of the identity sent last
         self._closed = False
 
     # -- identity and peers --
 
     def metadata(self) -> bytes:
         """The identity and the ranges registered now (the peer checks and cuts its rows against them)."""
-        ranges = [[r.base, r.size] for r in self._mem.ranges(self.device)]
+        ranges = [(r.base, r.size) for r in self._mem.ranges(self.device)]
+        with self._lock:
+            self._sent = ranges
         return json.dumps({**self._identity, "ranges": ranges}).encode()
 
     def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
@@ -201,6 +204,7 @@ class HcclAgent:
 
     @staticmethod
     def _ranges(value: object) -> list[tuple[int, int]]:
+        """A peer's ``[[base, size], ...]``, checked: sorted, disjoint, inside 64 bits."""
         if not isinstance(value, list) or len(value) > _MAX_RANGES or \
                 not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and 0 < x < 1 << 64 for x in r)
                         for r in value):
@@ -236,13 +240,20 @@ class HcclAgent:
                                 "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
                                 "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
         with self._lock:
-            if name in self._comms:
-                return name
+            mine = self._sent   # what this side's identity said (the peer compares the same ranges)
+            stale = self._comms.get(name)
+            if stale is not None and stale.theirs == theirs and stale.mine_at_link == mine:
+                return name     # another link to the same agent, nothing registered since: the same communicator
+            # new, or memory was registered on either side since the communicator was prepared: a new one binds it
+            # (both sides see the change: each compares the other's ranges and its own)
             order = sorted((self.name, name))
             comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
             entry = self._comms[name] = _Comm(name, comm_name, theirs)
+            entry.mine_at_link = mine
             previous = self._closing_names.get(comm_name)
             self._closing_names[comm_name] = entry.closed
+        if stale is not None:
+            self._retire(stale)
         threading.Thread(target=self._open, args=(entry, peer, previous), name="datadist-hccl-prepare",
                          daemon=True).start()
         return name
@@ -268,7 +279,6 @@ class HcclAgent:
                     self._hccl.bind(entry.comm, rng.handle)
                     self._mem.bound(rng, entry.comm)
                     entry.bound.append(rng)
-                entry.mine = [(r.base, r.size) for r in entry.bound]
                 # CANN: link_retry_count tries of HcclCommPrepare sharing the link's time, in seconds rounded up
                 seconds = prepare_seconds(self._prepare_timeout * 1000, self._retries)
                 for attempt in range(self._retries):
@@ -297,8 +307,10 @@ class HcclAgent:
         with self._lock:
             entry = self._comms.pop(name, None)
             self._routes.pop(name, None)
-        if entry is None:
-            return
+        if entry is not None:
+            self._retire(entry)
+
+    def _retire(self, entry: _Comm) -> None:
         entry.stop = True
         if entry.opening.acquire(blocking=False):
             self._close_entry(entry)
@@ -416,7 +428,9 @@ class HcclAgent:
         with entry.lock:
             if not entry.comm:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
-            local, remote, outside = split_rows(local, remote, entry.mine, entry.theirs)
+            # what both sides bound before Prepare (and this side's memory still there)
+            mine = [(r.base, r.size) for r in entry.bound if not r.retired]
+            local, remote, outside = split_rows(local, remote, mine, entry.theirs)
             if outside is not None:
                 raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                     f"hccl: {outside} lies in memory registered after the link with {peer} was "

@@ -231,8 +231,12 @@ class HcclAgent:
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
-        if peer["server_id"] != self._identity["server_id"] and \
+        servers = (peer["server_id"], self._identity["server_id"])
+        if servers[0] != servers[1] and not any(map(_loopback, servers)) and \
                 any(_loopback(m["device_ip"]) for m in (peer, self._identity)):
+            # two servers named by real addresses, one NPU address the loopback default: HCCL cannot reach it.
+            # (An engine with no listen address and no llm.LocalCommRes names its server 127.0.0.1 too: whether
+            # its peer is on another host is not known here -- docs/ascend.md, "Limits".)
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                 f"hccl: the peer {name} is on another server ({peer['server_id']}, this one "
                                 f"{self._identity['server_id']}) but a device ip is a loopback address (peer "

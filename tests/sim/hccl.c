@@ -36,6 +36,9 @@
  *       call while one runs fails loudly (stderr, HCCL_E_INTERNAL). Each call takes ASCEND_SIM_INIT_MS (20).
  *   R11 a batch call that fails on descriptor i has ENQUEUED descriptors 0..i-1 on the stream (they run unless
  *       the stream is aborted: hixl aborts on any failure).
+ *   R14 bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
+ *       bound set; hixl takes the entity's mutex for Finalize, which Initialize holds through Prepare): the
+ *       simulation says so loudly (stderr, HCCL_E_INTERNAL).
  *
  * A put or get whose peer dies while it runs stalls -- no byte lands after the peer is gone -- until its
  * stream is aborted or destroyed (RoCE retransmits to a dead peer for HCCL_RDMA_TIMEOUT x
@@ -143,6 +146,7 @@ typedef struct comm_s {
   char name[128];
   uint32_t rank, nranks;
   int prepared;          /* a Prepare succeeded: the enabled set is fixed (R3, R5) */
+  int preparing;         /* a Prepare runs (R14) */
   uint64_t nic_epoch;    /* the device's NIC generation at Prepare (R7) */
   uint32_t traffic_class, service_level;
   int device; /* the thread's device when the communicator was made: its memory must be there */
@@ -162,6 +166,14 @@ static mem_handle *g_registry[SIM_NO_DEVICE + 1];
 static uint64_t g_nic_epoch[SIM_NO_DEVICE + 1];
 static comm_t *g_comms;
 static int g_initing;
+
+/* R14: a call that changes what Prepare iterates, made while it runs */
+static int during_prepare(comm_t *c, const char *call) {
+  if (!__atomic_load_n(&c->preparing, __ATOMIC_SEQ_CST)) return 0;
+  fprintf(stderr, "SIMULATED HCCL: %s while HcclCommPrepare runs on communicator %s (wait for it first)\n", call,
+          c->name);
+  return 1;
+}
 
 static int registry_of_thread(void) {
   int d = simacl_current_device();
@@ -346,6 +358,7 @@ HcclResult HcclCommBindMem(HcclComm comm, void *memHandle) {
   comm_t *c = comm;
   mem_handle *h = memHandle;
   if (!c || !h) return HCCL_E_PTR;
+  if (during_prepare(c, "HcclCommBindMem")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   HcclResult ret = HCCL_SUCCESS;
   for (int i = 0; i < c->nbound; i++)
@@ -368,6 +381,7 @@ HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle) {
   int known = find_registered_locked(h) != NULL;
   pthread_mutex_unlock(&g_lock);
   if (!known) return HCCL_E_NOT_FOUND; /* R6: the handle is looked up in the calling thread's device's registry */
+  if (during_prepare(c, "HcclCommUnbindMem")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   HcclResult ret = HCCL_E_NOT_FOUND;
   for (int i = 0; i < c->nbound; i++) {
@@ -418,6 +432,7 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
   c->prepared = 1;
   HcclResult ret = publish_locked(c);
   c->prepared = 0;
+  if (ret == HCCL_SUCCESS) __atomic_store_n(&c->preparing, 1, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&c->lock);
   if (ret != HCCL_SUCCESS) return ret;
   struct timespec start, now;
@@ -432,12 +447,16 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
       if (there && h.prepared && kill(h.pid, 0) == 0) break;
       clock_gettime(CLOCK_MONOTONIC, &now);
       double waited = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
-      if (seconds >= 0 && waited >= (double)seconds) return HCCL_E_TIMEOUT;
+      if (seconds >= 0 && waited >= (double)seconds) {
+        __atomic_store_n(&c->preparing, 0, __ATOMIC_SEQ_CST);
+        return HCCL_E_TIMEOUT;
+      }
       usleep(1000);
     }
   }
   pthread_mutex_lock(&c->lock);
   c->prepared = 1;
+  __atomic_store_n(&c->preparing, 0, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&c->lock);
   return HCCL_SUCCESS;
 }
@@ -445,6 +464,7 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
 HcclResult HcclCommDestroy(HcclComm comm) {
   comm_t *c = comm;
   if (!c) return HCCL_E_PTR;
+  if (during_prepare(c, "HcclCommDestroy")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   int bound = c->nbound;
   pthread_mutex_unlock(&c->lock);

@@ -35,6 +35,8 @@ MUTATIONS = [
      "  } else if (ret != HCCL_SUCCESS) {\n    free(j);\n  } else if (simacl_enqueue(stream, run_copies, j)) {"),
     ("r12", A, "allowed |= rec.pids[i] == bare_tgid();", "allowed |= rec.pids[i] == (int32_t)getpid();"),
     ("r13", A, "  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL; /* R13 */\n", ""),
+    ("r14", H, "  if (!__atomic_load_n(&c->preparing, __ATOMIC_SEQ_CST)) return 0;",
+     "  if (c || call) return 0;"),
 ]
 def main(only: list[str]) -> int:
     """Take each rule out in turn; the number of rules whose test did not fail with an assertion."""

@@ -128,11 +128,11 @@ from datadistd.transport.hccl.agent import HcclAgent
 SIZE = 4 << 20
 
 
-def agent(name, server="10.0.0.1", ip="10.0.0.1"):
+def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
     a = acl()
     buf = a.malloc(0, SIZE)
     global_mem().announce(0, buf, SIZE)
-    return a, buf, HcclAgent(name, 0, server, ip, prepare_timeout=20)
+    return a, buf, HcclAgent(name, 0, server, ip, prepare_timeout=timeout)
 
 
 def peer_main(conn, meta_patch):
@@ -238,3 +238,24 @@ def test_new_memory_where_bound_memory_was_is_refused_until_the_link_goes(sim_ro
         print(len(g.ranges(0)), g.ranges(0)[0] is not rng)
         """)
     assert out == ["LLM_PARAM_INVALID", "True", "1", "True"]
+
+
+def test_a_relink_waits_for_the_old_communicator_to_go(sim_root, tmp_path) -> None:
+    """Unlinked while its Prepare still waits for the peer, the communicator is torn down when Prepare ends (never
+    under it); a relink to the same peer -- whose communicator has the same name, which HCCL refuses twice on a
+    device -- waits for that, then prepares in its turn (and times out here: the peer never comes)."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        a, buf, ag = agent("a", timeout=2)
+        meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                           "ranges": []}).encode()
+        ag.add_peer(meta)
+        ag.drop_peer("b")            # its Prepare runs on (2 s): torn down after
+        ag.add_peer(meta)
+        try:
+            ag.read(np.array([[buf, 64]], np.uint64), np.array([[buf, 64]], np.uint64), "b", time.monotonic() + 30)
+        except DataDistError as exc:
+            print(exc.code.name)
+        ag.close()
+        """))
+    assert out == ["LLM_TIMEOUT"]   # not LLM_PARAM_INVALID: "comm Name exist"

@@ -300,3 +300,20 @@ def test_r13_ipc_close_and_set_import_pid_need_a_context(sim_root, tmp_path) -> 
         print(*codes, code(lambda: a.ipc_allow(0, key, [os.getpid()])), code(lambda: a.ipc_close(0, key)))
         """)
     assert out == ["107002", "107002", "ok", "ok"]   # ACL_ERROR_RT_CONTEXT_NULL
+
+
+def test_r14_no_bind_unbind_or_destroy_while_prepare_runs(sim_root, tmp_path) -> None:
+    """Prepare waits for a peer that never comes (2 s); meanwhile bind, unbind and destroy fail loudly; after it,
+    unbind and destroy go through."""
+    out = run(sim_root, tmp_path, """
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok)
+        other = h.register(MEM_DEVICE, a.malloc(0, 4096), 4096)
+        t = threading.Thread(target=lambda: print(code(lambda: h.prepare(comm, 2)), flush=True))
+        t.start(); time.sleep(0.5)
+        print(code(lambda: h.bind(comm, other)), code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)),
+              flush=True)
+        t.join()
+        print(code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)))
+        """)
+    assert out[:6] == ["4", "4", "4", "9", "ok", "ok"] and "while HcclCommPrepare runs" in out[-1]

@@ -58,11 +58,14 @@ cpp-check:
 test: $(STAMP) $(NIXL_STAMP) proto-check cpp-check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## make test-ascend: the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set, npu-smi
-## sees devices) instead of the simulated runtime make test uses; docs/ascend.md says what was verified where
+## make test-ascend: first the standalone checks of CANN's rules on the NPUs (one line each: what it saw, what
+## CANN's source says), then the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set,
+## npu-smi sees devices) instead of the simulated runtime make test uses; docs/ascend.md says what was verified where
 test-ascend: $(STAMP)
 	@test -n "$$ASCEND_HOME_PATH" || { echo "test-ascend: set ASCEND_HOME_PATH (source CANN's set_env.sh)"; exit 2; }
 	@npu-smi info >/dev/null || { echo "test-ascend: npu-smi sees no NPU"; exit 2; }
+	@echo "test-ascend: first-hour checks (tests/hw/first_hour.py; docs/ascend.md says what each expects)"
+	-$(PY) -m tests.hw.first_hour
 	DATADIST_ASCEND_REAL=1 $(PY) -m pytest -o addopts="" -k "acl-hccl" tests/integration tests/api \
 		tests/reliability/test_faults.py tests/security/test_npu.py $(PYTEST_ARGS)
 	@echo "test-ascend: done; make bench-ascend measures datadist over hccl against bare HCCL on NPUs 0 and 1"

@@ -109,7 +109,7 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
                 comm_name: str) -> None:
     os.environ.update(env)
     from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
-    from datadist_ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
+    from datadist_ascend.hccl import DESCS_PER_CALL, MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
     from datadistd.transport.hccl.agent import cluster_table
 
     a, h = acl(), hccl()
@@ -127,7 +127,7 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
         stream = a.create_stream(rank)
         token = h.register(MEM_DEVICE, buf, size)
         h.bind(comm, token)
-        h.prepare(comm, 60_000)
+        h.prepare(comm, 60)   # seconds
         host = np.zeros((rows, block), np.uint8)      # rank 0: a tag per block; rank 1: zeros
         if rank == 0:
             host[:, :8].view(np.uint64)[:, 0] = _TAG | np.arange(rows, dtype=np.uint64)
@@ -165,20 +165,25 @@ def _serve_rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blo
             else:
                 descs = descriptors(local, remote, block)
                 t0 = time.perf_counter()
-                # Hccl.batch's own call, with the descriptors made beforehand
-                h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank,
-                        descs.ctypes.data_as(ctypes.POINTER(OneSideOpDesc)), len(descs), ctypes.c_void_p(stream))
+                # Hccl.batch's own calls -- DESCS_PER_CALL descriptors each, as CANN allows -- made beforehand
+                for at in range(0, len(descs), DESCS_PER_CALL):
+                    h._call("HcclBatchGet" if get else "HcclBatchPut", ctypes.c_void_p(comm), peer_rank,
+                            ctypes.cast(descs.ctypes.data + at * descs.itemsize, ctypes.POINTER(OneSideOpDesc)),
+                            min(DESCS_PER_CALL, len(descs) - at), ctypes.c_void_p(stream))
             a.synchronize(rank, stream, 120_000)
             conn.send(("ok", time.perf_counter() - t0))
-    finally:
+    finally:   # CANN's order: abort the stream, unbind, destroy the communicator, then the stream
+        a.set_device(rank)
+        if stream:
+            a.abort(rank, stream)
+        if token and comm:
+            h.unbind(comm, token)
+        if comm:
+            h.destroy(comm)
         if token:
-            if comm:
-                h.unbind(comm, token)
             h.deregister(token)
         if stream:
             a.destroy_stream(rank, stream)
-        if comm:
-            h.destroy(comm)
         a.free(rank, buf)
 
 
@@ -285,7 +290,6 @@ def bulk_hccl(run: Any) -> None:
         wd.send("init", "DECODER", D, mem_pool=pool, device=1)
         wp.result()
         wd.result()
-        wd.call("link", P, f"127.0.0.1:{port}")
         how = "two processes on NPUs 0 and 1, as many shuffled blocks a request as datadist's, a descriptor each"
         tail = f"; {SIMULATED}" if simulated else ""
         notes = {
@@ -302,7 +306,10 @@ def bulk_hccl(run: Any) -> None:
             return _Baseline({k: (lambda op=op: b.once(op)) for k, op in ops.items()}, ["bare HCCL put"], notes,
                              b.close, ["bare HCCL get"])
 
-        _bulk(run, scenario, wp, wd, bare, bulk_mib=mib)
+        # linked once each block size's caches exist, unlinked before they go: HCCL reaches only memory registered
+        # before a link's Prepare, and keeps a registration while a link binds it (docs/ascend.md)
+        _bulk(run, scenario, wp, wd, bare, bulk_mib=mib,
+              link=(lambda: wd.call("link", P, f"127.0.0.1:{port}"), lambda: wd.call("unlink", P)))
     finally:
         run.close_workers()
         run.stop_daemons(*nodes)

@@ -185,9 +185,11 @@ class _Baseline:
 
 
 def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callable[[int, int, int], _Baseline],
-          bulk_mib: int | None = None) -> None:
+          bulk_mib: int | None = None, link: tuple[Callable[[], None], Callable[[], None]] | None = None) -> None:
     """Pull and push ``bulk_mib`` (default: the config's) per request for every block size and memory kind
     between ``wp`` and ``wd``; each row's bytes are verified after one pull and one push before it is added.
+    ``link``: ``(link, unlink)`` around the transfers of each block size, once its caches exist and before they
+    go (hccl: HCCL reaches only memory registered before a link's Prepare, docs/ascend.md); else ``wd`` is linked.
 
     Repetition ``r`` times each baseline variant and then each datadist transfer, back to back, so a
     ratio is the median of per-repetition ratios: a noisy neighbour slows both sides of a pair alike.
@@ -212,6 +214,8 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
                 names.append((memory, name, model))
                 _both(wp, wd, "cache", name, memory, tensors, num_blocks, block, model_id=model)
                 model += 1
+            if link is not None:
+                link[0]()
             tables = _tables(rng, num_blocks, n, cfg.reps + 1)
             b_times: dict[str, list[float]] = {k: [] for k in base.variants}
             d_times: dict[tuple[str, str], list[float]] = {}
@@ -245,6 +249,9 @@ def _bulk(run: Run, scenario: str, wp: Worker, wd: Worker, baseline_for: Callabl
                                 note=f"{nbytes // MIB} MiB/request: {tensors} tensors x {n} shuffled blocks; "
                                      f"ratio = median of paired repetitions; bytes verified (a pull and a push)"))
                     series.setdefault(f"{op} ({memory})", {})[block] = fig
+            if link is not None:
+                link[1]()
+            for _, name, _ in names:
                 _both(wp, wd, "drop", name)
         finally:
             base.close()

@@ -137,6 +137,9 @@ class AttachClient:
         # process this worker's exported device memory may be imported by
         self.daemon_pid = struct.unpack("3i", self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                                     struct.calcsize("3i")))[0]
+        # ... as the NPU driver knows it, for the allow list of NPU memory this worker hands over (the daemon's
+        # word where PID namespaces differ; the kernel's where the daemon sends none)
+        self.daemon_tgid = int(welcome.bare_tgid) or self.daemon_pid
 
     @property
     def metadata(self) -> Tuple[Tuple[str, str], ...]:
@@ -357,11 +360,19 @@ class AttachClient:
             except LLMException:
                 return
 
+    def _bare_tgid(self) -> int:
+        """This process's pid as the NPU driver sees it (0 when the daemon's memory is not NPU memory)."""
+        if self.memory_backend != "acl":
+            return 0
+        from datadist_ascend.acl import acl
+
+        return acl().bare_tgid()
+
     def export_pool(self, engine_id: int, pool: str, func: str) -> Tuple[int, int, str, int]:
         """``(fd, size, device_key, device_id)`` of one of our engine's pools: a descriptor (the caller closes it),
         or for an NPU pool ``fd == -1`` and the IPC key only this process may import."""
-        reply, fd = self._call(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(engine_id=engine_id,
-                                                                                          pool=pool)), func)
+        reply, fd = self._call(attach_pb2.AttachRequest(export_pool=attach_pb2.ExportPool(
+            engine_id=engine_id, pool=pool, bare_tgid=self._bare_tgid())), func)
         if reply.pool.device_key:
             if fd >= 0:
                 os.close(fd)

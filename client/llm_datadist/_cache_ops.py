@@ -59,7 +59,7 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
     try:
         runtime = acl()
         key = runtime.ipc_export(device, address, length)
-        runtime.ipc_allow(key, [attach.daemon_pid])
+        runtime.ipc_allow(device, key, [attach.daemon_tgid])
         proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
         runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
         runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)

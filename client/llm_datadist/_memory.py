@@ -111,9 +111,10 @@ class Mapper:
 class _DeviceImport:
     """An NPU pool imported by IPC key: its length, and ``close()`` (``aclrtIpcMemClose``) like an mmap's."""
 
-    def __init__(self, key: str, size: int) -> None:
+    def __init__(self, key: str, size: int, device: int) -> None:
         self.key = key
         self.size = size
+        self.device = device
 
     def __len__(self) -> int:
         return self.size
@@ -121,14 +122,14 @@ class _DeviceImport:
     def close(self) -> None:
         from datadist_ascend.acl import acl
 
-        acl().ipc_close(self.key)
+        acl().ipc_close(self.device, self.key)
 
 
 def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int]:
     """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist_ascend``)."""
     from datadist_ascend.acl import acl
 
-    return _DeviceImport(key, size), acl().ipc_import(device, key)
+    return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 
 def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:

@@ -54,6 +54,7 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtIpcMemSetImportPid": [c_char_p, POINTER(c_int32), c_size_t],
     "aclrtIpcMemImportByKey": [POINTER(c_void_p), c_char_p, c_uint64],
     "aclrtIpcMemClose": [c_char_p],
+    "aclrtDeviceGetBareTgid": [POINTER(c_int32)],
 }
 
 
@@ -80,10 +81,24 @@ class Acl:
             raise AscendError(name, code, acl_status(code))
 
     def use(self, device: int) -> None:
-        """Make ``device`` current in the calling thread (ACL contexts are per thread)."""
+        """Make ``device`` current in the calling thread (ACL contexts are per thread), once per thread: for the
+        daemon's own copies, whose threads run no user code."""
         if getattr(self._local, "device", None) != device:
-            self._call("aclrtSetDevice", device)
-            self._local.device = device
+            self.set_device(device)
+
+    def set_device(self, device: int) -> None:
+        """``aclrtSetDevice(device)`` now, whatever this thread's cache says: the top of every path that touches
+        HCCL state or IPC keys (HCCL's registry is the current device's; user code such as ``torch_npu`` may have
+        changed the thread's device behind the cache)."""
+        self._call("aclrtSetDevice", device)
+        self._local.device = device
+
+    def bare_tgid(self) -> int:
+        """This process's pid as the device driver sees it (``aclrtDeviceGetBareTgid``): what an IPC allow list
+        names; differs from ``os.getpid()`` in a container with its own PID namespace, or in a VM."""
+        pid = c_int32()
+        self._call("aclrtDeviceGetBareTgid", ctypes.byref(pid))
+        return pid.value
 
     def device_count(self) -> int:
         n = c_uint32()
@@ -182,7 +197,9 @@ class Acl:
         self._call("aclrtIpcMemGetExportKey", c_void_p(ptr), size, key, IPC_KEY_LEN, IPC_EXPORT_FLAG_DEFAULT)
         return key.value.decode()
 
-    def ipc_allow(self, key: str, pids: Sequence[int]) -> None:
+    def ipc_allow(self, device: int, key: str, pids: Sequence[int]) -> None:
+        """Let the processes ``pids`` (bare tgids: ``bare_tgid``) import ``key``; needs ``device``'s context."""
+        self.set_device(device)
         arr = (c_int32 * len(pids))(*pids)
         self._call("aclrtIpcMemSetImportPid", key.encode(), arr, len(pids))
 
@@ -193,7 +210,10 @@ class Acl:
         self._call("aclrtIpcMemImportByKey", ctypes.byref(ptr), key.encode(), IPC_IMPORT_FLAG_DEFAULT)
         return int(ptr.value or 0)
 
-    def ipc_close(self, key: str) -> None:
+    def ipc_close(self, device: int, key: str) -> None:
+        """Close an exported or imported key; needs a context (``device``'s) in the calling thread, which may be
+        whatever thread freed the memory."""
+        self.set_device(device)
         self._call("aclrtIpcMemClose", key.encode())
 
 

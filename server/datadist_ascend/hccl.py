@@ -9,6 +9,7 @@ stream, then ``aclrtSynchronizeStreamWithTimeout``; teardown ``HcclCommUnbindMem
 from __future__ import annotations
 
 import ctypes
+import math
 from ctypes import POINTER, Structure, c_char, c_int, c_int32, c_uint32, c_uint64, c_void_p
 
 import numpy as np
@@ -20,7 +21,8 @@ from .errors import AscendError, hccl_status
 from .loader import find_library, once
 
 __all__ = ["Hccl", "hccl", "CommConfig", "CommMem", "OneSideOpDesc", "PrepareConfig", "MEM_DEVICE", "MEM_HOST",
-           "DATA_TYPE_UINT8", "CONFIG_NOT_SET", "LIBRARIES", "DESC_DTYPE", "descriptors"]
+           "DATA_TYPE_UINT8", "CONFIG_NOT_SET", "LIBRARIES", "DESC_DTYPE", "DESCS_PER_CALL", "descriptors",
+           "prepare_seconds"]
 
 #: CANN 8.2+ ships the one-sided calls in libhcomm.so (LLM-DataDist dlopens it); older releases in libhccl.so
 LIBRARIES = ("libhcomm.so", "libhccl.so")
@@ -35,6 +37,9 @@ DATA_TYPE_UINT8 = 7
 # hcomm_res_defs.h CommMemType
 MEM_DEVICE, MEM_HOST = 0, 1
 HCCL_SUCCESS = 0
+#: descriptors per ``HcclBatchPut``/``HcclBatchGet`` call: hcomm refuses more than 256 (``MAX_DESC_NUM``, 64 on its
+#: V2 path) with HCCL_E_PARA; LLM-DataDist sends 64 per call (``comm_entity.cc`` ``kMaxOpDescNum``), so does datadist
+DESCS_PER_CALL = 64
 
 
 class CommConfig(Structure):
@@ -130,18 +135,25 @@ class Hccl:
     def unbind(self, comm: int, handle: int) -> None:
         self._call("HcclCommUnbindMem", c_void_p(comm), c_void_p(handle), default=LLMStatusCode.LLM_UNLINK_FAILED)
 
-    def prepare(self, comm: int, timeout_ms: int) -> None:
+    def prepare(self, comm: int, timeout_s: int) -> None:
+        """``HcclCommPrepare`` waiting at most ``timeout_s`` SECONDS (hccl_one_sided_services.h: -1 for ever, 0 the
+        default connect timeout; callers holding milliseconds round up, as LLM-DataDist does: ``prepare_seconds``)."""
         cfg = PrepareConfig()
-        self._call("HcclCommPrepare", c_void_p(comm), ctypes.byref(cfg), int(timeout_ms),
+        self._call("HcclCommPrepare", c_void_p(comm), ctypes.byref(cfg), int(timeout_s),
                    default=LLMStatusCode.LLM_LINK_FAILED)
 
     def batch(self, put: bool, comm: int, remote_rank: int, local: ArrayLike, remote: ArrayLike,
               lengths: ArrayLike, stream: int) -> None:
-        """``HcclBatchPut`` (``put``) or ``HcclBatchGet`` of ``len(lengths)`` byte ranges, enqueued on ``stream``:
-        the descriptors are one array filled by numpy (``descriptors``), handed over in one call."""
+        """``HcclBatchPut`` (``put``) or ``HcclBatchGet`` of ``len(lengths)`` byte ranges, enqueued on ``stream``
+        ``DESCS_PER_CALL`` descriptors per call (one array filled by numpy, ``descriptors``). Raises at the first
+        failing call -- descriptors enqueued before it stay queued: the caller aborts the stream."""
         descs = descriptors(local, remote, lengths)
-        self._call("HcclBatchPut" if put else "HcclBatchGet", c_void_p(comm), remote_rank,
-                   descs.ctypes.data_as(POINTER(OneSideOpDesc)), len(descs), c_void_p(stream))
+        fn = "HcclBatchPut" if put else "HcclBatchGet"
+        base = descs.ctypes.data
+        for at in range(0, len(descs), DESCS_PER_CALL):
+            n = min(DESCS_PER_CALL, len(descs) - at)
+            self._call(fn, c_void_p(comm), remote_rank,
+                       ctypes.cast(base + at * descs.itemsize, POINTER(OneSideOpDesc)), n, c_void_p(stream))
 
 
 #: ``OneSideOpDesc`` as a numpy record (same offsets and size): an array of it is an ``OneSideOpDesc[n]``
@@ -150,6 +162,12 @@ DESC_DTYPE = np.dtype({"names": ["localAddr", "remoteAddr", "count", "dataType"]
                        "offsets": [OneSideOpDesc.localAddr.offset, OneSideOpDesc.remoteAddr.offset,
                                    OneSideOpDesc.count.offset, OneSideOpDesc.dataType.offset],
                        "itemsize": ctypes.sizeof(OneSideOpDesc)})
+
+
+def prepare_seconds(total_ms: float, retries: int) -> int:
+    """Seconds for each of ``retries`` ``HcclCommPrepare`` tries sharing ``total_ms`` milliseconds: rounded up
+    (LLM-DataDist ``link_msg_handler.cc``), never 0 (which would mean HCCL's default connect timeout)."""
+    return max(1, math.ceil(total_ms / max(1, retries) / 1000))
 
 
 def descriptors(local: ArrayLike, remote: ArrayLike, lengths: ArrayLike) -> np.ndarray:

@@ -3,7 +3,8 @@ cannot hand another worker's NPU memory over as its own, even knowing its IPC ke
 
 An IPC key is only a name (ACL tells an importer nothing of who exported it) and the victim white-listed
 the daemon's pid, as register_cache does. The daemon therefore asks for a proof of possession
-(``datadist_ascend.proof``) that only the memory's owner can have put there."""
+(``datadist_ascend.proof``) that only the memory's owner can have put there. And a worker cannot point its
+engine's pool key at another process by claiming that process's bare tgid where the kernel's pid is the driver's."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def leak_npu_key(state: dict, seed: int) -> tuple[str, int]:
     t.store(np.random.default_rng(seed).integers(0, 256, NBYTES, dtype=np.uint8))
     state["victim"] = t
     key = acl().ipc_export(attach.device_id, t.addr, NBYTES)
-    acl().ipc_allow(key, [attach.daemon_pid])
+    acl().ipc_allow(attach.device_id, key, [attach.daemon_tgid])
     return key, attach.device_id
 
 
@@ -74,3 +75,51 @@ def register_own(state: dict, seed: int) -> bool:
     desc = ld.CacheDesc(1, [4, 256], ld.DataType.DT_UINT8, ld.Placement.DEVICE)
     cache = state["dd"].cache_manager.register_cache(desc, [t.addr])
     return cache.cache_id >= 0 and np.array_equal(t.load(), before)
+
+
+def bare_tgid(state: dict) -> int:
+    from datadist_ascend.acl import acl
+
+    return acl().bare_tgid()
+
+
+def allocate_claiming(state: dict, tgid: int) -> tuple[str, int]:
+    """A worker whose ``ExportPool`` names another process's bare tgid; the pool key it got (its own import of
+    the pool worked, or allocate would have failed)."""
+    from tests.worker_ops import allocate
+
+    attach = _attach(state)
+    attach._bare_tgid = lambda: tgid
+    keys: list[str] = []
+    export = attach.export_pool
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        got = export(*args)
+        keys.append(got[2])
+        return got
+    attach.export_pool = spy
+    allocate(state, "kv", 1, (4, 1024), "uint8")
+    return keys[0], attach.device_id
+
+
+def try_import(state: dict, key: str, device: int) -> int:
+    from datadist_ascend import AscendError
+    from datadist_ascend.acl import acl
+
+    try:
+        acl().ipc_import(device, key)
+    except AscendError as exc:
+        return exc.code
+    return 0
+
+
+def test_a_pool_key_names_the_kernels_pid_where_it_is_the_drivers(daemon_factory, worker_factory):
+    """In the driver's PID namespace (here: no simulated one) the daemon allow-lists the pid the kernel reports for
+    the worker's attach connection, whatever bare tgid the worker claims: a worker cannot point its engine's pool
+    key at another process."""
+    d = daemon_factory("npu")
+    owner, other = worker_factory(d), worker_factory(d)
+    owner.call("init", "PROMPT", 1, mem_pool=4 << 20)
+    other.call("init", "DECODER", 2)
+    key, device = owner.call("run", __name__, "allocate_claiming", other.call("run", __name__, "bare_tgid"))
+    assert other.call("run", __name__, "try_import", key, device) == 207006   # ACL_ERROR_RT_NO_PERMISSION

@@ -10,13 +10,19 @@
  *   - aclrtMemcpy(Async) checks the kind against where both pointers really are, destMax, bounds, that device
  *     memory is on the thread's device; IPC export and import, and HCCL's bind, check the device too;
  *   - IPC: aclrtIpcMemGetExportKey / SetImportPid / ImportByKey / Close, with the pid white list
- *     (flags 0): only a process whose pid was set may import;
+ *     (flags 0): only a process whose pid AS THE DEVICE DRIVER SEES IT was set may import -- its bare tgid
+ *     (aclrtDeviceGetBareTgid), which differs from getpid() in a container with its own PID namespace or in a VM
+ *     (R12; hicann/runtime memory.cpp: the allow list is the driver's; knob ASCEND_SIM_TGID_OFFSET: bare tgid =
+ *     getpid() + offset, a simulated PID namespace);
+ *   - aclrtIpcMemClose and aclrtIpcMemSetImportPid need a current context in the calling thread (R13; hicann/runtime
+ *     api_impl.cc SetIpcMemPid, api_impl_standard_soc.cc IpcCloseMemoryByName: RT_ERROR_CONTEXT_NULL);
  *   - streams run their work on a thread; aclrtSynchronizeStreamWithTimeout waits with a deadline;
  *     aclrtStreamAbort stops the running task (at its next check) and discards the queued ones, and returns
  *     when they are gone -- the stream is usable again, a synchronisation it interrupted fails.
  *
  * Knobs (environment): ASCEND_SIM_DIR (required: where memory files live), ASCEND_SIM_DEVICES
- * (device count, default 8), ASCEND_SIM_HBM_MB (per device and process, default 4096); libhccl's
+ * (device count, default 8), ASCEND_SIM_HBM_MB (per device and process, default 4096),
+ * ASCEND_SIM_TGID_OFFSET (a simulated PID namespace, default 0); libhccl's
  * ASCEND_SIM_WIRE_MBPS (hccl.c).
  * libhccl.so (hccl.c) links to this library and reaches device memory through simacl_* below.
  */
@@ -177,9 +183,15 @@ aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const p
   return ACL_SUCCESS;
 }
 
+/* R12: the pid the device driver knows this process by (the host's, not this PID namespace's) */
+static int32_t bare_tgid(void) {
+  const char *s = getenv("ASCEND_SIM_TGID_OFFSET");
+  return (int32_t)getpid() + (s && *s ? atoi(s) : 0);
+}
+
 aclError aclrtDeviceGetBareTgid(int32_t *pid) {
   if (!pid) return ACL_ERROR_INVALID_PARAM;
-  *pid = (int32_t)getpid();
+  *pid = bare_tgid();
   return ACL_SUCCESS;
 }
 
@@ -421,6 +433,7 @@ aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, size_t le
 
 aclError aclrtIpcMemSetImportPid(const char *key, int32_t *pid, size_t num) {
   ipc_record rec;
+  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL; /* R13 */
   if (!pid || num == 0 || read_record(key, &rec)) return ACL_ERROR_INVALID_PARAM;
   if (!rec.check_pid) return ACL_ERROR_INVALID_PARAM; /* exported without the white list */
   for (size_t i = 0; i < num; i++) {
@@ -437,7 +450,7 @@ aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) 
   if (read_record(key, &rec) || rec.device != t_device) return ACL_ERROR_INVALID_PARAM;
   if (rec.check_pid) {
     int allowed = 0;
-    for (int i = 0; i < rec.npids; i++) allowed |= rec.pids[i] == (int32_t)getpid();
+    for (int i = 0; i < rec.npids; i++) allowed |= rec.pids[i] == bare_tgid(); /* R12 */
     if (!allowed) return ACL_ERROR_RT_NO_PERMISSION;
   }
   int fd = open(rec.file, O_RDWR | O_CLOEXEC);
@@ -475,6 +488,7 @@ aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) 
 aclError aclrtIpcMemClose(const char *key) {
   char path[300];
   if (key_path(key, path, sizeof path)) return ACL_ERROR_INVALID_PARAM;
+  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL; /* R13 */
   long page = sysconf(_SC_PAGESIZE);
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < g_count; i++) { /* the importer closes: unmap what it imported */

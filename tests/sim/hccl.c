@@ -8,18 +8,47 @@
  * between the two processes' simulated device memory (ascendcl.c), on the stream's thread.
  *
  * Checked as HCCL checks, with HCCL's codes: the config's size and magic word, the rank against the
- * rank table, registrations inside memory the runtime allocated (device: aclrtMalloc or an IPC
- * import; host: aclrtMallocHost), local and remote ranges inside memory bound to the communicator,
- * Prepare before any transfer (both ranks meet there, within its timeout), a peer that is gone.
+ * rank table, registrations inside memory the runtime allocated (device: aclrtMalloc or an IPC import; host:
+ * aclrtMallocHost), Prepare before any transfer (both ranks meet there, within its timeout), a peer that is gone.
+ * And CANN's rules of the one-sided service (docs/ascend.md "verified where"; each check names its source, a fact
+ * carried over, not code: hcomm = hicann/hcomm, hixl = hicann/hixl):
+ *
+ *   R1  HcclCommPrepare's timeout is in SECONDS; -1 waits for ever, 0 the default connect timeout
+ *       (HCCL_CONNECT_TIMEOUT, 120 s), below -1 HCCL_E_PARA (hcomm hccl_one_sided_services.h, "单位秒").
+ *   R2  at most ASCEND_SIM_MAX_DESC descriptors per HcclBatchPut/Get (default 256; 64 models the V2 path),
+ *       more: HCCL_E_PARA (hcomm one_sided_service_adapt.cc HcclBatchParaCheck, MAX_DESC_NUM).
+ *   R3  HcclCommBindMem only records the handle; what the peer can reach is the set bound at the first successful
+ *       Prepare (memory descriptors are exchanged there); a later bind is recorded, never visible.
+ *   R4  every descriptor lies inside ONE buffer enabled at Prepare, on both sides; else HCCL_E_INTERNAL
+ *       (hcomm transport_roce_mem.cc / transport_ipc_mem.cc FillRmaBufferSlice: "Can't find remoteBuffer by key").
+ *   R5  a Prepare after a successful one returns at once (nothing new is exchanged).
+ *   R6  the global-memory registry is per device, chosen by the CALLING THREAD's current device
+ *       (hcomm global_mem_manager.cc GlobalMemRegMgr::GetInstance, hrtGetDeviceRefresh): deregistering (or
+ *       unbinding) a handle from a thread on another device does not find it (HCCL_E_NOT_FOUND); the same range
+ *       twice gives the same handle, an overlapping one HCCL_E_PARA (CheckOverlapAndInsert); deregistering a
+ *       bound handle HCCL_E_PARA (DeReg: "still bound to comm(s)").
+ *   R7  deregistering the LAST registration of a device tears its NIC down (DeReg -> Destroy -> DeInitNic):
+ *       a communicator prepared before that fails every later transfer (HCCL_E_NETWORK here).
+ *   R8  HcclCommDestroy refuses while memory is still bound to the communicator (HCCL_E_PARA): unbind first.
+ *   R9  communicator names are unique per device (HCCL_E_PARA, "comm Name exist").
+ *   R10 HcclCommInitClusterInfoMemConfig must not run concurrently in a process (hixl comm_entity.cc: "the
+ *       underlying hccl library does not support parallel HcclCommInitClusterInfoMemConfig calls"): a second
+ *       call while one runs fails loudly (stderr, HCCL_E_INTERNAL). Each call takes ASCEND_SIM_INIT_MS (20).
+ *   R11 a batch call that fails on descriptor i has ENQUEUED descriptors 0..i-1 on the stream (they run unless
+ *       the stream is aborted: hixl aborts on any failure).
+ *   R14 bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
+ *       bound set; hixl takes the entity's mutex for Finalize, which Initialize holds through Prepare): the
+ *       simulation says so loudly (stderr, HCCL_E_INTERNAL).
  *
  * A put or get whose peer dies while it runs stalls -- no byte lands after the peer is gone -- until its
  * stream is aborted or destroyed (RoCE retransmits to a dead peer for HCCL_RDMA_TIMEOUT x
  * HCCL_RDMA_RETRY_CNT, longer than any transfer deadline): the initiator sees its synchronisation time out.
- * Knob: ASCEND_SIM_WIRE_MBPS (megabits per second, default 0 = no limit) paces the bytes of every put and
- * get like a wire of that rate, so a test can fault a transfer while it is on the wire.
+ * Knobs: ASCEND_SIM_WIRE_MBPS (megabits per second, default 0 = no limit) paces the bytes of every put and
+ * get like a wire of that rate, so a test can fault a transfer while it is on the wire; ASCEND_SIM_MAX_DESC;
+ * ASCEND_SIM_INIT_MS; HCCL_CONNECT_TIMEOUT.
  *
  * Not simulated: the wire (RoCE/HCCS) beyond that pace, traffic class and service level (accepted,
- * recorded only), memory bound after Prepare is visible to the peer at once (real HCCL: see docs/ascend.md).
+ * recorded only).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -83,13 +112,16 @@ typedef struct {
   uint64_t rsvd0, rsvd1, rsvd2;
 } HcclPrepareConfig;
 
-typedef struct {
+typedef struct mem_handle {
   sim_region region;
   int binds;
+  int registry; /* the device whose registry holds it (R6): the registering thread's, SIM_NO_DEVICE without one */
+  struct mem_handle *next;
 } mem_handle;
 
 #define MAX_BOUND 1024
 #define MAX_MAPS 256
+#define SIM_NO_DEVICE 64 /* GetInstance's reserve instance: a thread without a device */
 
 typedef struct { /* one published record of a rank's bound memory */
   uint64_t addr, size, file_offset;
@@ -110,18 +142,48 @@ typedef struct {
   void *base;
 } mapping;
 
-typedef struct {
+typedef struct comm_s {
   char name[128];
   uint32_t rank, nranks;
-  int prepared;
+  int prepared;          /* a Prepare succeeded: the enabled set is fixed (R3, R5) */
+  int preparing;         /* a Prepare runs (R14) */
+  uint64_t nic_epoch;    /* the device's NIC generation at Prepare (R7) */
   uint32_t traffic_class, service_level;
   int device; /* the thread's device when the communicator was made: its memory must be there */
-  mem_handle *bound[MAX_BOUND];
+  mem_handle *bound[MAX_BOUND];  /* recorded by HcclCommBindMem */
   int nbound;
+  sim_region enabled[MAX_BOUND]; /* what was bound at Prepare: all a transfer may touch (R3, R4) */
+  int nenabled;
   mapping maps[MAX_MAPS];
   int nmaps;
   pthread_mutex_t lock;
+  struct comm_s *next;
 } comm_t;
+
+/* process-wide state of the library: the registries (R6, R7), the live communicators (R9), the init guard (R10) */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static mem_handle *g_registry[SIM_NO_DEVICE + 1];
+static uint64_t g_nic_epoch[SIM_NO_DEVICE + 1];
+static comm_t *g_comms;
+static int g_initing;
+
+/* R14: a call that changes what Prepare iterates, made while it runs */
+static int during_prepare(comm_t *c, const char *call) {
+  if (!__atomic_load_n(&c->preparing, __ATOMIC_SEQ_CST)) return 0;
+  fprintf(stderr, "SIMULATED HCCL: %s while HcclCommPrepare runs on communicator %s (wait for it first)\n", call,
+          c->name);
+  return 1;
+}
+
+static int registry_of_thread(void) {
+  int d = simacl_current_device();
+  return d >= 0 && d < SIM_NO_DEVICE ? d : SIM_NO_DEVICE;
+}
+
+static long env_long(const char *name, long fallback) {
+  const char *s = getenv(name);
+  return s && *s ? atol(s) : fallback;
+}
 
 static const char *sim_dir(void) {
   const char *d = getenv("ASCEND_SIM_DIR");
@@ -132,19 +194,19 @@ static void pub_path(const comm_t *c, uint32_t rank, char *out, size_t n) {
   snprintf(out, n, "%s/comm-%s-r%u", sim_dir(), c->name, rank);
 }
 
-/* write this rank's bound memory where its peers read it (atomically: a temporary file renamed) */
+/* write what this rank's peers may reach -- the set enabled at Prepare -- where they read it (atomically) */
 static HcclResult publish_locked(comm_t *c) {
   char path[400], tmp[420];
   pub_path(c, c->rank, path, sizeof path);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return HCCL_E_INTERNAL;
-  pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nbound, c->traffic_class, c->service_level,
+  pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nenabled, c->traffic_class, c->service_level,
                 c->device};
   int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h;
-  for (int i = 0; ok && i < c->nbound; i++) {
+  for (int i = 0; ok && i < c->nenabled; i++) {
     pub_entry e = {0};
-    sim_region *r = &c->bound[i]->region;
+    sim_region *r = &c->enabled[i];
     e.addr = r->addr;
     e.size = r->size;
     e.file_offset = r->file_offset;
@@ -166,9 +228,7 @@ static uint32_t count_ranks(const char *table) {
   return n;
 }
 
-HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t rank, HcclCommConfig *config,
-                                            HcclComm *comm) {
-  if (!clusterInfo || !config || !comm) return HCCL_E_PTR;
+static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConfig *config, HcclComm *comm) {
   uint64_t size;
   uint32_t magic;
   memcpy(&size, config->reserved, sizeof size);
@@ -181,6 +241,7 @@ HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t ra
   size_t name_len = strnlen(config->hcclCommName, sizeof config->hcclCommName);
   if (name_len == 0 || name_len == sizeof config->hcclCommName || strchr(config->hcclCommName, '/'))
     return HCCL_E_PARA;
+  usleep((useconds_t)env_long("ASCEND_SIM_INIT_MS", 20) * 1000u); /* the time a real init takes: R10's window */
   comm_t *c = calloc(1, sizeof *c);
   if (!c) return HCCL_E_MEMORY;
   memcpy(c->name, config->hcclCommName, name_len);
@@ -190,12 +251,44 @@ HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t ra
   c->service_level = config->hcclRdmaServiceLevel;
   c->device = simacl_current_device();
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_lock(&g_lock);
+  for (comm_t *o = g_comms; o; o = o->next) {
+    if (o->device == c->device && strcmp(o->name, c->name) == 0) { /* R9: "comm Name exist" */
+      pthread_mutex_unlock(&g_lock);
+      pthread_mutex_destroy(&c->lock);
+      free(c);
+      return HCCL_E_PARA;
+    }
+  }
+  c->next = g_comms;
+  g_comms = c;
+  pthread_mutex_unlock(&g_lock);
   if (publish_locked(c) != HCCL_SUCCESS) {
+    pthread_mutex_lock(&g_lock);
+    for (comm_t **pp = &g_comms; *pp; pp = &(*pp)->next)
+      if (*pp == c) { *pp = c->next; break; }
+    pthread_mutex_unlock(&g_lock);
     free(c);
     return HCCL_E_INTERNAL;
   }
   *comm = c;
   return HCCL_SUCCESS;
+}
+
+HcclResult HcclCommInitClusterInfoMemConfig(const char *clusterInfo, uint32_t rank, HcclCommConfig *config,
+                                            HcclComm *comm) {
+  if (!clusterInfo || !config || !comm) return HCCL_E_PTR;
+  /* R10: hixl comm_entity.cc holds a process-wide mutex around this call ("the underlying hccl library does not
+     support parallel HcclCommInitClusterInfoMemConfig calls"); the simulation says so when it happens */
+  if (__atomic_fetch_add(&g_initing, 1, __ATOMIC_SEQ_CST) != 0) {
+    __atomic_sub_fetch(&g_initing, 1, __ATOMIC_SEQ_CST);
+    fprintf(stderr, "SIMULATED HCCL: concurrent HcclCommInitClusterInfoMemConfig calls in process %d (CANN does not "
+                    "support them: hold one process-wide lock)\n", (int)getpid());
+    return HCCL_E_INTERNAL;
+  }
+  HcclResult ret = init_comm(clusterInfo, rank, config, comm);
+  __atomic_sub_fetch(&g_initing, 1, __ATOMIC_SEQ_CST);
+  return ret;
 }
 
 HcclResult HcclRegisterGlobalMem(CommMem *mem, void **memHandle) {
@@ -205,39 +298,76 @@ HcclResult HcclRegisterGlobalMem(CommMem *mem, void **memHandle) {
   int want = mem->type == COMM_MEM_TYPE_DEVICE ? SIM_DEVICE : mem->type == COMM_MEM_TYPE_HOST ? SIM_HOST : 0;
   /* device memory from aclrtMalloc or an IPC import; host memory only from aclrtMallocHost */
   if (!want || !simacl_resolve(mem->addr, mem->size, &r) || r.kind != want) return HCCL_E_PARA;
+  int reg = registry_of_thread(); /* R6: the registry of the calling thread's device */
+  uintptr_t a = (uintptr_t)mem->addr;
+  pthread_mutex_lock(&g_lock);
+  for (mem_handle *o = g_registry[reg]; o; o = o->next) {
+    if (o->region.addr == a && o->region.size == mem->size) { /* the same range: the same record */
+      *memHandle = o;
+      pthread_mutex_unlock(&g_lock);
+      return HCCL_SUCCESS;
+    }
+    if (a < o->region.addr + o->region.size && o->region.addr < a + mem->size) { /* overlaps another record */
+      pthread_mutex_unlock(&g_lock);
+      return HCCL_E_PARA;
+    }
+  }
   mem_handle *h = calloc(1, sizeof *h);
-  if (!h) return HCCL_E_MEMORY;
+  if (!h) {
+    pthread_mutex_unlock(&g_lock);
+    return HCCL_E_MEMORY;
+  }
   h->region = r;
-  h->region.file_offset = r.file_offset + ((uintptr_t)mem->addr - r.addr);
-  h->region.backing = (char *)r.backing + ((uintptr_t)mem->addr - r.addr);
-  h->region.addr = (uintptr_t)mem->addr;
+  h->region.file_offset = r.file_offset + (a - r.addr);
+  h->region.backing = (char *)r.backing + (a - r.addr);
+  h->region.addr = a;
   h->region.size = mem->size;
+  h->registry = reg;
+  h->next = g_registry[reg];
+  g_registry[reg] = h;
+  pthread_mutex_unlock(&g_lock);
   *memHandle = h;
   return HCCL_SUCCESS;
+}
+
+/* `h` in the registry of the calling thread's device (R6), under g_lock: its link, or NULL */
+static mem_handle **find_registered_locked(const mem_handle *h) {
+  for (mem_handle **pp = &g_registry[registry_of_thread()]; *pp; pp = &(*pp)->next)
+    if (*pp == h) return pp;
+  return NULL;
 }
 
 HcclResult HcclDeregisterGlobalMem(void *memHandle) {
   mem_handle *h = memHandle;
   if (!h) return HCCL_E_PTR;
-  if (__atomic_load_n(&h->binds, __ATOMIC_SEQ_CST)) return HCCL_E_PARA; /* still bound to a communicator */
-  free(h);
-  return HCCL_SUCCESS;
+  pthread_mutex_lock(&g_lock);
+  mem_handle **pp = find_registered_locked(h);
+  HcclResult ret = HCCL_SUCCESS;
+  if (!pp) ret = HCCL_E_NOT_FOUND; /* R6: not in this thread's device's registry */
+  else if (__atomic_load_n(&h->binds, __ATOMIC_SEQ_CST)) ret = HCCL_E_PARA; /* R6: still bound to a communicator */
+  if (ret == HCCL_SUCCESS) {
+    *pp = h->next;
+    if (!g_registry[h->registry]) g_nic_epoch[h->registry]++; /* R7: the last one tears the device's NIC down */
+    free(h);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return ret;
 }
 
 HcclResult HcclCommBindMem(HcclComm comm, void *memHandle) {
   comm_t *c = comm;
   mem_handle *h = memHandle;
   if (!c || !h) return HCCL_E_PTR;
+  if (during_prepare(c, "HcclCommBindMem")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   HcclResult ret = HCCL_SUCCESS;
   for (int i = 0; i < c->nbound; i++)
     if (c->bound[i] == h) ret = HCCL_E_PARA; /* bound twice */
   if (h->region.kind == SIM_DEVICE && h->region.device != c->device) ret = HCCL_E_PARA; /* another NPU's memory */
   if (ret == HCCL_SUCCESS && c->nbound == MAX_BOUND) ret = HCCL_E_MEMORY;
-  if (ret == HCCL_SUCCESS) {
+  if (ret == HCCL_SUCCESS) { /* R3: recorded only; the peer sees what was bound at Prepare */
     c->bound[c->nbound++] = h;
     __atomic_add_fetch(&h->binds, 1, __ATOMIC_SEQ_CST);
-    ret = publish_locked(c);
   }
   pthread_mutex_unlock(&c->lock);
   return ret;
@@ -247,13 +377,18 @@ HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle) {
   comm_t *c = comm;
   mem_handle *h = memHandle;
   if (!c || !h) return HCCL_E_PTR;
+  pthread_mutex_lock(&g_lock);
+  int known = find_registered_locked(h) != NULL;
+  pthread_mutex_unlock(&g_lock);
+  if (!known) return HCCL_E_NOT_FOUND; /* R6: the handle is looked up in the calling thread's device's registry */
+  if (during_prepare(c, "HcclCommUnbindMem")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   HcclResult ret = HCCL_E_NOT_FOUND;
   for (int i = 0; i < c->nbound; i++) {
     if (c->bound[i] == h) {
       c->bound[i] = c->bound[--c->nbound];
       __atomic_sub_fetch(&h->binds, 1, __ATOMIC_SEQ_CST);
-      ret = publish_locked(c);
+      ret = HCCL_SUCCESS;
       break;
     }
   }
@@ -281,10 +416,23 @@ static int read_peer(comm_t *c, uint32_t rank, pub_head *head, pub_entry **out) 
 HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int32_t timeout) {
   comm_t *c = comm;
   if (!c || !prepareConfig) return HCCL_E_PTR;
-  if (timeout < 0) return HCCL_E_PARA;
+  /* R1: seconds (hccl_one_sided_services.h "单位秒"); -1 for ever; 0 the default connect timeout */
+  if (timeout < -1) return HCCL_E_PARA;
+  long seconds = timeout == 0 ? env_long("HCCL_CONNECT_TIMEOUT", 120) : timeout;
   pthread_mutex_lock(&c->lock);
+  if (c->prepared) { /* R5: prepared already: nothing new is exchanged */
+    pthread_mutex_unlock(&c->lock);
+    return HCCL_SUCCESS;
+  }
+  c->nenabled = 0; /* R3: what is bound now is what the peer will reach */
+  for (int i = 0; i < c->nbound; i++) c->enabled[c->nenabled++] = c->bound[i]->region;
+  pthread_mutex_lock(&g_lock);
+  c->nic_epoch = g_nic_epoch[c->device];
+  pthread_mutex_unlock(&g_lock);
   c->prepared = 1;
   HcclResult ret = publish_locked(c);
+  c->prepared = 0;
+  if (ret == HCCL_SUCCESS) __atomic_store_n(&c->preparing, 1, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&c->lock);
   if (ret != HCCL_SUCCESS) return ret;
   struct timespec start, now;
@@ -298,37 +446,52 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
       if (there) free(e);
       if (there && h.prepared && kill(h.pid, 0) == 0) break;
       clock_gettime(CLOCK_MONOTONIC, &now);
-      long ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-      if (ms >= timeout) return HCCL_E_TIMEOUT;
+      double waited = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
+      if (seconds >= 0 && waited >= (double)seconds) {
+        __atomic_store_n(&c->preparing, 0, __ATOMIC_SEQ_CST);
+        return HCCL_E_TIMEOUT;
+      }
       usleep(1000);
     }
   }
+  pthread_mutex_lock(&c->lock);
+  c->prepared = 1;
+  __atomic_store_n(&c->preparing, 0, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&c->lock);
   return HCCL_SUCCESS;
 }
 
 HcclResult HcclCommDestroy(HcclComm comm) {
   comm_t *c = comm;
   if (!c) return HCCL_E_PTR;
+  if (during_prepare(c, "HcclCommDestroy")) return HCCL_E_INTERNAL;
+  pthread_mutex_lock(&c->lock);
+  int bound = c->nbound;
+  pthread_mutex_unlock(&c->lock);
+  if (bound) return HCCL_E_PARA; /* R8: memory still bound: HcclCommUnbindMem first */
+  pthread_mutex_lock(&g_lock);
+  for (comm_t **pp = &g_comms; *pp; pp = &(*pp)->next)
+    if (*pp == c) { *pp = c->next; break; }
+  pthread_mutex_unlock(&g_lock);
   char path[400];
   pub_path(c, c->rank, path, sizeof path);
   unlink(path);
-  for (int i = 0; i < c->nbound; i++) __atomic_sub_fetch(&c->bound[i]->binds, 1, __ATOMIC_SEQ_CST);
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].size);
   pthread_mutex_destroy(&c->lock);
   free(c);
   return HCCL_SUCCESS;
 }
 
-/* this rank's own bound memory holding [p, p+n): its backing address, or NULL */
+/* R4: this rank's memory enabled at Prepare holding [p, p+n) -- all of it in one buffer: its backing, or NULL */
 static void *local_backing(comm_t *c, uintptr_t p, uint64_t n) {
-  for (int i = 0; i < c->nbound; i++) {
-    sim_region *r = &c->bound[i]->region;
+  for (int i = 0; i < c->nenabled; i++) {
+    sim_region *r = &c->enabled[i];
     if (sim_inside(r->addr, r->size, p, n)) return (char *)r->backing + (p - r->addr);
   }
   return NULL;
 }
 
-/* the peer's bound memory holding [p, p+n), mapped here: its address, or NULL */
+/* R4: the peer's memory enabled at its Prepare holding [p, p+n) in one buffer, mapped here: its address, or NULL */
 static void *remote_backing(comm_t *c, const pub_entry *entries, uint32_t count, uintptr_t p, uint64_t n) {
   for (uint32_t i = 0; i < count; i++) {
     const pub_entry *e = &entries[i];
@@ -415,8 +578,14 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
                             aclrtStream stream, int put) {
   comm_t *c = comm;
   if (!c || !stream || (descNum && !desc)) return HCCL_E_PTR;
+  /* R2: hcomm one_sided_service_adapt.cc HcclBatchParaCheck: descNum > MAX_DESC_NUM (256) is HCCL_E_PARA */
+  if (descNum > (uint32_t)env_long("ASCEND_SIM_MAX_DESC", 256)) return HCCL_E_PARA;
   if (remoteRank >= c->nranks || remoteRank == c->rank) return HCCL_E_PARA;
   if (!c->prepared) return HCCL_E_INTERNAL; /* HcclCommPrepare first */
+  pthread_mutex_lock(&g_lock);
+  int nic_gone = g_nic_epoch[c->device] != c->nic_epoch;
+  pthread_mutex_unlock(&g_lock);
+  if (nic_gone) return HCCL_E_NETWORK; /* R7: the device's NIC went with its last registration */
   pub_head h;
   pub_entry *entries = NULL;
   if (read_peer(c, remoteRank, &h, &entries)) return HCCL_E_NETWORK;  /* the peer's communicator is gone */
@@ -444,7 +613,7 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
     void *local = local_backing(c, (uintptr_t)desc[i].localAddr, len);
     void *remote = remote_backing(c, entries, h.count, (uintptr_t)desc[i].remoteAddr, len);
     if (!local || !remote) {
-      ret = HCCL_E_PARA; /* not inside memory bound to this communicator (on either rank) */
+      ret = HCCL_E_INTERNAL; /* R4: "Can't find remoteBuffer by key" (or the local buffer) */
       break;
     }
     j->ops[i].dst = put ? remote : local;
@@ -454,8 +623,13 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
   }
   pthread_mutex_unlock(&c->lock);
   free(entries);
-  if (ret == HCCL_SUCCESS && simacl_enqueue(stream, run_copies, j)) ret = HCCL_E_INTERNAL;
-  if (ret != HCCL_SUCCESS) free(j);
+  /* R11: the descriptors before a bad one were enqueued already (hcomm writes them to the stream one by one) */
+  if (!j->n) {
+    free(j);
+  } else if (simacl_enqueue(stream, run_copies, j)) { /* enqueued, j is the stream's (it may be gone already) */
+    if (ret == HCCL_SUCCESS) ret = HCCL_E_INTERNAL;
+    free(j);
+  }
   return ret;
 }
 

@@ -152,7 +152,7 @@ def test_device_memory_is_taken_only_with_the_presenters_proof_and_its_true_leng
         a, backend = acl(), AclBackend()
         mem = a.malloc(0, 4096)
         key = a.ipc_export(0, mem, 4096)
-        a.ipc_allow(key, [os.getpid()])
+        a.ipc_allow(0, key, [os.getpid()])
         owner, presenter = b"o" * 32, b"p" * 32
 
         def holds(data):

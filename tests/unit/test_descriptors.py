@@ -234,9 +234,10 @@ def test_hccl_descriptors_take_one_length_for_all() -> None:
     assert got["count"].tolist() == [16384] * 3 and got["dataType"].tolist() == [DATA_TYPE_UINT8] * 3
 
 
-def test_hccl_batch_hands_the_whole_array_over_in_one_call() -> None:
-    """``Hccl.batch`` calls the library once, with a pointer to ``n`` descriptors laid out as the C struct."""
-    from datadist_ascend.hccl import Hccl
+def test_hccl_batch_hands_the_array_over_64_descriptors_a_call() -> None:
+    """``Hccl.batch`` calls the library with pointers into one array laid out as the C struct, at most
+    ``DESCS_PER_CALL`` (64, LLM-DataDist's; HCCL refuses more than 256) descriptors a call, in order."""
+    from datadist_ascend.hccl import DESCS_PER_CALL, Hccl
 
     calls: list[tuple[str, list[tuple[int, int, int, int]]]] = []
 
@@ -254,3 +255,8 @@ def test_hccl_batch_hands_the_whole_array_over_in_one_call() -> None:
     h.batch(False, 1, 1, [7], [9], [3], 2)
     assert calls == [("put", [(4096, 4097, 16, DATA_TYPE_UINT8), (8192, 8193, 32, DATA_TYPE_UINT8)]),
                      ("get", [(7, 9, 3, DATA_TYPE_UINT8)])]
+    calls.clear()
+    n = 2 * DESCS_PER_CALL + 22
+    h.batch(False, 1, 1, np.arange(n) * 16 + 4096, np.arange(n) * 16 + 8, 16, 2)
+    assert [len(c) for _, c in calls] == [64, 64, 22] and DESCS_PER_CALL == 64
+    assert [d[0] for _, c in calls for d in c] == (np.arange(n) * 16 + 4096).tolist()

@@ -54,12 +54,14 @@ class MemoryPiece(_message.Message):
     def __init__(self, file_offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class ExportPool(_message.Message):
-    __slots__ = ("engine_id", "pool")
+    __slots__ = ("engine_id", "pool", "bare_tgid")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    BARE_TGID_FIELD_NUMBER: _ClassVar[int]
     engine_id: int
     pool: str
-    def __init__(self, engine_id: _Optional[int] = ..., pool: _Optional[str] = ...) -> None: ...
+    bare_tgid: int
+    def __init__(self, engine_id: _Optional[int] = ..., pool: _Optional[str] = ..., bare_tgid: _Optional[int] = ...) -> None: ...
 
 class ReleaseMemory(_message.Message):
     __slots__ = ("memory_id",)
@@ -86,7 +88,7 @@ class AttachReply(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., imported: _Optional[_Union[MemoryImported, _Mapping]] = ..., pool: _Optional[_Union[PoolExported, _Mapping]] = ..., transfer: _Optional[_Union[_datadist_pb2.TransferResponse, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("capability", "uid", "gid", "pid", "daemon_version", "protocol_version", "memory_backend", "device_id")
+    __slots__ = ("capability", "uid", "gid", "pid", "daemon_version", "protocol_version", "memory_backend", "device_id", "bare_tgid")
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +97,7 @@ class Welcome(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    BARE_TGID_FIELD_NUMBER: _ClassVar[int]
     capability: bytes
     uid: int
     gid: int
@@ -103,7 +106,8 @@ class Welcome(_message.Message):
     protocol_version: int
     memory_backend: str
     device_id: int
-    def __init__(self, capability: _Optional[bytes] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., pid: _Optional[int] = ..., daemon_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., memory_backend: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
+    bare_tgid: int
+    def __init__(self, capability: _Optional[bytes] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., pid: _Optional[int] = ..., daemon_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., memory_backend: _Optional[str] = ..., device_id: _Optional[int] = ..., bare_tgid: _Optional[int] = ...) -> None: ...
 
 class MemoryImported(_message.Message):
     __slots__ = ("memory_id", "mapped")

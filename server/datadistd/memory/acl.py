@@ -4,14 +4,14 @@
   that name none: ``[memory] device_id``; one daemon serves every NPU of the host),
   with the policy CANN's own buffers use (huge pages first, high bandwidth), carved by the same page
   allocator as ``host`` pools (``LLM_OUT_OF_MEMORY`` when full; an ``aclrtMalloc`` the device cannot
-  hold: ``LLM_DEVICE_OUT_OF_MEMORY``). A worker reaches a pool by an IPC key the daemon exports for it
-  with the pid white list on, naming only the worker's pid as the kernel reported it on the attach
-  socket (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
+  hold: ``LLM_DEVICE_OUT_OF_MEMORY``), registered whole with HCCL (``datadist_ascend.globalmem``). A worker
+  reaches a pool by an IPC key the daemon exports for it with the pid white list on, naming only the worker's
+  bare tgid (``export_key``); the worker imports it (``aclrtIpcMemImportByKey``) and gets its own addresses.
 * HOST pools: memfd pools as in ``host`` (workers map them by descriptor). The ``hccl`` transport does not move
   them (HCCL registers host memory only from ``aclrtMallocHost``, which workers could not map): a transfer
   touching a HOST cache over hccl fails with ``LLM_FEATURE_NOT_ENABLED``; ``acl`` + ``tcp`` moves both.
 * Worker NPU memory (``register_cache`` of NPU tensors) arrives as an IPC key the worker exported with
-  the daemon's pid on its white list (``DeviceRef``); the daemon imports it.
+  the daemon's bare tgid on its white list (``DeviceRef``); the daemon imports it and registers it with HCCL.
 
 Device memory has no host mapping: handles give ``view() -> None`` and copy with ``aclrtMemcpy``
 (``read_into`` device to host, ``write_from`` host to device, ``copy_rows`` device to device: a batch of
@@ -38,6 +38,7 @@ from datadist_ascend.acl import (
     Acl,
     acl,
 )
+from datadist_ascend.globalmem import global_mem
 from datadist_ascend.proof import PROOF_LEN
 
 from ..core.errors import DataDistError, StatusCode, require
@@ -69,15 +70,18 @@ def _buffer_address(buf: memoryview | bytes) -> int:
 
 
 class DeviceHandle:
-    """``size`` bytes of device memory at ``address`` (this process's address) on ``device``."""
+    """``size`` bytes of device memory at ``address`` (this process's address) on ``device``, inside the
+    allocation ``region`` (``(base, size)``: its pool, or itself when imported) -- the range HCCL registered."""
 
     kind = "device"
 
-    def __init__(self, runtime: Acl, device: int, address: int, size: int, key: str | None = None) -> None:
+    def __init__(self, runtime: Acl, device: int, address: int, size: int, key: str | None = None,
+                 region: tuple[int, int] | None = None) -> None:
         self._acl = runtime
         self.device = device
         self.address = address
         self._size = size
+        self.region = region or (address, size)
         self._key = key        # imported memory: closed with the handle
         self._closed = False
 
@@ -138,8 +142,9 @@ class DeviceHandle:
         self._closed = True
         key, self._key = self._key, None
         if key is not None:
+            global_mem().retire(self.device, self.address)   # deregistered from HCCL once no link binds it
             try:
-                self._acl.ipc_close(key)
+                self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("closing imported device memory: %s", exc)
 
@@ -159,21 +164,27 @@ class AclPool(CarvedPool[DeviceHandle]):
             self.address = runtime.malloc(device, capacity)
         except AscendError as exc:
             raise ascend_error(exc, f"aclrtMalloc of a {capacity}-byte DEVICE pool on device {device}") from None
+        try:   # registered with HCCL once, whole (now if the device's hccl transport runs): see globalmem
+            global_mem().announce(device, self.address, capacity)
+        except AscendError as exc:
+            runtime.free(device, self.address)
+            raise ascend_error(exc, f"registering a {capacity}-byte DEVICE pool with HCCL") from None
 
     def export_fd(self) -> int:
         raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED, f"pool {self._name!r} is device memory: workers "
                                                                 f"import it by IPC key, not by descriptor")
 
     def export_key(self, pid: int) -> str:
-        """An IPC key of the whole pool that only process ``pid`` may import (the kernel's word for the
-        worker's pid: ``SO_PEERCRED`` of its attach connection)."""
+        """An IPC key of the whole pool that only process ``pid`` may import: the worker's pid as the device driver
+        sees it (its bare tgid, which the worker sends on its authenticated attach connection; ``SO_PEERCRED``'s
+        pid when it sends none)."""
         require(pid > 0, f"pid must be > 0, got {pid}")
         with self._lock:
             if self._closed:
                 raise self._closed_error()
         try:
             key = self._acl.ipc_export(self.device, self.address, self._capacity)
-            self._acl.ipc_allow(key, [pid])
+            self._acl.ipc_allow(self.device, key, [pid])
         except AscendError as exc:
             raise ascend_error(exc, f"exporting pool {self._name!r}") from None
         with self._lock:
@@ -181,7 +192,8 @@ class AclPool(CarvedPool[DeviceHandle]):
         return key
 
     def _handle(self, offset: int, size: int) -> DeviceHandle:
-        return DeviceHandle(self._acl, self.device, self.address + offset, size)
+        return DeviceHandle(self._acl, self.device, self.address + offset, size,
+                            region=(self.address, self._capacity))
 
     def _release(self) -> None:
         """Close the pool's IPC keys, then ``aclrtFree`` it (CANN's order: importers close first; a worker
@@ -190,9 +202,10 @@ class AclPool(CarvedPool[DeviceHandle]):
             keys, self._keys = self._keys, []
         for key in keys:
             try:
-                self._acl.ipc_close(key)
+                self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("pool %s: %s", self._name, exc)
+        global_mem().retire(self.device, self.address)
         try:
             self._acl.free(self.device, self.address)
         except AscendError as exc:
@@ -216,6 +229,11 @@ class AclBackend:
         require(0 <= device_id < self._count,
                 f"[memory] device_id {device_id} is not one of this host's {self._count} NPUs")
         self.device_id = device_id
+        try:
+            self.bare_tgid = self._acl.bare_tgid()
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"memory backend 'acl': {exc}") from None
+        self.pid_is_bare_tgid = self.bare_tgid == os.getpid()
         self._host = HostBackend(**host)
 
     @property
@@ -252,6 +270,10 @@ class AclBackend:
         handle = DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
         try:
             self._check_import(handle, ref)
+            global_mem().announce(ref.device, address, ref.length)   # links made from now on reach it
+        except AscendError as exc:
+            handle.close()
+            raise ascend_error(exc, "registering the worker's device memory with HCCL") from None
         except BaseException:
             handle.close()
             raise

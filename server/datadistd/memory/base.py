@@ -176,14 +176,18 @@ class KeyExport(Protocol):
 
 @runtime_checkable
 class DeviceMemory(Protocol):
-    """Declared capability of a handle in NPU memory (``acl``): the device it is on and its address there (in
-    this process); transports that move device memory (``hccl``) register it by these."""
+    """Declared capability of a handle in NPU memory (``acl``): the device it is on, its address there (in
+    this process), and the allocation it lies in -- ``region``, ``(base, size)``: its pool, or itself when
+    imported -- the range HCCL registered (``hccl`` binds and checks by it)."""
 
     @property
     def device(self) -> int: ...
 
     @property
     def address(self) -> int: ...
+
+    @property
+    def region(self) -> tuple[int, int]: ...
 
 
 @runtime_checkable
@@ -200,6 +204,15 @@ class DeviceBackend(Protocol):
 
     def create_pool_on(self, device: int, placement: Placement, capacity: int, page_shift: int = 16) -> Pool:
         """``create_pool``, DEVICE pools on NPU ``device``."""
+
+    @property
+    def bare_tgid(self) -> int:
+        """This process's pid as the NPU driver sees it (what IPC allow lists name)."""
+
+    @property
+    def pid_is_bare_tgid(self) -> bool:
+        """This process's pid is its bare tgid: it runs in the PID namespace the driver uses, where the kernel's
+        word for a peer's pid (``SO_PEERCRED``) is the driver's too."""
 
 
 @runtime_checkable

@@ -379,7 +379,8 @@ class AttachServer:
                 capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
                 daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
                 memory_backend=self.node.backend.name,
-                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0)), None
+                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0,
+                bare_tgid=backend.bare_tgid if isinstance(backend, DeviceBackend) else 0)), None
         require(conn.greeted, "the first attach message must be hello")
         if which == "import_memory":
             msg = request.import_memory
@@ -405,9 +406,13 @@ class AttachServer:
             msg = request.export_pool
             slot = self.node.owned_slot(session, msg.engine_id)
             pool = slot.engine.pool_named(msg.pool)
-            if isinstance(pool, KeyExport):   # device memory: a key only this worker's pid (the kernel's word) imports
+            if isinstance(pool, KeyExport):   # NPU memory: a key only this worker (as the driver knows it) imports
+                backend = self.node.backend
+                pid = session.cred.pid        # the kernel's word, where it is also the driver's (see attach.proto)
+                if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:
+                    pid = msg.bare_tgid
                 return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
-                    size=pool.capacity, device_key=pool.export_key(session.cred.pid), device_id=pool.device)), None
+                    size=pool.capacity, device_key=pool.export_key(pid), device_id=pool.device)), None
             return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
         if which == "release_memory":
             session.release_memory(request.release_memory.memory_id)

@@ -1,8 +1,21 @@
 """``HcclAgent``: the one-sided HCCL engine behind ``HcclTransport``, with the interface of the nixl ``Agent``
 (metadata, registrations, ``addresses``, ``write`` with a notification, ``read``, ``notifications``).
 
-An engine's agent, on the engine's NPU: one communicator per peer engine (two ranks), made when the peer's
-identity arrives, with the engine's CANN options; every registered range is bound to every communicator.
+An engine's agent, on the engine's NPU, in CANN's order (LLM-DataDist ``comm_entity.cc``; docs/ascend.md):
+
+* memory is registered with HCCL per allocation -- a whole DEVICE pool when it is made, a worker's imported cache
+  when it arrives (``datadist_ascend.globalmem``) -- never lazily at a transfer;
+* one communicator per peer engine (two ranks), made when the peer's identity arrives, under ONE process-wide
+  lock (HCCL does not support concurrent ``HcclCommInitClusterInfoMemConfig``), then ``HcclCommBindMem`` of every
+  registered range of the device, then ``HcclCommPrepare`` (timeout in seconds, rounded up): what is bound there
+  is all the peer can reach; memory registered later is reachable on links made later;
+* the peer's identity names the ranges it had registered; a transfer checks every row against both sides' bound
+  ranges and cuts a row that spans two of them (HCCL wants each descriptor inside one buffer);
+* a transfer enqueues ``DESCS_PER_CALL`` descriptors per call on the link's stream, synchronises once, and aborts
+  the stream on ANY failure (an enqueue that failed half-way left the first descriptors queued);
+* unlink waits for Prepare, then: abort the stream, unbind each range, destroy the communicator, destroy the stream;
+* every path that touches HCCL or ACL state sets the engine's device first (``Acl.set_device``).
+
 Completion of a put is known to this side only (stream synchronisation); the notification then travels to the
 peer over the link's channel (``route``), where ``deliver`` queues it.
 """
@@ -10,6 +23,7 @@ peer over the link's channel (``route``), where ``deliver`` queues it.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import threading
@@ -22,18 +36,22 @@ import numpy as np
 from datadist.status import LLMStatusCode
 from datadist_ascend import AscendError
 from datadist_ascend.acl import acl
-from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
+from datadist_ascend.globalmem import Range, global_mem
+from datadist_ascend.hccl import CommConfig, hccl, prepare_seconds
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
 
-__all__ = ["HcclAgent", "DONE", "cluster_table"]
+__all__ = ["HcclAgent", "DONE", "cluster_table", "split_rows"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
 DONE = b"H"         # control message: u8 'H', then the notification of a completed put
-_MAX_META = 4096
+_MAX_META = 65536
+_MAX_RANGES = 1024  # ranges a peer may name (HCCL binds at most so many per communicator here)
+#: one process-wide lock around communicator creation (LLM-DataDist ``comm_entity.cc`` ``g_mutex_``)
+_INIT_LOCK = threading.Lock()
 
 
 def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
@@ -56,17 +74,84 @@ def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
     return json.dumps(table, separators=(",", ":")), order
 
 
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.array([b for b, _ in ranges], dtype=np.uint64)
+    return starts, starts + np.array([n for _, n in ranges], dtype=np.uint64)
+
+
+def _room(addr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Bytes from each address to the end of the range it lies in (ranges sorted, disjoint); 0 outside them."""
+    if not len(starts):
+        return np.zeros(len(addr), dtype=np.uint64)
+    idx = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
+    ok = idx >= 0
+    safe = np.where(ok, idx, 0)
+    inside = ok & (addr < ends[safe])
+    return np.where(inside, ends[safe] - addr, np.uint64(0))
+
+
+def split_rows(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, int]],
+               theirs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """Paired rows ``(address, length)`` cut so that each lies inside ONE range of ``mine`` (local side) and one of
+    ``theirs`` (remote side): rows merged because they were contiguous on both sides may span two registrations.
+    Returns the rows and ``None``, or ``(…, why)`` naming the first row outside every range of its side."""
+    ls, le = _bounds(mine)
+    rs, re_ = _bounds(theirs)
+    la, ra, n = local[:, 0], remote[:, 0], local[:, 1]
+    lroom, rroom = _room(la, ls, le), _room(ra, rs, re_)
+    if not lroom.all() or not rroom.all():
+        i = int(np.flatnonzero((lroom == 0) | (rroom == 0))[0])
+        side = "local" if lroom[i] == 0 else "remote"
+        return local, remote, f"row {i} ({side} address {int((la if side == 'local' else ra)[i]):#x})"
+    cross = np.flatnonzero((n > lroom) | (n > rroom))
+    if not len(cross):
+        return local, remote, None
+    out_l: list[tuple[int, int]] = []
+    out_r: list[tuple[int, int]] = []
+    start = 0
+    for i in cross.tolist():    # rare: rows merged across two registrations
+        out_l.extend(map(tuple, local[start:i].tolist()))
+        out_r.extend(map(tuple, remote[start:i].tolist()))
+        a, b, left = int(la[i]), int(ra[i]), int(n[i])
+        while left:
+            lr = int(_room(np.array([a], np.uint64), ls, le)[0])
+            rr = int(_room(np.array([b], np.uint64), rs, re_)[0])
+            if not lr or not rr:
+                return local, remote, f"row {i} (continues past the {'local' if not lr else 'remote'} range)"
+            step = min(left, lr, rr)
+            out_l.append((a, step))
+            out_r.append((b, step))
+            a, b, left = a + step, b + step, left - step
+        start = i + 1
+    out_l.extend(map(tuple, local[start:].tolist()))
+    out_r.extend(map(tuple, remote[start:].tolist()))
+    return np.array(out_l, dtype=np.uint64), np.array(out_r, dtype=np.uint64), None
+
+
 class _Comm:
     """A communicator with one peer: made and prepared by a thread of its own (both ranks meet in Prepare)."""
 
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, name: str, theirs: list[tuple[int, int]]) -> None:
         self.peer = peer
+        self.name = name                            # the communicator's: both ranks derive the same
+        self.closed = threading.Event()             # torn down (a relink's communicator may take its name)
         self.comm = 0
         self.stream = 0
         self.rank = self.remote_rank = 0
-        self.bound: set[int] = set()       # registration handles bound
+        self.bound: list[Range] = []                # ranges bound before Prepare: what the peer reaches
+        self.theirs = theirs                        # the peer's registered ranges when it sent its identity
+        self.mine_at_link: list[tuple[int, int]] = []   # this side's then
         self.ready: Future[None] = Future()
         self.lock = threading.Lock()       # one batch at a time on the stream
+        self.opening = threading.Lock()    # held while the communicator is made and prepared
+        self.stop = False                  # unlink: no more Prepare tries
 
 
 class HcclAgent:
@@ -77,8 +162,10 @@ class HcclAgent:
         self.device = device
         self._acl = acl()
         self._hccl = hccl()
+        self._mem = global_mem()
         try:
             physical = self._acl.physical_id(device)
+            self._mem.activate(device)   # the device's pools and imports registered with HCCL, before any link
         except AscendError as exc:
             raise DataDistError(exc.status, f"hccl: device {device}: {exc}") from None
         if physical_id is not None and physical_id != physical:
@@ -91,22 +178,42 @@ class HcclAgent:
         self._prepare_timeout = prepare_timeout
         self._retries = max(1, retries)
         self._lock = threading.RLock()
-        self._regs = RegistrationTable(self._register, self._deregister, self._lock, register_locked=True)
+        self._regs = RegistrationTable(self._register, self._deregister, self._lock)
         self._comms: dict[str, _Comm] = {}
         self._routes: dict[str, Callable[[bytes], None]] = {}
         self._inbox: list[tuple[str, bytes]] = []
+        self._closing: list[threading.Thread] = []   # unlinks waiting for a Prepare to end
+        self._closing_names: dict[str, threading.Event] = {}   # communicator name -> set once torn down
+        self._sent: list[tuple[int, int]] = []   # the ranges of the identity sent last
         self._closed = False
 
     # -- identity and peers --
 
     def metadata(self) -> bytes:
-        return json.dumps(self._identity).encode()
+        """The identity and the ranges registered now (the peer checks and cuts its rows against them)."""
+        ranges = [(r.base, r.size) for r in self._mem.ranges(self.device)]
+        with self._lock:
+            self._sent = ranges
+        return json.dumps({**self._identity, "ranges": ranges}).encode()
 
     def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
-        return b""   # a peer reaches new registrations through the communicator they are bound to
+        return b""   # a peer reaches memory through the communicator it was bound to before Prepare
 
     def serials(self) -> set[int]:
         return set()
+
+    @staticmethod
+    def _ranges(value: object) -> list[tuple[int, int]]:
+        """A peer's ``[[base, size], ...]``, checked: sorted, disjoint, inside 64 bits."""
+        if not isinstance(value, list) or len(value) > _MAX_RANGES or \
+                not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and 0 < x < 1 << 64 for x in r)
+                        for r in value):
+            raise ValueError("bad ranges")
+        ranges = sorted((int(b), int(n)) for b, n in value)
+        if any(b + n > 1 << 64 for b, n in ranges) or \
+                any(ranges[i][0] + ranges[i][1] > ranges[i + 1][0] for i in range(len(ranges) - 1)):
+            raise ValueError("overlapping ranges")
+        return ranges
 
     def add_peer(self, metadata: bytes) -> str:
         """Start the communicator with the peer that sent ``metadata`` (its name, at once; Prepare runs on)."""
@@ -114,48 +221,83 @@ class HcclAgent:
             if len(metadata) > _MAX_META:
                 raise ValueError("too long")
             peer = json.loads(metadata)
-            if not isinstance(peer, dict) or set(peer) != set(self._identity) or \
-                    not all(isinstance(v, str) and v for v in peer.values()):
+            if not isinstance(peer, dict) or set(peer) != {*self._identity, "ranges"}:
+                raise ValueError("not an identity")
+            theirs = self._ranges(peer.pop("ranges"))
+            if not all(isinstance(v, str) and v for v in peer.values()):
                 raise ValueError("not an identity")
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
+        servers = (peer["server_id"], self._identity["server_id"])
+        if servers[0] != servers[1] and not any(map(_loopback, servers)) and \
+                any(_loopback(m["device_ip"]) for m in (peer, self._identity)):
+            # two servers named by real addresses, one NPU address the loopback default: HCCL cannot reach it.
+            # (An engine with no listen address and no llm.LocalCommRes names its server 127.0.0.1 too: whether
+            # its peer is on another host is not known here -- docs/ascend.md, "Limits".)
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                f"hccl: the peer {name} is on another server ({peer['server_id']}, this one "
+                                f"{self._identity['server_id']}) but a device ip is a loopback address (peer "
+                                f"{peer['device_ip']}, this one {self._identity['device_ip']}): HCCL would connect "
+                                "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
+                                "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
         with self._lock:
-            if name in self._comms:
-                return name
-            entry = self._comms[name] = _Comm(name)
-        threading.Thread(target=self._open, args=(entry, peer), name="datadist-hccl-prepare", daemon=True).start()
+            mine = self._sent   # what this side's identity said (the peer compares the same ranges)
+            stale = self._comms.get(name)
+            if stale is not None and stale.theirs == theirs and stale.mine_at_link == mine:
+                return name     # another link to the same agent, nothing registered since: the same communicator
+            # new, or memory was registered on either side since the communicator was prepared: a new one binds it
+            # (both sides see the change: each compares the other's ranges and its own)
+            order = sorted((self.name, name))
+            comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
+            entry = self._comms[name] = _Comm(name, comm_name, theirs)
+            entry.mine_at_link = mine
+            previous = self._closing_names.get(comm_name)
+            self._closing_names[comm_name] = entry.closed
+        if stale is not None:
+            self._retire(stale)
+        threading.Thread(target=self._open, args=(entry, peer, previous), name="datadist-hccl-prepare",
+                         daemon=True).start()
         return name
 
-    def _open(self, entry: _Comm, peer: dict[str, str]) -> None:
+    def _open(self, entry: _Comm, peer: dict[str, str], previous: threading.Event | None) -> None:
         table, order = cluster_table([self._identity, peer])
-        comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
-        try:
-            config = CommConfig.make(comm_name, self._traffic_class, self._service_level)
-            entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
-            self._acl.use(self.device)   # CANN: the link's thread takes the engine's context before HCCL calls
-            with self._lock:
-                entry.comm = self._hccl.init_comm(table, entry.rank, config)
+        with entry.opening:
+            try:
+                # a relink to the same peer: its communicator's name is the old one's, and HCCL refuses a name in
+                # use on the device ("comm Name exist"): wait for the old one's teardown (after its Prepare)
+                if previous is not None and not previous.wait(self._close_wait()):
+                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "the previous link with this peer is still "
+                                                                       "being torn down")
+                if entry.stop:
+                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "unlinked while linking")
+                config = CommConfig.make(entry.name, self._traffic_class, self._service_level)
+                entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
+                self._acl.set_device(self.device)   # the link's thread takes the engine's context first
+                with _INIT_LOCK:
+                    entry.comm = self._hccl.init_comm(table, entry.rank, config)
                 entry.stream = self._acl.create_stream(self.device)
-                for reg in self._regs.all():
-                    self._hccl.bind(entry.comm, reg.token)
-                    entry.bound.add(reg.token)
-            # CANN: link_retry_count tries of HcclCommPrepare sharing the link's time
-            share = max(1, int(self._prepare_timeout * 1000 / self._retries))
-            for attempt in range(self._retries):
-                try:
-                    self._hccl.prepare(entry.comm, share)
-                    break
-                except AscendError as exc:
-                    if attempt + 1 == self._retries:
-                        raise
-                    log.info("hccl: HcclCommPrepare with %s failed (%s); retrying", peer["name"], exc)
-            entry.ready.set_result(None)
-        except (AscendError, ValueError) as exc:
-            status = exc.status if isinstance(exc, AscendError) else LLMStatusCode.LLM_PARAM_INVALID
-            entry.ready.set_exception(DataDistError(status, f"hccl: communicator with {peer['name']}: {exc}"))
+                for rng in self._mem.ranges(self.device):   # bound BEFORE Prepare: all the peer will reach
+                    self._hccl.bind(entry.comm, rng.handle)
+                    self._mem.bound(rng, entry.comm)
+                    entry.bound.append(rng)
+                # CANN: link_retry_count tries of HcclCommPrepare sharing the link's time, in seconds rounded up
+                seconds = prepare_seconds(self._prepare_timeout * 1000, self._retries)
+                for attempt in range(self._retries):
+                    try:
+                        self._hccl.prepare(entry.comm, seconds)
+                        break
+                    except AscendError as exc:
+                        if attempt + 1 == self._retries or entry.stop:
+                            raise
+                        log.info("hccl: HcclCommPrepare with %s failed (%s); retrying", peer["name"], exc)
+                entry.ready.set_result(None)
+            except (AscendError, ValueError, DataDistError) as exc:
+                status = exc.status if isinstance(exc, AscendError) else \
+                    exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_PARAM_INVALID
+                entry.ready.set_exception(DataDistError(status, f"hccl: communicator with {peer['name']}: {exc}"))
 
     def route(self, peer: str, send: Callable[[bytes], None]) -> None:
         """How notifications reach ``peer``: a control message on its link's channel."""
@@ -163,36 +305,81 @@ class HcclAgent:
             self._routes[peer] = send
 
     def drop_peer(self, name: str) -> None:
-        """Unlink: unbind every range from the communicator, destroy it (CANN's teardown order)."""
+        """Unlink: tear the communicator down in CANN's order once its Prepare has ended -- at once if it has, else
+        on a thread of its own when it does (Prepare is bounded by its timeout; HCCL cannot cancel it, and
+        unbinding under a running Prepare races the set it iterates), so a relink does not wait."""
         with self._lock:
             entry = self._comms.pop(name, None)
             self._routes.pop(name, None)
-        if entry is None:
+        if entry is not None:
+            self._retire(entry)
+
+    def _retire(self, entry: _Comm) -> None:
+        entry.stop = True
+        if entry.opening.acquire(blocking=False):
+            self._close_entry(entry)
             return
+        thread = threading.Thread(target=self._close_later, args=(entry,), name="datadist-hccl-unlink", daemon=True)
+        with self._lock:
+            self._closing.append(thread)
+        thread.start()
+
+    def _close_wait(self) -> float:
+        """The longest a Prepare can run: every try's timeout, and a margin."""
+        return prepare_seconds(self._prepare_timeout * 1000, self._retries) * self._retries + 5.0
+
+    def _close_later(self, entry: _Comm) -> None:
+        wait = self._close_wait()
+        if not entry.opening.acquire(timeout=wait):
+            log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is",
+                      entry.peer, wait)
+            return
+        self._close_entry(entry)
+
+    def _close_entry(self, entry: _Comm) -> None:
+        """Under ``entry.opening`` (released here): the teardown, after any batch on the link's stream."""
         try:
-            entry.ready.result(self._prepare_timeout + 1)
-        except Exception:  # noqa: BLE001 - failed or still preparing: tear down what exists
-            pass
-        with entry.lock, self._lock:
-            self._teardown(entry)
+            with entry.lock:
+                self._teardown(entry)
+        finally:
+            entry.opening.release()
+            entry.closed.set()
+            with self._lock:
+                if self._closing_names.get(entry.name) is entry.closed:
+                    del self._closing_names[entry.name]
 
     def _teardown(self, entry: _Comm) -> None:
-        for handle in list(entry.bound):
+        """CANN's order (LLM-DataDist ``CommEntity::Finalize``): abort the stream, unbind each range, destroy the
+        communicator, destroy the stream -- with the engine's device set."""
+        try:
+            self._acl.set_device(self.device)
+        except AscendError as exc:
+            log.warning("hccl: %s", exc)
+        if entry.stream:
             try:
-                self._hccl.unbind(entry.comm, handle)
+                self._acl.abort(self.device, entry.stream)
             except AscendError as exc:
-                log.warning("hccl: %s", exc)
-        entry.bound.clear()
+                log.warning("hccl: aborting the stream of the link with %s: %s", entry.peer, exc)
+        unbound = True
+        for rng in entry.bound:
+            try:
+                self._hccl.unbind(entry.comm, rng.handle)
+            except AscendError as exc:
+                unbound = False
+                log.warning("hccl: unbinding from the link with %s: %s", entry.peer, exc)
+                continue
+            self._mem.unbound(rng, entry.comm)
+        entry.bound = []
+        if entry.comm and unbound:
+            try:
+                self._hccl.destroy(entry.comm)
+            except AscendError as exc:
+                log.warning("hccl: destroying the communicator with %s: %s", entry.peer, exc)
         if entry.stream:
             try:
                 self._acl.destroy_stream(self.device, entry.stream)
             except AscendError as exc:
                 log.warning("hccl: destroying the stream of the link with %s: %s", entry.peer, exc)
-        if entry.comm:
-            try:
-                self._hccl.destroy(entry.comm)
-            except AscendError as exc:
-                log.warning("hccl: destroying the communicator with %s: %s", entry.peer, exc)
         entry.comm = entry.stream = 0
 
     # -- registrations --
@@ -201,38 +388,15 @@ class HcclAgent:
         return self._regs.rows(segments)
 
     def _register(self, handle: MemoryHandle) -> tuple[int, int, int]:
-        """Register (under the agent's lock, ``RegistrationTable(register_locked=True)``) and bind to every
-        communicator; one made later binds every registration (``_open``)."""
+        """A handle's rows: its own addresses; HCCL registered its allocation (``region``) already."""
         if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the hccl transport moves NPU memory of the engine's device ({self.device}) only "
                                 "(memory backend acl, DEVICE caches); HOST caches: use transport tcp")
-        try:
-            self._acl.use(self.device)
-            token = self._hccl.register(MEM_DEVICE, handle.address, handle.size)
-            for entry in self._comms.values():
-                if entry.comm:
-                    self._hccl.bind(entry.comm, token)
-                    entry.bound.add(token)
-        except AscendError as exc:
-            raise DataDistError(exc.status, f"hccl: registering {handle.size} bytes: {exc}") from None
-        return handle.address, handle.size, token
+        return handle.address, handle.size, handle.region[0]
 
     def _deregister(self, reg: Registration) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            for entry in self._comms.values():
-                if reg.token in entry.bound:
-                    try:
-                        self._hccl.unbind(entry.comm, reg.token)
-                    except AscendError as exc:
-                        log.debug("hccl: %s", exc)
-                    entry.bound.discard(reg.token)
-            try:
-                self._hccl.deregister(reg.token)
-            except AscendError as exc:
-                log.debug("hccl: %s", exc)
+        pass   # the allocation stays registered until its memory goes (globalmem)
 
     def registered(self) -> int:
         return len(self._regs)
@@ -268,20 +432,26 @@ class HcclAgent:
         with entry.lock:
             if not entry.comm:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
+            # what both sides bound before Prepare (and this side's memory still there)
+            mine = [(r.base, r.size) for r in entry.bound if not r.retired]
+            local, remote, outside = split_rows(local, remote, mine, entry.theirs)
+            if outside is not None:
+                raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                    f"hccl: {outside} lies in memory registered after the link with {peer} was "
+                                    "made: HCCL lets a peer reach only memory bound before the link's "
+                                    "HcclCommPrepare; unlink and link again (docs/ascend.md)")
+            what = "put to" if put else "get from"
             try:
-                self._acl.use(self.device)
+                self._acl.set_device(self.device)
                 self._hccl.batch(put, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],
                                  entry.stream)
-            except AscendError as exc:
-                raise DataDistError(exc.status, f"hccl: {exc}") from None
-            try:
                 self._acl.synchronize(self.device, entry.stream, int((deadline - time.monotonic()) * 1000))
             except AscendError as exc:
-                try:
-                    self._acl.abort(self.device, entry.stream)   # CANN: a failed batch aborts its stream
+                try:   # CANN: any failure, the enqueue included, aborts the stream (queued descriptors would run)
+                    self._acl.abort(self.device, entry.stream)
                 except AscendError as abort_exc:
                     log.warning("hccl: aborting the stream: %s", abort_exc)
-                raise DataDistError(exc.status, f"hccl: {'put to' if put else 'get from'} {peer}: {exc}") from None
+                raise DataDistError(exc.status, f"hccl: {what} {peer}: {exc}") from None
 
     def notify(self, peer: str, message: bytes) -> None:
         with self._lock:
@@ -304,5 +474,9 @@ class HcclAgent:
             names = list(self._comms)
         for name in names:
             self.drop_peer(name)
+        with self._lock:
+            closing, self._closing = self._closing, []
+        for thread in closing:   # each ends within its Prepare's timeout
+            thread.join()
         self._regs.close()
         self._closed = True

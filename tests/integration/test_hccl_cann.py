@@ -1,0 +1,105 @@
+"""The hccl transport against the stricter SIMULATED runtime (tests/sim: CANN's rules R1-R13, docs/ascend.md), through
+two daemons, with HCCL's descriptor limit at its V2 value (64 per call), and every process in a simulated PID
+namespace (its bare tgid is not its pid):
+
+* caches allocated from the pools AFTER the link and caches the workers registered (imported NPU memory) move
+  1,024 scattered blocks per tensor both ways, byte-exact (thousands of descriptors: 64 per call, one
+  synchronisation; every row inside memory bound before the link's Prepare);
+* an unlink and a relink to the same peer (the old communicator torn down in CANN's order first: its name is
+  taken until then);
+* two engines of one daemon link at the same moment (HCCL refuses concurrent communicator creation: one lock);
+* memory registered after a link reaches only links made later: the transfer fails clearly, a relink moves it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datadist.status import LLMStatusCode as S
+from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
+
+pytestmark = over_planes(ACL_PLANE)
+
+P, D, D2 = 1, 2, 3
+BLOCKS, N, BLOCK = 1100, 1024, (128,)
+#: HCCL's V2 limit of descriptors per call; a simulated PID namespace for every process; a communicator's creation
+#: long enough that two at once overlap in it
+SIM = {"ASCEND_SIM_MAX_DESC": "64", "ASCEND_SIM_TGID_OFFSET": "100000", "ASCEND_SIM_INIT_MS": "200"}
+
+
+@pytest.fixture
+def two(daemon_factory, worker_factory):
+    dp, dd = daemon_factory.many("p", "d", env=SIM)
+    port = free_port()
+    prompt, decoder = worker_factory(dp, **SIM), worker_factory(dd, **SIM)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=8 << 20,
+                remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, mem_pool=8 << 20, remote_cache_accessible=True)
+    return dp, dd, prompt, decoder, port
+
+
+def _scatter(seed: int) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.choice(BLOCKS, N, replace=False).tolist(), rng.choice(BLOCKS, N, replace=False).tolist()
+
+
+def _moves(prompt, decoder, name: str, model_id: int, seed: int) -> None:
+    """A pull of N scattered blocks into the decoder, a push of N others from the prompt, both byte-exact."""
+    prompt.call("fill", name, seed)
+    decoder.call("zero", name)
+    src, dst = _scatter(seed)
+    decoder.call("pull_blocks", P, name, src, dst, model_id=model_id)
+    np.testing.assert_array_equal(decoder.call("rows", name, None, dst), prompt.call("rows", name, None, src))
+    decoder.call("zero", name)
+    src, dst = _scatter(seed + 1)
+    prompt.call("push_blocks", D, name, src, dst, model_id=model_id)
+    np.testing.assert_array_equal(decoder.call("rows", name, None, dst), prompt.call("rows", name, None, src))
+
+
+def test_scattered_blocks_both_ways_then_relink(two) -> None:
+    dp, dd, prompt, decoder, port = two
+    for w in (prompt, decoder):   # the workers' own NPU memory, handed over before the link
+        w.call("register_blocks", "reg", 2, BLOCKS, BLOCK, "uint8", model_id=1)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    for w in (prompt, decoder):   # carved from the pools after the link was made
+        w.call("allocate", "pool", 2, (BLOCKS, *BLOCK), "uint8", blocks=True, model_id=0)
+    _moves(prompt, decoder, "pool", 0, 10)
+    _moves(prompt, decoder, "reg", 1, 20)
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    _moves(prompt, decoder, "pool", 0, 30)
+
+
+def test_two_engines_of_one_daemon_link_at_the_same_moment(two, worker_factory) -> None:
+    dp, dd, prompt, decoder, port = two
+    other = worker_factory(dd, **SIM)
+    other.call("init", "DECODER", D2, mem_pool=8 << 20)
+    prompt.call("allocate", "kv", 2, (BLOCKS, *BLOCK), "uint8", blocks=True, model_id=0)
+    prompt.call("fill", "kv", 5)
+    for w in (decoder, other):
+        w.call("allocate", "kv", 2, (BLOCKS, *BLOCK), "uint8", blocks=True, model_id=0)
+    decoder.send("link", P, "127.0.0.1", port)
+    other.send("link", P, "127.0.0.1", port)
+    assert decoder.result() == (0, [0]) and other.result() == (0, [0])
+    src, dst = _scatter(7)
+    for w in (decoder, other):
+        w.call("pull_blocks", P, "kv", src, dst)
+        np.testing.assert_array_equal(w.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
+
+
+def test_memory_registered_after_the_link_needs_a_relink(two) -> None:
+    dp, dd, prompt, decoder, port = two
+    prompt.call("register_blocks", "kv", 2, 64, BLOCK, "uint8", model_id=0)
+    prompt.call("fill", "kv", 3)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("allocate", "warm", 2, (64, *BLOCK), "uint8", blocks=True)
+    decoder.call("pull_blocks", P, "warm", [0], [0])                # the link is prepared
+    decoder.call("register_blocks", "kv", 2, 64, BLOCK, "uint8")   # after the link: its Prepare never saw it
+    with pytest.raises(WorkerError) as info:
+        decoder.call("pull_blocks", P, "kv", [1, 2], [3, 4])
+    assert info.value.status_code == S.LLM_FEATURE_NOT_ENABLED and "link again" in str(info.value)
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", P, "kv", [1, 2], [3, 4])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [3, 4]), prompt.call("rows", "kv", None, [1, 2]))

@@ -1,0 +1,67 @@
+# ruff: noqa: E501 - the table holds lines of source code as they are
+"""Each of the hccl transport's CANN-order fixes (issue 33) reverted in turn (a small change to its source), and the
+test that holds it run: every one must fail. Companion of ``tests.sim.mutate_rules`` (the simulation's rules).
+
+    .venv/bin/python -m tests.sim.mutate_transport [name ...]
+
+Restores each source with ``git checkout``: run it on a clean tree, alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+AG = "server/datadistd/transport/hccl/agent.py"
+#: (name, source, the fix's code, the code without it, the tests that hold it)
+MUTATIONS = [
+ ("desc64", "server/datadist_ascend/hccl.py", "DESCS_PER_CALL = 64", "DESCS_PER_CALL = 1 << 30",
+  ["tests/integration/test_hccl_cann.py::test_scattered_blocks_both_ways_then_relink[acl-hccl]"]),
+ ("initlock", AG, "                with _INIT_LOCK:\n", "                if True:\n",
+  ["tests/integration/test_hccl_cann.py::test_two_engines_of_one_daemon_link_at_the_same_moment[acl-hccl]"]),
+ ("abort", AG, "                self._hccl.batch(put, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],\n                                 entry.stream)\n",
+  "                try:\n                    self._hccl.batch(put, entry.comm, entry.remote_rank, local[:, 0], remote[:, 0], local[:, 1],\n                                     entry.stream)\n                except AscendError as exc:\n                    raise DataDistError(exc.status, str(exc)) from None\n",
+  ["tests/unit/test_hccl_agent.py::test_a_batch_that_fails_half_way_is_aborted"]),
+ ("settle-device", "server/datadist_ascend/globalmem.py", "                acl().set_device(rng.device)\n                hccl().deregister", "                hccl().deregister",
+  ["tests/unit/test_hccl_agent.py::test_registry_deregisters_from_any_thread_once_no_link_binds_it"]),
+ ("unbound-wait", "server/datadist_ascend/globalmem.py", "        if not rng.retired or rng.binds:", "        if not rng.retired:",
+  ["tests/unit/test_hccl_agent.py::test_registry_deregisters_from_any_thread_once_no_link_binds_it"]),
+ ("ipcclose-device", "server/datadist_ascend/acl.py", "        self.set_device(device)\n        self._call(\"aclrtIpcMemClose\"", "        self._call(\"aclrtIpcMemClose\"",
+  ["tests/unit/test_hccl_agent.py::test_imported_memory_is_closed_from_a_thread_without_a_device"]),
+ ("relink-wait", AG, "if previous is not None and not previous.wait(self._close_wait()):", "if False:",
+  ["tests/unit/test_hccl_agent.py::test_a_relink_waits_for_the_old_communicator_to_go"]),
+ ("teardown-device", AG, "        try:\n            self._acl.set_device(self.device)\n        except AscendError as exc:\n            log.warning(\"hccl: %s\", exc)\n", "",
+  ["tests/unit/test_hccl_agent.py::test_unlink_sets_the_engines_device_whatever_the_thread_says"]),
+ ("bare-tgid", "server/datadistd/rpc/attach.py", "                    pid = msg.bare_tgid\n", "                    pass\n",
+  ["tests/integration/test_hccl_cann.py::test_scattered_blocks_both_ways_then_relink[acl-hccl]"]),
+ ("split", AG, "            local, remote, outside = split_rows(local, remote, mine, entry.theirs)\n", "            outside = None\n",
+  ["tests/integration/test_hccl_cann.py::test_memory_registered_after_the_link_needs_a_relink[acl-hccl]"]),
+ ("bare-tgid-kernel", "server/datadistd/rpc/attach.py", "if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:",
+  "if isinstance(backend, DeviceBackend) and msg.bare_tgid > 0:",
+  ["tests/security/test_npu.py::test_a_pool_key_names_the_kernels_pid_where_it_is_the_drivers[acl-hccl]"]),
+ ("unlink-waits", AG, "        entry.stop = True\n        if entry.opening.acquire(blocking=False):",
+  "        entry.stop = True\n        if True:\n            with entry.lock:\n                self._teardown(entry)\n            return\n        if entry.opening.acquire(blocking=False):",
+  ["tests/unit/test_hccl_agent.py::test_a_relink_waits_for_the_old_communicator_to_go"]),
+]
+def main(only: list[str]) -> int:
+    bad = 0
+    for name, source, fix, without, tests in MUTATIONS:
+        if only and name not in only:
+            continue
+        path = ROOT / source
+        text = path.read_text()
+        assert fix in text, f"{name}: the fix's code is not in {source}"
+        path.write_text(text.replace(fix, without))
+        try:
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", *tests], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=600)
+        finally:
+            subprocess.run(["git", "checkout", source], cwd=ROOT, capture_output=True)
+        bad += run.returncode == 0
+        print(f"{name}: {'fails without the fix' if run.returncode else 'DOES NOT FAIL'}", flush=True)
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,261 @@
+"""The hccl agent and the HCCL registry of the acl backend (``datadist_ascend.globalmem``) following CANN's rules,
+against the SIMULATED runtime (tests/sim; the rules and their sources: docs/ascend.md) in child processes, and the
+pure arithmetic they rest on (seconds for Prepare, rows cut at registrations)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from datadist_ascend.hccl import prepare_seconds
+from datadistd.transport.hccl.agent import split_rows
+from tests.harness import ROOT
+from tests.sim import build, sim_env
+
+
+@pytest.fixture(scope="module")
+def sim_root():
+    root = build()
+    if root is None:
+        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
+    return root
+
+
+def run(root, tmp_path, code: str, **env: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **sim_env(root, str(tmp_path)), **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()
+
+
+def test_prepare_takes_seconds_rounded_up_never_zero() -> None:
+    """LLM-DataDist converts the link's milliseconds to HcclCommPrepare's seconds rounding up; 0 would mean HCCL's
+    own default (120 s), so a share below a second is one second."""
+    assert [prepare_seconds(10_000, 1), prepare_seconds(10_001, 1), prepare_seconds(10_000, 3),
+            prepare_seconds(200, 1), prepare_seconds(0, 4)] == [10, 11, 4, 1, 1]
+
+
+def test_rows_merged_across_two_registrations_are_cut_at_the_border() -> None:
+    """Rows contiguous on both sides are merged (``pair_rows``); HCCL wants each descriptor inside ONE registered
+    buffer on each side, so a merged row crossing a border on either side is cut there."""
+    mine = [(1000, 100), (1100, 100)]          # two registrations side by side
+    theirs = [(5000, 150), (5150, 50)]
+    local = np.array([[1000, 40], [1050, 100], [1190, 10]], dtype=np.uint64)
+    remote = np.array([[5000, 40], [5090, 100], [5190, 10]], dtype=np.uint64)
+    l2, r2, why = split_rows(local, remote, mine, theirs)
+    assert why is None
+    assert l2.tolist() == [[1000, 40], [1050, 50], [1100, 10], [1110, 40], [1190, 10]]
+    assert r2.tolist() == [[5000, 40], [5090, 50], [5140, 10], [5150, 40], [5190, 10]]
+    assert int(l2[:, 1].sum()) == int(local[:, 1].sum())
+    # rows inside one range each come back as they are; a row outside every range is named
+    same = split_rows(local[:1], remote[:1], mine, theirs)
+    assert same[0] is local[:1].base or same[0].tolist() == [[1000, 40]]
+    assert split_rows(np.array([[1200, 8]], np.uint64), np.array([[5000, 8]], np.uint64), mine, theirs)[2] \
+        == "row 0 (local address 0x4b0)"
+
+
+def test_registry_deregisters_from_any_thread_once_no_link_binds_it(sim_root, tmp_path) -> None:
+    """A pool's registration goes when its memory goes AND no communicator binds it (the last deregistration of
+    a device tears its NIC down under live links), from whatever thread frees it (HCCL's registry is the calling
+    thread's device's). HCCL refuses an overlapping registration while the old one stands: the probe."""
+    out = run(sim_root, tmp_path, """
+        import threading
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadist_ascend.globalmem import global_mem
+        from datadist_ascend.hccl import MEM_DEVICE, hccl
+        a, h, g = acl(), hccl(), global_mem()
+        buf = a.malloc(0, 1 << 20)
+        g.announce(0, buf, 1 << 20)
+        g.activate(0)
+        (rng,) = g.ranges(0)
+        g.bound(rng, 1)
+
+        def probe():
+            a.set_device(0)
+            try:
+                h.deregister(h.register(MEM_DEVICE, buf, 4096))
+                return "free"
+            except AscendError as exc:
+                return "registered" if exc.code == 1 else str(exc.code)
+
+        def elsewhere(fn):
+            t = threading.Thread(target=lambda: (a.set_device(1), fn())); t.start(); t.join()
+        elsewhere(lambda: g.retire(0, buf))
+        print(probe())
+        elsewhere(lambda: g.unbound(rng, 1))
+        print(probe(), g.ranges(0))
+        """)
+    assert out == ["registered", "free", "[]"]
+
+
+def test_imported_memory_is_closed_from_a_thread_without_a_device(sim_root, tmp_path) -> None:
+    """``aclrtIpcMemClose`` needs a context: a handle closed by whatever thread frees it sets its device first."""
+    out = run(sim_root, tmp_path, """
+        import os, threading
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadistd.memory.acl import DeviceHandle
+        a = acl()
+        mem = a.malloc(0, 4096)
+        key = a.ipc_export(0, mem, 4096)
+        a.ipc_allow(0, key, [a.bare_tgid()])
+        addr = a.ipc_import(0, key)
+        handle = DeviceHandle(a, 0, addr, 4096, key=key)
+        t = threading.Thread(target=handle.close); t.start(); t.join()
+        try:
+            a.address_range(0, addr)
+            print("still-imported")
+        except AscendError as exc:
+            print("closed")
+        """)
+    assert out == ["closed"]
+
+
+AGENTS = '''
+import multiprocessing as mp, os, time
+import numpy as np
+from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+from datadist_ascend.globalmem import global_mem
+from datadistd.core.errors import DataDistError
+from datadistd.transport.hccl.agent import HcclAgent
+
+SIZE = 4 << 20
+
+
+def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
+    a = acl()
+    buf = a.malloc(0, SIZE)
+    global_mem().announce(0, buf, SIZE)
+    return a, buf, HcclAgent(name, 0, server, ip, prepare_timeout=timeout)
+
+
+def peer_main(conn, meta_patch):
+    a, buf, ag = agent("b")
+    data = ((np.arange(SIZE) * 7 + 1) & 0xFF).astype(np.uint8)
+    a.memcpy(0, buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
+    meta = ag.metadata()
+    conn.send((meta_patch(meta), buf))
+    ag.add_peer(conn.recv())
+    conn.recv()
+    ag.close()
+
+
+def linked(meta_patch=lambda m: m, **identity):
+    mine, theirs = mp.Pipe()
+    p = mp.get_context("fork").Process(target=peer_main, args=(theirs, meta_patch), daemon=True)
+    p.start()
+    a, buf, ag = agent("a", **identity)
+    meta, other = mine.recv()
+    mine.send(ag.metadata())
+    return p, mine, a, buf, ag, ag.add_peer(meta), other
+'''
+
+
+def test_a_batch_that_fails_half_way_is_aborted(sim_root, tmp_path) -> None:
+    """A peer whose identity claims more memory than it bound: HCCL refuses the descriptor past its buffer after
+    enqueuing the ones before it. The agent aborts the stream (CANN does on any failure), so none of those lands
+    later -- the next transfer's synchronisation would otherwise run them (the wire is paced: 1 MB/s)."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        def claim_more(meta):
+            d = json.loads(meta)
+            d["ranges"] = [[b, 2 * n] for b, n in d["ranges"]]
+            return json.dumps(d).encode()
+        p, conn, a, buf, ag, peer, other = linked(claim_more)
+        blk = 256 << 10
+        local = np.array([[buf + i * blk, blk] for i in range(4)] + [[buf, 64]], np.uint64)
+        remote = np.array([[other + i * blk, blk] for i in range(4)] + [[other + SIZE, 64]], np.uint64)
+        try:
+            ag.read(local, remote, peer, time.monotonic() + 30)
+        except DataDistError as exc:
+            print(exc.code.name)
+        ag.read(np.array([[buf + SIZE - 64, 64]], np.uint64), np.array([[other, 64]], np.uint64), peer,
+                time.monotonic() + 30)
+        got = np.zeros(blk, np.uint8)
+        a.memcpy(0, got.ctypes.data, blk, buf + 3 * blk, blk, MEMCPY_DEVICE_TO_HOST)
+        print(bool(got.any()))
+        conn.send("bye"); ag.close(); p.join()
+        """), ASCEND_SIM_WIRE_MBPS="8")
+    assert out == ["LLM_FAILED", "False"]
+
+
+def test_no_loopback_device_ip_towards_another_server(sim_root, tmp_path) -> None:
+    """Two servers, one of them with the loopback default for its NPU's address: refused, saying what to set."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        try:
+            linked(server="10.0.0.2", ip="127.0.0.1")
+        except DataDistError as exc:
+            print(exc.code.name, "device_ip" in exc.message)
+        """))
+    assert out == ["LLM_LINK_FAILED", "True"]
+
+
+def test_unlink_sets_the_engines_device_whatever_the_thread_says(sim_root, tmp_path) -> None:
+    """The thread that unlinks had the engine's device in the runtime's per-thread cache, but user code (say
+    ``torch_npu``) switched it to another NPU: the teardown still unbinds (HCCL's registry is the current device's)
+    and destroys the communicator."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import threading
+        p, conn, a, buf, ag, peer, other = linked()
+        ag.read(np.array([[buf, 64]], np.uint64), np.array([[other, 64]], np.uint64), peer, time.monotonic() + 30)
+        def unlink():
+            a.use(0)
+            a._fn["aclrtSetDevice"](1)     # behind the cache's back
+            ag.drop_peer(peer)
+        t = threading.Thread(target=unlink); t.start(); t.join()
+        print([sorted(r.binds) for r in global_mem().ranges(0)])
+        conn.send("bye"); ag.close(); p.join()
+        """))
+    assert out == ["[[]]"]
+
+
+def test_new_memory_where_bound_memory_was_is_refused_until_the_link_goes(sim_root, tmp_path) -> None:
+    """HCCL knows memory by address and keeps a registration while a link binds it: memory announced at the address
+    of retired memory still bound is refused (saying to unlink), and registered once the link let it go."""
+    out = run(sim_root, tmp_path, """
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadist_ascend.globalmem import global_mem
+        a, g = acl(), global_mem()
+        buf = a.malloc(0, 1 << 20)
+        g.activate(0)
+        g.announce(0, buf, 1 << 20)
+        (rng,) = g.ranges(0)
+        g.bound(rng, 1)
+        g.retire(0, buf)
+        try:
+            g.announce(0, buf, 1 << 20)
+        except AscendError as exc:
+            print(exc.status.name, "unlink" in str(exc))
+        g.unbound(rng, 1)
+        g.announce(0, buf, 1 << 20)
+        print(len(g.ranges(0)), g.ranges(0)[0] is not rng)
+        """)
+    assert out == ["LLM_PARAM_INVALID", "True", "1", "True"]
+
+
+def test_a_relink_waits_for_the_old_communicator_to_go(sim_root, tmp_path) -> None:
+    """Unlinked while its Prepare still waits for the peer, the communicator is torn down when Prepare ends (never
+    under it); a relink to the same peer -- whose communicator has the same name, which HCCL refuses twice on a
+    device -- waits for that, then prepares in its turn (and times out here: the peer never comes)."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        a, buf, ag = agent("a", timeout=2)
+        meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                           "ranges": []}).encode()
+        ag.add_peer(meta)
+        ag.drop_peer("b")            # its Prepare runs on (2 s): torn down after
+        ag.add_peer(meta)
+        try:
+            ag.read(np.array([[buf, 64]], np.uint64), np.array([[buf, 64]], np.uint64), "b", time.monotonic() + 30)
+        except DataDistError as exc:
+            print(exc.code.name)
+        ag.close()
+        """))
+    assert out == ["LLM_TIMEOUT"]   # not LLM_PARAM_INVALID: "comm Name exist"

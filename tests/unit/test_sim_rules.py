@@ -1,0 +1,319 @@
+"""Each rule of CANN's runtime the SIMULATED Ascend runtime enforces (tests/sim/hccl.c R1-R11, ascendcl.c R12-R13;
+the vendor source of each is named there and in docs/ascend.md), called through the ctypes bindings in child
+processes, one test per rule. Each was checked to fail with its rule taken out of the simulation.
+
+A two-rank test runs rank 1 in a forked child (``PEER``): it registers and binds 1 MiB of device memory holding
+bytes ``(i * 7 + 1) & 0xff``, prepares, sends its address, and waits for the word to go."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.harness import ROOT
+from tests.sim import build, sim_env
+
+
+@pytest.fixture(scope="module")
+def sim_root():
+    root = build()
+    if root is None:
+        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
+    return root
+
+
+PRELUDE = '''
+import ctypes, os, sys, threading, time, multiprocessing as mp
+import numpy as np
+from datadist_ascend import AscendError
+from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, acl
+from datadist_ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descriptors, hccl
+from datadistd.transport.hccl.agent import cluster_table
+
+SIZE = 1 << 20
+TABLE, _ = cluster_table([{"name": n, "server_id": "s", "device_id": "0", "device_ip": "10.0.0.1"} for n in "ab"])
+PATTERN = ((np.arange(SIZE) * 7 + 1) & 0xFF).astype(np.uint8)
+
+
+def code(fn):
+    try:
+        fn()
+        return "ok"
+    except AscendError as exc:
+        return str(exc.code)
+
+
+def rank(r, name="t"):
+    a, h = acl(), hccl()
+    a.set_device(0)
+    buf = a.malloc(0, SIZE)
+    tok = h.register(MEM_DEVICE, buf, SIZE)
+    comm = h.init_comm(TABLE, r, CommConfig.make(name))
+    return a, h, buf, tok, comm, a.create_stream(0)
+
+
+def raw(h, put, comm, local, remote, lengths, stream):
+    """One HcclBatchPut/Get call of all the descriptors (Hccl.batch cuts them into calls of 64)."""
+    d = descriptors(local, remote, lengths)
+    h._call("HcclBatchPut" if put else "HcclBatchGet", ctypes.c_void_p(comm), 1 - r0,
+            d.ctypes.data_as(ctypes.POINTER(OneSideOpDesc)), len(d), ctypes.c_void_p(stream))
+
+
+def peer_main(conn, late_bind, delay):
+    a, h, buf, tok, comm, s = rank(1)
+    a.memcpy(0, buf, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
+    h.bind(comm, tok)
+    extra = 0
+    time.sleep(delay)
+    h.prepare(comm, 30)
+    if late_bind:   # bound after Prepare: recorded, never visible to rank 0
+        extra = a.malloc(0, SIZE)
+        h.bind(comm, h.register(MEM_DEVICE, extra, SIZE))
+        h.prepare(comm, 30)
+    conn.send((buf, extra))
+    conn.recv()
+
+
+def peer(late_bind=False, delay=0.0):
+    mine, theirs = mp.Pipe()
+    p = mp.get_context("fork").Process(target=peer_main, args=(theirs, late_bind, delay), daemon=True)
+    p.start()
+    return p, mine
+
+
+r0 = 0
+'''
+
+
+def run(root, tmp_path, body: str, **env: str) -> list[str]:
+    code = PRELUDE + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **sim_env(root, str(tmp_path)), **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split() + (["STDERR:" + proc.stderr.strip()] if proc.stderr.strip() else [])
+
+
+def test_r1_prepare_timeout_is_seconds(sim_root, tmp_path) -> None:
+    """A peer that arrives half a second late is met within a timeout of 30 (seconds; 30 ms would not wait);
+    below -1 is refused."""
+    out = run(sim_root, tmp_path, """
+        p, conn = peer(delay=0.5)
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok)
+        print(code(lambda: h.prepare(comm, -2)), code(lambda: h.prepare(comm, 30)))
+        conn.recv(); conn.send("bye"); p.join()
+        """)
+    assert out == ["1", "ok"]   # HCCL_E_PARA, then met
+
+
+def test_r2_at_most_256_descriptors_per_call_or_the_knob(sim_root, tmp_path) -> None:
+    body = """
+        p, conn = peer()
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok); h.prepare(comm, 30)
+        other, _ = conn.recv()
+        offs = np.arange(300, dtype=np.uint64) * 16
+        for n in (64, 65, 256, 257):
+            print(code(lambda: raw(h, False, comm, buf + offs[:n], other + offs[:n], 16, s)))
+        a.synchronize(0, s, 10000)
+        conn.send("bye"); p.join()
+        """
+    assert run(sim_root, tmp_path, body) == ["ok", "ok", "ok", "1"]
+    assert run(sim_root, tmp_path, body, ASCEND_SIM_MAX_DESC="64") == ["ok", "1", "1", "1"]
+
+
+def test_r3_memory_bound_after_prepare_is_not_seen_by_the_peer(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        p, conn = peer(late_bind=True)
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok); h.prepare(comm, 30)
+        early, late = conn.recv()
+        print(code(lambda: raw(h, False, comm, [buf], [early], [4096], s)),
+              code(lambda: raw(h, False, comm, [buf], [late], [4096], s)))
+        a.synchronize(0, s, 10000)
+        conn.send("bye"); p.join()
+        """)
+    assert out == ["ok", "4"]   # HCCL_E_INTERNAL: "Can't find remoteBuffer by key"
+
+
+def test_r4_each_descriptor_inside_one_enabled_buffer(sim_root, tmp_path) -> None:
+    """Two registrations side by side (halves of one allocation): a descriptor across their border fails (though
+    both halves are bound and the bytes contiguous), one in either half moves."""
+    out = run(sim_root, tmp_path, """
+        p, conn = peer()
+        a, h = acl(), hccl()
+        a.set_device(0)
+        buf = a.malloc(0, SIZE)
+        half = SIZE // 2
+        t1, t2 = h.register(MEM_DEVICE, buf, half), h.register(MEM_DEVICE, buf + half, half)
+        comm = h.init_comm(TABLE, 0, CommConfig.make("t")); s = a.create_stream(0)
+        h.bind(comm, t1); h.bind(comm, t2); h.prepare(comm, 30)
+        other, _ = conn.recv()
+        print(code(lambda: raw(h, False, comm, [buf + half - 8], [other], [16], s)),
+              code(lambda: raw(h, False, comm, [buf + half - 16, buf + half], [other, other + 16], [16, 16], s)))
+        a.synchronize(0, s, 10000)
+        conn.send("bye"); p.join()
+        """)
+    assert out == ["4", "ok"]
+
+
+def test_r5_a_second_prepare_is_a_no_op(sim_root, tmp_path) -> None:
+    """Once prepared, Prepare returns at once: even with the peer gone it neither waits nor fails."""
+    out = run(sim_root, tmp_path, """
+        p, conn = peer()
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok); h.prepare(comm, 30)
+        conn.recv(); conn.send("bye"); p.join()
+        print(code(lambda: h.prepare(comm, 1)))
+        """)
+    assert out == ["ok"]
+
+
+def test_r6_the_registry_is_the_calling_threads_devices(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        buf = a.malloc(0, SIZE)
+        tok = h.register(MEM_DEVICE, buf, SIZE)
+        print(h.register(MEM_DEVICE, buf, SIZE) == tok, code(lambda: h.register(MEM_DEVICE, buf + 4096, 4096)))
+        comm = h.init_comm(TABLE, 0, CommConfig.make("t"))
+        h.bind(comm, tok)
+        print(code(lambda: h.deregister(tok)))                 # bound
+        a.set_device(1)                                         # the thread on another NPU: not its registry
+        print(code(lambda: h.unbind(comm, tok)))
+        a.set_device(0)
+        h.unbind(comm, tok)
+        a.set_device(1)
+        print(code(lambda: h.deregister(tok)))
+        a.set_device(0)
+        print(code(lambda: h.deregister(tok)))
+        """)
+    assert out == ["True", "1", "1", "6", "6", "ok"]   # PARA overlap, PARA bound, NOT_FOUND elsewhere
+
+
+def test_r7_the_last_deregistration_tears_the_nic_down_under_live_comms(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        p, conn = peer()
+        a, h, buf, tok, comm, s = rank(0)
+        spare = a.malloc(0, 4096)
+        keep = h.register(MEM_DEVICE, spare, 4096)             # another registration of device 0
+        h.bind(comm, tok); h.prepare(comm, 30)
+        other, _ = conn.recv()
+        h.unbind(comm, tok); h.deregister(tok)
+        print(code(lambda: raw(h, False, comm, [buf], [other], [64], s)))
+        a.synchronize(0, s, 10000)
+        h.deregister(keep)                                      # the last one: the NIC goes
+        print(code(lambda: raw(h, False, comm, [buf], [other], [64], s)))
+        conn.send("bye"); p.join()
+        """)
+    assert out == ["ok", "19"]   # HCCL_E_NETWORK
+
+
+def test_r8_destroy_is_refused_while_memory_is_bound(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok)
+        print(code(lambda: h.destroy(comm)))
+        h.unbind(comm, tok)
+        print(code(lambda: h.destroy(comm)))
+        """)
+    assert out == ["1", "ok"]
+
+
+def test_r9_communicator_names_are_unique_per_device(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        first = h.init_comm(TABLE, 0, CommConfig.make("same"))
+        print(code(lambda: h.init_comm(TABLE, 0, CommConfig.make("same"))))
+        a.set_device(1)
+        print(code(lambda: h.init_comm(TABLE, 0, CommConfig.make("same"))))
+        a.set_device(0)
+        h.destroy(first)
+        print(code(lambda: h.init_comm(TABLE, 0, CommConfig.make("same"))))
+        """)
+    assert out == ["1", "ok", "ok"]
+
+
+def test_r10_concurrent_communicator_creation_fails_loudly(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        results, gate = [], threading.Barrier(2)
+        def make(name):
+            a.set_device(0)
+            gate.wait()
+            results.append(code(lambda: h.init_comm(TABLE, 0, CommConfig.make(name))))
+        threads = [threading.Thread(target=make, args=(n,)) for n in ("x", "y")]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        print(*sorted(results))
+        """, ASCEND_SIM_INIT_MS="500")
+    assert out[:2] == ["4", "ok"] and "concurrent HcclCommInitClusterInfoMemConfig" in out[-1]
+
+
+def test_r11_descriptors_before_a_bad_one_stay_enqueued(sim_root, tmp_path) -> None:
+    """The call fails on its second descriptor; the first one's bytes land all the same (unless the stream is
+    aborted: the transport does, tests/integration/test_hccl_cann.py)."""
+    out = run(sim_root, tmp_path, """
+        p, conn = peer()
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok); h.prepare(comm, 30)
+        other, _ = conn.recv()
+        print(code(lambda: raw(h, False, comm, [buf, buf + 4096], [other, other + SIZE], [4096, 4096], s)))
+        a.synchronize(0, s, 10000)
+        got = np.zeros(4096, np.uint8)
+        a.memcpy(0, got.ctypes.data, 4096, buf, 4096, MEMCPY_DEVICE_TO_HOST)
+        print(bool((got == PATTERN[:4096]).all()))
+        conn.send("bye"); p.join()
+        """)
+    assert out == ["4", "True"]
+
+
+def test_r12_the_allow_list_names_the_bare_tgid(sim_root, tmp_path) -> None:
+    """In a simulated PID namespace the driver knows this process by another pid than ``getpid()``: only that one
+    in the allow list lets it import."""
+    out = run(sim_root, tmp_path, """
+        a = acl()
+        mem = a.malloc(0, 4096)
+        print(a.bare_tgid() - os.getpid())
+        for pid in (os.getpid(), a.bare_tgid()):
+            key = a.ipc_export(0, mem, 4096)
+            a.ipc_allow(0, key, [pid])
+            print(code(lambda: a.ipc_import(0, key)))
+        """, ASCEND_SIM_TGID_OFFSET="1000")
+    assert out == ["1000", "207006", "ok"]   # ACL_ERROR_RT_NO_PERMISSION, then imported
+
+
+def test_r13_ipc_close_and_set_import_pid_need_a_context(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a = acl()
+        key = a.ipc_export(0, a.malloc(0, 4096), 4096)
+        codes = []
+        def bare():   # a thread that never set a device
+            pid = ctypes.c_int32(os.getpid())
+            codes.append(a._fn["aclrtIpcMemSetImportPid"](key.encode(), ctypes.byref(pid), 1))
+            codes.append(a._fn["aclrtIpcMemClose"](key.encode()))
+        t = threading.Thread(target=bare); t.start(); t.join()
+        print(*codes, code(lambda: a.ipc_allow(0, key, [os.getpid()])), code(lambda: a.ipc_close(0, key)))
+        """)
+    assert out == ["107002", "107002", "ok", "ok"]   # ACL_ERROR_RT_CONTEXT_NULL
+
+
+def test_r14_no_bind_unbind_or_destroy_while_prepare_runs(sim_root, tmp_path) -> None:
+    """Prepare waits for a peer that never comes (2 s); meanwhile bind, unbind and destroy fail loudly; after it,
+    unbind and destroy go through."""
+    out = run(sim_root, tmp_path, """
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok)
+        other = h.register(MEM_DEVICE, a.malloc(0, 4096), 4096)
+        t = threading.Thread(target=lambda: print(code(lambda: h.prepare(comm, 2)), flush=True))
+        t.start(); time.sleep(0.5)
+        print(code(lambda: h.bind(comm, other)), code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)),
+              flush=True)
+        t.join()
+        print(code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)))
+        """)
+    assert out[:6] == ["4", "4", "4", "9", "ok", "ok"] and "while HcclCommPrepare runs" in out[-1]

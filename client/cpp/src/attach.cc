@@ -101,6 +101,8 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
     daemon_pid_ = cred.pid;
   }
+  // ... as the NPU driver knows it (its word where PID namespaces differ; the kernel's where it sends none)
+  daemon_tgid_ = reply.welcome().bare_tgid() > 0 ? reply.welcome().bare_tgid() : daemon_pid_;
   protocol_ = reply.welcome().protocol_version();
   if (!reply.welcome().memory_backend().empty()) {
     memory_backend_ = reply.welcome().memory_backend();

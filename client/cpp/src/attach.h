@@ -54,6 +54,9 @@ class AttachClient {
   const std::string &capability_hex() const { return capability_hex_; }
   // the daemon's pid as the kernel reports it for this connection (SO_PEERCRED), never what a message says
   int32_t daemon_pid() const { return daemon_pid_; }
+  // ... as the NPU driver sees it (Welcome.bare_tgid, aclrtDeviceGetBareTgid; differs from daemon_pid in a
+  // container with its own PID namespace or a VM): what the IPC allow list of memory handed over must name
+  int32_t daemon_tgid() const { return daemon_tgid_; }
   const std::string &memory_backend() const { return memory_backend_; }
   bool broken() const;
 
@@ -71,6 +74,7 @@ class AttachClient {
   std::string capability_;
   std::string capability_hex_;
   int32_t daemon_pid_ = -1;
+  int32_t daemon_tgid_ = -1;
   std::string memory_backend_ = "host";
   uint32_t protocol_ = 1U;  // the daemon's: 2 and later take pulls and pushes on this connection
 };

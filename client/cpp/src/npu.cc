@@ -62,12 +62,12 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
   if (length < kProofLen) {
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "NPU memory handed to the daemon must be at least 16 bytes");
   }
-  if (attach.daemon_pid() <= 0) return Fail(func, llm_datadist::LLM_FAILED, "the daemon's pid is unknown");
+  if (attach.daemon_tgid() <= 0) return Fail(func, llm_datadist::LLM_FAILED, "the daemon's pid is unknown");
   void *ptr = reinterpret_cast<void *>(address);
   int err = acl.set_device(device);
   char key[kIpcKeyLen] = {0};
   if (err == 0) err = acl.export_key(ptr, length, key, sizeof(key), 0U);
-  int32_t pid = attach.daemon_pid();
+  int32_t pid = attach.daemon_tgid();
   if (err == 0) err = acl.set_import_pid(key, &pid, 1U);
   if (err != 0) {
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "exporting the NPU memory by IPC failed: aclError " +

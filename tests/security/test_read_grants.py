@@ -191,7 +191,7 @@ def test_a_grant_never_ended_severs_the_link_before_the_owner_unpins() -> None:
             (dlink,) = linking.table.links.values()
             (slink,) = serving.served.values()
             channel = _channel(pair)
-            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)   # asks for "a minute"
+            _, grant, _ = await dlink.calls.grant_read(_spec((1, 2)), 60.0)   # asks for "a minute"
             assert _held(pair, src)[:2] == (1, 1)
             # never ended: at the cut hold (0.3 s) the owner severs the link, then unpins
             assert await _until(lambda: not serving.table.grants, 6.0)
@@ -216,7 +216,7 @@ def test_unlink_ends_the_grants_and_a_deallocated_cache_waits_for_them() -> None
             src, dst = pair.caches()
             (dlink,) = linking.table.links.values()
             channel = _channel(pair)
-            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)
+            _, grant, _ = await dlink.calls.grant_read(_spec((1, 2)), 60.0)
             # the owner deallocates the cache the grant holds: its memory waits for the grant (pinned)
             pair.ps.engine.deallocate_cache(src, is_blocks=True)
             entry = next(iter(pair.ps.engine.registry._draining.values()))

@@ -190,7 +190,7 @@ def test_every_refusal_has_the_status_it_had(case: str) -> None:
             link = linking.table.links[P]
             reads = _reads(serving)
             try:
-                await link.calls._call(lambda cid, ms: ReadCmd(cid, link.session, 0, spec, ms, inline=True), 5)
+                await link.calls._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), 5)
                 code = int(S.LLM_SUCCESS)
             except DataDistError as exc:
                 code = int(exc.code)

@@ -350,7 +350,7 @@ class PeerAgent:
         from datadistd.ownercalls import OwnerReply
         from datadistd.rpc.convert import CALL_CODEC
 
-        if kind == CONTROL_REPLY:   # peer protocol 4: every reply is an ownerwire frame; handed on as the message
+        if kind == CONTROL_REPLY:   # every reply is an ownerwire frame; handed on as the message
             got = CALL_CODEC.decode_reply(payload)
             ids = got.transfer_ids
             reply = peer_pb2.OwnerReply(command_id=got.command_id, status=got.status, message=got.message,

@@ -151,7 +151,7 @@ def test_handshake_forgeries_are_refused(daemon_factory, worker_factory) -> None
 
 
 def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_factory) -> None:
-    """Peer protocol 3: owner calls, unlink and pings are frames on the authenticated data channel only. The
+    """Owner calls, unlink and pings are frames on the authenticated data channel only. The
     gRPC methods that carried them are gone (UNIMPLEMENTED, whatever the request names), and a peer of
     protocol 2 is refused at the challenge, naming both versions."""
     dp, prompt, port = _prompt(daemon_factory, worker_factory)

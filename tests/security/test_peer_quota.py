@@ -79,7 +79,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
 
 
 def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
-    """Peer protocol 4 answers a small read with its bytes in the reply. The other end cannot use that to make
+    """The peer protocol answers a small read with its bytes in the reply. The other end cannot use that to make
     the owner copy out more than ``INLINE_READ_MAX`` per call, to hold more replies than its link's call cap,
     or to keep a cache pinned: the copy ends before the reply goes out."""
     from datadistd.ownercalls import INLINE_READ_MAX

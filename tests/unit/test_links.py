@@ -450,7 +450,7 @@ def test_liveness_and_check_link_are_frames_from_either_end() -> None:
 
 
 def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel() -> None:
-    """Peer protocol 4: a pull of at most ``INLINE_READ_MAX`` bytes over tcp asks the owner for its bytes in the
+    """A pull of at most ``INLINE_READ_MAX`` bytes over tcp asks the owner for its bytes in the
     reply -- no receipt at the requester, no transfer sent by the owner -- by callback and awaited alike."""
     async def main() -> None:
         async with Pair() as pair:

@@ -116,7 +116,7 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
-                 pools: dict[Placement, Pool], lane: Lane | None = None) -> None:
+                 pools: dict[Placement, Pool], lane: Lane) -> None:
         self.engine_id = engine_id
         self.options = options
         self.cluster_id = ClusterId(options.cluster_id)
@@ -127,7 +127,7 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
-        self.lane = lane            # its worker's share of the daemon's threads (None: the loop's default executor)
+        self.lane = lane            # its worker's share of the daemon's threads
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes

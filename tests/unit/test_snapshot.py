@@ -42,16 +42,17 @@ def test_the_gate_counts_jobs_and_waits_bounded() -> None:
     """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
     import threading
 
-    from datadistd.gate import Gate
+    from datadistd.gate import Gate, Lane, Threads
 
     async def main() -> None:
-        gate = Gate()
+        gate, threads = Gate(), Threads(2, 1)
         assert await gate.drained(0.01)
         release = threading.Event()
-        job = asyncio.get_running_loop().create_task(gate.run(None, release.wait, 5))
+        job = asyncio.get_running_loop().create_task(gate.run(Lane(threads, "uid 0"), release.wait, 5))
         await asyncio.sleep(0.05)
         assert gate.busy == 1 and not await gate.drained(0.05)   # still running: the wait ends on time
         release.set()
         assert await gate.drained(5) and await job is True and gate.busy == 0
+        threads.shutdown()
 
     asyncio.run(main())

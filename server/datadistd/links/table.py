@@ -86,8 +86,7 @@ class LinkTable:
     async def in_thread_of(self, principal: str, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` as ``principal``: a link's peer (``Link.principal``) for the owner calls of the other
         end, ``gate.UNMETERED`` for teardown that ends other jobs (never waits behind them)."""
-        lane = self.engine.lane
-        return await self.engine.gate.run(lane.of(principal) if lane is not None else None, fn, *args)
+        return await self.engine.gate.run(self.engine.lane.of(principal), fn, *args)
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())

@@ -18,6 +18,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec, Role
 from datadistd.links import ClusterSpec
 from datadistd.quota import LinkLimits
+from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _order, _until
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,7 +58,8 @@ def test_8_one_peer_is_held_to_its_links_caps():
             assert busy[0].exception().code == S.LLM_LINK_BUSY
             # another engine's link to the same owner is not slowed: it links and pulls meanwhile
             other = await pair.d.init_engine(3, Role.DECODER, {"llm.MemPoolConfig": POOL,
-                                                               "llm.EnableRemoteCacheAccessible": "1"})
+                                                               "llm.EnableRemoteCacheAccessible": "1"},
+                                             worker_session(pair.d))
             assert await other.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
             from datadistd.core.types import CacheDesc, DType, Placement
             dst = other.engine.allocate_cache(CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE),

@@ -28,6 +28,7 @@ from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, Ou
 from datadistd.node import Node
 from datadistd.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
 from datadistd.rpc.convert import CALL_CODEC
+from tests.fakes import worker_session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,8 +78,8 @@ class Pair:
         self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=CALL_CODEC,
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
-        self.ps = await self.p.init_engine(P, Role.PROMPT, opts)
-        self.ds = await self.d.init_engine(D, Role.DECODER, opts)
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
+        self.ds = await self.d.init_engine(D, Role.DECODER, opts, worker_session(self.d))
         return self
 
     def _connect(self, address: str) -> InProcessPeer:

@@ -39,13 +39,19 @@ async def _warm(pair: Pair, dst: int) -> None:
 
 
 def _reads(serving: Any, at_least: int = 0) -> int:
-    """Reads the reader threads answered (waiting a moment for ``at_least``: they count after the reply)."""
+    """Bytes the reader threads answered reads with (waiting a moment for ``at_least``: they count after the
+    reply)."""
     limit = time.monotonic() + 5
     while True:
-        n = sum(link.reader_reads for link in serving.table.served.values())
+        n = sum(link.reader_bytes_out for link in serving.table.served.values())
         if n >= at_least or time.monotonic() > limit:
             return n
         time.sleep(0.001)
+
+
+def _loop_bytes(serving: Any) -> int:
+    """Bytes the owner's event loop sent (reads it answered: by reply or on the data channel)."""
+    return sum(link.bytes_out for link in serving.table.served.values())
 
 
 def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_loop() -> None:
@@ -56,13 +62,13 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
             await pair.link()
             src, dst = pair.caches()
             await _warm(pair, dst)
-            frames, before = serving.calls.loop_frames, _reads(serving)
+            loop_out, before = _loop_bytes(serving), _reads(serving)
             counted = metrics.bound("serve_read", str(P), str(D))
             nbytes, nblocks = counted.bytes()._value.get(), counted.blocks()._value.get()
             for _ in range(5):
                 assert await linking.pull(_order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
-            assert serving.calls.loop_frames == frames       # the owner's event loop saw none of them
-            assert _reads(serving, before + 5) == before + 5
+            assert _reads(serving, before + 5 * 4 * BLOCK) == before + 5 * 4 * BLOCK   # the reader threads'
+            assert _loop_bytes(serving) == loop_out          # the owner's event loop answered none of them
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[[0, 2, 7]] == t + 1).all() and (tensor[[1, 3, 4, 5, 6]] == 0).all()
             link = next(iter(serving.table.served.values()))
@@ -84,9 +90,9 @@ def test_a_link_doing_only_reader_thread_reads_stays_alive() -> None:
             await _warm(pair, dst)
             link = next(iter(serving.table.served.values()))
             link.last_seen = time.monotonic() - 3600           # as if nothing came for an hour
-            frames = serving.calls.loop_frames
+            loop_out, before = _loop_bytes(serving), _reads(serving)
             await linking.pull(_order(P, dst, [3], [3]))
-            assert serving.calls.loop_frames == frames
+            assert _reads(serving, before + 1) > before and _loop_bytes(serving) == loop_out
             assert time.monotonic() - link.last_seen < 5
 
     asyncio.run(main())
@@ -131,11 +137,11 @@ def test_a_deallocate_racing_a_read_waits_for_its_copy_and_a_later_read_is_refus
             assert waited >= 0.2
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[5] == t + 1).all()          # the old cache's bytes, never 0xEE
-            reads, frames = _reads(serving), serving.calls.loop_frames
+            reads = _reads(serving)
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [6], [6]))
-            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
-            assert _reads(serving) == reads and serving.calls.loop_frames > frames
+            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST   # the loop's refusal: a reader thread never refuses
+            assert _reads(serving) == reads
             for tensor in _bytes(pair.ds, dst):
                 assert (tensor[6] == 0).all()
 

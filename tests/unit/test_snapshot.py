@@ -11,13 +11,15 @@ from datadistd.config import Config
 from datadistd.core.types import Role
 from datadistd.node import Node
 from datadistd.rpc.convert import CALL_CODEC
+from tests.fakes import worker_session
 
 
 def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
     async def main() -> None:
         node = Node(Config(), call_codec=CALL_CODEC)
         try:
-            slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'})
+            slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'},
+                                          worker_session(node))
             view = node.snapshot()
             (ev,) = view.engines
             assert (ev.engine_id, ev.cluster_id, ev.role_name, ev.caches, ev.links) == (

@@ -164,6 +164,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         require(session is not None,
                 f"attach first: a worker connects to {self.socket_path}.attach, gets its capability and sends it "
                 f"as metadata {CAPABILITY_METADATA_KEY!r} (llm_datadist does this)")
+        assert session is not None
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), session)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,

@@ -425,7 +425,7 @@ class CacheManager(CacheOps):
             PULL, KIND_BLOCKS, src_cache_key, dst_cache.cache_id, src_list, dst_list, 0, -1, src, dst, per))
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
-                   src_layer_range: range = None, dst_layer_range: range = None, size: int = -1,
+                   src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None, size: int = -1,
                    tensor_num_per_layer: int = 2) -> None:
         """Push one slot of ``src_cache`` into a peer's cache (needs ``enable_remote_cache_accessible``).
 
@@ -460,8 +460,8 @@ class CacheManager(CacheOps):
 
     def push_blocks(self, dst_cache_key: BlocksCacheKey, src_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
-                    dst_blocks: Union[Tuple[int, ...], List[int]] = (), src_layer_range: range = None,
-                    dst_layer_range: range = None, tensor_num_per_layer: int = 2) -> None:
+                    dst_blocks: Union[Tuple[int, ...], List[int]] = (), src_layer_range: Optional[range] = None,
+                    dst_layer_range: Optional[range] = None, tensor_num_per_layer: int = 2) -> None:
         """Push blocks of ``src_cache`` into a peer's blocks cache (needs
         ``enable_remote_cache_accessible``).
 

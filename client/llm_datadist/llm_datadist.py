@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import threading
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from datadist.v1 import common_pb2, datadist_pb2
 
@@ -20,6 +20,12 @@ from . import _validate as v
 from ._rpc import RPC_MARGIN_S, DaemonClient
 from .configs import LLMClusterInfo, LLMRole, _ip_int_to_str
 from .status import LLMException, LLMStatusCode, code_2_status
+
+if TYPE_CHECKING:
+    from ._embedded import EmbeddedDaemon
+    from .cache_manager import CacheManager
+    from .kv_cache_manager import KvCacheManager
+    from .llm_model import LLMReq, ModelRunner
 
 __all__ = ["LLMDataDist", "DAEMON_OPTION", "DAEMON_ENV"]
 
@@ -145,12 +151,12 @@ class LLMDataDist:
         self._cluster_id = cluster_id
         self._is_initialized = False
         self._client: DaemonClient | None = None
-        self._embedded = None
+        self._embedded: "EmbeddedDaemon | None" = None
         self._engine_id = 0
         self._device_id = 0
         self._options: Dict[str, str] = {}
-        self._cache_manager = None
-        self._kv_cache_manager = None
+        self._cache_manager: "CacheManager | None" = None
+        self._kv_cache_manager: "KvCacheManager | None" = None
         self._enable_cache_manager = False
         self._is_call_linked = False
         self._models: list = []
@@ -268,7 +274,7 @@ class LLMDataDist:
             raise RuntimeError(_NOT_INITIALIZED)
         return self._client
 
-    def _call(self, method: str, request: object, func_name: str, timeout: float | None = None) -> object:
+    def _call(self, method: str, request: object, func_name: str, timeout: float | None = None) -> Any:
         return self._check_init().call(method, request, func_name, timeout)
 
     @property
@@ -509,7 +515,7 @@ class LLMDataDist:
 
     # ---- the model API of CANN 8.0.RC2-8.2 (docs/spec.md §9; see llm_model.py) -------------------------
 
-    def add_model(self, model_options: Dict[str, str], model_runner: Optional[object] = None):  # noqa: ANN201
+    def add_model(self, model_options: Dict[str, str], model_runner: Optional["ModelRunner"] = None):  # noqa: ANN201
         """A model whose KV caches this node keeps (the model API, KvCacheManager mode).
 
         Args:
@@ -548,7 +554,7 @@ class LLMDataDist:
         self._check_init()
         return check_capacity(self, seq_len)
 
-    def complete_request(self, llm_req: object) -> None:
+    def complete_request(self, llm_req: "LLMReq") -> None:
         """Release what a request holds: its unpulled KV (PROMPT) or its staged KV (DECODER).
 
         Args:

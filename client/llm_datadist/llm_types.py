@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from enum import Enum, IntEnum
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 from . import _validate as v
 from .data_type import DataType, _itemsize
@@ -608,8 +608,8 @@ class KvCache:
             v.raise_if_false(cache_desc.num_tensors == len(addrs),
                              f"cache_desc num_tensors:{cache_desc.num_tensors} should be equal to size of addrs:"
                              f"{len(addrs)}")
-            return cls(-1, cache_desc, [list(addrs)], None)
-        return cls(-1, cache_desc, [list(a) for a in addrs], None)
+            return cls(-1, cache_desc, [list(cast(List[int], addrs))], None)
+        return cls(-1, cache_desc, [list(cast(List[int], a)) for a in addrs], None)
 
     def __repr__(self) -> str:
         return f"KvCache(cache_id = {self._cache_id}, num_devices = {len(self._per_device_tensor_addrs)})"
@@ -642,6 +642,7 @@ def _check_layer_range(name: str, layer_range: Optional[range], allow_none: bool
     if allow_none and layer_range is None:
         return
     v.check_isinstance(name, layer_range, [range], allow_none=False)
+    assert layer_range is not None   # checked just above (TypeError)
     v.raise_if_false(layer_range.step == 1, f"check {name}.step == 1 failed")
     v.raise_if_false(0 <= layer_range.start < layer_range.stop,
                      "check 0 <= range.start < range.stop failed, {0} = {1}", name, layer_range)
@@ -755,8 +756,8 @@ class TransferWithCacheKeyConfig:
     ``BlocksCacheKey``. ``dst_cluster_id`` is ``cache_key.cluster_id``.
     """
 
-    def __init__(self, cache_key: Union[BlocksCacheKey, CacheKeyByIdAndIndex], src_layer_range: range = None,
-                 dst_layer_range: range = None, src_batch_index: int = 0) -> None:
+    def __init__(self, cache_key: Union[BlocksCacheKey, CacheKeyByIdAndIndex], src_layer_range: Optional[range] = None,
+                 dst_layer_range: Optional[range] = None, src_batch_index: int = 0) -> None:
         """A layer-wise push to a remote cache named by key (remote-cache-accessible mode).
 
         Args:
@@ -774,6 +775,7 @@ class TransferWithCacheKeyConfig:
         v.check_isinstance("cache_key", cache_key, [BlocksCacheKey, CacheKeyByIdAndIndex], allow_none=False)
         _check_layer_range("src_layer_range", src_layer_range, allow_none=False)
         _check_layer_range("dst_layer_range", dst_layer_range, allow_none=False)
+        assert src_layer_range is not None and dst_layer_range is not None   # checked just above (TypeError)
         v.raise_if_false(len(src_layer_range) == len(dst_layer_range),
                          "src_layer_range size should be equal to dst_layer_range size, {0} vs {1}",
                          src_layer_range, dst_layer_range)

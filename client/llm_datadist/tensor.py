@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class TensorDesc:
 
 
 class Tensor:
-    def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: TensorDesc = None) -> None:
+    def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: Optional[TensorDesc] = None) -> None:
         """A host tensor (v1, deprecated by CANN): what ``get_cache_tensors`` returns.
 
         Args:
@@ -51,12 +51,14 @@ class Tensor:
         Raises:
             TypeError: ``data`` of another type, an address without a ``TensorDesc``.
         """
+        self._array: np.ndarray
         if isinstance(data, Tensor):
             self._array = data._array
         elif isinstance(data, np.ndarray):
             self._array = data
         elif isinstance(data, int):
             v.check_isinstance("tensor_desc", tensor_desc, [TensorDesc], allow_none=False)
+            assert tensor_desc is not None   # checked just above (TypeError)
             from ._memory import numpy_view
 
             self._array = numpy_view(data, tuple(tensor_desc.shape), dtype_to_np_dtype(tensor_desc.dtype))

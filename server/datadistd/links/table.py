@@ -42,10 +42,13 @@ class NodeContext(Protocol):
     version: str
     streams: int
     heartbeat_seconds: float
-    peer_connector: Callable[[str], PeerClient]
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+
+    @property
+    def peer_connector(self) -> Callable[[str], PeerClient]:
+        """Address -> a client of the peer's Peer service (the rpc layer's gRPC one)."""
 
     def local_links_at(self, address: str) -> "LinkTable | None":
         """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""

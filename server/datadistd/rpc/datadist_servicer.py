@@ -13,7 +13,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import LayerTask, TransferOrder
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
-from ..engine import MAX_REGISTERED_ADDRS, Operand
+from ..engine import MAX_REGISTERED_ADDRS, Operand, memory_of
 from ..layerwise import LayerPush
 from ..links import MAX_CLUSTERS_PER_CALL
 from ..memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
@@ -31,7 +31,7 @@ MAX_INIT_OPTIONS = 1024
 
 
 def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
-    memory = entry.memory
+    memory = memory_of(entry)
     info = datadist_pb2.CacheInfo(cache_id=entry.cache_id, desc=convert.desc_to_pb(entry.desc),
                                   is_blocks=entry.is_blocks, registered=not entry.owned,
                                   remote_accessible=entry.remote_accessible)

@@ -44,8 +44,8 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
 
 async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
                     metrics: DaemonMetrics | None) -> tuple[int, str]:
-    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. Every
-    way in runs this -- the gRPC Pull/Push, the attach socket's protobuf transfers and its binary frames."""
+    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. The gRPC
+    Pull/Push run this; the attach socket's transfers start with ``start_order`` (whose push runs this)."""
     with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
                         order.local_cache_id) as tracked:
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))

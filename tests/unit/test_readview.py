@@ -98,45 +98,67 @@ def test_a_link_doing_only_reader_thread_reads_stays_alive() -> None:
     asyncio.run(main())
 
 
-def test_a_deallocate_racing_a_read_waits_for_its_copy_and_a_later_read_is_refused() -> None:
-    """The reader passed the view check and holds the read lock: the event loop's deallocate blocks in
-    ``Engine._free`` until the copy is done, so the bytes are the old cache's though a new cache of another
-    pattern takes the same memory at once; a read after the deallocate falls back: LLM_KV_CACHE_NOT_EXIST."""
+class _Pause:
+    """Where a reader thread stops once: taking the view of a cache's memory while the engine's read lock is
+    held, i.e. between the read view's generation check and its copy (``readview.read_now``)."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.armed = False
+        self.paused, self.go = threading.Event(), threading.Event()
+
+    def here(self) -> None:
+        if self.armed and self.lock.locked() and threading.current_thread() is not threading.main_thread():
+            self.armed = False
+            self.paused.set()
+            self.go.wait(10)
+
+
+class _PausingMemory(BufferHandle):
+    """Worker memory handed to the daemon (a fake injected by registration) whose view can stop a reader."""
+
+    def __init__(self, buf: bytearray, pause: _Pause) -> None:
+        super().__init__(buf)
+        self.pause = pause
+
+    def view(self) -> memoryview | None:
+        self.pause.here()
+        return super().view()
+
+
+def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_refused() -> None:
+    """The reader passed the view check and holds the read lock: the event loop's unregister blocks in
+    ``Engine._free`` until the copy is done, so the bytes are the old ones though the worker overwrites its
+    memory the moment the cache is gone; a read after it falls back: LLM_KV_CACHE_NOT_EXIST."""
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
             await pair.link()
-            src, dst = pair.caches()
-            await _warm(pair, dst)
-            old = tensors_of(serving.engine.entry(src))
-            paused, go = threading.Event(), threading.Event()
-
-            def pause() -> None:
-                readview.PAUSE = None
-                paused.set()
-                go.wait(10)
-
-            readview.PAUSE = pause
+            _, dst = pair.caches()
+            pause = _Pause(serving.engine.read_lock)
+            bufs = [bytearray(bytes([t + 1]) * (BLOCKS * BLOCK)) for t in range(2)]
+            desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+            registered = serving.engine.register_cache(desc, is_blocks=True,
+                                                       handles=[_PausingMemory(b, pause) for b in bufs],
+                                                       blocks_key=BlocksKeyRef(P, 0), remote_accessible=True)
+            await _warm(pair, dst)   # the key now names the registered cache; the view is published
+            pause.armed = True
             try:
                 ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 linking.start_pull(_order(P, dst, [5], [5]), ended.set_result)
-                assert await asyncio.get_running_loop().run_in_executor(None, paused.wait, 10)
-                threading.Timer(0.3, go.set).start()
+                assert await asyncio.get_running_loop().run_in_executor(None, pause.paused.wait, 10)
+                threading.Timer(0.3, pause.go.set).start()
                 started = time.monotonic()
-                serving.engine.deallocate_cache(src, is_blocks=True)   # blocks until the reader's copy is done
+                serving.engine.unregister_cache(int(registered.cache_id))   # blocks until the reader's copy is done
                 waited = time.monotonic() - started
-                desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
-                again = serving.engine.allocate_cache(desc, is_blocks=True)   # no key: nobody may read it
-                where = [(repr(s.handle), s.offset) for s in tensors_of(again)]
-                assert where == [(repr(s.handle), s.offset) for s in old]   # the same memory
-                _fill(pair.ps, int(again.cache_id), 0xEE)
+                for buf in bufs:                                  # the worker reuses its memory at once
+                    buf[:] = b"\xee" * len(buf)
                 assert await asyncio.wait_for(ended, 10) == (2 * BLOCK, "tcp")
             finally:
-                readview.PAUSE = None
-                go.set()
+                pause.go.set()
             assert waited >= 0.2
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
-                assert (tensor[5] == t + 1).all()          # the old cache's bytes, never 0xEE
+                assert (tensor[5] == t + 1).all()          # the registered cache's bytes, never 0xEE
             reads = _reads(serving)
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [6], [6]))

@@ -97,8 +97,8 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m datadistd.tools.protogen --check
 
-## make lint: ruff (pinned in pyproject's lint extra) over every Python folder; mypy over the daemon's seams
-## and the link code ([tool.mypy] files in pyproject.toml)
+## make lint: ruff (pinned in pyproject's lint extra) over every Python folder; mypy over the whole daemon, its
+## CANN bindings and the client ([tool.mypy] files in pyproject.toml)
 lint: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,lint]'
 	$(VENV)/bin/ruff check client server tests bench docs/examples

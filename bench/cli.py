@@ -43,7 +43,7 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--memory", type=_words, default=d.memory,
                    help="cache memory kinds: allocated (daemon pool, zero copy), registered (worker numpy memory, "
                         "re-backed in place by a sealed memfd, zero copy)")
-    p.add_argument("--bulk-mib", type=int, default=d.bulk_mib, help="MiB per bulk request (scenarios 1, 2)")
+    p.add_argument("--bulk-mib", type=int, default=d.bulk_mib, help="MiB per bulk request (scenarios 1, 2, 11)")
     p.add_argument("--block-kib", type=_ints, default=d.block_kib, help="block sizes in KiB (scenarios 1, 2)")
     p.add_argument("--layers", type=int, default=d.layers, help="layers (K and V tensors each) of bulk caches")
     p.add_argument("--no-iperf3", dest="iperf3", action="store_false", help="skip the iperf3 baseline")

@@ -24,6 +24,7 @@ from .npu import bulk_hccl
 from .perblock import per_block_rows
 from .procs import TICKS, Daemon, Worker, WorkerError, free_port, main_thread_cpu_seconds
 from .stats import Figure, Row, Target, figure, gib_per_s, paired, percentile, ratio
+from .transport import transport_alone
 
 __all__ = ["Config", "Run", "SCENARIOS", "count_steps"]
 
@@ -38,7 +39,7 @@ class Config:
     """Sizes of every scenario (``python -m bench --help`` lists the flags)."""
 
     reps: int = 5
-    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
     memory: list[str] = field(default_factory=lambda: ["allocated", "registered"])
     bulk_mib: int = 256
     block_kib: list[int] = field(default_factory=lambda: [16, 256, 4096])
@@ -886,6 +887,7 @@ SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
     8: ("model-shaped requests", model_shaped),
     9: ("nixl bulk", bulk_nixl),
     10: ("hccl bulk (Ascend; simulated without an NPU)", bulk_hccl),
+    11: ("tcp transport alone", transport_alone),
 }
 
 
@@ -895,7 +897,7 @@ def count_steps(cfg: Config) -> int:
     per = {1: 1 + bulk, 2: bulk, 3: max(2, min(cfg.reps, 10)),
            4: len(cfg.scaling_blocks), 5: len(cfg.concurrency), 6: 1, 7: 1,
            8: len(cfg.models) * len(cfg.memory) * len(cfg.model_in_flight) * 2,
-           9: bulk * len(cfg.nixl_tls), 10: bulk}
+           9: bulk * len(cfg.nixl_tls), 10: bulk, 11: cfg.reps + 1}
     return sum(per[s] for s in cfg.scenarios)
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Protocol
 
 if TYPE_CHECKING:
     from ._rpc import DaemonClient
-    from .llm_types import LLMRole
+    from .configs import LLMRole
 
 __all__ = ["EngineView"]
 
@@ -21,7 +21,6 @@ class EngineView(Protocol):
     _engine_id: int                 # the daemon's id of this engine
     _device_id: int                 # the engine's NPU, as the daemon resolved it (NPU memory is handed over on it)
     _role: "LLMRole"
-    _sync_kv_timeout_s: float
     _enable_cache_manager: bool     # CacheManager (v2) mode rather than KvCacheManager (v1)
     _is_call_linked: bool           # link_clusters was called (remote-accessible registrations are closed)
     _models: List[Any]              # v1 LLMModels, in add_model order
@@ -30,10 +29,13 @@ class EngineView(Protocol):
     def cluster_id(self) -> int: ...
 
     @property
+    def _sync_kv_timeout_s(self) -> float: ...
+
+    @property
     def kv_cache_manager(self) -> Any: ...
 
     def _check_init(self) -> "DaemonClient":
         """The daemon connection; raises when ``init`` was not called or ``finalize`` was."""
 
-    def _call(self, method: str, request: object, func_name: str, timeout: Optional[float] = None) -> object:
+    def _call(self, method: str, request: object, func_name: str, timeout: Optional[float] = None) -> Any:
         """One DataDist RPC of this engine, errors mapped to ``LLMException``."""

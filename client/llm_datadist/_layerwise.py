@@ -158,7 +158,7 @@ class _Run:
                     self._stop.set()
         except grpc.RpcError as err:
             exc = rpc_exception(err, "transfer_cache_async")
-            if err.code() != grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+            if err.code() != grpc.StatusCode.CANCELLED:
                 log.error("%s", exc)
             self._stop.set()
         finally:

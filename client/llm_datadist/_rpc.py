@@ -51,14 +51,14 @@ def _nobody_listens(path: str) -> str:
 
 def status_of(err: grpc.RpcError) -> tuple[LLMStatusCode, str]:
     """The LLMStatusCode a failed call carries; transport failures get LLM_FAILED / LLM_TIMEOUT."""
-    details = err.details() or ""  # type: ignore[attr-defined]
-    for key, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+    details = err.details() or ""
+    for key, value in (err.trailing_metadata() or ()):
         if key == STATUS_METADATA_KEY:
             try:
                 return code_2_status(int(value)), details
             except ValueError:
                 break
-    code = err.code()  # type: ignore[attr-defined]
+    code = err.code()
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return LLMStatusCode.LLM_TIMEOUT, f"the daemon did not answer in time ({details})"
     if code == grpc.StatusCode.UNAVAILABLE:

@@ -56,6 +56,7 @@ class LLMClusterInfo:
 
     @property
     def remote_cluster_id(self) -> Optional[int]:
+        """The peer's cluster id (uint64; None until set)."""
         return self._remote_cluster_id
 
     @remote_cluster_id.setter
@@ -65,6 +66,7 @@ class LLMClusterInfo:
 
     @property
     def remote_role_type(self) -> Optional[Union[LLMRole, int]]:
+        """The peer's role (``LLMRole`` or int; not used in v2)."""
         return self._remote_role_type
 
     @remote_role_type.setter
@@ -74,10 +76,12 @@ class LLMClusterInfo:
 
     @property
     def local_ip_info_list(self) -> List[Tuple[int, int]]:
+        """This node's addresses, as ``(ip as little-endian int, port)``."""
         return self._local_ip_info_list
 
     @property
     def remote_ip_info_list(self) -> List[Tuple[int, int]]:
+        """The peer's listen addresses, as ``(ip as little-endian int, port)``."""
         return self._remote_ip_info_list
 
     @staticmethod
@@ -89,11 +93,29 @@ class LLMClusterInfo:
         return ip_int, port
 
     def append_local_ip_info(self, ip: Union[str, int], port: int) -> None:
-        """Add this node's address (port 0 when it does not listen)."""
+        """Add this node's address (port 0 when it does not listen).
+
+        Args:
+            ip: dotted IPv4 text or its little-endian int (uint32).
+            port: the port (uint16).
+
+        Raises:
+            TypeError, ValueError: an ``ip`` or ``port`` of the wrong type or range.
+            RuntimeError: text that is no IPv4 address.
+        """
         self._local_ip_info_list.append(self._ip_info(ip, port))
 
     def append_remote_ip_info(self, ip: Union[str, int], port: int) -> None:
-        """Add the peer's listen address."""
+        """Add the peer's listen address.
+
+        Args:
+            ip: dotted IPv4 text or its little-endian int (uint32).
+            port: the port (uint16).
+
+        Raises:
+            TypeError, ValueError: an ``ip`` or ``port`` of the wrong type or range.
+            RuntimeError: text that is no IPv4 address.
+        """
         self._remote_ip_info_list.append(self._ip_info(ip, port))
 
     def __repr__(self) -> str:
@@ -142,7 +164,11 @@ class LLMConfig:
     # ---- options -----------------------------------------------------------------------------
 
     def generate_options(self) -> Dict[str, str]:
-        """The options dict for ``LLMDataDist.init`` (the same dict object on every call)."""
+        """The options dict for ``LLMDataDist.init`` (the same dict object on every call).
+
+        Returns:
+            ``ge_options`` first, then every property that is set, as option keys (``llm.*``, ``ge.exec.deviceId``).
+        """
         opts = self._options
         opts.update(self._ge_options)
         if self._device_id is not None:
@@ -195,7 +221,11 @@ class LLMConfig:
         return opts
 
     def gen_options(self) -> Dict[str, str]:
-        """Alias of ``generate_options``."""
+        """Alias of ``generate_options``.
+
+        Returns:
+            The options dict.
+        """
         return self.generate_options()
 
     @property
@@ -207,6 +237,7 @@ class LLMConfig:
 
     @property
     def device_id(self) -> Optional[Union[int, List[int], Tuple[int, ...]]]:
+        """The NPU id(s): ``ge.exec.deviceId`` (an int >= 0, or a list: ``"0;1"``)."""
         return self._device_id
 
     @device_id.setter
@@ -224,6 +255,7 @@ class LLMConfig:
 
     @property
     def sync_kv_timeout(self) -> Optional[Union[int, str]]:
+        """Milliseconds a pull or push may take (``llm.SyncKvCacheWaitTime``; engine default 1000)."""
         return self._sync_kv_timeout
 
     @sync_kv_timeout.setter
@@ -238,6 +270,7 @@ class LLMConfig:
 
     @property
     def listen_ip_info(self) -> str:
+        """``"ip:port"`` this node listens on (``llm.listenIpInfo``): set, it is a link server."""
         return self._listen_ip_info
 
     @listen_ip_info.setter
@@ -248,6 +281,7 @@ class LLMConfig:
 
     @property
     def deploy_res_path(self) -> str:
+        """The deployment resource path (``llm.deployResPath``; v1)."""
         return self._deploy_res_path
 
     @deploy_res_path.setter
@@ -257,6 +291,7 @@ class LLMConfig:
 
     @property
     def ge_options(self) -> Dict[str, str]:
+        """GE options merged into the generated options first (e.g. ``ge.flowGraphMemMaxSize``)."""
         return self._ge_options
 
     @ge_options.setter
@@ -267,6 +302,7 @@ class LLMConfig:
 
     @property
     def enable_switch_role(self) -> bool:
+        """Whether v1 ``switch_role`` is allowed (``llm.EnableSwitchRole``)."""
         return self._enable_switch_role
 
     @enable_switch_role.setter
@@ -276,6 +312,7 @@ class LLMConfig:
 
     @property
     def mem_utilization(self) -> float:
+        """Share of the memory the engine may use, in [0, 1] (``llm.MemoryUtilization``, default 0.95)."""
         return self._mem_utilization
 
     @mem_utilization.setter
@@ -288,6 +325,7 @@ class LLMConfig:
 
     @property
     def buf_pool_cfg(self) -> str:
+        """v1 buffer pool tiers, JSON (``llm.BufPoolCfg``)."""
         return self._buf_pool_cfg
 
     @buf_pool_cfg.setter
@@ -297,6 +335,7 @@ class LLMConfig:
 
     @property
     def mem_pool_cfg(self) -> str:
+        """The device pool, JSON ``{"memory_size": N, "page_shift": 16}`` (``llm.MemPoolConfig``)."""
         return self._mem_pool_cfg
 
     @mem_pool_cfg.setter
@@ -307,6 +346,7 @@ class LLMConfig:
 
     @property
     def host_mem_pool_cfg(self) -> str:
+        """The host pool, JSON as ``mem_pool_cfg`` (``llm.HostMemPoolConfig``)."""
         return self._host_mem_pool_cfg
 
     @host_mem_pool_cfg.setter
@@ -316,6 +356,7 @@ class LLMConfig:
 
     @property
     def enable_cache_manager(self) -> bool:
+        """Cache-manager mode (v2, ``CacheManager``) instead of ``KvCacheManager`` (``llm.EnableCacheManager``)."""
         return bool(self._enable_cache_manager)
 
     @enable_cache_manager.setter
@@ -325,6 +366,7 @@ class LLMConfig:
 
     @property
     def enable_remote_cache_accessible(self) -> bool:
+        """Whether peers may reach caches by id and push (``llm.EnableRemoteCacheAccessible``)."""
         return bool(self._enable_remote_cache_accessible)
 
     @enable_remote_cache_accessible.setter
@@ -334,6 +376,7 @@ class LLMConfig:
 
     @property
     def rdma_traffic_class(self) -> Optional[int]:
+        """RDMA traffic class, uint32 (``llm.RdmaTrafficClass``; HCCL_RDMA_TC)."""
         return self._rdma_traffic_class
 
     @rdma_traffic_class.setter
@@ -344,6 +387,7 @@ class LLMConfig:
 
     @property
     def rdma_service_level(self) -> Optional[int]:
+        """RDMA service level, uint32 (``llm.RdmaServiceLevel``; HCCL_RDMA_SL)."""
         return self._rdma_service_level
 
     @rdma_service_level.setter
@@ -354,6 +398,7 @@ class LLMConfig:
 
     @property
     def local_comm_res(self) -> str:
+        """Local communication resources, JSON or ``""`` (``llm.LocalCommRes``; implies cache-manager mode)."""
         return "" if self._local_comm_res is None else self._local_comm_res
 
     @local_comm_res.setter
@@ -364,6 +409,7 @@ class LLMConfig:
 
     @property
     def link_total_time(self) -> int:
+        """Seconds a link may take to set up, 0: HCCL's default (``llm.LinkTotalTime``)."""
         return 0 if self._link_total_time is None else self._link_total_time
 
     @link_total_time.setter
@@ -377,6 +423,7 @@ class LLMConfig:
 
     @property
     def link_retry_count(self) -> int:
+        """Link attempts, in [1, 100] (``llm.LinkRetryCount``, default 1)."""
         return 1 if self._link_retry_count is None else self._link_retry_count
 
     @link_retry_count.setter
@@ -389,6 +436,7 @@ class LLMConfig:
 
     @property
     def transfer_backend(self) -> str:
+        """The transfer backend, only ``"hixl"`` (``llm.TransferBackend``)."""
         return "" if self._transfer_backend is None else self._transfer_backend
 
     @transfer_backend.setter
@@ -399,6 +447,7 @@ class LLMConfig:
 
     @property
     def global_resource_config(self) -> str:
+        """JSON handed to the hixl backend (``llm.GlobalResourceConfig``)."""
         return "" if self._global_resource_config is None else self._global_resource_config
 
     @global_resource_config.setter
@@ -408,6 +457,7 @@ class LLMConfig:
 
     @property
     def cluster_info(self) -> str:
+        """The v1 cluster description, JSON (``llm.ClusterInfo``; ``init`` makes it when absent)."""
         return self._cluster_info
 
     @cluster_info.setter
@@ -422,6 +472,7 @@ class LLMConfig:
 
     @property
     def output_max_size(self) -> Optional[int]:
+        """Legacy: ``llm.OutputMaxSize``."""
         return self._output_max_size
 
     @output_max_size.setter

@@ -37,10 +37,21 @@ class KvCacheManager(CacheOps):
     """``LLMDataDist.kv_cache_manager`` (v1). Not constructed by users."""
 
     def __init__(self, llm_engine: Any, role: LLMRole) -> None:
+        """Made by ``LLMDataDist.init`` without cache-manager mode; reached as ``LLMDataDist.kv_cache_manager``.
+
+        Args:
+            llm_engine: the ``LLMDataDist`` whose engine this manages.
+            role: its role (pulls are DECODER's, keys and layer-wise pushes PROMPT's).
+        """
         super().__init__(llm_engine)
         self._role = role
 
     def is_initialized(self) -> bool:
+        """Whether the manager can be used (False after ``LLMDataDist.finalize``).
+
+        Returns:
+            True until finalize.
+        """
         return self._initialized
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -69,6 +80,14 @@ class KvCacheManager(CacheOps):
 
     @staticmethod
     def check_cache_key(cache_key: CacheKey) -> None:
+        """Check that exactly one of ``req_id`` and ``prefix_id`` is valid (in ``[0, 2**64 - 1)``).
+
+        Args:
+            cache_key: the ``CacheKey`` to check.
+
+        Raises:
+            LLMException: ``LLM_PARAM_INVALID`` when both or neither are valid.
+        """
         valid_req = 0 <= cache_key.req_id < UINT64_MAX
         valid_prefix = 0 <= cache_key.prefix_id < UINT64_MAX
         v.raise_if_true(not valid_req and not valid_prefix,
@@ -82,6 +101,21 @@ class KvCacheManager(CacheOps):
 
     def allocate_blocks_cache(self, cache_desc: CacheDesc,
                               blocks_cache_key: Optional[BlocksCacheKey] = None) -> KvCache:
+        """Allocate a paged (blocks) cache from the engine's memory (DEVICE placement).
+
+        Args:
+            cache_desc: ``num_tensors`` tensors of ``shape``; ``shape[0]`` is the number of blocks.
+            blocks_cache_key: makes it pullable by peers (PROMPT only).
+
+        Returns:
+            The ``KvCache``; free it with ``deallocate_cache``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not DEVICE placement, a key on DECODER, a description the checks
+                refuse), ``LLM_OUT_OF_MEMORY`` (the engine's memory is full).
+        """
         self._check_allocate(cache_desc)
         v.check_isinstance("blocks_cache_key", blocks_cache_key, [BlocksCacheKey])
         if self._role == LLMRole.DECODER:
@@ -91,6 +125,21 @@ class KvCacheManager(CacheOps):
 
     def allocate_cache(self, cache_desc: CacheDesc,
                        cache_keys: Union[Tuple[CacheKey, ...], List[CacheKey]] = ()) -> KvCache:
+        """Allocate a contiguous cache from the engine's memory (DEVICE placement).
+
+        Args:
+            cache_desc: ``num_tensors`` tensors of ``shape``; ``shape[0]`` is the batch size.
+            cache_keys: keys of batch slots (PROMPT only; at most ``shape[0]``), as in ``CacheManager.allocate_cache``.
+
+        Returns:
+            The ``KvCache``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not DEVICE placement, keys on DECODER, a key already bound),
+                ``LLM_OUT_OF_MEMORY`` (the engine's memory is full).
+        """
         self._check_allocate(cache_desc)
         v.check_isinstance("cache_keys", cache_keys, [list, tuple], inner_class=CacheKey, allow_none=False)
         if self._role != LLMRole.PROMPT:
@@ -101,6 +150,16 @@ class KvCacheManager(CacheOps):
         return self._kv_cache(info, cache_desc, False, addrs)
 
     def deallocate_cache(self, cache: KvCache) -> None:
+        """Free a cache (its memory goes once no key holds it); a freed cache is a no-op.
+
+        Args:
+            cache: a ``KvCache`` of this manager.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``cache`` not a ``KvCache``.
+            LLMException: ``LLM_PARAM_INVALID`` (a HOST cache of ``create_cpu_cache``).
+        """
         v.check_isinstance("cache", cache, [KvCache], allow_none=False)
         v.raise_if_true(self._is_cpu_cache(cache), "Only support device cache")
         if cache.cache_id >= 0 and getattr(cache, "_valid", True):
@@ -110,6 +169,16 @@ class KvCacheManager(CacheOps):
         cache._valid = False
 
     def remove_cache_key(self, cache_key: CacheKey) -> None:
+        """Unbind a key: peers can no longer pull it (PROMPT only).
+
+        Args:
+            cache_key: the ``CacheKey`` to remove.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``cache_key`` not a ``CacheKey``.
+            LLMException: ``LLM_PARAM_INVALID`` (not PROMPT).
+        """
         self._check_role("[remove_cache_key]", LLMRole.PROMPT)
         v.check_isinstance("cache_key", cache_key, [CacheKey], allow_none=False)
         self._remove_key_rpc("remove_cache_key", cache_key)
@@ -123,6 +192,25 @@ class KvCacheManager(CacheOps):
 
     def pull_cache(self, cache_key: Union[CacheKey, CacheKeyByIdAndIndex], kv_cache: KvCache, batch_index: int = 0,
                    size: int = -1, **kwargs: Any) -> None:
+        """Pull one batch slot of the prompt's cache into ``kv_cache`` (DECODER only).
+
+        Args:
+            cache_key: the remote slot: a ``CacheKey`` or a ``CacheKeyByIdAndIndex``.
+            kv_cache: the local contiguous ``KvCache``.
+            batch_index: the local slot (uint32).
+            size: bytes per tensor, -1 for the whole slot (after ``dst_cache_offset``).
+            **kwargs: ``src_layer_range``, ``dst_layer_range``, ``tensor_num_per_layer``, and ``src_cache_offset`` /
+                ``dst_cache_offset`` (bytes, >= 0).
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not DECODER, arguments the checks refuse, this node's own cluster id, a
+                HOST cache), ``LLM_NOT_YET_LINK`` (no link to the key's cluster), ``LLM_KV_CACHE_NOT_EXIST`` (the peer
+                has no such key, cache or blocks), ``LLM_LINK_BUSY`` (another pull holds the link: v1 pulls one at a
+                time per link), ``LLM_TIMEOUT`` (not done within ``sync_kv_timeout``), ``LLM_LINK_FAILED`` (the link
+                broke during the transfer).
+        """
         self._check_role("[pull_cache]", LLMRole.DECODER)
         v.check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
         v.check_isinstance("kv_cache", kv_cache, [KvCache], allow_none=False)
@@ -144,6 +232,24 @@ class KvCacheManager(CacheOps):
 
     def pull_blocks(self, prompt_cache_key: BlocksCacheKey, decoder_kv_cache: KvCache, prompt_blocks: List[int],
                     decoder_blocks: List[int], **kwargs: Any) -> None:
+        """Pull blocks of the prompt's blocks cache into blocks of ``decoder_kv_cache`` (DECODER only).
+
+        Args:
+            prompt_cache_key: the remote cache, a ``BlocksCacheKey``.
+            decoder_kv_cache: the local blocks ``KvCache``.
+            prompt_blocks: the remote blocks, non-empty; ``prompt_blocks[i]`` goes to ``decoder_blocks[i]``.
+            decoder_blocks: the local blocks, as many.
+            **kwargs: ``src_layer_range``, ``dst_layer_range``, ``tensor_num_per_layer``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not DECODER, arguments the checks refuse, this node's own cluster id, a
+                HOST cache), ``LLM_NOT_YET_LINK`` (no link to the key's cluster), ``LLM_KV_CACHE_NOT_EXIST`` (the peer
+                has no such key, cache or blocks), ``LLM_LINK_BUSY`` (another pull holds the link: v1 pulls one at a
+                time per link), ``LLM_TIMEOUT`` (not done within ``sync_kv_timeout``), ``LLM_LINK_FAILED`` (the link
+                broke during the transfer).
+        """
         self._check_role("[pull_blocks]", LLMRole.DECODER)
         v.check_isinstance("prompt_cache_key", prompt_cache_key, [BlocksCacheKey], allow_none=False)
         v.check_isinstance("decoder_kv_cache", decoder_kv_cache, [KvCache], allow_none=False)
@@ -167,6 +273,23 @@ class KvCacheManager(CacheOps):
 
     def copy_cache(self, dst: KvCache, src: KvCache, dst_batch_index: int = 0, src_batch_index: int = 0,
                    offset: int = 0, size: int = -1, req_id: Optional[int] = None) -> None:
+        """Copy one batch slot of ``src`` into one of ``dst``, per tensor (a local copy).
+
+        Args:
+            dst: the destination ``KvCache`` (destination first).
+            src: the source ``KvCache``.
+            dst_batch_index: the slot of ``dst`` (uint32).
+            src_batch_index: the slot of ``src`` (uint32).
+            offset: bytes into each slot (uint64).
+            size: bytes per tensor, -1 for the rest of the slot.
+            req_id: only logged.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (a HOST cache, a size or slot out of range),
+                ``LLM_KV_CACHE_NOT_EXIST`` (a cache this engine does not have).
+        """
         v.check_isinstance("dst", dst, [KvCache], allow_none=False)
         v.raise_if_true(self._is_cpu_cache(dst), "Only support device cache")
         v.check_isinstance("src", src, [KvCache], allow_none=False)
@@ -182,14 +305,38 @@ class KvCacheManager(CacheOps):
                              size)
 
     def copy_blocks(self, cache: KvCache, copy_block_info: Dict[int, List[int]]) -> None:
+        """Copy blocks within one blocks cache, for every tensor.
+
+        Args:
+            cache: the blocks ``KvCache``.
+            copy_block_info: source block -> the destination blocks it is copied to.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``cache`` not a ``KvCache``, ``copy_block_info`` not a ``dict[int, list[int]]``.
+            LLMException: ``LLM_PARAM_INVALID`` (a HOST cache, a block out of range).
+        """
         v.check_isinstance("cache", cache, [KvCache], allow_none=False)
         v.check_dict("copy_block_info", copy_block_info, int, list, int, allow_none=False)
         v.raise_if_true(self._is_cpu_cache(cache), "Only support device cache")
         self._copy_blocks_rpc("copy_blocks", cache.cache_id, copy_block_info)
 
     def get_cache_tensors(self, cache: KvCache, tensor_index: int = 0) -> List[Any]:
-        """Host copies of tensor ``tensor_index``: one ``Tensor`` per device (one device here); NPU memory (daemon
-        backend ``acl``) is copied by ``aclrtMemcpy``."""
+        """Host copies of tensor ``tensor_index``: one ``Tensor`` per device (one device here); NPU
+        memory (daemon backend ``acl``) is copied by ``aclrtMemcpy``.
+
+        Args:
+            cache: the ``KvCache``.
+            tensor_index: which tensor, in ``[0, num_tensors)``.
+
+        Returns:
+            A list with one ``Tensor`` per device.
+
+        Raises:
+            TypeError, ValueError: ``cache`` not a ``KvCache``, ``tensor_index`` not an int32.
+            LLMException: ``LLM_PARAM_INVALID`` (``tensor_index`` out of range), ``LLM_KV_CACHE_NOT_EXIST`` (the cache
+                was deallocated).
+        """
         from ._cache_ops import device_to_host
         from ._memory import numpy_view
         from .data_type import dtype_to_np_dtype
@@ -214,6 +361,19 @@ class KvCacheManager(CacheOps):
         return out
 
     def swap_blocks(self, src: KvCache, dst: KvCache, src_to_dst: Dict[int, int]) -> None:
+        """Copy blocks between a host and a device blocks cache (swap in or out).
+
+        Args:
+            src: the source ``KvCache`` (one of the two usually from ``KvCache.create_cpu_cache``).
+            dst: the destination ``KvCache``.
+            src_to_dst: source block -> destination block.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: a cache not a ``KvCache``, ``src_to_dst`` not a ``dict[int, int]``.
+            LLMException: ``LLM_PARAM_INVALID`` (host to host or device to device, block sizes or tensor counts that
+                differ, a block out of range).
+        """
         v.check_isinstance("src", src, [KvCache], allow_none=False)
         v.check_isinstance("dst", dst, [KvCache], allow_none=False)
         v.check_dict("src_to_dst", src_to_dst, int, int, allow_none=False)
@@ -241,6 +401,25 @@ class KvCacheManager(CacheOps):
                              src_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
                              dst_block_indices: Optional[Union[List[int], Tuple[int, ...]]] = None,
                              dst_block_memory_size: Optional[int] = None) -> CacheTask:
+        """Push ``src_cache`` layer by layer while the model computes (PROMPT only).
+
+        Args:
+            src_cache: the local ``KvCache`` (DEVICE placement).
+            layer_synchronizer: says when each layer is computed (False aborts).
+            transfer_configs: a ``TransferConfig`` (raw remote addresses) per target.
+            src_block_indices: blocks of a blocks ``src_cache`` to send (then ``dst_block_indices`` too, same length).
+            dst_block_indices: the remote blocks they go to.
+            dst_block_memory_size: bytes of one remote block, for a contiguous source into remote blocks.
+
+        Returns:
+            A ``CacheTask`` (``LLM_WAIT_PROCESS_TIMEOUT`` when asked before the task ended).
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not PROMPT, HOST placement, configs or block lists that do not
+                match). Transfer failures go to the task's results, not raised.
+        """
         self._check_role("[transfer_cache_async]", LLMRole.PROMPT)
         v.check_isinstance("src_cache", src_cache, [KvCache], allow_none=False)
         v.raise_if_true(self._is_cpu_cache(src_cache), "src cache not support placement HOST")

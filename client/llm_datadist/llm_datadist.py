@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import threading
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from datadist.v1 import common_pb2, datadist_pb2
 
@@ -20,6 +20,12 @@ from . import _validate as v
 from ._rpc import RPC_MARGIN_S, DaemonClient
 from .configs import LLMClusterInfo, LLMRole, _ip_int_to_str
 from .status import LLMException, LLMStatusCode, code_2_status
+
+if TYPE_CHECKING:
+    from ._embedded import EmbeddedDaemon
+    from .cache_manager import CacheManager
+    from .kv_cache_manager import KvCacheManager
+    from .llm_model import LLMReq, ModelRunner
 
 __all__ = ["LLMDataDist", "DAEMON_OPTION", "DAEMON_ENV"]
 
@@ -143,18 +149,27 @@ class LLMDataDist:
     _instance_lock = threading.Lock()
 
     def __init__(self, role: LLMRole, cluster_id: int) -> None:
+        """An unconnected instance; ``init`` connects it.
+
+        Args:
+            role: ``LLMRole.PROMPT``, ``DECODER`` or ``MIX``.
+            cluster_id: this node's cluster id (uint64), unique among the nodes it links with.
+
+        Raises:
+            TypeError, ValueError: ``role`` not an ``LLMRole``, ``cluster_id`` not a uint64.
+        """
         v.check_isinstance("role", role, [LLMRole], allow_none=False)
         v.check_uint64("cluster_id", cluster_id)
         self._role = role
         self._cluster_id = cluster_id
         self._is_initialized = False
         self._client: DaemonClient | None = None
-        self._embedded = None
+        self._embedded: "EmbeddedDaemon | None" = None
         self._engine_id = 0
         self._device_id = 0
         self._options: Dict[str, str] = {}
-        self._cache_manager = None
-        self._kv_cache_manager = None
+        self._cache_manager: "CacheManager | None" = None
+        self._kv_cache_manager: "KvCacheManager | None" = None
         self._enable_cache_manager = False
         self._is_call_linked = False
         self._models: list = []
@@ -162,6 +177,22 @@ class LLMDataDist:
     # ---- life cycle ----------------------------------------------------------------------------
 
     def init(self, options: Dict[str, str]) -> None:
+        """Connect to datadistd and create this node's engine; a no-op when already initialized.
+
+        The daemon is named by the ``datadist.daemon`` option or ``DATADIST_DAEMON``; without either an embedded daemon
+        starts inside this process. ``llm.EnableCacheManager = "1"`` selects the ``CacheManager`` (v2), else the
+        ``KvCacheManager`` (v1).
+
+        Args:
+            options: the init options (``LLMConfig.generate_options()``), ``str`` to ``str``.
+
+        Raises:
+            TypeError: ``options`` is not a ``dict[str, str]``.
+            LLMException: ``LLM_FAILED`` (another initialized ``LLMDataDist`` in this process; no daemon at the named
+                address or not ready within 10 s), ``LLM_PARAM_INVALID`` (an option the daemon refuses),
+                ``LLM_FEATURE_NOT_ENABLED`` (more than one device), ``LLM_OUT_OF_MEMORY`` (a pool larger than the node
+                has), or another status the daemon answers.
+        """
         if self._is_initialized:
             return
         v.check_dict("options", options, str, str, allow_none=False)
@@ -210,6 +241,14 @@ class LLMDataDist:
                  self._engine_id, "embedded daemon" if embedded is not None else target)
 
     def finalize(self) -> None:
+        """Release the engine and everything it holds (caches, links, pools); a no-op when not initialized.
+
+        An engine the daemon already released (it stopped or restarted) is logged, not raised. Not to run concurrently
+        with other calls of this instance.
+
+        Raises:
+            Nothing: failures are logged.
+        """
         if not self._is_initialized:
             return
         for model in self._models:
@@ -248,7 +287,7 @@ class LLMDataDist:
             raise RuntimeError(_NOT_INITIALIZED)
         return self._client
 
-    def _call(self, method: str, request: object, func_name: str, timeout: float | None = None) -> object:
+    def _call(self, method: str, request: object, func_name: str, timeout: float | None = None) -> Any:
         return self._check_init().call(method, request, func_name, timeout)
 
     @property
@@ -267,6 +306,22 @@ class LLMDataDist:
 
     def link_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
                       timeout: int = 3000) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+        """Link to the listed clusters (this node is the client; they listen).
+
+        Args:
+            clusters: ``LLMClusterInfo`` per remote cluster: its id and listen address (``remote_ip_info``), in v2 also
+                this node's own address (``local_ip_info``) unless ``llm.LocalCommRes`` is set.
+            timeout: milliseconds, int32 > 0, for the whole call.
+
+        Returns:
+            The overall ``LLMStatusCode`` (``LLM_SUCCESS`` only when every link succeeded) and one code per cluster
+            (``LLM_ALREADY_LINK``, ``LLM_LINK_FAILED``, ``LLM_TIMEOUT``, ...): link failures are returned, not raised.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (no clusters, ``timeout`` <= 0, a v2 cluster without ``local_ip_info``).
+        """
         self._check_init()
         v.check_int32("timeout", timeout)
         v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
@@ -282,6 +337,22 @@ class LLMDataDist:
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
                         timeout: int = 3000, force: bool = False) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+        """Unlink from the listed clusters.
+
+        Args:
+            clusters: ``LLMClusterInfo`` per remote cluster (its id and listen address).
+            timeout: milliseconds, int32 > 0, for the whole call.
+            force: True: drop only this end (call it on both); False: tear down both ends.
+
+        Returns:
+            The overall ``LLMStatusCode`` and one code per cluster (``LLM_NOT_YET_LINK`` for a cluster not linked):
+            failures are returned, not raised.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (no clusters, ``timeout`` <= 0).
+        """
         self._check_init()
         v.check_int32("timeout", timeout)
         v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
@@ -293,10 +364,22 @@ class LLMDataDist:
         return _say_why("unlink_clusters", msgs, resp)
 
     def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None) -> None:
-        """v2: same role allowed; ``llm.listenIpInfo`` (re)starts listening, without it the listener closes.
+        """Change this node's role, and (v2) start or stop listening.
 
-        v1: the role must change, PROMPT needs ``llm.listenIpInfo``, ``enable_switch_role`` is required
-        (LLM_FEATURE_NOT_ENABLED, checked by the daemon). Both: LLM_EXIST_LINK while links exist.
+        v2: the same role is allowed; ``llm.listenIpInfo`` in ``switch_options`` (re)starts listening there, without
+        it the listener closes. v1: the role must change, PROMPT needs ``llm.listenIpInfo``, and ``enable_switch_role``
+        must have been set at init.
+
+        Args:
+            role: the new ``LLMRole``.
+            switch_options: ``str`` to ``str`` options; ``llm.listenIpInfo`` = ``"ip:port"``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``role`` not an ``LLMRole``, ``switch_options`` not a ``dict[str, str]``.
+            LLMException: ``LLM_PARAM_INVALID`` (v1: the same role, PROMPT without ``llm.listenIpInfo``; a malformed
+                address), ``LLM_FEATURE_NOT_ENABLED`` (v1 without ``enable_switch_role``), ``LLM_EXIST_LINK`` (links
+                exist: unlink first).
         """
         self._check_init()
         v.check_isinstance("role", role, [LLMRole], allow_none=False)
@@ -320,6 +403,22 @@ class LLMDataDist:
         self._role = role
 
     def link(self, comm_name: str, cluster_rank_info: Dict[int, int], rank_table: str) -> int:
+        """Create a comm domain with the other members (v2 only; every member calls it at once).
+
+        Args:
+            comm_name: the domain's name, 1 to 127 characters.
+            cluster_rank_info: cluster id (uint64) to rank (uint32), 2 to 4 members, ranks ascending in dict order.
+            rank_table: the HCCL rank table (JSON).
+
+        Returns:
+            The comm id (uint64) for ``unlink`` and ``query_register_mem_status``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not cache-manager mode, a name, member count, rank order or rank
+                table the checks refuse), ``LLM_TIMEOUT`` (the members did not all join in time), ``LLM_LINK_FAILED``.
+        """
         self._check_init()
         v.check_isinstance("comm_name", comm_name, [str], allow_none=False)
         v.check_dict("cluster_rank_info", cluster_rank_info, int, int)
@@ -339,11 +438,35 @@ class LLMDataDist:
         return resp.comm_id
 
     def unlink(self, comm_id: int) -> None:
+        """Destroy the comm domain ``comm_id`` (v2).
+
+        Args:
+            comm_id: the id ``link`` returned.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: the daemon's status when it cannot destroy the domain (``LLM_PARAM_INVALID``: not this
+                engine's domain).
+        """
         self._check_init()
         v.check_uint64("comm_id", comm_id)
         self._call("Unlink", datadist_pb2.CommRef(engine_id=self._engine_id, comm_id=comm_id), "unlink")
 
     def query_register_mem_status(self, comm_id: int):  # noqa: ANN201
+        """Whether memory registration with comm domain ``comm_id`` is done (v2).
+
+        Args:
+            comm_id: the id ``link`` returned.
+
+        Returns:
+            ``RegisterMemStatus.OK``, ``PREPARING`` or ``FAILED`` (an unknown value is ``FAILED``).
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not this engine's domain).
+        """
         self._check_init()
         v.check_uint64("comm_id", comm_id)
         from .llm_types import RegisterMemStatus
@@ -356,6 +479,18 @@ class LLMDataDist:
             return RegisterMemStatus.FAILED
 
     def check_link_status(self, remote_cluster_id: int) -> None:
+        """Check the link to ``remote_cluster_id`` end to end (v1, the linking side only).
+
+        Args:
+            remote_cluster_id: the linked cluster (uint64).
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (cache-manager mode), ``LLM_NOT_YET_LINK`` (no such link),
+                ``LLM_LINK_FAILED`` or ``LLM_TIMEOUT`` (the other end did not answer within ``sync_kv_timeout``),
+                ``LLM_LINK_BUSY`` (a pull holds the link).
+        """
         self._check_init()
         v.check_uint64("remote_cluster_id", remote_cluster_id)
         v.raise_if_true(self._enable_cache_manager, "check_link_status is not supported when "
@@ -369,6 +504,9 @@ class LLMDataDist:
 
     @property
     def cache_manager(self):  # noqa: ANN201
+        """The ``CacheManager`` (v2, cache-manager mode); ``RuntimeError`` before ``init``,
+        ``LLMException(LLM_PARAM_INVALID)`` in v1 mode.
+        """
         self._check_init()
         v.raise_if_false(self._enable_cache_manager, "cache_manager is only available in cache manager mode "
                                                      "(enable_cache_manager=True)")
@@ -376,28 +514,66 @@ class LLMDataDist:
 
     @property
     def kv_cache_manager(self):  # noqa: ANN201
+        """The ``KvCacheManager`` (v1); ``RuntimeError`` before ``init``,
+        ``LLMException(LLM_PARAM_INVALID)`` in cache-manager mode.
+        """
         self._check_init()
         v.raise_if_true(self._enable_cache_manager, "kv_cache_manager is not available in cache manager mode")
         return self._kv_cache_manager
 
     # ---- the model API of CANN 8.0.RC2-8.2 (docs/spec.md §9; see llm_model.py) -------------------------
 
-    def add_model(self, model_options: Dict[str, str], model_runner: Optional[object] = None):  # noqa: ANN201
-        """A model whose KV caches this node keeps (KvCacheManager mode): returns an ``LLMModel``."""
+    def add_model(self, model_options: Dict[str, str], model_runner: Optional["ModelRunner"] = None):  # noqa: ANN201
+        """A model whose KV caches this node keeps (the model API, KvCacheManager mode).
+
+        Args:
+            model_options: the model's options (``ModelConfig.generate_options()``).
+            model_runner: the object that runs the model (the model API's ``ModelRunner``), or None.
+
+        Returns:
+            An ``LLMModel``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``model_options`` not a ``dict[str, str]``, ``model_runner`` not a ``ModelRunner``.
+            LLMException: ``LLM_PARAM_INVALID`` (cache-manager mode; model options the checks refuse).
+        """
         from .llm_model import add_model
 
         self._check_init()
         return add_model(self, model_options, model_runner)
 
     def check_capacity(self, seq_len: int):  # noqa: ANN201
-        """PROMPT: can ``predict`` allocate KV for ``seq_len`` more tokens? -> ``CapacityState``."""
+        """Whether ``predict`` can allocate KV for ``seq_len`` more tokens (PROMPT, the model API).
+
+        Args:
+            seq_len: tokens, >= 0.
+
+        Returns:
+            A ``CapacityState``.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (not PROMPT, no model added).
+        """
         from .llm_model import check_capacity
 
         self._check_init()
         return check_capacity(self, seq_len)
 
-    def complete_request(self, llm_req: object) -> None:
-        """Release what the request holds: its unpulled KV (PROMPT) or its staged KV (DECODER)."""
+    def complete_request(self, llm_req: "LLMReq") -> None:
+        """Release what a request holds: its unpulled KV (PROMPT) or its staged KV (DECODER).
+
+        Args:
+            llm_req: the ``LLMReq`` of the model API.
+
+        Raises:
+            RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
+            TypeError: ``llm_req`` not an ``LLMReq``.
+            LLMException: the status of the call that frees the request's KV (``remove_cache_key``,
+                ``deallocate_cache``: ``LLM_PARAM_INVALID``, ...).
+        """
         from .llm_model import complete_request
 
         self._check_init()
@@ -405,6 +581,7 @@ class LLMDataDist:
 
     @property
     def cluster_id(self) -> int:
+        """This node's cluster id, as given to the constructor."""
         return self._cluster_id
 
 

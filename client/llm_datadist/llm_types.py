@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from enum import Enum, IntEnum
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 from . import _validate as v
 from .data_type import DataType, _itemsize
@@ -44,7 +44,17 @@ class RegisterMemStatus(Enum):
 
     @classmethod
     def from_int(cls, value: int) -> "RegisterMemStatus":
-        """Engine value -> member; unknown values -> ``FAILED``."""
+        """The member of an engine value.
+
+        Args:
+            value: the engine's number.
+
+        Returns:
+            The member; ``FAILED`` for an unknown value.
+
+        Raises:
+            Nothing.
+        """
         return cls(value)
 
 
@@ -65,6 +75,16 @@ class MemInfo:
     """A registered memory region, for ``CacheManager.remap_registered_memory``."""
 
     def __init__(self, mem_type: Memtype, addr: int, size: int) -> None:
+        """A piece of memory (``remap_registered_memory``).
+
+        Args:
+            mem_type: ``Memtype.MEM_TYPE_DEVICE`` or ``MEM_TYPE_HOST``.
+            addr: its address (uint64).
+            size: its bytes (uint64).
+
+        Raises:
+            TypeError, ValueError: arguments of the wrong type or range.
+        """
         v.check_isinstance("mem_type", mem_type, [Memtype], allow_none=False)
         v.check_isinstance("addr", addr, [int], allow_none=False)
         v.check_isinstance("size", size, [int], allow_none=False)
@@ -74,14 +94,17 @@ class MemInfo:
 
     @property
     def mem_type(self) -> Memtype:
+        """The ``Memtype`` of the memory."""
         return self._mem_type
 
     @property
     def addr(self) -> int:
+        """The memory's address."""
         return self._addr
 
     @property
     def size(self) -> int:
+        """The memory's size in bytes."""
         return self._size
 
     def __repr__(self) -> str:
@@ -102,6 +125,21 @@ class CacheDesc:
     def __init__(self, num_tensors: int, shape: Union[Tuple[int, ...], List[int]], data_type: DataType,
                  placement: Placement = Placement.DEVICE, batch_dim_index: int = 0, seq_len_dim_index: int = -1,
                  kv_tensor_format: Optional[str] = None) -> None:
+        """Describe a cache.
+
+        Args:
+            num_tensors: tensors in the cache (uint32; allocate and register need > 0).
+            shape: dimensions of each tensor (int64 each); ``shape[0]`` is the batch size or the number of blocks.
+            data_type: the element ``DataType``.
+            placement: ``Placement.DEVICE`` (NPU memory with the ``acl`` backend) or ``HOST``.
+            batch_dim_index: the batch dimension, in ``[0, len(shape))``.
+            seq_len_dim_index: the sequence dimension, -1 or in ``[0, len(shape))``.
+            kv_tensor_format: the tensors' format name, or None.
+
+        Raises:
+            TypeError, ValueError: arguments of the wrong type or range.
+            LLMException: ``LLM_PARAM_INVALID`` (a dimension index out of range).
+        """
         v.check_uint32("num_tensors", num_tensors)
         v.check_isinstance("shape", shape, [tuple, list], inner_class=int, allow_none=False)
         v.check_isinstance("data_type", data_type, [DataType], allow_none=False)
@@ -126,39 +164,56 @@ class CacheDesc:
 
     @property
     def num_tensors(self) -> int:
+        """Tensors in the cache."""
         return self._num_tensors
 
     @property
     def shape(self) -> List[int]:
+        """Dimensions of each tensor (the list ``update_dim`` changes in place)."""
         return self._shape
 
     def update_dim(self, dim_index: int, dim_value: int) -> None:
-        """Set ``shape[dim_index] = dim_value`` in place."""
+        """Set ``shape[dim_index] = dim_value`` in place.
+
+        Args:
+            dim_index: the dimension.
+            dim_value: its new size (int64).
+
+        Raises:
+            TypeError, ValueError: ``dim_value`` not an int64.
+            IndexError: ``dim_index`` out of range.
+        """
         v.check_int64("dim_value", dim_value)
         self._shape[dim_index] = dim_value
 
     @property
     def data_type(self) -> DataType:
+        """The element ``DataType``."""
         return self._data_type
 
     @property
     def placement(self) -> Placement:
+        """``Placement.DEVICE`` or ``HOST``."""
         return self._placement
 
     @property
     def batch_dim(self) -> int:
+        """The batch dimension's index."""
         return self._batch_dim
 
     @property
     def batch_size(self) -> int:
+        """``shape[batch_dim]``: the batch size, or the number of blocks of a blocks cache."""
         return self._shape[self._batch_dim]
 
     @property
     def seq_len_dim_index(self) -> int:
+        """The sequence dimension's index, or -1."""
         return self._seq_len_dim_index
 
     @property
     def kv_tensor_format(self) -> Optional[str]:
+        """The tensors' format name, or None."""
         return self._kv_tensor_format
 
     @property
@@ -197,6 +252,16 @@ class CacheKey:
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """A key: ``CacheKey(cluster_id, req_id, model_id=0, prefix_id=2**64-1)``, or keywords.
+
+        Args:
+            *args: ``cluster_id``, ``req_id``, ``model_id``, ``prefix_id`` in that order (at most 4 in all).
+            **kwargs: the same by name; ``prompt_cluster_id`` is another name of ``cluster_id``.
+
+        Raises:
+            TypeError, ValueError: a value not a uint64.
+            LLMException: ``LLM_PARAM_INVALID`` (no cluster id or ``req_id``, an unknown name, more than 4).
+        """
         params = _collect_params(4, ("cluster_id", "req_id", "model_id", "prefix_id"), args, kwargs)
         v.raise_if_false("prompt_cluster_id" in params or "cluster_id" in params,
                          "Param prompt_cluster_id or cluster_id is required")
@@ -215,22 +280,27 @@ class CacheKey:
 
     @property
     def prompt_cluster_id(self) -> int:
+        """The cluster that holds the key (the same as ``cluster_id``)."""
         return self._cluster_id
 
     @property
     def cluster_id(self) -> int:
+        """The cluster that holds the key (routes a pull; ignored when binding)."""
         return self._cluster_id
 
     @property
     def req_id(self) -> int:
+        """The request id (uint64; ``2**64 - 1``: none)."""
         return self._req_id
 
     @property
     def model_id(self) -> int:
+        """The model id (uint64, default 0)."""
         return self._model_id
 
     @property
     def prefix_id(self) -> int:
+        """The prefix id (uint64; ``2**64 - 1``, the default: none)."""
         return self._prefix_id
 
     def _key(self) -> Tuple[int, int, int, int]:
@@ -251,6 +321,16 @@ class CacheKeyByIdAndIndex:
     """Batch slot ``batch_index`` of the remote cache ``cache_id`` on ``cluster_id`` (uint64 / int64 / uint32)."""
 
     def __init__(self, cluster_id: int, cache_id: int, batch_index: int = 0) -> None:
+        """A remote cache slot by id.
+
+        Args:
+            cluster_id: the cluster that holds the cache (uint64).
+            cache_id: the cache's id there (int64).
+            batch_index: the slot (uint32).
+
+        Raises:
+            TypeError, ValueError: arguments of the wrong type or range.
+        """
         v.check_uint64("cluster_id", cluster_id)
         v.check_int64("cache_id", cache_id)
         v.check_uint32("batch_index", batch_index)
@@ -260,14 +340,17 @@ class CacheKeyByIdAndIndex:
 
     @property
     def cluster_id(self) -> int:
+        """The cluster that holds the cache."""
         return self._cluster_id
 
     @property
     def cache_id(self) -> int:
+        """The cache's id on that cluster."""
         return self._cache_id
 
     @property
     def batch_index(self) -> int:
+        """The batch slot."""
         return self._batch_index
 
     def _key(self) -> Tuple[int, int, int]:
@@ -292,6 +375,16 @@ class BlocksCacheKey:
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """A blocks cache's key: ``BlocksCacheKey(cluster_id, model_id=0)``, or keywords.
+
+        Args:
+            *args: ``cluster_id``, ``model_id`` in that order (at most 2 in all).
+            **kwargs: the same by name; ``prompt_cluster_id`` is another name of ``cluster_id``.
+
+        Raises:
+            TypeError: a value not an int. ValueError: a value not a uint64.
+            LLMException: ``LLM_PARAM_INVALID`` (no cluster id, an unknown name, more than 2).
+        """
         params = _collect_params(2, ("cluster_id", "model_id"), args, kwargs)
         v.raise_if_false("prompt_cluster_id" in params or "cluster_id" in params,
                          "Param prompt_cluster_id or cluster_id is required")
@@ -307,14 +400,17 @@ class BlocksCacheKey:
 
     @property
     def prompt_cluster_id(self) -> int:
+        """The cluster that holds the cache (the same as ``cluster_id``)."""
         return self._cluster_id
 
     @property
     def cluster_id(self) -> int:
+        """The cluster that holds the cache (its own when registering, the peer's when pulling)."""
         return self._cluster_id
 
     @property
     def model_id(self) -> int:
+        """The model id: one pullable blocks cache per model id per node."""
         return self._model_id
 
     def __eq__(self, other: object) -> bool:
@@ -345,6 +441,19 @@ class Cache:
 
     def __init__(self, cache_id: int, cache_desc: CacheDesc, tensor_addrs: List[int], cache_manager: Any = None,
                  is_registered: bool = False, is_blocks_cache: bool = False) -> None:
+        """Made by ``CacheManager`` (or ``create_cpu_cache``), not by users.
+
+        Args:
+            cache_id: the engine's id of the cache (-1: a host cache of ``create_cpu_cache``).
+            cache_desc: its description.
+            tensor_addrs: one address per tensor in this process.
+            cache_manager: the manager that made it.
+            is_registered: the memory is the worker's own (``register_cache``).
+            is_blocks_cache: a blocks (paged) cache.
+
+        Raises:
+            TypeError, ValueError: ``cache_id`` not an int64.
+        """
         v.check_int64("cache_id", cache_id)
         self._cache_id = cache_id
         self._cache_desc = cache_desc
@@ -356,14 +465,17 @@ class Cache:
 
     @property
     def cache_id(self) -> int:
+        """The engine's id of the cache (-1 for a host cache of ``create_cpu_cache``)."""
         return self._cache_id
 
     @property
     def cache_desc(self) -> CacheDesc:
+        """The cache's ``CacheDesc``."""
         return self._cache_desc
 
     @property
     def tensor_addrs(self) -> List[int]:
+        """One address per tensor in this process; ``[]`` after deallocation."""
         return self._tensor_addrs
 
     @tensor_addrs.setter
@@ -373,11 +485,24 @@ class Cache:
 
     @property
     def is_blocks_cache(self) -> bool:
+        """Whether it is a blocks (paged) cache."""
         return self._is_blocks_cache
 
     @classmethod
     def create_cpu_cache(cls, cache_desc: CacheDesc, addrs: List[int]) -> "Cache":
-        """A host blocks cache over user memory, for ``swap_blocks``: HOST placement, one address per tensor."""
+        """A host blocks cache over user memory, for ``swap_blocks``.
+
+        Args:
+            cache_desc: HOST placement.
+            addrs: one address per tensor (uint64).
+
+        Returns:
+            The ``Cache`` (``cache_id`` -1).
+
+        Raises:
+            TypeError, ValueError: ``addrs`` not a list of uint64.
+            LLMException: ``LLM_PARAM_INVALID`` (not HOST placement, ``len(addrs) != num_tensors``).
+        """
         _check_cpu_desc(cache_desc)
         v.check_isinstance("addrs", addrs, [list, tuple], inner_class=int, allow_none=False)
         v.check_list_uint64("addrs", addrs)
@@ -399,6 +524,17 @@ class KvCache:
 
     def __init__(self, cache_id: int, cache_desc: CacheDesc, per_device_tensor_addrs: List[List[int]],
                  kv_cache_manager: Any = None) -> None:
+        """Made by ``KvCacheManager`` (or ``create_cpu_cache``), not by users.
+
+        Args:
+            cache_id: the engine's id of the cache (-1: a host cache of ``create_cpu_cache``).
+            cache_desc: its description.
+            per_device_tensor_addrs: per device, one address per tensor in this process.
+            kv_cache_manager: the manager that made it (frees it on garbage collection).
+
+        Raises:
+            TypeError, ValueError: ``cache_id`` not an int64.
+        """
         self._valid = False
         self._kv_cache_manager = kv_cache_manager
         v.check_int64("cache_id", cache_id)
@@ -419,14 +555,17 @@ class KvCache:
 
     @property
     def cache_id(self) -> int:
+        """The engine's id of the cache (-1 for a host cache of ``create_cpu_cache``)."""
         return self._cache_id
 
     @property
     def cache_desc(self) -> CacheDesc:
+        """The cache's ``CacheDesc``."""
         return self._cache_desc
 
     @property
     def per_device_tensor_addrs(self) -> List[List[int]]:
+        """Per device (one here), one address per tensor; ``[]`` after deallocation."""
         return self._per_device_tensor_addrs
 
     @per_device_tensor_addrs.setter
@@ -436,7 +575,19 @@ class KvCache:
 
     @classmethod
     def create_cpu_cache(cls, cache_desc: CacheDesc, addrs: Union[List[int], List[List[int]]]) -> "KvCache":
-        """A host cache over user memory: ``addrs`` is one device's list or a list per device."""
+        """A host cache over user memory, for ``swap_blocks``.
+
+        Args:
+            cache_desc: HOST placement.
+            addrs: one device's addresses (one per tensor), or a list of them per device.
+
+        Returns:
+            The ``KvCache`` (``cache_id`` -1).
+
+        Raises:
+            TypeError, ValueError: ``addrs`` not a list of uint64 (or of lists of them).
+            LLMException: ``LLM_PARAM_INVALID`` (not HOST placement, empty, mixed, or not one address per tensor).
+        """
         _check_cpu_desc(cache_desc)
         v.check_isinstance("addrs", addrs, [list], allow_none=False)
         v.raise_if_false(len(addrs) > 0, "addrs length should be bigger than zero.")
@@ -457,8 +608,8 @@ class KvCache:
             v.raise_if_false(cache_desc.num_tensors == len(addrs),
                              f"cache_desc num_tensors:{cache_desc.num_tensors} should be equal to size of addrs:"
                              f"{len(addrs)}")
-            return cls(-1, cache_desc, [list(addrs)], None)
-        return cls(-1, cache_desc, [list(a) for a in addrs], None)
+            return cls(-1, cache_desc, [list(cast(List[int], addrs))], None)
+        return cls(-1, cache_desc, [list(cast(List[int], a)) for a in addrs], None)
 
     def __repr__(self) -> str:
         return f"KvCache(cache_id = {self._cache_id}, num_devices = {len(self._per_device_tensor_addrs)})"
@@ -472,7 +623,18 @@ class LayerSynchronizer(ABC):
 
     @abstractmethod
     def synchronize_layer(self, layer_index: int, timeout_in_millis: Optional[int]) -> bool:
-        """Return True when the layer is ready, False to abort (its configs then fail with LLM_PARAM_INVALID)."""
+        """Block until layer ``layer_index`` is computed.
+
+        Args:
+            layer_index: the layer about to be sent.
+            timeout_in_millis: always None (CANN: not supported yet).
+
+        Returns:
+            True when the layer is ready; False aborts (its configs then fail with ``LLM_PARAM_INVALID``).
+
+        Raises:
+            Anything it raises aborts the transfer as False does.
+        """
 
 
 def _check_layer_range(name: str, layer_range: Optional[range], allow_none: bool = True) -> None:
@@ -480,6 +642,7 @@ def _check_layer_range(name: str, layer_range: Optional[range], allow_none: bool
     if allow_none and layer_range is None:
         return
     v.check_isinstance(name, layer_range, [range], allow_none=False)
+    assert layer_range is not None   # checked just above (TypeError)
     v.raise_if_false(layer_range.step == 1, f"check {name}.step == 1 failed")
     v.raise_if_false(0 <= layer_range.start < layer_range.stop,
                      "check 0 <= range.start < range.stop failed, {0} = {1}", name, layer_range)
@@ -509,6 +672,19 @@ class TransferConfig:
 
     def __init__(self, dst_cluster_id: int, dst_addrs: List[int], src_layer_range: Optional[range] = None,
                  src_batch_index: int = 0) -> None:
+        """A layer-wise push to raw remote addresses.
+
+        Args:
+            dst_cluster_id: the target cluster (uint64).
+            dst_addrs: remote tensor addresses, 2 (K, V) per layer sent.
+            src_layer_range: the layers to send (step 1; None: all).
+            src_batch_index: the source batch slot (uint32).
+
+        Raises:
+            TypeError, ValueError: arguments of the wrong type or range.
+            LLMException: ``LLM_PARAM_INVALID`` (``len(dst_addrs) != 2 * len(src_layer_range)``, a range of step other
+                than 1).
+        """
         v.check_uint64("dst_cluster_id", dst_cluster_id)
         self._check_dst_addrs(dst_addrs)
         _check_layer_range("src_layer_range", src_layer_range)
@@ -530,6 +706,7 @@ class TransferConfig:
 
     @property
     def dst_cluster_id(self) -> int:
+        """The target cluster."""
         return self._dst_cluster_id
 
     @dst_cluster_id.setter
@@ -539,6 +716,7 @@ class TransferConfig:
 
     @property
     def dst_addrs(self) -> List[int]:
+        """Remote tensor addresses, 2 per layer."""
         return self._dst_addrs
 
     @dst_addrs.setter
@@ -548,6 +726,7 @@ class TransferConfig:
 
     @property
     def src_layer_range(self) -> Optional[range]:
+        """The layers to send (None: all)."""
         return self._src_layer_range
 
     @src_layer_range.setter
@@ -557,6 +736,7 @@ class TransferConfig:
 
     @property
     def src_batch_index(self) -> int:
+        """The source batch slot."""
         return self._src_batch_index
 
     @src_batch_index.setter
@@ -576,11 +756,26 @@ class TransferWithCacheKeyConfig:
     ``BlocksCacheKey``. ``dst_cluster_id`` is ``cache_key.cluster_id``.
     """
 
-    def __init__(self, cache_key: Union[BlocksCacheKey, CacheKeyByIdAndIndex], src_layer_range: range = None,
-                 dst_layer_range: range = None, src_batch_index: int = 0) -> None:
+    def __init__(self, cache_key: Union[BlocksCacheKey, CacheKeyByIdAndIndex], src_layer_range: Optional[range] = None,
+                 dst_layer_range: Optional[range] = None, src_batch_index: int = 0) -> None:
+        """A layer-wise push to a remote cache named by key (remote-cache-accessible mode).
+
+        Args:
+            cache_key: the remote cache: a ``BlocksCacheKey`` or a ``CacheKeyByIdAndIndex``.
+            src_layer_range: the local layers (required, step 1).
+            dst_layer_range: the remote layers (required, as long as ``src_layer_range``).
+            src_batch_index: the source batch slot (0 for a ``BlocksCacheKey``).
+
+        Raises:
+            TypeError, ValueError: arguments of the wrong type or range.
+            LLMException: ``LLM_PARAM_INVALID`` (ranges missing or of different lengths, a non-zero ``src_batch_index``
+                with a
+                ``BlocksCacheKey``).
+        """
         v.check_isinstance("cache_key", cache_key, [BlocksCacheKey, CacheKeyByIdAndIndex], allow_none=False)
         _check_layer_range("src_layer_range", src_layer_range, allow_none=False)
         _check_layer_range("dst_layer_range", dst_layer_range, allow_none=False)
+        assert src_layer_range is not None and dst_layer_range is not None   # checked just above (TypeError)
         v.raise_if_false(len(src_layer_range) == len(dst_layer_range),
                          "src_layer_range size should be equal to dst_layer_range size, {0} vs {1}",
                          src_layer_range, dst_layer_range)
@@ -598,6 +793,7 @@ class TransferWithCacheKeyConfig:
 
     @property
     def cache_key(self) -> Union[BlocksCacheKey, CacheKeyByIdAndIndex]:
+        """The remote cache's key."""
         return self._cache_key
 
     @cache_key.setter
@@ -608,10 +804,12 @@ class TransferWithCacheKeyConfig:
 
     @property
     def dst_cluster_id(self) -> int:
+        """The target cluster: ``cache_key.cluster_id``."""
         return self._cache_key.cluster_id
 
     @property
     def src_layer_range(self) -> range:
+        """The local layers to send."""
         return self._src_layer_range
 
     @src_layer_range.setter
@@ -621,6 +819,7 @@ class TransferWithCacheKeyConfig:
 
     @property
     def dst_layer_range(self) -> range:
+        """The remote layers they go to."""
         return self._dst_layer_range
 
     @dst_layer_range.setter
@@ -630,6 +829,7 @@ class TransferWithCacheKeyConfig:
 
     @property
     def src_batch_index(self) -> int:
+        """The source batch slot."""
         return self._src_batch_index
 
     @src_batch_index.setter

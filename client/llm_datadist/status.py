@@ -17,11 +17,18 @@ class LLMException(RuntimeError):
     """Error of an LLM-DataDist call; ``status_code`` tells which (an ``LLMStatusCode``)."""
 
     def __init__(self, *args: Any, status_code: LLMStatusCode = LLMStatusCode.LLM_SUCCESS) -> None:
+        """An error of an LLM-DataDist call.
+
+        Args:
+            *args: the message (``RuntimeError``'s arguments).
+            status_code: the ``LLMStatusCode`` saying which error.
+        """
         super().__init__(*args)
         self._status_code = status_code
 
     @property
     def status_code(self) -> LLMStatusCode:
+        """The ``LLMStatusCode`` of the error."""
         return self._status_code
 
     def __reduce__(self) -> Tuple[Any, ...]:
@@ -37,13 +44,24 @@ class Status:
     """A numeric engine status: ``is_ok()`` and its ``LLMStatusCode`` (unknown numbers -> ``LLM_FAILED``)."""
 
     def __init__(self, status: Union[int, LLMStatusCode]) -> None:
+        """A numeric engine status.
+
+        Args:
+            status: an ``LLMStatusCode`` or its number (unknown numbers become ``LLM_FAILED``).
+        """
         self._status_code = code_2_status(status)
 
     def is_ok(self) -> bool:
+        """Whether the status is ``LLM_SUCCESS``.
+
+        Returns:
+            True for success.
+        """
         return self._status_code == LLMStatusCode.LLM_SUCCESS
 
     @property
     def status_code(self) -> LLMStatusCode:
+        """The ``LLMStatusCode``."""
         return self._status_code
 
     def __repr__(self) -> str:

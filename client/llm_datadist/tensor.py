@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -14,6 +14,15 @@ __all__ = ["TensorDesc", "Tensor"]
 
 class TensorDesc:
     def __init__(self, dtype: DataType, shape: Union[List[int], Tuple[int, ...]]) -> None:
+        """A tensor's type and shape (v1, deprecated by CANN).
+
+        Args:
+            dtype: its ``DataType``.
+            shape: its dimensions.
+
+        Raises:
+            TypeError: ``dtype`` not a ``DataType``, ``shape`` not a list or tuple.
+        """
         v.check_isinstance("dtype", dtype, [DataType], allow_none=False)
         v.check_isinstance("shape", shape, [list, tuple], allow_none=False)
         self._dtype = dtype
@@ -21,21 +30,35 @@ class TensorDesc:
 
     @property
     def dtype(self) -> DataType:
+        """The tensor's ``DataType``."""
         return self._dtype
 
     @property
     def shape(self) -> List[int]:
+        """The tensor's dimensions (a list)."""
         return self._shape
 
 
 class Tensor:
-    def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: TensorDesc = None) -> None:
+    def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: Optional[TensorDesc] = None) -> None:
+        """A host tensor (v1, deprecated by CANN): what ``get_cache_tensors`` returns.
+
+        Args:
+            data: a numpy array, another ``Tensor`` (shares its array), or an address in this process (then
+                ``tensor_desc`` gives its type and shape).
+            tensor_desc: the type and shape (default: the array's).
+
+        Raises:
+            TypeError: ``data`` of another type, an address without a ``TensorDesc``.
+        """
+        self._array: np.ndarray
         if isinstance(data, Tensor):
             self._array = data._array
         elif isinstance(data, np.ndarray):
             self._array = data
         elif isinstance(data, int):
             v.check_isinstance("tensor_desc", tensor_desc, [TensorDesc], allow_none=False)
+            assert tensor_desc is not None   # checked just above (TypeError)
             from ._memory import numpy_view
 
             self._array = numpy_view(data, tuple(tensor_desc.shape), dtype_to_np_dtype(tensor_desc.dtype))
@@ -44,10 +67,22 @@ class Tensor:
         self._desc = tensor_desc or TensorDesc(np_dtype_to_dtype(self._array.dtype), list(self._array.shape))
 
     def numpy(self, copy: bool = False) -> np.ndarray:
+        """The tensor as a numpy array.
+
+        Args:
+            copy: True: a copy; False: the array itself.
+
+        Returns:
+            The ``numpy.ndarray``.
+
+        Raises:
+            Nothing.
+        """
         return self._array.copy() if copy else self._array
 
     @property
     def tensor_desc(self) -> TensorDesc:
+        """The tensor's ``TensorDesc``."""
         return self._desc
 
     def __repr__(self) -> str:

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from grpc_health.v1 import health_pb2
 
@@ -44,10 +44,10 @@ class DaemonApp:
         self.config = config
         self.peer_secret = peer_secret
         self.node: Node | None = None
-        self.server = None
-        self.health = None
-        self.admin_server = None
-        self.admin_health = None
+        self.server: Any = None          # grpc.aio.Server and its health servicer (rpc.server), once started
+        self.health: Any = None
+        self.admin_server: Any = None
+        self.admin_health: Any = None
         self.attach: AttachServer | None = None
         self.on_ready = on_ready
         self.metrics = DaemonMetrics()

@@ -110,9 +110,6 @@ class DaemonSection:
                             default=0o660)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
-    session_keepalive_seconds: float = _doc("Unused: the worker's attach connection is its lease (there is no "
-                                            "session stream any more); accepted so older files still load.",
-                                            default=5.0)
 
 
 @dataclass
@@ -122,8 +119,9 @@ class MemorySection:
     device_id: int = _doc("acl: the NPU (logical id) of engines whose options name none (ge.exec.deviceId). An "
                           "engine's DEVICE pools, registered NPU memory and hccl links are on its own NPU; one "
                           "daemon serves every NPU the runtime reports.", default=0)
-    shm_dir: str = _doc("Where stale pool files of datadist versions before 0.2 are cleaned up at start. Pools "
-                        "are private memfds now: no file, no path another process could open.", default="/dev/shm")
+    shm_dir: str = _doc("Where the daemon removes, at start, datadist-<pid>-* files whose daemon is dead. Pools "
+                        "themselves are private memfds: no file, no path another process could open.",
+                        default="/dev/shm")
     max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)
     file_mode: int = _doc("Unused since pools are memfds (kept so older config files load).", default=0o660)
 
@@ -420,7 +418,7 @@ def parse_listen_address(listen: str) -> tuple[str, int]:
 
 
 #: durations that are intervals of a repeating job: zero would spin
-_INTERVALS = ("daemon.session_keepalive_seconds", "peer.heartbeat_seconds")
+_INTERVALS = ("peer.heartbeat_seconds",)
 
 
 def _check_durations(cfg: Config) -> None:
@@ -447,7 +445,12 @@ def _check(cfg: Config) -> None:
         missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
         if missing:
             raise ConfigError(f"tls.enabled needs {', '.join('tls.' + key for key in missing)}")
+    from .memory import BACKENDS
     from .transport import TRANSPORTS
+
+    if cfg.memory.backend not in BACKENDS:
+        raise ConfigError(f"memory.backend: unknown memory backend {cfg.memory.backend!r}; known: "
+                          f"{', '.join(sorted(BACKENDS))}")
 
     if cfg.transport.name not in TRANSPORTS:
         raise ConfigError(f"transport.name: unknown transport {cfg.transport.name!r}; known: "

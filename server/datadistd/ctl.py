@@ -85,9 +85,9 @@ def _check_socket(path: str) -> None:
 
 
 def _rpc_error(err: grpc.RpcError, where: str, timeout: float) -> CtlError:
-    code = err.code()  # type: ignore[attr-defined]
-    details = err.details() or ""  # type: ignore[attr-defined]
-    for key, value in err.trailing_metadata() or ():  # type: ignore[attr-defined]
+    code = err.code()
+    details = err.details() or ""
+    for key, value in err.trailing_metadata() or ():
         if key == STATUS_METADATA_KEY:
             try:
                 name = LLMStatusCode(int(value)).name

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, cast
 
 from .core.errors import DataDistError, StatusCode, require
 from .core.layout import (
@@ -94,6 +94,11 @@ def _operand(op: "Operand | CacheEntry", role: str) -> str:
     return f"{name} has {op.desc.num_tensors} tensors ({describe_layout(op.desc, op.is_blocks)})"
 
 
+def memory_of(entry: CacheEntry) -> CacheMemory:
+    """A registry entry's memory (the registry keeps it opaque; the engine stores a ``CacheMemory``)."""
+    return cast(CacheMemory, entry.memory)
+
+
 def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
     """The whole-tensor segments of a registry entry (its opaque ``memory`` is a ``CacheMemory`` here)."""
     memory = entry.memory
@@ -116,7 +121,7 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
-                 pools: dict[Placement, Pool], lane: Lane | None = None) -> None:
+                 pools: dict[Placement, Pool], lane: Lane) -> None:
         self.engine_id = engine_id
         self.options = options
         self.cluster_id = ClusterId(options.cluster_id)
@@ -127,7 +132,7 @@ class Engine:
         self.registered_addrs = 0
         self.linked_once = False   # remote_accessible defaults to False after the first comm-domain link
         self.closed = False
-        self.lane = lane            # its worker's share of the daemon's threads (None: the loop's default executor)
+        self.lane = lane            # its worker's share of the daemon's threads
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
@@ -145,7 +150,7 @@ class Engine:
             return
         with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
             for entry in entries:
-                memory: CacheMemory = entry.memory
+                memory = memory_of(entry)
                 memory.release()
         for entry in entries:
             log.debug("engine %s freed cache %s (%d bytes)", self.engine_id, entry.cache_id, entry.desc.total_size)
@@ -293,14 +298,14 @@ class Engine:
         entry = self.entry(cache_id)
         require(len(addrs) == entry.desc.num_tensors,
                 f"cache {cache_id} has {entry.desc.num_tensors} tensors, got {len(addrs)} addresses")
-        entry.memory.worker_addrs = tuple(int(a) for a in addrs)
+        memory_of(entry).worker_addrs = tuple(int(a) for a in addrs)
 
     def resolve_address(self, addr: int) -> tuple[CacheEntry, int, int]:
         """A raw worker address -> (cache, tensor index, byte offset); others are refused (LLM_PARAM_INVALID)."""
         self._check_open()
         for entry in self.registry.entries():
             size = entry.desc.tensor_size
-            for tensor, base in enumerate(entry.memory.worker_addrs):
+            for tensor, base in enumerate(memory_of(entry).worker_addrs):
                 if base and base <= addr < base + size:
                     if not entry.remote_accessible:
                         break
@@ -331,9 +336,9 @@ class Engine:
 
     def operand(self, cache_id: int) -> Operand:
         entry = self.entry(cache_id)
-        return Operand(entry.desc, entry.memory.tensors, entry.is_blocks, entry.cache_id)
+        return Operand(entry.desc, memory_of(entry).tensors, entry.is_blocks, entry.cache_id)
 
-    async def _copy_pinned(self, cache_ids: Sequence[int], dst: list[Segment], src: list[Segment]) -> int:
+    async def _copy_pinned(self, cache_ids: Sequence[int], dst: Sequence[Segment], src: Sequence[Segment]) -> int:
         pinned = [self.registry.pin(CacheId(c)) for c in cache_ids if c >= 0]
         try:
             return await self.gate.run(self.lane, copy_segments, dst, src)
@@ -363,8 +368,8 @@ class Engine:
         indices = range(dst.desc.num_tensors)
         dst_spans = slot_spans(dst.desc, indices, dst_batch, nbytes, offset)
         src_spans = slot_spans(src.desc, indices, src_batch, nbytes, offset)
-        return await self._copy_pinned([dst_id, src_id], segments_of(dst.memory.tensors, dst_spans),
-                                       segments_of(src.memory.tensors, src_spans))
+        return await self._copy_pinned([dst_id, src_id], segments_of(memory_of(dst).tensors, dst_spans),
+                                       segments_of(memory_of(src).tensors, src_spans))
 
     async def copy_blocks(self, cache_id: int, copies: dict[int, list[int]]) -> int:
         entry = self.entry(cache_id)
@@ -373,8 +378,8 @@ class Engine:
         indices = range(entry.desc.num_tensors)
         src_blocks = [s for s, _ in pairs]
         dst_blocks = [d for _, d in pairs]
-        src = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, src_blocks, "src"))
-        dst = segments_of(entry.memory.tensors, block_spans(entry.desc, indices, dst_blocks, "dst"))
+        src = segments_of(memory_of(entry).tensors, block_spans(entry.desc, indices, src_blocks, "src"))
+        dst = segments_of(memory_of(entry).tensors, block_spans(entry.desc, indices, dst_blocks, "dst"))
         return await self._copy_pinned([cache_id], dst, src)
 
     async def swap_blocks(self, src: Operand, dst: Operand, src_to_dst: dict[int, int]) -> int:
@@ -407,8 +412,8 @@ class Engine:
             entry, batch = self.registry.lookup(owner_key)
             return entry, batch, owner_key
         assert isinstance(key, IdIndexRef)
-        entry, owner_key = self.registry.lookup_by_id(CacheId(key.cache_id), key.batch_index)
-        return entry, key.batch_index, owner_key
+        entry, by_id = self.registry.lookup_by_id(CacheId(key.cache_id), key.batch_index)
+        return entry, key.batch_index, by_id
 
     def _owner_spans(self, spec: RemoteSpec, side: str
                      ) -> tuple[CacheEntry, Sequence[Span], OwnerKey | None, list[int]]:
@@ -417,6 +422,7 @@ class Engine:
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
                                 f"the request names a cache of cluster {spec.key.cluster_id}; this is cluster "
                                 f"{self.cluster_id}")
+        spans: Sequence[Span]
         if isinstance(spec.key, AddrRef):
             entry, spans = self._address_spans(spec)
             got = total_length(spans)
@@ -431,18 +437,18 @@ class Engine:
         spans, indices = owner_spans(entry.desc, entry.is_blocks, entry.cache_id, batch, spec, side, self.cluster_id)
         return entry, spans, owner_key, indices
 
-    def prepare_read(self, spec: RemoteSpec) -> tuple[int, list[Segment], bool]:
+    def prepare_read(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment], bool]:
         """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
         entry, spans, owner_key, _ = self._owner_spans(spec, "src")   # a pull reads the source
         release = (owner_key is not None and owner_key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks)
         self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(entry.memory.tensors, spans), release
+        return entry.cache_id, segments_of(memory_of(entry).tensors, spans), release
 
-    def prepare_write(self, spec: RemoteSpec) -> tuple[int, list[Segment]]:
+    def prepare_write(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment]]:
         """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""
         entry, spans, _, _ = self._owner_spans(spec, "dst")   # a push writes the destination
         self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(entry.memory.tensors, spans)
+        return entry.cache_id, segments_of(memory_of(entry).tensors, spans)
 
     def unpin(self, cache_id: int) -> None:
         if not self.closed:
@@ -451,6 +457,7 @@ class Engine:
     def release_pulled(self, spec_key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int) -> None:
         """A requester confirmed a pull: consume the key once all tensors were pulled (docs/spec.md §10.2)."""
         self._check_open()
+        owner_key: OwnerKey | None
         if isinstance(spec_key, CacheKeyRef):
             owner_key = spec_key.owner_key()
             entry, _ = self.registry.lookup(owner_key)

@@ -124,13 +124,10 @@ class Gate:
         self.busy = 0
         self._idle: asyncio.Event | None = None
 
-    async def run(self, lane: Lane | None, fn: Callable[..., _T], *args: Any) -> _T:
-        """``fn(*args)`` on ``lane`` (None: the loop's default executor, in unit tests), counted while it runs
-        or waits for its turn."""
+    async def run(self, lane: Lane, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on ``lane``, counted while it runs or waits for its turn."""
         self.busy += 1
         try:
-            if lane is None:
-                return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
             return await lane.run(fn, *args)
         finally:
             self.busy -= 1

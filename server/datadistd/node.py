@@ -61,7 +61,7 @@ class EngineSlot:
     engine: Engine
     links: LinkManager
     transport: Transport
-    session: WorkerSession | None             # the worker that created the engine (None: tests, tools)
+    session: WorkerSession                    # the worker that created the engine
     listener: Listener | None = None
     comm: CommManager | None = None
     extra_listeners: list[Listener] = field(default_factory=list)   # comm-domain listen addresses
@@ -79,12 +79,12 @@ class EngineSlot:
 
     @property
     def pid(self) -> int:
-        """The worker's pid as the kernel reported it on the attach socket (0 without a session)."""
-        return self.session.cred.pid if self.session is not None else 0
+        """The worker's pid as the kernel reported it on the attach socket."""
+        return self.session.cred.pid
 
     @property
     def uid(self) -> int:
-        return self.session.cred.uid if self.session is not None else os.getuid()
+        return self.session.cred.uid
 
     @property
     def listen_address(self) -> str:
@@ -213,9 +213,9 @@ class Node:
         return pools
 
     async def init_engine(self, cluster_id: int, role: Role, options: Mapping[str, str],
-                          session: WorkerSession | None = None) -> EngineSlot:
-        """A new engine owned by ``session`` (the rpc layer always passes one; ``None`` only in unit tests)."""
-        if session is not None and session.closed:
+                          session: WorkerSession) -> EngineSlot:
+        """A new engine owned by ``session``, booked to its uid."""
+        if session.closed:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection is closed")
         opts = v1_engine_pool(parse_options(role, cluster_id, options), options)
         if opts.listen:
@@ -223,16 +223,14 @@ class Node:
         # engines are keyed by engine id: several may share a cluster id (omni-infer's older manager gives
         # every prefill TP rank the same one); peers tell them apart by listen address (docs/choices.md)
         device = self.engine_device(opts)
-        charge = self.quota.take(session.cred.uid, engines=1, pools=len(opts.pools)) if session is not None else None
+        charge = self.quota.take(session.cred.uid, engines=1, pools=len(opts.pools))
         try:
             pools = self._make_pools(opts, device)
         except BaseException:
-            if charge is not None:
-                charge.release()
+            charge.release()
             raise
         engine_id = EngineId(next(self._ids))
-        uid = session.cred.uid if session is not None else os.getuid()
-        engine = Engine(engine_id, opts, self.backend, pools, Lane(self.threads, f"uid {uid}"))
+        engine = Engine(engine_id, opts, self.backend, pools, Lane(self.threads, f"uid {session.cred.uid}"))
         host = opts.listen[0] if opts.listen else self.config.transport.host
         settings = self.config.transport.settings(host, device, opts)
         try:
@@ -240,8 +238,7 @@ class Node:
                                       admission=self.config.peer.admission())
         except BaseException:
             engine.close()
-            if charge is not None:
-                charge.release()
+            charge.release()
             raise
         try:
             transport.start()
@@ -254,15 +251,13 @@ class Node:
         except BaseException:
             transport.stop()
             engine.close()
-            if charge is not None:
-                charge.release()
+            charge.release()
             raise
         self.engines[engine_id] = slot
-        if session is not None:
-            session.engines.add(engine_id)
-            if session.closed:  # the worker went while its engine was being made: it goes too
-                await self.finalize_engine(engine_id, reason="worker detached during init")
-                raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection closed")
+        session.engines.add(engine_id)
+        if session.closed:  # the worker went while its engine was being made: it goes too
+            await self.finalize_engine(engine_id, reason="worker detached during init")
+            raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, "this worker's attach connection closed")
         links.start()
         log.info("engine %s up: cluster %s role %s pid %s uid %s listen=%s pools=%s", engine_id, cluster_id,
                  opts.role.name, slot.pid, slot.uid, slot.listen_address or "-",
@@ -327,8 +322,7 @@ class Node:
         slot = self.engines.pop(eid, None)
         if slot is None:
             return
-        if slot.session is not None:
-            slot.session.retire(eid)
+        slot.session.retire(eid)
         self._retiring[eid] = slot  # its pools count against the node cap until freed
         done = asyncio.get_running_loop().create_task(self._finalize(eid, slot, reason))
         self._finalizing.add(done)

@@ -1,7 +1,7 @@
 """Owner calls between the two ends of a link, as frames on its data channel.
 
 After the Peer handshake the link's authenticated data channel is the only conversation between two
-daemons (peer protocol 3). Either end may pull and push over a link (CANN's links have two ends; client
+daemons (peer protocol 5). Either end may pull and push over a link (CANN's links have two ends; client
 and server say nothing about prompt and decoder), so either end makes *owner calls* on the other: ``read``
 / ``release`` for a pull, ``open_write`` / ``commit_write`` for a push, ``unlink``, and ``ping`` (the
 linking end's heartbeat and ``check_link_status``). A call is one CALL frame, its answer one REPLY frame,
@@ -9,9 +9,9 @@ read by the data plane's reader threads and handed to the event loop; the bytes 
 the same channel. Any number of calls may be in flight: commands carry ids, replies are matched to them,
 every wait is bounded.
 
-Wire format: a CALL payload is a ``datadist.v1.OwnerCall``, a REPLY payload a ``datadist.v1.OwnerReply``
-(``peer.proto``); ``CallCodec`` turns the records here into those bytes (the rpc layer provides the
-protobuf one). No grpc here.
+Wire format: a read and every REPLY are ``ownerwire``'s fixed-layout frames, the other calls
+``datadist.v1.OwnerCall`` messages (``peer.proto``); ``CallCodec`` turns the records here into those bytes (the
+rpc layer provides it: ``rpc.convert.ProtobufCallCodec``). No grpc here.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class OpenWriteCmd:
     they may wait ``hold_ms`` for their bytes and commit (0: ``timeout_ms``)."""
 
     command_id: int
-    session: bytes
     specs: tuple[RemoteSpec, ...]
     timeout_ms: int
     hold_ms: int = 0
@@ -49,7 +48,6 @@ class CommitWriteCmd:
     cancels the rest)."""
 
     command_id: int
-    session: bytes
     transfer_ids: tuple[int, ...]
     timeout_ms: int
 
@@ -60,7 +58,6 @@ class ReadCmd:
     at most ``INLINE_READ_MAX`` bytes) in the reply itself."""
 
     command_id: int
-    session: bytes
     transfer_id: int
     spec: RemoteSpec
     timeout_ms: int
@@ -74,7 +71,6 @@ class GrantReadCmd:
     ``timeout_ms``."""
 
     command_id: int
-    session: bytes
     spec: RemoteSpec
     timeout_ms: int
 
@@ -85,7 +81,6 @@ class DoneReadCmd:
     pull consumes is consumed (what ``ReleaseCmd`` does after a ``ReadCmd``)."""
 
     command_id: int
-    session: bytes
     grant_id: int
     consume: bool
 
@@ -93,7 +88,6 @@ class DoneReadCmd:
 @dataclass(frozen=True)
 class ReleaseCmd:
     command_id: int
-    session: bytes
     key: "CacheKeyRef | IdIndexRef"
     tensor_start: int
     tensor_count: int
@@ -102,7 +96,6 @@ class ReleaseCmd:
 @dataclass(frozen=True)
 class UnlinkCmd:
     command_id: int
-    session: bytes
 
 
 @dataclass(frozen=True)
@@ -110,7 +103,6 @@ class PingCmd:
     """Liveness: answered at once (the answer proves the other end and the channel are alive)."""
 
     command_id: int
-    session: bytes
 
 
 OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd, DoneReadCmd]
@@ -296,51 +288,51 @@ class FrameCalls:
                                                         f"{spec.expected_bytes} bytes with {len(result.data)}")
         return result
 
-    def start_read_inline(self, session: bytes, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
+    def start_read_inline(self, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
         """A small read answered with its bytes, by callback: ``answer`` gets the reply (its ``data`` checked to be
         ``spec.expected_bytes`` long) or the error."""
-        self._start(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True), timeout,
+        self._start(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout,
                     lambda result: answer(self._inline(result, spec)))
 
-    async def open_write(self, session: bytes, specs: Sequence[RemoteSpec], timeout: float,
+    async def open_write(self, specs: Sequence[RemoteSpec], timeout: float,
                          hold_ms: int = 0) -> list[int]:
         """Open one incoming transfer per spec at the owner; their ids, in order. They wait ``hold_ms``
         (0: the call's timeout) for their bytes and commit."""
-        reply = await self._call(lambda cid, ms: OpenWriteCmd(cid, session, tuple(specs), ms, hold_ms), timeout)
+        reply = await self._call(lambda cid, ms: OpenWriteCmd(cid, tuple(specs), ms, hold_ms), timeout)
         return checked_ids(reply.transfer_ids, len(specs), f"cluster {self.remote_cluster}")
 
-    async def commit_write(self, session: bytes, transfer_ids: Sequence[int], timeout: float) -> None:
+    async def commit_write(self, transfer_ids: Sequence[int], timeout: float) -> None:
         """Wait at the owner until every byte of the transfers arrived."""
-        await self._call(lambda cid, ms: CommitWriteCmd(cid, session, tuple(transfer_ids), ms), timeout)
+        await self._call(lambda cid, ms: CommitWriteCmd(cid, tuple(transfer_ids), ms), timeout)
 
-    async def read(self, session: bytes, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
-        reply = await self._call(lambda cid, ms: ReadCmd(cid, session, transfer_id, spec, ms), timeout)
+    async def read(self, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
+        reply = await self._call(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
 
-    async def read_inline(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[bytes, bool]:
+    async def read_inline(self, spec: RemoteSpec, timeout: float) -> tuple[bytes, bool]:
         """``start_read_inline``, awaited: the bytes and whether to release the key."""
-        result = self._inline(await self._call(lambda cid, ms: ReadCmd(cid, session, 0, spec, ms, inline=True),
+        result = self._inline(await self._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True),
                                                timeout), spec)
         if isinstance(result, DataDistError):
             raise result
         return result.data, result.release_needed
 
-    async def grant_read(self, session: bytes, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
+    async def grant_read(self, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
         """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it
         consumes a key (the puller then waits for that answer; else it need not)."""
-        reply = await self._call(lambda cid, ms: GrantReadCmd(cid, session, spec, ms), timeout)
+        reply = await self._call(lambda cid, ms: GrantReadCmd(cid, spec, ms), timeout)
         (grant_id,) = checked_ids(reply.transfer_ids, 1, f"cluster {self.remote_cluster}")
         return grant_id, reply.grant, reply.release_needed
 
-    async def done_read(self, session: bytes, grant_id: int, consume: bool, timeout: float) -> None:
-        await self._call(lambda cid, ms: DoneReadCmd(cid, session, grant_id, consume), timeout)
+    async def done_read(self, grant_id: int, consume: bool, timeout: float) -> None:
+        await self._call(lambda cid, ms: DoneReadCmd(cid, grant_id, consume), timeout)
 
-    async def release(self, session: bytes, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
+    async def release(self, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:
-        await self._call(lambda cid, ms: ReleaseCmd(cid, session, key, tensor_start, tensor_count), timeout)
+        await self._call(lambda cid, ms: ReleaseCmd(cid, key, tensor_start, tensor_count), timeout)
 
-    async def unlink(self, session: bytes, timeout: float) -> None:
-        await self._call(lambda cid, ms: UnlinkCmd(cid, session), timeout)
+    async def unlink(self, timeout: float) -> None:
+        await self._call(lambda cid, ms: UnlinkCmd(cid), timeout)
 
-    async def ping(self, session: bytes, timeout: float) -> None:
-        await self._call(lambda cid, ms: PingCmd(cid, session), timeout)
+    async def ping(self, timeout: float) -> None:
+        await self._call(lambda cid, ms: PingCmd(cid), timeout)

@@ -1,4 +1,4 @@
-"""Fixed-layout frames for the owner calls on every pull's path: ``read`` and every reply (peer protocol 4).
+"""Fixed-layout frames for the owner calls on every pull's path: ``read`` and every reply (peer protocol 5).
 
 The other owner calls (open/commit write, release, unlink, ping) stay ``peer.proto`` messages: they are per
 push or per link, not per small pull. A binary frame starts with ``TAG`` (0xFF), which no protobuf message
@@ -8,10 +8,10 @@ read, and a frame with bytes left over is refused.
 
 READ (``ReadCmd``)::
 
-    B tag  B op=1  B key kind  B mode  H flags (bit 0: inline)  H session length  I timeout_ms  I blocks
+    B tag  B op=1  B key kind  B mode  H flags (bit 0: inline)  H reserved (0)  I timeout_ms  I blocks
     Q command_id  Q transfer_id  Q key a  Q key b  Q key c  Q key d  q size  Q offset  I tensor_start
     I tensor_count  Q expected_bytes
-    then the session bytes, then ``blocks`` u64 block numbers
+    then ``blocks`` u64 block numbers
 
     key kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
     b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
@@ -47,7 +47,6 @@ _RELEASE = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY = 1, 2, 3
 #: most block numbers one read may name (as the protobuf path: ``convert.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
-_MAX_SESSION = 256
 _U64 = np.dtype("<u8")
 _MASK = (1 << 64) - 1
 
@@ -72,10 +71,10 @@ def encode_read(cmd: ReadCmd) -> bytes:
         kind, a, b, c, d = _BLOCKS_KEY, key.cluster_id, 0, key.model_id, 0
     else:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a read names no cache key: {key!r}")
-    head = _READ.pack(TAG, _OP_READ, kind, int(spec.mode), _INLINE if cmd.inline else 0, len(cmd.session),
+    head = _READ.pack(TAG, _OP_READ, kind, int(spec.mode), _INLINE if cmd.inline else 0, 0,
                       cmd.timeout_ms, len(spec.blocks), cmd.command_id, cmd.transfer_id, a, b, c, d, spec.size,
                       spec.offset, spec.tensor_start, spec.tensor_count, spec.expected_bytes)
-    return b"".join((head, cmd.session, np.asarray(spec.blocks, _U64).tobytes()))
+    return b"".join((head, np.asarray(spec.blocks, _U64).tobytes()))
 
 
 def decode_read(data: bytes) -> ReadCmd:
@@ -83,15 +82,15 @@ def decode_read(data: bytes) -> ReadCmd:
     asks for something invalid."""
     if len(data) < _READ.size:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a read frame of {len(data)} bytes is cut short")
-    (_, op, kind, mode, flags, session_len, timeout_ms, nblocks, cid, tid, a, b, c, d, size, offset, tensor_start,
+    (_, op, kind, mode, flags, reserved, timeout_ms, nblocks, cid, tid, a, b, c, d, size, offset, tensor_start,
      tensor_count, expected) = _READ.unpack_from(data)
     if op != _OP_READ:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown binary owner call {op}")
-    if session_len > _MAX_SESSION or nblocks > MAX_BLOCKS or flags & ~_INLINE:
+    if reserved or nblocks > MAX_BLOCKS or flags & ~_INLINE:
         raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID,
-                          f"a read of {nblocks} blocks (at most {MAX_BLOCKS}), a session of {session_len} bytes "
-                          f"(at most {_MAX_SESSION}), flags {flags:#x}")
-    end = _READ.size + session_len + 8 * nblocks
+                          f"a read of {nblocks} blocks (at most {MAX_BLOCKS}), reserved {reserved} (must be 0), "
+                          f"flags {flags:#x}")
+    end = _READ.size + 8 * nblocks
     if len(data) != end:
         raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID,
                           f"a read frame of {len(data)} bytes; its header says {end}")
@@ -107,10 +106,9 @@ def decode_read(data: bytes) -> ReadCmd:
         key = BlocksKeyRef(a, c)
     else:
         raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID, f"unknown key kind {kind}")
-    session = data[_READ.size:_READ.size + session_len]
-    blocks = tuple(np.frombuffer(data, _U64, nblocks, _READ.size + session_len).tolist()) if nblocks else ()
+    blocks = tuple(np.frombuffer(data, _U64, nblocks, _READ.size).tolist()) if nblocks else ()
     spec = RemoteSpec(key, read_mode, blocks, size, offset, tensor_start, tensor_count, expected)
-    return ReadCmd(cid, bytes(session), tid, spec, timeout_ms, bool(flags & _INLINE))
+    return ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
 
 
 def encode_reply(reply: OwnerReply) -> bytes:

@@ -20,7 +20,6 @@ pins. Anything the view does not settle -- stale, unknown key, another key kind 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from .core.errors import DataDistError
 from .core.layout import owner_spans
@@ -30,10 +29,6 @@ from .memory.base import Segment
 from .memory.copy import all_mapped, read_bytes
 
 __all__ = ["ReadView", "publish", "current", "read_now"]
-
-#: tests only: called in the reader thread with the read lock held, between the generation check and the copy
-PAUSE: Callable[[], None] | None = None
-
 
 @dataclass(frozen=True)
 class _Cache:
@@ -91,6 +86,4 @@ def read_now(engine: Engine, spec: RemoteSpec, limit: int) -> bytes | None:
     with engine.read_lock:
         if engine.closed or view.generation != engine.registry.generation:
             return None
-        if PAUSE is not None:
-            PAUSE()
         return read_bytes(src)

@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
     # scenario 10 runs on its own below (forced onto the simulation, checked in detail): not twice
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "1,2,3,4,5,6,7,8,9",
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "1,2,3,4,5,6,7,8,9,11",
                            "--no-progress", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     data = json.loads((tmp_path / "latest.json").read_text())
     rows = data["rows"]
     scenarios = {r["scenario"].split()[0] for r in rows}
-    assert scenarios == {"1", "2", "3", "4", "5", "6", "7", "8", "9"}, scenarios
+    assert scenarios == {"1", "2", "3", "4", "5", "6", "7", "8", "9", "11"}, scenarios
     failed = [r for r in rows if r["case"] == "scenario failed"]
     assert not failed, failed
     for r in rows:

@@ -248,7 +248,7 @@ class CallFailed(Exception):
 
 
 def _as_ownerwire(payload: bytes) -> bytes | None:
-    """A read (``OwnerCall.read``) as peer protocol 4 sends it: an ``ownerwire`` frame; None for any other call,
+    """A read (``OwnerCall.read``) as the peer protocol sends it: an ``ownerwire`` frame; None for any other call,
     and for a read whose fields no frame can carry (no key, an unknown mode: sent as the message, which the
     daemon refuses as a call it does not know)."""
     from datadistd import ownerwire
@@ -261,7 +261,7 @@ def _as_ownerwire(payload: bytes) -> bytes | None:
         return None
     r = msg.read
     try:
-        return ownerwire.encode_read(ReadCmd(msg.command_id, r.session, r.transfer_id, spec_from_pb(r),
+        return ownerwire.encode_read(ReadCmd(msg.command_id, r.transfer_id, spec_from_pb(r),
                                              r.timeout_ms))
     except DataDistError:
         return None
@@ -336,7 +336,7 @@ class PeerAgent:
         """Ping like a linking daemon does, so the owner keeps the link (bounded by ``close``)."""
         while not self._stop.wait(0.5):
             try:
-                self.call("ping", peer_pb2.SessionRef(session=self.session), timeout=5)
+                self.call("ping", peer_pb2.Ping(), timeout=5)
             except Exception:  # noqa: BLE001 - no answer, or the channel broke: the test sees it elsewhere
                 pass
 
@@ -350,7 +350,7 @@ class PeerAgent:
         from datadistd.ownercalls import OwnerReply
         from datadistd.rpc.convert import CALL_CODEC
 
-        if kind == CONTROL_REPLY:   # peer protocol 4: every reply is an ownerwire frame; handed on as the message
+        if kind == CONTROL_REPLY:   # every reply is an ownerwire frame; handed on as the message
             got = CALL_CODEC.decode_reply(payload)
             ids = got.transfer_ids
             reply = peer_pb2.OwnerReply(command_id=got.command_id, status=got.status, message=got.message,

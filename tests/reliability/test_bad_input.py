@@ -228,7 +228,7 @@ def legit_peer_read(ctx: Ctx) -> None:
     try:
         buf = Buffer(2 * 2 * ROW_BYTES)
         receipt = agent.expect(buf)
-        agent.call("read", peer_pb2.ReadRequest(session=agent.session, transfer_id=receipt.transfer_id,
+        agent.call("read", peer_pb2.ReadRequest(transfer_id=receipt.transfer_id,
                                                 key=blocks_key(P_CLUSTER), blocks=[7, 2], expected_bytes=buf.size,
                                                 timeout_ms=3000))
         receipt.wait(time.monotonic() + 10)
@@ -444,13 +444,13 @@ def _templates(ctx: Ctx) -> dict[str, Any]:
                     src_layer_range=common_pb2.LayerRange(start=0, stop=1),
                     dst_layer_range=common_pb2.LayerRange(start=0, stop=1))])),
             datadist_pb2.LayerTransferRequest(ready_layer=0)],
-        "Read": peer_pb2.ReadRequest(session=ctx.session, transfer_id=1, key=blocks_key(P_CLUSTER), blocks=[1, 2],
+        "Read": peer_pb2.ReadRequest(transfer_id=1, key=blocks_key(P_CLUSTER), blocks=[1, 2],
                                      expected_bytes=2 * 2 * ROW_BYTES, timeout_ms=2000),
-        "OpenWrite": peer_pb2.WriteRequest(session=ctx.session, key=blocks_key(P_CLUSTER), blocks=[1, 2],
+        "OpenWrite": peer_pb2.WriteRequest(key=blocks_key(P_CLUSTER), blocks=[1, 2],
                                            expected_bytes=2 * 2 * ROW_BYTES, timeout_ms=2000),
-        "Release": peer_pb2.ReleaseRequest(session=ctx.session, key=key10),
+        "Release": peer_pb2.ReleaseRequest(key=key10),
         "Handshake": ctx.agent.offer() if ctx.agent is not None else peer_pb2.HandshakeRequest(),
-        "CommitWrite": peer_pb2.CommitRequest(session=ctx.session, transfer_id=1, timeout_ms=500),
+        "CommitWrite": peer_pb2.CommitRequest(transfer_id=1, timeout_ms=500),
     }
 
 
@@ -734,7 +734,7 @@ def _huge_cases(ctx: Ctx) -> list[tuple[str, str, Callable[[], bytes], set[int]]
         engine_id=e2, kind=datadist_pb2.TRANSFER_BLOCKS, remote=blocks_key(P_CLUSTER), local_cache_id=dst,
         remote_blocks=remote, local_blocks=local, timeout_ms=30000).SerializeToString()
     read = lambda blocks: peer_pb2.OwnerCall(read=peer_pb2.ReadRequest(  # noqa: E731
-        session=ctx.session, transfer_id=1, key=blocks_key(P_CLUSTER), blocks=blocks,
+        transfer_id=1, key=blocks_key(P_CLUSTER), blocks=blocks,
         expected_bytes=len(blocks) * 2 * ROW_BYTES, timeout_ms=30000)).SerializeToString()
     inval = {S.LLM_PARAM_INVALID}
     over = [0] * ((1 << 20) + 1)

@@ -151,7 +151,7 @@ def test_handshake_forgeries_are_refused(daemon_factory, worker_factory) -> None
 
 
 def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_factory) -> None:
-    """Peer protocol 3: owner calls, unlink and pings are frames on the authenticated data channel only. The
+    """Owner calls, unlink and pings are frames on the authenticated data channel only. The
     gRPC methods that carried them are gone (UNIMPLEMENTED, whatever the request names), and a peer of
     protocol 2 is refused at the challenge, naming both versions."""
     dp, prompt, port = _prompt(daemon_factory, worker_factory)
@@ -159,7 +159,7 @@ def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_facto
     prompt.call("fill", "c", 2)
     before = prompt.call("digest", "kv"), prompt.call("digest", "c")
     agent = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(connect=False)
-    request = peer_pb2.ReadRequest(session=agent.session, transfer_id=1, key=blocks_key(P), blocks=[0, 1],
+    request = peer_pb2.ReadRequest(transfer_id=1, key=blocks_key(P), blocks=[0, 1],
                                    expected_bytes=2 * TENSORS * ROW).SerializeToString()
     try:
         for method in ("Read", "Release", "OpenWrite", "CommitWrite", "Ping", "Unlink"):
@@ -188,17 +188,17 @@ def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_facto
 
 def _read(agent: PeerAgent, tid: int, **fields) -> None:  # noqa: ANN003
     fields.setdefault("key", blocks_key(P))
-    agent.call("read", peer_pb2.ReadRequest(session=agent.session, transfer_id=tid, timeout_ms=3000, **fields))
+    agent.call("read", peer_pb2.ReadRequest(transfer_id=tid, timeout_ms=3000, **fields))
 
 
 def _open_write(agent: PeerAgent, **fields) -> int:  # noqa: ANN003
     fields.setdefault("key", blocks_key(P))
-    return agent.call("open_write", peer_pb2.WriteRequest(session=agent.session, timeout_ms=3000,
+    return agent.call("open_write", peer_pb2.WriteRequest(timeout_ms=3000,
                                                           **fields)).transfer_id
 
 
 def _commit_write(agent: PeerAgent, tid: int) -> None:
-    agent.call("commit_write", peer_pb2.CommitRequest(session=agent.session, transfer_id=tid, timeout_ms=3000))
+    agent.call("commit_write", peer_pb2.CommitRequest(transfer_id=tid, timeout_ms=3000))
 
 
 def _bad_specs() -> list[tuple[str, dict, set[int]]]:

@@ -260,4 +260,4 @@ def test_bad_tls_config_stops_the_daemon_with_a_clear_message(pki, tmp_path, cas
     assert done.returncode == want_code, done.stderr
     assert needle in done.stderr
     assert not (tmp_path / "d.sock").exists() and time.monotonic() - t0 < 60
-    assert not [p for p in os.listdir(tmp_path) if p.startswith("datadist")]  # no pool files left behind
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("datadist")]  # nothing left behind

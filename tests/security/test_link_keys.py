@@ -30,6 +30,7 @@ from datadistd.engine import tensors_of
 from datadistd.links import ClusterSpec
 from datadistd.node import EngineSlot, Node
 from datadistd.rpc.convert import CALL_CODEC
+from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 
 pytestmark = pytest.mark.timeout(120)
@@ -77,9 +78,10 @@ def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
         d = Node(Config().with_overrides({"peer.secret": "s3cret"}), call_codec=CALL_CODEC,
                  peer_connector=lambda address: InProcessPeer(peers["v"].links, address))
         try:
-            v = peers["v"] = await p.init_engine(1, Role.PROMPT, {**OPTS, "llm.listenIpInfo": "%s:%d" % V_ADDR})
-            dec = await d.init_engine(2, Role.DECODER, OPTS)
-            e = peers["e"] = await d.init_engine(5, Role.PROMPT, OPTS)
+            v = peers["v"] = await p.init_engine(1, Role.PROMPT, {**OPTS, "llm.listenIpInfo": "%s:%d" % V_ADDR},
+                                                 worker_session(p))
+            dec = await d.init_engine(2, Role.DECODER, OPTS, worker_session(d))
+            e = peers["e"] = await d.init_engine(5, Role.PROMPT, OPTS, worker_session(d))
             v_cache = _cache(v, 1, 7)
             _cache(e, 5, 9)
             to_v = [ClusterSpec(1, *V_ADDR)]
@@ -87,7 +89,7 @@ def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
             # 1. D's remote link to V; an impostor of this daemon names D's cluster id
             assert await dec.links.link_clusters(to_v, 3000) == (0, [0])
             theirs = v.links.served[2]
-            impostor = await p.init_engine(2, Role.DECODER, OPTS)
+            impostor = await p.init_engine(2, Role.DECODER, OPTS, worker_session(p))
             mine = _cache(impostor, 2, 0)
             assert await impostor.links.link_clusters(to_v, 3000) == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
             assert v.links.served[2] is theirs and not impostor.links.links
@@ -98,7 +100,7 @@ def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
 
             # 2. V's own link to E (cluster 5); a same-daemon engine names cluster 5 to V
             assert await v.links.link_clusters([ClusterSpec(5, "127.0.0.1", 7105)], 3000) == (0, [0])
-            ghost = await p.init_engine(5, Role.DECODER, OPTS)
+            ghost = await p.init_engine(5, Role.DECODER, OPTS, worker_session(p))
             assert await ghost.links.link_clusters(to_v, 3000) == (S.LLM_ALREADY_LINK, [S.LLM_ALREADY_LINK])
             assert 5 not in v.links.served and not ghost.links.links
             assert await v.links.unlink_clusters([ClusterSpec(5, "127.0.0.1", 7105)], 3000, False) == (0, [0])

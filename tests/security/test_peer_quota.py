@@ -18,6 +18,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec, Role
 from datadistd.links import ClusterSpec
 from datadistd.quota import LinkLimits
+from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _order, _until
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,7 +58,8 @@ def test_8_one_peer_is_held_to_its_links_caps():
             assert busy[0].exception().code == S.LLM_LINK_BUSY
             # another engine's link to the same owner is not slowed: it links and pulls meanwhile
             other = await pair.d.init_engine(3, Role.DECODER, {"llm.MemPoolConfig": POOL,
-                                                               "llm.EnableRemoteCacheAccessible": "1"})
+                                                               "llm.EnableRemoteCacheAccessible": "1"},
+                                             worker_session(pair.d))
             assert await other.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
             from datadistd.core.types import CacheDesc, DType, Placement
             dst = other.engine.allocate_cache(CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE),
@@ -79,7 +81,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
 
 
 def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
-    """Peer protocol 4 answers a small read with its bytes in the reply. The other end cannot use that to make
+    """The peer protocol answers a small read with its bytes in the reply. The other end cannot use that to make
     the owner copy out more than ``INLINE_READ_MAX`` per call, to hold more replies than its link's call cap,
     or to keep a cache pinned: the copy ends before the reply goes out."""
     from datadistd.ownercalls import INLINE_READ_MAX
@@ -94,7 +96,7 @@ def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
             (link,) = serving.served.values()
             out = linking.links[P]
             spec = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1, 3), -1, 0, 0, 0, 4 * BLOCK)
-            data, release = await out.calls.read_inline(out.session, spec, 5.0)   # the legitimate use, over the wire
+            data, release = await out.calls.read_inline(spec, 5.0)   # the legitimate use, over the wire
             assert data == bytes([1]) * 2 * BLOCK + bytes([2]) * 2 * BLOCK and not release
             assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
             for bad, code in [(RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, INLINE_READ_MAX + 1),
@@ -106,17 +108,17 @@ def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
                               (RemoteSpec(BlocksKeyRef(P, 9), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK),
                                S.LLM_KV_CACHE_NOT_EXIST)]:   # a key the owner does not have
                 with pytest.raises(DataDistError) as info:
-                    await out.calls.read_inline(out.session, bad, 5.0)
+                    await out.calls.read_inline(bad, 5.0)
                 assert info.value.code == code, (bad, info.value)
             assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
             # the link's two turns taken: one more inline read waits for a turn, the next is refused at once
             limits = pair.p.link_limits
             for _ in range(2):
                 await link.usage.enter_call(limits, time.monotonic() + 5)
-            waiting = asyncio.ensure_future(out.calls.read_inline(out.session, spec, 5.0))
+            waiting = asyncio.ensure_future(out.calls.read_inline(spec, 5.0))
             assert await _until(lambda: link.usage.waiting == 1)
             with pytest.raises(DataDistError) as info:
-                await out.calls.read_inline(out.session, spec, 5.0)
+                await out.calls.read_inline(spec, 5.0)
             assert info.value.code == S.LLM_LINK_BUSY
             link.usage.exit_call()
             assert (await asyncio.wait_for(waiting, 5))[0] == data    # served once a turn is free

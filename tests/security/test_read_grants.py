@@ -30,6 +30,7 @@ from datadistd.node import Node  # noqa: E402
 from datadistd.quota import LinkLimits  # noqa: E402
 from datadistd.rpc.convert import CALL_CODEC  # noqa: E402
 from datadistd.transport.base import Channel  # noqa: E402
+from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _bytes, _order, _until  # noqa: E402
 from tests.unit.test_transport_nixl import needs_nixl  # noqa: E402
 
@@ -45,8 +46,8 @@ class NixlPair(Pair):
         self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1], **NIXL}), call_codec=CALL_CODEC,
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
-        self.ps = await self.p.init_engine(P, Role.PROMPT, opts)
-        self.ds = await self.d.init_engine(D, Role.DECODER, opts)
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
+        self.ds = await self.d.init_engine(D, Role.DECODER, opts, worker_session(self.d))
         return self
 
 
@@ -131,7 +132,8 @@ def test_grants_out_of_bounds_of_another_engine_or_not_remote_are_refused_before
             assert _held(pair, src) == (0, 0, 0, 0)
             # a cache of another engine of the owner's daemon (cluster 3) is not this link's to read
             other = await pair.p.init_engine(3, Role.PROMPT, {"llm.MemPoolConfig": POOL,
-                                                              "llm.EnableRemoteCacheAccessible": "1"})
+                                                              "llm.EnableRemoteCacheAccessible": "1"},
+                                             worker_session(pair.p))
             other.engine.allocate_cache(CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE),
                                         is_blocks=True, blocks_key=BlocksKeyRef(3, 0))
             with pytest.raises(DataDistError) as info:
@@ -191,7 +193,7 @@ def test_a_grant_never_ended_severs_the_link_before_the_owner_unpins() -> None:
             (dlink,) = linking.table.links.values()
             (slink,) = serving.served.values()
             channel = _channel(pair)
-            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)   # asks for "a minute"
+            _, grant, _ = await dlink.calls.grant_read(_spec((1, 2)), 60.0)   # asks for "a minute"
             assert _held(pair, src)[:2] == (1, 1)
             # never ended: at the cut hold (0.3 s) the owner severs the link, then unpins
             assert await _until(lambda: not serving.table.grants, 6.0)
@@ -216,7 +218,7 @@ def test_unlink_ends_the_grants_and_a_deallocated_cache_waits_for_them() -> None
             src, dst = pair.caches()
             (dlink,) = linking.table.links.values()
             channel = _channel(pair)
-            _, grant, _ = await dlink.calls.grant_read(dlink.session, _spec((1, 2)), 60.0)
+            _, grant, _ = await dlink.calls.grant_read(_spec((1, 2)), 60.0)
             # the owner deallocates the cache the grant holds: its memory waits for the grant (pinned)
             pair.ps.engine.deallocate_cache(src, is_blocks=True)
             entry = next(iter(pair.ps.engine.registry._draining.values()))

@@ -161,6 +161,27 @@ def test_the_daemon_exits_2_on_an_unknown_environment_variable() -> None:
     assert "DATADISTD_METRIC_LISTEN (did you mean DATADISTD_METRICS_LISTEN?)" in done.stderr
 
 
+def test_an_unknown_memory_backend_is_refused_naming_the_known_ones() -> None:
+    """memory.backend is checked at load (a removed name such as cuda): exit 2 and the list, not a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    with pytest.raises(ConfigError, match=r"memory.backend: unknown memory backend 'cuda'; known: acl, host"):
+        load_config(env={"DATADISTD_MEMORY_BACKEND": "cuda"})
+    assert load_config(env={"DATADISTD_MEMORY_BACKEND": "acl"}).memory.backend == "acl"
+    done = subprocess.run([sys.executable, "-m", "datadistd", "--backend", "cuda", "--socket", "/nonexistent/x.sock"],
+                          env={k: v for k, v in os.environ.items() if not k.startswith("DATADISTD_")},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert "unknown memory backend 'cuda'; known: acl, host" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_removed_session_keepalive_key_is_unknown() -> None:
+    with pytest.raises(ConfigError, match="unknown config key 'daemon.session_keepalive_seconds'"):
+        load_config(overrides={"daemon.session_keepalive_seconds": 5.0}, env={})
+
+
 def test_every_daemon_variable_the_tree_names_is_known() -> None:
     """What the docs, deploy files, tests and bench set is accepted: none is refused by the rule above."""
     import re

@@ -38,3 +38,20 @@ def test_the_ports_section_names_the_config_key_that_fixes_the_data_port() -> No
     ports = ops[ops.index("## Ports"):ops.index("## Two hosts")]
     assert "`[transport] data_ports`" in ports and "data_ports = " in (ROOT / "deploy" / "datadistd.toml").read_text()
     assert "data_ports" in (ROOT / "deploy" / "README.md").read_text()
+
+
+def test_docs_speak_of_the_code_not_of_tickets() -> None:
+    """Docs describe the code as it is: no "issue N" ties a present-tense line to a ticket."""
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            assert not re.search(r"\bissues? \d", line, re.I), f"{doc}:{number}: {line.strip()}"
+
+
+def test_the_docs_index_lists_every_page_and_the_readme_links_it() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "README.md":
+            assert f"]({page.name})" in index, f"docs/README.md does not list {page.name}"
+    first = (ROOT / "README.md").read_text().split("\n\n")[1]   # the paragraph under the title
+    assert "(docs/spec.md)" in first and "(docs/README.md)" in first
+    assert "host RAM" in first and "Ascend NPU memory" in first and "no GPU memory" in first

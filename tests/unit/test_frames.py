@@ -110,11 +110,11 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
         calls = FrameCalls(2, CALL_CODEC, send)
         pair.out.on_control(lambda kind, payload: loop.call_soon_threadsafe(
             calls.on_reply, CALL_CODEC.decode_reply(payload)))
-        answers = await asyncio.gather(*(calls.read(b"s", 10 + i, spec, 5.0) for i in range(20)))
+        answers = await asyncio.gather(*(calls.read(10 + i, spec, 5.0) for i in range(20)))
         assert set(answers) == {(4096, True)}
         calls.close("done")
         with pytest.raises(DataDistError) as info:
-            await calls.read(b"s", 99, spec, 5.0)
+            await calls.read(99, spec, 5.0)
         assert info.value.code == S.LLM_LINK_FAILED
         return answers[0]
 
@@ -131,7 +131,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
 
         calls = FrameCalls(2, CALL_CODEC, send)
         with pytest.raises(DataDistError) as info:
-            await calls.read(b"s", 1, spec, 0.3)
+            await calls.read(1, spec, 0.3)
         assert info.value.code == S.LLM_TIMEOUT
 
     asyncio.run(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -141,17 +140,15 @@ def test_tensor_index_out_of_range_is_param_invalid_and_named(tensors) -> None: 
     assert "tensor index" in err.message
 
 
-def test_block_spans_of_100k_blocks_are_fast() -> None:
+def test_block_spans_of_100k_blocks() -> None:
+    """100,000 blocks in one run, in runs of 8 and scattered (their cost per block is bench scenario 4's)."""
     desc = CacheDesc(num_tensors=4, shape=(200_000, 16), dtype=DType.DT_FLOAT16)
     runs_of_8 = [b for start in range(0, 200_000, 16) for b in range(start, start + 8)][:100_000]
-    t0 = time.perf_counter()
     one_run = block_spans(desc, range(4), list(range(50_000, 150_000)))
     many = block_spans(desc, range(4), runs_of_8)
     scattered = block_spans(desc, range(4), list(range(199_999, 99_999, -1)))
-    elapsed = time.perf_counter() - t0
     assert one_run == [Span(t, 50_000 * 32, 100_000 * 32) for t in range(4)]
     assert len(many) == 4 * 12_500 and len(scattered) == 4 * 100_000
-    assert elapsed < 2.0, elapsed
 
 
 # ---- slot spans ---------------------------------------------------------------------------------

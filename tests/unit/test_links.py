@@ -28,6 +28,7 @@ from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, Ou
 from datadistd.node import Node
 from datadistd.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
 from datadistd.rpc.convert import CALL_CODEC
+from tests.fakes import worker_session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,8 +78,8 @@ class Pair:
         self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=CALL_CODEC,
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
-        self.ps = await self.p.init_engine(P, Role.PROMPT, opts)
-        self.ds = await self.d.init_engine(D, Role.DECODER, opts)
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
+        self.ds = await self.d.init_engine(D, Role.DECODER, opts, worker_session(self.d))
         return self
 
     def _connect(self, address: str) -> InProcessPeer:
@@ -450,7 +451,7 @@ def test_liveness_and_check_link_are_frames_from_either_end() -> None:
 
 
 def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel() -> None:
-    """Peer protocol 4: a pull of at most ``INLINE_READ_MAX`` bytes over tcp asks the owner for its bytes in the
+    """A pull of at most ``INLINE_READ_MAX`` bytes over tcp asks the owner for its bytes in the
     reply -- no receipt at the requester, no transfer sent by the owner -- by callback and awaited alike."""
     async def main() -> None:
         async with Pair() as pair:

@@ -28,7 +28,6 @@ from datadistd.ownercalls import (
 from datadistd.rpc import convert
 from datadistd.rpc.convert import CALL_CODEC
 
-SESSION = b"s" * 16
 SPEC = RemoteSpec(BlocksKeyRef(7, 1), ReadMode.BLOCKS, (3, 1, 4), -1, 0, 2, 4, 4096)
 
 
@@ -48,17 +47,17 @@ class Hub:
 
 
 @pytest.mark.parametrize("cmd", [
-    OpenWriteCmd(1, SESSION, (SPEC,), 500),
-    OpenWriteCmd(1, SESSION, (SPEC, replace(SPEC, tensor_start=4), replace(SPEC, blocks=(9,))), 500, 8000),
-    CommitWriteCmd(2, SESSION, (99,), 500),
-    CommitWriteCmd(2, SESSION, (99, 100, 7), 500),
-    ReadCmd(3, SESSION, 42, RemoteSpec(IdIndexRef(7, 2, 1), ReadMode.SLOT, (), 128, 64, 0, 0, 512), 700),
-    ReleaseCmd(4, SESSION, CacheKeyRef(7, 11, 0), 0, 6),
-    UnlinkCmd(5, SESSION),
-    PingCmd(6, SESSION),
-    GrantReadCmd(7, SESSION, SPEC, 900),
-    DoneReadCmd(8, SESSION, 12, True),
-    DoneReadCmd(8, SESSION, 13, False),
+    OpenWriteCmd(1, (SPEC,), 500),
+    OpenWriteCmd(1, (SPEC, replace(SPEC, tensor_start=4), replace(SPEC, blocks=(9,))), 500, 8000),
+    CommitWriteCmd(2, (99,), 500),
+    CommitWriteCmd(2, (99, 100, 7), 500),
+    ReadCmd(3, 42, RemoteSpec(IdIndexRef(7, 2, 1), ReadMode.SLOT, (), 128, 64, 0, 0, 512), 700),
+    ReleaseCmd(4, CacheKeyRef(7, 11, 0), 0, 6),
+    UnlinkCmd(5),
+    PingCmd(6),
+    GrantReadCmd(7, SPEC, 900),
+    DoneReadCmd(8, 12, True),
+    DoneReadCmd(8, 13, False),
 ])
 def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
     assert CALL_CODEC.decode_command(CALL_CODEC.encode_command(cmd)) == cmd
@@ -68,7 +67,7 @@ def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
     for reply in (OwnerReply(9, 0, "", (5,), 4096, True), OwnerReply(9, transfer_ids=(5, 6, 11)),
                   OwnerReply(9, nbytes=3), OwnerReply(9, transfer_ids=(4,), grant=b"\0rows")):
         assert CALL_CODEC.decode_reply(CALL_CODEC.encode_reply(reply)) == reply
-    empty = convert.call_to_pb(UnlinkCmd(6, SESSION))
+    empty = convert.call_to_pb(UnlinkCmd(6))
     empty.ClearField("unlink")
     with pytest.raises(DataDistError) as info:
         convert.call_from_pb(empty)
@@ -81,13 +80,13 @@ def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
 def test_concurrent_calls_are_matched_by_id_answered_in_reverse_order() -> None:
     async def main() -> list:
         hub = Hub()
-        calls = [asyncio.ensure_future(hub.calls.read(SESSION, tid, SPEC, 5.0)) for tid in range(12)]
+        calls = [asyncio.ensure_future(hub.calls.read(tid, SPEC, 5.0)) for tid in range(12)]
         commands = [await hub.next_command() for _ in calls]
         for cmd in reversed(commands):  # the other end answers in any order
             assert isinstance(cmd, ReadCmd)
             hub.calls.on_reply(OwnerReply(cmd.command_id, nbytes=cmd.transfer_id * 10, release_needed=True))
         results = await asyncio.wait_for(asyncio.gather(*calls), 5.0)
-        failing = asyncio.ensure_future(hub.calls.unlink(SESSION, 5.0))
+        failing = asyncio.ensure_future(hub.calls.unlink(5.0))
         cmd = await hub.next_command()
         hub.calls.on_reply(OwnerReply(cmd.command_id, int(StatusCode.LLM_NOT_YET_LINK), "gone"))
         with pytest.raises(DataDistError) as info:
@@ -101,14 +100,14 @@ def test_concurrent_calls_are_matched_by_id_answered_in_reverse_order() -> None:
 def test_closed_calls_fail_the_calls_in_flight_at_once() -> None:
     async def main() -> None:
         hub = Hub()
-        call = asyncio.ensure_future(hub.calls.open_write(SESSION, [SPEC], 30.0))
+        call = asyncio.ensure_future(hub.calls.open_write([SPEC], 30.0))
         await hub.next_command()
         hub.calls.close("the link was dropped")
         with pytest.raises(DataDistError) as info:
             await asyncio.wait_for(call, 5.0)
         assert info.value.code == StatusCode.LLM_LINK_FAILED
         with pytest.raises(DataDistError) as info:   # and every later call at once
-            await hub.calls.ping(SESSION, 5.0)
+            await hub.calls.ping(5.0)
         assert info.value.code == StatusCode.LLM_LINK_FAILED
 
     asyncio.run(main())
@@ -116,7 +115,7 @@ def test_closed_calls_fail_the_calls_in_flight_at_once() -> None:
 
 def test_an_open_write_of_too_many_pieces_is_refused_before_decoding() -> None:
     """A hostile peer cannot make the owner open (and pin caches for) an unbounded number of transfers."""
-    msg = convert.call_to_pb(OpenWriteCmd(1, SESSION, (SPEC,) * MAX_OPEN_PER_CALL, 500))
+    msg = convert.call_to_pb(OpenWriteCmd(1, (SPEC,) * MAX_OPEN_PER_CALL, 500))
     assert len(convert.call_from_pb(msg).specs) == MAX_OPEN_PER_CALL
     msg.open_write.more.append(msg.open_write.more[0])
     with pytest.raises(DataDistError) as info:
@@ -127,7 +126,7 @@ def test_an_open_write_of_too_many_pieces_is_refused_before_decoding() -> None:
 def test_an_answer_with_the_wrong_number_of_transfers_fails_the_open() -> None:
     async def main() -> None:
         hub = Hub()
-        call = asyncio.ensure_future(hub.calls.open_write(SESSION, [SPEC, SPEC], 5.0))
+        call = asyncio.ensure_future(hub.calls.open_write([SPEC, SPEC], 5.0))
         cmd = await hub.next_command()
         hub.calls.on_reply(OwnerReply(cmd.command_id, transfer_ids=(4,)))   # an owner that opened only the first
         with pytest.raises(DataDistError) as info:

@@ -39,13 +39,19 @@ async def _warm(pair: Pair, dst: int) -> None:
 
 
 def _reads(serving: Any, at_least: int = 0) -> int:
-    """Reads the reader threads answered (waiting a moment for ``at_least``: they count after the reply)."""
+    """Bytes the reader threads answered reads with (waiting a moment for ``at_least``: they count after the
+    reply)."""
     limit = time.monotonic() + 5
     while True:
-        n = sum(link.reader_reads for link in serving.table.served.values())
+        n = sum(link.reader_bytes_out for link in serving.table.served.values())
         if n >= at_least or time.monotonic() > limit:
             return n
         time.sleep(0.001)
+
+
+def _loop_bytes(serving: Any) -> int:
+    """Bytes the owner's event loop sent (reads it answered: by reply or on the data channel)."""
+    return sum(link.bytes_out for link in serving.table.served.values())
 
 
 def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_loop() -> None:
@@ -56,13 +62,13 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
             await pair.link()
             src, dst = pair.caches()
             await _warm(pair, dst)
-            frames, before = serving.calls.loop_frames, _reads(serving)
+            loop_out, before = _loop_bytes(serving), _reads(serving)
             counted = metrics.bound("serve_read", str(P), str(D))
             nbytes, nblocks = counted.bytes()._value.get(), counted.blocks()._value.get()
             for _ in range(5):
                 assert await linking.pull(_order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
-            assert serving.calls.loop_frames == frames       # the owner's event loop saw none of them
-            assert _reads(serving, before + 5) == before + 5
+            assert _reads(serving, before + 5 * 4 * BLOCK) == before + 5 * 4 * BLOCK   # the reader threads'
+            assert _loop_bytes(serving) == loop_out          # the owner's event loop answered none of them
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[[0, 2, 7]] == t + 1).all() and (tensor[[1, 3, 4, 5, 6]] == 0).all()
             link = next(iter(serving.table.served.values()))
@@ -84,58 +90,80 @@ def test_a_link_doing_only_reader_thread_reads_stays_alive() -> None:
             await _warm(pair, dst)
             link = next(iter(serving.table.served.values()))
             link.last_seen = time.monotonic() - 3600           # as if nothing came for an hour
-            frames = serving.calls.loop_frames
+            loop_out, before = _loop_bytes(serving), _reads(serving)
             await linking.pull(_order(P, dst, [3], [3]))
-            assert serving.calls.loop_frames == frames
+            assert _reads(serving, before + 1) > before and _loop_bytes(serving) == loop_out
             assert time.monotonic() - link.last_seen < 5
 
     asyncio.run(main())
 
 
-def test_a_deallocate_racing_a_read_waits_for_its_copy_and_a_later_read_is_refused() -> None:
-    """The reader passed the view check and holds the read lock: the event loop's deallocate blocks in
-    ``Engine._free`` until the copy is done, so the bytes are the old cache's though a new cache of another
-    pattern takes the same memory at once; a read after the deallocate falls back: LLM_KV_CACHE_NOT_EXIST."""
+class _Pause:
+    """Where a reader thread stops once: taking the view of a cache's memory while the engine's read lock is
+    held, i.e. between the read view's generation check and its copy (``readview.read_now``)."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.armed = False
+        self.paused, self.go = threading.Event(), threading.Event()
+
+    def here(self) -> None:
+        if self.armed and self.lock.locked() and threading.current_thread() is not threading.main_thread():
+            self.armed = False
+            self.paused.set()
+            self.go.wait(10)
+
+
+class _PausingMemory(BufferHandle):
+    """Worker memory handed to the daemon (a fake injected by registration) whose view can stop a reader."""
+
+    def __init__(self, buf: bytearray, pause: _Pause) -> None:
+        super().__init__(buf)
+        self.pause = pause
+
+    def view(self) -> memoryview | None:
+        self.pause.here()
+        return super().view()
+
+
+def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_refused() -> None:
+    """The reader passed the view check and holds the read lock: the event loop's unregister blocks in
+    ``Engine._free`` until the copy is done, so the bytes are the old ones though the worker overwrites its
+    memory the moment the cache is gone; a read after it falls back: LLM_KV_CACHE_NOT_EXIST."""
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
             await pair.link()
-            src, dst = pair.caches()
-            await _warm(pair, dst)
-            old = tensors_of(serving.engine.entry(src))
-            paused, go = threading.Event(), threading.Event()
-
-            def pause() -> None:
-                readview.PAUSE = None
-                paused.set()
-                go.wait(10)
-
-            readview.PAUSE = pause
+            _, dst = pair.caches()
+            pause = _Pause(serving.engine.read_lock)
+            bufs = [bytearray(bytes([t + 1]) * (BLOCKS * BLOCK)) for t in range(2)]
+            desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+            registered = serving.engine.register_cache(desc, is_blocks=True,
+                                                       handles=[_PausingMemory(b, pause) for b in bufs],
+                                                       blocks_key=BlocksKeyRef(P, 0), remote_accessible=True)
+            await _warm(pair, dst)   # the key now names the registered cache; the view is published
+            pause.armed = True
             try:
                 ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 linking.start_pull(_order(P, dst, [5], [5]), ended.set_result)
-                assert await asyncio.get_running_loop().run_in_executor(None, paused.wait, 10)
-                threading.Timer(0.3, go.set).start()
+                assert await asyncio.get_running_loop().run_in_executor(None, pause.paused.wait, 10)
+                threading.Timer(0.3, pause.go.set).start()
                 started = time.monotonic()
-                serving.engine.deallocate_cache(src, is_blocks=True)   # blocks until the reader's copy is done
+                serving.engine.unregister_cache(int(registered.cache_id))   # blocks until the reader's copy is done
                 waited = time.monotonic() - started
-                desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
-                again = serving.engine.allocate_cache(desc, is_blocks=True)   # no key: nobody may read it
-                where = [(repr(s.handle), s.offset) for s in tensors_of(again)]
-                assert where == [(repr(s.handle), s.offset) for s in old]   # the same memory
-                _fill(pair.ps, int(again.cache_id), 0xEE)
+                for buf in bufs:                                  # the worker reuses its memory at once
+                    buf[:] = b"\xee" * len(buf)
                 assert await asyncio.wait_for(ended, 10) == (2 * BLOCK, "tcp")
             finally:
-                readview.PAUSE = None
-                go.set()
+                pause.go.set()
             assert waited >= 0.2
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
-                assert (tensor[5] == t + 1).all()          # the old cache's bytes, never 0xEE
-            reads, frames = _reads(serving), serving.calls.loop_frames
+                assert (tensor[5] == t + 1).all()          # the registered cache's bytes, never 0xEE
+            reads = _reads(serving)
             with pytest.raises(DataDistError) as info:
                 await linking.pull(_order(P, dst, [6], [6]))
-            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
-            assert _reads(serving) == reads and serving.calls.loop_frames > frames
+            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST   # the loop's refusal: a reader thread never refuses
+            assert _reads(serving) == reads
             for tensor in _bytes(pair.ds, dst):
                 assert (tensor[6] == 0).all()
 
@@ -190,7 +218,7 @@ def test_every_refusal_has_the_status_it_had(case: str) -> None:
             link = linking.table.links[P]
             reads = _reads(serving)
             try:
-                await link.calls._call(lambda cid, ms: ReadCmd(cid, link.session, 0, spec, ms, inline=True), 5)
+                await link.calls._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), 5)
                 code = int(S.LLM_SUCCESS)
             except DataDistError as exc:
                 code = int(exc.code)

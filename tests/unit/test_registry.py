@@ -314,6 +314,29 @@ def test_layer_wise_pulls_consume_the_key_after_every_tensor() -> None:
     assert reg.consume_pulled(req(1), [0, 1]) == []
 
 
+def test_a_huge_tensor_range_is_refused_at_its_first_bad_index() -> None:
+    """A peer's Release of ``tensor_count`` 2**32 - 1 names a range of four billion indices: it is refused at the
+    first index out of range, never materialised (it held the owner's event loop for minutes)."""
+    reg = CacheRegistry()
+    allocate(reg, desc(tensors=4), keys=[req(1)])
+    taken = []
+
+    def indices():   # as range(0, 2**32 - 1), but it tells how far it was read
+        for t in range(2**32 - 1):
+            if len(taken) > 8:
+                raise AssertionError(f"read {len(taken)} indices of a range whose fifth is out of range")
+            taken.append(t)
+            yield t
+
+    with pytest.raises(DataDistError) as info:
+        reg.consume_pulled(req(1), indices())
+    assert info.value.code == StatusCode.LLM_PARAM_INVALID and "pulled tensor index 4 out of range [0, 4)" in str(
+        info.value.message)
+    assert len(taken) == 5
+    with pytest.raises(DataDistError):   # a range itself, as the engine passes it
+        reg.consume_pulled(req(1), range(0, 2**32 - 1))
+
+
 def test_progress_is_forgotten_when_a_key_is_removed_and_bound_again() -> None:
     reg = CacheRegistry()
     a = allocate(reg, desc(tensors=4), keys=[req(1)])

@@ -11,13 +11,15 @@ from datadistd.config import Config
 from datadistd.core.types import Role
 from datadistd.node import Node
 from datadistd.rpc.convert import CALL_CODEC
+from tests.fakes import worker_session
 
 
 def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
     async def main() -> None:
         node = Node(Config(), call_codec=CALL_CODEC)
         try:
-            slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'})
+            slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'},
+                                          worker_session(node))
             view = node.snapshot()
             (ev,) = view.engines
             assert (ev.engine_id, ev.cluster_id, ev.role_name, ev.caches, ev.links) == (
@@ -42,16 +44,17 @@ def test_the_gate_counts_jobs_and_waits_bounded() -> None:
     """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
     import threading
 
-    from datadistd.gate import Gate
+    from datadistd.gate import Gate, Lane, Threads
 
     async def main() -> None:
-        gate = Gate()
+        gate, threads = Gate(), Threads(2, 1)
         assert await gate.drained(0.01)
         release = threading.Event()
-        job = asyncio.get_running_loop().create_task(gate.run(None, release.wait, 5))
+        job = asyncio.get_running_loop().create_task(gate.run(Lane(threads, "uid 0"), release.wait, 5))
         await asyncio.sleep(0.05)
         assert gate.busy == 1 and not await gate.drained(0.05)   # still running: the wait ends on time
         release.set()
         assert await gate.drained(5) and await job is True and gate.busy == 0
+        threads.shutdown()
 
     asyncio.run(main())

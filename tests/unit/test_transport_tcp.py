@@ -680,64 +680,6 @@ def test_registry_loads_tcp_by_name() -> None:
         t.stop()
 
 
-# ---- throughput (recorded, not asserted) ---------------------------------------------------------
-
-def _raw_socket_throughput(src: np.ndarray, dst: np.ndarray, flags: int = 0) -> float:
-    listener = socket.create_server((LOOPBACK, 0))
-    received = [0]
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            view = memoryview(dst)
-            while received[0] < len(view):
-                n = conn.recv_into(view[received[0]:], 0, flags)
-                if n == 0:
-                    break
-                received[0] += n
-
-    t = threading.Thread(target=serve)
-    t.start()
-    with socket.create_connection(listener.getsockname(), timeout=30) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.settimeout(None)  # plain blocking sendall: one system call for the whole buffer
-        t0 = time.perf_counter()
-        s.sendall(memoryview(src))
-        t.join(30)
-        elapsed = time.perf_counter() - t0
-    listener.close()
-    assert received[0] == src.size
-    return src.size / elapsed
-
-
-def test_throughput_256mib_vs_raw_socket(capsys: pytest.CaptureFixture[str]) -> None:
-    n = 256 << 20
-    src, dst = ArrayHandle(n, seed=15), ArrayHandle(n)
-    dst.arr[:] = 1  # fault the pages in first: page faults are not what is measured
-    raw = _raw_socket_throughput(src.arr, dst.arr)
-    assert np.array_equal(dst.arr, src.arr)
-    results = {"raw socket sendall/recv_into, 1 connection": raw}
-    dst.arr[:] = 0
-    results["raw socket sendall/recv_into(MSG_WAITALL), 1 connection"] = _raw_socket_throughput(
-        src.arr, dst.arr, socket.MSG_WAITALL)
-    assert np.array_equal(dst.arr, src.arr)
-    for streams in (1, 4):
-        p = Pair(streams=streams)
-        try:
-            dst.arr[:] = 0
-            t0 = time.perf_counter()
-            p.a_to_b(one(src), one(dst), seconds=60)
-            results[f"datadist tcp, {streams} stream(s), 4 MiB chunks"] = n / (time.perf_counter() - t0)
-            assert np.array_equal(dst.arr, src.arr)
-        finally:
-            p.stop()
-    with capsys.disabled():
-        print()
-        for what, rate in results.items():
-            print(f"  256 MiB over loopback: {what}: {rate / 1e9:.2f} GB/s ({rate / raw:.0%} of raw)")
-
-
-
 def test_stripe_width_bounds_the_connections_one_transfer_uses() -> None:
     """``stripe=1``: a transfer goes over one connection; successive transfers rotate over all of them."""
     p = Pair(streams=3, chunk_size=64 << 10, stripe=1)

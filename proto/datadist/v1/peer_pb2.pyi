@@ -31,11 +31,11 @@ class OwnerCall(_message.Message):
     commit_write: CommitRequest
     read: ReadRequest
     release: ReleaseRequest
-    unlink: SessionRef
-    ping: SessionRef
+    unlink: Unlink
+    ping: Ping
     grant_read: ReadRequest
     done_read: DoneRead
-    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[SessionRef, _Mapping]] = ..., ping: _Optional[_Union[SessionRef, _Mapping]] = ..., grant_read: _Optional[_Union[ReadRequest, _Mapping]] = ..., done_read: _Optional[_Union[DoneRead, _Mapping]] = ...) -> None: ...
+    def __init__(self, command_id: _Optional[int] = ..., open_write: _Optional[_Union[WriteRequest, _Mapping]] = ..., commit_write: _Optional[_Union[CommitRequest, _Mapping]] = ..., read: _Optional[_Union[ReadRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., unlink: _Optional[_Union[Unlink, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., grant_read: _Optional[_Union[ReadRequest, _Mapping]] = ..., done_read: _Optional[_Union[DoneRead, _Mapping]] = ...) -> None: ...
 
 class OwnerReply(_message.Message):
     __slots__ = ("command_id", "status", "message", "transfer_id", "bytes", "release_needed", "more_transfer_ids", "grant")
@@ -58,14 +58,12 @@ class OwnerReply(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., transfer_id: _Optional[int] = ..., bytes: _Optional[int] = ..., release_needed: _Optional[bool] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ...) -> None: ...
 
 class DoneRead(_message.Message):
-    __slots__ = ("session", "grant_id", "consume")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("grant_id", "consume")
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUME_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     grant_id: int
     consume: bool
-    def __init__(self, session: _Optional[bytes] = ..., grant_id: _Optional[int] = ..., consume: _Optional[bool] = ...) -> None: ...
+    def __init__(self, grant_id: _Optional[int] = ..., consume: _Optional[bool] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id")
@@ -133,15 +131,16 @@ class CacheLayout(_message.Message):
     is_blocks: bool
     def __init__(self, cache_id: _Optional[int] = ..., desc: _Optional[_Union[_common_pb2.CacheDesc, _Mapping]] = ..., is_blocks: _Optional[bool] = ...) -> None: ...
 
-class SessionRef(_message.Message):
-    __slots__ = ("session",)
-    SESSION_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
-    def __init__(self, session: _Optional[bytes] = ...) -> None: ...
+class Unlink(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("session", "transfer_id", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("transfer_id", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -152,7 +151,6 @@ class ReadRequest(_message.Message):
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     transfer_id: int
     key: _common_pb2.AnyKey
     mode: ReadMode
@@ -163,23 +161,20 @@ class ReadRequest(_message.Message):
     tensor_count: int
     expected_bytes: int
     timeout_ms: int
-    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, transfer_id: _Optional[int] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session", "key", "tensor_start", "tensor_count")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("key", "tensor_start", "tensor_count")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TENSOR_START_FIELD_NUMBER: _ClassVar[int]
     TENSOR_COUNT_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     key: _common_pb2.AnyKey
     tensor_start: int
     tensor_count: int
-    def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("session", "key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms", "more", "hold_ms")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("key", "mode", "blocks", "size", "offset", "tensor_start", "tensor_count", "expected_bytes", "timeout_ms", "more", "hold_ms")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -191,7 +186,6 @@ class WriteRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     HOLD_MS_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     key: _common_pb2.AnyKey
     mode: ReadMode
     blocks: _containers.RepeatedScalarFieldContainer[int]
@@ -203,16 +197,14 @@ class WriteRequest(_message.Message):
     timeout_ms: int
     more: _containers.RepeatedCompositeFieldContainer[WriteRequest]
     hold_ms: int
-    def __init__(self, session: _Optional[bytes] = ..., key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., hold_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, key: _Optional[_Union[_common_pb2.AnyKey, _Mapping]] = ..., mode: _Optional[_Union[ReadMode, str]] = ..., blocks: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., tensor_start: _Optional[int] = ..., tensor_count: _Optional[int] = ..., expected_bytes: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., hold_ms: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("session", "transfer_id", "timeout_ms", "more_transfer_ids")
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("transfer_id", "timeout_ms", "more_transfer_ids")
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MORE_TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
-    session: bytes
     transfer_id: int
     timeout_ms: int
     more_transfer_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session: _Optional[bytes] = ..., transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., more_transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...

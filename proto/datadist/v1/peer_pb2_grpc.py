@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class PeerStub:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
     frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
@@ -52,7 +52,7 @@ class PeerStub:
 
 
 class PeerServicer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
     frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
@@ -97,7 +97,7 @@ def add_PeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Peer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
     frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these

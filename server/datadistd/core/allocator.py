@@ -71,10 +71,6 @@ class PageAllocator:
         """Bytes of the largest contiguous free run (the largest allocation that can succeed now)."""
         return self._free_sorted[-1][0] << self._shift if self._free_sorted else 0
 
-    @property
-    def allocation_count(self) -> int:
-        return len(self._allocated)
-
     def __repr__(self) -> str:
         return (f"PageAllocator(capacity={self.capacity}, page_size={self.page_size}, used={self.used}, "
                 f"allocations={len(self._allocated)}, free_runs={len(self._free_sorted)})")

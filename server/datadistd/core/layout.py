@@ -183,7 +183,7 @@ class BlockSpans(Sequence[Span]):
     def __len__(self) -> int:
         return len(self.tensors) * len(self.runs) if self.tensors else 0
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         runs = self.runs

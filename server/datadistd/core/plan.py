@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Sequence
 
 from .errors import DataDistError, StatusCode, require
 from .layout import Span, block_spans, layer_range_to_tensor_indices, slot_spans, total_length
@@ -46,7 +47,7 @@ class TransferOrder:
 
 @dataclass(frozen=True)
 class Plan:
-    local_spans: list[Span]
+    local_spans: Sequence[Span]
     remote: RemoteSpec
     nbytes: int
     local_tensors: tuple[int, ...]
@@ -90,6 +91,8 @@ def plan_pull(order: TransferOrder, dst: CacheDesc, dst_is_blocks: bool, own_clu
     per = order.tensor_num_per_layer
     local = _indices(order.dst_layers, per, dst.num_tensors)
     t_start, t_count = _remote_tensors(order.src_layers, per, len(local), order.dst_layers is not None, "src")
+    spans: Sequence[Span]
+    blocks: tuple[int, ...]
     if order.kind == TransferKind.CACHE:
         require(not dst_is_blocks, "pull_cache needs a contiguous destination cache; use pull_blocks")
         require(not isinstance(order.remote, BlocksKeyRef), "pull_cache takes a CacheKey or CacheKeyByIdAndIndex")
@@ -130,6 +133,8 @@ def plan_push(order: TransferOrder, src: CacheDesc, src_is_blocks: bool, own_clu
     per = order.tensor_num_per_layer
     local = _indices(order.src_layers, per, src.num_tensors)
     t_start, t_count = _remote_tensors(order.dst_layers, per, len(local), order.src_layers is not None, "dst")
+    spans: Sequence[Span]
+    blocks: tuple[int, ...]
     if order.kind == TransferKind.CACHE:
         require(not src_is_blocks, "push_cache needs a contiguous source cache; use push_blocks")
         require(isinstance(order.remote, (IdIndexRef, CacheKeyRef)), "push_cache takes a CacheKeyByIdAndIndex")
@@ -248,20 +253,21 @@ def check_layer_task(task: LayerTask, own_cluster: int) -> None:
                 require(t.src_batch_index == 0, "src_batch_index should be 0 when cache_key is BlocksCacheKey.")
 
 
-def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[list[Span], RemoteSpec]]:
+def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[Sequence[Span], RemoteSpec]]:
     """The pieces (local spans, owner spec) that send source layer ``layer`` to ``task.targets[target]``."""
     t = task.targets[target]
     require(t.holds(layer), f"layer {layer} is outside src_layer_range {t.src_layers} of target {target}")
     src = task.src
     tensors = (LAYER_TENSORS * layer, LAYER_TENSORS * layer + 1)
 
-    def local(tensor_indices: tuple[int, ...]) -> list[Span]:
+    def local(tensor_indices: tuple[int, ...]) -> Sequence[Span]:
         if task.src_blocks:
             return block_spans(src, tensor_indices, task.src_blocks, "src")
         if task.dst_blocks:
             return slot_spans(src, tensor_indices, t.src_batch_index, len(task.dst_blocks) * task.dst_block_size)
         return slot_spans(src, tensor_indices, t.src_batch_index, -1)
 
+    blocks: tuple[int, ...]
     if task.dst_blocks:
         mode, blocks, size = ReadMode.BLOCKS, tuple(task.dst_blocks), -1
     elif isinstance(t.key, BlocksKeyRef):

@@ -205,11 +205,12 @@ class CacheRegistry:
         if not entry.owned or entry.is_blocks:
             return []
         n = entry.desc.num_tensors
-        indices = list(tensor_indices)
-        for t in indices:
+        indices = []
+        for t in tensor_indices:   # checked as they come: a peer's huge range stops at its first bad index
             if not (isinstance(t, int) and 0 <= t < n):
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                                     f"pulled tensor index {t!r} out of range [0, {n}) of cache {entry.cache_id}")
+            indices.append(t)
         pulled = self._pulled.setdefault(key, set())
         pulled.update(indices)
         if len(pulled) < n:

@@ -46,7 +46,6 @@ class OwnerCalls:
     def __init__(self, table: LinkTable, owner: Owner) -> None:
         self.table = table
         self.owner = owner
-        self.loop_frames = 0   # control frames the event loop handled (tests: reader-thread reads add none)
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -131,11 +130,9 @@ class OwnerCalls:
             tracked.done(len(data), len(cmd.spec.blocks))
         with link.reader_lock:
             link.reader_bytes_out += len(data)
-            link.reader_reads += 1
         return True
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
-        self.loop_frames += 1
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
         codec = self.table.node.call_codec
         try:

@@ -70,7 +70,6 @@ class Link(abc.ABC):
     # reads answered by the data reader threads (``readview``, ``OwnerCalls._answer_here``): bytes and count,
     # under ``reader_lock`` (``bytes_out`` stays the event loop's)
     reader_bytes_out: int = 0
-    reader_reads: int = 0
     reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

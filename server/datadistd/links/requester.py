@@ -130,7 +130,7 @@ class Requester:
             done((p.nbytes, link.transport))
 
         try:
-            calls.start_read_inline(link.session, p.spec, p.deadline - time.monotonic(), answer)
+            calls.start_read_inline(p.spec, p.deadline - time.monotonic(), answer)
         except DataDistError as exc:
             self._end(p, ok=False)
             done(self._transfer_failure(link, exc, p.timeout_ms))
@@ -192,7 +192,7 @@ class Requester:
         if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
             # small: the bytes come in the reply (no receipt, no DATA frame)
             try:
-                data, release = await calls.read_inline(link.session, spec, deadline - time.monotonic())
+                data, release = await calls.read_inline(spec, deadline - time.monotonic())
             except DataDistError as exc:
                 raise self._transfer_failure(link, exc, timeout_ms) from None
             if all_mapped(dst):
@@ -208,7 +208,7 @@ class Requester:
         """Confirm a pulled key to its owner, which consumes it (a failure is logged: the bytes are in)."""
         assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
         try:
-            await calls.release(link.session, spec.key, spec.tensor_start, spec.tensor_count,
+            await calls.release(spec.key, spec.tensor_start, spec.tensor_count,
                                 max(0.5, deadline - time.monotonic()))
         except DataDistError as exc:
             log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
@@ -219,7 +219,7 @@ class Requester:
         """A read sent as a transfer on the data channel, straight into ``dst``; whether to release the key."""
         receipt = self.table.transport.expect(dst, channel=channel)
         try:
-            _, release = await calls.read(link.session, receipt.transfer_id, spec, deadline - time.monotonic())
+            _, release = await calls.read(receipt.transfer_id, spec, deadline - time.monotonic())
             if receipt.done:  # the bytes usually land before the answer: no executor hop
                 receipt.wait(deadline)
             else:
@@ -240,7 +240,7 @@ class Requester:
         reads = self.table.reads
         assert reads is not None
         try:
-            grant_id, grant, release = await calls.grant_read(link.session, spec, deadline - time.monotonic())
+            grant_id, grant, release = await calls.grant_read(spec, deadline - time.monotonic())
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         done = False
@@ -261,7 +261,7 @@ class Requester:
         if calls.closed:
             return    # the link went: the owner drops its grants with it
         try:
-            await calls.done_read(link.session, grant_id, done, timeout)
+            await calls.done_read(grant_id, done, timeout)
         except DataDistError as exc:   # the owner ends it at its deadline, or with the link
             log.log(logging.DEBUG if exc.code == StatusCode.LLM_LINK_FAILED else logging.WARNING,
                     "cluster %s: read from cluster %s but could not end its grant: %s", self.table.cluster_id,
@@ -317,9 +317,9 @@ class Requester:
             return
         calls, channel = self._calls(link, timeout_ms)
         try:
-            (tid,) = await calls.open_write(link.session, [spec], deadline - time.monotonic())
+            (tid,) = await calls.open_write([spec], deadline - time.monotonic())
             await self._send(channel, tid, src, deadline)
-            await calls.commit_write(link.session, [tid], deadline - time.monotonic())
+            await calls.commit_write([tid], deadline - time.monotonic())
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
 
@@ -355,7 +355,7 @@ class Requester:
         calls, _ = self._calls(link, timeout_ms)
         link.inflight += 1
         try:
-            push.transfer_ids = await calls.open_write(link.session, [spec for _, spec in pieces], timeout_ms / 1000,
+            push.transfer_ids = await calls.open_write([spec for _, spec in pieces], timeout_ms / 1000,
                                                        hold_ms)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
@@ -419,7 +419,7 @@ class Requester:
         calls, _ = self._calls(link, timeout_ms)
         link.inflight += 1
         try:
-            await calls.commit_write(link.session, push.transfer_ids, timeout_ms / 1000)
+            await calls.commit_write(push.transfer_ids, timeout_ms / 1000)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         finally:
@@ -446,7 +446,7 @@ class Requester:
             try:
                 calls, channel = self._calls(link, 1000)
                 await self.table.in_thread(abort_unsent, channel)
-                await calls.commit_write(link.session, push.transfer_ids, _ABANDON_SECONDS)
+                await calls.commit_write(push.transfer_ids, _ABANDON_SECONDS)
             except DataDistError as exc:   # expected: the aborted pieces fail the commit
                 log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.table.cluster_id, push.cluster,
                           exc)

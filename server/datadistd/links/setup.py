@@ -208,7 +208,7 @@ class Linker:
                 self.table.mark_broken(link, "data channel closed")
                 return
             try:
-                await link.calls.ping(link.session, max(interval, 1.0))
+                await link.calls.ping(max(interval, 1.0))
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
                 self.table.mark_broken(link, f"heartbeat failed: {exc}")
@@ -311,7 +311,7 @@ class Linker:
                 and not link.calls.closed:
             try:
                 remaining = (deadline or time.monotonic() + 1) - time.monotonic()
-                await link.calls.unlink(link.session, max(0.1, remaining))
+                await link.calls.unlink(max(0.1, remaining))
             except DataDistError as exc:
                 other_end = "serving" if isinstance(link, OutboundLink) else "linking"
                 failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
@@ -347,7 +347,7 @@ class Linker:
         if isinstance(link, (OutboundLink, InboundLink)) and link.state == LinkState.ESTABLISHED:
             timeout = (timeout_ms or self.table.engine.options.sync_kv_timeout_ms) / 1000
             try:
-                await link.calls.ping(link.session, timeout)
+                await link.calls.ping(timeout)
                 link.last_seen = time.monotonic()
             except DataDistError as exc:
                 self.table.mark_broken(link, f"check_link_status: {exc}")

@@ -43,11 +43,14 @@ class NodeContext(Protocol):
     version: str
     streams: int
     heartbeat_seconds: float
-    peer_connector: Callable[[str], PeerClient]
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
     link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
+
+    @property
+    def peer_connector(self) -> Callable[[str], PeerClient]:
+        """Address -> a client of the peer's Peer service (the rpc layer's gRPC one)."""
 
     def local_links_at(self, address: str) -> "LinkTable | None":
         """The link table of an engine of this daemon listening at ``address`` (a same-daemon link)."""
@@ -88,8 +91,7 @@ class LinkTable:
     async def in_thread_of(self, principal: str, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` as ``principal``: a link's peer (``Link.principal``) for the owner calls of the other
         end, ``gate.UNMETERED`` for teardown that ends other jobs (never waits behind them)."""
-        lane = self.engine.lane
-        return await self.engine.gate.run(lane.of(principal) if lane is not None else None, fn, *args)
+        return await self.engine.gate.run(self.engine.lane.of(principal), fn, *args)
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())

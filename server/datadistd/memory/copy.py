@@ -145,31 +145,31 @@ def _mapped(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndar
             d[do:do + k] = s[so:so + k]  # type: ignore[index]
         return
     for dh, do, sh, so, k in zip(dw.tolist(), d_off.tolist(), sw.tolist(), s_off.tolist(), n.tolist(), strict=True):
-        dv[dh][do:do + k] = sv[sh][so:so + k]  # type: ignore[index]
+        dv[dh][do:do + k] = sv[sh][so:so + k]
 
 
 def _into_mapped(ds: _Side, ss: _Side, sh: int, dw: np.ndarray, d_off: np.ndarray, s_off: np.ndarray,
                  n: np.ndarray) -> None:
     """Mapped destination, source ``sh`` without a view."""
-    handle = ss.handles[sh]
+    handle: Any = ss.handles[sh]   # a RawAccess when its kind is _RAW
     if ss.kinds[sh] == _RAW:
         handle.read_raw(np.stack((s_off, ds.addrs()[dw] + d_off, n), axis=1))
         return
     dv = ds.views
     for dh, do, so, k in zip(dw.tolist(), d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
-        handle.read_into(so, dv[dh][do:do + k])  # type: ignore[index]
+        handle.read_into(so, dv[dh][do:do + k])
 
 
 def _from_mapped(ds: _Side, ss: _Side, dh: int, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
                  n: np.ndarray) -> None:
     """Destination ``dh`` without a view, mapped source."""
-    handle = ds.handles[dh]
+    handle: Any = ds.handles[dh]   # a RawAccess when its kind is _RAW
     if ds.kinds[dh] == _RAW:
         handle.write_raw(np.stack((d_off, ss.addrs()[sw] + s_off, n), axis=1))
         return
     sv = ss.views
     for sh, do, so, k in zip(sw.tolist(), d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
-        handle.write_from(do, sv[sh][so:so + k])  # type: ignore[index]
+        handle.write_from(do, sv[sh][so:so + k])
 
 
 def _device(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,

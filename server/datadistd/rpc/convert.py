@@ -146,9 +146,9 @@ def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
 
 # ---- Peer service --------------------------------------------------------------------------------
 
-def spec_to_read_pb(session: bytes, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
+def spec_to_read_pb(transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
     """The spec of a ``grant_read`` call (a read itself is an ``ownerwire`` frame)."""
-    return peer_pb2.ReadRequest(session=session, transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
+    return peer_pb2.ReadRequest(transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
                                 blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
                                 tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
                                 expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
@@ -160,12 +160,12 @@ def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
                                  tensor_count=spec.tensor_count, expected_bytes=spec.expected_bytes)
 
 
-def specs_to_write_pb(session: bytes, specs: Sequence[RemoteSpec], timeout_ms: int,
+def specs_to_write_pb(specs: Sequence[RemoteSpec], timeout_ms: int,
                       hold_ms: int = 0) -> peer_pb2.WriteRequest:
     """An OpenWrite of one or more pieces: the first in the request's own fields, the others in ``more``."""
     require(len(specs) > 0, "an open write needs at least one piece")
     msg = _write_piece_pb(specs[0])
-    msg.session, msg.timeout_ms, msg.hold_ms = session, timeout_ms, hold_ms
+    msg.timeout_ms, msg.hold_ms = timeout_ms, hold_ms
     msg.more.extend(_write_piece_pb(s) for s in specs[1:])
     return msg
 
@@ -223,24 +223,23 @@ def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
     """Every call but a read (``ownerwire``)."""
     cid = cmd.command_id
     if isinstance(cmd, OpenWriteCmd):
-        return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.session, cmd.specs,
-                                                                                    cmd.timeout_ms, cmd.hold_ms))
+        return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.specs, cmd.timeout_ms,
+                                                                                    cmd.hold_ms))
     if isinstance(cmd, CommitWriteCmd):
         return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
-            session=cmd.session, timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
+            timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
     if isinstance(cmd, ReleaseCmd):
         return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
-            session=cmd.session, key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start,
-            tensor_count=cmd.tensor_count))
+            key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start, tensor_count=cmd.tensor_count))
     if isinstance(cmd, PingCmd):
-        return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.SessionRef(session=cmd.session))
+        return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.Ping())
     if isinstance(cmd, GrantReadCmd):
-        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(cmd.session, 0, cmd.spec, cmd.timeout_ms))
+        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(0, cmd.spec, cmd.timeout_ms))
     if isinstance(cmd, DoneReadCmd):
-        done = peer_pb2.DoneRead(session=cmd.session, grant_id=cmd.grant_id, consume=cmd.consume)
+        done = peer_pb2.DoneRead(grant_id=cmd.grant_id, consume=cmd.consume)
         return peer_pb2.OwnerCall(command_id=cid, done_read=done)
     if isinstance(cmd, UnlinkCmd):
-        return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.SessionRef(session=cmd.session))
+        return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.Unlink())
     raise TypeError(f"{type(cmd).__name__} travels as an ownerwire frame, not as a peer.proto message")
 
 
@@ -249,24 +248,24 @@ def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
     cid = msg.command_id
     if which == "open_write":
         w = msg.open_write
-        return OpenWriteCmd(cid, w.session, specs_from_write_pb(w), w.timeout_ms, w.hold_ms)
+        return OpenWriteCmd(cid, specs_from_write_pb(w), w.timeout_ms, w.hold_ms)
     if which == "commit_write":
         c = msg.commit_write
-        return CommitWriteCmd(cid, c.session, ids_from_pb(c), c.timeout_ms)
+        return CommitWriteCmd(cid, ids_from_pb(c), c.timeout_ms)
     if which == "release":
         key = key_from_pb(msg.release.key)
         require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
-        return ReleaseCmd(cid, msg.release.session, key, msg.release.tensor_start,  # type: ignore[arg-type]
+        return ReleaseCmd(cid, key, msg.release.tensor_start,  # type: ignore[arg-type]
                           msg.release.tensor_count)
     if which == "unlink":
-        return UnlinkCmd(cid, msg.unlink.session)
+        return UnlinkCmd(cid)
     if which == "ping":
-        return PingCmd(cid, msg.ping.session)
+        return PingCmd(cid)
     if which == "grant_read":
         g = msg.grant_read
-        return GrantReadCmd(cid, g.session, spec_from_pb(g), g.timeout_ms)
+        return GrantReadCmd(cid, spec_from_pb(g), g.timeout_ms)
     if which == "done_read":
-        return DoneReadCmd(cid, msg.done_read.session, msg.done_read.grant_id, msg.done_read.consume)
+        return DoneReadCmd(cid, msg.done_read.grant_id, msg.done_read.consume)
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
 
 

@@ -13,7 +13,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import LayerTask, TransferOrder
 from ..core.registry import CacheEntry
 from ..core.types import BlocksKeyRef
-from ..engine import MAX_REGISTERED_ADDRS, Operand
+from ..engine import MAX_REGISTERED_ADDRS, Operand, memory_of
 from ..layerwise import LayerPush
 from ..links import MAX_CLUSTERS_PER_CALL, too_many_clusters
 from ..memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
@@ -31,7 +31,7 @@ MAX_INIT_OPTIONS = 1024
 
 
 def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
-    memory = entry.memory
+    memory = memory_of(entry)
     info = datadist_pb2.CacheInfo(cache_id=entry.cache_id, desc=convert.desc_to_pb(entry.desc),
                                   is_blocks=entry.is_blocks, registered=not entry.owned,
                                   remote_accessible=entry.remote_accessible)
@@ -44,8 +44,8 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
 
 async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
                     metrics: DaemonMetrics | None) -> tuple[int, str]:
-    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. Every
-    way in runs this -- the gRPC Pull/Push, the attach socket's protobuf transfers and its binary frames."""
+    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. The gRPC
+    Pull/Push run this; the attach socket's transfers start with ``start_order`` (whose push runs this)."""
     with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
                         order.local_cache_id) as tracked:
         nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
@@ -164,6 +164,7 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         require(session is not None,
                 f"attach first: a worker connects to {self.socket_path}.attach, gets its capability and sends it "
                 f"as metadata {CAPABILITY_METADATA_KEY!r} (llm_datadist does this)")
+        assert session is not None
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), session)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,

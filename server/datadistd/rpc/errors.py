@@ -126,16 +126,16 @@ def guarded(fn: F) -> F:
 def error_from_rpc(err: grpc.RpcError, what: str) -> DataDistError:
     """A failed call on a peer daemon -> ``DataDistError`` with the peer's code (or a transport-level one)."""
     code = None
-    for key, value in (err.trailing_metadata() or ()):  # type: ignore[attr-defined]
+    for key, value in (err.trailing_metadata() or ()):
         if key == STATUS_METADATA_KEY:
             try:
                 code = LLMStatusCode(int(value))
             except ValueError:
                 code = LLMStatusCode.LLM_FAILED
-    details = err.details() or ""  # type: ignore[attr-defined]
+    details = err.details() or ""
     if code is not None:
         return DataDistError(code, details)
-    status = err.code()  # type: ignore[attr-defined]
+    status = err.code()
     if status == G.DEADLINE_EXCEEDED:
         return DataDistError(LLMStatusCode.LLM_TIMEOUT, f"{what}: deadline exceeded")
     if status in (G.UNAVAILABLE, G.CANCELLED):

@@ -294,10 +294,6 @@ class OneSidedChannel:
     def broken(self) -> bool:
         return self._peer.broken
 
-    @property
-    def peer_agent(self) -> str | None:
-        return self._peer.agent_name
-
     def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
         peer, tid = self._peer, int(transfer_id)
         agent = self._transport._agent()

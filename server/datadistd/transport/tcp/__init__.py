@@ -19,7 +19,7 @@ Wire format (little endian, ``struct``):
     ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
     handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
     (at most ``_CONTROL_BACKLOG``). After the handshake these are the only conversation between two
-    daemons (peer protocol 3).
+    daemons (``peering.PROTOCOL_VERSION``).
   - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
     metadata, destination descriptors and completions this way).
 

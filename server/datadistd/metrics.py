@@ -116,10 +116,13 @@ class DaemonMetrics:
         peers = {(str(ev.cluster_id), str(link.remote_cluster)) for ev in view.engines for link in ev.links}
         for key in [k for k in self._bound if (k[1], k[2]) not in peers]:
             del self._bound[key]
-        for metric, names in ((self.transfer_bytes, _BY_DIRECTION), (self.transfer_blocks, _BY_DIRECTION),
-                              (self.transfers, _BY_OUTCOME)):
+        per_peer: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
+            (self.transfer_bytes, _BY_DIRECTION), (self.transfer_blocks, _BY_DIRECTION), (self.transfers, _BY_OUTCOME))
+        for metric, names in per_peer:
             _remove_series(metric, names, lambda labels: (labels["cluster_id"], labels["peer_cluster_id"]) not in peers)
-        for metric, names in ((self.transfer_seconds, _BY_OP), (self.in_flight, _BY_OP)):
+        per_cluster: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
+            (self.transfer_seconds, _BY_OP), (self.in_flight, _BY_OP))
+        for metric, names in per_cluster:
             _remove_series(metric, names, lambda labels: labels["cluster_id"] not in clusters)
 
     def rpc_error(self, method: str, code_name: str) -> None:

@@ -8,6 +8,8 @@ pushes, single and concurrently; unlinking from either end tears down both. Real
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -114,3 +116,19 @@ def test_unlink_from_either_end_tears_down_both(linked) -> None:
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [6]), prompt.call("rows", "kv", None, [5]))
     assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])  # the linking end unlinks
     assert link_states(dp) == [] and link_states(dd) == []
+
+
+def test_an_unlink_after_the_other_end_went_succeeds_once(linked) -> None:
+    """The other end went first (a prompt that finalizes once its decoder's push landed, as the examples do): this
+    end's own unlink then succeeds, as CANN's does (its communicator is its own to destroy), and logs no warning;
+    a second unlink finds no link."""
+    dp, dd, prompt, decoder, port = linked
+    prompt.call("finalize")
+    for _ in range(100):   # the prompt's daemon tells the decoder's over the link before its finalize returns
+        if not link_states(dd):
+            break
+        time.sleep(0.05)
+    assert link_states(dd) == []
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
+    assert not [line for line in dd.log().splitlines() if " WARNING " in line or " ERROR " in line], dd.log()
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])

@@ -186,6 +186,7 @@ class OwnerCalls:
                 assert isinstance(cmd, UnlinkCmd)
                 if self.table.links.get(link.remote_cluster) is link:  # gone before the other end hears back
                     del self.table.links[link.remote_cluster]
+                self.table.peer_went(link.remote_cluster)
                 reply = OwnerReply(cmd.command_id)
         except DataDistError as exc:
             reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)

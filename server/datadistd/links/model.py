@@ -152,6 +152,8 @@ class LocalEnd(Protocol):
     links: dict[int, "LinkingEnd"]
     served: dict[int, "ServingEnd"]
 
+    def peer_went(self, cluster: int) -> None: ...
+
 
 #: the links an engine set up (``LinkTable.links``) and the ones set up to it (``LinkTable.served``)
 LinkingEnd = OutboundLink | LocalLink

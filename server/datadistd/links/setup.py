@@ -285,6 +285,11 @@ class Linker:
 
         async def one(spec: ClusterSpec, dl: float) -> None:
             link = self.table.links_to(spec.remote_cluster_id)
+            went = self.table.take_peer_unlinked(spec.remote_cluster_id)
+            if link is None and went:
+                log.info("cluster %s: unlink of cluster %s, which had unlinked from its end already",
+                         self.table.cluster_id, spec.remote_cluster_id)
+                return
             if link is None and force:  # CANN: DestroyEntity of an unknown cluster only logs a warning
                 log.warning("cluster %s: force unlink of cluster %s, which is not linked", self.table.cluster_id,
                             spec.remote_cluster_id)

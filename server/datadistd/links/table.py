@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
@@ -60,6 +61,10 @@ class NodeContext(Protocol):
 
 _T = TypeVar("_T")
 
+#: clusters remembered per engine as unlinked by their other end (``LinkTable.peer_unlinked``), the oldest
+#: forgotten first
+PEER_UNLINKED_KEPT = 1024
+
 
 class LinkTable:
     def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
@@ -68,6 +73,11 @@ class LinkTable:
         self.node = node
         self.links: dict[int, LinkingEnd] = {}     # links this engine set up (it is their linking end)
         self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
+        #: clusters whose other end unlinked or finalized while this end held the link: this end's own unlink of
+        #: one then succeeds, once, as CANN's does (the other end's going does not destroy this end's
+        #: communicator; destroying it is this unlink's job): a prompt that finalizes as soon as its decoder's
+        #: push landed is no error in the decoder's unlink. Consulted (and dropped) by the next unlink only.
+        self.peer_unlinked: OrderedDict[int, None] = OrderedDict()
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self.grants: dict[int, _Grant] = {}          # reads granted to the other ends of links (``Owner``)
@@ -199,6 +209,20 @@ class LinkTable:
     def links_to(self, cluster: int) -> AnyLink | None:
         return self.links.get(cluster) or self.served.get(cluster)
 
+    def peer_went(self, cluster: int) -> None:
+        """The other end of the link to ``cluster`` unlinked it (``peer_unlinked``)."""
+        self.peer_unlinked[cluster] = None
+        self.peer_unlinked.move_to_end(cluster)
+        while len(self.peer_unlinked) > PEER_UNLINKED_KEPT:
+            self.peer_unlinked.popitem(last=False)
+
+    def take_peer_unlinked(self, cluster: int) -> bool:
+        """Whether the other end unlinked ``cluster`` since this end's last unlink of it; forgotten by the asking."""
+        if cluster not in self.peer_unlinked:
+            return False
+        del self.peer_unlinked[cluster]
+        return True
+
     async def forget(self, link: Link) -> None:
         """Tear down this end of ``link`` without telling the other end: out of the tables, its heartbeat and owner
         calls stopped, its channel closed (in a worker thread: a close may wait for senders) or revoked."""
@@ -212,6 +236,7 @@ class LinkTable:
                 peer_side = table.get(self.cluster_id)
                 if peer_side is not None and peer_side.session == link.session:
                     del table[self.cluster_id]
+                    other.peer_went(self.cluster_id)
             if self.served.get(link.remote_cluster) is link:
                 del self.served[link.remote_cluster]
         elif isinstance(link, OutboundLink):

@@ -24,7 +24,7 @@ from typing import IO, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from datadistd.cli import PARENT_PID_ENV
+from datadistd.process.cli import PARENT_PID_ENV
 
 __all__ = ["DaemonProcess", "free_port", "port_pool"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 class EmbeddedDaemon:
     def __init__(self) -> None:
-        from datadistd.app import DaemonApp  # the daemon package, loaded only in embedded mode
-        from datadistd.config import load_config
-        from datadistd.peersecret import peer_secret
+        from datadistd.process.app import DaemonApp  # the daemon package, loaded only in embedded mode
+        from datadistd.state.config import load_config
+        from datadistd.state.peersecret import peer_secret
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)

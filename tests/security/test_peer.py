@@ -31,8 +31,8 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.config import load_config
-from datadistd.peering import PROTOCOL_VERSION
+from datadistd.links.wire.peering import PROTOCOL_VERSION
+from datadistd.state.config import load_config
 from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
 from tests.reliability.common import PeerAgent, fd_count, listening_sockets, wait_until

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 GRPC_FREE = ["datadistd", "datadistd.core.types", "datadistd.core.registry", "datadistd.core.layout",
-             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.engine",
-             "datadistd.links", "datadistd.node", "datadistd.comm", "datadistd.memory", "datadistd.memory.host",
-             "datadistd.memory.imported",
-             "datadistd.transport", "datadistd.transport.tcp", "datadistd.config"]
+             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.state.engine",
+             "datadistd.links", "datadistd.node.node", "datadistd.links.comm", "datadistd.memory",
+             "datadistd.memory.host", "datadistd.memory.imported",
+             "datadistd.transport", "datadistd.transport.tcp", "datadistd.state.config"]
 
 
 def loaded_after(imports: list[str]) -> set[str]:
@@ -22,7 +22,7 @@ def test_domain_imports_no_grpc_and_no_device_library() -> None:
     mods = loaded_after(GRPC_FREE)
     assert not {m for m in mods if m == "grpc" or m.startswith("grpc.")}
     assert not {m for m in mods if m.split(".")[0] in ("acl", "torch", "torch_npu", "hccl", "cupy", "pycuda")}
-    assert "datadistd.rpc" not in mods
+    assert "datadistd.api.grpc" not in mods
 
 
 def test_unknown_backend_and_transport_list_the_known_ones() -> None:
@@ -137,9 +137,11 @@ def test_no_daemon_module_is_over_500_lines() -> None:
 #: library, generated protobuf/grpc objects, configuration reflection and plugin loading. Our own types
 #: declare what they can do (Protocols, ``runtime_checkable`` capabilities checked with ``isinstance``).
 REFLECTION_ALLOWED = {
-    ("cli.py", "logging"), ("config.py", "self"), ("config.py", "cfg"), ("config.py", "cfg.tls"),
-    ("ctl.py", "stub"), ("plugins.py", "importlib.import_module(module_name)"), ("rpc/attach.py", "socket"),
-    ("rpc/server.py", "request"), ("rpc/server.py", "servicer"), ("transport/tcp/staging.py", "self._local"),
+    ("process/cli.py", "logging"), ("state/config.py", "self"), ("state/config.py", "cfg"),
+    ("state/config.py", "cfg.tls"), ("process/ctl.py", "stub"),
+    ("core/plugins.py", "importlib.import_module(module_name)"), ("api/attach.py", "socket"),
+    ("api/grpc/server.py", "request"), ("api/grpc/server.py", "servicer"),
+    ("transport/tcp/staging.py", "self._local"),
     ("transport/tcp/wire.py", "socket"),
     ("memory/host.py", "mmap"), ("memory/host.py", "os"), ("memory/addr.py", "mmap"),
 }

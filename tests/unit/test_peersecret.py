@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from datadistd.config import DEV_SECRET, PeerSection
-from datadistd.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
+from datadistd.state.config import DEV_SECRET, PeerSection
+from datadistd.state.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
 
 
 def test_made_once_private_and_shared(tmp_path):

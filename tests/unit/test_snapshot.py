@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from datadistd.config import Config
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.types import Role
-from datadistd.node import Node
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.node.node import Node
+from datadistd.state.config import Config
 
 
 def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
@@ -42,7 +42,7 @@ def test_the_gate_counts_jobs_and_waits_bounded() -> None:
     """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
     import threading
 
-    from datadistd.gate import Gate
+    from datadistd.guard.gate import Gate
 
     async def main() -> None:
         gate = Gate()

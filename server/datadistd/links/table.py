@@ -11,13 +11,11 @@ import time
 from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
-from ..engine import Engine
-from ..gate import UNMETERED
-from ..metrics import DaemonMetrics
-from ..ownercalls import CallCodec
-from ..peering import PeerClient
-from ..peersecret import PeerSecret
-from ..quota import LinkLimits
+from ..guard.gate import UNMETERED
+from ..guard.quota import LinkLimits
+from ..state.engine import Engine
+from ..state.metrics import DaemonMetrics
+from ..state.peersecret import PeerSecret
 from ..transport.base import Channel, ReadGrants, Receipt, Transport
 from .attempts import AddressSlots
 from .model import (
@@ -32,6 +30,8 @@ from .model import (
     _Grant,
     _PendingWrite,
 )
+from .wire.ownercalls import CallCodec
+from .wire.peering import PeerClient
 
 log = logging.getLogger("datadistd.links")
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .core.errors import DataDistError
-from .core.layout import owner_spans
-from .core.types import BlocksKeyRef, CacheDesc, KeyKind, ReadMode, RemoteSpec
+from ..core.errors import DataDistError
+from ..core.layout import owner_spans
+from ..core.types import BlocksKeyRef, CacheDesc, KeyKind, ReadMode, RemoteSpec
+from ..memory.base import Segment
+from ..memory.copy import all_mapped, read_bytes
 from .engine import Engine, segments_of, tensors_of
-from .memory.base import Segment
-from .memory.copy import all_mapped, read_bytes
 
 __all__ = ["ReadView", "publish", "current", "read_now"]
 

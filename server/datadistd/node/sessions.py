@@ -20,9 +20,9 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
-from .core.errors import DataDistError, StatusCode, require
-from .core.types import EngineId
-from .memory.base import MemoryHandle
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.types import EngineId
+from ..memory.base import MemoryHandle
 
 __all__ = ["PeerCred", "WorkerSession", "SessionTable", "CAPABILITY_BYTES", "MAX_IMPORTED_PER_SESSION",
            "MAX_SESSIONS_PER_UID", "MAX_SESSIONS"]

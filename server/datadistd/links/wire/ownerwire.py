@@ -32,8 +32,8 @@ import struct
 
 import numpy as np
 
-from .core.errors import DataDistError, StatusCode
-from .core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
+from ...core.errors import DataDistError, StatusCode
+from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
 from .ownercalls import MAX_OPEN_PER_CALL, OwnerReply, ReadCmd, RefusedCall
 
 __all__ = ["TAG", "is_inline_read", "encode_read", "decode_read", "encode_reply", "decode_reply", "is_binary"]

@@ -8,18 +8,18 @@ from typing import Callable, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
-from .. import __version__
-from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import LayerTask, TransferOrder
-from ..core.registry import CacheEntry
-from ..core.types import BlocksKeyRef
-from ..engine import MAX_REGISTERED_ADDRS, Operand
-from ..layerwise import LayerPush
-from ..links import MAX_CLUSTERS_PER_CALL, too_many_clusters
-from ..memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
-from ..metrics import DaemonMetrics, track_transfer
-from ..node import EngineSlot, Node
-from ..sessions import WorkerSession
+from ... import __version__
+from ...core.errors import DataDistError, StatusCode, require
+from ...core.plan import LayerTask, TransferOrder
+from ...core.registry import CacheEntry
+from ...core.types import BlocksKeyRef
+from ...links import MAX_CLUSTERS_PER_CALL, too_many_clusters
+from ...links.layerwise import LayerPush
+from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
+from ...node.node import EngineSlot, Node
+from ...node.sessions import WorkerSession
+from ...state.engine import MAX_REGISTERED_ADDRS, Operand
+from ...state.metrics import DaemonMetrics, track_transfer
 from . import convert
 from .errors import abort_with, guarded
 

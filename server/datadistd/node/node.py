@@ -16,28 +16,28 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
-from . import __version__
-from .admission import Admitting
-from .comm import CommManager
-from .config import SECRET_FIX, Config, ConfigError, is_loopback
-from .core.errors import DataDistError, StatusCode, require
-from .core.options import EngineOptions, PoolConfig, parse_listen, parse_options
-from .core.types import EngineId, Placement, Role
-from .engine import Engine
-from .gate import EXECUTOR_THREADS, Lane, Threads
-from .links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
-from .links.table import LinkTable
-from .memory import MemoryBackend, Pool, backend_from_config
-from .memory.base import DeviceBackend
-from .metrics import DaemonMetrics
-from .ownercalls import CallCodec
-from .peering import PeerClient
-from .peersecret import PeerSecret
-from .peersecret import peer_secret as _peer_secret
-from .quota import Charge, QuotaBook
+from .. import __version__
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.options import EngineOptions, PoolConfig, parse_listen, parse_options
+from ..core.types import EngineId, Placement, Role
+from ..guard.admission import Admitting
+from ..guard.gate import EXECUTOR_THREADS, Lane, Threads
+from ..guard.quota import Charge, QuotaBook
+from ..links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
+from ..links.comm import CommManager
+from ..links.table import LinkTable
+from ..links.wire.ownercalls import CallCodec
+from ..links.wire.peering import PeerClient
+from ..memory import MemoryBackend, Pool, backend_from_config
+from ..memory.base import DeviceBackend
+from ..state.config import SECRET_FIX, Config, ConfigError, is_loopback
+from ..state.engine import Engine
+from ..state.metrics import DaemonMetrics
+from ..state.peersecret import PeerSecret
+from ..state.peersecret import peer_secret as _peer_secret
+from ..state.snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
+from ..transport import Transport, get_transport
 from .sessions import SessionTable, WorkerSession
-from .snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
-from .transport import Transport, get_transport
 
 __all__ = ["Node", "EngineSlot", "ListenerFactory", "Listener"]
 

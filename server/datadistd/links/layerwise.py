@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 
 from datadist.status import LLMStatusCode
 
-from .core.errors import DataDistError, StatusCode, require
-from .core.plan import LayerTask, check_layer_task, plan_layer
-from .core.types import CacheId, Placement
-from .links import Link, LinkManager
-from .links.requester import Piece, StagedPush
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import LayerTask, check_layer_task, plan_layer
+from ..core.types import CacheId, Placement
+from . import Link, LinkManager
+from .requester import Piece, StagedPush
 
 __all__ = ["LayerEvent", "LayerPush"]
 

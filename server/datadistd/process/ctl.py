@@ -27,9 +27,9 @@ from datadist.address import socket_path
 from datadist.status import STATUS_METADATA_KEY, LLMStatusCode
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
-from . import __version__
-from .config import ConfigError, default_socket_path, load_config
-from .rpc.tls import PeerTls, TlsError, TlsFiles
+from .. import __version__
+from ..api.grpc.tls import PeerTls, TlsError, TlsFiles
+from ..state.config import ConfigError, default_socket_path, load_config
 
 __all__ = ["main", "resolve_socket", "CtlError"]
 
@@ -178,7 +178,7 @@ def _placement(value: int) -> str:
 
 
 def _dtype(value: int) -> str:
-    from .core.types import DType
+    from ..core.types import DType
 
     try:
         return DType(value).name.removeprefix("DT_").lower()

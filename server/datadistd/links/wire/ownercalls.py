@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol, Sequence, Union
 
-from .core.errors import DataDistError, StatusCode
-from .core.types import CacheKeyRef, IdIndexRef, RemoteSpec
+from ...core.errors import DataDistError, StatusCode
+from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
            "OwnerReply", "RefusedCall", "FrameCalls", "CallCodec", "MAX_OPEN_PER_CALL", "INLINE_READ_MAX",

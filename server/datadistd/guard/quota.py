@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .core.errors import DataDistError, StatusCode
+from ..core.errors import DataDistError, StatusCode
 
 __all__ = ["QuotaLimits", "QuotaBook", "Charge", "RESOURCES", "LinkLimits", "LinkUsage"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from .quota import LinkLimits, QuotaLimits
+from ..guard.quota import LinkLimits, QuotaLimits
 
 if TYPE_CHECKING:
-    from .admission import AdmissionLimits
-    from .core.options import EngineOptions
+    from ..core.options import EngineOptions
+    from ..guard.admission import AdmissionLimits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -158,7 +158,7 @@ class PeerSection:
 
     def admission(self) -> "AdmissionLimits":
         """The caps every peer and data-plane listener applies (``datadistd.admission``)."""
-        from .admission import AdmissionLimits
+        from ..guard.admission import AdmissionLimits
 
         return AdmissionLimits(self.preauth_seconds, self.max_preauth_per_source, self.max_preauth,
                                self.max_connections)
@@ -447,7 +447,7 @@ def _check(cfg: Config) -> None:
         missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
         if missing:
             raise ConfigError(f"tls.enabled needs {', '.join('tls.' + key for key in missing)}")
-    from .transport import TRANSPORTS
+    from ..transport import TRANSPORTS
 
     if cfg.transport.name not in TRANSPORTS:
         raise ConfigError(f"transport.name: unknown transport {cfg.transport.name!r}; known: "
@@ -459,7 +459,7 @@ def _check(cfg: Config) -> None:
                               "the fabric (UCX_NET_DEVICES; docs/nixl.md)")
         import importlib.util
 
-        from .transport.nixl.agent import MODULES, PACKAGE
+        from ..transport.nixl.agent import MODULES, PACKAGE
         if not any(importlib.util.find_spec(m) for m in MODULES):
             raise ConfigError(f"transport.name = 'nixl' needs NIXL: pip install --no-deps {PACKAGE} (or make nixl)")
     try:

@@ -34,8 +34,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from ..core.errors import DataDistError
 from .config import parse_listen_address
-from .core.errors import DataDistError
 from .snapshot import NodeView
 
 

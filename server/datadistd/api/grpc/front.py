@@ -24,9 +24,9 @@ import asyncio
 import logging
 import socket
 
-from ..admission import Admission, AdmissionLimits, Ticket
-from ..core.errors import DataDistError, StatusCode
-from ..peering import RETRY_LATER
+from ...core.errors import DataDistError, StatusCode
+from ...guard.admission import Admission, AdmissionLimits, Ticket
+from ...links.wire.peering import RETRY_LATER
 
 __all__ = ["PeerFront"]
 

@@ -10,9 +10,9 @@ import signal
 import sys
 from typing import Mapping
 
-from . import __version__
+from .. import __version__
+from ..state.config import ConfigError, load_config
 from .app import DaemonApp
-from .config import ConfigError, load_config
 from .sdnotify import notify, watchdog_interval
 
 __all__ = ["main"]

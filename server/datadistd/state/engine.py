@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .core.errors import DataDistError, StatusCode, require
-from .core.layout import (
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.layout import (
     BlockSpans,
     Span,
     block_copy_pairs,
@@ -27,10 +27,10 @@ from .core.layout import (
     swap_pairs,
     total_length,
 )
-from .core.options import EngineOptions
-from .core.plan import AddrRef
-from .core.registry import CacheEntry, CacheRegistry
-from .core.types import (
+from ..core.options import EngineOptions
+from ..core.plan import AddrRef
+from ..core.registry import CacheEntry, CacheRegistry
+from ..core.types import (
     BlocksKeyRef,
     CacheDesc,
     CacheId,
@@ -44,10 +44,10 @@ from .core.types import (
     ReadMode,
     RemoteSpec,
 )
-from .gate import Gate, Lane
-from .memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
-from .memory.copy import copy_segments
-from .memory.segments import SegmentTable
+from ..guard.gate import Gate, Lane
+from ..memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
+from ..memory.copy import copy_segments
+from ..memory.segments import SegmentTable
 
 __all__ = ["Engine", "CacheMemory", "Operand", "segments_of", "MAX_REGISTERED_ADDRS"]
 

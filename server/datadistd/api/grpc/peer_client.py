@@ -6,8 +6,8 @@ import grpc
 
 from datadist.v1 import peer_pb2, peer_pb2_grpc
 
-from ..core.errors import DataDistError, StatusCode
-from ..peering import PROTOCOL_VERSION, RETRY_LATER, HandshakeAnswer, HandshakeOffer, check_version
+from ...core.errors import DataDistError, StatusCode
+from ...links.wire.peering import PROTOCOL_VERSION, RETRY_LATER, HandshakeAnswer, HandshakeOffer, check_version
 from . import convert
 from .errors import error_from_rpc
 

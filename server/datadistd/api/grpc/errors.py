@@ -17,10 +17,10 @@ from google.rpc import error_details_pb2, status_pb2
 
 from datadist.status import ERROR_DOMAIN, STATUS_METADATA_KEY, LLMStatusCode
 
-from ..core.errors import DataDistError
+from ...core.errors import DataDistError
 
 if TYPE_CHECKING:
-    from ..metrics import DaemonMetrics
+    from ...state.metrics import DaemonMetrics
 
 __all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "count_error"]
 

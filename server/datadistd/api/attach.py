@@ -46,18 +46,18 @@ from datadist.v1 import attach_pb2, datadist_pb2
 from datadist_ascend.proof import possession_proof
 
 from .. import __version__
-from ..admission import RefusalLog
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import TransferOrder
+from ..guard.admission import RefusalLog
+from ..guard.sockfiles import OwnedSocket
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
 from ..memory.handover import discard
-from ..metrics import DaemonMetrics
-from ..node import Node
-from ..sessions import PeerCred, WorkerSession
-from ..sockfiles import OwnedSocket
-from . import convert
-from .datadist_servicer import start_order
-from .errors import count_error
+from ..node.node import Node
+from ..node.sessions import PeerCred, WorkerSession
+from ..state.metrics import DaemonMetrics
+from .grpc import convert
+from .grpc.datadist_servicer import start_order
+from .grpc.errors import count_error
 from .orders import order_from_frame
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
-from .core.errors import DataDistError, StatusCode, require
-from .links import ClusterSpec, LinkManager
+from ..core.errors import DataDistError, StatusCode, require
+from . import ClusterSpec, LinkManager
 
 __all__ = ["CommManager", "CommState", "parse_rank_table"]
 

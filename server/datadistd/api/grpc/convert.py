@@ -6,10 +6,9 @@ from typing import Any, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 
-from .. import ownerwire
-from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
-from ..core.types import (
+from ...core.errors import DataDistError, StatusCode, require
+from ...core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
+from ...core.types import (
     UINT64_MAX,
     BlocksKeyRef,
     CacheDesc,
@@ -24,8 +23,9 @@ from ..core.types import (
     RemoteSpec,
     Role,
 )
-from ..links import ClusterSpec
-from ..ownercalls import (
+from ...links import ClusterSpec
+from ...links.wire import ownerwire
+from ...links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
     DoneReadCmd,
@@ -39,10 +39,10 @@ from ..ownercalls import (
     ReleaseCmd,
     UnlinkCmd,
 )
-from ..peering import HandshakeAnswer, HandshakeOffer
-from .orders import blocks as _blocks
-from .orders import enum_of as _enum
-from .orders import layer_range
+from ...links.wire.peering import HandshakeAnswer, HandshakeOffer
+from ..orders import blocks as _blocks
+from ..orders import enum_of as _enum
+from ..orders import layer_range
 
 
 def desc_from_pb(msg: common_pb2.CacheDesc) -> CacheDesc:

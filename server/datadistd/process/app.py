@@ -19,17 +19,23 @@ from typing import Callable
 
 from grpc_health.v1 import health_pb2
 
-from .config import Config, secure_socket_dir
-from .memory import backend_from_config
-from .memory.base import StaleCleanup
-from .metrics import DaemonMetrics, MetricsServer, parse_listen_address
-from .node import Node
-from .peersecret import PeerSecret
-from .rpc.attach import AttachServer, attach_path
-from .rpc.convert import CALL_CODEC
-from .rpc.server import DATADIST_SERVICE, admin_path, create_worker_server, grpc_peer_connector, start_peer_listener
-from .rpc.tls import PeerTls, TlsFiles
-from .sockfiles import OwnedSocket, claim
+from ..api.attach import AttachServer, attach_path
+from ..api.grpc.convert import CALL_CODEC
+from ..api.grpc.server import (
+    DATADIST_SERVICE,
+    admin_path,
+    create_worker_server,
+    grpc_peer_connector,
+    start_peer_listener,
+)
+from ..api.grpc.tls import PeerTls, TlsFiles
+from ..guard.sockfiles import OwnedSocket, claim
+from ..memory import backend_from_config
+from ..memory.base import StaleCleanup
+from ..node.node import Node
+from ..state.config import Config, secure_socket_dir
+from ..state.metrics import DaemonMetrics, MetricsServer, parse_listen_address
+from ..state.peersecret import PeerSecret
 
 __all__ = ["DaemonApp"]
 

@@ -28,7 +28,7 @@ that have not authenticated name no cluster or engine id (``serve_challenge``). 
 
 from __future__ import annotations
 
-from .core.errors import DataDistError, StatusCode
+from ..core.errors import DataDistError, StatusCode
 
 __all__ = ["authorize_local_link", "authorize_displace", "REMOTE", "OWN"]
 

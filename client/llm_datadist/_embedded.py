@@ -3,7 +3,7 @@
 Used when neither the ``datadist.daemon`` option nor ``DATADIST_DAEMON`` names a daemon. The
 client still talks gRPC to it, through the same code path as to a system daemon. ``DATADISTD_*``
 environment variables configure it like the system daemon (except the socket); without a peer secret
-it uses this user's own, as a daemon of this user does (``datadistd.peersecret``), and never falls back to
+it uses this user's own, as a daemon of this user does (``datadistd.state.peersecret``), and never falls back to
 the public development secret.
 """
 

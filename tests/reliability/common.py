@@ -37,7 +37,7 @@ DEV_SECRET = b"datadist-development-secret"
 
 
 def unconfigured_secret() -> bytes:
-    """The secret a daemon of this user proves when none is configured (``datadistd.peersecret``)."""
+    """The secret a daemon of this user proves when none is configured (``datadistd.state.peersecret``)."""
     from datadistd.state.config import PeerSection
     from datadistd.state.peersecret import peer_secret
 

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.integration
 P, D = 1, 2
 
 
-#: the two ways a daemon is left with the public development secret (``datadistd.peersecret``)
+#: the two ways a daemon is left with the public development secret (``datadistd.state.peersecret``)
 PUBLIC = {"explicit": {"DATADISTD_PEER_SECRET": "datadist-development-secret"},
           "no per-user place": {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
                                 "HOME": "/proc/datadist-none"}}

@@ -1,4 +1,4 @@
-"""The one authorization point for link setup (``datadistd.authz``)."""
+"""The one authorization point for link setup (``datadistd.guard.authz``)."""
 
 from __future__ import annotations
 

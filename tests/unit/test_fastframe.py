@@ -1,5 +1,5 @@
 """The attach connection's binary pull/push frames (``datadist.fastframe``) and the daemon's order from them
-(``datadistd.rpc.orders``): every field round-trips at its type's edges, malformed frames are refused."""
+(``datadistd.api.orders``): every field round-trips at its type's edges, malformed frames are refused."""
 
 from __future__ import annotations
 

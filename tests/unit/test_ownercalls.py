@@ -1,4 +1,4 @@
-"""Owner calls' records and ``FrameCalls`` (``datadistd.ownercalls``): every command kind survives the wire,
+"""Owner calls' records and ``FrameCalls`` (``datadistd.links.wire.ownercalls``): every command kind survives the wire,
 and any number of calls in flight are answered by id, in any order."""
 
 from __future__ import annotations

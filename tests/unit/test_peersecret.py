@@ -1,4 +1,4 @@
-"""Peer secrets (``datadistd.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
+"""Peer secrets (``datadistd.state.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
 embedded or not; one rule for every secret file, configured or per-user; which secret a daemon uses said without
 saying it."""
 

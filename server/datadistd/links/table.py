@@ -46,7 +46,7 @@ class NodeContext(Protocol):
     peer_connector: Callable[[str], PeerClient]
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
-    link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+    link_limits: LinkLimits             # what one link's other end may make the owner hold (guard/quota.py)
     link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
 
     def local_links_at(self, address: str) -> "LinkTable | None":

@@ -122,7 +122,7 @@ class Node:
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
         self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
         # the daemon's one executor, shared fairly: one uid's local work, or one peer's owner calls, hold at
-        # most [quota] threads_per_principal of its threads at once (gate.py)
+        # most [quota] threads_per_principal of its threads at once (guard/gate.py)
         self.threads = Threads(EXECUTOR_THREADS, config.quota.threads_per_principal)
         self.version = __version__
         self.streams = config.transport.streams
@@ -146,7 +146,7 @@ class Node:
     # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------
 
     def snapshot(self, slots: Iterable[EngineSlot] | None = None) -> NodeView:
-        """Frozen records of ``slots`` (default: every engine) and the node (``datadistd.snapshot``)."""
+        """Frozen records of ``slots`` (default: every engine) and the node (``datadistd.state.snapshot``)."""
         chosen = list(self.engines.values()) if slots is None else list(slots)
         return NodeView(self.version, self.backend.name, self.config.transport.name,
                         "mtls" if self.config.tls.enabled else "plaintext", time.monotonic() - self.started,

@@ -1,6 +1,6 @@
 """Who a worker is: kernel-verified attach sessions and the capabilities that name them.
 
-A worker's first contact with the daemon is the attach socket (``rpc/attach.py``). The daemon
+A worker's first contact with the daemon is the attach socket (``api/attach.py``). The daemon
 reads the caller's uid, gid and pid from the kernel (``SO_PEERCRED``) when it accepts, and makes a
 ``WorkerSession`` with a fresh 256-bit capability. Every DataDist call carries that capability;
 an engine belongs to the session whose capability created it, and only that session reaches it.

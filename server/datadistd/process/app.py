@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 class DaemonApp:
     def __init__(self, config: Config, on_ready: Callable[[], None] | None = None,
                  peer_secret: PeerSecret | None = None) -> None:
-        """``peer_secret``: what peers must prove (default: as a standalone daemon reads it, ``datadistd.peersecret``;
-        embedded mode passes its own, which never falls back to the public one)."""
+        """``peer_secret``: what peers must prove (default: as a standalone daemon reads it,
+        ``datadistd.state.peersecret``; embedded mode passes its own, which never falls back to the public one)."""
         self.config = config
         self.peer_secret = peer_secret
         self.node: Node | None = None

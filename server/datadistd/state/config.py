@@ -131,9 +131,9 @@ class MemorySection:
 @dataclass
 class PeerSection:
     secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. Empty (and no "
-                       "secret_file) = this user's own, made on first use (datadistd/peersecret.py): the daemons of "
-                       "one user on one host link, embedded or not; a system service without a home falls back "
-                       "to the public development secret and listens on loopback only.", default="")
+                       "secret_file) = this user's own, made on first use (datadistd/state/peersecret.py): the "
+                       "daemons of one user on one host link, embedded or not; a system service without a home "
+                       "falls back to the public development secret and listens on loopback only.", default="")
     secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
                             "(or root's) and closed to group and others (chmod 600), or the start stops.",
                             default="")
@@ -157,7 +157,7 @@ class PeerSection:
                                 "refused.", default=1024)
 
     def admission(self) -> "AdmissionLimits":
-        """The caps every peer and data-plane listener applies (``datadistd.admission``)."""
+        """The caps every peer and data-plane listener applies (``datadistd.guard.admission``)."""
         from ..guard.admission import AdmissionLimits
 
         return AdmissionLimits(self.preauth_seconds, self.max_preauth_per_source, self.max_preauth,
@@ -475,4 +475,4 @@ def _check(cfg: Config) -> None:
             parse_listen_address(cfg.metrics.listen)
         except ValueError as exc:
             raise ConfigError(f"metrics.listen: {exc}") from None
-    # [transport] host against the secret: Node, once the secret is known (datadistd.peersecret)
+    # [transport] host against the secret: Node, once the secret is known (datadistd.state.peersecret)

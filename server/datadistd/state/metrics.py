@@ -7,7 +7,7 @@ Two kinds of series:
 
 * **event series**, updated where things happen: transfers (``track_transfer``, used by the
   DataDist ``Pull``/``Push`` and the Peer ``Read``/``CommitWrite`` handlers) and RPC errors
-  (``rpc_error``, called by the one error mapping in ``rpc/errors.py``);
+  (``rpc_error``, called by the one error mapping in ``api/grpc/errors.py``);
 * **state series**, read from the ``Node`` at scrape time by ``NodeCollector``: engines, pools,
   caches, links.
 

@@ -1,4 +1,4 @@
-"""The public face of a Peer listener: admission (``datadistd.admission``) in front of gRPC.
+"""The public face of a Peer listener: admission (``datadistd.guard.admission``) in front of gRPC.
 
 gRPC's Python server has no hook on accepted connections: it cannot cap them per source, close one
 that has not authenticated in time, or say how many it holds (an idle stranger's connection lived

@@ -1,6 +1,6 @@
 """The daemon-to-daemon ``Peer`` service of one listening engine: what happens before a link's data channel
 exists (``Challenge``, ``Handshake``). Everything after the handshake is frames on that channel
-(``datadistd.ownercalls``)."""
+(``datadistd.links.wire.ownercalls``)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def __init__(self, slot: EngineSlot, metrics: DaemonMetrics | None = None, front: PeerFront | None = None) -> None:
         self.slot = slot
         self.metrics = metrics
-        self.front = front      # told when a connection proved the secret (see rpc/front.py)
+        self.front = front      # told when a connection proved the secret (see api/grpc/front.py)
 
     @property
     def links(self):  # noqa: ANN201

@@ -85,7 +85,7 @@ async def create_worker_server(node: Node, socket_path: str, mode: int = 0o660, 
 
 class PeerListener:
     """A Peer service on one engine's ``listen_ip_info`` address: ``front`` owns the address (admission),
-    ``server`` answers on a private loopback port behind it (see ``rpc/front.py``)."""
+    ``server`` answers on a private loopback port behind it (see ``api/grpc/front.py``)."""
 
     def __init__(self, server: grpc.aio.Server, address: str, front: PeerFront) -> None:
         self.server = server

@@ -2,7 +2,7 @@
 
 The Peer service is what happens before a link's data channel exists: ``Challenge``, then ``Handshake``.
 Everything after it travels as frames on the authenticated data channel (``ownercalls``).
-``rpc/peer_client.py`` implements ``PeerClient`` over gRPC; tests may inject a fake. The
+``api/grpc/peer_client.py`` implements ``PeerClient`` over gRPC; tests may inject a fake. The
 handshake authenticates both sides with HMAC-SHA256 over a shared secret (never sent): the
 client proves it in the offer, the server in the answer; the data-plane token is derived
 from the session, so it is neither fixed nor sent in clear over the control plane.
@@ -34,7 +34,7 @@ AUTH_FAILED = "authentication failed: wrong or missing shared secret"
 PROTOCOL_VERSION = 4
 CHALLENGE_BYTES = 32
 #: how a serving engine's admission ends a refusal the linking side may retry within its deadline
-#: (``rpc/front.py``; ``rpc/peer_client.py`` marks such a failure ``retryable``)
+#: (``api/grpc/front.py``; ``api/grpc/peer_client.py`` marks such a failure ``retryable``)
 RETRY_LATER = "retry later"
 #: how long an issued challenge may be answered (a handshake answers it within milliseconds)
 CHALLENGE_TTL_S = 30.0

@@ -24,7 +24,7 @@ from typing import IO, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from datadistd.cli import PARENT_PID_ENV
+from datadistd.process.cli import PARENT_PID_ENV
 
 __all__ = ["DaemonProcess", "free_port", "port_pool"]
 
@@ -85,7 +85,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 #: set in a daemon's environment by ``die_with_parent``: the daemon asks the kernel for SIGTERM when its
-#: parent dies (``datadistd.cli``). Done by the daemon after exec, not by a ``preexec_fn`` between fork and
+#: parent dies (``datadistd.process.cli``). Done by the daemon after exec, not by a ``preexec_fn`` between fork and
 #: exec: code there can deadlock on a lock another thread of the parent held at fork (a bench run hung
 #: for 9 minutes in ``Popen`` that way, its child never reaching exec).
 

@@ -59,7 +59,7 @@ def test_a_daemon_that_exists_but_does_not_answer_is_waited_for(tmp_path) -> Non
 
 def test_a_plain_socket_path_is_a_daemon_address_as_for_datadistctl(daemon_factory, worker_factory) -> None:
     """``DATADIST_DAEMON=/path/to.sock`` reaches the daemon, as it does for ``datadistctl`` (issue 37, item 8)."""
-    from datadistd.ctl import resolve_socket
+    from datadistd.process.ctl import resolve_socket
 
     daemon = daemon_factory("plain")
     assert resolve_socket(None, env={"DATADIST_DAEMON": daemon.socket}) == daemon.socket

@@ -41,7 +41,7 @@ _FLOOD = """
 import sys, threading
 import grpc
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.peering import PROTOCOL_VERSION
+from datadistd.links.wire.peering import PROTOCOL_VERSION
 host, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 stop = threading.Event()
 counts = {"granted": 0, "refused": 0}

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.config import PeerSection
-from datadistd.peersecret import peer_secret
+from datadistd.state.config import PeerSection
+from datadistd.state.peersecret import peer_secret
 from tests.harness import free_port
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import pytest
 import llm_datadist as ld
 from datadist.status import LLMStatusCode
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
+from datadistd.api.grpc.errors import GRPC_CODE, guarded
 from datadistd.core.errors import DataDistError
-from datadistd.rpc.errors import GRPC_CODE, guarded
 from llm_datadist._rpc import DaemonClient
 
 CODES = [c for c in LLMStatusCode if c != LLMStatusCode.LLM_SUCCESS]

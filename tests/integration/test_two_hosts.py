@@ -69,7 +69,7 @@ def daemons(hosts: Hosts, data_ports: str) -> list[Daemon]:
 
 def ping(hosts: Hosts) -> subprocess.CompletedProcess[str]:
     """Step 5: ``datadistctl ping <prompt listen address>`` from the decoder host."""
-    return subprocess.run(["ip", "netns", "exec", hosts.b, sys.executable, "-m", "datadistd.ctl", "ping",
+    return subprocess.run(["ip", "netns", "exec", hosts.b, sys.executable, "-m", "datadistd.process.ctl", "ping",
                            f"{hosts.ip_a}:{LISTEN_PORT}", "-n", "1"], capture_output=True, text=True, timeout=60)
 
 

@@ -23,7 +23,7 @@ SCRIPT = tool("datadistctl")
 
 def ctl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """The installed console script when present (it is after ``pip install -e .``), else the module."""
-    cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "datadistd.ctl"]
+    cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "datadistd.process.ctl"]
     env = {**(env or {})}
     env.setdefault("DATADIST_DAEMON", "")
     done = run([*cmd, *args], env=env)
@@ -97,7 +97,7 @@ def test_a_reader_that_goes_away_is_no_traceback(pair) -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)   # as head does after its first line, here before anything was written: always EPIPE
     try:
-        cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "datadistd.ctl"]
+        cmd = [SCRIPT] if SCRIPT else [sys.executable, "-m", "datadistd.process.ctl"]
         done = subprocess.run([*cmd, "status", "--socket", pair.decoder_daemon.socket], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=30, env={**os.environ, "DATADIST_DAEMON": ""})
     finally:

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
-from datadistd.config import load_config
-from datadistd.metrics import DaemonMetrics, parse_listen_address
+from datadistd.state.config import load_config
+from datadistd.state.metrics import DaemonMetrics, parse_listen_address
 from tests.harness import Daemon, free_port
 from tests.reliability.common import blocks_key, stub
 
@@ -108,7 +108,7 @@ def test_each_daemon_has_its_own_registry() -> None:
 
 
 def test_metrics_are_off_by_default(tmp_path) -> None:
-    from datadistd.app import DaemonApp
+    from datadistd.process.app import DaemonApp
 
     async def scenario() -> None:
         cfg = load_config(env={}, overrides={"daemon.socket": str(tmp_path / "d.sock"),
@@ -137,7 +137,7 @@ def test_bad_listen_address_is_a_config_error(tmp_path) -> None:
 
 def test_a_failed_transfer_counts_its_status_code_and_no_bytes() -> None:
     from datadistd.core.errors import DataDistError, StatusCode
-    from datadistd.metrics import track_transfer
+    from datadistd.state.metrics import track_transfer
 
     m = DaemonMetrics()
     with pytest.raises(DataDistError):

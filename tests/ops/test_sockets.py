@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from datadistd.sockfiles import serving_pid
+from datadistd.guard.sockfiles import serving_pid
 from tests.harness import Daemon
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def test_the_sockets_of_a_killed_daemon_are_replaced() -> None:
 
 def test_a_private_name_left_by_a_daemon_killed_while_starting_is_removed(tmp_path) -> None:
     """gRPC binds ``<socket>.<pid>`` before it is published under the real name (``sockfiles.publish``)."""
-    from datadistd.sockfiles import claim
+    from datadistd.guard.sockfiles import claim
 
     path = str(tmp_path / "datadistd.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:   # bound, never listening: its process died

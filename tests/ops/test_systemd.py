@@ -106,7 +106,7 @@ def test_ready_then_stopping_then_exit_0_with_journal_format(tmp_path: Path) -> 
                 proc.wait(5)
             notes.close()
     lines = log_path.read_text().splitlines()
-    assert any(line.startswith("<6>datadistd.app: datadistd ready: ") for line in lines), lines
+    assert any(line.startswith("<6>datadistd.process.app: datadistd ready: ") for line in lines), lines
     for line in lines:  # journald adds time and pid itself; each line starts with a <priority>
         assert line[:1] == "<" and line[2:3] == ">", line
         assert not line[3:7].isdigit(), line
@@ -156,7 +156,7 @@ def test_bad_log_level_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_journal_stream_of_another_file_keeps_timestamps(tmp_path: Path) -> None:
-    from datadistd.cli import stderr_is_journal
+    from datadistd.process.cli import stderr_is_journal
 
     assert not stderr_is_journal({"JOURNAL_STREAM": "1:2"})
     assert not stderr_is_journal({"JOURNAL_STREAM": "garbage"})

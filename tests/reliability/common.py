@@ -37,9 +37,9 @@ DEV_SECRET = b"datadist-development-secret"
 
 
 def unconfigured_secret() -> bytes:
-    """The secret a daemon of this user proves when none is configured (``datadistd.peersecret``)."""
-    from datadistd.config import PeerSection
-    from datadistd.peersecret import peer_secret
+    """The secret a daemon of this user proves when none is configured (``datadistd.state.peersecret``)."""
+    from datadistd.state.config import PeerSection
+    from datadistd.state.peersecret import peer_secret
 
     return peer_secret(PeerSection()).value
 
@@ -251,10 +251,10 @@ def _as_ownerwire(payload: bytes) -> bytes | None:
     """A read (``OwnerCall.read``) as the peer protocol sends it: an ``ownerwire`` frame; None for any other call,
     and for a read whose fields no frame can carry (no key, an unknown mode: sent as the message, which the
     daemon refuses as a call it does not know)."""
-    from datadistd import ownerwire
+    from datadistd.api.grpc.convert import spec_from_pb
     from datadistd.core.errors import DataDistError
-    from datadistd.ownercalls import ReadCmd
-    from datadistd.rpc.convert import spec_from_pb
+    from datadistd.links.wire import ownerwire
+    from datadistd.links.wire.ownercalls import ReadCmd
 
     msg = peer_pb2.OwnerCall.FromString(payload)
     if msg.WhichOneof("command") != "read":
@@ -295,7 +295,7 @@ class PeerAgent:
 
     def challenge(self) -> bytes:
         """A fresh challenge from the serving engine (what a linking daemon asks for first)."""
-        from datadistd.peering import PROTOCOL_VERSION
+        from datadistd.links.wire.peering import PROTOCOL_VERSION
 
         request = peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=self.client_cluster,
                                             server_cluster_id=self.server_cluster)
@@ -306,8 +306,8 @@ class PeerAgent:
 
     def offer(self, challenge: bytes | None = None, **override: Any) -> peer_pb2.HandshakeRequest:
         """A signed offer over ``challenge`` (default: a fresh one from the server); ``override`` fields after."""
-        from datadistd.peering import make_offer
-        from datadistd.rpc.convert import offer_to_pb
+        from datadistd.api.grpc.convert import offer_to_pb
+        from datadistd.links.wire.peering import make_offer
 
         fresh = self.challenge() if challenge is None else challenge
         msg = offer_to_pb(make_offer(self.secret, self.client_cluster, self.server_cluster, fresh, "reliability-test"))
@@ -316,7 +316,7 @@ class PeerAgent:
         return msg
 
     def handshake(self, connect: bool = True, streams: int = 2) -> "PeerAgent":
-        from datadistd.peering import data_token
+        from datadistd.links.wire.peering import data_token
         from datadistd.transport.tcp import TcpTransport
 
         answer = self.peer.Handshake(self.offer(), timeout=10)
@@ -347,8 +347,8 @@ class PeerAgent:
 
         with self._answered:
             self.control_bytes += len(payload)
-        from datadistd.ownercalls import OwnerReply
-        from datadistd.rpc.convert import CALL_CODEC
+        from datadistd.api.grpc.convert import CALL_CODEC
+        from datadistd.links.wire.ownercalls import OwnerReply
 
         if kind == CONTROL_REPLY:   # every reply is an ownerwire frame; handed on as the message
             got = CALL_CODEC.decode_reply(payload)

@@ -22,8 +22,8 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2
-from datadistd.peering import PROTOCOL_VERSION
-from datadistd.peersecret import PeerSecret
+from datadistd.links.wire.peering import PROTOCOL_VERSION
+from datadistd.state.peersecret import PeerSecret
 from tests.harness import Daemon, WorkerError, free_port, pool_memfds
 from tests.reliability.common import (
     DEV_SECRET,
@@ -122,8 +122,8 @@ def test_handshake_forgeries_are_refused(daemon_factory, worker_factory) -> None
             "no challenge": agent.offer(challenge=b""),
             "other server cluster": None,
         }
-        from datadistd.peering import make_offer
-        from datadistd.rpc.convert import offer_to_pb
+        from datadistd.api.grpc.convert import offer_to_pb
+        from datadistd.links.wire.peering import make_offer
 
         forgeries["other server cluster"] = offer_to_pb(make_offer(SECRET_A.encode(), 77, P + 40, agent.challenge()))
         for name, request in forgeries.items():

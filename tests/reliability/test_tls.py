@@ -219,7 +219,7 @@ def test_grpcurl_and_ctl_ping_speak_tls(daemon_factory, worker_factory, pki, tmp
     config = tmp_path / "ctl.toml"
     config.write_text(f'[tls]\nenabled = true\ncert_file = "{cert_file}"\nkey_file = "{key_file}"\n'
                       f'ca_file = "{pki.ca_file}"\n')
-    ctl = [sys.executable, "-m", "datadistd.ctl"]
+    ctl = [sys.executable, "-m", "datadistd.process.ctl"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DATADISTD_")}
     ok = subprocess.run([*ctl, "--config", str(config), "ping", f"127.0.0.1:{port}", "-n", "1", "--json"],
                         capture_output=True, text=True, timeout=30, env=env)

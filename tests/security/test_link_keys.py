@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.config import Config
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
-from datadistd.engine import tensors_of
 from datadistd.links import ClusterSpec
-from datadistd.node import EngineSlot, Node
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.node.node import EngineSlot, Node
+from datadistd.state.config import Config
+from datadistd.state.engine import tensors_of
 from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 

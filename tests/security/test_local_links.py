@@ -17,7 +17,7 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.peering import PROTOCOL_VERSION
+from datadistd.links.wire.peering import PROTOCOL_VERSION
 from tests.daemonproc import free_port
 
 from .test_users import as_user, daemon, users  # noqa: F401 - the throwaway-users fixtures

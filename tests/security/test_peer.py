@@ -31,8 +31,8 @@ import pytest
 
 from datadist.status import LLMStatusCode
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.config import load_config
-from datadistd.peering import PROTOCOL_VERSION
+from datadistd.links.wire.peering import PROTOCOL_VERSION
+from datadistd.state.config import load_config
 from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
 from tests.reliability.common import PeerAgent, fd_count, listening_sockets, wait_until
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.integration
 P, D = 1, 2
 
 
-#: the two ways a daemon is left with the public development secret (``datadistd.peersecret``)
+#: the two ways a daemon is left with the public development secret (``datadistd.state.peersecret``)
 PUBLIC = {"explicit": {"DATADISTD_PEER_SECRET": "datadist-development-secret"},
           "no per-user place": {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
                                 "HOME": "/proc/datadist-none"}}

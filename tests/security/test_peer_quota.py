@@ -16,8 +16,8 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec, Role
+from datadistd.guard.quota import LinkLimits
 from datadistd.links import ClusterSpec
-from datadistd.quota import LinkLimits
 from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _order, _until
 
@@ -84,7 +84,7 @@ def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
     """The peer protocol answers a small read with its bytes in the reply. The other end cannot use that to make
     the owner copy out more than ``INLINE_READ_MAX`` per call, to hold more replies than its link's call cap,
     or to keep a cache pinned: the copy ends before the reply goes out."""
-    from datadistd.ownercalls import INLINE_READ_MAX
+    from datadistd.links.wire.ownercalls import INLINE_READ_MAX
 
     async def main() -> None:
         async with Pair() as pair:

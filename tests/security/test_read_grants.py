@@ -20,15 +20,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from datadist.status import LLMStatusCode as S  # noqa: E402
-from datadistd.config import Config  # noqa: E402
+from datadistd.api.grpc.convert import CALL_CODEC  # noqa: E402
 from datadistd.core.errors import DataDistError  # noqa: E402
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role  # noqa: E402
-from datadistd.engine import tensors_of  # noqa: E402
+from datadistd.guard.quota import LinkLimits  # noqa: E402
 from datadistd.links import ClusterSpec, LinkState  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402
-from datadistd.node import Node  # noqa: E402
-from datadistd.quota import LinkLimits  # noqa: E402
-from datadistd.rpc.convert import CALL_CODEC  # noqa: E402
+from datadistd.node.node import Node  # noqa: E402
+from datadistd.state.config import Config  # noqa: E402
+from datadistd.state.engine import tensors_of  # noqa: E402
 from datadistd.transport.base import Channel  # noqa: E402
 from tests.fakes import worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _bytes, _order, _until  # noqa: E402

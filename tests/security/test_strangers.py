@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from datadist.v1 import peer_pb2, peer_pb2_grpc
-from datadistd.peering import PROTOCOL_VERSION
+from datadistd.links.wire.peering import PROTOCOL_VERSION
 from tests.reliability.common import PeerAgent
 
 from .test_peer import P, _link_and_pull, pair  # noqa: F401 - pair: the prompt/decoder fixture
@@ -132,8 +132,8 @@ def test_9_a_challenge_over_the_budget_is_a_retry_later_the_linking_side_knows(p
     daemon's peer client marks exactly that failure retryable (``links/setup.py`` retries it within its timeout)."""
     import asyncio
 
+    from datadistd.api.grpc.peer_client import GrpcPeerClient
     from datadistd.core.errors import DataDistError
-    from datadistd.rpc.peer_client import GrpcPeerClient
 
     _, port, prompt, decoder = pair
     relay = _From("127.0.0.5", port)         # an address that never proved the secret: a stranger's budget

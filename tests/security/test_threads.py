@@ -19,8 +19,8 @@ import asyncio
 import pytest
 
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.gate import EXECUTOR_THREADS, Threads
-from datadistd.quota import LinkLimits
+from datadistd.guard.gate import EXECUTOR_THREADS, Threads
+from datadistd.guard.quota import LinkLimits
 from tests.unit.test_links import BLOCK, BLOCKS, Pair, _until
 
 pytestmark = pytest.mark.timeout(180)

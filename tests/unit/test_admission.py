@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datadistd.admission import Admission, AdmissionLimits, RefusalLog
+from datadistd.guard.admission import Admission, AdmissionLimits, RefusalLog
 
 
 class Clock:
@@ -176,7 +176,7 @@ def test_the_books_hold_under_any_sequence(ops: list[tuple[str, int]]) -> None:
 
 
 def test_sources_are_counted_per_ipv6_64() -> None:
-    from datadistd.admission import source_key
+    from datadistd.guard.admission import source_key
 
     assert source_key("10.1.2.3") == "10.1.2.3"
     assert source_key("2001:db8:1:2:aaaa::1") == source_key("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"

@@ -1,11 +1,11 @@
-"""The one authorization point for link setup (``datadistd.authz``)."""
+"""The one authorization point for link setup (``datadistd.guard.authz``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from datadistd.authz import OWN, REMOTE, authorize_displace, authorize_local_link
 from datadistd.core.errors import DataDistError, StatusCode
+from datadistd.guard.authz import OWN, REMOTE, authorize_displace, authorize_local_link
 
 
 def test_same_daemon_links_only_within_one_uid():

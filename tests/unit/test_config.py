@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from datadistd.config import Config, ConfigError, load_config
+from datadistd.state.config import Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_bad_env_is_a_clear_error() -> None:
 def test_an_unknown_transport_stops_the_start() -> None:
     import pytest
 
-    from datadistd.config import ConfigError, load_config
+    from datadistd.state.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="known: hccl, nixl, tcp"):
         load_config(env={"DATADISTD_TRANSPORT_NAME": "local"})
@@ -102,7 +102,7 @@ def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -
 
     import pytest
 
-    from datadistd.config import ConfigError, load_config
+    from datadistd.state.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="nixl_fabric_trusted = true"):
         load_config(env={"DATADISTD_TRANSPORT_NAME": "nixl"})
@@ -115,9 +115,9 @@ def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -
 def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
     """Per engine: its NPU, its llm.LocalCommRes address, traffic class, service level, retries and link time;
     the daemon's [transport] hccl_* fill what the engine leaves unset (device IPs listed by logical id)."""
-    from datadistd.config import load_config
     from datadistd.core.options import parse_options
     from datadistd.core.types import Role
+    from datadistd.state.config import load_config
 
     cfg = load_config(env={"DATADISTD_TRANSPORT_NAME": "hccl", "DATADISTD_TRANSPORT_HCCL_DEVICE_IP":
                            "10.0.0.1, 10.0.0.2,10.0.0.3", "DATADISTD_TRANSPORT_HCCL_RDMA_TRAFFIC_CLASS": "100"})
@@ -186,7 +186,7 @@ def test_every_daemon_variable_the_tree_names_is_known() -> None:
     """What the docs, deploy files, tests and bench set is accepted: none is refused by the rule above."""
     import re
 
-    from datadistd.config import env_names
+    from datadistd.state.config import env_names
 
     known = env_names()
     placeholders = {"DATADISTD_SECTION_KEY", "DATADISTD_EXECUTABLE"}   # a pattern; check.sh's argument name

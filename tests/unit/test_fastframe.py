@@ -1,5 +1,5 @@
 """The attach connection's binary pull/push frames (``datadist.fastframe``) and the daemon's order from them
-(``datadistd.rpc.orders``): every field round-trips at its type's edges, malformed frames are refused."""
+(``datadistd.api.orders``): every field round-trips at its type's edges, malformed frames are refused."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from datadist import fastframe as ff
 from datadist.v1 import attach_pb2
+from datadistd.api.grpc import convert
+from datadistd.api.orders import order_from_frame
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.plan import TransferKind
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef
-from datadistd.rpc import convert
-from datadistd.rpc.orders import order_from_frame
 from llm_datadist._convert import transfer_pb
 
 U64 = st.integers(0, 2**64 - 1)

@@ -11,10 +11,10 @@ import threading
 import pytest
 
 from datadist.status import LLMStatusCode as S
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.ownercalls import FrameCalls, OwnerReply, ReadCmd
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.links.wire.ownercalls import FrameCalls, OwnerReply, ReadCmd
 from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY
 from datadistd.transport.tcp import _CONTROL_BACKLOG, HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until

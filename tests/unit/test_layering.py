@@ -1,4 +1,5 @@
-"""Rooms of the design: only datadistd.rpc imports grpc; importing datadistd loads no device library."""
+"""Rooms of the design: which room may import which, only api/ and process/ import grpc, importing datadistd loads
+no device library."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import subprocess
 import sys
 
 GRPC_FREE = ["datadistd", "datadistd.core.types", "datadistd.core.registry", "datadistd.core.layout",
-             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.engine",
-             "datadistd.links", "datadistd.node", "datadistd.comm", "datadistd.memory", "datadistd.memory.host",
-             "datadistd.memory.imported",
-             "datadistd.transport", "datadistd.transport.tcp", "datadistd.config"]
+             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.state.engine",
+             "datadistd.links", "datadistd.node.node", "datadistd.links.comm", "datadistd.memory",
+             "datadistd.memory.host", "datadistd.memory.imported",
+             "datadistd.transport", "datadistd.transport.tcp", "datadistd.state.config"]
 
 
 def loaded_after(imports: list[str]) -> set[str]:
@@ -22,7 +23,7 @@ def test_domain_imports_no_grpc_and_no_device_library() -> None:
     mods = loaded_after(GRPC_FREE)
     assert not {m for m in mods if m == "grpc" or m.startswith("grpc.")}
     assert not {m for m in mods if m.split(".")[0] in ("acl", "torch", "torch_npu", "hccl", "cupy", "pycuda")}
-    assert "datadistd.rpc" not in mods
+    assert "datadistd.api.grpc" not in mods
 
 
 def test_unknown_backend_and_transport_list_the_known_ones() -> None:
@@ -119,6 +120,79 @@ def test_no_import_cycles() -> None:
     assert not typed, "import cycles (with TYPE_CHECKING imports): " + "; ".join(" -> ".join(c) for c in typed)
 
 
+#: the daemon's rooms, bottom to top (docs/daemon.md, "Layout"), and the rooms each may import besides its own:
+#: only rooms listed before it, so no module calls up. ``datadistd`` itself (``__version__``) anyone may import.
+ROOMS: dict[str, set[str]] = {
+    "core": set(),                                   # the domain's records and rules: pure
+    "memory": {"core"},
+    "guard": {"core"},                               # admission, authorization, quotas, the fair executor
+    "transport": {"core", "memory", "guard"},        # data-plane channels; the data port's admission
+    "state": {"core", "memory", "guard", "transport"},   # engines, read views, config, metrics, the peer secret
+    "links.wire": {"core"},                          # what two daemons say: records and frames only
+    "links": {"core", "memory", "guard", "transport", "state", "links.wire"},
+    "node": {"core", "memory", "guard", "transport", "state", "links.wire", "links"},
+    "api": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node"},
+    "api.grpc": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api"},
+    "api.attach": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api",
+                   "api.grpc"},
+    "process": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api", "api.grpc",
+                "api.attach"},
+    "tools": set(),                                  # make proto: imports nothing of the daemon
+}
+#: the rooms that may import grpc: the gRPC services and the process that serves them (and ``make proto``)
+GRPC_ROOMS = {"api.grpc", "api.attach", "process", "tools"}
+
+
+def _room(mod: str) -> str:
+    """``datadistd.links.wire.peering`` -> ``links.wire``; ``datadistd.api.orders`` -> ``api``."""
+    parts = mod.split(".")[1:]
+    if parts[:2] in (["links", "wire"], ["api", "grpc"], ["api", "attach"]):
+        return ".".join(parts[:2])
+    return "process" if parts == ["__main__"] else parts[0]
+
+
+def test_the_top_level_holds_only_the_package_and_its_main() -> None:
+    """Every module of the daemon lives in a room; the top level is the package and ``python -m datadistd``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "server" / "datadistd"
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "__main__.py"]
+    rooms = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == {r.split(".")[0] for r in ROOMS}
+
+
+def test_the_rooms_form_a_ladder() -> None:
+    """A room may import only rooms listed before it in ``ROOMS``: none calls up."""
+    order = list(ROOMS)
+    for i, room in enumerate(order):
+        assert ROOMS[room] <= set(order[:i]), f"{room} may import a room above it: {ROOMS[room] - set(order[:i])}"
+
+
+def test_no_module_imports_a_room_above_its_own() -> None:
+    """Every import of the daemon, deferred and ``TYPE_CHECKING`` ones included, stays in its room or goes down."""
+    graph = {mod: deps for mod, deps in _import_graph().items() if mod.startswith("datadistd.")}
+    assert len(graph) > 80 and graph["datadistd.node.node"], "the graph was not read"
+    up = sorted(f"{mod} -> {dep}" for mod, deps in graph.items() for dep in deps
+                if dep.startswith("datadistd.") and _room(dep) != _room(mod) and _room(dep) not in ROOMS[_room(mod)])
+    assert not up, "imports of a room above: " + "; ".join(up)
+
+
+def test_only_the_api_and_the_process_import_grpc() -> None:
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "server"
+    found = set()
+    for path in (root / "datadistd").rglob("*.py"):
+        mod = ".".join(path.relative_to(root).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] == "grpc" or n.startswith("grpc_") for n in names):
+                found.add(_room(mod.removesuffix(".__init__")))
+    assert found and found <= GRPC_ROOMS, f"grpc imported in {sorted(found - GRPC_ROOMS)}"
+
+
 #: the most lines a module of the daemon may have (issue 26): past it, split along a seam, one job per module
 MAX_MODULE_LINES = 500
 
@@ -137,9 +211,11 @@ def test_no_daemon_module_is_over_500_lines() -> None:
 #: library, generated protobuf/grpc objects, configuration reflection and plugin loading. Our own types
 #: declare what they can do (Protocols, ``runtime_checkable`` capabilities checked with ``isinstance``).
 REFLECTION_ALLOWED = {
-    ("cli.py", "logging"), ("config.py", "self"), ("config.py", "cfg"), ("config.py", "cfg.tls"),
-    ("ctl.py", "stub"), ("plugins.py", "importlib.import_module(module_name)"), ("rpc/attach.py", "socket"),
-    ("rpc/server.py", "request"), ("rpc/server.py", "servicer"), ("transport/tcp/staging.py", "self._local"),
+    ("process/cli.py", "logging"), ("state/config.py", "self"), ("state/config.py", "cfg"),
+    ("state/config.py", "cfg.tls"), ("process/ctl.py", "stub"),
+    ("core/plugins.py", "importlib.import_module(module_name)"), ("api/attach.py", "socket"),
+    ("api/grpc/server.py", "request"), ("api/grpc/server.py", "servicer"),
+    ("transport/tcp/staging.py", "self._local"),
     ("transport/tcp/wire.py", "socket"),
     ("memory/host.py", "mmap"), ("memory/host.py", "os"), ("memory/addr.py", "mmap"),
 }

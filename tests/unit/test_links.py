@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.config import Config
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
-from datadistd.engine import tensors_of
-from datadistd.layerwise import LayerPush
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
-from datadistd.node import Node
-from datadistd.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.links.layerwise import LayerPush
+from datadistd.links.wire.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
+from datadistd.node.node import Node
+from datadistd.state.config import Config
+from datadistd.state.engine import tensors_of
 from tests.fakes import worker_session
 
 pytestmark = pytest.mark.timeout(60)
@@ -508,7 +508,7 @@ def test_a_node_makes_at_most_a_few_link_attempts_at_once_per_address() -> None:
 def test_a_challenge_refused_with_retry_later_is_retried_within_the_timeout() -> None:
     """Issue 37, item 1: the peer's admission says "retry later" (an address over its challenge budget): the link
     tries again within its timeout and gets in; any other failure is reported at once, untried again."""
-    from datadistd.peering import RETRY_LATER
+    from datadistd.links.wire.peering import RETRY_LATER
 
     async def main() -> None:
         async with Pair() as pair:

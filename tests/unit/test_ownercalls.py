@@ -1,4 +1,4 @@
-"""Owner calls' records and ``FrameCalls`` (``datadistd.ownercalls``): every command kind survives the wire,
+"""Owner calls' records and ``FrameCalls`` (``datadistd.links.wire.ownercalls``): every command kind survives the wire,
 and any number of calls in flight are answered by id, in any order."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from datadistd.api.grpc import convert
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
-from datadistd.ownercalls import (
+from datadistd.links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
     DoneReadCmd,
@@ -25,8 +27,6 @@ from datadistd.ownercalls import (
     ReleaseCmd,
     UnlinkCmd,
 )
-from datadistd.rpc import convert
-from datadistd.rpc.convert import CALL_CODEC
 
 SPEC = RemoteSpec(BlocksKeyRef(7, 1), ReadMode.BLOCKS, (3, 1, 4), -1, 0, 2, 4, 4096)
 

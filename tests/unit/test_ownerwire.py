@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from datadist.status import LLMStatusCode as S
-from datadistd import ownerwire
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
-from datadistd.ownercalls import OwnerReply, ReadCmd, RefusedCall
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd, RefusedCall
 
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
@@ -92,7 +92,7 @@ def test_a_malformed_reply_is_refused(mangle) -> None:  # noqa: ANN001
 
 def test_no_protobuf_message_starts_like_a_binary_frame() -> None:
     """What tells the two apart: a protobuf OwnerCall never starts with the tag (wire type 7 does not exist)."""
-    from datadistd.ownercalls import PingCmd
+    from datadistd.links.wire.ownercalls import PingCmd
 
     assert CALL_CODEC.encode_command(PingCmd(1))[0] != ownerwire.TAG
     assert isinstance(CALL_CODEC.decode_command(CALL_CODEC.encode_command(PingCmd(1))), PingCmd)

@@ -17,7 +17,7 @@ def test_the_peer_service_has_only_the_pre_channel_rpcs() -> None:
     names = {m.name for m in methods}
     assert not names & FRAME_ONLY, f"owner-call RPCs are back in peer.proto: {sorted(names & FRAME_ONLY)}"
     assert names == PRE_CHANNEL, f"the Peer service grew {sorted(names - PRE_CHANNEL)}: after the handshake, " \
-                                 f"use a frame on the data channel (datadistd.ownercalls)"
+                                 f"use a frame on the data channel (datadistd.links.wire.ownercalls)"
     assert not any(m.client_streaming or m.server_streaming for m in methods)
 
 

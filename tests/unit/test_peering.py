@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datadistd.peering import CHALLENGE_BYTES, ChallengeStore, make_offer, offer_mac
+from datadistd.links.wire.peering import CHALLENGE_BYTES, ChallengeStore, make_offer, offer_mac
 
 
 class Clock:

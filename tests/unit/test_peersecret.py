@@ -1,4 +1,4 @@
-"""Peer secrets (``datadistd.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
+"""Peer secrets (``datadistd.state.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
 embedded or not; one rule for every secret file, configured or per-user; which secret a daemon uses said without
 saying it."""
 
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from datadistd.config import DEV_SECRET, PeerSection
-from datadistd.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
+from datadistd.state.config import DEV_SECRET, PeerSection
+from datadistd.state.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
 
 
 def test_made_once_private_and_shared(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datadistd.config import load_config
 from datadistd.core.errors import DataDistError, StatusCode
-from datadistd.quota import QuotaBook, QuotaLimits
+from datadistd.guard.quota import QuotaBook, QuotaLimits
+from datadistd.state.config import load_config
 
 
 def test_a_uid_at_its_quota_does_not_limit_another():
@@ -51,7 +51,7 @@ def test_charges_come_back_exactly(ops):
 
 
 def test_link_usage_caps_calls_writes_pinned_bytes_and_clamps_waits():
-    from datadistd.quota import LinkLimits, LinkUsage
+    from datadistd.guard.quota import LinkLimits, LinkUsage
 
     limits = LinkLimits(calls_in_flight=2, open_writes=10, pinned_bytes=100, max_wait_ms=1000, calls_queued=1)
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd import readview
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec
-from datadistd.engine import tensors_of
+from datadistd.links.wire.ownercalls import ReadCmd
 from datadistd.memory.copy import BufferHandle
-from datadistd.metrics import DaemonMetrics
-from datadistd.ownercalls import ReadCmd
+from datadistd.state import readview
+from datadistd.state.engine import tensors_of
+from datadistd.state.metrics import DaemonMetrics
 
 from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order
 

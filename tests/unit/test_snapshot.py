@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from datadistd.config import Config
+from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.types import Role
-from datadistd.node import Node
-from datadistd.rpc.convert import CALL_CODEC
+from datadistd.node.node import Node
+from datadistd.state.config import Config
 from tests.fakes import worker_session
 
 
@@ -44,7 +44,7 @@ def test_the_gate_counts_jobs_and_waits_bounded() -> None:
     """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
     import threading
 
-    from datadistd.gate import Gate, Lane, Threads
+    from datadistd.guard.gate import Gate, Lane, Threads
 
     async def main() -> None:
         gate, threads = Gate(), Threads(2, 1)

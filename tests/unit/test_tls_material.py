@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from datadistd.rpc.tls import PeerTls, TlsError, TlsFiles
+from datadistd.api.grpc.tls import PeerTls, TlsError, TlsFiles
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -61,7 +61,7 @@ def test_reloads_changed_files_and_keeps_the_last_good_set(files, caplog) -> Non
     assert second.cert == new_cert != first.cert
     # a key that does not match: refused, warned once however often it is asked
     _write(Path(paths.key_file), ca.issue_cert("127.0.0.1").private_key_pem.bytes())
-    with caplog.at_level(logging.WARNING, logger="datadistd.rpc.tls"):
+    with caplog.at_level(logging.WARNING, logger="datadistd.api.grpc.tls"):
         for _ in range(5):
             assert tls.current() is second
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1

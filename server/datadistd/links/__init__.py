@@ -25,8 +25,7 @@ from typing import Sequence
 from datadist.status import LLMStatusCode
 
 from ..core.plan import TransferOrder
-from ..engine import Engine
-from ..peering import HandshakeAnswer, HandshakeOffer
+from ..state.engine import Engine
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
@@ -45,6 +44,7 @@ from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
 from .setup import Linker
 from .table import LinkTable, NodeContext
+from .wire.peering import HandshakeAnswer, HandshakeOffer
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
            "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters", "AddressSlots",

@@ -10,10 +10,15 @@ import logging
 import time
 from typing import Callable
 
-from .. import ownerwire, readview
 from ..core.errors import DataDistError, StatusCode
-from ..metrics import track_transfer
-from ..ownercalls import (
+from ..state import readview
+from ..state.metrics import track_transfer
+from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
+from .model import LinkState, RemoteLink
+from .owner import Owner
+from .table import LinkTable
+from .wire import ownerwire
+from .wire.ownercalls import (
     INLINE_READ_MAX,
     CommitWriteCmd,
     DoneReadCmd,
@@ -28,10 +33,6 @@ from ..ownercalls import (
     ReleaseCmd,
     UnlinkCmd,
 )
-from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
-from .model import LinkState, RemoteLink
-from .owner import Owner
-from .table import LinkTable
 
 log = logging.getLogger("datadistd.links")
 

@@ -12,10 +12,10 @@ from typing import Protocol, Sequence
 
 from ..core.errors import StatusCode
 from ..core.types import RemoteSpec
-from ..engine import Engine
-from ..ownercalls import FrameCalls
-from ..quota import LinkUsage
+from ..guard.quota import LinkUsage
+from ..state.engine import Engine
 from ..transport.base import Channel, Receipt
+from .wire.ownercalls import FrameCalls
 
 #: clusters one link_clusters / unlink_clusters call may name (CANN: LLM_CLUSTER_NUM_EXCEED_LIMIT past it)
 MAX_CLUSTERS_PER_CALL = 16

@@ -10,11 +10,11 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes
-from ..metrics import track_transfer
-from ..ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
+from ..state.metrics import track_transfer
 from ..transport.base import Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
+from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 
 
 class Owner:

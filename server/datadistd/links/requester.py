@@ -14,13 +14,13 @@ from ..core.layout import Span, explain_size_mismatch
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
-from ..engine import segments_of, tensors_of
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, write_bytes
-from ..ownercalls import INLINE_READ_MAX, FrameCalls, OwnerReply
+from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 from .table import LinkTable
+from .wire.ownercalls import INLINE_READ_MAX, FrameCalls, OwnerReply
 
 log = logging.getLogger("datadistd.links")
 

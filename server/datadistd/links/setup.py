@@ -11,23 +11,11 @@ import random
 import time
 from typing import Awaitable, Callable, Sequence
 
-from ..admission import source_key
-from ..authz import OWN, REMOTE, authorize_displace, authorize_local_link
-from ..config import is_loopback
 from ..core.errors import DataDistError, StatusCode, require
-from ..peering import (
-    AUTH_FAILED,
-    PROTOCOL_VERSION,
-    ChallengeStore,
-    HandshakeAnswer,
-    HandshakeOffer,
-    answer_mac,
-    check_version,
-    data_token,
-    make_offer,
-    offer_mac,
-)
-from ..peersecret import SAME_SECRET_FIX
+from ..guard.admission import source_key
+from ..guard.authz import OWN, REMOTE, authorize_displace, authorize_local_link
+from ..state.config import is_loopback
+from ..state.peersecret import SAME_SECRET_FIX
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,
@@ -42,6 +30,18 @@ from .model import (
     too_many_clusters,
 )
 from .table import LinkTable
+from .wire.peering import (
+    AUTH_FAILED,
+    PROTOCOL_VERSION,
+    ChallengeStore,
+    HandshakeAnswer,
+    HandshakeOffer,
+    answer_mac,
+    check_version,
+    data_token,
+    make_offer,
+    offer_mac,
+)
 
 log = logging.getLogger("datadistd.links")
 

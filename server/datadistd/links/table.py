@@ -12,13 +12,11 @@ from collections import OrderedDict
 from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
-from ..engine import Engine
-from ..gate import UNMETERED
-from ..metrics import DaemonMetrics
-from ..ownercalls import CallCodec
-from ..peering import PeerClient
-from ..peersecret import PeerSecret
-from ..quota import LinkLimits
+from ..guard.gate import UNMETERED
+from ..guard.quota import LinkLimits
+from ..state.engine import Engine
+from ..state.metrics import DaemonMetrics
+from ..state.peersecret import PeerSecret
 from ..transport.base import Channel, ReadGrants, Receipt, Transport
 from .attempts import AddressSlots
 from .model import (
@@ -33,6 +31,8 @@ from .model import (
     _Grant,
     _PendingWrite,
 )
+from .wire.ownercalls import CallCodec
+from .wire.peering import PeerClient
 
 log = logging.getLogger("datadistd.links")
 
@@ -46,7 +46,7 @@ class NodeContext(Protocol):
     heartbeat_seconds: float
     call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
-    link_limits: LinkLimits             # what one link's other end may make the owner hold (quota.py)
+    link_limits: LinkLimits             # what one link's other end may make the owner hold (guard/quota.py)
     link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
 
     @property

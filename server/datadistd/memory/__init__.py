@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plugins import load_named
+from ..core.plugins import load_named
 from .base import Allocation, FdPiece, FdRef, MemoryBackend, MemoryHandle, MemoryRef, Pool, ProcessRef, Segment
 
 __all__ = [

@@ -7,7 +7,7 @@ need no transport: they are memory copies (``links/setup.py``, ``memory/copy.py`
 
 from __future__ import annotations
 
-from ..plugins import load_named
+from ..core.plugins import load_named
 from .base import Channel, Receipt, Transport
 
 __all__ = ["Channel", "Receipt", "Transport", "TRANSPORTS", "get_transport"]

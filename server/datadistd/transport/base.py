@@ -18,7 +18,7 @@ Life cycle of a link's data plane (TCP shown; others follow the same shape):
 All deadlines are absolute ``time.monotonic()`` values. No call blocks past its deadline.
 
 Every channel also carries small *control frames* (``CONTROL_KINDS``) beside the bytes: the owner calls
-of a transfer, unlink and liveness (``datadistd.ownercalls``), so after the handshake the channel is the
+of a transfer, unlink and liveness (``datadistd.links.wire.ownercalls``), so after the handshake the channel is the
 only conversation between two daemons. The serving end sets its handler by token, before the channel
 exists (``Transport.on_control``); the linking end on the channel it opened (``Channel.on_control``).
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ...admission import AdmissionLimits
+from ...guard.admission import AdmissionLimits
 from ..onesided import OneSidedTransport
 from .agent import Agent, load_api, ucx_transports
 

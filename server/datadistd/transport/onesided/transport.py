@@ -16,9 +16,9 @@ import numpy as np
 
 from datadist.status import LLMStatusCode
 
-from ...admission import AdmissionLimits
 from ...core.errors import DataDistError
 from ...core.types import TransferId
+from ...guard.admission import AdmissionLimits
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel, ControlHandler
 from ..registrations import Registration

@@ -19,8 +19,8 @@ from typing import Any, Callable, Protocol
 
 from datadist.status import LLMStatusCode
 
-from ...admission import Admission, AdmissionLimits, Ticket
 from ...core.errors import DataDistError
+from ...guard.admission import Admission, AdmissionLimits, Ticket
 from .channel import TcpChannel
 from .conn import DataConn
 from .wire import (

@@ -14,9 +14,9 @@ from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
-from ...admission import AdmissionLimits
 from ...core.errors import DataDistError
 from ...core.types import TransferId
+from ...guard.admission import AdmissionLimits
 from ...memory.base import Segment
 from ..base import Channel
 from .channel import TcpChannel

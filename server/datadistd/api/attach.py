@@ -1,0 +1,420 @@
+"""The attach socket: kernel-verified worker identity and memory by file descriptor.
+
+A unix ``SOCK_SEQPACKET`` socket beside the gRPC worker socket (``<worker socket>.attach``, same
+mode). gRPC's Python server can neither read a unix peer's credentials nor carry descriptors,
+so this small protocol does the two things only the kernel can vouch for (``attach.proto``):
+
+* on accept, ``SO_PEERCRED`` gives the caller's pid/uid/gid (``SO_PEERPIDFD`` a pidfd where the
+  kernel has it); the first message (``hello``) is answered with a fresh capability bound to this
+  connection, which every DataDist call then carries as metadata;
+* ``import_memory`` takes memory as descriptors (``SCM_RIGHTS``) and answers a memory id the
+  worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
+  pool of one of *its own* engines;
+* pulls and pushes of one of the session's engines without a gRPC call, the local hot path: since
+  protocol 3 as binary frames (``datadist.fastframe``: a fixed layout decoded straight into a
+  ``TransferOrder``, answered with a fixed-layout reply), protocol 2's protobuf ``pull``/``push`` still
+  served for older clients. Each runs as its own task on the event loop; replies go out in
+  completion order, matched by request id, so a worker may have many in flight; every datagram a
+  worker queued is read per wake-up (up to ``_DRAIN``).
+
+The connection is the lease: when it closes, the session's engines are finalized and its
+imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
+``add_reader``); each message is one datagram of at most ``MAX_MESSAGE`` bytes with at most
+``MAX_PIECES`` descriptors, so a caller cannot make the daemon buffer more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import struct
+from typing import Callable
+
+from datadist.fastframe import (
+    MAGIC,
+    MAX_DATAGRAM,
+    PUSH,
+    FrameError,
+    decode_request,
+    encode_reply,
+    request_id_of,
+)
+from datadist.v1 import attach_pb2, datadist_pb2
+from datadist_ascend.proof import possession_proof
+
+from .. import __version__
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.plan import TransferOrder
+from ..guard.admission import RefusalLog
+from ..guard.sockfiles import OwnedSocket
+from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.handover import discard
+from ..node.node import Node
+from ..node.sessions import PeerCred, WorkerSession
+from ..state.metrics import DaemonMetrics
+from .grpc import convert
+from .grpc.datadist_servicer import start_order
+from .grpc.errors import count_error
+from .orders import order_from_frame
+
+__all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 3
+MAX_MESSAGE = MAX_DATAGRAM
+#: datagrams read per wake-up of a connection (the loop's other work gets its turn in between)
+_DRAIN = 64
+_MAGIC_BYTE = bytes([MAGIC])
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
+_LOG_EVERY_S = 10.0
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
+
+
+def attach_path(worker_socket: str) -> str:
+    """Where the attach socket of the daemon serving ``worker_socket`` lives."""
+    return worker_socket + ".attach"
+
+
+def read_peer_cred(sock: socket.socket) -> PeerCred:
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return PeerCred(pid, uid, gid)
+
+
+def _peer_pidfd(sock: socket.socket) -> int | None:
+    try:
+        return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, 4))[0]
+    except OSError:  # older kernel: the connection itself still ties the session to the process
+        return None
+
+
+class _Conn:
+    __slots__ = ("sock", "session", "greeted", "tasks", "pulls")
+
+    def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
+        self.sock = sock
+        self.session = session
+        self.greeted = False
+        self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight on this connection
+        self.pulls = 0                                  # pulls in flight (started by callback: no task of their own)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.tasks) + self.pulls
+
+
+#: how a transfer is answered: ``(status, bytes, transport, message)``
+_Answer = Callable[[int, int, str, str], None]
+
+
+def _transfer_reply(rid: int, status: int, nbytes: int, transport: str, why: str) -> attach_pb2.AttachReply:
+    """A protocol-2 (protobuf) transfer's answer."""
+    if status:
+        return attach_pb2.AttachReply(request_id=rid, status=status, message=why)
+    return attach_pb2.AttachReply(request_id=rid, transfer=datadist_pb2.TransferResponse(bytes=nbytes,
+                                                                                         transport=transport))
+
+
+#: transfers one connection may have in flight (more wait in the worker's socket buffer)
+MAX_TRANSFERS_IN_FLIGHT = 256
+
+
+class AttachServer:
+    def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None) -> None:
+        self.node = node
+        self.path = path
+        self.mode = mode
+        self.metrics = metrics
+        self._sock: socket.socket | None = None
+        self._owned: OwnedSocket | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refusals = RefusalLog(log, "attach socket: connection refused", _LOG_EVERY_S)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(self.path)  # the caller claimed the path (sockfiles.claim): a file there fails the bind
+            self._owned = OwnedSocket.bound(self.path)
+            os.chmod(self.path, self.mode)
+            sock.listen(128)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._loop.add_reader(sock.fileno(), self._accept)
+
+    async def stop(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for conn in list(self._conns.values()):
+            self._drop(conn, finalize=False)
+        if self._owned is not None:
+            self._owned.remove()
+            self._owned = None
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        assert self._sock is not None and self._loop is not None
+        for _ in range(64):  # bounded per wake-up; the reader fires again while more are queued
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: refuse quietly, say so in the log at a bounded rate
+                self._refuse(f"accept failed: {os.strerror(exc.errno or 0)}")
+                return
+            sock.setblocking(False)
+            try:
+                cred = read_peer_cred(sock)
+                session = self.node.sessions.open(cred, _peer_pidfd(sock))
+            except (OSError, DataDistError) as exc:
+                self._refuse(str(exc))
+                sock.close()
+                continue
+            conn = _Conn(sock, session)
+            self._conns[sock.fileno()] = conn
+            self._loop.add_reader(sock.fileno(), self._on_readable, conn)
+            log.debug("worker attached: pid %s uid %s gid %s (session %s)", cred.pid, cred.uid, cred.gid,
+                      session.session_id)
+
+    def _refuse(self, why: str) -> None:
+        self._refusals(why)
+
+    def _drop(self, conn: _Conn, finalize: bool = True) -> None:
+        assert self._loop is not None
+        for task in conn.tasks:
+            task.cancel()
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self._loop.remove_reader(fd)
+            self._conns.pop(fd, None)
+        conn.sock.close()
+        session = conn.session
+        self.node.sessions.close(session)
+        if finalize and session.engines:
+            self._loop.create_task(self.node.end_session(session))
+
+    def _on_readable(self, conn: _Conn) -> None:
+        """Every datagram the worker has queued, up to ``_DRAIN`` per wake-up (the reader fires again while more
+        wait); at ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure)."""
+        assert self._loop is not None
+        for _ in range(_DRAIN):
+            if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
+                self._loop.remove_reader(conn.sock.fileno())
+                return
+            try:
+                data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_DATAGRAM, MAX_PIECES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._drop(conn)
+                return
+            if not data and not fds:
+                self._drop(conn)  # the worker closed the connection (or died)
+                return
+            if data[:1] == _MAGIC_BYTE:
+                self._on_frame(conn, data, fds, flags)
+            else:
+                self._on_message(conn, data, fds, flags)
+            if conn.session.closed:
+                return
+
+    def _on_frame(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+        """A binary pull/push (protocol 3): decoded straight into a ``TransferOrder``, no protobuf."""
+        try:
+            require(not flags & _TRUNCATED, f"an attach message is at most {MAX_DATAGRAM} bytes with at most "
+                                            f"{MAX_PIECES} descriptors")
+            require(not fds, "a transfer carries no descriptors")
+            rid, frame = decode_request(data)
+        except FrameError as exc:
+            if exc.request_id is None:   # names no request to answer: the sender is not speaking the protocol
+                self._refuse(f"pid {conn.session.cred.pid} dropped: {exc}")
+                self._drop(conn)
+                return
+            self._send(conn, encode_reply(exc.request_id, int(StatusCode.LLM_PARAM_INVALID), message=str(exc)))
+            return
+        except DataDistError as exc:
+            rid = request_id_of(data)
+            if rid is None:
+                self._drop(conn)
+            else:
+                self._send(conn, encode_reply(rid, int(exc.code), message=exc.message))
+            return
+        finally:
+            discard(fds)
+        if not conn.greeted:
+            self._send(conn, encode_reply(rid, int(StatusCode.LLM_PARAM_INVALID),
+                                          message="the first attach message must be hello"))
+            return
+        self._transfer(conn, frame.op == PUSH, frame.engine_id, lambda: order_from_frame(frame),
+                       lambda status, nbytes, transport, why: self._send(
+                           conn, encode_reply(rid, status, nbytes, transport, why)))
+
+    def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+        """A protobuf ``AttachRequest``: hello, memory, pools, and protocol 2's pull/push."""
+        request = attach_pb2.AttachRequest()
+        try:
+            require(not flags & _TRUNCATED,
+                    f"an attach message is at most {MAX_DATAGRAM} bytes with at most {MAX_PIECES} descriptors")
+            try:
+                request.ParseFromString(data)
+            except Exception:  # noqa: BLE001 - any malformed message gets the same answer
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
+            if request.WhichOneof("msg") in ("pull", "push"):
+                require(not fds, "a transfer carries no descriptors")
+                require(conn.greeted, "the first attach message must be hello")
+                push = request.WhichOneof("msg") == "push"
+                msg = request.push if push else request.pull
+                rid = request.request_id
+                self._transfer(conn, push, msg.engine_id, lambda: convert.order_from_pb(msg),
+                               lambda status, nbytes, transport, why: self._reply(
+                                   conn, _transfer_reply(rid, status, nbytes, transport, why)))
+                return
+            reply, out_fd = self._handle(conn, request, fds)
+            fds = []  # handed on: the handlers own (and close) them
+        except DataDistError as exc:
+            reply, out_fd = attach_pb2.AttachReply(status=int(exc.code), message=exc.message), None
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
+            log.exception("attach message from pid %s failed", conn.session.cred.pid)
+            reply, out_fd = attach_pb2.AttachReply(status=int(StatusCode.LLM_FAILED), message=str(exc)), None
+        finally:
+            discard(fds)     # never closed on the loop: a handed-over socket with SO_LINGER would block it
+        reply.request_id = request.request_id
+        self._reply(conn, reply, out_fd)
+
+    def _reply(self, conn: _Conn, reply: attach_pb2.AttachReply, out_fd: int | None = None) -> None:
+        self._send(conn, reply.SerializeToString(), out_fd)
+
+    def _send(self, conn: _Conn, data: bytes, out_fd: int | None = None) -> None:
+        if conn.session.closed:
+            return
+        try:
+            if out_fd is None:
+                conn.sock.send(data)
+            else:
+                socket.send_fds(conn.sock, [data], [out_fd])
+        except OSError as exc:
+            # replies are small and the worker reads them as they come: a full buffer means it stopped reading
+            if exc.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET):
+                log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
+            self._drop(conn)
+
+    # ---- transfers -----------------------------------------------------------------------------
+
+    def _transfer(self, conn: _Conn, push: bool, engine_id: int, order_of: Callable[[], TransferOrder],
+                  answer: _Answer) -> None:
+        """One pull or push of ``conn``: the engine's owner and the order checked at once (a refusal is answered in
+        this turn), then ``start_order``; ``answer(status, bytes, transport, message)`` when it ended (nothing when
+        the connection went first)."""
+        try:
+            slot = self.node.owned_slot(conn.session, engine_id)
+            order = order_of()
+        except DataDistError as exc:
+            code, why = self._failed(conn, push, exc)
+            answer(int(code), 0, "", why)
+            return
+
+        task: asyncio.Task[None] | None = None
+
+        def done(result: tuple[int, str] | Exception) -> None:
+            if task is None:
+                conn.pulls -= 1
+            else:
+                conn.tasks.discard(task)
+            self._resume(conn)
+            if isinstance(result, Exception):
+                code, why = self._failed(conn, push, result)
+                answer(int(code), 0, "", why)
+            else:
+                answer(0, *result, "")
+
+        if not push:
+            conn.pulls += 1
+        try:
+            task = start_order(slot, order, push=push, metrics=self.metrics, done=done)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
+            done(exc)
+            return
+        if task is not None:
+            conn.tasks.add(task)
+            task.add_done_callback(conn.tasks.discard)   # cancelled (the connection went): no answer, forgotten
+
+    def _failed(self, conn: _Conn, push: bool, exc: BaseException) -> tuple[StatusCode, str]:
+        """The status and message a failed transfer answers, counted; a bug of ours (not a DataDistError) logged
+        with its trace."""
+        if isinstance(exc, DataDistError):
+            code, why = exc.code, exc.message
+        else:
+            log.error("attach transfer of pid %s failed", conn.session.cred.pid, exc_info=exc)
+            code, why = StatusCode.LLM_FAILED, str(exc)
+        count_error(self.metrics, "Push" if push else "Pull", code)
+        return code, why
+
+    def _resume(self, conn: _Conn) -> None:
+        if (conn.in_flight == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
+                and conn.sock.fileno() >= 0):
+            self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
+
+    # ---- messages ------------------------------------------------------------------------------
+
+    def _handle(self, conn: _Conn, request: attach_pb2.AttachRequest, fds: list[int]
+                ) -> tuple[attach_pb2.AttachReply, int | None]:
+        which = request.WhichOneof("msg")
+        session = conn.session
+        if which != "import_memory":
+            require(not fds, f"{which or 'this message'} carries no descriptors")
+        if which == "hello":
+            conn.greeted = True
+            cred = session.cred
+            return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
+                capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
+                daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
+                memory_backend=self.node.backend.name,
+                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0,
+                bare_tgid=backend.bare_tgid if isinstance(backend, DeviceBackend) else 0)), None
+        require(conn.greeted, "the first attach message must be hello")
+        if which == "import_memory":
+            msg = request.import_memory
+            if msg.device_key:
+                require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
+                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length,
+                                           possession_proof(session.capability, msg.device_key))
+            elif len(fds) != len(msg.pieces):
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
+            else:
+                pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
+                uid = session.cred.uid    # booked once checked, before anything is mapped; the handle gives it back
+                ref = FdRef(pieces, msg.offset, msg.length, lambda n, maps: self.node.quota.take(
+                    uid, imported_bytes=n, imported_mappings=maps))
+            fds.clear()
+            handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
+            memory_id = next(self.node.sessions.memory_ids)
+            session.add_memory(memory_id, handle)
+            return attach_pb2.AttachReply(imported=attach_pb2.MemoryImported(
+                memory_id=memory_id, mapped=handle.view() is not None)), None
+        if which == "export_pool":
+            msg = request.export_pool
+            slot = self.node.owned_slot(session, msg.engine_id)
+            pool = slot.engine.pool_named(msg.pool)
+            if isinstance(pool, KeyExport):   # NPU memory: a key only this worker (as the driver knows it) imports
+                backend = self.node.backend
+                pid = session.cred.pid        # the kernel's word, where it is also the driver's (see attach.proto)
+                if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:
+                    pid = msg.bare_tgid
+                return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
+                    size=pool.capacity, device_key=pool.export_key(pid), device_id=pool.device)), None
+            return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
+        if which == "release_memory":
+            session.release_memory(request.release_memory.memory_id)
+            return attach_pb2.AttachReply(), None
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message")

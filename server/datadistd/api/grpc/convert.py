@@ -1,0 +1,301 @@
+"""Pure conversions between protobuf messages and domain records (no I/O, no state)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
+
+from ...core.errors import DataDistError, StatusCode, require
+from ...core.plan import AddrRef, LayerTarget, TransferKind, TransferOrder
+from ...core.types import (
+    UINT64_MAX,
+    BlocksKeyRef,
+    CacheDesc,
+    CacheKeyRef,
+    DType,
+    IdIndexRef,
+    KeyKind,
+    KeyRef,
+    OwnerKey,
+    Placement,
+    ReadMode,
+    RemoteSpec,
+    Role,
+)
+from ...links import ClusterSpec
+from ...links.wire import ownerwire
+from ...links.wire.ownercalls import (
+    MAX_OPEN_PER_CALL,
+    CommitWriteCmd,
+    DoneReadCmd,
+    GrantReadCmd,
+    OpenWriteCmd,
+    OwnerCall,
+    OwnerReply,
+    PingCmd,
+    ReadCmd,
+    RefusedCall,
+    ReleaseCmd,
+    UnlinkCmd,
+)
+from ...links.wire.peering import HandshakeAnswer, HandshakeOffer
+from ..orders import blocks as _blocks
+from ..orders import enum_of as _enum
+from ..orders import layer_range
+
+
+def desc_from_pb(msg: common_pb2.CacheDesc) -> CacheDesc:
+    return CacheDesc(int(msg.num_tensors), tuple(int(d) for d in msg.shape),
+                     _enum(DType, msg.data_type, "data_type"), _enum(Placement, msg.placement, "placement"))
+
+
+def desc_to_pb(desc: CacheDesc) -> common_pb2.CacheDesc:
+    return common_pb2.CacheDesc(num_tensors=desc.num_tensors, shape=list(desc.shape), data_type=int(desc.dtype),
+                                placement=int(desc.placement))
+
+
+def role_from_pb(value: int) -> Role:
+    require(value != 0, "role is required (ROLE_PROMPT, ROLE_DECODER or ROLE_MIX)")
+    return _enum(Role, value, "role")
+
+
+def cache_key_from_pb(msg: common_pb2.CacheKey) -> CacheKeyRef:
+    return CacheKeyRef(msg.cluster_id, msg.req_id, msg.model_id, msg.prefix_id)
+
+
+def cache_key_to_pb(key: CacheKeyRef) -> common_pb2.CacheKey:
+    return common_pb2.CacheKey(cluster_id=key.cluster_id, req_id=key.req_id, model_id=key.model_id,
+                               prefix_id=key.prefix_id)
+
+
+def key_from_pb(msg: common_pb2.AnyKey) -> KeyRef:
+    which = msg.WhichOneof("key")
+    if which == "cache_key":
+        return cache_key_from_pb(msg.cache_key)
+    if which == "by_id":
+        return IdIndexRef(msg.by_id.cluster_id, msg.by_id.cache_id, msg.by_id.batch_index)
+    if which == "blocks_key":
+        return BlocksKeyRef(msg.blocks_key.cluster_id, msg.blocks_key.model_id)
+    if which == "address":
+        require(msg.address.addr != 0, "a raw address must not be 0")
+        return AddrRef(msg.address.cluster_id, msg.address.addr, msg.address.block_size)  # type: ignore[return-value]
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a cache key is required")
+
+
+def key_to_pb(key: KeyRef | AddrRef) -> common_pb2.AnyKey:
+    if isinstance(key, AddrRef):
+        return common_pb2.AnyKey(address=common_pb2.WorkerAddress(cluster_id=key.cluster_id, addr=key.addr,
+                                                                  block_size=key.block_size))
+    if isinstance(key, CacheKeyRef):
+        return common_pb2.AnyKey(cache_key=cache_key_to_pb(key))
+    if isinstance(key, IdIndexRef):
+        return common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(
+            cluster_id=key.cluster_id, cache_id=key.cache_id, batch_index=key.batch_index))
+    return common_pb2.AnyKey(blocks_key=common_pb2.BlocksCacheKey(cluster_id=key.cluster_id, model_id=key.model_id))
+
+
+def owner_key_to_pb(key: OwnerKey, cluster_id: int) -> common_pb2.AnyKey:
+    if key.kind == KeyKind.BLOCKS:
+        return key_to_pb(BlocksKeyRef(cluster_id, key.model_id))
+    if key.kind == KeyKind.PREFIX:
+        return key_to_pb(CacheKeyRef(cluster_id, UINT64_MAX, key.model_id, key.ident))
+    return key_to_pb(CacheKeyRef(cluster_id, key.ident, key.model_id, UINT64_MAX))
+
+
+def _range(msg: common_pb2.LayerRange, present: bool) -> tuple[int, int] | None:
+    return layer_range(int(msg.start), int(msg.stop)) if present else None
+
+
+def order_from_pb(msg: datadist_pb2.TransferRequest) -> TransferOrder:
+    return TransferOrder(
+        kind=_enum(TransferKind, msg.kind, "kind"),
+        remote=key_from_pb(msg.remote),
+        local_cache_id=msg.local_cache_id,
+        remote_blocks=_blocks(msg.remote_blocks, "remote_blocks"),
+        local_blocks=_blocks(msg.local_blocks, "local_blocks"),
+        local_batch_index=msg.local_batch_index,
+        size=msg.size,
+        src_layers=_range(msg.src_layer_range, msg.HasField("src_layer_range")),
+        dst_layers=_range(msg.dst_layer_range, msg.HasField("dst_layer_range")),
+        tensor_num_per_layer=msg.tensor_num_per_layer or 2,
+        timeout_ms=msg.timeout_ms if msg.HasField("timeout_ms") else None,
+        src_offset=msg.src_cache_offset if msg.HasField("src_cache_offset") else 0,
+        dst_offset=msg.dst_cache_offset if msg.HasField("dst_cache_offset") else 0,
+        exclusive=msg.exclusive,
+    )
+
+
+def layer_target_from_pb(msg: datadist_pb2.LayerTransferTarget) -> LayerTarget:
+    src = _range(msg.src_layer_range, True)
+    assert src is not None
+    key = key_from_pb(msg.cache_key) if msg.HasField("cache_key") else None
+    require(key is None or not msg.dst_addrs, "a transfer config has either a cache key or dst_addrs")
+    return LayerTarget(dst_cluster=msg.dst_cluster_id, src_layers=src, key=key,
+                       dst_addrs=_blocks(msg.dst_addrs, "dst_addrs"),
+                       dst_layers=_range(msg.dst_layer_range, msg.HasField("dst_layer_range")),
+                       src_batch_index=msg.src_batch_index)
+
+
+def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
+    remote = msg.remote_ip_info[0] if msg.remote_ip_info else None
+    local = msg.local_ip_info[0] if msg.local_ip_info else None
+    return ClusterSpec(msg.remote_cluster_id, remote.ip if remote else "", remote.port if remote else 0,
+                       local.ip if local else "")
+
+
+# ---- Peer service --------------------------------------------------------------------------------
+
+def spec_to_read_pb(transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
+    """The spec of a ``grant_read`` call (a read itself is an ``ownerwire`` frame)."""
+    return peer_pb2.ReadRequest(transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
+                                blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
+                                tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
+                                expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
+
+
+def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
+    return peer_pb2.WriteRequest(key=key_to_pb(spec.key), mode=int(spec.mode), blocks=list(spec.blocks),
+                                 size=spec.size, offset=spec.offset, tensor_start=spec.tensor_start,
+                                 tensor_count=spec.tensor_count, expected_bytes=spec.expected_bytes)
+
+
+def specs_to_write_pb(specs: Sequence[RemoteSpec], timeout_ms: int,
+                      hold_ms: int = 0) -> peer_pb2.WriteRequest:
+    """An OpenWrite of one or more pieces: the first in the request's own fields, the others in ``more``."""
+    require(len(specs) > 0, "an open write needs at least one piece")
+    msg = _write_piece_pb(specs[0])
+    msg.timeout_ms, msg.hold_ms = timeout_ms, hold_ms
+    msg.more.extend(_write_piece_pb(s) for s in specs[1:])
+    return msg
+
+
+def specs_from_write_pb(msg: peer_pb2.WriteRequest) -> tuple[RemoteSpec, ...]:
+    """The pieces of an OpenWrite; ``LLM_PARAM_INVALID`` beyond ``MAX_OPEN_PER_CALL`` (before decoding them)."""
+    require(len(msg.more) < MAX_OPEN_PER_CALL,
+            f"an open write of {len(msg.more) + 1} pieces; at most {MAX_OPEN_PER_CALL} per call")
+    return (spec_from_pb(msg), *(spec_from_pb(m) for m in msg.more))
+
+
+def ids_to_pb(ids: Sequence[int]) -> dict[str, Any]:
+    """``transfer_id`` + ``more_transfer_ids`` of a CommitRequest / OwnerReply."""
+    return {"transfer_id": ids[0] if ids else 0, "more_transfer_ids": list(ids[1:])}
+
+
+def ids_from_pb(msg: peer_pb2.CommitRequest | peer_pb2.OwnerReply) -> tuple[int, ...]:
+    """The transfer ids of a message (none when it names none: a transfer id is never 0)."""
+    require(len(msg.more_transfer_ids) < MAX_OPEN_PER_CALL,
+            f"{len(msg.more_transfer_ids) + 1} transfers in one call; at most {MAX_OPEN_PER_CALL}")
+    return (msg.transfer_id, *msg.more_transfer_ids) if msg.transfer_id or msg.more_transfer_ids else ()
+
+
+def spec_from_pb(msg: peer_pb2.ReadRequest | peer_pb2.WriteRequest) -> RemoteSpec:
+    return RemoteSpec(key_from_pb(msg.key), _enum(ReadMode, msg.mode, "mode"), _blocks(msg.blocks, "blocks"),
+                      msg.size, msg.offset, msg.tensor_start, msg.tensor_count, msg.expected_bytes)
+
+
+def offer_to_pb(offer: HandshakeOffer) -> peer_pb2.HandshakeRequest:
+    return peer_pb2.HandshakeRequest(protocol_version=offer.protocol_version,
+                                     client_cluster_id=offer.client_cluster_id,
+                                     server_cluster_id=offer.server_cluster_id, challenge=offer.challenge,
+                                     timestamp_ms=offer.timestamp_ms, mac=offer.mac,
+                                     client_version=offer.client_version)
+
+
+def offer_from_pb(msg: peer_pb2.HandshakeRequest) -> HandshakeOffer:
+    return HandshakeOffer(msg.protocol_version, msg.client_cluster_id, msg.server_cluster_id, msg.challenge,
+                          msg.timestamp_ms, msg.mac, msg.client_version)
+
+
+def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
+    return peer_pb2.HandshakeResponse(protocol_version=answer.protocol_version,
+                                      server_cluster_id=answer.server_cluster_id, session=answer.session,
+                                      data_endpoint=answer.data_endpoint, streams=answer.streams, mac=answer.mac,
+                                      server_version=answer.server_version)
+
+
+def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
+    return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.session, msg.data_endpoint, msg.streams,
+                           msg.mac, msg.server_version)
+
+
+def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
+    """Every call but a read (``ownerwire``)."""
+    cid = cmd.command_id
+    if isinstance(cmd, OpenWriteCmd):
+        return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.specs, cmd.timeout_ms,
+                                                                                    cmd.hold_ms))
+    if isinstance(cmd, CommitWriteCmd):
+        return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
+            timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
+    if isinstance(cmd, ReleaseCmd):
+        return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
+            key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start, tensor_count=cmd.tensor_count))
+    if isinstance(cmd, PingCmd):
+        return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.Ping())
+    if isinstance(cmd, GrantReadCmd):
+        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(0, cmd.spec, cmd.timeout_ms))
+    if isinstance(cmd, DoneReadCmd):
+        done = peer_pb2.DoneRead(grant_id=cmd.grant_id, consume=cmd.consume)
+        return peer_pb2.OwnerCall(command_id=cid, done_read=done)
+    if isinstance(cmd, UnlinkCmd):
+        return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.Unlink())
+    raise TypeError(f"{type(cmd).__name__} travels as an ownerwire frame, not as a peer.proto message")
+
+
+def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
+    which = msg.WhichOneof("command")
+    cid = msg.command_id
+    if which == "open_write":
+        w = msg.open_write
+        return OpenWriteCmd(cid, specs_from_write_pb(w), w.timeout_ms, w.hold_ms)
+    if which == "commit_write":
+        c = msg.commit_write
+        return CommitWriteCmd(cid, ids_from_pb(c), c.timeout_ms)
+    if which == "release":
+        key = key_from_pb(msg.release.key)
+        require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
+        return ReleaseCmd(cid, key, msg.release.tensor_start,  # type: ignore[arg-type]
+                          msg.release.tensor_count)
+    if which == "unlink":
+        return UnlinkCmd(cid)
+    if which == "ping":
+        return PingCmd(cid)
+    if which == "grant_read":
+        g = msg.grant_read
+        return GrantReadCmd(cid, spec_from_pb(g), g.timeout_ms)
+    if which == "done_read":
+        return DoneReadCmd(cid, msg.done_read.grant_id, msg.done_read.consume)
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
+
+
+class ProtobufCallCodec:
+    """``ownercalls.CallCodec``: reads and every reply as ``ownerwire``'s fixed-layout frames (on every pull's
+    path), the other calls as ``peer.proto``'s ``OwnerCall`` messages; a call frame is told apart by its first
+    byte."""
+
+    def encode_command(self, cmd: OwnerCall) -> bytes:
+        if isinstance(cmd, ReadCmd):
+            return ownerwire.encode_read(cmd)
+        return call_to_pb(cmd).SerializeToString()
+
+    def decode_command(self, data: bytes) -> OwnerCall:
+        if ownerwire.is_binary(data):
+            return ownerwire.decode_read(data)
+        try:
+            msg = peer_pb2.OwnerCall.FromString(data)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable call frame") from None
+        try:
+            return call_from_pb(msg)
+        except DataDistError as exc:   # a valid frame asking for something invalid: answered with the code
+            raise RefusedCall(msg.command_id, exc.code, exc.message) from None
+
+    def encode_reply(self, reply: OwnerReply) -> bytes:
+        return ownerwire.encode_reply(reply)
+
+    def decode_reply(self, data: bytes) -> OwnerReply:
+        return ownerwire.decode_reply(data)
+
+
+CALL_CODEC = ProtobufCallCodec()

@@ -1,0 +1,411 @@
+"""Prometheus metrics of one daemon, and the ``[metrics] listen`` HTTP endpoint that exposes them.
+
+Every daemon has its own ``CollectorRegistry`` (never the process-global one), so an embedded
+daemon inside a worker, or several daemons in one test process, never collide.
+
+Two kinds of series:
+
+* **event series**, updated where things happen: transfers (``track_transfer``, used by the
+  DataDist ``Pull``/``Push`` and the Peer ``Read``/``CommitWrite`` handlers) and RPC errors
+  (``rpc_error``, called by the one error mapping in ``api/grpc/errors.py``);
+* **state series**, read from the ``Node`` at scrape time by ``NodeCollector``: engines, pools,
+  caches, links.
+
+Event series name a peer cluster (``peer_cluster_id``) or an engine's cluster (``cluster_id``); peers come
+and go (every decoder a prompt node ever served), so a series must not outlive what it counts: each scrape
+first drops (``prune``) the per-peer series of every (cluster, peer) no engine is linked with any more, and
+the per-engine series of clusters with no engine left. Cardinality follows the live links, not the history.
+
+The endpoint is a small asyncio HTTP server on the daemon's own event loop, so a scrape reads the
+node's state on the same thread that changes it (no locks, no torn reads). Metric names and
+labels are listed in ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import TracebackType
+from typing import Callable, Iterator, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from ..core.errors import DataDistError
+from .config import parse_listen_address
+from .snapshot import NodeView
+
+
+class SnapshotSource(Protocol):
+    """What the collector reads at scrape time (the ``Node``; named by what it does, so this module imports no
+    node -- the node imports it)."""
+
+    def snapshot(self) -> NodeView: ...
+
+
+__all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer",
+           "parse_listen_address", "LATENCY_BUCKETS"]
+
+log = logging.getLogger(__name__)
+transfer_log = logging.getLogger("datadistd.transfer")
+
+# Seconds: 0.5 ms (a few blocks over loopback) to 60 s (the longest sync_kv_timeout in practice).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# the labels of the event series (``prune`` removes by them)
+_BY_DIRECTION = ("direction", "cluster_id", "peer_cluster_id")
+_BY_OUTCOME = ("op", "cluster_id", "peer_cluster_id", "outcome")
+_BY_OP = ("op", "cluster_id")
+
+# op -> which way the bytes cross this node's memory.
+DIRECTION = {"pull": "in", "push": "out", "serve_read": "out", "serve_write": "in"}
+
+
+class DaemonMetrics:
+    """The event series of one daemon, in its own registry; ``attach(node)`` adds the state series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.transfer_bytes = Counter(
+            "datadist_transfer_bytes", "Bytes moved by completed transfers, by direction (in = written into this "
+            "node's memory) and peer cluster.", _BY_DIRECTION, registry=r)
+        self.transfer_blocks = Counter(
+            "datadist_transfer_blocks", "Blocks moved by completed block transfers (pull_blocks/push_blocks), by "
+            "direction and peer cluster.", _BY_DIRECTION, registry=r)
+        self.transfers = Counter(
+            "datadist_transfers", "Transfers finished, by operation and outcome (success or the LLMStatusCode name).",
+            _BY_OUTCOME, registry=r)
+        self.transfer_seconds = Histogram(
+            "datadist_transfer_duration_seconds", "Duration of successful transfers, by operation "
+            "(pull/push on the requesting daemon, serve_read/serve_write on the owning daemon).",
+            _BY_OP, buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "datadist_transfers_in_flight", "Transfers currently running, by operation.", _BY_OP,
+            registry=r)
+        self.rpc_errors = Counter(
+            "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
+            ["method", "code"], registry=r)
+
+        self._bound: dict[tuple[str, str, str], _Bound] = {}
+        self._node: SnapshotSource | None = None
+
+    def bound(self, op: str, cluster: str, peer: str) -> "_Bound":
+        """The transfer series' children of ``op`` between ``cluster`` and ``peer``, bound to their labels once
+        (``labels()`` hashes and locks on every call; a child is the same object every time)."""
+        b = self._bound.get((op, cluster, peer))
+        if b is None:
+            b = self._bound[(op, cluster, peer)] = _Bound(self, op, cluster, peer)
+        return b
+
+    def attach(self, node: SnapshotSource) -> None:
+        """Add the scrape-time state series read from ``node`` (which also tells ``prune`` what is live)."""
+        self._node = node
+        self.registry.register(NodeCollector(node))
+
+    def prune(self, view: NodeView) -> None:
+        """Drop the event series of what ``view`` no longer holds: per (cluster, peer) where no engine of that
+        cluster is linked with that peer, per cluster where no engine of it is left (see the module doc).
+
+        On the daemon's event loop, where the links change. A transfer still finishing on a link just removed
+        counts on children no longer exposed, or brings a series back until the next scrape drops it again."""
+        clusters = {str(ev.cluster_id) for ev in view.engines}
+        peers = {(str(ev.cluster_id), str(link.remote_cluster)) for ev in view.engines for link in ev.links}
+        for key in [k for k in self._bound if (k[1], k[2]) not in peers]:
+            del self._bound[key]
+        per_peer: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
+            (self.transfer_bytes, _BY_DIRECTION), (self.transfer_blocks, _BY_DIRECTION), (self.transfers, _BY_OUTCOME))
+        for metric, names in per_peer:
+            _remove_series(metric, names, lambda labels: (labels["cluster_id"], labels["peer_cluster_id"]) not in peers)
+        per_cluster: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
+            (self.transfer_seconds, _BY_OP), (self.in_flight, _BY_OP))
+        for metric, names in per_cluster:
+            _remove_series(metric, names, lambda labels: labels["cluster_id"] not in clusters)
+
+    def rpc_error(self, method: str, code_name: str) -> None:
+        self.rpc_errors.labels(method, code_name).inc()
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry rendered in the format ``accept`` asks for (Prometheus text or OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept)
+        if self._node is not None:
+            self.prune(self._node.snapshot())
+        return encoder(self.registry), content_type
+
+
+def _remove_series(metric: Counter | Gauge | Histogram, names: tuple[str, ...],
+                   gone: Callable[[dict[str, str]], bool]) -> None:
+    """Remove every child of ``metric`` (labelled ``names``) whose labels ``gone`` answers True for (the children
+    are listed as the samples of ``collect``: prometheus_client has no public list of them)."""
+    doomed = {tuple(sample.labels[n] for n in names)
+              for family in metric.collect() for sample in family.samples if gone(sample.labels)}
+    for values in doomed:
+        metric.remove(*values)
+
+
+class _Bound:
+    """The children of one (op, cluster, peer) (``DaemonMetrics.bound``), each bound on first use (as
+    ``labels()`` did: a series appears in the exposition only once something touched it)."""
+
+    __slots__ = ("metrics", "op", "cluster", "peer", "_in_flight", "_seconds", "_bytes", "_blocks", "_outcomes")
+
+    def __init__(self, m: DaemonMetrics, op: str, cluster: str, peer: str) -> None:
+        self.metrics, self.op, self.cluster, self.peer = m, op, cluster, peer
+        self._in_flight: Gauge | None = None
+        self._seconds: Histogram | None = None
+        self._bytes: Counter | None = None
+        self._blocks: Counter | None = None
+        self._outcomes: dict[str, Counter] = {}
+
+    def in_flight(self) -> Gauge:
+        if self._in_flight is None:
+            self._in_flight = self.metrics.in_flight.labels(self.op, self.cluster)
+        return self._in_flight
+
+    def seconds(self) -> Histogram:
+        if self._seconds is None:
+            self._seconds = self.metrics.transfer_seconds.labels(self.op, self.cluster)
+        return self._seconds
+
+    def bytes(self) -> Counter:
+        if self._bytes is None:
+            self._bytes = self.metrics.transfer_bytes.labels(DIRECTION[self.op], self.cluster, self.peer)
+        return self._bytes
+
+    def blocks(self) -> Counter:
+        if self._blocks is None:
+            self._blocks = self.metrics.transfer_blocks.labels(DIRECTION[self.op], self.cluster, self.peer)
+        return self._blocks
+
+    def outcome(self, outcome: str) -> Counter:
+        c = self._outcomes.get(outcome)
+        if c is None:
+            c = self._outcomes[outcome] = self.metrics.transfers.labels(self.op, self.cluster, self.peer, outcome)
+        return c
+
+
+class TransferTracker:
+    """Context manager around one transfer: in-flight gauge, latency, counters and one log line.
+
+    ``done(nbytes, blocks)`` marks success; leaving the block without it (an exception) counts the
+    outcome by status code. Works with ``metrics=None`` (metrics off): it then only logs.
+    """
+
+    __slots__ = ("metrics", "op", "cluster", "peer", "cache", "nbytes", "blocks", "started", "ok", "bound", "handed")
+
+    def __init__(self, metrics: DaemonMetrics | None, op: str, cluster: int, peer: int, cache: int | None = None
+                 ) -> None:
+        self.metrics = metrics
+        self.op = op
+        self.cluster = str(cluster)
+        self.peer = str(peer)
+        self.cache = cache
+        self.nbytes = 0
+        self.blocks = 0
+        self.started = 0.0
+        self.ok = False
+        self.handed = False
+        self.bound = metrics.bound(op, self.cluster, self.peer) if metrics is not None else None
+
+    def __enter__(self) -> "TransferTracker":
+        self.started = time.monotonic()
+        if self.bound is not None:
+            self.bound.in_flight().inc()
+        return self
+
+    def done(self, nbytes: int, blocks: int = 0) -> None:
+        self.nbytes, self.blocks, self.ok = nbytes, blocks, True
+
+    def hand_on(self) -> None:
+        """The transfer goes on elsewhere (a tracker of its own counts it): leaving counts no outcome."""
+        self.handed = True
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        elapsed = time.monotonic() - self.started
+        if self.handed and exc is None:
+            if self.bound is not None:
+                self.bound.in_flight().dec()
+            return
+        if self.ok and exc is None:
+            outcome = "success"
+        elif isinstance(exc, DataDistError):
+            outcome = exc.code.name
+        elif isinstance(exc, asyncio.CancelledError):
+            outcome = "cancelled"
+        else:
+            outcome = "LLM_FAILED"
+        b = self.bound
+        if b is not None:
+            b.in_flight().dec()
+            b.outcome(outcome).inc()
+            if outcome == "success":
+                b.seconds().observe(elapsed)
+                b.bytes().inc(self.nbytes)
+                if self.blocks:
+                    b.blocks().inc(self.blocks)
+        cache = "-" if self.cache is None else self.cache
+        if outcome == "success":
+            if transfer_log.isEnabledFor(logging.DEBUG):
+                transfer_log.debug("cluster %s %s peer cluster %s: cache %s, %d blocks, %d bytes in %.1f ms",
+                                   self.cluster, self.op, self.peer, cache, self.blocks, self.nbytes, elapsed * 1e3)
+        else:
+            transfer_log.warning("cluster %s %s peer cluster %s failed: cache %s, %.1f ms: %s", self.cluster, self.op,
+                                 self.peer, cache, elapsed * 1e3, exc if exc is not None else outcome)
+
+
+def track_transfer(metrics: DaemonMetrics | None, op: str, cluster: int, peer: int,
+                   cache: int | None = None) -> TransferTracker:
+    """``with track_transfer(m, "pull", 2, 1, cache=5) as t: ...; t.done(nbytes, blocks)``."""
+    if op not in DIRECTION:
+        raise ValueError(f"unknown transfer op {op!r}; known: {', '.join(DIRECTION)}")
+    return TransferTracker(metrics, op, cluster, peer, cache)
+
+
+class NodeCollector(Collector):
+    """State series read from the node at scrape time (on the daemon's event loop)."""
+
+    def __init__(self, node: SnapshotSource) -> None:
+        self.node = node
+
+    def describe(self) -> list[Metric]:
+        return []  # the series depend on the engines present; collect() is authoritative
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.node.snapshot()
+        info = GaugeMetricFamily("datadist_build_info", "Daemon version, memory backend and transport (value 1).",
+                                 labels=["version", "backend", "transport"])
+        info.add_metric([view.version, view.backend, view.transport], 1)
+        yield info
+        yield GaugeMetricFamily("datadist_uptime_seconds", "Seconds since the daemon started.",
+                                value=view.uptime_seconds)
+        yield GaugeMetricFamily("datadist_engines", "Engines (initialized LLMDataDist instances) on this daemon.",
+                                value=len(view.engines))
+        role = GaugeMetricFamily("datadist_engine_info", "One series per engine (value 1).",
+                                 labels=["cluster_id", "engine_id", "role", "listen_address"])
+        caches = GaugeMetricFamily("datadist_caches", "Caches (allocated or registered) per engine.",
+                                   labels=["cluster_id"])
+        capacity = GaugeMetricFamily("datadist_pool_capacity_bytes", "Pool capacity per engine and placement.",
+                                     labels=["cluster_id", "placement"])
+        used = GaugeMetricFamily("datadist_pool_used_bytes", "Pool bytes in use per engine and placement.",
+                                 labels=["cluster_id", "placement"])
+        link_up = GaugeMetricFamily("datadist_link_up", "Links per peer cluster: 1 established, 0 broken.",
+                                    labels=["cluster_id", "peer_cluster_id", "transport", "initiator"])
+        link_in_flight = GaugeMetricFamily("datadist_link_transfers_in_flight",
+                                           "Transfers running on a link this engine initiated.",
+                                           labels=["cluster_id", "peer_cluster_id"])
+        conns = GaugeMetricFamily("datadist_listener_connections",
+                                  "Connections a peer-reachable listener holds, by state (preauth: not yet proved "
+                                  "the secret).", labels=["cluster_id", "listener", "state"])
+        closed = CounterMetricFamily("datadist_listener_connections_closed",
+                                     "Connections a peer-reachable listener closed before they authenticated: "
+                                     "evicted (to make room), expired (pre-auth deadline), refused (hard cap).",
+                                     labels=["cluster_id", "listener", "reason"])
+        for ev in view.engines:
+            cid = str(ev.cluster_id)
+            role.add_metric([cid, str(ev.engine_id), ev.role_name, ev.listen_address], 1)
+            caches.add_metric([cid], ev.caches)
+            for pool in ev.pools:
+                capacity.add_metric([cid, pool.placement_name], pool.capacity)
+                used.add_metric([cid, pool.placement_name], pool.used)
+            for link in ev.links:
+                link_up.add_metric([cid, str(link.remote_cluster), link.transport, str(link.initiator).lower()],
+                                   1 if link.state == "established" else 0)
+                link_in_flight.add_metric([cid, str(link.remote_cluster)], link.inflight)
+            books: dict[tuple[str, str], int] = {}   # an engine may listen on several peer addresses: summed
+            for lst in ev.listeners:
+                for key, n in (("preauth", lst.preauth), ("authenticated", lst.authenticated),
+                               ("evicted", lst.evicted), ("expired", lst.expired), ("refused", lst.refused)):
+                    books[(lst.kind, key)] = books.get((lst.kind, key), 0) + n
+            for (kind, key), n in books.items():
+                if key in ("preauth", "authenticated"):
+                    conns.add_metric([cid, kind, key], n)
+                else:
+                    closed.add_metric([cid, kind, key], n)
+        yield from (role, caches, capacity, used, link_up, link_in_flight, conns, closed)
+
+
+class MetricsServer:
+    """``GET /metrics`` (and ``/``) over HTTP/1.x on the daemon's event loop.
+
+    Bounded for whoever can reach it (no authentication): at most ``MAX_CONNECTIONS`` at once (more are
+    reset on accept), one deadline of ``REQUEST_SECONDS`` for the whole exchange (request, headers,
+    answer), a request of at most ``MAX_HEADER_LINES`` lines of ``LINE_LIMIT`` bytes; anything else is
+    closed without a word in the log."""
+
+    MAX_CONNECTIONS = 16
+    REQUEST_SECONDS = 5.0
+    LINE_LIMIT = 8 << 10
+    MAX_HEADER_LINES = 64
+
+    def __init__(self, metrics: DaemonMetrics, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self._server: asyncio.AbstractServer | None = None
+        self._open = 0
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True,
+                                                  limit=self.LINE_LIMIT)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics on http://%s/metrics", self.address)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= self.MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        self._open += 1
+        answered = False
+        try:
+            await asyncio.wait_for(self._exchange(reader, writer), self.REQUEST_SECONDS)
+            answered = True
+        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError, ValueError):
+            pass   # slow, gone, or not HTTP (ValueError: a line over LINE_LIMIT): closed, nothing logged
+        except Exception:  # a scrape must never take the daemon down
+            log.exception("metrics request failed")
+        finally:
+            self._open -= 1
+            if answered:
+                writer.close()             # the whole answer is in the kernel's buffer: nothing left to wait for
+            else:
+                writer.transport.abort()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readline()
+        headers: dict[str, str] = {}
+        for _ in range(self.MAX_HEADER_LINES):
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        else:
+            raise ValueError("too many header lines")
+        parts = request.decode("latin-1").split()
+        method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+        if method not in ("GET", "HEAD"):
+            status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
+        elif path.split("?", 1)[0] in ("/metrics", "/"):
+            body, ctype = self.metrics.exposition(headers.get("accept", ""))
+            status = "200 OK"
+        else:
+            status, body, ctype = "404 Not Found", b"see /metrics\n", "text/plain"
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n").encode()
+        writer.transport.set_write_buffer_limits(0)   # drain returns once every byte is with the kernel
+        writer.write(head if method == "HEAD" else head + body)
+        await writer.drain()

@@ -11,7 +11,7 @@ import numpy as np
 def worker_session(node: Any) -> Any:
     """This process as a worker attached to ``node`` (what the attach socket opens for a real one, with the
     credentials the kernel would report): the owner ``Node.init_engine`` books an engine to."""
-    from datadistd.sessions import PeerCred
+    from datadistd.node.sessions import PeerCred
 
     return node.sessions.open(PeerCred(os.getpid(), os.getuid(), os.getgid()))
 

@@ -135,6 +135,8 @@ def _say_why(call: str, msgs: List[datadist_pb2.ClusterLink], resp: datadist_pb2
     that failed is logged here with the daemon's reason (an older daemon sends none)."""
     codes = [code_2_status(s) for s in resp.statuses]
     reasons = list(resp.reasons)
+    if len(reasons) == 1:   # a call refused whole: one reason stands for every cluster
+        reasons *= len(codes)
     for i, (msg, code) in enumerate(zip(msgs, codes, strict=False)):
         if code != LLMStatusCode.LLM_SUCCESS:
             reason = reasons[i] if i < len(reasons) and reasons[i] else "the daemon gave no reason"

@@ -120,8 +120,7 @@ def test_unlink_from_either_end_tears_down_both(linked) -> None:
 
 def test_an_unlink_after_the_other_end_went_succeeds_once(linked) -> None:
     """The other end went first (a prompt that finalizes once its decoder's push landed, as the examples do): this
-    end's own unlink then succeeds, as CANN's does (its communicator is its own to destroy), and logs no warning;
-    a second unlink finds no link."""
+    end's own unlink then succeeds (docs/choices.md) and logs no warning; a second unlink finds no link."""
     dp, dd, prompt, decoder, port = linked
     prompt.call("finalize")
     for _ in range(100):   # the prompt's daemon tells the decoder's over the link before its finalize returns

@@ -461,7 +461,9 @@ Status LlmDataDist::LlmDataDistImpl::Link(bool unlink, const std::vector<Cluster
     const Status code = datadist_cpp::CodeToStatus(resp.statuses(i));
     rets.push_back(code);
     if (code != LLM_SUCCESS) {
-      const std::string reason = i < resp.reasons_size() ? resp.reasons(i) : "";
+      // a call refused whole sends one reason that stands for every cluster
+      const std::string reason =
+          resp.reasons_size() == 1 ? resp.reasons(0) : (i < resp.reasons_size() ? resp.reasons(i) : "");
       const std::string which = static_cast<size_t>(i) < clusters.size()
                                     ? std::to_string(clusters[static_cast<size_t>(i)].remote_cluster_id)
                                     : "#" + std::to_string(i);

@@ -362,10 +362,11 @@ class Linker:
 
 
 def _too_many(clusters: Sequence[ClusterSpec], reasons: list[str] | None) -> tuple[int, list[int]]:
-    """A call naming more clusters than CANN allows: refused whole, each cluster told why."""
+    """A call naming more clusters than CANN allows: refused whole, every cluster told why by one reason (the
+    answer's ``reasons``: one stands for all)."""
     code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
     if reasons is not None:
-        reasons.extend([too_many_clusters(len(clusters))] * len(clusters))
+        reasons.append(too_many_clusters(len(clusters)))
     return code, [code] * len(clusters)
 
 

@@ -74,9 +74,8 @@ class LinkTable:
         self.links: dict[int, LinkingEnd] = {}     # links this engine set up (it is their linking end)
         self.served: dict[int, ServingEnd] = {}    # links other engines set up to this one (their serving end)
         #: clusters whose other end unlinked or finalized while this end held the link: this end's own unlink of
-        #: one then succeeds, once, as CANN's does (the other end's going does not destroy this end's
-        #: communicator; destroying it is this unlink's job): a prompt that finalizes as soon as its decoder's
-        #: push landed is no error in the decoder's unlink. Consulted (and dropped) by the next unlink only.
+        #: one then succeeds, once (docs/choices.md): a prompt that finalizes as soon as its decoder's push
+        #: landed is no error in the decoder's unlink. Consulted (and dropped) by the next unlink only.
         self.peer_unlinked: OrderedDict[int, None] = OrderedDict()
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}

@@ -432,6 +432,7 @@ def _check_counts(request: datadist_pb2.AllocateCacheRequest | datadist_pb2.Regi
 
 
 def _too_many_clusters(n: int) -> datadist_pb2.LinkClustersResponse:
-    """Refused before converting a list of any length; each cluster is told why (``links.too_many_clusters``)."""
+    """Refused before converting a list of any length; every cluster is told why by one reason
+    (``links.too_many_clusters``; the answer's ``reasons``: one stands for all, so the answer of a huge list fits)."""
     code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n, reasons=[too_many_clusters(n)] * n)
+    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n, reasons=[too_many_clusters(n)])

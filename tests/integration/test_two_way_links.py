@@ -131,3 +131,25 @@ def test_an_unlink_after_the_other_end_went_succeeds_once(linked) -> None:
     assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
     assert not [line for line in dd.log().splitlines() if " WARNING " in line or " ERROR " in line], dd.log()
     assert decoder.call("unlink", P, "127.0.0.1", port) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])
+
+
+def test_switch_role_moves_the_data_plane_to_the_listen_address(daemon_factory, worker_factory) -> None:
+    """A prompt made without a listen address (its data plane on ``[transport] host``) registers its cache, then
+    listens by switch_role, as the examples do: its data plane follows to the listen address, where a peer on
+    another host (a firewall opening the listen port and ``data_ports``) reaches it. 127.0.0.2 stands for that
+    address: a loopback address other than the default data host."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    for worker, seed in ((prompt, 1), (decoder, 2)):
+        worker.call("register_blocks", "kv", TENSORS, BLOCKS, BLOCK_SHAPE, dtype="uint8", model_id=0)
+        worker.call("fill", "kv", seed)
+    prompt.call("run", OPS, "switch_role", "PROMPT", f"127.0.0.2:{port}")
+    assert decoder.call("link", P, "127.0.0.2", port) == (0, [0])
+    with grpc.insecure_channel(dd.admin_target) as ch:
+        links = datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5).links
+    assert [li.data_endpoint.rsplit(":", 1)[0] for li in links] == ["tcp://127.0.0.2"], links
+    decoder.call("pull_blocks", P, "kv", [3], [9])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [9]), prompt.call("rows", "kv", None, [3]))

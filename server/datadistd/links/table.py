@@ -208,6 +208,11 @@ class LinkTable:
     def links_to(self, cluster: int) -> AnyLink | None:
         return self.links.get(cluster) or self.served.get(cluster)
 
+    def use_transport(self, transport: Transport) -> None:
+        """The engine's data plane moved (``Node.switch_role``, no link exists): every part reads ``transport``."""
+        self.transport = transport
+        self.reads = transport if isinstance(transport, ReadGrants) else None
+
     def peer_went(self, cluster: int) -> None:
         """The other end of the link to ``cluster`` unlinked it (``peer_unlinked``)."""
         self.peer_unlinked[cluster] = None

@@ -21,7 +21,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from ..core.types import EngineId, Placement, Role
 from ..guard.admission import Admitting
-from ..guard.gate import EXECUTOR_THREADS, Lane, Threads
+from ..guard.gate import EXECUTOR_THREADS, UNMETERED, Lane, Threads
 from ..guard.quota import Charge, QuotaBook
 from ..links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from ..links.comm import CommManager
@@ -68,6 +68,7 @@ class EngineSlot:
     created: float = field(default_factory=time.time)
     options: dict[str, str] = field(default_factory=dict)           # the init options, verbatim
     device: int = 0                           # the engine's NPU (memory backend acl; 0 and unused otherwise)
+    data_host: str = ""                       # the address the engine's data plane serves on
     charge: Charge | None = None              # the engine and its pools, booked to its worker's uid
 
     def listeners(self) -> list[Listener]:
@@ -243,7 +244,8 @@ class Node:
         try:
             transport.start()
             links = LinkManager(engine, transport, self)
-            slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device, charge=charge)
+            slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device, charge=charge,
+                              data_host=host)
             slot.comm = CommManager(links, lambda ip, port: self.ensure_listener(slot, ip, port),
                                     self.config.peer.default_port)
             if opts.listen:
@@ -372,9 +374,27 @@ class Node:
             await slot.listener.stop()
             slot.listener = None
         if new is not None and slot.listener is None:
+            self.check_listen_host(new[0])
+            await self._serve_data_on(slot, new[0])
             await self._listen(slot, *new)
         slot.engine.role = Role(role)
         log.info("engine %s switched role to %s listen=%s", engine_id, Role(role).name, slot.listen_address or "-")
+
+    async def _serve_data_on(self, slot: EngineSlot, host: str) -> None:
+        """switch_role listens on ``host``: the tcp data plane moves there when it serves elsewhere (an engine made
+        without a listen address serves it on ``[transport] host``, loopback by default), so peers reach it where
+        they reach the listener, through the ``[transport] data_ports`` a firewall opens. switch_role has checked
+        that no link exists, so nothing uses the old one. The one-sided transports (nixl, hccl) keep theirs: their
+        agents hold the engine's memory registrations."""
+        if host == slot.data_host or self.config.transport.name != "tcp":
+            return
+        settings = self.config.transport.settings(host, slot.device, slot.engine.options)
+        transport = get_transport(self.config.transport.name, **settings, admission=self.config.peer.admission())
+        transport.start()
+        old, slot.transport, slot.data_host = slot.transport, transport, host
+        slot.links.table.use_transport(transport)
+        await slot.links.table.in_thread_of(UNMETERED, old.stop)
+        log.info("engine %s: the data plane moved to %s with the listen address", slot.engine_id, host)
 
     async def close(self) -> None:
         for engine_id in list(self.engines):

@@ -40,6 +40,17 @@ def ascend_runtime(request) -> dict[str, str]:
     return sim_env(root, str(state))
 
 
+@pytest.fixture(scope="session")
+def sim_root():
+    """The SIMULATED Ascend runtime's root (``tests.sim.build``, built once), for tests that call it directly;
+    skipped without a C compiler."""
+    from tests.sim import build
+    root = build()
+    if root is None:
+        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
+    return root
+
+
 class DaemonFactory:
     """``daemon_factory(name, **kwargs)`` starts one daemon on the test's data plane; ``.many(*names)``
     starts several at once (their start-ups overlap: about half the wait of starting them in turn)."""

@@ -18,10 +18,12 @@
  *   R2  at most ASCEND_SIM_MAX_DESC descriptors per HcclBatchPut/Get (default 256; 64 models the V2 path),
  *       more: HCCL_E_PARA (hcomm one_sided_service_adapt.cc HcclBatchParaCheck, MAX_DESC_NUM).
  *   R3  HcclCommBindMem only records the handle; what the peer can reach is the set bound at the first successful
- *       Prepare (memory descriptors are exchanged there); a later bind is recorded, never visible.
+ *       Prepare (memory descriptors are exchanged there); a later bind is recorded, never visible (hcomm's
+ *       one-sided service as the finding cites it; hixl comm_entity.cc binds every handle before Prepare).
  *   R4  every descriptor lies inside ONE buffer enabled at Prepare, on both sides; else HCCL_E_INTERNAL
  *       (hcomm transport_roce_mem.cc / transport_ipc_mem.cc FillRmaBufferSlice: "Can't find remoteBuffer by key").
- *   R5  a Prepare after a successful one returns at once (nothing new is exchanged).
+ *   R5  a Prepare after a successful one returns at once (nothing new is exchanged; hcomm's one-sided service as
+ *       the finding cites it).
  *   R6  the global-memory registry is per device, chosen by the CALLING THREAD's current device
  *       (hcomm global_mem_manager.cc GlobalMemRegMgr::GetInstance, hrtGetDeviceRefresh): deregistering (or
  *       unbinding) a handle from a thread on another device does not find it (HCCL_E_NOT_FOUND); the same range
@@ -29,13 +31,16 @@
  *       bound handle HCCL_E_PARA (DeReg: "still bound to comm(s)").
  *   R7  deregistering the LAST registration of a device tears its NIC down (DeReg -> Destroy -> DeInitNic):
  *       a communicator prepared before that fails every later transfer (HCCL_E_NETWORK here).
- *   R8  HcclCommDestroy refuses while memory is still bound to the communicator (HCCL_E_PARA): unbind first.
- *   R9  communicator names are unique per device (HCCL_E_PARA, "comm Name exist").
+ *   R8  HcclCommDestroy refuses while memory is still bound to the communicator (HCCL_E_PARA): unbind first
+ *       (hcomm's one-sided service as the finding cites it; hixl unbinds each before destroying).
+ *   R9  communicator names are unique per device (hcomm InitOneSidedHcomInfo: a name already in the device's
+ *       one-sided map is "comm Name exist", HCCL_E_PARA).
  *   R10 HcclCommInitClusterInfoMemConfig must not run concurrently in a process (hixl comm_entity.cc: "the
  *       underlying hccl library does not support parallel HcclCommInitClusterInfoMemConfig calls"): a second
  *       call while one runs fails loudly (stderr, HCCL_E_INTERNAL). Each call takes ASCEND_SIM_INIT_MS (20).
  *   R11 a batch call that fails on descriptor i has ENQUEUED descriptors 0..i-1 on the stream (they run unless
- *       the stream is aborted: hixl aborts on any failure).
+ *       the stream is aborted: hixl aborts on any failure, LLM_DISMISSABLE_GUARD -> aclrtStreamAbort; the enqueue
+ *       order as the finding cites hcomm).
  *   R14 bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
  *       bound set; hixl takes the entity's mutex for Finalize, which Initialize holds through Prepare): the
  *       simulation says so loudly (stderr, HCCL_E_INTERNAL).

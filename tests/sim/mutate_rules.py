@@ -8,11 +8,10 @@ simulation is rebuilt from whatever sources are there)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sim.mutate import run_mutated
+
 H, A = "tests/sim/hccl.c", "tests/sim/ascendcl.c"
 #: (rule, source, the rule's code, the code without it)
 MUTATIONS = [
@@ -44,15 +43,8 @@ def main(only: list[str]) -> int:
     for name, source, rule, without in MUTATIONS:
         if only and name not in only:
             continue
-        path = ROOT / source
-        text = path.read_text()
-        assert rule in text, f"{name}: the rule's code is not in {source}"
-        path.write_text(text.replace(rule, without))
-        try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/unit/test_sim_rules.py", "-k",
-                                  f"test_{name}_"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        finally:
-            subprocess.run(["git", "checkout", source], cwd=ROOT, capture_output=True)
+        run = run_mutated(name, source, rule, without, ["-x", "tests/unit/test_sim_rules.py", "-k", f"test_{name}_"],
+                          timeout=300)
         built = "building the simulated" not in run.stdout
         ok = run.returncode != 0 and built and "assert" in run.stdout
         bad += not ok

@@ -8,11 +8,10 @@ Restores each source with ``git checkout``: run it on a clean tree, alone."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sim.mutate import run_mutated
+
 AG = "server/datadistd/transport/hccl/agent.py"
 #: (name, source, the fix's code, the code without it, the tests that hold it)
 MUTATIONS = [
@@ -49,15 +48,7 @@ def main(only: list[str]) -> int:
     for name, source, fix, without, tests in MUTATIONS:
         if only and name not in only:
             continue
-        path = ROOT / source
-        text = path.read_text()
-        assert fix in text, f"{name}: the fix's code is not in {source}"
-        path.write_text(text.replace(fix, without))
-        try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", *tests], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=600)
-        finally:
-            subprocess.run(["git", "checkout", source], cwd=ROOT, capture_output=True)
+        run = run_mutated(name, source, fix, without, tests, timeout=600)
         bad += run.returncode == 0
         print(f"{name}: {'fails without the fix' if run.returncode else 'DOES NOT FAIL'}", flush=True)
     return bad

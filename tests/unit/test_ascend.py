@@ -8,20 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from datadist.status import LLMStatusCode as S
 from datadist_ascend.errors import ACL_STATUS, HCCL_STATUS
 from tests.harness import ROOT
-from tests.sim import build, sim_env
-
-
-@pytest.fixture(scope="module")
-def sim_root():
-    root = build()
-    if root is None:
-        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
-    return root
+from tests.sim import sim_env
 
 
 def run(code: str, env: dict[str, str], expect_rc: int = 0) -> str:

@@ -10,20 +10,11 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 from datadist_ascend.hccl import prepare_seconds
 from datadistd.transport.hccl.agent import split_rows
 from tests.harness import ROOT
-from tests.sim import build, sim_env
-
-
-@pytest.fixture(scope="module")
-def sim_root():
-    root = build()
-    if root is None:
-        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
-    return root
+from tests.sim import sim_env
 
 
 def run(root, tmp_path, code: str, **env: str) -> list[str]:

@@ -12,19 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from tests.harness import ROOT
-from tests.sim import build, sim_env
-
-
-@pytest.fixture(scope="module")
-def sim_root():
-    root = build()
-    if root is None:
-        pytest.skip("no C compiler: the simulated Ascend runtime cannot be built")
-    return root
-
+from tests.sim import sim_env
 
 PRELUDE = '''
 import ctypes, os, sys, threading, time, multiprocessing as mp
@@ -317,3 +306,12 @@ def test_r14_no_bind_unbind_or_destroy_while_prepare_runs(sim_root, tmp_path) ->
         print(code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)))
         """)
     assert out[:6] == ["4", "4", "4", "9", "ok", "ok"] and "while HcclCommPrepare runs" in out[-1]
+
+
+def test_every_mutation_finds_its_code() -> None:
+    """The mutation checks (``python -m tests.sim.mutate_rules`` / ``mutate_transport``) run by hand; this keeps
+    their tables in step with the sources they change (a moved or reworded line would make a check a no-op)."""
+    from tests.sim import mutate_rules, mutate_transport
+
+    for name, source, code, *_ in [*mutate_rules.MUTATIONS, *mutate_transport.MUTATIONS]:
+        assert code in (ROOT / source).read_text(), f"{name}: its code is not in {source}"

@@ -15,7 +15,7 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from tests.harness import free_port
-from tests.integration.test_two_way_links import link_states
+from tests.reliability.common import links
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_exit_time_finalize_of_an_embedded_engine_tells_the_peer(daemon_factory,
     assert "Traceback" not in done.stderr and "LLM_FAILED" not in done.stderr, done.stderr
     # the prompt heard of the unlink: it has no link left to cluster 2 (its own unlink of it then succeeds once:
     # docs/choices.md, "An unlink after the other end went")
-    assert link_states(dp) == []
+    assert links(dp) == []
     assert prompt.call("unlink", D, "127.0.0.1", 1) == (0, [0])
     assert prompt.call("unlink", D, "127.0.0.1", 1) == (S.LLM_NOT_YET_LINK, [S.LLM_NOT_YET_LINK])
 

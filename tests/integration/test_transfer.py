@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 from tests.harness import ACL_PLANE, ALL_PLANES, WorkerError, free_port, over_planes
+from tests.reliability.common import links
 
 #: transfers run over tcp, nixl (UCX over TCP; the byte-exact ones over shared memory too) and acl-hccl, see
 #: ``over_planes``;
@@ -23,10 +22,6 @@ TENSORS = 2 * LAYERS
 BLOCKS = 40
 BLOCK_SHAPE = (4, 32)  # float16 -> 256 bytes per block per tensor
 
-
-def links(daemon) -> list:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.admin_target) as ch:
-        return list(datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5).links)
 
 
 @pytest.fixture

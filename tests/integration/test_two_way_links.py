@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
+from tests.reliability.common import links
 
 #: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
 #: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
@@ -30,9 +29,7 @@ OPS = "tests.compat.ops"
 
 
 def link_states(daemon) -> list:  # noqa: ANN001
-    with grpc.insecure_channel(daemon.admin_target) as ch:
-        reply = datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5)
-    return [(li.remote_cluster_id, li.state, li.initiator) for li in reply.links]
+    return [(li.remote_cluster_id, li.state, li.initiator) for li in links(daemon)]
 
 
 @pytest.fixture
@@ -148,8 +145,6 @@ def test_switch_role_moves_the_data_plane_to_the_listen_address(daemon_factory, 
         worker.call("fill", "kv", seed)
     prompt.call("run", OPS, "switch_role", "PROMPT", f"127.0.0.2:{port}")
     assert decoder.call("link", P, "127.0.0.2", port) == (0, [0])
-    with grpc.insecure_channel(dd.admin_target) as ch:
-        links = datadist_pb2_grpc.DataDistStub(ch).ListLinks(datadist_pb2.StatusRequest(), timeout=5).links
-    assert [li.data_endpoint.rsplit(":", 1)[0] for li in links] == ["tcp://127.0.0.2"], links
+    assert [li.data_endpoint.rsplit(":", 1)[0] for li in links(dd)] == ["tcp://127.0.0.2"], links(dd)
     decoder.call("pull_blocks", P, "kv", [3], [9])
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [9]), prompt.call("rows", "kv", None, [3]))

@@ -38,7 +38,7 @@ from .model import (
     LinkState,
     LocalLink,
     OutboundLink,
-    too_many_clusters,
+    refuse_too_many,
 )
 from .owner import Owner
 from .requester import Piece, PullDone, Requester, StagedPush
@@ -47,7 +47,7 @@ from .table import LinkTable, NodeContext
 from .wire.peering import HandshakeAnswer, HandshakeOffer
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
-           "NodeContext", "MAX_CLUSTERS_PER_CALL", "too_many_clusters", "AddressSlots",
+           "NodeContext", "MAX_CLUSTERS_PER_CALL", "refuse_too_many", "AddressSlots",
            "LINK_ATTEMPTS_PER_ADDRESS"]
 
 

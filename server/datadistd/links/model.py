@@ -28,6 +28,14 @@ def too_many_clusters(n: int) -> str:
             f"at most {MAX_CLUSTERS_PER_CALL}")
 
 
+def refuse_too_many(n: int) -> tuple[int, list[int], list[str]]:
+    """The answer to a call naming ``n`` clusters, more than ``MAX_CLUSTERS_PER_CALL``: refused whole (the overall
+    code, one per cluster) and one reason that stands for every cluster (so the answer of a huge list stays as
+    small as its codes)."""
+    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+    return code, [code] * n, [too_many_clusters(n)]
+
+
 class LinkState(str, enum.Enum):
     ESTABLISHED = "established"
     BROKEN = "broken"

@@ -27,7 +27,7 @@ from .model import (
     LocalLink,
     OutboundLink,
     _overall,
-    too_many_clusters,
+    refuse_too_many,
 )
 from .table import LinkTable
 from .wire.peering import (
@@ -362,12 +362,11 @@ class Linker:
 
 
 def _too_many(clusters: Sequence[ClusterSpec], reasons: list[str] | None) -> tuple[int, list[int]]:
-    """A call naming more clusters than CANN allows: refused whole, every cluster told why by one reason (the
-    answer's ``reasons``: one stands for all)."""
-    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
+    """A call naming more clusters than CANN allows (``refuse_too_many``)."""
+    code, codes, why = refuse_too_many(len(clusters))
     if reasons is not None:
-        reasons.append(too_many_clusters(len(clusters)))
-    return code, [code] * len(clusters)
+        reasons.extend(why)
+    return code, codes
 
 
 def _holder(table: LinkTable, cluster: int) -> AnyLink | None:

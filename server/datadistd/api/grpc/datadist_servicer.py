@@ -13,7 +13,7 @@ from ...core.errors import DataDistError, StatusCode, require
 from ...core.plan import LayerTask, TransferOrder
 from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
-from ...links import MAX_CLUSTERS_PER_CALL, too_many_clusters
+from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
 from ...links.layerwise import LayerPush
 from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ...node.node import EngineSlot, Node
@@ -432,7 +432,6 @@ def _check_counts(request: datadist_pb2.AllocateCacheRequest | datadist_pb2.Regi
 
 
 def _too_many_clusters(n: int) -> datadist_pb2.LinkClustersResponse:
-    """Refused before converting a list of any length; every cluster is told why by one reason
-    (``links.too_many_clusters``; the answer's ``reasons``: one stands for all, so the answer of a huge list fits)."""
-    code = int(StatusCode.LLM_CLUSTER_NUM_EXCEED_LIMIT)
-    return datadist_pb2.LinkClustersResponse(status=code, statuses=[code] * n, reasons=[too_many_clusters(n)])
+    """Refused before converting a list of any length (``links.refuse_too_many``)."""
+    code, codes, reasons = refuse_too_many(n)
+    return datadist_pb2.LinkClustersResponse(status=code, statuses=codes, reasons=reasons)

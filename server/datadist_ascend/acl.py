@@ -41,8 +41,6 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtGetPhyDevIdByLogicDevId": [c_int32, POINTER(c_int32)],
     "aclrtMalloc": [POINTER(c_void_p), c_size_t, c_int],
     "aclrtFree": [c_void_p],
-    "aclrtMallocHost": [POINTER(c_void_p), c_size_t],
-    "aclrtFreeHost": [c_void_p],
     "aclrtMemcpy": [c_void_p, c_size_t, c_void_p, c_size_t, c_int],
     "aclrtMemcpyAsync": [c_void_p, c_size_t, c_void_p, c_size_t, c_int, c_void_p],
     "aclrtMemGetAddressRange": [c_void_p, POINTER(c_void_p), POINTER(c_size_t)],
@@ -121,16 +119,6 @@ class Acl:
     def free(self, device: int, ptr: int) -> None:
         self.use(device)
         self._call("aclrtFree", c_void_p(ptr))
-
-    def malloc_host(self, device: int, size: int) -> int:
-        self.use(device)
-        ptr = c_void_p()
-        self._call("aclrtMallocHost", ctypes.byref(ptr), size)
-        return int(ptr.value or 0)
-
-    def free_host(self, device: int, ptr: int) -> None:
-        self.use(device)
-        self._call("aclrtFreeHost", c_void_p(ptr))
 
     def memcpy(self, device: int, dst: int, dst_max: int, src: int, count: int, kind: int) -> None:
         self.use(device)

@@ -55,3 +55,25 @@ def test_the_docs_index_lists_every_page_and_the_readme_links_it() -> None:
     first = (ROOT / "README.md").read_text().split("\n\n")[1]   # the paragraph under the title
     assert "(docs/spec.md)" in first and "(docs/README.md)" in first
     assert "host RAM" in first and "Ascend NPU memory" in first and "no GPU memory" in first
+
+
+def test_the_daemon_map_names_every_module_in_short_cells() -> None:
+    """docs/daemon.md's "Pieces" map names every module of the daemon (a package's modules may be named in its
+    row, ``transport/tcp/``), and no table cell of the page is over 200 characters: a map, not a notebook."""
+    page = (ROOT / "docs" / "daemon.md").read_text()
+    pieces = page[page.index("## Pieces"):].split("\n## ")[0]
+    package = ROOT / "server" / "datadistd"
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parent == rel.parent.parent or rel.name == "__main__.py":
+            continue   # the package's own two files
+        if rel.name == "__init__.py" and rel.parent.name not in ("links",):
+            continue   # a room's doc is its docstring; LinkManager lives in links/__init__.py
+        named = f"`{rel.as_posix()}`" in pieces or (
+            f"`{rel.parent.as_posix()}/`" in pieces and f"`{rel.stem}`" in pieces.split(f"`{rel.parent.as_posix()}/`")[1]
+            .split("\n")[0])
+        assert named, f"docs/daemon.md's map does not name {rel}"
+    for number, line in enumerate(page.splitlines(), 1):
+        if line.startswith("|"):
+            longest = max(len(cell.strip()) for cell in line.strip().strip("|").split("|"))
+            assert longest <= 200, f"docs/daemon.md:{number}: a cell of {longest} characters"

@@ -69,9 +69,9 @@ def test_the_daemon_map_names_every_module_in_short_cells() -> None:
             continue   # the package's own two files
         if rel.name == "__init__.py" and rel.parent.name not in ("links",):
             continue   # a room's doc is its docstring; LinkManager lives in links/__init__.py
+        row = f"`{rel.parent.as_posix()}/`"
         named = f"`{rel.as_posix()}`" in pieces or (
-            f"`{rel.parent.as_posix()}/`" in pieces and f"`{rel.stem}`" in pieces.split(f"`{rel.parent.as_posix()}/`")[1]
-            .split("\n")[0])
+            row in pieces and f"`{rel.stem}`" in pieces.split(row)[1].split("\n")[0])
         assert named, f"docs/daemon.md's map does not name {rel}"
     for number, line in enumerate(page.splitlines(), 1):
         if line.startswith("|"):

@@ -227,6 +227,8 @@ class AttachServer:
             frame = data[:1] == _MAGIC_BYTE
             if conn.partial is not None and not (frame and is_continuation(data)):
                 self._refuse_assembly(conn, "another message came between the frames of one transfer")
+                if conn.session.closed:
+                    return
             elif conn.skip is not None and not (frame and is_continuation(data)):
                 conn.skip = None
             if frame:
@@ -318,8 +320,8 @@ class AttachServer:
             conn.deadline = self._loop.call_later(self.assembly_deadline_s, self._assembly_late, conn, partial)
             return
         self._refuse_assembly(conn, f"the continuation frames of the transfer did not all come within "
-                                    f"{self.assembly_deadline_s:g} s ({partial.missing} of {partial.total} block numbers "
-                                    "missing)")
+                                    f"{self.assembly_deadline_s:g} s ({partial.missing} of {partial.total} block "
+                                    "numbers missing)")
 
     def _refuse_assembly(self, conn: _Conn, why: str) -> None:
         """The transfer being assembled is answered LLM_PARAM_INVALID; the rest of its frames are dropped."""

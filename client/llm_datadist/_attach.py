@@ -3,8 +3,8 @@
 One ``SOCK_SEQPACKET`` connection per ``LLMDataDist``: the daemon learns who we are from the
 kernel, answers the capability every DataDist call carries, takes memory we register as file
 descriptors and hands us the descriptors of our engine's pools, and runs our pulls and pushes without
-a gRPC call -- protocol 3 as binary frames (``datadist.fastframe``), protocol 2 as protobuf. Closing
-it (or exiting) ends our lease: the daemon then releases our engines.
+a gRPC call, as binary frames (``datadist.fastframe``; block lists past one datagram in continuation
+frames, protocol 4). Closing it (or exiting) ends our lease: the daemon then releases our engines.
 
 Requests may be in flight from many threads at once, each with a request id. Nobody reads for them
 in the background: a caller waiting for its reply reads the socket itself while no other caller
@@ -33,7 +33,6 @@ from datadist.address import socket_path
 from datadist.status import LLMStatusCode, code_2_status
 from datadist.v1 import attach_pb2
 
-from ._convert import transfer_pb
 from .status import LLMException
 
 __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"]
@@ -41,7 +40,7 @@ __all__ = ["AttachClient", "attach_path", "unix_path", "CAPABILITY_METADATA_KEY"
 log = logging.getLogger(__name__)
 
 CAPABILITY_METADATA_KEY = "datadist-capability"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 _TIMEOUT_S = 30.0
 _DRAIN = 64                         # datagrams a leader reads per wake-up before it looks at its own reply
 _MAGIC = bytes([fastframe.MAGIC])
@@ -263,9 +262,10 @@ class AttachClient:
 
     # ---- calls ---------------------------------------------------------------------------------
 
-    def _exchange(self, rid: int, data: bytes, func: str, fds: Sequence[int], timeout: Optional[float]
+    def _exchange(self, rid: int, data: Sequence[bytes], func: str, fds: Sequence[int], timeout: Optional[float]
                   ) -> Tuple[_Raw, int]:
-        """Send ``data`` (request ``rid``) and wait for its reply; LLMException when none comes."""
+        """Send the datagrams ``data`` of request ``rid``, back to back (``fds`` ride with the first), and wait for
+        its reply; LLMException when none comes."""
         w = _Waiter()
         with self._lock:
             if self._broken is not None:
@@ -275,9 +275,11 @@ class AttachClient:
         try:
             with self._send_lock:
                 if fds:
-                    socket.send_fds(self._sock, [data], list(fds))
+                    socket.send_fds(self._sock, [data[0]], list(fds))
                 else:
-                    self._sock.send(data)
+                    self._sock.send(data[0])
+                for more in data[1:]:
+                    self._sock.send(more)
         except OSError as exc:
             with self._lock:
                 self._pending.pop(rid, None)
@@ -302,7 +304,7 @@ class AttachClient:
               timeout: Optional[float] = None) -> _Reply:
         """One protobuf request, its reply (and the descriptor it carried, or -1); LLMException on failure."""
         request.request_id = rid = next(self._ids)
-        reply, fd = self._exchange(rid, request.SerializeToString(), func, fds, timeout)
+        reply, fd = self._exchange(rid, (request.SerializeToString(),), func, fds, timeout)
         if not isinstance(reply, attach_pb2.AttachReply):
             raise self._failed(func, "datadistd answered a binary frame to a protobuf request")
         if reply.status:
@@ -318,16 +320,10 @@ class AttachClient:
                             status_code=LLMStatusCode.LLM_FAILED)
 
     def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
-        """A pull or push over this connection: ``(bytes, transport)``. Protocol 3: one binary frame each way
-        (the frame must fit a datagram: ``fastframe.blocks_fit``); protocol 2: protobuf."""
-        if self.protocol < 3:
-            msg = transfer_pb(frame)
-            request = (attach_pb2.AttachRequest(push=msg) if frame.op == fastframe.PUSH
-                       else attach_pb2.AttachRequest(pull=msg))
-            done = self._call(request, func, timeout=timeout)[0].transfer
-            return int(done.bytes), done.transport
+        """A pull or push over this connection: ``(bytes, transport)``. Binary frames: one each way, or a first
+        frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``)."""
         rid = next(self._ids)
-        raw = self._exchange(rid, fastframe.encode_request(rid, frame), func, (), timeout)[0]
+        raw = self._exchange(rid, fastframe.encode_frames(rid, frame), func, (), timeout)[0]
         try:
             reply = fastframe.decode_reply(raw) if isinstance(raw, bytes) else None
         except fastframe.FrameError:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from datadist.fastframe import KIND_BLOCKS, KIND_CACHE, PULL, PUSH, TransferFrame, blocks_fit
+from datadist.fastframe import KIND_BLOCKS, KIND_CACHE, PULL, PUSH, TransferFrame
 from datadist.v1 import datadist_pb2
 
 from . import _memory
@@ -303,15 +303,14 @@ class CacheOps:
     # ---- transfers -----------------------------------------------------------------------------
 
     def _transfer(self, func: str, frame: TransferFrame) -> None:
-        """Pull/Push on the attach connection (no gRPC call: the local hot path; a binary frame since protocol 3),
-        or over gRPC where the daemon does not take transfers there (protocol 1), the block lists do not fit one
-        attach datagram, or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
+        """Pull/Push on the attach connection (no gRPC call: the local hot path; binary frames, continued when the
+        block lists do not fit one datagram), or over gRPC where the daemon does not take continuation frames
+        (attach protocol below 4) or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
         if not self._initialized:
             raise RuntimeError("llm datadist is not initialized")
         timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
         attachment = self._client.attachment
-        if (attachment is not None and attachment.protocol >= 2 and not self._grpc_transfers
-                and (attachment.protocol < 3 or blocks_fit(frame.remote_blocks, frame.local_blocks))):
+        if attachment is not None and attachment.protocol >= 4 and not self._grpc_transfers:
             attachment.transfer(frame, func, timeout_s)
             return
         self._call("Push" if frame.op == PUSH else "Pull", transfer_pb(frame), func, timeout_s)

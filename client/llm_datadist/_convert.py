@@ -62,7 +62,7 @@ def _frame_key_pb(kind: int, fields: Tuple[int, int, int, int]) -> common_pb2.An
 
 
 def transfer_pb(f: fastframe.TransferFrame) -> datadist_pb2.TransferRequest:
-    """The same pull/push as a protobuf ``TransferRequest``: the gRPC Pull/Push, and attach protocol 2."""
+    """The same pull/push as a protobuf ``TransferRequest``: the gRPC Pull/Push."""
     req = datadist_pb2.TransferRequest(engine_id=f.engine_id, kind=f.kind, remote=_frame_key_pb(f.key_kind, f.key),
                                        local_cache_id=f.local_cache_id, remote_blocks=list(f.remote_blocks),
                                        local_blocks=list(f.local_blocks), local_batch_index=f.local_batch_index,

@@ -1,19 +1,21 @@
-"""The attach connection's binary pull/push frames (attach protocol 3): the one definition of their layout.
+"""The attach connection's binary pull/push frames (attach protocol 4): the one definition of their layout.
 
 A worker's pull or push to its local daemon is one fixed-layout little-endian datagram instead of a protobuf
-``AttachRequest``; the daemon answers with a fixed-layout reply. Protobuf stays on the control plane (hello,
-memory, pools). Both frames start with ``MAGIC`` (0xFF): a protobuf message never starts with it (field 31 of
-wire type 7, which does not exist), so the daemon tells the two apart by the first byte. Layout and rules:
-``docs/daemon.md``, "The attach connection's transfer frames".
+``AttachRequest`` -- or, when its block lists do not fit one datagram, a first frame and continuation frames; the
+daemon answers with one fixed-layout reply. Protobuf stays on the control plane (hello, memory, pools). Every frame
+starts with ``MAGIC`` (0xFF): a protobuf message never starts with it (field 31 of wire type 7, which does not
+exist), so the daemon tells the two apart by the first byte. Layout and rules: ``docs/daemon.md``, "The attach
+connection's transfer frames".
 
-Request (``REQUEST``, 144 bytes, then ``n_remote`` and ``n_local`` u64 block numbers)::
+Request (``REQUEST``, 144 bytes, then block numbers)::
 
     off size field
       0  1   magic 0xFF
-      1  1   op: 1 pull, 2 push
+      1  1   op: 1 pull, 2 push (3: a continuation frame, below)
       2  1   kind: 0 cache (pull_cache / push_cache), 1 blocks
       3  1   key kind: 1 CacheKey, 2 CacheKeyByIdAndIndex, 3 BlocksCacheKey
-      4  1   flags: 1 src layer range, 2 dst layer range, 4 timeout_ms, 8 src offset, 16 dst offset, 32 exclusive
+      4  1   flags: 1 src layer range, 2 dst layer range, 4 timeout_ms, 8 src offset, 16 dst offset, 32 exclusive,
+                    64 more follow (continuation frames carry the rest of the block numbers)
       5  3   zero
       8  8   u64 request id (echoed in the reply; a frame of 16 bytes or more names it)
      16  8   u64 engine id
@@ -31,7 +33,22 @@ Request (``REQUEST``, 144 bytes, then ``n_remote`` and ``n_local`` u64 block num
     128  8   u64 dst cache offset (when flag 16)
     136  4   u32 n_remote
     140  4   u32 n_local
-    144      n_remote x u64 remote blocks, then n_local x u64 local blocks
+    144      the block numbers (u64): n_remote remote blocks, then n_local local blocks
+
+Without flag 64 the frame carries all ``n_remote + n_local`` block numbers. With it, ``n_remote`` and ``n_local``
+are the totals, the frame carries the first ``k`` of the ``n_remote + n_local`` numbers (``0 <= k < n_remote +
+n_local``) and continuation frames of the same request id carry the rest, in order, each at least one::
+
+    off size field
+      0  1   magic 0xFF
+      1  1   op: 3 continuation
+      2  6   zero
+      8  8   u64 request id (of the first frame)
+     16      block numbers (u64), the next ones of the transfer
+
+The frames of one transfer come back to back on the connection (nothing else between them); the transfer starts
+when its last number is in. ``encode_frames`` cuts a transfer into frames, ``decode_request`` reads a first (or
+whole) frame, ``Partial`` assembles the rest; the daemon bounds what it assembles (``api/attach.py``).
 
 Reply (``REPLY``, 48 bytes, then the error message as UTF-8)::
 
@@ -46,27 +63,32 @@ Reply (``REPLY``, 48 bytes, then the error message as UTF-8)::
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Tuple, Union
 
-__all__ = ["MAGIC", "MAX_DATAGRAM", "PULL", "PUSH", "KIND_CACHE", "KIND_BLOCKS", "KEY_CACHE", "KEY_BY_ID",
-           "KEY_BLOCKS", "REQUEST", "REPLY", "TransferFrame", "FrameReply", "FrameError", "encode_request",
-           "decode_request", "encode_reply", "decode_reply", "request_id_of", "blocks_fit"]
+__all__ = ["MAGIC", "MAX_DATAGRAM", "PULL", "PUSH", "CONTINUE", "KIND_CACHE", "KIND_BLOCKS", "KEY_CACHE",
+           "KEY_BY_ID", "KEY_BLOCKS", "REQUEST", "CONTINUATION", "REPLY", "TransferFrame", "FrameReply",
+           "FrameError", "Partial", "encode_request", "encode_frames", "decode_request", "is_continuation",
+           "encode_reply", "decode_reply", "request_id_of"]
 
 #: first byte of every binary frame (never the first byte of a protobuf message)
 MAGIC = 0xFF
 #: the largest attach datagram either end takes (protobuf messages and binary frames alike)
 MAX_DATAGRAM = 64 << 10
-PULL, PUSH = 1, 2
+PULL, PUSH, CONTINUE = 1, 2, 3
 KIND_CACHE, KIND_BLOCKS = 0, 1             # TransferKind (datadist.proto)
 KEY_CACHE, KEY_BY_ID, KEY_BLOCKS = 1, 2, 3
-_SRC, _DST, _TIMEOUT, _SRC_OFF, _DST_OFF, _EXCLUSIVE = 1, 2, 4, 8, 16, 32
+_SRC, _DST, _TIMEOUT, _SRC_OFF, _DST_OFF, _EXCLUSIVE, _MORE = 1, 2, 4, 8, 16, 32, 64
 
 _HEAD = "<BBBBB3xQQqQQQQIIqqqqqI4xQQII"
 REQUEST = struct.Struct(_HEAD)
+CONTINUATION = struct.Struct("<BB6xQ")
 REPLY = struct.Struct("<B7xQqQ16s")
 _ID = struct.Struct("<8xQ")
 _U64 = 1 << 64
 _NO_RANGE = (0, 0)
+#: block numbers a first frame and a continuation frame carry at most
+_FIRST_ROOM = (MAX_DATAGRAM - REQUEST.size) // 8
+_NEXT_ROOM = (MAX_DATAGRAM - CONTINUATION.size) // 8
 
 
 class TransferFrame(NamedTuple):
@@ -106,24 +128,48 @@ class FrameError(ValueError):
         self.request_id = request_id
 
 
-def encode_request(request_id: int, f: TransferFrame) -> bytes:
-    """The datagram of ``f``; ValueError when a field is out of its type's range."""
+def _head(request_id: int, f: TransferFrame, more: bool) -> bytes:
     flags = ((_SRC if f.src_layers is not None else 0) | (_DST if f.dst_layers is not None else 0)
              | (_TIMEOUT if f.timeout_ms is not None else 0) | (_SRC_OFF if f.src_offset is not None else 0)
-             | (_DST_OFF if f.dst_offset is not None else 0) | (_EXCLUSIVE if f.exclusive else 0))
+             | (_DST_OFF if f.dst_offset is not None else 0) | (_EXCLUSIVE if f.exclusive else 0)
+             | (_MORE if more else 0))
     cluster, a, b, c = f.key
     if f.key_kind == KEY_BY_ID and a < 0:
         a += _U64                             # the i64 cache id as its two's complement
-    nr, nl = len(f.remote_blocks), len(f.local_blocks)
     src = f.src_layers or _NO_RANGE
     dst = f.dst_layers or _NO_RANGE
+    return REQUEST.pack(MAGIC, f.op, f.kind, f.key_kind, flags, request_id, f.engine_id, f.local_cache_id, cluster,
+                        a, b, c, f.local_batch_index, f.tensor_num_per_layer, f.size, src[0], src[1], dst[0], dst[1],
+                        f.timeout_ms or 0, f.src_offset or 0, f.dst_offset or 0, len(f.remote_blocks),
+                        len(f.local_blocks))
+
+
+def _words(values: Tuple[int, ...]) -> bytes:
+    return struct.pack(f"<{len(values)}Q", *values)
+
+
+def encode_request(request_id: int, f: TransferFrame) -> bytes:
+    """The one datagram of ``f`` (whatever its length: ``encode_frames`` cuts it to the datagram cap); ValueError
+    when a field is out of its type's range."""
     try:
-        return struct.pack(f"{_HEAD}{nr}Q{nl}Q", MAGIC, f.op, f.kind, f.key_kind, flags, request_id, f.engine_id,
-                           f.local_cache_id, cluster, a, b, c, f.local_batch_index, f.tensor_num_per_layer, f.size,
-                           src[0], src[1], dst[0], dst[1], f.timeout_ms or 0, f.src_offset or 0, f.dst_offset or 0,
-                           nr, nl, *f.remote_blocks, *f.local_blocks)
+        return _head(request_id, f, False) + _words(f.remote_blocks + f.local_blocks)
     except struct.error as exc:
         raise ValueError(f"a transfer frame field is out of its range: {exc}") from None
+
+
+def encode_frames(request_id: int, f: TransferFrame) -> List[bytes]:
+    """The datagrams of ``f``, each at most ``MAX_DATAGRAM`` bytes: one frame when its block lists fit, else a
+    first frame (flag "more follow") and continuation frames; ValueError when a field is out of its type's range."""
+    numbers = f.remote_blocks + f.local_blocks
+    if len(numbers) <= _FIRST_ROOM:
+        return [encode_request(request_id, f)]
+    try:
+        frames = [_head(request_id, f, True) + _words(numbers[:_FIRST_ROOM])]
+        cont = CONTINUATION.pack(MAGIC, CONTINUE, request_id)
+        frames += [cont + _words(numbers[at:at + _NEXT_ROOM]) for at in range(_FIRST_ROOM, len(numbers), _NEXT_ROOM)]
+    except struct.error as exc:
+        raise ValueError(f"a transfer frame field is out of its range: {exc}") from None
+    return frames
 
 
 def request_id_of(data: bytes) -> Optional[int]:
@@ -131,30 +177,81 @@ def request_id_of(data: bytes) -> Optional[int]:
     return _ID.unpack_from(data)[0] if len(data) >= _ID.size else None
 
 
-def decode_request(data: bytes) -> Tuple[int, TransferFrame]:
-    """``(request_id, frame)``; FrameError when ``data`` is not a whole, well-formed request frame."""
+def is_continuation(data: bytes) -> bool:
+    """Whether ``data`` (a frame: its first byte is ``MAGIC``) claims to be a continuation frame."""
+    return len(data) >= 2 and data[1] == CONTINUE
+
+
+class Partial:
+    """A transfer whose block numbers continue in continuation frames: ``add`` each, ``frame`` once ``missing`` is
+    0. ``total`` is what the first frame announced (the daemon bounds it before it takes a continuation)."""
+    __slots__ = ("request_id", "head", "n_remote", "total", "words")
+
+    def __init__(self, request_id: int, head: TransferFrame, n_remote: int, total: int, first: bytes) -> None:
+        self.request_id = request_id
+        self.head = head                      # the frame's fields, without blocks
+        self.n_remote = n_remote
+        self.total = total
+        self.words = bytearray(first)         # the block numbers in so far, as they came (u64 little-endian)
+
+    @property
+    def missing(self) -> int:
+        return self.total - len(self.words) // 8
+
+    def add(self, data: bytes) -> None:
+        """The next continuation frame; FrameError (naming its request id) when it is not one of this transfer or
+        carries more than is missing."""
+        rid = request_id_of(data)
+        if len(data) < CONTINUATION.size or not is_continuation(data) or data[0] != MAGIC:
+            raise FrameError(f"not a continuation frame ({len(data)} bytes)", rid)
+        if rid != self.request_id:
+            raise FrameError(f"a continuation of request {rid} while request {self.request_id} is being assembled",
+                             rid)
+        body = len(data) - CONTINUATION.size
+        if body == 0 or body % 8 or data[2:8] != bytes(6):
+            raise FrameError(f"a continuation frame carries whole block numbers, at least one: got {body} bytes", rid)
+        if body // 8 > self.missing:
+            raise FrameError(f"continuation frames carry more than the {self.total} block numbers the first frame "
+                             "announced", rid)
+        self.words += data[CONTINUATION.size:]
+
+    def frame(self) -> TransferFrame:
+        """The whole transfer (every number in)."""
+        assert self.missing == 0
+        numbers = struct.unpack(f"<{self.total}Q", self.words)
+        return self.head._replace(remote_blocks=numbers[:self.n_remote], local_blocks=numbers[self.n_remote:])
+
+
+def decode_request(data: bytes) -> Tuple[int, Union[TransferFrame, Partial]]:
+    """``(request_id, frame)`` of a whole frame, ``(request_id, Partial)`` of a first frame whose blocks continue;
+    FrameError when ``data`` is not a whole, well-formed request frame."""
     if len(data) < REQUEST.size:
         raise FrameError(f"a transfer frame is at least {REQUEST.size} bytes, got {len(data)}", request_id_of(data))
     (magic, op, kind, key_kind, flags, rid, engine_id, cache_id, cluster, a, b, c, batch, per, size, s0, s1, d0, d1,
      timeout, src_off, dst_off, nr, nl) = REQUEST.unpack_from(data)
     if magic != MAGIC or op not in (PULL, PUSH):
         raise FrameError(f"not a transfer frame (magic {magic:#x}, op {op})", rid)
-    if flags >> 6:
+    if flags >> 7:
         raise FrameError(f"unknown transfer frame flags {flags:#x}", rid)
-    if len(data) != REQUEST.size + 8 * (nr + nl):
+    more = bool(flags & _MORE)
+    carried, rest = divmod(len(data) - REQUEST.size, 8)
+    if not more and carried != nr + nl or rest:
         raise FrameError(f"a transfer frame of {nr} + {nl} blocks is {REQUEST.size + 8 * (nr + nl)} bytes, "
                          f"got {len(data)}", rid)
+    if more and carried >= nr + nl:
+        raise FrameError(f"a first frame of {nr} + {nl} blocks says more follow but carries {carried}", rid)
     if key_kind == KEY_BY_ID and a >= 1 << 63:
         a -= _U64
-    end = REQUEST.size + 8 * nr
-    return rid, TransferFrame(
-        op, engine_id, kind, key_kind, (cluster, a, b, c), cache_id,
-        struct.unpack_from(f"<{nr}Q", data, REQUEST.size) if nr else (),
-        struct.unpack_from(f"<{nl}Q", data, end) if nl else (),
-        batch, size, per,
+    head = TransferFrame(
+        op, engine_id, kind, key_kind, (cluster, a, b, c), cache_id, (), (), batch, size, per,
         (s0, s1) if flags & _SRC else None, (d0, d1) if flags & _DST else None,
         timeout if flags & _TIMEOUT else None, src_off if flags & _SRC_OFF else None,
         dst_off if flags & _DST_OFF else None, bool(flags & _EXCLUSIVE))
+    if more:
+        return rid, Partial(rid, head, nr, nr + nl, data[REQUEST.size:])
+    end = REQUEST.size + 8 * nr
+    return rid, head._replace(remote_blocks=struct.unpack_from(f"<{nr}Q", data, REQUEST.size) if nr else (),
+                              local_blocks=struct.unpack_from(f"<{nl}Q", data, end) if nl else ())
 
 
 def encode_reply(request_id: int, status: int = 0, nbytes: int = 0, transport: str = "", message: str = "") -> bytes:
@@ -169,8 +266,3 @@ def decode_reply(data: bytes) -> FrameReply:
     _, rid, status, nbytes, transport = REPLY.unpack_from(data)
     return FrameReply(rid, status, nbytes, transport.rstrip(b"\0").decode(errors="replace"),
                       data[REPLY.size:].decode(errors="replace"))
-
-
-def blocks_fit(remote: Sequence[int], local: Sequence[int]) -> bool:
-    """Whether a frame of these block lists fits one attach datagram."""
-    return REQUEST.size + 8 * (len(remote) + len(local)) <= MAX_DATAGRAM

@@ -338,7 +338,7 @@ int Pair(const char *target_a, const char *target_b, int port) {
   Expect("pull_unlinked_other_cluster", decoder.PullKvCache(Index(5U, pid), dc), LLM_NOT_YET_LINK);
   Expect("set_role_with_links", decoder.SetRole(LlmRole::kPrompt), LLM_EXIST_LINK);
 
-  // block lists too long for one attach datagram go as the gRPC Pull (the Python client's rule): 20000 blocks
+  // block lists too long for one attach datagram go as attach continuation frames: 20000 + 20000 block numbers
   constexpr int64_t kMany = 20000;
   CacheDesc many_desc = Desc();
   many_desc.shape = {kMany, 1};

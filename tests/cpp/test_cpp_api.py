@@ -50,8 +50,12 @@ def test_transfers_between_two_daemons(api_test, daemon_factory) -> None:
     byte for byte (layer ranges, tensor_num_per_layer), per-cluster rets, the error codes of unknown caches,
     out-of-range blocks and batches, mismatched layer ranges and unlinked clusters, then the roles switched."""
     dp, dd = daemon_factory.many("p", "d")
-    r = run(api_test, "pair", dp.target, dd.target, str(free_port()))
+    r = run(api_test, "pair", dp.target, dd.target, str(free_port()), env={"DATADIST_CPP_LOG": "debug"})
     assert "ok pull_kv_blocks_bytes" in r.stdout and "ok pull_switched_bytes" in r.stdout
+    # 20,000 + 20,000 block numbers go as attach frames (first and continuation), never the gRPC Pull; the log
+    # would say so (it is on: the attach line is an info one)
+    assert "ok pull_20000_blocks_bytes" in r.stdout and "attached to datadistd" in r.stderr
+    assert "40000 block numbers as the gRPC" not in r.stderr
     # the library's log says why, and so does the daemon's
     assert "[PullKvBlocks] failed, error code is LLM_KV_CACHE_NOT_EXIST" in r.stderr
     assert "[PullKvBlocks] failed, error code is LLM_PARAM_INVALID(0x5010B005), src_blocks[0] = 8 out of range" \

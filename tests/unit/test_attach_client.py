@@ -1,6 +1,7 @@
 """The worker's attach connection (``llm_datadist._attach``) against a scripted daemon: callers read for each other
 (no reader thread per reply), every reply reaches its own caller, a stopping daemon is logged with nobody calling
-and fails waiting callers with LLM_FAILED, deadlines give LLM_TIMEOUT, protocol 2 still gets protobuf."""
+and fails waiting callers with LLM_FAILED, deadlines give LLM_TIMEOUT, block lists past one datagram go as
+continuation frames."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from datadist import fastframe as ff
 from datadist.status import LLMStatusCode
-from datadist.v1 import attach_pb2, datadist_pb2
+from datadist.v1 import attach_pb2
 from llm_datadist._attach import AttachClient
 from llm_datadist.status import LLMException
 
@@ -26,7 +27,7 @@ class FakeDaemon:
     """One attach connection: answers hello with ``protocol``, then hands every request to the test (``requests``)
     and sends what the test asks (``answer``)."""
 
-    def __init__(self, tmp: str, protocol: int = 3) -> None:
+    def __init__(self, tmp: str, protocol: int = 4) -> None:
         self.path = os.path.join(tmp, "d.sock")
         self.protocol = protocol
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -98,7 +99,7 @@ def in_threads(n: int, fn: Callable[[int], object]) -> tuple[list[threading.Thre
 def test_every_reply_reaches_its_own_caller_in_any_order_with_no_thread_per_call(daemon):
     client = AttachClient(daemon.target)
     try:
-        assert client.protocol == 3
+        assert client.protocol == 4
         before = threading.active_count()
         threads, out = in_threads(16, lambda i: client.transfer(FRAME._replace(local_cache_id=i), "pull_blocks", 30))
         requests = daemon.take(16)
@@ -188,31 +189,29 @@ def test_close_logs_nothing_and_fails_nobody_twice(daemon, caplog):
     assert "is stopping" not in caplog.text
 
 
-def test_a_protocol_2_daemon_gets_protobuf_transfers(tmp_path):
-    daemon = FakeDaemon(str(tmp_path), protocol=2)
+def test_block_lists_past_one_datagram_go_as_a_first_frame_and_continuations(daemon):
+    """20,000 + 20,000 block numbers: datagrams of at most MAX_DATAGRAM bytes, sent back to back, that the
+    daemon's ``Partial`` assembles into the very frame; one reply answers them."""
     client = AttachClient(daemon.target)
     try:
-        assert client.protocol == 2
-        frame = FRAME._replace(key_kind=ff.KEY_BY_ID, key=(2, -1, 3, 0), src_layers=(0, 1), dst_offset=8,
-                               exclusive=True)
-        threads, out = in_threads(1, lambda i: client.transfer(frame, "pull_cache", 30))
-        request = attach_pb2.AttachRequest.FromString(daemon.take(1)[0])
-        assert request.WhichOneof("msg") == "pull"
-        pull = request.pull
-        assert (pull.engine_id, pull.local_cache_id, list(pull.remote_blocks), list(pull.local_blocks)) == (1, 3, [4],
-                                                                                                            [5])
-        assert (pull.remote.by_id.cluster_id, pull.remote.by_id.cache_id, pull.remote.by_id.batch_index) == (2, -1, 3)
-        assert (pull.src_layer_range.start, pull.src_layer_range.stop, pull.dst_cache_offset, pull.exclusive) == (
-            0, 1, 8, True)
-        assert not pull.HasField("dst_layer_range") and not pull.HasField("src_cache_offset")
-        assert daemon.conn is not None
-        daemon.conn.send(attach_pb2.AttachReply(request_id=request.request_id, transfer=datadist_pb2.TransferResponse(
-            bytes=77, transport="local")).SerializeToString())
+        frame = FRAME._replace(remote_blocks=tuple(range(7, 20_007)), local_blocks=tuple(range(40_000, 20_000, -1)),
+                               src_layers=(0, 1), exclusive=True)
+        threads, out = in_threads(1, lambda i: client.transfer(frame, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        rid, partial = ff.decode_request(first)
+        assert isinstance(partial, ff.Partial) and partial.total == 40_000
+        sizes = [len(first)]
+        while partial.missing:
+            more = daemon.take(1)[0]
+            assert ff.is_continuation(more) and ff.request_id_of(more) == rid
+            sizes.append(len(more))
+            partial.add(more)
+        assert partial.frame() == frame and len(sizes) == 5 and max(sizes) <= ff.MAX_DATAGRAM
+        daemon.answer(first)
         threads[0].join(10)
-        assert out[0] == (77, "local")
+        assert out[0] == (4096, "tcp")
     finally:
         client.close()
-        daemon.close()
 
 
 def test_many_rounds_of_concurrent_calls_never_lose_a_reply(daemon):

@@ -62,7 +62,7 @@ def test_a_truncated_or_padded_frame_is_refused_with_its_request_id(frame: ff.Tr
 
 def test_a_frame_of_another_op_magic_or_flags_is_refused() -> None:
     good = ff.encode_request(7, ff.TransferFrame(ff.PULL, 1, 1, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (1,), (2,)))
-    for at, value in ((0, 0xFE), (1, 0), (1, 3), (4, 0x40)):
+    for at, value in ((0, 0xFE), (1, 0), (1, 4), (4, 0x80), (4, 0x40)):   # 0x40: more follow, but all are in
         bad = bytearray(good)
         bad[at] = value
         with pytest.raises(ff.FrameError) as info:
@@ -70,12 +70,58 @@ def test_a_frame_of_another_op_magic_or_flags_is_refused() -> None:
         assert info.value.request_id == 7
 
 
-def test_blocks_fit_says_whether_a_frame_fits_one_datagram() -> None:
-    room = (ff.MAX_DATAGRAM - ff.REQUEST.size) // 8
-    assert ff.blocks_fit(range(room // 2), range(room - room // 2))
-    assert not ff.blocks_fit(range(room // 2), range(room - room // 2 + 1))
-    frame = ff.TransferFrame(ff.PULL, 1, 1, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, tuple(range(room)), ())
-    assert len(ff.encode_request(1, frame)) <= ff.MAX_DATAGRAM
+def _assemble(frames: list[bytes]) -> tuple[int, ff.TransferFrame]:
+    rid, got = ff.decode_request(frames[0])
+    if isinstance(got, ff.TransferFrame):
+        assert len(frames) == 1
+        return rid, got
+    for more in frames[1:]:
+        assert got.missing
+        got.add(more)
+    assert not got.missing
+    return rid, got.frame()
+
+
+@given(frames(), U64, st.integers(0, 20_000), st.integers(0, 20_000))
+def test_a_transfer_of_any_length_goes_in_frames_of_one_datagram_each(frame: ff.TransferFrame, rid: int,
+                                                                      nr: int, nl: int) -> None:
+    frame = frame._replace(remote_blocks=tuple(range(nr)), local_blocks=tuple(range(2**64 - nl, 2**64)))
+    out = ff.encode_frames(rid, frame)
+    assert all(len(d) <= ff.MAX_DATAGRAM for d in out)
+    assert len(out) == 1 if ff.REQUEST.size + 8 * (nr + nl) <= ff.MAX_DATAGRAM else len(out) > 1
+    assert _assemble(out) == (rid, frame)
+    assert all(ff.is_continuation(d) and ff.request_id_of(d) == rid for d in out[1:])
+
+
+def _long(rid: int = 5) -> list[bytes]:
+    return ff.encode_frames(rid, ff.TransferFrame(ff.PUSH, 1, 1, ff.KEY_BLOCKS, (2, 0, 0, 0), 3,
+                                                  tuple(range(9000)), tuple(range(9000))))
+
+
+def test_a_continuation_that_is_not_the_next_of_its_transfer_is_refused_with_its_request_id() -> None:
+    first, second, third = _long()
+    cases = {
+        "another request": second[:8] + (6).to_bytes(8, "little") + second[16:],
+        "more than announced": second + third,
+        "no block": second[:16],
+        "half a block": second[:-4],
+        "nonzero padding": second[:5] + b"\1" + second[6:],
+    }
+    for what, bad in cases.items():
+        partial = ff.decode_request(first)[1]
+        assert isinstance(partial, ff.Partial)
+        with pytest.raises(ff.FrameError) as info:
+            partial.add(bad)
+        assert info.value.request_id == ff.request_id_of(bad), what
+
+
+def test_a_first_frame_saying_more_follow_must_leave_some_out() -> None:
+    whole = bytearray(ff.encode_request(5, ff.TransferFrame(ff.PULL, 1, 1, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (1,),
+                                                            (2,))))
+    whole[4] |= 0x40
+    with pytest.raises(ff.FrameError, match="more follow") as info:
+        ff.decode_request(bytes(whole))
+    assert info.value.request_id == 5
 
 
 def test_a_frame_claiming_more_blocks_than_it_carries_is_refused() -> None:

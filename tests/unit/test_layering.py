@@ -133,8 +133,8 @@ ROOMS: dict[str, set[str]] = {
     "node": {"core", "memory", "guard", "transport", "state", "links.wire", "links"},
     "api": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node"},
     "api.grpc": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api"},
-    "api.attach": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api",
-                   "api.grpc"},
+    # the attach socket shares the transfer entry (api/transfers.py) with the gRPC services, not their room
+    "api.attach": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api"},
     "process": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api", "api.grpc",
                 "api.attach"},
     "tools": set(),                                  # make proto: imports nothing of the daemon

@@ -6,13 +6,113 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace datadist_cpp {
 namespace {
-constexpr uint32_t kProtocolVersion = 2U;  // identity, memory, and pulls/pushes as protobuf
+constexpr uint32_t kProtocolVersion = 4U;  // identity, memory, and pulls/pushes as binary frames, continued
 constexpr size_t kMaxDatagram = 64U << 10U;  // datadist/fastframe.py MAX_DATAGRAM
 constexpr size_t kMaxFds = 16U;
+
+// The transfer frames: proto/datadist/fastframe.py is the one definition of their layout (little-endian).
+constexpr unsigned char kMagic = 0xFFU;
+constexpr unsigned char kOpPull = 1U, kOpPush = 2U, kOpContinue = 3U;
+constexpr unsigned char kSrcRange = 1U, kDstRange = 2U, kTimeout = 4U, kSrcOffset = 8U, kDstOffset = 16U,
+                        kExclusive = 32U, kMore = 64U;
+constexpr size_t kRequestHead = 144U;   // fastframe.REQUEST.size
+constexpr size_t kContinueHead = 16U;   // fastframe.CONTINUATION.size
+constexpr size_t kReplyHead = 48U;      // fastframe.REPLY.size
+constexpr size_t kFirstRoom = (kMaxDatagram - kRequestHead) / 8U;
+constexpr size_t kNextRoom = (kMaxDatagram - kContinueHead) / 8U;
+
+void PutLe(std::string *out, size_t at, uint64_t value, size_t width) {
+  for (size_t i = 0; i < width; ++i) {
+    (*out)[at + i] = static_cast<char>((value >> (8U * i)) & 0xFFU);
+  }
+}
+
+uint64_t GetLe(const std::string &in, size_t at, size_t width) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < width; ++i) {
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8U * i);
+  }
+  return value;
+}
+
+void PutBlocks(std::string *out, size_t at, const std::vector<uint64_t> &numbers, size_t from, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    PutLe(out, at + 8U * i, numbers[from + i], 8U);
+  }
+}
+
+// The datagrams of one pull or push: a whole frame, or a first frame ("more follow") and continuation frames.
+std::vector<std::string> EncodeFrames(uint64_t rid, bool push, const datadist::v1::TransferRequest &r) {
+  std::vector<uint64_t> numbers(r.remote_blocks().begin(), r.remote_blocks().end());
+  numbers.insert(numbers.end(), r.local_blocks().begin(), r.local_blocks().end());
+  const bool more = numbers.size() > kFirstRoom;
+  const size_t first = more ? kFirstRoom : numbers.size();
+  std::string head(kRequestHead + 8U * first, '\0');
+  unsigned char key_kind = 0U;
+  uint64_t key[4] = {0U, 0U, 0U, 0U};
+  const auto &remote = r.remote();
+  if (remote.has_cache_key()) {
+    key_kind = 1U;
+    key[0] = remote.cache_key().cluster_id();
+    key[1] = remote.cache_key().req_id();
+    key[2] = remote.cache_key().model_id();
+    key[3] = remote.cache_key().prefix_id();
+  } else if (remote.has_by_id()) {
+    key_kind = 2U;
+    key[0] = remote.by_id().cluster_id();
+    key[1] = static_cast<uint64_t>(remote.by_id().cache_id());
+    key[2] = remote.by_id().batch_index();
+  } else if (remote.has_blocks_key()) {
+    key_kind = 3U;
+    key[0] = remote.blocks_key().cluster_id();
+    key[1] = remote.blocks_key().model_id();
+  }
+  const unsigned char flags = static_cast<unsigned char>(
+      (r.has_src_layer_range() ? kSrcRange : 0U) | (r.has_dst_layer_range() ? kDstRange : 0U) |
+      (r.has_timeout_ms() ? kTimeout : 0U) | (r.has_src_cache_offset() ? kSrcOffset : 0U) |
+      (r.has_dst_cache_offset() ? kDstOffset : 0U) | (r.exclusive() ? kExclusive : 0U) | (more ? kMore : 0U));
+  head[0] = static_cast<char>(kMagic);
+  head[1] = static_cast<char>(push ? kOpPush : kOpPull);
+  head[2] = static_cast<char>(r.kind());
+  head[3] = static_cast<char>(key_kind);
+  head[4] = static_cast<char>(flags);
+  PutLe(&head, 8U, rid, 8U);
+  PutLe(&head, 16U, r.engine_id(), 8U);
+  PutLe(&head, 24U, static_cast<uint64_t>(r.local_cache_id()), 8U);
+  for (size_t i = 0; i < 4U; ++i) {
+    PutLe(&head, 32U + 8U * i, key[i], 8U);
+  }
+  PutLe(&head, 64U, r.local_batch_index(), 4U);
+  PutLe(&head, 68U, r.tensor_num_per_layer(), 4U);
+  PutLe(&head, 72U, static_cast<uint64_t>(r.size()), 8U);
+  PutLe(&head, 80U, static_cast<uint64_t>(r.src_layer_range().start()), 8U);
+  PutLe(&head, 88U, static_cast<uint64_t>(r.src_layer_range().stop()), 8U);
+  PutLe(&head, 96U, static_cast<uint64_t>(r.dst_layer_range().start()), 8U);
+  PutLe(&head, 104U, static_cast<uint64_t>(r.dst_layer_range().stop()), 8U);
+  PutLe(&head, 112U, r.timeout_ms(), 4U);
+  PutLe(&head, 120U, r.src_cache_offset(), 8U);
+  PutLe(&head, 128U, r.dst_cache_offset(), 8U);
+  PutLe(&head, 136U, static_cast<uint64_t>(r.remote_blocks_size()), 4U);
+  PutLe(&head, 140U, static_cast<uint64_t>(r.local_blocks_size()), 4U);
+  PutBlocks(&head, kRequestHead, numbers, 0U, first);
+  std::vector<std::string> out;
+  out.push_back(std::move(head));
+  for (size_t at = first; at < numbers.size(); at += kNextRoom) {
+    const size_t count = std::min(kNextRoom, numbers.size() - at);
+    std::string cont(kContinueHead + 8U * count, '\0');
+    cont[0] = static_cast<char>(kMagic);
+    cont[1] = static_cast<char>(kOpContinue);
+    PutLe(&cont, 8U, rid, 8U);
+    PutBlocks(&cont, kContinueHead, numbers, at, count);
+    out.push_back(std::move(cont));
+  }
+  return out;
+}
 
 int RemainingMs(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -131,9 +231,6 @@ Status AttachClient::Call(datadist::v1::AttachRequest &request, const char *func
 Status AttachClient::CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
                                 int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out) {
   *fd_out = -1;
-  if (!broken_.empty() || fd_ < 0) {
-    return Fail(func, llm_datadist::LLM_FAILED, broken_.empty() ? "not attached to datadistd" : broken_);
-  }
   if (fds.size() > kMaxFds) {
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "too many descriptors for one message");
   }
@@ -144,32 +241,69 @@ Status AttachClient::CallLocked(datadist::v1::AttachRequest &request, const char
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "the request does not fit one attach message");
   }
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-
-  iovec iov{const_cast<char *>(data.data()), data.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  Status st = SendLocked({data}, fds, func);
+  if (st != llm_datadist::LLM_SUCCESS) {
+    return st;
   }
-  ssize_t sent;
-  do {
-    sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-  } while (sent < 0 && errno == EINTR);
-  if (sent < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return Fail(func, llm_datadist::LLM_TIMEOUT, "datadistd did not take the request in time");
+  size_t n = 0;
+  std::vector<int> got;
+  st = ReceiveLocked(rid, false, deadline, func, &n, &got);
+  if (st != llm_datadist::LLM_SUCCESS) {
+    return st;
+  }
+  datadist::v1::AttachReply parsed;
+  (void)parsed.ParseFromArray(buf_.data(), static_cast<int>(n));  // parsed once already: it matched rid
+  for (size_t i = 1; i < got.size(); ++i) {
+    (void)close(got[i]);
+  }
+  if (parsed.status() != 0) {
+    if (!got.empty()) {
+      (void)close(got[0]);
     }
-    return Lost(func, std::string("the attach connection to datadistd failed: ") + std::strerror(errno));
+    return Fail(func, CodeToStatus(parsed.status()), parsed.message());
   }
+  *fd_out = got.empty() ? -1 : got[0];
+  *reply = std::move(parsed);
+  return llm_datadist::LLM_SUCCESS;
+}
 
+Status AttachClient::SendLocked(const std::vector<std::string> &datagrams, const std::vector<int> &fds,
+                                const char *func) {
+  if (!broken_.empty() || fd_ < 0) {
+    return Fail(func, llm_datadist::LLM_FAILED, broken_.empty() ? "not attached to datadistd" : broken_);
+  }
+  for (size_t d = 0; d < datagrams.size(); ++d) {
+    const std::string &data = datagrams[d];
+    iovec iov{const_cast<char *>(data.data()), data.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+    if (d == 0U && !fds.empty()) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t sent;
+    do {
+      sent = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return Fail(func, llm_datadist::LLM_TIMEOUT, "datadistd did not take the request in time");
+      }
+      return Lost(func, std::string("the attach connection to datadistd failed: ") + std::strerror(errno));
+    }
+  }
+  return llm_datadist::LLM_SUCCESS;
+}
+
+Status AttachClient::ReceiveLocked(uint64_t rid, bool frame, Clock::time_point deadline, const char *func, size_t *n,
+                                   std::vector<int> *got) {
   if (buf_.size() < kMaxDatagram) {
     buf_.resize(kMaxDatagram);
   }
@@ -194,46 +328,42 @@ Status AttachClient::CallLocked(datadist::v1::AttachRequest &request, const char
     alignas(cmsghdr) char rcontrol[CMSG_SPACE(sizeof(int) * 4U)];
     rmsg.msg_control = rcontrol;
     rmsg.msg_controllen = sizeof(rcontrol);
-    const ssize_t n = recvmsg(fd_, &rmsg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    const ssize_t r = recvmsg(fd_, &rmsg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
       continue;
     }
-    if (n < 0) {
+    if (r < 0) {
       return Lost(func, std::string("the attach connection to datadistd failed: ") + std::strerror(errno));
     }
-    if (n == 0) {
+    if (r == 0) {
       return Lost(func, "datadistd closed the attach connection");
     }
-    std::vector<int> got;
+    got->clear();
     for (cmsghdr *cm = CMSG_FIRSTHDR(&rmsg); cm != nullptr; cm = CMSG_NXTHDR(&rmsg, cm)) {
       if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
         const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (size_t i = 0; i < count; ++i) {
           int one;
           std::memcpy(&one, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-          got.push_back(one);
+          got->push_back(one);
         }
       }
     }
-    datadist::v1::AttachReply parsed;
-    const bool ok = static_cast<unsigned char>(buf[0]) != 0xFFU && parsed.ParseFromArray(buf.data(), static_cast<int>(n));
-    if (!ok || parsed.request_id() != rid) {  // a late reply to a request that timed out: nobody waits for it
-      for (int f : got) {
+    const size_t size = static_cast<size_t>(r);
+    bool ours = false;
+    if (static_cast<unsigned char>(buf[0]) == kMagic) {
+      ours = frame && size >= kReplyHead && GetLe(buf, 8U, 8U) == rid;
+    } else if (!frame) {
+      datadist::v1::AttachReply parsed;
+      ours = parsed.ParseFromArray(buf.data(), static_cast<int>(size)) && parsed.request_id() == rid;
+    }
+    if (!ours) {  // a late reply to a request that timed out: nobody waits for it
+      for (int f : *got) {
         (void)close(f);
       }
       continue;
     }
-    for (size_t i = 1; i < got.size(); ++i) {
-      (void)close(got[i]);
-    }
-    if (parsed.status() != 0) {
-      if (!got.empty()) {
-        (void)close(got[0]);
-      }
-      return Fail(func, CodeToStatus(parsed.status()), parsed.message());
-    }
-    *fd_out = got.empty() ? -1 : got[0];
-    *reply = std::move(parsed);
+    *n = size;
     return llm_datadist::LLM_SUCCESS;
   }
 }
@@ -320,25 +450,31 @@ Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, con
 
 bool AttachClient::TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func,
                                int timeout_ms, Status *status) {
-  datadist::v1::AttachRequest req;
-  if (push) {
-    *req.mutable_push() = request;
-  } else {
-    *req.mutable_pull() = request;
-  }
-  req.set_request_id(UINT64_MAX);  // the largest id: the size below holds for any real one
-  if (protocol_ < 2U || req.ByteSizeLong() > kMaxDatagram) {
-    return false;  // a daemon that takes no transfers here, or block lists too long for one datagram
+  if (protocol_ < 4U) {
+    return false;  // a daemon that takes no continuation frames
   }
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return false;  // another thread of this engine is waiting for its reply here
   }
-  datadist::v1::AttachReply reply;
-  int fd = -1;
-  *status = CallLocked(req, func, {}, timeout_ms, &reply, &fd);
-  if (fd >= 0) {
-    (void)close(fd);
+  const uint64_t rid = next_id_++;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  *status = SendLocked(EncodeFrames(rid, push, request), {}, func);
+  if (*status != llm_datadist::LLM_SUCCESS) {
+    return true;
+  }
+  size_t n = 0;
+  std::vector<int> got;
+  *status = ReceiveLocked(rid, true, deadline, func, &n, &got);
+  for (int f : got) {
+    (void)close(f);
+  }
+  if (*status != llm_datadist::LLM_SUCCESS) {
+    return true;
+  }
+  const int64_t code = static_cast<int64_t>(GetLe(buf_, 16U, 8U));
+  if (code != 0) {
+    *status = Fail(func, CodeToStatus(code), buf_.substr(kReplyHead, n - kReplyHead));
   }
   return true;
 }

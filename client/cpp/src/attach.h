@@ -1,8 +1,9 @@
 // Private: the attach connection to datadistd (proto/datadist/v1/attach.proto), as the Python client's
 // client/llm_datadist/_attach.py: SOCK_SEQPACKET on "<worker socket>.attach", one datagram per message, file
 // descriptors as SCM_RIGHTS. The daemon learns who we are from the kernel and answers the capability every gRPC
-// call carries; memory crosses as descriptors; pulls and pushes go as protobuf requests (protocol 2). The
-// connection is the engine's lease: closing it (or this process dying) releases the engine.
+// call carries; memory crosses as descriptors; pulls and pushes go as binary frames (attach protocol 4: the layout
+// of proto/datadist/fastframe.py, block lists past one datagram in continuation frames). The connection is the
+// engine's lease: closing it (or this process dying) releases the engine.
 //
 // One request at a time (a mutex): replies are read by the caller, each wait has a deadline; a transfer that
 // finds the connection busy goes as a gRPC call instead (TryTransfer), so threads of one engine pull in parallel.
@@ -17,6 +18,7 @@
 
 #include "common.h"
 #include "datadist/v1/attach.pb.h"
+#include "datadist/v1/datadist.pb.h"
 
 namespace datadist_cpp {
 
@@ -44,9 +46,9 @@ class AttachClient {
                             uint64_t *memory_id);
   void ReleaseMemory(const std::vector<uint64_t> &memory_ids);
   Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd, uint64_t *size);
-  // A pull or push on this connection (no gRPC call: the local hot path). false when it cannot go here -- another
-  // thread of the engine is waiting on the connection, or the block lists do not fit one datagram -- and the
-  // caller sends it as the gRPC Pull / Push instead (as the Python client does for long lists).
+  // A pull or push on this connection (no gRPC call: the local hot path), as binary frames. false when it cannot go
+  // here -- another thread of the engine is waiting on the connection, or the daemon takes no continuation frames
+  // (protocol < 4) -- and the caller sends it as the gRPC Pull / Push instead.
   bool TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms,
                    Status *status);
 
@@ -64,6 +66,12 @@ class AttachClient {
   Status Lost(const char *func, const std::string &why);
   Status CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
                     int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out);
+  // Sends `datagrams` back to back (`fds` ride with the first).
+  Status SendLocked(const std::vector<std::string> &datagrams, const std::vector<int> &fds, const char *func);
+  // Reads until the reply to `rid` is in (a binary frame when `frame`, else a protobuf message; anything else is a
+  // late reply nobody waits for): its `n` bytes in buf_, its descriptors in `got`.
+  Status ReceiveLocked(uint64_t rid, bool frame, Clock::time_point deadline, const char *func, size_t *n,
+                       std::vector<int> *got);
 
   mutable std::mutex mu_;
   int fd_ = -1;
@@ -76,7 +84,7 @@ class AttachClient {
   int32_t daemon_pid_ = -1;
   int32_t daemon_tgid_ = -1;
   std::string memory_backend_ = "host";
-  uint32_t protocol_ = 1U;  // the daemon's: 2 and later take pulls and pushes on this connection
+  uint32_t protocol_ = 0U;  // the daemon's: 4 and later take pulls and pushes here, continued past one datagram
 };
 
 }  // namespace datadist_cpp

@@ -1,4 +1,3 @@
-from datadist.v1 import datadist_pb2 as _datadist_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,22 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttachRequest(_message.Message):
-    __slots__ = ("request_id", "hello", "import_memory", "export_pool", "release_memory", "pull", "push")
+    __slots__ = ("request_id", "hello", "import_memory", "export_pool", "release_memory")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     IMPORT_MEMORY_FIELD_NUMBER: _ClassVar[int]
     EXPORT_POOL_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MEMORY_FIELD_NUMBER: _ClassVar[int]
-    PULL_FIELD_NUMBER: _ClassVar[int]
-    PUSH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     hello: AttachHello
     import_memory: ImportMemory
     export_pool: ExportPool
     release_memory: ReleaseMemory
-    pull: _datadist_pb2.TransferRequest
-    push: _datadist_pb2.TransferRequest
-    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[AttachHello, _Mapping]] = ..., import_memory: _Optional[_Union[ImportMemory, _Mapping]] = ..., export_pool: _Optional[_Union[ExportPool, _Mapping]] = ..., release_memory: _Optional[_Union[ReleaseMemory, _Mapping]] = ..., pull: _Optional[_Union[_datadist_pb2.TransferRequest, _Mapping]] = ..., push: _Optional[_Union[_datadist_pb2.TransferRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., hello: _Optional[_Union[AttachHello, _Mapping]] = ..., import_memory: _Optional[_Union[ImportMemory, _Mapping]] = ..., export_pool: _Optional[_Union[ExportPool, _Mapping]] = ..., release_memory: _Optional[_Union[ReleaseMemory, _Mapping]] = ...) -> None: ...
 
 class AttachHello(_message.Message):
     __slots__ = ("protocol_version",)
@@ -70,22 +65,20 @@ class ReleaseMemory(_message.Message):
     def __init__(self, memory_id: _Optional[int] = ...) -> None: ...
 
 class AttachReply(_message.Message):
-    __slots__ = ("request_id", "status", "message", "welcome", "imported", "pool", "transfer")
+    __slots__ = ("request_id", "status", "message", "welcome", "imported", "pool")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     IMPORTED_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
-    TRANSFER_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     status: int
     message: str
     welcome: Welcome
     imported: MemoryImported
     pool: PoolExported
-    transfer: _datadist_pb2.TransferResponse
-    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., imported: _Optional[_Union[MemoryImported, _Mapping]] = ..., pool: _Optional[_Union[PoolExported, _Mapping]] = ..., transfer: _Optional[_Union[_datadist_pb2.TransferResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., status: _Optional[int] = ..., message: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., imported: _Optional[_Union[MemoryImported, _Mapping]] = ..., pool: _Optional[_Union[PoolExported, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("capability", "uid", "gid", "pid", "daemon_version", "protocol_version", "memory_backend", "device_id", "bare_tgid")

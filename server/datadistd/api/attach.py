@@ -10,11 +10,12 @@ so this small protocol does the two things only the kernel can vouch for (``atta
 * ``import_memory`` takes memory as descriptors (``SCM_RIGHTS``) and answers a memory id the
   worker names in ``RegisterCache``/``SwapBlocks``; ``export_pool`` hands the worker the memfd of a
   pool of one of *its own* engines;
-* pulls and pushes of one of the session's engines without a gRPC call, the local hot path: since
-  protocol 3 as binary frames (``datadist.fastframe``: a fixed layout decoded straight into a
-  ``TransferOrder``, answered with a fixed-layout reply), protocol 2's protobuf ``pull``/``push`` still
-  served for older clients. Each runs as its own task on the event loop; replies go out in
-  completion order, matched by request id, so a worker may have many in flight; every datagram a
+* pulls and pushes of one of the session's engines without a gRPC call, the local hot path: binary
+  frames (``datadist.fastframe``: a fixed layout decoded straight into a ``TransferOrder``, answered
+  with a fixed-layout reply; block lists past one datagram in continuation frames, assembled here
+  within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
+  started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
+  in completion order, matched by request id, so a worker may have many in flight; every datagram a
   worker queued is read per wake-up (up to ``_DRAIN``).
 
 The connection is the lease: when it closes, the session's engines are finalized and its
@@ -31,23 +32,24 @@ import logging
 import os
 import socket
 import struct
-from typing import Callable
 
 from datadist.fastframe import (
     MAGIC,
     MAX_DATAGRAM,
     PUSH,
     FrameError,
+    Partial,
+    TransferFrame,
     decode_request,
     encode_reply,
+    is_continuation,
     request_id_of,
 )
-from datadist.v1 import attach_pb2, datadist_pb2
+from datadist.v1 import attach_pb2
 from datadist_ascend.proof import possession_proof
 
 from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.plan import TransferOrder
 from ..guard.admission import RefusalLog
 from ..guard.sockfiles import OwnedSocket
 from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
@@ -55,16 +57,25 @@ from ..memory.handover import discard
 from ..node.node import Node
 from ..node.sessions import PeerCred, WorkerSession
 from ..state.metrics import DaemonMetrics
-from .grpc import convert
-from .grpc.datadist_servicer import start_order
-from .grpc.errors import count_error
-from .orders import order_from_frame
+from .orders import MAX_LIST, order_from_frame
+from .transfers import start_transfer
 
-__all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "read_peer_cred"]
+__all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MAX_TRANSFER_BLOCKS",
+           "ASSEMBLY_DEADLINE_S", "read_peer_cred"]
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3
+#: 3: pulls and pushes as binary frames; 4: block lists past one datagram in continuation frames (protocol 2's
+#: protobuf pull/push is gone: a hello announcing 1 or 2 is refused)
+PROTOCOL_VERSION = 4
+#: the oldest protocol a worker may announce: a protocol-3 worker's frames are protocol-4 frames
+_OLDEST_CLIENT = 3
+#: block numbers one transfer's frames may announce: each list at most ``MAX_LIST`` (what ``order_from_frame`` and
+#: the gRPC Pull/Push accept), so at most 16 MiB assembled
+MAX_TRANSFER_BLOCKS = 2 * MAX_LIST
+#: a transfer's continuation frames come back to back: its last one is in within this of its first (the clock
+#: stands while back-pressure keeps the daemon from reading), or the transfer is refused and its memory freed
+ASSEMBLY_DEADLINE_S = 10.0
 MAX_MESSAGE = MAX_DATAGRAM
 #: datagrams read per wake-up of a connection (the loop's other work gets its turn in between)
 _DRAIN = 64
@@ -92,30 +103,18 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
 
 
 class _Conn:
-    __slots__ = ("sock", "session", "greeted", "tasks", "pulls")
+    __slots__ = ("sock", "session", "greeted", "tasks", "in_flight", "paused", "partial", "deadline", "skip")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
         self.session = session
         self.greeted = False
-        self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight on this connection
-        self.pulls = 0                                  # pulls in flight (started by callback: no task of their own)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.tasks) + self.pulls
-
-
-#: how a transfer is answered: ``(status, bytes, transport, message)``
-_Answer = Callable[[int, int, str, str], None]
-
-
-def _transfer_reply(rid: int, status: int, nbytes: int, transport: str, why: str) -> attach_pb2.AttachReply:
-    """A protocol-2 (protobuf) transfer's answer."""
-    if status:
-        return attach_pb2.AttachReply(request_id=rid, status=status, message=why)
-    return attach_pb2.AttachReply(request_id=rid, transfer=datadist_pb2.TransferResponse(bytes=nbytes,
-                                                                                         transport=transport))
+        self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight (cancelled when the connection goes)
+        self.in_flight = 0                              # transfers started and not yet answered
+        self.paused = False                             # reading stopped by back-pressure
+        self.partial: Partial | None = None             # the transfer whose continuation frames are coming
+        self.deadline: asyncio.TimerHandle | None = None    # ... and when it is refused if they stop
+        self.skip: int | None = None    # request id of a transfer refused mid-assembly: its later frames are dropped
 
 
 #: transfers one connection may have in flight (more wait in the worker's socket buffer)
@@ -123,8 +122,10 @@ MAX_TRANSFERS_IN_FLIGHT = 256
 
 
 class AttachServer:
-    def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
+                 assembly_deadline_s: float = ASSEMBLY_DEADLINE_S) -> None:
         self.node = node
+        self.assembly_deadline_s = assembly_deadline_s
         self.path = path
         self.mode = mode
         self.metrics = metrics
@@ -191,6 +192,7 @@ class AttachServer:
 
     def _drop(self, conn: _Conn, finalize: bool = True) -> None:
         assert self._loop is not None
+        self._end_assembly(conn)
         for task in conn.tasks:
             task.cancel()
         fd = conn.sock.fileno()
@@ -210,6 +212,7 @@ class AttachServer:
         for _ in range(_DRAIN):
             if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
                 self._loop.remove_reader(conn.sock.fileno())
+                conn.paused = True
                 return
             try:
                 data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_DATAGRAM, MAX_PIECES)
@@ -221,7 +224,14 @@ class AttachServer:
             if not data and not fds:
                 self._drop(conn)  # the worker closed the connection (or died)
                 return
-            if data[:1] == _MAGIC_BYTE:
+            frame = data[:1] == _MAGIC_BYTE
+            if conn.partial is not None and not (frame and is_continuation(data)):
+                self._refuse_assembly(conn, "another message came between the frames of one transfer")
+                if conn.session.closed:
+                    return
+            elif conn.skip is not None and not (frame and is_continuation(data)):
+                conn.skip = None
+            if frame:
                 self._on_frame(conn, data, fds, flags)
             else:
                 self._on_message(conn, data, fds, flags)
@@ -229,12 +239,15 @@ class AttachServer:
                 return
 
     def _on_frame(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
-        """A binary pull/push (protocol 3): decoded straight into a ``TransferOrder``, no protobuf."""
+        """A binary pull/push, or a continuation frame: decoded straight into a ``TransferOrder``, no protobuf."""
         try:
             require(not flags & _TRUNCATED, f"an attach message is at most {MAX_DATAGRAM} bytes with at most "
                                             f"{MAX_PIECES} descriptors")
             require(not fds, "a transfer carries no descriptors")
-            rid, frame = decode_request(data)
+            if is_continuation(data):
+                self._on_continuation(conn, data)
+                return
+            rid, got = decode_request(data)
         except FrameError as exc:
             if exc.request_id is None:   # names no request to answer: the sender is not speaking the protocol
                 self._refuse(f"pid {conn.session.cred.pid} dropped: {exc}")
@@ -244,23 +257,88 @@ class AttachServer:
             return
         except DataDistError as exc:
             rid = request_id_of(data)
+            partial = conn.partial
+            if partial is not None:      # a continuation frame that cannot be one: the transfer is refused
+                self._refuse_assembly(conn, exc.message)
             if rid is None:
                 self._drop(conn)
-            else:
+            elif partial is None or rid != partial.request_id:
                 self._send(conn, encode_reply(rid, int(exc.code), message=exc.message))
             return
         finally:
             discard(fds)
         if not conn.greeted:
+            conn.skip = rid
             self._send(conn, encode_reply(rid, int(StatusCode.LLM_PARAM_INVALID),
                                           message="the first attach message must be hello"))
             return
-        self._transfer(conn, frame.op == PUSH, frame.engine_id, lambda: order_from_frame(frame),
-                       lambda status, nbytes, transport, why: self._send(
-                           conn, encode_reply(rid, status, nbytes, transport, why)))
+        if isinstance(got, Partial):
+            self._assemble(conn, got)
+        else:
+            self._transfer(conn, rid, got)
+
+    # ---- transfers in continuation frames ------------------------------------------------------
+
+    def _assemble(self, conn: _Conn, partial: Partial) -> None:
+        """The first frame of a transfer whose block numbers continue: bounded before any continuation is taken."""
+        assert self._loop is not None
+        n_local = partial.total - partial.n_remote
+        if partial.n_remote > MAX_LIST or n_local > MAX_LIST:
+            conn.skip = partial.request_id
+            self._send(conn, encode_reply(partial.request_id, int(StatusCode.LLM_PARAM_INVALID), message=(
+                f"a transfer of {partial.n_remote} remote and {n_local} local blocks: at most {MAX_LIST} each per "
+                "call")))
+            return
+        conn.partial = partial
+        conn.deadline = self._loop.call_later(self.assembly_deadline_s, self._assembly_late, conn, partial)
+
+    def _on_continuation(self, conn: _Conn, data: bytes) -> None:
+        rid = request_id_of(data)
+        if rid is None:
+            raise FrameError(f"a continuation frame is at least 16 bytes, got {len(data)}")
+        partial = conn.partial
+        if partial is None:
+            if rid != conn.skip:
+                raise FrameError("a continuation frame of no transfer being assembled on this connection", rid)
+            return                   # the rest of a transfer refused already (answered once)
+        try:
+            partial.add(data)
+        except FrameError as exc:
+            self._refuse_assembly(conn, str(exc))
+            if rid != partial.request_id:
+                raise
+            return
+        if not partial.missing:
+            self._end_assembly(conn)
+            self._transfer(conn, partial.request_id, partial.frame())
+
+    def _assembly_late(self, conn: _Conn, partial: Partial) -> None:
+        if conn.partial is not partial:
+            return
+        assert self._loop is not None
+        if conn.paused:              # the daemon is not reading: not the worker's delay
+            conn.deadline = self._loop.call_later(self.assembly_deadline_s, self._assembly_late, conn, partial)
+            return
+        self._refuse_assembly(conn, f"the continuation frames of the transfer did not all come within "
+                                    f"{self.assembly_deadline_s:g} s ({partial.missing} of {partial.total} block "
+                                    "numbers missing)")
+
+    def _refuse_assembly(self, conn: _Conn, why: str) -> None:
+        """The transfer being assembled is answered LLM_PARAM_INVALID; the rest of its frames are dropped."""
+        partial = conn.partial
+        assert partial is not None
+        self._end_assembly(conn)
+        conn.skip = partial.request_id
+        self._send(conn, encode_reply(partial.request_id, int(StatusCode.LLM_PARAM_INVALID), message=why))
+
+    def _end_assembly(self, conn: _Conn) -> None:
+        conn.partial = None
+        if conn.deadline is not None:
+            conn.deadline.cancel()
+            conn.deadline = None
 
     def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
-        """A protobuf ``AttachRequest``: hello, memory, pools, and protocol 2's pull/push."""
+        """A protobuf ``AttachRequest``: hello, memory, pools."""
         request = attach_pb2.AttachRequest()
         try:
             require(not flags & _TRUNCATED,
@@ -269,16 +347,6 @@ class AttachServer:
                 request.ParseFromString(data)
             except Exception:  # noqa: BLE001 - any malformed message gets the same answer
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
-            if request.WhichOneof("msg") in ("pull", "push"):
-                require(not fds, "a transfer carries no descriptors")
-                require(conn.greeted, "the first attach message must be hello")
-                push = request.WhichOneof("msg") == "push"
-                msg = request.push if push else request.pull
-                rid = request.request_id
-                self._transfer(conn, push, msg.engine_id, lambda: convert.order_from_pb(msg),
-                               lambda status, nbytes, transport, why: self._reply(
-                                   conn, _transfer_reply(rid, status, nbytes, transport, why)))
-                return
             reply, out_fd = self._handle(conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
         except DataDistError as exc:
@@ -310,58 +378,26 @@ class AttachServer:
 
     # ---- transfers -----------------------------------------------------------------------------
 
-    def _transfer(self, conn: _Conn, push: bool, engine_id: int, order_of: Callable[[], TransferOrder],
-                  answer: _Answer) -> None:
-        """One pull or push of ``conn``: the engine's owner and the order checked at once (a refusal is answered in
-        this turn), then ``start_order``; ``answer(status, bytes, transport, message)`` when it ended (nothing when
+    def _transfer(self, conn: _Conn, rid: int, frame: TransferFrame) -> None:
+        """One pull or push of ``conn`` (``start_transfer``), answered with a reply frame when it ended (nothing when
         the connection went first)."""
-        try:
-            slot = self.node.owned_slot(conn.session, engine_id)
-            order = order_of()
-        except DataDistError as exc:
-            code, why = self._failed(conn, push, exc)
-            answer(int(code), 0, "", why)
-            return
+        conn.in_flight += 1
 
-        task: asyncio.Task[None] | None = None
-
-        def done(result: tuple[int, str] | Exception) -> None:
-            if task is None:
-                conn.pulls -= 1
-            else:
-                conn.tasks.discard(task)
+        def done(status: int, nbytes: int, transport: str, why: str) -> None:
+            conn.in_flight -= 1
             self._resume(conn)
-            if isinstance(result, Exception):
-                code, why = self._failed(conn, push, result)
-                answer(int(code), 0, "", why)
-            else:
-                answer(0, *result, "")
+            self._send(conn, encode_reply(rid, status, nbytes, transport, why))
 
-        if not push:
-            conn.pulls += 1
-        try:
-            task = start_order(slot, order, push=push, metrics=self.metrics, done=done)
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker gets an answer, the log the trace
-            done(exc)
-            return
-        if task is not None:
+        task = start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
+                              push=frame.op == PUSH, done=done, metrics=self.metrics)
+        if task is not None and not task.done():
             conn.tasks.add(task)
             task.add_done_callback(conn.tasks.discard)   # cancelled (the connection went): no answer, forgotten
 
-    def _failed(self, conn: _Conn, push: bool, exc: BaseException) -> tuple[StatusCode, str]:
-        """The status and message a failed transfer answers, counted; a bug of ours (not a DataDistError) logged
-        with its trace."""
-        if isinstance(exc, DataDistError):
-            code, why = exc.code, exc.message
-        else:
-            log.error("attach transfer of pid %s failed", conn.session.cred.pid, exc_info=exc)
-            code, why = StatusCode.LLM_FAILED, str(exc)
-        count_error(self.metrics, "Push" if push else "Pull", code)
-        return code, why
-
     def _resume(self, conn: _Conn) -> None:
-        if (conn.in_flight == MAX_TRANSFERS_IN_FLIGHT - 1 and not conn.session.closed and self._loop is not None
-                and conn.sock.fileno() >= 0):
+        if (conn.paused and conn.in_flight < MAX_TRANSFERS_IN_FLIGHT and not conn.session.closed
+                and self._loop is not None and conn.sock.fileno() >= 0):
+            conn.paused = False
             self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
 
     # ---- messages ------------------------------------------------------------------------------
@@ -373,6 +409,10 @@ class AttachServer:
         if which != "import_memory":
             require(not fds, f"{which or 'this message'} carries no descriptors")
         if which == "hello":
+            announced = request.hello.protocol_version
+            require(not 0 < announced < _OLDEST_CLIENT,
+                    f"attach protocol {announced} is not served: this daemon speaks {PROTOCOL_VERSION} (pulls and "
+                    "pushes as binary frames, datadist/fastframe.py); update the client")
             conn.greeted = True
             cred = session.cred
             return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
@@ -417,4 +457,5 @@ class AttachServer:
         if which == "release_memory":
             session.release_memory(request.release_memory.memory_id)
             return attach_pb2.AttachReply(), None
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message")
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message (pulls and pushes go as binary "
+                                                          "frames since attach protocol 3: datadist/fastframe.py)")

@@ -1,6 +1,6 @@
 """Pull/push orders from the attach connection's binary frames (``datadist.fastframe``), and the checks every
-way in shares: ``convert.order_from_pb`` (protobuf, the gRPC Pull/Push and attach protocol 2) builds its
-``TransferOrder`` with the same bounds as ``order_from_frame`` here (no protobuf on this path)."""
+way in shares: ``convert.order_from_pb`` (protobuf, the gRPC Pull/Push) builds its ``TransferOrder`` with the same
+bounds as ``order_from_frame`` here (no protobuf on this path); ``transfers.start_transfer`` runs either."""
 
 from __future__ import annotations
 

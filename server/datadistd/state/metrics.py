@@ -34,6 +34,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from datadist.status import LLMStatusCode
+
 from ..core.errors import DataDistError
 from .config import parse_listen_address
 from .snapshot import NodeView
@@ -46,7 +48,7 @@ class SnapshotSource(Protocol):
     def snapshot(self) -> NodeView: ...
 
 
-__all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer",
+__all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer", "count_error",
            "parse_listen_address", "LATENCY_BUCKETS"]
 
 log = logging.getLogger(__name__)
@@ -255,6 +257,15 @@ class TransferTracker:
         else:
             transfer_log.warning("cluster %s %s peer cluster %s failed: cache %s, %.1f ms: %s", self.cluster, self.op,
                                  self.peer, cache, elapsed * 1e3, exc if exc is not None else outcome)
+
+
+def count_error(metrics: DaemonMetrics | None, method: str, code: LLMStatusCode) -> None:
+    """Errors by status code for the metrics (``datadist_rpc_errors_total``), when there are metrics."""
+    if metrics is not None:
+        try:
+            metrics.rpc_error(method, code.name)
+        except Exception:  # metrics must never change a call's outcome
+            log.exception("counting an error of %s failed", method)
 
 
 def track_transfer(metrics: DaemonMetrics | None, op: str, cluster: int, peer: int,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from ... import __version__
 from ...core.errors import DataDistError, StatusCode, require
-from ...core.plan import LayerTask, TransferOrder
+from ...core.plan import LayerTask
 from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
 from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
@@ -19,7 +19,8 @@ from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ...node.node import EngineSlot, Node
 from ...node.sessions import WorkerSession
 from ...state.engine import MAX_REGISTERED_ADDRS, Operand, memory_of
-from ...state.metrics import DaemonMetrics, track_transfer
+from ...state.metrics import DaemonMetrics
+from ..transfers import start_transfer
 from . import convert
 from .errors import abort_with, guarded
 
@@ -40,54 +41,6 @@ def cache_info(entry: CacheEntry, slot: EngineSlot) -> datadist_pb2.CacheInfo:
     for key in slot.engine.registry.keys_of(entry.cache_id):
         info.keys.append(convert.owner_key_to_pb(key, slot.engine.cluster_id))
     return info
-
-
-async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
-                    metrics: DaemonMetrics | None) -> tuple[int, str]:
-    """One pull or push of ``slot``'s engine (the caller checked it may reach it): ``(bytes, transport)``. The gRPC
-    Pull/Push run this; the attach socket's transfers start with ``start_order`` (whose push runs this)."""
-    with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
-                        order.local_cache_id) as tracked:
-        nbytes, transport = await (slot.links.push(order) if push else slot.links.pull(order))
-        tracked.done(nbytes, len(order.local_blocks))
-    return nbytes, transport
-
-
-def start_order(slot: EngineSlot, order: TransferOrder, *, push: bool, metrics: DaemonMetrics | None,
-                done: Callable[[tuple[int, str] | Exception], None]) -> asyncio.Task[None] | None:
-    """Start a pull or push of ``slot``'s engine; ``done`` gets ``(bytes, transport)`` or the exception, exactly once,
-    from the event loop (a pull refused at once: before this returns; a cancelled push: never). The one entry of
-    the attach socket's transfers. A pull starts by callback (``LinkManager.start_pull``: a small one runs with
-    no task at all) and returns None; a push runs ``run_order`` as a task, returned so its caller may cancel it."""
-    if push:
-        async def run() -> None:
-            try:
-                result: tuple[int, str] | Exception = await run_order(slot, order, push=True, metrics=metrics)
-            except Exception as exc:  # noqa: BLE001 - every failure is the caller's to answer
-                result = exc
-            done(result)
-
-        return asyncio.get_running_loop().create_task(run())
-    tracked = track_transfer(metrics, "pull", slot.engine.cluster_id, order.remote.cluster_id,
-                             order.local_cache_id).__enter__()
-
-    def finish(result: tuple[int, str] | DataDistError) -> None:
-        if isinstance(result, DataDistError):
-            tracked.__exit__(DataDistError, result, None)
-        else:
-            tracked.done(result[0], len(order.local_blocks))
-            tracked.__exit__(None, None, None)
-        done(result)
-
-    slot.links.start_pull(order, finish)
-    return None
-
-
-async def run_transfer(slot: EngineSlot, request: datadist_pb2.TransferRequest, *, push: bool,
-                       metrics: DaemonMetrics | None) -> datadist_pb2.TransferResponse:
-    """``run_order`` of a protobuf ``TransferRequest``."""
-    nbytes, transport = await run_order(slot, convert.order_from_pb(request), push=push, metrics=metrics)
-    return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
 
 class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
@@ -330,13 +283,34 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         state, detail = slot.comm.status(request.comm_id)
         return datadist_pb2.RegisterMemStatusResponse(status=int(state), detail=detail)
 
-    @guarded
     async def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
-        return await run_transfer(self._slot(context, request.engine_id), request, push=False, metrics=self.metrics)
+        return await self._transfer(request, context, push=False)
 
-    @guarded
     async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
-        return await run_transfer(self._slot(context, request.engine_id), request, push=True, metrics=self.metrics)
+        return await self._transfer(request, context, push=True)
+
+    async def _transfer(self, request: datadist_pb2.TransferRequest, context,  # noqa: ANN001
+                        push: bool) -> datadist_pb2.TransferResponse:
+        """Pull/Push: the attach socket's transfer entry (``start_transfer``: the checks, the tracker, the error
+        count) with the order of the protobuf request; a failure ends the call with its status (counted there)."""
+        outcome: asyncio.Future[tuple[int, int, str, str]] = asyncio.get_running_loop().create_future()
+
+        def done(status: int, nbytes: int, transport: str, why: str) -> None:
+            if not outcome.done():
+                outcome.set_result((status, nbytes, transport, why))
+
+        task = start_transfer(self.node, self._session(context), request.engine_id,
+                              lambda: convert.order_from_pb(request), push=push, done=done, metrics=self.metrics,
+                              admin=self.admin)
+        try:
+            status, nbytes, transport, why = await outcome
+        except asyncio.CancelledError:
+            if task is not None:
+                task.cancel()        # the call was cancelled: its push goes with it
+            raise
+        if status:
+            await abort_with(context, DataDistError(StatusCode(status), why))
+        return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
 
     @guarded
     async def CheckLinkStatus(self, request, context):  # noqa: N802, ANN001, ANN201

@@ -18,11 +18,12 @@ from google.rpc import error_details_pb2, status_pb2
 from datadist.status import ERROR_DOMAIN, STATUS_METADATA_KEY, LLMStatusCode
 
 from ...core.errors import DataDistError
+from ...state.metrics import count_error
 
 if TYPE_CHECKING:
     from ...state.metrics import DaemonMetrics
 
-__all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "count_error"]
+__all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "abort_with"]
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +75,6 @@ def error_trailers(code: LLMStatusCode, message: str) -> tuple[tuple[str, Any], 
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-
-def count_error(metrics: DaemonMetrics | None, method: str, code: LLMStatusCode) -> None:
-    """Errors by status code for the metrics (``datadist_rpc_errors_total``), when there are metrics."""
-    if metrics is not None:
-        try:
-            metrics.rpc_error(method, code.name)
-        except Exception:  # metrics must never change an RPC's outcome
-            log.exception("counting an error of %s failed", method)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: DataDistError) -> None:

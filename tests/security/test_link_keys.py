@@ -30,7 +30,7 @@ from datadistd.links import ClusterSpec
 from datadistd.node.node import EngineSlot, Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
-from tests.fakes import worker_session
+from tests.fakes import pulled, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +61,7 @@ def _cache(slot: EngineSlot, cluster: int, fill: int) -> int:
 
 async def _refused_everything(slot: EngineSlot, cluster: int, cache: int) -> None:
     """``slot``'s worker names ``cluster``: a pull, a check and an unlink all find no link."""
-    for op in (slot.links.pull(_order(cluster, cache, [1], [0])), slot.links.push(_order(cluster, cache, [1], [0])),
+    for op in (pulled(slot.links, _order(cluster, cache, [1], [0])), slot.links.push(_order(cluster, cache, [1], [0])),
                slot.links.check_link(cluster)):
         with pytest.raises(DataDistError) as info:
             await op
@@ -95,7 +95,7 @@ def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
             assert v.links.served[2] is theirs and not impostor.links.links
             await _refused_everything(impostor, 1, mine)
             dst = _cache(dec, 2, 0)
-            assert (await dec.links.pull(_order(1, dst, [1], [0])))[0] == 2 * BLOCK    # D's link still pulls
+            assert (await pulled(dec.links, _order(1, dst, [1], [0])))[0] == 2 * BLOCK    # D's link still pulls
             await v.links.check_link(2)                                                  # and answers V's ping
 
             # 2. V's own link to E (cluster 5); a same-daemon engine names cluster 5 to V

@@ -289,8 +289,8 @@ class FrameCalls:
         return result
 
     def start_read_inline(self, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
-        """A small read answered with its bytes, by callback: ``answer`` gets the reply (its ``data`` checked to be
-        ``spec.expected_bytes`` long) or the error."""
+        """A small read answered with its bytes, by callback (the one entry of a small read): ``answer`` gets the
+        reply (its ``data`` checked to be ``spec.expected_bytes`` long) or the error."""
         self._start(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout,
                     lambda result: answer(self._inline(result, spec)))
 
@@ -308,14 +308,6 @@ class FrameCalls:
     async def read(self, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
         reply = await self._call(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout)
         return reply.nbytes, reply.release_needed
-
-    async def read_inline(self, spec: RemoteSpec, timeout: float) -> tuple[bytes, bool]:
-        """``start_read_inline``, awaited: the bytes and whether to release the key."""
-        result = self._inline(await self._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True),
-                                               timeout), spec)
-        if isinstance(result, DataDistError):
-            raise result
-        return result.data, result.release_needed
 
     async def grant_read(self, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
         """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it

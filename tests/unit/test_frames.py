@@ -15,8 +15,8 @@ from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
 from datadistd.links.wire.ownercalls import FrameCalls, OwnerReply, ReadCmd
-from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY
-from datadistd.transport.tcp import _CONTROL_BACKLOG, HEADER, MAX_CONTROL
+from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
+from datadistd.transport.tcp import HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until
 from tests.unit.test_transport_tcp import TOKEN, Pair, closed_without_reply, deadline, raw_hello
 
@@ -60,6 +60,19 @@ def test_frames_before_the_handler_wait_for_it(pair: Pair) -> None:
     assert sorted(got.get(timeout=5)[1] for _ in range(5)) == [bytes([i]) for i in range(5)]
 
 
+def test_early_frames_wait_in_order_and_are_bounded() -> None:
+    """The one backlog of both channel kinds (tcp's and the one-sided transports'): frames before the handler reach
+    it in arrival order when it is set, later ones at once; one frame past the bound is refused, not kept."""
+    early = EarlyFrames(limit=3)
+    got: list[tuple[int, bytes]] = []
+    assert all(early.deliver(CONTROL_CALL, bytes([i])) for i in range(3))
+    assert not early.deliver(CONTROL_REPLY, b"one too many")
+    early.set_handler(lambda kind, payload: got.append((kind, payload)))
+    assert got == [(CONTROL_CALL, bytes([i])) for i in range(3)]
+    assert all(early.deliver(CONTROL_REPLY, b"x") for _ in range(5))   # no bound once a handler takes them
+    assert got[3:] == [(CONTROL_REPLY, b"x")] * 5
+
+
 def test_not_a_control_frame_is_refused(pair: Pair) -> None:
     for kind, payload in ((1, b"x"), (CONTROL_CALL, b"x" * (MAX_CONTROL + 1))):
         with pytest.raises(DataDistError) as info:
@@ -77,7 +90,7 @@ def test_a_hostile_peer_breaks_only_its_own_channel(pair: Pair, frame: str) -> N
     elif frame == "with a transfer id":
         evil.sendall(HEADER.pack(b"DDFR", CONTROL_CALL, 7, 0, 1) + b"x")
     else:   # nobody set a handler for this token: the backlog is bounded
-        for _ in range(_CONTROL_BACKLOG + 1):
+        for _ in range(EARLY_FRAMES_MAX + 1):
             evil.sendall(HEADER.pack(b"DDFR", CONTROL_CALL, 0, 0, 3) + b"abc")
     assert closed_without_reply(evil, timeout=5)
     evil_channel = pair.b.channel(other)

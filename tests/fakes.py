@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
@@ -20,23 +19,18 @@ def worker_session(node: Any) -> Any:
 async def pulled(links: Any, order: Any) -> tuple[int, str]:
     """``links.start_pull(order, done)`` (the one way a pull starts) awaited: ``(bytes, transport)``, or the
     ``DataDistError`` it ended with, raised."""
-    ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    links.start_pull(order, lambda result: ended.done() or ended.set_result(result))
-    result = await ended
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    from datadistd.links.wire.framecalls import answered
+
+    return await answered(lambda done: links.start_pull(order, done))
 
 
 async def read_inline(calls: Any, spec: Any, timeout: float) -> tuple[bytes, bool]:
     """``calls.start_read_inline`` (the one entry of a small read) awaited: the bytes and whether to release the
     key, or the ``DataDistError`` it ended with, raised."""
-    ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    calls.start_read_inline(spec, timeout, lambda result: ended.done() or ended.set_result(result))
-    result = await ended
-    if isinstance(result, BaseException):
-        raise result
-    return result.data, result.release_needed
+    from datadistd.links.wire.framecalls import answered
+
+    reply = await answered(lambda done: calls.start_read_inline(spec, timeout, done))
+    return reply.data, reply.release_needed
 
 
 class ArrayHandle:

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
 from datadistd.links import ClusterSpec
@@ -73,9 +72,9 @@ async def _refused_everything(slot: EngineSlot, cluster: int, cache: int) -> Non
 def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
     async def main() -> None:
         peers: dict[str, EngineSlot] = {}
-        p = Node(Config().with_overrides({"peer.secret": "s3cret"}), call_codec=CALL_CODEC, listener_factory=_listen,
+        p = Node(Config().with_overrides({"peer.secret": "s3cret"}), listener_factory=_listen,
                  peer_connector=lambda address: InProcessPeer(peers["e"].links, address))
-        d = Node(Config().with_overrides({"peer.secret": "s3cret"}), call_codec=CALL_CODEC,
+        d = Node(Config().with_overrides({"peer.secret": "s3cret"}),
                  peer_connector=lambda address: InProcessPeer(peers["v"].links, address))
         try:
             v = peers["v"] = await p.init_engine(1, Role.PROMPT, {**OPTS, "llm.listenIpInfo": "%s:%d" % V_ADDR},

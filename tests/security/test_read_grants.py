@@ -20,7 +20,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from datadist.status import LLMStatusCode as S  # noqa: E402
-from datadistd.api.grpc.convert import CALL_CODEC  # noqa: E402
 from datadistd.core.errors import DataDistError  # noqa: E402
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role  # noqa: E402
 from datadistd.guard.quota import LinkLimits  # noqa: E402
@@ -42,8 +41,8 @@ NIXL = {"transport.name": "nixl", "transport.nixl_fabric_trusted": True}
 
 class NixlPair(Pair):
     async def __aenter__(self) -> "NixlPair":
-        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0], **NIXL}), call_codec=CALL_CODEC)
-        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1], **NIXL}), call_codec=CALL_CODEC,
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0], **NIXL}))
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1], **NIXL}),
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))

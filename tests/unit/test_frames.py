@@ -1,5 +1,5 @@
 """Owner calls as control frames on a data channel (the hot-path issue, item 1): CALL/REPLY frames on
-real loopback TCP channels, ``FrameCalls`` over them with the protobuf codec, and what a hostile
+real loopback TCP channels, ``FrameCalls`` over them with ``ownerwire``'s frames, and what a hostile
 (authenticated) peer can do with control frames: break only its own channel."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import threading
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.links.wire.ownercalls import FrameCalls, OwnerReply, ReadCmd
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.framecalls import FrameCalls
+from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd
 from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
 from datadistd.transport.tcp import HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until
@@ -107,10 +108,10 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
     spec = RemoteSpec(BlocksKeyRef(1, 3), ReadMode.BLOCKS, (1, 2, 3), 0, 0, 0, 2, 4096)
 
     def serve(kind: int, payload: bytes) -> None:   # the owner end, in its reader thread
-        cmd = CALL_CODEC.decode_command(payload)
+        cmd = ownerwire.decode_call(payload)
         assert kind == CONTROL_CALL and isinstance(cmd, ReadCmd) and cmd.spec == spec
         reply = OwnerReply(cmd.command_id, nbytes=cmd.spec.expected_bytes, release_needed=True)
-        pair.inb.send_control(CONTROL_REPLY, CALL_CODEC.encode_reply(reply), deadline())
+        pair.inb.send_control(CONTROL_REPLY, ownerwire.encode_reply(reply), deadline())
 
     pair.b.on_control(TOKEN, serve)
 
@@ -120,9 +121,9 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
         async def send(payload: bytes, dl: float) -> None:
             pair.out.send_control(CONTROL_CALL, payload, dl)
 
-        calls = FrameCalls(2, CALL_CODEC, send)
+        calls = FrameCalls(2, send)
         pair.out.on_control(lambda kind, payload: loop.call_soon_threadsafe(
-            calls.on_reply, CALL_CODEC.decode_reply(payload)))
+            calls.on_reply, ownerwire.decode_reply(payload)))
         answers = await asyncio.gather(*(calls.read(10 + i, spec, 5.0) for i in range(20)))
         assert set(answers) == {(4096, True)}
         calls.close("done")
@@ -142,7 +143,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
         async def send(payload: bytes, dl: float) -> None:
             pair.out.send_control(CONTROL_CALL, payload, dl)
 
-        calls = FrameCalls(2, CALL_CODEC, send)
+        calls = FrameCalls(2, send)
         with pytest.raises(DataDistError) as info:
             await calls.read(1, spec, 0.3)
         assert info.value.code == S.LLM_TIMEOUT
@@ -151,7 +152,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
 
 
 def test_the_codec_refuses_garbage() -> None:
-    for data in (b"\xff\xff\xff", b"\x0a\x05abc"):
+    for data in (b"\xff\xff\xff", b"\x0a\x05abc", b"\x0a" * 40):
         with pytest.raises(DataDistError) as info:
-            CALL_CODEC.decode_command(data)
+            ownerwire.decode_call(data)
         assert info.value.code == S.LLM_PARAM_INVALID

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
@@ -74,8 +73,8 @@ class Pair:
         self.peers: list[InProcessPeer] = []
 
     async def __aenter__(self) -> "Pair":
-        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}), call_codec=CALL_CODEC)
-        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=CALL_CODEC,
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}))
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}),
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))

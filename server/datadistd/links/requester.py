@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 from .table import LinkTable
-from .wire.ownercalls import INLINE_READ_MAX, FrameCalls, OwnerReply
+from .wire.framecalls import FrameCalls, answered
+from .wire.ownercalls import INLINE_READ_MAX, OwnerReply
 
 log = logging.getLogger("datadistd.links")
 
@@ -187,7 +187,8 @@ class Requester:
         if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
             # small: the bytes come in the reply (no receipt, no DATA frame)
             try:
-                reply = await _inline_reply(calls, spec, deadline)
+                reply: OwnerReply = await answered(
+                    lambda done: calls.start_read_inline(spec, deadline - time.monotonic(), done))
             except DataDistError as exc:
                 raise self._transfer_failure(link, exc, timeout_ms) from None
             data, release = reply.data, reply.release_needed
@@ -452,22 +453,6 @@ class Requester:
 
 #: where a started pull's end goes: its bytes and transport, or why it failed
 PullDone = Callable[["tuple[int, str] | DataDistError"], None]
-
-
-async def _inline_reply(calls: FrameCalls, spec: RemoteSpec, deadline: float) -> OwnerReply:
-    """``calls.start_read_inline`` awaited (a small pull whose bytes are copied in a thread): the reply, or its
-    error raised."""
-    answered: asyncio.Future[OwnerReply | DataDistError] = asyncio.get_running_loop().create_future()
-
-    def answer(result: OwnerReply | DataDistError) -> None:
-        if not answered.done():   # the pull was cancelled meanwhile
-            answered.set_result(result)
-
-    calls.start_read_inline(spec, deadline - time.monotonic(), answer)
-    result = await answered
-    if isinstance(result, DataDistError):
-        raise result
-    return result
 
 
 def _explained(exc: DataDistError, entry: CacheEntry, spec: RemoteSpec) -> DataDistError:

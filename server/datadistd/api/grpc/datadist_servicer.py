@@ -15,6 +15,7 @@ from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
 from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
 from ...links.layerwise import LayerPush
+from ...links.wire.framecalls import answered
 from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ...node.node import EngineSlot, Node
 from ...node.sessions import WorkerSession
@@ -48,24 +49,11 @@ async def run_order(slot: EngineSlot, order: TransferOrder, *, push: bool,
     Pull/Push run this; the attach socket's transfers start with ``start_order`` (whose push runs this)."""
     with track_transfer(metrics, "push" if push else "pull", slot.engine.cluster_id, order.remote.cluster_id,
                         order.local_cache_id) as tracked:
-        nbytes, transport = await (slot.links.push(order) if push else _pulled(slot, order))
+        ended: tuple[int, str] = await (slot.links.push(order) if push
+                                        else answered(lambda done: slot.links.start_pull(order, done)))
+        nbytes, transport = ended
         tracked.done(nbytes, len(order.local_blocks))
     return nbytes, transport
-
-
-async def _pulled(slot: EngineSlot, order: TransferOrder) -> tuple[int, str]:
-    """``slot.links.start_pull`` awaited."""
-    ended: asyncio.Future[tuple[int, str] | DataDistError] = asyncio.get_running_loop().create_future()
-
-    def done(result: tuple[int, str] | DataDistError) -> None:
-        if not ended.done():
-            ended.set_result(result)
-
-    slot.links.start_pull(order, done)
-    result = await ended
-    if isinstance(result, DataDistError):
-        raise result
-    return result
 
 
 def start_order(slot: EngineSlot, order: TransferOrder, *, push: bool, metrics: DaemonMetrics | None,

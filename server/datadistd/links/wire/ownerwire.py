@@ -144,13 +144,16 @@ def _key(kind: int, reserved: int, a: int, b: int, c: int, d: int) -> CacheKeyRe
     raise _Bad(f"unknown key kind {kind}")
 
 
+#: mode value -> ReadMode (a dict: cheaper than the enum's call on every read)
+_MODES = {int(m): m for m in ReadMode}
+
+
 def _spec(fields: tuple[int, ...], blocks: tuple[int, ...]) -> RemoteSpec:
     kind, r1, r2, a, b, c, d, mode, r3, _, size, offset, tensor_start, tensor_count, expected = fields
     key = _key(kind, r1 | r2 | r3, a, b, c, d)
-    try:
-        read_mode = ReadMode(mode)
-    except ValueError:
-        raise _Bad(f"unknown mode value {mode}") from None
+    read_mode = _MODES.get(mode)
+    if read_mode is None:
+        raise _Bad(f"unknown mode value {mode}")
     return RemoteSpec(key, read_mode, blocks, size, offset, tensor_start, tensor_count, expected)
 
 
@@ -175,18 +178,19 @@ def _flags(flags: int, allowed: int) -> None:
 
 
 def _read(data: bytes, op: int) -> oc.ReadCmd | oc.GrantReadCmd:
+    """READ and GRANT_READ: every pull's path, so its checks are inline."""
     fields = READ.unpack_from(data)
-    flags, timeout_ms, cid, tid = fields[2], fields[3], fields[4], fields[5]
-    nblocks = _checked_count(fields[15], MAX_BLOCKS, "blocks")
-    _exact(data, READ.size + 8 * nblocks)
-    if op == OP_GRANT_READ:
-        _flags(flags, 0)
-        if tid:
-            raise _Bad(f"a grant read naming transfer {tid} (must be 0)")
-        return oc.GrantReadCmd(cid, _spec(fields[6:], _u64s(data, nblocks, READ.size)), timeout_ms)
-    _flags(flags, _INLINE)
-    return oc.ReadCmd(cid, tid, _spec(fields[6:], _u64s(data, nblocks, READ.size)), timeout_ms,
-                      bool(flags & _INLINE))
+    flags, timeout_ms, cid, tid, nblocks = fields[2], fields[3], fields[4], fields[5], fields[15]
+    if nblocks > MAX_BLOCKS:
+        raise _Bad(f"a read of {nblocks} blocks; at most {MAX_BLOCKS}")
+    if len(data) != READ.size + 8 * nblocks:
+        raise _Bad(f"a frame of {len(data)} bytes; its fields say {READ.size + 8 * nblocks}")
+    if flags & ~(_INLINE if op == OP_READ else 0) or (op == OP_GRANT_READ and tid):
+        raise _Bad(f"flags {flags:#x}, transfer {tid} of a {'read' if op == OP_READ else 'grant read'}")
+    spec = _spec(fields[6:], tuple(np.frombuffer(data, _U64, nblocks, READ.size).tolist()) if nblocks else ())
+    if op == OP_READ:
+        return oc.ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
+    return oc.GrantReadCmd(cid, spec, timeout_ms)
 
 
 def _open_write(data: bytes) -> oc.OpenWriteCmd:
@@ -250,14 +254,14 @@ def decode_call(data: bytes) -> oc.OwnerCall:
     ``DataDistError`` (``LLM_PARAM_INVALID``) when it does not even name that."""
     if len(data) < HEAD.size or data[0] != TAG:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"not an owner call frame ({len(data)} bytes)")
-    op, cid = data[1], HEAD.unpack_from(data)[4]
+    op = data[1]
     try:
         smallest = _SMALLEST.get(op)
         if smallest is None:
             raise _Bad(f"unknown owner call {op}")
         if len(data) < smallest:
             raise _Bad(f"a frame of op {op} of {len(data)} bytes is cut short (at least {smallest})")
-        if op in (OP_READ, OP_GRANT_READ):
+        if op <= OP_GRANT_READ:
             return _read(data, op)
         if op == OP_OPEN_WRITE:
             return _open_write(data)
@@ -269,7 +273,7 @@ def decode_call(data: bytes) -> oc.OwnerCall:
             return _done_read(data)
         return _bare(data, op)
     except _Bad as exc:
-        raise oc.RefusedCall(cid, StatusCode.LLM_PARAM_INVALID, str(exc)) from None
+        raise oc.RefusedCall(HEAD.unpack_from(data)[4], StatusCode.LLM_PARAM_INVALID, str(exc)) from None
 
 
 def decode_reply(data: bytes) -> oc.OwnerReply:

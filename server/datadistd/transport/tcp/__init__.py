@@ -15,7 +15,7 @@ Wire format (little endian, ``struct``):
   - ``ABORT``: the sender gave up on ``transfer_id``; ``length`` carries the status code;
   - ``PING``: no payload; read and ignored (nothing sends it: liveness is a ``ping`` owner call);
   - ``CALL`` / ``REPLY``: ``length`` (at most ``MAX_CONTROL``) bytes of a control message for the
-    link manager (an owner call of ``ownercalls.FrameCalls`` and its reply, ``ownerwire`` frames);
+    link manager (an owner call of ``framecalls.FrameCalls`` and its reply, ``ownerwire`` frames);
     ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
     handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
     (at most ``transport.base.EARLY_FRAMES_MAX``). After the handshake these are the only conversation

@@ -16,6 +16,23 @@ def worker_session(node: Any) -> Any:
     return node.sessions.open(PeerCred(os.getpid(), os.getuid(), os.getgid()))
 
 
+async def pulled(links: Any, order: Any) -> tuple[int, str]:
+    """``links.start_pull(order, done)`` (the one way a pull starts) awaited: ``(bytes, transport)``, or the
+    ``DataDistError`` it ended with, raised."""
+    from datadistd.links.wire.framecalls import answered
+
+    return await answered(lambda done: links.start_pull(order, done))
+
+
+async def read_inline(calls: Any, spec: Any, timeout: float) -> tuple[bytes, bool]:
+    """``calls.start_read_inline`` (the one entry of a small read) awaited: the bytes and whether to release the
+    key, or the ``DataDistError`` it ended with, raised."""
+    from datadistd.links.wire.framecalls import answered
+
+    reply = await answered(lambda done: calls.start_read_inline(spec, timeout, done))
+    return reply.data, reply.release_needed
+
+
 class ArrayHandle:
     """Mapped memory: ``view()`` is a writable byte view of a numpy array."""
 

@@ -4,8 +4,8 @@ Nothing here changes product behaviour. ``PeerAgent`` plays a peer daemon that k
 secret (by default what a daemon of this user with no secret configured proves: the per-user one, which the
 test daemons, started with this environment, read too): it handshakes with an engine's listener,
 opens the authenticated data channel with the derived token and then sends hand-made owner calls
-(``OwnerCall`` CALL frames on that channel), so a test can check what the owner does with hostile or
-out-of-range requests.
+(``ownerwire`` CALL frames on that channel, well-formed or not), so a test can check what the owner does with
+hostile or out-of-range requests.
 """
 
 from __future__ import annotations
@@ -247,26 +247,6 @@ class CallFailed(Exception):
         self.message = message
 
 
-def _as_ownerwire(payload: bytes) -> bytes | None:
-    """A read (``OwnerCall.read``) as the peer protocol sends it: an ``ownerwire`` frame; None for any other call,
-    and for a read whose fields no frame can carry (no key, an unknown mode: sent as the message, which the
-    daemon refuses as a call it does not know)."""
-    from datadistd.api.grpc.convert import spec_from_pb
-    from datadistd.core.errors import DataDistError
-    from datadistd.links.wire import ownerwire
-    from datadistd.links.wire.ownercalls import ReadCmd
-
-    msg = peer_pb2.OwnerCall.FromString(payload)
-    if msg.WhichOneof("command") != "read":
-        return None
-    r = msg.read
-    try:
-        return ownerwire.encode_read(ReadCmd(msg.command_id, r.transfer_id, spec_from_pb(r),
-                                             r.timeout_ms))
-    except DataDistError:
-        return None
-
-
 @dataclass
 class PeerAgent:
     """A fake linking daemon: handshake with the right secret, data channel with the derived token."""
@@ -334,9 +314,11 @@ class PeerAgent:
 
     def _heartbeat(self) -> None:
         """Ping like a linking daemon does, so the owner keeps the link (bounded by ``close``)."""
+        from datadistd.links.wire.ownercalls import PingCmd
+
         while not self._stop.wait(0.5):
             try:
-                self.call("ping", peer_pb2.Ping(), timeout=5)
+                self.call(PingCmd(0), timeout=5)
             except Exception:  # noqa: BLE001 - no answer, or the channel broke: the test sees it elsewhere
                 pass
 
@@ -347,36 +329,38 @@ class PeerAgent:
 
         with self._answered:
             self.control_bytes += len(payload)
-        from datadistd.api.grpc.convert import CALL_CODEC
+        from datadistd.links.wire import ownerwire
         from datadistd.links.wire.ownercalls import OwnerReply
 
-        if kind == CONTROL_REPLY:   # every reply is an ownerwire frame; handed on as the message
-            got = CALL_CODEC.decode_reply(payload)
-            ids = got.transfer_ids
-            reply = peer_pb2.OwnerReply(command_id=got.command_id, status=got.status, message=got.message,
-                                        transfer_id=ids[0] if ids else 0, more_transfer_ids=ids[1:],
-                                        bytes=got.nbytes, release_needed=got.release_needed, grant=got.grant)
+        if kind == CONTROL_REPLY:
+            reply = ownerwire.decode_reply(payload)
             with self._answered:
                 self._replies[reply.command_id] = reply
                 self._answered.notify_all()
         elif kind == CONTROL_CALL:
-            answer = OwnerReply(CALL_CODEC.decode_command(payload).command_id)
-            self.channel.try_control(CONTROL_REPLY, CALL_CODEC.encode_reply(answer), time.monotonic() + 1)
+            answer = OwnerReply(ownerwire.decode_call(payload).command_id)
+            self.channel.try_control(CONTROL_REPLY, ownerwire.encode_reply(answer), time.monotonic() + 1)
 
-    def call(self, which: str, request: Any, timeout: float = 10) -> Any:
-        """One owner call (``which``: a field of ``OwnerCall``'s oneof) as a CALL frame; its ``OwnerReply``, or
-        ``CallFailed`` with the status the owner answered."""
-        return self.call_raw(peer_pb2.OwnerCall(**{which: request}).SerializeToString(), timeout)
+    def call(self, cmd: Any, timeout: float = 10) -> Any:
+        """One owner call (an ``ownercalls`` record; its ``command_id`` is replaced by a fresh one) as a CALL frame;
+        its ``OwnerReply``, or ``CallFailed`` with the status the owner answered."""
+        from datadistd.links.wire import ownerwire
 
-    def call_raw(self, call: bytes, timeout: float = 10) -> Any:
-        """``call``: a serialized ``OwnerCall`` without a command id (one is appended: the last value wins)."""
+        return self.call_raw(ownerwire.encode_call(cmd), timeout)
+
+    def call_raw(self, frame: bytes, timeout: float = 10) -> Any:
+        """``frame``: the bytes of a CALL frame, well-formed or not; its command id (bytes 8 to 16, the same in
+        every call's layout) is overwritten with a fresh one. A frame too short to carry one gets no answer:
+        ``CallFailed`` with status 0 at ``timeout``."""
+        from datadistd.links.wire import ownerwire
         from datadistd.transport.base import CONTROL_CALL
 
         command_id = next(self._ids)
-        payload = call + peer_pb2.OwnerCall(command_id=command_id).SerializeToString()
-        payload = _as_ownerwire(payload) or payload
+        at = ownerwire.HEAD.size - 8
+        if len(frame) >= ownerwire.HEAD.size:
+            frame = frame[:at] + command_id.to_bytes(8, "little") + frame[at + 8:]
         deadline = time.monotonic() + timeout
-        self.channel.send_control(CONTROL_CALL, payload, deadline)
+        self.channel.send_control(CONTROL_CALL, frame, deadline)
         with self._answered:
             if not self._answered.wait_for(lambda: command_id in self._replies, max(0.0, deadline - time.monotonic())):
                 raise CallFailed(0, f"no answer to call {command_id} within {timeout}s")

@@ -1,10 +1,11 @@
-"""Bad input: every RPC of both services, and every owner call a peer sends as a frame on its data channel,
-fed hostile protobuf messages, straight to a running daemon.
+"""Bad input: every RPC of both services fed hostile protobuf messages, and every owner call a peer sends as a
+frame on its data channel fed hostile ``ownerwire`` frames, straight to a running daemon.
 
 Hypothesis draws messages from the descriptors of the request types (fields missing or set, huge and
 negative numbers, unknown enum values, ids that exist next to ids that do not, mismatched lists),
 biased towards the ids of a real context (engines, caches, a link, a peer session) so the checks
-behind the first lookup are reached too. The daemon must answer every one with a status carrying a
+behind the first lookup are reached too; owner-call frames are valid ones with fields set to edge values,
+bodies overwritten, cut or grown, and ops no daemon knows. The daemon must answer every one with a status carrying a
 datadist status code (never UNKNOWN/INTERNAL, never a hang or a crash), serve a legitimate request
 correctly afterwards, and end with its engines, open fds, threads and RSS back at the baseline.
 Examples per RPC: ``DATADIST_FUZZ_EXAMPLES`` (default 30; more for a longer hunt), derandomized (same run every time).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,6 +27,9 @@ from hypothesis import strategies as st
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2, peer_pb2_grpc
+from datadistd.core.types import BlocksKeyRef, CacheKeyRef, ReadMode, RemoteSpec
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import CommitWriteCmd, OpenWriteCmd, ReadCmd, ReleaseCmd
 from tests.harness import Daemon, free_port
 from tests.reliability.common import (
     Buffer,
@@ -228,9 +231,8 @@ def legit_peer_read(ctx: Ctx) -> None:
     try:
         buf = Buffer(2 * 2 * ROW_BYTES)
         receipt = agent.expect(buf)
-        agent.call("read", peer_pb2.ReadRequest(transfer_id=receipt.transfer_id,
-                                                key=blocks_key(P_CLUSTER), blocks=[7, 2], expected_bytes=buf.size,
-                                                timeout_ms=3000))
+        agent.call(ReadCmd(0, receipt.transfer_id, RemoteSpec(BlocksKeyRef(P_CLUSTER, 0), ReadMode.BLOCKS, (7, 2),
+                                                              expected_bytes=buf.size), 3000))
         receipt.wait(time.monotonic() + 10)
         expected = np.stack([t.reshape(ROWS, ROW_BYTES)[[7, 2]] for t in ctx.tensors])
         np.testing.assert_array_equal(buf.array.reshape(2, 2, ROW_BYTES), expected)
@@ -444,13 +446,7 @@ def _templates(ctx: Ctx) -> dict[str, Any]:
                     src_layer_range=common_pb2.LayerRange(start=0, stop=1),
                     dst_layer_range=common_pb2.LayerRange(start=0, stop=1))])),
             datadist_pb2.LayerTransferRequest(ready_layer=0)],
-        "Read": peer_pb2.ReadRequest(transfer_id=1, key=blocks_key(P_CLUSTER), blocks=[1, 2],
-                                     expected_bytes=2 * 2 * ROW_BYTES, timeout_ms=2000),
-        "OpenWrite": peer_pb2.WriteRequest(key=blocks_key(P_CLUSTER), blocks=[1, 2],
-                                           expected_bytes=2 * 2 * ROW_BYTES, timeout_ms=2000),
-        "Release": peer_pb2.ReleaseRequest(key=key10),
         "Handshake": ctx.agent.offer() if ctx.agent is not None else peer_pb2.HandshakeRequest(),
-        "CommitWrite": peer_pb2.CommitRequest(transfer_id=1, timeout_ms=500),
     }
 
 
@@ -569,10 +565,49 @@ def _call_peer(p: peer_pb2_grpc.PeerStub, method: str, request: Any) -> grpc.Rpc
     return None
 
 
-#: the owner calls a peer sends as CALL frames (unlink and ping end or keep the agent's link: not fuzzed)
-FRAME_CALLS = {"Read": ("read", peer_pb2.ReadRequest), "OpenWrite": ("open_write", peer_pb2.WriteRequest),
-               "CommitWrite": ("commit_write", peer_pb2.CommitRequest),
-               "Release": ("release", peer_pb2.ReleaseRequest)}
+#: the owner calls a peer sends as CALL frames (``ownerwire``), fuzzed field by field from a valid one: its
+#: layout and the frame (unlink and ping end or keep the agent's link: not fuzzed)
+def _frame_templates() -> dict[str, tuple[Any, bytes]]:
+    spec = RemoteSpec(BlocksKeyRef(P_CLUSTER, 0), ReadMode.BLOCKS, (1, 2), expected_bytes=2 * 2 * ROW_BYTES)
+    return {
+        "read": (ownerwire.READ, ownerwire.encode_call(ReadCmd(0, 1, spec, 2000))),
+        "open_write": (ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(0, (spec, spec), 2000))),
+        "commit_write": (ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(0, (1,), 500))),
+        "release": (ownerwire.RELEASE, ownerwire.encode_call(ReleaseCmd(0, CacheKeyRef(P_CLUSTER, 10, 0, U64MAX),
+                                                                        0, 0))),
+    }
+
+
+FRAME_CALLS = sorted(_frame_templates())
+#: what each ``struct`` field code may hold
+_FIELD_RANGE = {"B": (0, 255), "H": (0, 2**16 - 1), "I": (0, 2**32 - 1), "Q": (0, U64MAX), "q": (-2**63, 2**63 - 1)}
+#: byte runs written over a frame's body: counts and lengths at their edges, unknown kinds and modes
+_RUNS = [b"\xff\xff\xff\xff", b"\0\0\0\0", b"\x01\0\0\0", b"\0\0\x10\0", b"\x01\0\x10\0", b"\x09", b"\x80",
+         b"\xff" * 8]
+
+
+@st.composite
+def hostile_frame(draw: Callable, layout: Any, template: bytes) -> bytes:
+    """``template`` with one or two fixed fields set to hostile values (any but the tag, the op and the command id:
+    the call stays one the owner answers), its body overwritten, cut or grown -- or with an op no daemon knows."""
+    fields = list(layout.unpack_from(template))
+    codes = [c for c in layout.format if c.isalpha()]
+    free = [i for i in range(2, len(fields)) if i != 4]
+    for i in draw(st.lists(st.sampled_from(free), min_size=0, max_size=2, unique=True)):
+        lo, hi = _FIELD_RANGE[codes[i]]
+        fields[i] = draw(st.one_of(st.sampled_from([v for v in EDGES if lo <= v <= hi] + [ROWS, 1 << 20]),
+                                   st.integers(lo, hi)))
+    if draw(st.integers(0, 9)) == 0:
+        fields[1] = draw(st.sampled_from([0, 9, 99, 255]))
+    data = bytearray(layout.pack(*fields) + template[layout.size:])
+    head = ownerwire.HEAD.size
+    for _ in range(draw(st.integers(0, 3))):
+        if len(data) > head:
+            at = draw(st.integers(head, len(data) - 1))
+            data[at:at + 8] = draw(st.sampled_from(_RUNS))[:8]
+    if draw(st.booleans()):
+        del data[draw(st.integers(head, len(data))):]
+    return bytes(data) + draw(st.binary(max_size=24))
 
 
 def judge_frame(name: str, exc: CallFailed | None, tally: Tally) -> None:
@@ -647,22 +682,20 @@ def test_peer_rpc_survives_hostile_messages(method: str, fuzz_daemon) -> None:
     assert status(d).engines == [], "engines left behind"
 
 
-@pytest.mark.parametrize("method", sorted(FRAME_CALLS))
-def test_owner_call_frames_survive_hostile_messages(method: str, fuzz_daemon) -> None:
+@pytest.mark.parametrize("which", FRAME_CALLS)
+def test_owner_call_frames_survive_hostile_messages(which: str, fuzz_daemon) -> None:
     d = fuzz_daemon
     ctx = Ctx.build(d)
-    which, kind = FRAME_CALLS[method]
     tally = TALLY.setdefault(f"frame.{which}", Tally())
-    strategy = request_strategy(types.SimpleNamespace(name=method, input_type=kind.DESCRIPTOR,
-                                                      client_streaming=False), ctx)
+    strategy = hostile_frame(*_frame_templates()[which])
     agent = ctx.agent
     assert agent is not None
     try:
         @FUZZ_SETTINGS
         @given(request=strategy)
-        def run(request: Any) -> None:
+        def run(request: bytes) -> None:
             try:
-                agent.call(which, request, timeout=CALL_TIMEOUT)
+                agent.call_raw(request, timeout=CALL_TIMEOUT)
                 judge_frame(f"frame.{which}", None, tally)
             except CallFailed as exc:
                 judge_frame(f"frame.{which}", exc, tally)
@@ -733,9 +766,9 @@ def _huge_cases(ctx: Ctx) -> list[tuple[str, str, Callable[[], bytes], set[int]]
     transfer = lambda remote, local: datadist_pb2.TransferRequest(  # noqa: E731
         engine_id=e2, kind=datadist_pb2.TRANSFER_BLOCKS, remote=blocks_key(P_CLUSTER), local_cache_id=dst,
         remote_blocks=remote, local_blocks=local, timeout_ms=30000).SerializeToString()
-    read = lambda blocks: peer_pb2.OwnerCall(read=peer_pb2.ReadRequest(  # noqa: E731
-        transfer_id=1, key=blocks_key(P_CLUSTER), blocks=blocks,
-        expected_bytes=len(blocks) * 2 * ROW_BYTES, timeout_ms=30000)).SerializeToString()
+    read = lambda blocks: ownerwire.encode_call(ReadCmd(0, 1, RemoteSpec(  # noqa: E731
+        BlocksKeyRef(P_CLUSTER, 0), ReadMode.BLOCKS, tuple(blocks), expected_bytes=len(blocks) * 2 * ROW_BYTES),
+        30000))
     inval = {S.LLM_PARAM_INVALID}
     over = [0] * ((1 << 20) + 1)
     return [
@@ -769,8 +802,8 @@ def _huge_cases(ctx: Ctx) -> list[tuple[str, str, Callable[[], bytes], set[int]]
 
 
 def _run_huge(ch: Any, agent: PeerAgent, method: str, request: bytes) -> tuple[Any, float]:
-    """Send the raw request bytes (a ``frame.`` method: an ``OwnerCall`` on the agent's data channel); (datadist
-    status code or 0, seconds)."""
+    """Send the raw request bytes (a ``frame.`` method: an ``ownerwire`` CALL frame on the agent's data channel);
+    (datadist status code or 0, seconds)."""
     if method.startswith("frame."):
         t0 = time.monotonic()
         try:

@@ -15,13 +15,17 @@ import socket
 import stat
 import struct
 import time
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc, peer_pb2
+from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2
+from datadistd.core.types import BlocksKeyRef, IdIndexRef, ReadMode, RemoteSpec
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import CommitWriteCmd, OpenWriteCmd, ReadCmd
 from datadistd.links.wire.peering import PROTOCOL_VERSION
 from datadistd.state.peersecret import PeerSecret
 from tests.harness import Daemon, WorkerError, free_port, pool_memfds
@@ -30,7 +34,6 @@ from tests.reliability.common import (
     Buffer,
     CallFailed,
     PeerAgent,
-    blocks_key,
     code_of,
     fd_count,
     links,
@@ -159,8 +162,8 @@ def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_facto
     prompt.call("fill", "c", 2)
     before = prompt.call("digest", "kv"), prompt.call("digest", "c")
     agent = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(connect=False)
-    request = peer_pb2.ReadRequest(transfer_id=1, key=blocks_key(P), blocks=[0, 1],
-                                   expected_bytes=2 * TENSORS * ROW).SerializeToString()
+    request = ownerwire.encode_call(ReadCmd(1, 1, RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (0, 1),
+                                                             expected_bytes=2 * TENSORS * ROW), 3000))
     try:
         for method in ("Read", "Release", "OpenWrite", "CommitWrite", "Ping", "Unlink"):
             call = agent._grpc.unary_unary(f"/datadist.v1.Peer/{method}")
@@ -186,27 +189,42 @@ def test_the_removed_owner_call_rpcs_are_not_served(daemon_factory, worker_facto
 
 # ---- bounds of peer requests ------------------------------------------------------------------------
 
+#: a key of no kind (``ownerwire`` KEY kind 0): what no record carries
+NO_KEY = None
+
+
+def _spec(fields: dict) -> RemoteSpec:
+    """A spec of loose field values (an int ``mode`` no ``ReadMode`` has is sent as it is)."""
+    fields = {"key": BlocksKeyRef(P, 0), "mode": ReadMode.BLOCKS, "size": -1, **fields}
+    fields["blocks"] = tuple(fields.get("blocks", ()))
+    return RemoteSpec(**{**fields, "key": fields["key"] or BlocksKeyRef(P, 0)})
+
+
+def _frame(cmd: Any, fields: dict) -> bytes:
+    """``cmd``'s frame; ``key=NO_KEY`` in ``fields``: its (first) spec's key of kind 0."""
+    frame = bytearray(ownerwire.encode_call(cmd))
+    if "key" in fields and fields["key"] is NO_KEY:
+        frame[ownerwire.HEAD.size + 8] = 0   # the key kind of a READ's spec and of an OPEN_WRITE's first piece
+    return bytes(frame)
+
+
 def _read(agent: PeerAgent, tid: int, **fields) -> None:  # noqa: ANN003
-    fields.setdefault("key", blocks_key(P))
-    agent.call("read", peer_pb2.ReadRequest(transfer_id=tid, timeout_ms=3000, **fields))
+    agent.call_raw(_frame(ReadCmd(0, tid, _spec(fields), 3000), fields))
 
 
 def _open_write(agent: PeerAgent, **fields) -> int:  # noqa: ANN003
-    fields.setdefault("key", blocks_key(P))
-    return agent.call("open_write", peer_pb2.WriteRequest(timeout_ms=3000,
-                                                          **fields)).transfer_id
+    return agent.call_raw(_frame(OpenWriteCmd(0, (_spec(fields),), 3000), fields)).transfer_ids[0]
 
 
 def _commit_write(agent: PeerAgent, tid: int) -> None:
-    agent.call("commit_write", peer_pb2.CommitRequest(transfer_id=tid, timeout_ms=3000))
+    agent.call(CommitWriteCmd(0, (tid,), 3000))
 
 
 def _bad_specs() -> list[tuple[str, dict, set[int]]]:
     good = 2 * TENSORS * ROW
-    by_id = lambda cid, batch=0: common_pb2.AnyKey(by_id=common_pb2.CacheKeyByIdAndIndex(  # noqa: E731
-        cluster_id=P, cache_id=cid, batch_index=batch))
+    by_id = lambda cid, batch=0: IdIndexRef(P, cid, batch)  # noqa: E731
     inval, missing = {S.LLM_PARAM_INVALID}, {S.LLM_KV_CACHE_NOT_EXIST}
-    slot = {"mode": peer_pb2.READ_SLOT, "key": by_id(2)}  # cache 2: contiguous, 4 slots of 64 bytes, 2 tensors
+    slot = {"mode": ReadMode.SLOT, "key": by_id(2)}  # cache 2: contiguous, 4 slots of 64 bytes, 2 tensors
     return [
         ("block past the end", {"blocks": [0, BLOCKS], "expected_bytes": good}, inval),
         ("block 2**64-1", {"blocks": [2**64 - 1, 0], "expected_bytes": good}, inval),
@@ -216,11 +234,11 @@ def _bad_specs() -> list[tuple[str, dict, set[int]]]:
                                   "expected_bytes": 2 * ROW}, inval),
         ("one byte more than the blocks", {"blocks": [0, 1], "expected_bytes": good + 1}, inval),
         ("expected_bytes 2**64-1", {"blocks": [0, 1], "expected_bytes": 2**64 - 1}, inval),
-        ("unbound model id", {"key": blocks_key(P, 99), "blocks": [0, 1], "expected_bytes": good}, missing),
-        ("not remotely accessible", {"key": blocks_key(P, 7), "blocks": [0, 1], "expected_bytes": good}, missing),
-        ("slot mode on a blocks cache", {"mode": peer_pb2.READ_SLOT, "size": -1, "expected_bytes": good}, inval),
+        ("unbound model id", {"key": BlocksKeyRef(P, 99), "blocks": [0, 1], "expected_bytes": good}, missing),
+        ("not remotely accessible", {"key": BlocksKeyRef(P, 7), "blocks": [0, 1], "expected_bytes": good}, missing),
+        ("slot mode on a blocks cache", {"mode": ReadMode.SLOT, "size": -1, "expected_bytes": good}, inval),
         ("unknown mode", {"mode": 9, "blocks": [0, 1], "expected_bytes": good}, inval),
-        ("no key", {"key": common_pb2.AnyKey(), "blocks": [0, 1], "expected_bytes": good}, inval),
+        ("no key", {"key": NO_KEY, "blocks": [0, 1], "expected_bytes": good}, inval),
         ("slot size past the slot", {**slot, "size": 65, "expected_bytes": 2 * 65}, inval),
         ("slot size 2**62", {**slot, "size": 2**62, "expected_bytes": 2**63}, inval),
         ("slot size -5", {**slot, "size": -5, "expected_bytes": 10}, inval),
@@ -230,7 +248,7 @@ def _bad_specs() -> list[tuple[str, dict, set[int]]]:
          inval | missing),
         ("cache id -1", {**slot, "key": by_id(-1), "size": -1, "expected_bytes": 128}, inval | missing),
         ("cache id 2**63-1", {**slot, "key": by_id(2**63 - 1), "size": -1, "expected_bytes": 128}, inval | missing),
-        ("a cache of another cluster", {"key": blocks_key(P + 1), "blocks": [0, 1], "expected_bytes": good},
+        ("a cache of another cluster", {"key": BlocksKeyRef(P + 1, 0), "blocks": [0, 1], "expected_bytes": good},
          inval | missing),
         ("(1 << 20) + 1 blocks", {"blocks": [0] * ((1 << 20) + 1), "expected_bytes": ((1 << 20) + 1) * TENSORS * ROW},
          inval),

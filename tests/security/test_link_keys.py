@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
 from datadistd.links import ClusterSpec
 from datadistd.node.node import EngineSlot, Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
-from tests.fakes import worker_session
+from tests.fakes import pulled, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +60,7 @@ def _cache(slot: EngineSlot, cluster: int, fill: int) -> int:
 
 async def _refused_everything(slot: EngineSlot, cluster: int, cache: int) -> None:
     """``slot``'s worker names ``cluster``: a pull, a check and an unlink all find no link."""
-    for op in (slot.links.pull(_order(cluster, cache, [1], [0])), slot.links.push(_order(cluster, cache, [1], [0])),
+    for op in (pulled(slot.links, _order(cluster, cache, [1], [0])), slot.links.push(_order(cluster, cache, [1], [0])),
                slot.links.check_link(cluster)):
         with pytest.raises(DataDistError) as info:
             await op
@@ -73,9 +72,9 @@ async def _refused_everything(slot: EngineSlot, cluster: int, cache: int) -> Non
 def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
     async def main() -> None:
         peers: dict[str, EngineSlot] = {}
-        p = Node(Config().with_overrides({"peer.secret": "s3cret"}), call_codec=CALL_CODEC, listener_factory=_listen,
+        p = Node(Config().with_overrides({"peer.secret": "s3cret"}), listener_factory=_listen,
                  peer_connector=lambda address: InProcessPeer(peers["e"].links, address))
-        d = Node(Config().with_overrides({"peer.secret": "s3cret"}), call_codec=CALL_CODEC,
+        d = Node(Config().with_overrides({"peer.secret": "s3cret"}),
                  peer_connector=lambda address: InProcessPeer(peers["v"].links, address))
         try:
             v = peers["v"] = await p.init_engine(1, Role.PROMPT, {**OPTS, "llm.listenIpInfo": "%s:%d" % V_ADDR},
@@ -95,7 +94,7 @@ def test_a_named_cluster_id_reaches_no_other_origins_link() -> None:
             assert v.links.served[2] is theirs and not impostor.links.links
             await _refused_everything(impostor, 1, mine)
             dst = _cache(dec, 2, 0)
-            assert (await dec.links.pull(_order(1, dst, [1], [0])))[0] == 2 * BLOCK    # D's link still pulls
+            assert (await pulled(dec.links, _order(1, dst, [1], [0])))[0] == 2 * BLOCK    # D's link still pulls
             await v.links.check_link(2)                                                  # and answers V's ping
 
             # 2. V's own link to E (cluster 5); a same-daemon engine names cluster 5 to V

@@ -18,7 +18,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec, Role
 from datadistd.guard.quota import LinkLimits
 from datadistd.links import ClusterSpec
-from tests.fakes import worker_session
+from tests.fakes import pulled, read_inline, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _order, _until
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,7 +64,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
             from datadistd.core.types import CacheDesc, DType, Placement
             dst = other.engine.allocate_cache(CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE),
                                               is_blocks=True, blocks_key=BlocksKeyRef(3, 0))
-            nbytes, _ = await other.links.pull(_order(P, int(dst.cache_id), [1], [0]))
+            nbytes, _ = await pulled(other.links, _order(P, int(dst.cache_id), [1], [0]))
             assert nbytes == 2 * BLOCK     # one block of each of the two tensors
             # the stuck ones end at the cut hold time, not in 49 days; what they held is given back
             for t in stuck:
@@ -96,7 +96,7 @@ def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
             (link,) = serving.served.values()
             out = linking.links[P]
             spec = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1, 3), -1, 0, 0, 0, 4 * BLOCK)
-            data, release = await out.calls.read_inline(spec, 5.0)   # the legitimate use, over the wire
+            data, release = await read_inline(out.calls, spec, 5.0)   # the legitimate use, over the wire
             assert data == bytes([1]) * 2 * BLOCK + bytes([2]) * 2 * BLOCK and not release
             assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
             for bad, code in [(RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, INLINE_READ_MAX + 1),
@@ -108,17 +108,17 @@ def test_8b_small_reads_answered_inline_are_checked_capped_and_pin_nothing():
                               (RemoteSpec(BlocksKeyRef(P, 9), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK),
                                S.LLM_KV_CACHE_NOT_EXIST)]:   # a key the owner does not have
                 with pytest.raises(DataDistError) as info:
-                    await out.calls.read_inline(bad, 5.0)
+                    await read_inline(out.calls, bad, 5.0)
                 assert info.value.code == code, (bad, info.value)
             assert serving.engine.entry(src).pins == 0 and link.usage.calls == 0
             # the link's two turns taken: one more inline read waits for a turn, the next is refused at once
             limits = pair.p.link_limits
             for _ in range(2):
                 await link.usage.enter_call(limits, time.monotonic() + 5)
-            waiting = asyncio.ensure_future(out.calls.read_inline(spec, 5.0))
+            waiting = asyncio.ensure_future(read_inline(out.calls, spec, 5.0))
             assert await _until(lambda: link.usage.waiting == 1)
             with pytest.raises(DataDistError) as info:
-                await out.calls.read_inline(spec, 5.0)
+                await read_inline(out.calls, spec, 5.0)
             assert info.value.code == S.LLM_LINK_BUSY
             link.usage.exit_call()
             assert (await asyncio.wait_for(waiting, 5))[0] == data    # served once a turn is free

@@ -20,7 +20,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from datadist.status import LLMStatusCode as S  # noqa: E402
-from datadistd.api.grpc.convert import CALL_CODEC  # noqa: E402
 from datadistd.core.errors import DataDistError  # noqa: E402
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role  # noqa: E402
 from datadistd.guard.quota import LinkLimits  # noqa: E402
@@ -30,7 +29,7 @@ from datadistd.node.node import Node  # noqa: E402
 from datadistd.state.config import Config  # noqa: E402
 from datadistd.state.engine import tensors_of  # noqa: E402
 from datadistd.transport.base import Channel  # noqa: E402
-from tests.fakes import worker_session
+from tests.fakes import pulled, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _bytes, _order, _until  # noqa: E402
 from tests.unit.test_transport_nixl import needs_nixl  # noqa: E402
 
@@ -42,8 +41,8 @@ NIXL = {"transport.name": "nixl", "transport.nixl_fabric_trusted": True}
 
 class NixlPair(Pair):
     async def __aenter__(self) -> "NixlPair":
-        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0], **NIXL}), call_codec=CALL_CODEC)
-        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1], **NIXL}), call_codec=CALL_CODEC,
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0], **NIXL}))
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1], **NIXL}),
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
@@ -88,7 +87,7 @@ def test_a_pull_is_a_read_by_the_puller_and_the_owner_writes_nothing() -> None:
             src, dst = pair.caches()
             owner_t, puller_t = serving.table.transport, linking.table.transport
             assert serving.table.reads is owner_t and linking.table.reads is puller_t   # decided once, at build
-            nbytes, _ = await linking.pull(_order(P, dst, [1, 3, 6], [0, 2, 5]))
+            nbytes, _ = await pulled(linking, _order(P, dst, [1, 3, 6], [0, 2, 5]))
             assert nbytes == 3 * 2 * BLOCK
             got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
             for t in range(2):
@@ -97,7 +96,7 @@ def test_a_pull_is_a_read_by_the_puller_and_the_owner_writes_nothing() -> None:
             assert puller_t.bytes_received == nbytes              # the puller's READ moved every byte
             assert await _until(lambda: _held(pair, src) == (0, 0, 0, 0))   # the grant ended after the pull
             # the other way: the serving end pulls from the linking end, by READ too
-            n2, _ = await serving.pull(_order(D, src, [0], [7]))
+            n2, _ = await pulled(serving, _order(D, src, [0], [7]))
             assert owner_t.bytes_received == n2 and puller_t.bytes_sent == 0
             assert _bytes(pair.ps, src)[1][7].tolist() == _bytes(pair.ds, dst)[1][0].tolist()
 

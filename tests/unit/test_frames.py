@@ -1,5 +1,5 @@
 """Owner calls as control frames on a data channel (the hot-path issue, item 1): CALL/REPLY frames on
-real loopback TCP channels, ``FrameCalls`` over them with the protobuf codec, and what a hostile
+real loopback TCP channels, ``FrameCalls`` over them with ``ownerwire``'s frames, and what a hostile
 (authenticated) peer can do with control frames: break only its own channel."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import threading
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.links.wire.ownercalls import FrameCalls, OwnerReply, ReadCmd
-from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY
-from datadistd.transport.tcp import _CONTROL_BACKLOG, HEADER, MAX_CONTROL
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.framecalls import FrameCalls
+from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd
+from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
+from datadistd.transport.tcp import HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until
 from tests.unit.test_transport_tcp import TOKEN, Pair, closed_without_reply, deadline, raw_hello
 
@@ -60,6 +61,19 @@ def test_frames_before_the_handler_wait_for_it(pair: Pair) -> None:
     assert sorted(got.get(timeout=5)[1] for _ in range(5)) == [bytes([i]) for i in range(5)]
 
 
+def test_early_frames_wait_in_order_and_are_bounded() -> None:
+    """The one backlog of both channel kinds (tcp's and the one-sided transports'): frames before the handler reach
+    it in arrival order when it is set, later ones at once; one frame past the bound is refused, not kept."""
+    early = EarlyFrames(limit=3)
+    got: list[tuple[int, bytes]] = []
+    assert all(early.deliver(CONTROL_CALL, bytes([i])) for i in range(3))
+    assert not early.deliver(CONTROL_REPLY, b"one too many")
+    early.set_handler(lambda kind, payload: got.append((kind, payload)))
+    assert got == [(CONTROL_CALL, bytes([i])) for i in range(3)]
+    assert all(early.deliver(CONTROL_REPLY, b"x") for _ in range(5))   # no bound once a handler takes them
+    assert got[3:] == [(CONTROL_REPLY, b"x")] * 5
+
+
 def test_not_a_control_frame_is_refused(pair: Pair) -> None:
     for kind, payload in ((1, b"x"), (CONTROL_CALL, b"x" * (MAX_CONTROL + 1))):
         with pytest.raises(DataDistError) as info:
@@ -77,7 +91,7 @@ def test_a_hostile_peer_breaks_only_its_own_channel(pair: Pair, frame: str) -> N
     elif frame == "with a transfer id":
         evil.sendall(HEADER.pack(b"DDFR", CONTROL_CALL, 7, 0, 1) + b"x")
     else:   # nobody set a handler for this token: the backlog is bounded
-        for _ in range(_CONTROL_BACKLOG + 1):
+        for _ in range(EARLY_FRAMES_MAX + 1):
             evil.sendall(HEADER.pack(b"DDFR", CONTROL_CALL, 0, 0, 3) + b"abc")
     assert closed_without_reply(evil, timeout=5)
     evil_channel = pair.b.channel(other)
@@ -94,10 +108,10 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
     spec = RemoteSpec(BlocksKeyRef(1, 3), ReadMode.BLOCKS, (1, 2, 3), 0, 0, 0, 2, 4096)
 
     def serve(kind: int, payload: bytes) -> None:   # the owner end, in its reader thread
-        cmd = CALL_CODEC.decode_command(payload)
+        cmd = ownerwire.decode_call(payload)
         assert kind == CONTROL_CALL and isinstance(cmd, ReadCmd) and cmd.spec == spec
         reply = OwnerReply(cmd.command_id, nbytes=cmd.spec.expected_bytes, release_needed=True)
-        pair.inb.send_control(CONTROL_REPLY, CALL_CODEC.encode_reply(reply), deadline())
+        pair.inb.send_control(CONTROL_REPLY, ownerwire.encode_reply(reply), deadline())
 
     pair.b.on_control(TOKEN, serve)
 
@@ -107,9 +121,9 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
         async def send(payload: bytes, dl: float) -> None:
             pair.out.send_control(CONTROL_CALL, payload, dl)
 
-        calls = FrameCalls(2, CALL_CODEC, send)
+        calls = FrameCalls(2, send)
         pair.out.on_control(lambda kind, payload: loop.call_soon_threadsafe(
-            calls.on_reply, CALL_CODEC.decode_reply(payload)))
+            calls.on_reply, ownerwire.decode_reply(payload)))
         answers = await asyncio.gather(*(calls.read(10 + i, spec, 5.0) for i in range(20)))
         assert set(answers) == {(4096, True)}
         calls.close("done")
@@ -129,7 +143,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
         async def send(payload: bytes, dl: float) -> None:
             pair.out.send_control(CONTROL_CALL, payload, dl)
 
-        calls = FrameCalls(2, CALL_CODEC, send)
+        calls = FrameCalls(2, send)
         with pytest.raises(DataDistError) as info:
             await calls.read(1, spec, 0.3)
         assert info.value.code == S.LLM_TIMEOUT
@@ -138,7 +152,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
 
 
 def test_the_codec_refuses_garbage() -> None:
-    for data in (b"\xff\xff\xff", b"\x0a\x05abc"):
+    for data in (b"\xff\xff\xff", b"\x0a\x05abc", b"\x0a" * 40):
         with pytest.raises(DataDistError) as info:
-            CALL_CODEC.decode_command(data)
+            ownerwire.decode_call(data)
         assert info.value.code == S.LLM_PARAM_INVALID

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
@@ -28,7 +27,7 @@ from datadistd.links.wire.peering import PROTOCOL_VERSION, HandshakeAnswer, Hand
 from datadistd.node.node import Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
-from tests.fakes import worker_session
+from tests.fakes import pulled, worker_session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,8 +73,8 @@ class Pair:
         self.peers: list[InProcessPeer] = []
 
     async def __aenter__(self) -> "Pair":
-        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}), call_codec=CALL_CODEC)
-        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}), call_codec=CALL_CODEC,
+        self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}))
+        self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}),
                       peer_connector=self._connect)
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
@@ -130,7 +129,7 @@ def test_both_ends_pull_and_push_byte_exact() -> None:
             serving, linking = pair.links
             assert linking.links[P].state == LinkState.ESTABLISHED and D in serving.served
             src, dst = pair.caches()
-            nbytes, transport = await linking.pull(_order(P, dst, [1, 2], [5, 6]))
+            nbytes, transport = await pulled(linking, _order(P, dst, [1, 2], [5, 6]))
             assert (nbytes, transport) == (2 * 2 * BLOCK, "tcp")
             got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
             for t in range(2):
@@ -192,7 +191,7 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout(how: st
             serving.owner.read_inline = read_while_this_end_unlinks  # type: ignore[method-assign]
             with pytest.raises(DataDistError) as info:
                 if how == "awaited":
-                    await linking.pull(_order(P, dst, [1], [1]))
+                    await pulled(linking, _order(P, dst, [1], [1]))
                 else:
                     ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                     linking.start_pull(_order(P, dst, [1], [1]), ended.set_result)
@@ -257,17 +256,17 @@ def test_a_failed_owner_call_breaks_the_link_and_says_relink() -> None:
             serving.transport.revoke(out.token)   # the serving end's data plane drops the connections
             assert await _until(lambda: out.channel.broken)
             with pytest.raises(DataDistError) as info:
-                await linking.pull(_order(P, dst, [1], [1]))
+                await pulled(linking, _order(P, dst, [1], [1]))
             # the connection failed before any deadline: CANN's code for a failed communication, not LLM_TIMEOUT
             assert info.value.code == S.LLM_FAILED and "no live data connection" in info.value.message
             assert linking.links[P].state == LinkState.BROKEN
             with pytest.raises(DataDistError) as info:   # no retry on a broken link: the caller relinks
-                await linking.pull(_order(P, dst, [1], [1]))
+                await pulled(linking, _order(P, dst, [1], [1]))
             assert info.value.code == S.LLM_FAILED and "link_clusters again" in info.value.message
             # an owner-side refusal (not a link fault) leaves a healthy link alone
             assert await pair.link() == (0, [0])
             with pytest.raises(DataDistError) as info:
-                await linking.pull(_order(P, dst, [BLOCKS + 3], [1]))
+                await pulled(linking, _order(P, dst, [BLOCKS + 3], [1]))
             assert info.value.code == S.LLM_PARAM_INVALID
             assert linking.links[P].state == LinkState.ESTABLISHED
 
@@ -279,7 +278,7 @@ def test_no_link_no_transfer() -> None:
         async with Pair() as pair:
             _, dst = pair.caches()
             with pytest.raises(DataDistError) as info:
-                await pair.ds.links.pull(_order(P, dst, [1], [1]))
+                await pulled(pair.ds.links, _order(P, dst, [1], [1]))
             assert info.value.code == S.LLM_NOT_YET_LINK
 
     asyncio.run(main())
@@ -462,7 +461,7 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
             expect, read_for = linking.table.transport.expect, serving.owner.read_for
             linking.table.transport.expect = lambda *a, **k: used.append("expect") or expect(*a, **k)  # type: ignore
             serving.owner.read_for = lambda *a, **k: used.append("read_for") or read_for(*a, **k)  # type: ignore
-            assert await linking.pull(_order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
+            assert await pulled(linking, _order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
             ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             linking.start_pull(_order(P, dst, [5], [0]), ended.set_result)
             assert await asyncio.wait_for(ended, 10) == (2 * BLOCK, "tcp")

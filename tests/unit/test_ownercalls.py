@@ -1,5 +1,5 @@
-"""Owner calls' records and ``FrameCalls`` (``datadistd.links.wire.ownercalls``): every command kind survives the wire,
-and any number of calls in flight are answered by id, in any order."""
+"""Owner calls' records (``datadistd.links.wire.ownercalls``) and ``FrameCalls`` (``framecalls``): every command
+kind survives the wire, and any number of calls in flight are answered by id, in any order."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from datadistd.api.grpc import convert
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.framecalls import FrameCalls
 from datadistd.links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
     DoneReadCmd,
-    FrameCalls,
     GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
@@ -38,9 +37,9 @@ class Hub:
         self.sent: asyncio.Queue[OwnerCall] = asyncio.Queue()
 
         async def send(payload: bytes, deadline: float) -> None:
-            self.sent.put_nowait(CALL_CODEC.decode_command(payload))
+            self.sent.put_nowait(ownerwire.decode_call(payload))
 
-        self.calls = FrameCalls(2, CALL_CODEC, send)
+        self.calls = FrameCalls(2, send)
 
     async def next_command(self) -> OwnerCall:
         return await asyncio.wait_for(self.sent.get(), 5.0)
@@ -60,20 +59,17 @@ class Hub:
     DoneReadCmd(8, 13, False),
 ])
 def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
-    assert CALL_CODEC.decode_command(CALL_CODEC.encode_command(cmd)) == cmd
+    assert ownerwire.decode_call(ownerwire.encode_call(cmd)) == cmd
 
 
 def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
     for reply in (OwnerReply(9, 0, "", (5,), 4096, True), OwnerReply(9, transfer_ids=(5, 6, 11)),
                   OwnerReply(9, nbytes=3), OwnerReply(9, transfer_ids=(4,), grant=b"\0rows")):
-        assert CALL_CODEC.decode_reply(CALL_CODEC.encode_reply(reply)) == reply
-    empty = convert.call_to_pb(UnlinkCmd(6))
-    empty.ClearField("unlink")
-    with pytest.raises(DataDistError) as info:
-        convert.call_from_pb(empty)
-    assert info.value.code == StatusCode.LLM_PARAM_INVALID
-    with pytest.raises(RefusedCall) as refused:   # as a frame: refused by id, so the caller gets an answer
-        CALL_CODEC.decode_command(empty.SerializeToString())
+        assert ownerwire.decode_reply(ownerwire.encode_reply(reply)) == reply
+    unknown = bytearray(ownerwire.encode_call(UnlinkCmd(6)))
+    unknown[1] = 99   # a call this daemon does not know
+    with pytest.raises(RefusedCall) as refused:   # refused by id, so the caller gets an answer
+        ownerwire.decode_call(bytes(unknown))
     assert refused.value.command_id == 6 and refused.value.code == StatusCode.LLM_PARAM_INVALID
 
 
@@ -115,12 +111,11 @@ def test_closed_calls_fail_the_calls_in_flight_at_once() -> None:
 
 def test_an_open_write_of_too_many_pieces_is_refused_before_decoding() -> None:
     """A hostile peer cannot make the owner open (and pin caches for) an unbounded number of transfers."""
-    msg = convert.call_to_pb(OpenWriteCmd(1, (SPEC,) * MAX_OPEN_PER_CALL, 500))
-    assert len(convert.call_from_pb(msg).specs) == MAX_OPEN_PER_CALL
-    msg.open_write.more.append(msg.open_write.more[0])
-    with pytest.raises(DataDistError) as info:
-        convert.call_from_pb(msg)
-    assert info.value.code == StatusCode.LLM_PARAM_INVALID
+    frame = ownerwire.encode_call(OpenWriteCmd(1, (SPEC,) * MAX_OPEN_PER_CALL, 500))
+    assert len(ownerwire.decode_call(frame).specs) == MAX_OPEN_PER_CALL
+    with pytest.raises(RefusedCall) as info:
+        ownerwire.decode_call(ownerwire.encode_call(OpenWriteCmd(1, (SPEC,) * (MAX_OPEN_PER_CALL + 1), 500)))
+    assert info.value.code == StatusCode.LLM_PARAM_INVALID and info.value.command_id == 1
 
 
 def test_an_answer_with_the_wrong_number_of_transfers_fails_the_open() -> None:

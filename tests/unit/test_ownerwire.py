@@ -1,42 +1,63 @@
-"""The fixed-layout owner-call frames (``ownerwire``): every field round-trips at its bounds, and a frame that is
-cut short, too long or out of range is refused -- with the call's id when it names one (the other end gets an
-answer), without when it does not even name that."""
+"""The owner-call frames (``ownerwire``, the one wire encoding of owner calls): every call kind and every field
+round-trips at its bounds, and a frame that is cut short, too long or out of range is refused -- with the call's
+id when it names one (the other end gets an answer), without when it does not even name that. Decoding is what a
+hostile peer reaches: whatever the bytes, it raises nothing but ``DataDistError`` (``RefusedCall`` included)."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datadist.status import LLMStatusCode as S
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
-from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd, RefusedCall
+from datadistd.links.wire.ownercalls import (
+    MAX_OPEN_PER_CALL,
+    CommitWriteCmd,
+    DoneReadCmd,
+    GrantReadCmd,
+    OpenWriteCmd,
+    OwnerReply,
+    PingCmd,
+    ReadCmd,
+    RefusedCall,
+    ReleaseCmd,
+    UnlinkCmd,
+)
 
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)
-KEYS = st.one_of(st.builds(CacheKeyRef, U64, U64, U64, U64), st.builds(IdIndexRef, U64, I64, U32),
-                 st.builds(BlocksKeyRef, U64, U64))
+RELEASED_KEYS = st.one_of(st.builds(CacheKeyRef, U64, U64, U64, U64), st.builds(IdIndexRef, U64, I64, U32))
+KEYS = st.one_of(RELEASED_KEYS, st.builds(BlocksKeyRef, U64, U64))
 SPECS = st.builds(RemoteSpec, KEYS, st.sampled_from(list(ReadMode)), st.lists(U64, max_size=300).map(tuple), I64,
                   U64, U32, U32, U64)
-READS = st.builds(ReadCmd, U64, U64, SPECS, U32, st.booleans())
+CALLS = st.one_of(
+    st.builds(ReadCmd, U64, U64, SPECS, U32, st.booleans()),
+    st.builds(GrantReadCmd, U64, SPECS, U32),
+    st.builds(OpenWriteCmd, U64, st.lists(SPECS, min_size=1, max_size=5).map(tuple), U32, U32),
+    st.builds(CommitWriteCmd, U64, st.lists(U64, max_size=50).map(tuple), U32),
+    st.builds(ReleaseCmd, U64, RELEASED_KEYS, U32, U32),
+    st.builds(UnlinkCmd, U64), st.builds(PingCmd, U64),
+    st.builds(DoneReadCmd, U64, U64, st.booleans()))
 REPLIES = st.builds(OwnerReply, U64, I64, st.text(max_size=200), st.lists(U64, max_size=50).map(tuple), U64,
                     st.booleans(), st.binary(max_size=5000), st.binary(max_size=300))
 
 
-@given(READS)
-def test_a_read_round_trips_through_the_codec(cmd: ReadCmd) -> None:
-    frame = CALL_CODEC.encode_command(cmd)
+@given(CALLS)
+def test_every_call_round_trips(cmd) -> None:  # noqa: ANN001
+    frame = ownerwire.encode_call(cmd)
     assert frame[0] == ownerwire.TAG
-    assert CALL_CODEC.decode_command(frame) == cmd
+    assert ownerwire.decode_call(frame) == cmd
 
 
 @given(REPLIES)
-def test_a_reply_round_trips_through_the_codec(reply: OwnerReply) -> None:
-    assert CALL_CODEC.decode_reply(CALL_CODEC.encode_reply(reply)) == reply
+def test_a_reply_round_trips(reply: OwnerReply) -> None:
+    assert ownerwire.decode_reply(ownerwire.encode_reply(reply)) == reply
 
 
 def _read(**kw: object) -> ReadCmd:
@@ -45,54 +66,147 @@ def _read(**kw: object) -> ReadCmd:
                       "inline": True, **kw})  # type: ignore[arg-type]
 
 
-@given(st.integers(0, 60))
+@given(st.integers(0, 120))
 def test_a_read_cut_short_is_refused(cut: int) -> None:
-    frame = ownerwire.encode_read(_read())
+    frame = ownerwire.encode_call(_read())
     with pytest.raises(DataDistError) as info:
-        ownerwire.decode_read(frame[:cut] if cut < ownerwire._READ.size else frame[:-1 - cut % 8])
+        ownerwire.decode_call(frame[:cut] if cut < ownerwire.READ.size else frame[:-1 - cut % 8])
     assert info.value.code == S.LLM_PARAM_INVALID
 
 
 def test_a_read_with_bytes_left_over_is_refused_with_its_id() -> None:
     with pytest.raises(RefusedCall) as info:
-        ownerwire.decode_read(ownerwire.encode_read(_read()) + b"\0" * 8)
+        ownerwire.decode_call(ownerwire.encode_call(_read()) + b"\0" * 8)
     assert info.value.command_id == 7 and info.value.code == S.LLM_PARAM_INVALID
 
 
-def _patched(frame: bytes, field: int, value: int) -> bytes:
-    fields = list(ownerwire._READ.unpack_from(frame))
+def _patched(layout: struct.Struct, frame: bytes, field: int, value: int) -> bytes:
+    fields = list(layout.unpack_from(frame))
     fields[field] = value
-    return ownerwire._READ.pack(*fields) + frame[ownerwire._READ.size:]
+    return layout.pack(*fields) + frame[layout.size:]
 
 
+#: READ's fields: 0 tag, 1 op, 2 flags, 3 timeout, 4 command id, 5 transfer id, then the spec: 6 key kind,
+#: 7-8 reserved, 9-12 key, 13 mode, 14 reserved, 15 blocks, ...
 @pytest.mark.parametrize("field,value,what", [
-    (2, 9, "key kind"), (3, 7, "mode"), (4, 0x8, "flags"), (5, 1, "reserved"),
-    (7, ownerwire.MAX_BLOCKS + 1, "blocks")])
+    (6, 9, "key kind"), (6, 0, "no key"), (7, 1, "key reserved"), (8, 1, "key reserved"), (13, 7, "mode"),
+    (2, 0x8, "flags"), (14, 1, "reserved"), (15, ownerwire.MAX_BLOCKS + 1, "blocks")])
 def test_a_read_out_of_range_is_refused_with_its_id(field: int, value: int, what: str) -> None:
     """A hostile peer naming a huge block count or a reserved field is refused before anything is allocated for it."""
     with pytest.raises(RefusedCall) as info:
-        ownerwire.decode_read(_patched(ownerwire.encode_read(_read()), field, value))
+        ownerwire.decode_call(_patched(ownerwire.READ, ownerwire.encode_call(_read()), field, value))
     assert info.value.command_id == 7 and info.value.code == S.LLM_PARAM_INVALID, what
 
 
-def test_an_unknown_binary_call_is_dropped_unanswered() -> None:
-    frame = ownerwire.encode_read(_read())
+SPEC = RemoteSpec(CacheKeyRef(1, 2, 3, 4), ReadMode.BLOCKS, (5, 6), -1, 0, 0, 0, 64)
+
+
+def _piece_patched(field: int, value: int) -> bytes:
+    """An open write of two pieces whose second piece has ``field`` (of ``ownerwire.SPEC``) set to ``value``."""
+    frame = ownerwire.encode_call(OpenWriteCmd(7, (SPEC, SPEC), 100))
+    at = ownerwire.OPEN.size + ownerwire.SPEC.size
+    return frame[:at] + _patched(ownerwire.SPEC, frame[at:], field, value)
+
+
+@pytest.mark.parametrize("frame,what", [
+    (_patched(ownerwire.READ, ownerwire.encode_call(GrantReadCmd(7, SPEC, 100)), 5, 3), "a grant naming a transfer"),
+    (_patched(ownerwire.READ, ownerwire.encode_call(GrantReadCmd(7, SPEC, 100)), 2, 1), "grant flags"),
+    (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, 0), "no piece"),
+    (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, 2), "a piece missing"),
+    (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, MAX_OPEN_PER_CALL + 1),
+     "too many pieces"),
+    (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC, SPEC), 100)), 6, 1), "bytes left over"),
+    (ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100))[:-8], "a block missing"),
+    (_piece_patched(9, ownerwire.MAX_BLOCKS + 1), "a piece of too many blocks"),
+    (_piece_patched(7, 5), "a piece of an unknown mode"),
+    (_piece_patched(0, 0), "a piece naming no key"),
+    (_patched(ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(7, (1, 2), 100)), 5, 3), "an id missing"),
+    (_patched(ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(7, (1, 2), 100)), 5, MAX_OPEN_PER_CALL + 1),
+     "too many transfers"),
+    (_patched(ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(7, (1,), 100)), 6, 1), "commit reserved"),
+    (_patched(ownerwire.RELEASE, ownerwire.encode_call(ReleaseCmd(7, CacheKeyRef(1, 2, 3), 0, 1)), 5, 3),
+     "a release of a blocks key"),
+    (ownerwire.encode_call(ReleaseCmd(7, CacheKeyRef(1, 2, 3), 0, 1)) + b"\0", "release bytes left over"),
+    (_patched(ownerwire.DONE, ownerwire.encode_call(DoneReadCmd(7, 3, True)), 2, 2), "done flags"),
+    (ownerwire.encode_call(PingCmd(7)) + b"\0", "ping bytes left over"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(UnlinkCmd(7)), 3, 1), "unlink reserved"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 0), "op 0"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 9), "an unknown op"),
+    (ownerwire.encode_call(_read())[:ownerwire.HEAD.size], "a read of its head only"),
+])
+def test_a_malformed_call_is_refused_with_its_id(frame: bytes, what: str) -> None:
+    with pytest.raises(RefusedCall) as info:
+        ownerwire.decode_call(frame)
+    assert info.value.command_id == 7 and info.value.code == S.LLM_PARAM_INVALID, what
+
+
+def test_a_spec_of_more_blocks_than_the_bound_is_refused_even_when_the_frame_holds_them() -> None:
+    many = RemoteSpec(BlocksKeyRef(1, 0), ReadMode.BLOCKS, (0,) * (ownerwire.MAX_BLOCKS + 1), -1, 0, 0, 0, 1)
+    for cmd in (ReadCmd(7, 1, many, 100), GrantReadCmd(7, many, 100), OpenWriteCmd(7, (SPEC, many), 100)):
+        with pytest.raises(RefusedCall) as info:
+            ownerwire.decode_call(ownerwire.encode_call(cmd))
+        assert info.value.command_id == 7 and "at most" in info.value.message, type(cmd).__name__
+
+
+@pytest.mark.parametrize("frame", [b"", b"\xff", bytes(15), b"\xfe" + bytes(40), b"\x0a\x05abc" * 10])
+def test_a_frame_that_names_no_call_is_refused_without_an_id(frame: bytes) -> None:
     with pytest.raises(DataDistError) as info:
-        CALL_CODEC.decode_command(frame[:1] + b"\x09" + frame[2:])
+        ownerwire.decode_call(frame)
     assert not isinstance(info.value, RefusedCall) and info.value.code == S.LLM_PARAM_INVALID
 
 
-@pytest.mark.parametrize("mangle", [lambda f: f[:-1], lambda f: f + b"x", lambda f: f[:10]])
+@pytest.mark.parametrize("mangle", [lambda f: f[:-1], lambda f: f + b"x", lambda f: f[:10], lambda f: b"\0" + f[1:]])
 def test_a_malformed_reply_is_refused(mangle) -> None:  # noqa: ANN001
     frame = ownerwire.encode_reply(OwnerReply(3, 0, "fine", (1, 2), 10, True, b"0123456789", b"grant"))
     with pytest.raises(DataDistError) as info:
-        CALL_CODEC.decode_reply(mangle(frame))
+        ownerwire.decode_reply(mangle(frame))
     assert info.value.code == S.LLM_PARAM_INVALID
 
 
-def test_no_protobuf_message_starts_like_a_binary_frame() -> None:
-    """What tells the two apart: a protobuf OwnerCall never starts with the tag (wire type 7 does not exist)."""
-    from datadistd.links.wire.ownercalls import PingCmd
+def _hostile(draw, frame: bytes) -> bytes:  # noqa: ANN001
+    """``frame`` with a few bytes overwritten (counts and lengths included), cut, or grown."""
+    data = bytearray(frame)
+    for _ in range(draw(st.integers(0, 4))):
+        if data:
+            at = draw(st.integers(0, len(data) - 1))
+            data[at:at + 4] = draw(st.sampled_from([b"\xff\xff\xff\xff", b"\0\0\0\0", b"\x01\0\0\0", b"\0\0\x10\0",
+                                                    b"\x09", b"\x80"]))
+    cut = draw(st.integers(0, len(data)))
+    return bytes(data[:cut] if draw(st.booleans()) else data) + draw(st.binary(max_size=24))
 
-    assert CALL_CODEC.encode_command(PingCmd(1))[0] != ownerwire.TAG
-    assert isinstance(CALL_CODEC.decode_command(CALL_CODEC.encode_command(PingCmd(1))), PingCmd)
+
+@st.composite
+def hostile_calls(draw) -> bytes:  # noqa: ANN001
+    return draw(st.one_of(st.binary(max_size=200), CALLS.map(ownerwire.encode_call).map(lambda f: _hostile(draw, f))))
+
+
+@st.composite
+def hostile_replies(draw) -> bytes:  # noqa: ANN001
+    return draw(st.one_of(st.binary(max_size=200),
+                          REPLIES.map(ownerwire.encode_reply).map(lambda f: _hostile(draw, f))))
+
+
+FUZZ = settings(max_examples=600, derandomize=True, database=None, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@FUZZ
+@given(hostile_calls())
+def test_decoding_any_call_bytes_raises_only_the_codecs_error(data: bytes) -> None:
+    """Whatever a linked peer sends, decoding answers a call or ``DataDistError`` (``RefusedCall`` with the id the
+    frame names) -- never another exception, and never a call whose frame would encode differently."""
+    try:
+        cmd = ownerwire.decode_call(data)
+    except DataDistError as exc:
+        assert exc.code == S.LLM_PARAM_INVALID
+        return
+    assert ownerwire.encode_call(cmd) == data
+
+
+@FUZZ
+@given(hostile_replies())
+def test_decoding_any_reply_bytes_raises_only_the_codecs_error(data: bytes) -> None:
+    try:
+        ownerwire.decode_reply(data)
+    except DataDistError as exc:
+        assert exc.code == S.LLM_PARAM_INVALID

@@ -21,7 +21,18 @@ def test_the_peer_service_has_only_the_pre_channel_rpcs() -> None:
     assert not any(m.client_streaming or m.server_streaming for m in methods)
 
 
-def test_every_owner_call_kind_is_a_frame() -> None:
-    """The frame payload names every kind of call the removed RPCs made, and the read grants (issue 28)."""
-    kinds = {f.name for f in peer_pb2.OwnerCall.DESCRIPTOR.oneofs_by_name["command"].fields}
-    assert kinds == {"open_write", "commit_write", "read", "release", "unlink", "ping", "grant_read", "done_read"}
+def test_owner_calls_have_one_encoding() -> None:
+    """Every kind of owner call (the removed RPCs' and the read grants) is an ``ownerwire`` frame, and peer.proto has
+    no message for one: a second encoding must not come back."""
+    import typing
+
+    from datadistd.links.wire import ownerwire
+    from datadistd.links.wire.ownercalls import OwnerCall
+
+    kinds = {cls.__name__ for cls in typing.get_args(OwnerCall)}
+    assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd",
+                     "GrantReadCmd", "DoneReadCmd"}
+    assert len(ownerwire._SMALLEST) == len(kinds)
+    messages = set(peer_pb2.DESCRIPTOR.message_types_by_name)
+    assert messages == {"ChallengeRequest", "ChallengeResponse", "HandshakeRequest", "HandshakeResponse",
+                        "CacheLayout"}, f"peer.proto grew {sorted(messages)}: owner calls are ownerwire frames"

@@ -20,6 +20,7 @@ from datadistd.memory.copy import BufferHandle
 from datadistd.state import readview
 from datadistd.state.engine import tensors_of
 from datadistd.state.metrics import DaemonMetrics
+from tests.fakes import pulled
 
 from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order
 
@@ -34,7 +35,7 @@ def _fill(slot: Any, cache_id: int, value: int) -> None:
 async def _warm(pair: Pair, dst: int) -> None:
     """The first inline read goes by the event loop, which publishes the view; the next one is the reader's."""
     serving, linking = pair.links
-    await linking.pull(_order(P, dst, [0], [0]))
+    await pulled(linking, _order(P, dst, [0], [0]))
     assert readview.current(serving.engine)
 
 
@@ -66,7 +67,7 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
             counted = metrics.bound("serve_read", str(P), str(D))
             nbytes, nblocks = counted.bytes()._value.get(), counted.blocks()._value.get()
             for _ in range(5):
-                assert await linking.pull(_order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
+                assert await pulled(linking, _order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
             assert _reads(serving, before + 5 * 4 * BLOCK) == before + 5 * 4 * BLOCK   # the reader threads'
             assert _loop_bytes(serving) == loop_out          # the owner's event loop answered none of them
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
@@ -91,7 +92,7 @@ def test_a_link_doing_only_reader_thread_reads_stays_alive() -> None:
             link = next(iter(serving.table.served.values()))
             link.last_seen = time.monotonic() - 3600           # as if nothing came for an hour
             loop_out, before = _loop_bytes(serving), _reads(serving)
-            await linking.pull(_order(P, dst, [3], [3]))
+            await pulled(linking, _order(P, dst, [3], [3]))
             assert _reads(serving, before + 1) > before and _loop_bytes(serving) == loop_out
             assert time.monotonic() - link.last_seen < 5
 
@@ -159,9 +160,9 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
             assert waited >= 0.2
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[5] == t + 1).all()          # the registered cache's bytes, never 0xEE
-            reads = _reads(serving)
+            reads = _reads(serving, 2 * BLOCK)   # the paused read's, counted once its reply is out
             with pytest.raises(DataDistError) as info:
-                await linking.pull(_order(P, dst, [6], [6]))
+                await pulled(linking, _order(P, dst, [6], [6]))
             assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST   # the loop's refusal: a reader thread never refuses
             assert _reads(serving) == reads
             for tensor in _bytes(pair.ds, dst):
@@ -185,7 +186,7 @@ def test_a_cache_not_remotely_accessible_is_not_read_by_the_reader_thread() -> N
                                           remote_accessible=False)
             reads = _reads(serving)
             with pytest.raises(DataDistError) as info:
-                await linking.pull(_order(P, dst, [2], [2]))
+                await pulled(linking, _order(P, dst, [2], [2]))
             assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
             assert _reads(serving) == reads
             view = serving.engine.read_view

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.core.types import Role
 from datadistd.node.node import Node
 from datadistd.state.config import Config
@@ -16,7 +15,7 @@ from tests.fakes import worker_session
 
 def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
     async def main() -> None:
-        node = Node(Config(), call_codec=CALL_CODEC)
+        node = Node(Config())
         try:
             slot = await node.init_engine(7, Role.PROMPT, {"llm.MemPoolConfig": '{"memory_size": 1048576}'},
                                           worker_session(node))

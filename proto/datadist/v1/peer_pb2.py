@@ -25,43 +25,23 @@ _sym_db = _symbol_database.Default()
 from datadist.v1 import common_pb2 as datadist_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61tadist/v1/peer.proto\x12\x0b\x64\x61tadist.v1\x1a\x18\x64\x61tadist/v1/common.proto\"\x8f\x03\n\tOwnerCall\x12\x12\n\ncommand_id\x18\x01 \x01(\x04\x12/\n\nopen_write\x18\x02 \x01(\x0b\x32\x19.datadist.v1.WriteRequestH\x00\x12\x32\n\x0c\x63ommit_write\x18\x03 \x01(\x0b\x32\x1a.datadist.v1.CommitRequestH\x00\x12(\n\x04read\x18\x04 \x01(\x0b\x32\x18.datadist.v1.ReadRequestH\x00\x12.\n\x07release\x18\x05 \x01(\x0b\x32\x1b.datadist.v1.ReleaseRequestH\x00\x12%\n\x06unlink\x18\x06 \x01(\x0b\x32\x13.datadist.v1.UnlinkH\x00\x12!\n\x04ping\x18\x07 \x01(\x0b\x32\x11.datadist.v1.PingH\x00\x12.\n\ngrant_read\x18\x08 \x01(\x0b\x32\x18.datadist.v1.ReadRequestH\x00\x12*\n\tdone_read\x18\t \x01(\x0b\x32\x15.datadist.v1.DoneReadH\x00\x42\t\n\x07\x63ommand\"\xb6\x01\n\nOwnerReply\x12\x12\n\ncommand_id\x18\x02 \x01(\x04\x12\x0e\n\x06status\x18\x03 \x01(\x03\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x13\n\x0btransfer_id\x18\x05 \x01(\x04\x12\r\n\x05\x62ytes\x18\x06 \x01(\x04\x12\x16\n\x0erelease_needed\x18\x07 \x01(\x08\x12\x19\n\x11more_transfer_ids\x18\x08 \x03(\x04\x12\r\n\x05grant\x18\t \x01(\x0cJ\x04\x08\x01\x10\x02R\x07session\"<\n\x08\x44oneRead\x12\x10\n\x08grant_id\x18\x02 \x01(\x04\x12\x0f\n\x07\x63onsume\x18\x03 \x01(\x08J\x04\x08\x01\x10\x02R\x07session\"b\n\x10\x43hallengeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\"@\n\x11\x43hallengeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tchallenge\x18\x02 \x01(\x0c\"\xb0\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\x12\x11\n\tchallenge\x18\x04 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63lient_version\x18\x07 \x01(\t\"\xd0\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11server_cluster_id\x18\x02 \x01(\x04\x12\x0f\n\x07session\x18\x03 \x01(\x0c\x12\x15\n\rdata_endpoint\x18\x04 \x01(\t\x12\x0f\n\x07streams\x18\x05 \x01(\r\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0eserver_version\x18\x07 \x01(\t\x12(\n\x06\x63\x61\x63hes\x18\x08 \x03(\x0b\x32\x18.datadist.v1.CacheLayout\"X\n\x0b\x43\x61\x63heLayout\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12$\n\x04\x64\x65sc\x18\x02 \x01(\x0b\x32\x16.datadist.v1.CacheDesc\x12\x11\n\tis_blocks\x18\x03 \x01(\x08\"\x17\n\x06UnlinkJ\x04\x08\x01\x10\x02R\x07session\"\x15\n\x04PingJ\x04\x08\x01\x10\x02R\x07session\"\xfe\x01\n\x0bReadRequest\x12\x13\n\x0btransfer_id\x18\x02 \x01(\x04\x12 \n\x03key\x18\x03 \x01(\x0b\x32\x13.datadist.v1.AnyKey\x12#\n\x04mode\x18\x04 \x01(\x0e\x32\x15.datadist.v1.ReadMode\x12\x0e\n\x06\x62locks\x18\x05 \x03(\x04\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x0e\n\x06offset\x18\x07 \x01(\x04\x12\x14\n\x0ctensor_start\x18\x08 \x01(\r\x12\x14\n\x0ctensor_count\x18\t \x01(\r\x12\x16\n\x0e\x65xpected_bytes\x18\n \x01(\x04\x12\x12\n\ntimeout_ms\x18\x0b \x01(\rJ\x04\x08\x01\x10\x02R\x07session\"m\n\x0eReleaseRequest\x12 \n\x03key\x18\x02 \x01(\x0b\x32\x13.datadist.v1.AnyKey\x12\x14\n\x0ctensor_start\x18\x03 \x01(\r\x12\x14\n\x0ctensor_count\x18\x04 \x01(\rJ\x04\x08\x01\x10\x02R\x07session\"\xa4\x02\n\x0cWriteRequest\x12 \n\x03key\x18\x02 \x01(\x0b\x32\x13.datadist.v1.AnyKey\x12#\n\x04mode\x18\x03 \x01(\x0e\x32\x15.datadist.v1.ReadMode\x12\x0e\n\x06\x62locks\x18\x04 \x03(\x04\x12\x0c\n\x04size\x18\x05 \x01(\x03\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x14\n\x0ctensor_start\x18\x07 \x01(\r\x12\x14\n\x0ctensor_count\x18\x08 \x01(\r\x12\x16\n\x0e\x65xpected_bytes\x18\t \x01(\x04\x12\x12\n\ntimeout_ms\x18\n \x01(\r\x12\'\n\x04more\x18\x0b \x03(\x0b\x32\x19.datadist.v1.WriteRequest\x12\x0f\n\x07hold_ms\x18\x0c \x01(\rJ\x04\x08\x01\x10\x02R\x07session\"b\n\rCommitRequest\x12\x13\n\x0btransfer_id\x18\x02 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x19\n\x11more_transfer_ids\x18\x04 \x03(\x04J\x04\x08\x01\x10\x02R\x07session**\n\x08ReadMode\x12\x0f\n\x0bREAD_BLOCKS\x10\x00\x12\r\n\tREAD_SLOT\x10\x01\x32\x9e\x01\n\x04Peer\x12J\n\tChallenge\x12\x1d.datadist.v1.ChallengeRequest\x1a\x1e.datadist.v1.ChallengeResponse\x12J\n\tHandshake\x12\x1d.datadist.v1.HandshakeRequest\x1a\x1e.datadist.v1.HandshakeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61tadist/v1/peer.proto\x12\x0b\x64\x61tadist.v1\x1a\x18\x64\x61tadist/v1/common.proto\"b\n\x10\x43hallengeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\"@\n\x11\x43hallengeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tchallenge\x18\x02 \x01(\x0c\"\xb0\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\x12\x11\n\tchallenge\x18\x04 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63lient_version\x18\x07 \x01(\t\"\xd0\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11server_cluster_id\x18\x02 \x01(\x04\x12\x0f\n\x07session\x18\x03 \x01(\x0c\x12\x15\n\rdata_endpoint\x18\x04 \x01(\t\x12\x0f\n\x07streams\x18\x05 \x01(\r\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0eserver_version\x18\x07 \x01(\t\x12(\n\x06\x63\x61\x63hes\x18\x08 \x03(\x0b\x32\x18.datadist.v1.CacheLayout\"X\n\x0b\x43\x61\x63heLayout\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12$\n\x04\x64\x65sc\x18\x02 \x01(\x0b\x32\x16.datadist.v1.CacheDesc\x12\x11\n\tis_blocks\x18\x03 \x01(\x08\x32\x9e\x01\n\x04Peer\x12J\n\tChallenge\x12\x1d.datadist.v1.ChallengeRequest\x1a\x1e.datadist.v1.ChallengeResponse\x12J\n\tHandshake\x12\x1d.datadist.v1.HandshakeRequest\x1a\x1e.datadist.v1.HandshakeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'datadist.v1.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_READMODE']._serialized_start=2171
-  _globals['_READMODE']._serialized_end=2213
-  _globals['_OWNERCALL']._serialized_start=66
-  _globals['_OWNERCALL']._serialized_end=465
-  _globals['_OWNERREPLY']._serialized_start=468
-  _globals['_OWNERREPLY']._serialized_end=650
-  _globals['_DONEREAD']._serialized_start=652
-  _globals['_DONEREAD']._serialized_end=712
-  _globals['_CHALLENGEREQUEST']._serialized_start=714
-  _globals['_CHALLENGEREQUEST']._serialized_end=812
-  _globals['_CHALLENGERESPONSE']._serialized_start=814
-  _globals['_CHALLENGERESPONSE']._serialized_end=878
-  _globals['_HANDSHAKEREQUEST']._serialized_start=881
-  _globals['_HANDSHAKEREQUEST']._serialized_end=1057
-  _globals['_HANDSHAKERESPONSE']._serialized_start=1060
-  _globals['_HANDSHAKERESPONSE']._serialized_end=1268
-  _globals['_CACHELAYOUT']._serialized_start=1270
-  _globals['_CACHELAYOUT']._serialized_end=1358
-  _globals['_UNLINK']._serialized_start=1360
-  _globals['_UNLINK']._serialized_end=1383
-  _globals['_PING']._serialized_start=1385
-  _globals['_PING']._serialized_end=1406
-  _globals['_READREQUEST']._serialized_start=1409
-  _globals['_READREQUEST']._serialized_end=1663
-  _globals['_RELEASEREQUEST']._serialized_start=1665
-  _globals['_RELEASEREQUEST']._serialized_end=1774
-  _globals['_WRITEREQUEST']._serialized_start=1777
-  _globals['_WRITEREQUEST']._serialized_end=2069
-  _globals['_COMMITREQUEST']._serialized_start=2071
-  _globals['_COMMITREQUEST']._serialized_end=2169
-  _globals['_PEER']._serialized_start=2216
-  _globals['_PEER']._serialized_end=2374
+  _globals['_CHALLENGEREQUEST']._serialized_start=65
+  _globals['_CHALLENGEREQUEST']._serialized_end=163
+  _globals['_CHALLENGERESPONSE']._serialized_start=165
+  _globals['_CHALLENGERESPONSE']._serialized_end=229
+  _globals['_HANDSHAKEREQUEST']._serialized_start=232
+  _globals['_HANDSHAKEREQUEST']._serialized_end=408
+  _globals['_HANDSHAKERESPONSE']._serialized_start=411
+  _globals['_HANDSHAKERESPONSE']._serialized_end=619
+  _globals['_CACHELAYOUT']._serialized_start=621
+  _globals['_CACHELAYOUT']._serialized_end=709
+  _globals['_PEER']._serialized_start=712
+  _globals['_PEER']._serialized_end=870
 # @@protoc_insertion_point(module_scope)

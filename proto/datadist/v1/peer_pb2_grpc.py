@@ -26,11 +26,13 @@ if _version_not_supported:
 
 
 class PeerStub:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
     After the handshake the authenticated data channel carries everything else as frames: the owner
-    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
-    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
-    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
+    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
+    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
+    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
+    encoding.
     """
 
     def __init__(self, channel):
@@ -52,11 +54,13 @@ class PeerStub:
 
 
 class PeerServicer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
     After the handshake the authenticated data channel carries everything else as frames: the owner
-    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
-    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
-    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
+    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
+    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
+    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
+    encoding.
     """
 
     def Challenge(self, request, context):
@@ -97,11 +101,13 @@ def add_PeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Peer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 5).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
     After the handshake the authenticated data channel carries everything else as frames: the owner
-    calls of a transfer, unlink and liveness are OwnerCall / OwnerReply payloads of CALL / REPLY
-    frames (datadistd.transport.tcp's wire format). Removed in protocol 3, never to return under these
-    names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite, CommitWrite, Reverse.
+    calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
+    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
+    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
+    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
+    encoding.
     """
 
     @staticmethod

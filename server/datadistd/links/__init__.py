@@ -126,10 +126,8 @@ class LinkManager:
 
     # ---- transfers ----------------------------------------------------------------------------
 
-    async def pull(self, order: TransferOrder) -> tuple[int, str]:
-        return await self.requester.pull(order)
-
     def start_pull(self, order: TransferOrder, done: PullDone) -> None:
+        """The one way a pull starts: its end goes to ``done`` (``Requester.start_pull``)."""
         self.requester.start_pull(order, done)
 
     async def push(self, order: TransferOrder) -> tuple[int, str]:

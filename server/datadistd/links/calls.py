@@ -18,11 +18,11 @@ from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
 from .wire import ownerwire
+from .wire.framecalls import FrameCalls
 from .wire.ownercalls import (
     INLINE_READ_MAX,
     CommitWriteCmd,
     DoneReadCmd,
-    FrameCalls,
     GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
@@ -59,7 +59,7 @@ class OwnerCalls:
                 raise DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster {remote_cluster}")
             return ch.try_control(CONTROL_CALL, payload, deadline)
 
-        return FrameCalls(remote_cluster, self.table.node.call_codec, send, try_send)
+        return FrameCalls(remote_cluster, send, try_send)
 
     async def _control_frame(self, channel: Channel | None, remote_cluster: int, kind: int, payload: bytes,
                              deadline: float, principal: str) -> None:
@@ -115,9 +115,10 @@ class OwnerCalls:
             return False
         link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
         try:
-            cmd = ownerwire.decode_read(payload)
-        except Exception:   # noqa: BLE001 - a frame the event loop refuses (or drops) with its status code
+            cmd = ownerwire.decode_call(payload)
+        except DataDistError:   # a frame the event loop refuses (or drops) with its status code
             return False
+        assert isinstance(cmd, ReadCmd)   # ``is_inline_read`` said so
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
             try:
                 data = readview.read_now(table.engine, cmd.spec, INLINE_READ_MAX)
@@ -135,14 +136,13 @@ class OwnerCalls:
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
-        codec = self.table.node.call_codec
         try:
             if kind == CONTROL_REPLY:       # answers still count while the engine finalizes (its unlink calls)
-                link.calls.on_reply(codec.decode_reply(payload))
+                link.calls.on_reply(ownerwire.decode_reply(payload))
                 return
             if self.table.closed:
                 return
-            cmd = codec.decode_command(payload)
+            cmd = ownerwire.decode_call(payload)
         except RefusedCall as exc:
             self.table.spawn(self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
             return
@@ -258,7 +258,7 @@ class OwnerCalls:
         none takes it now or the link has no live channel."""
         channel = self.table.channel_of(link)
         return channel is not None and not channel.broken and channel.try_control(
-            CONTROL_REPLY, self.table.node.call_codec.encode_reply(reply), time.monotonic() + self._reply_seconds())
+            CONTROL_REPLY, ownerwire.encode_reply(reply), time.monotonic() + self._reply_seconds())
 
     def _reply_seconds(self) -> float:
         return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
@@ -267,7 +267,7 @@ class OwnerCalls:
         deadline = time.monotonic() + self._reply_seconds()
         try:
             await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
-                                      self.table.node.call_codec.encode_reply(reply), deadline, link.principal)
+                                      ownerwire.encode_reply(reply), deadline, link.principal)
         except DataDistError as exc:
             log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id, reply.command_id,
                      link.remote_cluster, exc)

@@ -15,7 +15,7 @@ from ..core.types import RemoteSpec
 from ..guard.quota import LinkUsage
 from ..state.engine import Engine
 from ..transport.base import Channel, Receipt
-from .wire.ownercalls import FrameCalls
+from .wire.framecalls import FrameCalls
 
 #: clusters one link_clusters / unlink_clusters call may name (CANN: LLM_CLUSTER_NUM_EXCEED_LIMIT past it)
 MAX_CLUSTERS_PER_CALL = 16

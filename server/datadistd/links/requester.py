@@ -20,7 +20,8 @@ from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
 from .table import LinkTable
-from .wire.ownercalls import INLINE_READ_MAX, FrameCalls, OwnerReply
+from .wire.framecalls import FrameCalls, answered
+from .wire.ownercalls import INLINE_READ_MAX, OwnerReply
 
 log = logging.getLogger("datadistd.links")
 
@@ -94,7 +95,8 @@ class Requester:
         """A pull whose end goes to ``done`` -- ``(bytes, transport)`` or the ``DataDistError`` -- exactly once,
         from the event loop, possibly before this returns (an order refused at once). A small pull over a link
         whose transport answers small reads inline, into mapped memory, runs without a task: one call frame out,
-        the reply's bytes copied in where it is handed to the loop; any other pull runs ``pull`` as a task."""
+        the reply's bytes copied in where it is handed to the loop; any other pull runs ``_pull`` as a task. The one
+        way a pull starts."""
         try:
             p = self._prepare_pull(order)
             link = p.link
@@ -152,13 +154,6 @@ class Requester:
             self._end(p, ok=True)
         done((p.nbytes, p.link.transport))
 
-    async def pull(self, order: TransferOrder) -> tuple[int, str]:
-        p = self._prepare_pull(order)
-        try:
-            return await self._pull(p)
-        except DataDistError as exc:
-            raise _explained(exc, p.entry, p.spec) from None
-
     async def _pull(self, p: _Pull) -> tuple[int, str]:
         self._hold(p)
         ok = False
@@ -192,9 +187,11 @@ class Requester:
         if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
             # small: the bytes come in the reply (no receipt, no DATA frame)
             try:
-                data, release = await calls.read_inline(spec, deadline - time.monotonic())
+                reply: OwnerReply = await answered(
+                    lambda done: calls.start_read_inline(spec, deadline - time.monotonic(), done))
             except DataDistError as exc:
                 raise self._transfer_failure(link, exc, timeout_ms) from None
+            data, release = reply.data, reply.release_needed
             if all_mapped(dst):
                 write_bytes(dst, data)
             else:

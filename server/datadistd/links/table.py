@@ -31,7 +31,6 @@ from .model import (
     _Grant,
     _PendingWrite,
 )
-from .wire.ownercalls import CallCodec
 from .wire.peering import PeerClient
 
 log = logging.getLogger("datadistd.links")
@@ -44,7 +43,6 @@ class NodeContext(Protocol):
     version: str
     streams: int
     heartbeat_seconds: float
-    call_codec: CallCodec
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (guard/quota.py)
     link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)

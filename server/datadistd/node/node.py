@@ -26,7 +26,6 @@ from ..guard.quota import Charge, QuotaBook
 from ..links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from ..links.comm import CommManager
 from ..links.table import LinkTable
-from ..links.wire.ownercalls import CallCodec
 from ..links.wire.peering import PeerClient
 from ..memory import MemoryBackend, Pool, backend_from_config
 from ..memory.base import DeviceBackend
@@ -93,7 +92,7 @@ class EngineSlot:
 
 
 class Node:
-    def __init__(self, config: Config, *, call_codec: CallCodec, backend: MemoryBackend | None = None,
+    def __init__(self, config: Config, *, backend: MemoryBackend | None = None,
                  peer_connector: Callable[[str], PeerClient] | None = None,
                  listener_factory: ListenerFactory | None = None, peer_secret: PeerSecret | None = None) -> None:
         """``peer_secret``: what peers must prove (default: ``peersecret.peer_secret`` of ``config``, as a
@@ -106,8 +105,6 @@ class Node:
             log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s",
                         self.peer_secret.source, SECRET_FIX)
         self.config = config
-        # owner calls as bytes on the data channel (rpc.convert.CALL_CODEC: this package imports no protobuf)
-        self.call_codec = call_codec
         self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
         self.backend = backend or backend_from_config(config.memory)
         self.peer_connector: Callable[[str], PeerClient] = peer_connector or _no_peers

@@ -20,7 +20,6 @@ from typing import Any, Callable
 from grpc_health.v1 import health_pb2
 
 from ..api.attach import AttachServer, attach_path
-from ..api.grpc.convert import CALL_CODEC
 from ..api.grpc.server import (
     DATADIST_SERVICE,
     admin_path,
@@ -83,7 +82,7 @@ class DaemonApp:
             removed = backend.cleanup_stale(cfg.memory.shm_dir)
             if removed:
                 log.info("removed %d stale shared-memory segments of dead daemons", len(removed))
-        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls), call_codec=CALL_CODEC,
+        self.node = Node(cfg, backend=backend, peer_connector=grpc_peer_connector(self.tls),
                          listener_factory=functools.partial(start_peer_listener, tls=self.tls, metrics=self.metrics,
                                                             limits=cfg.peer.admission()),
                          peer_secret=self.peer_secret)

@@ -25,6 +25,7 @@ exists (``Transport.on_control``); the linking end on the channel it opened (``C
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from datadist.status import LLMStatusCode
@@ -33,7 +34,7 @@ from ..core.types import TransferId
 from ..memory.base import Segment
 
 __all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
-           "CONTROL_TRANSPORT", "CONTROL_KINDS"]
+           "CONTROL_TRANSPORT", "CONTROL_KINDS", "EarlyFrames", "EARLY_FRAMES_MAX"]
 
 #: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
@@ -43,6 +44,41 @@ CONTROL_KINDS = (CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT)
 
 #: ``handler(kind, payload)``: a control frame, called in a transport thread (keep it short)
 ControlHandler = Callable[[int, bytes], None]
+
+#: control frames a channel keeps while its handler is not set yet (``EarlyFrames``)
+EARLY_FRAMES_MAX = 256
+
+
+class EarlyFrames:
+    """Where a channel's control frames go: to its handler, or -- before one is set -- into a bounded backlog
+    that the handler gets, in arrival order, when it is set. Thread-safe (frames come from reader threads)."""
+
+    def __init__(self, limit: int = EARLY_FRAMES_MAX) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._handler: ControlHandler | None = None
+        self._frames: list[tuple[int, bytes]] = []
+
+    def deliver(self, kind: int, payload: bytes) -> bool:
+        """Hand one frame to the handler (in the calling thread), or keep it until there is one; False, the frame
+        not kept, when ``limit`` frames already wait (the caller breaks the channel: a peer flooding it)."""
+        with self._lock:
+            handler = self._handler
+            if handler is None:
+                if len(self._frames) >= self.limit:
+                    return False
+                self._frames.append((kind, payload))
+                return True
+        handler(kind, payload)
+        return True
+
+    def set_handler(self, handler: ControlHandler) -> None:
+        """From now on frames go to ``handler``; the ones kept so far are handed to it here, first."""
+        with self._lock:
+            self._handler = handler
+            frames, self._frames = self._frames, []
+        for kind, payload in frames:
+            handler(kind, payload)
 
 
 class Receipt(Protocol):

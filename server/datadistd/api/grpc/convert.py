@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from datadist.v1 import common_pb2, datadist_pb2, peer_pb2
 
 from ...core.errors import DataDistError, StatusCode, require
@@ -19,26 +17,9 @@ from ...core.types import (
     KeyRef,
     OwnerKey,
     Placement,
-    ReadMode,
-    RemoteSpec,
     Role,
 )
 from ...links import ClusterSpec
-from ...links.wire import ownerwire
-from ...links.wire.ownercalls import (
-    MAX_OPEN_PER_CALL,
-    CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
-    OpenWriteCmd,
-    OwnerCall,
-    OwnerReply,
-    PingCmd,
-    ReadCmd,
-    RefusedCall,
-    ReleaseCmd,
-    UnlinkCmd,
-)
 from ...links.wire.peering import HandshakeAnswer, HandshakeOffer
 from ..orders import blocks as _blocks
 from ..orders import enum_of as _enum
@@ -146,54 +127,6 @@ def cluster_from_pb(msg: datadist_pb2.ClusterLink) -> ClusterSpec:
 
 # ---- Peer service --------------------------------------------------------------------------------
 
-def spec_to_read_pb(transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> peer_pb2.ReadRequest:
-    """The spec of a ``grant_read`` call (a read itself is an ``ownerwire`` frame)."""
-    return peer_pb2.ReadRequest(transfer_id=transfer_id, key=key_to_pb(spec.key), mode=int(spec.mode),
-                                blocks=list(spec.blocks), size=spec.size, offset=spec.offset,
-                                tensor_start=spec.tensor_start, tensor_count=spec.tensor_count,
-                                expected_bytes=spec.expected_bytes, timeout_ms=timeout_ms)
-
-
-def _write_piece_pb(spec: RemoteSpec) -> peer_pb2.WriteRequest:
-    return peer_pb2.WriteRequest(key=key_to_pb(spec.key), mode=int(spec.mode), blocks=list(spec.blocks),
-                                 size=spec.size, offset=spec.offset, tensor_start=spec.tensor_start,
-                                 tensor_count=spec.tensor_count, expected_bytes=spec.expected_bytes)
-
-
-def specs_to_write_pb(specs: Sequence[RemoteSpec], timeout_ms: int,
-                      hold_ms: int = 0) -> peer_pb2.WriteRequest:
-    """An OpenWrite of one or more pieces: the first in the request's own fields, the others in ``more``."""
-    require(len(specs) > 0, "an open write needs at least one piece")
-    msg = _write_piece_pb(specs[0])
-    msg.timeout_ms, msg.hold_ms = timeout_ms, hold_ms
-    msg.more.extend(_write_piece_pb(s) for s in specs[1:])
-    return msg
-
-
-def specs_from_write_pb(msg: peer_pb2.WriteRequest) -> tuple[RemoteSpec, ...]:
-    """The pieces of an OpenWrite; ``LLM_PARAM_INVALID`` beyond ``MAX_OPEN_PER_CALL`` (before decoding them)."""
-    require(len(msg.more) < MAX_OPEN_PER_CALL,
-            f"an open write of {len(msg.more) + 1} pieces; at most {MAX_OPEN_PER_CALL} per call")
-    return (spec_from_pb(msg), *(spec_from_pb(m) for m in msg.more))
-
-
-def ids_to_pb(ids: Sequence[int]) -> dict[str, Any]:
-    """``transfer_id`` + ``more_transfer_ids`` of a CommitRequest / OwnerReply."""
-    return {"transfer_id": ids[0] if ids else 0, "more_transfer_ids": list(ids[1:])}
-
-
-def ids_from_pb(msg: peer_pb2.CommitRequest | peer_pb2.OwnerReply) -> tuple[int, ...]:
-    """The transfer ids of a message (none when it names none: a transfer id is never 0)."""
-    require(len(msg.more_transfer_ids) < MAX_OPEN_PER_CALL,
-            f"{len(msg.more_transfer_ids) + 1} transfers in one call; at most {MAX_OPEN_PER_CALL}")
-    return (msg.transfer_id, *msg.more_transfer_ids) if msg.transfer_id or msg.more_transfer_ids else ()
-
-
-def spec_from_pb(msg: peer_pb2.ReadRequest | peer_pb2.WriteRequest) -> RemoteSpec:
-    return RemoteSpec(key_from_pb(msg.key), _enum(ReadMode, msg.mode, "mode"), _blocks(msg.blocks, "blocks"),
-                      msg.size, msg.offset, msg.tensor_start, msg.tensor_count, msg.expected_bytes)
-
-
 def offer_to_pb(offer: HandshakeOffer) -> peer_pb2.HandshakeRequest:
     return peer_pb2.HandshakeRequest(protocol_version=offer.protocol_version,
                                      client_cluster_id=offer.client_cluster_id,
@@ -217,85 +150,3 @@ def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
 def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
     return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.session, msg.data_endpoint, msg.streams,
                            msg.mac, msg.server_version)
-
-
-def call_to_pb(cmd: OwnerCall) -> peer_pb2.OwnerCall:
-    """Every call but a read (``ownerwire``)."""
-    cid = cmd.command_id
-    if isinstance(cmd, OpenWriteCmd):
-        return peer_pb2.OwnerCall(command_id=cid, open_write=specs_to_write_pb(cmd.specs, cmd.timeout_ms,
-                                                                                    cmd.hold_ms))
-    if isinstance(cmd, CommitWriteCmd):
-        return peer_pb2.OwnerCall(command_id=cid, commit_write=peer_pb2.CommitRequest(
-            timeout_ms=cmd.timeout_ms, **ids_to_pb(cmd.transfer_ids)))
-    if isinstance(cmd, ReleaseCmd):
-        return peer_pb2.OwnerCall(command_id=cid, release=peer_pb2.ReleaseRequest(
-            key=key_to_pb(cmd.key), tensor_start=cmd.tensor_start, tensor_count=cmd.tensor_count))
-    if isinstance(cmd, PingCmd):
-        return peer_pb2.OwnerCall(command_id=cid, ping=peer_pb2.Ping())
-    if isinstance(cmd, GrantReadCmd):
-        return peer_pb2.OwnerCall(command_id=cid, grant_read=spec_to_read_pb(0, cmd.spec, cmd.timeout_ms))
-    if isinstance(cmd, DoneReadCmd):
-        done = peer_pb2.DoneRead(grant_id=cmd.grant_id, consume=cmd.consume)
-        return peer_pb2.OwnerCall(command_id=cid, done_read=done)
-    if isinstance(cmd, UnlinkCmd):
-        return peer_pb2.OwnerCall(command_id=cid, unlink=peer_pb2.Unlink())
-    raise TypeError(f"{type(cmd).__name__} travels as an ownerwire frame, not as a peer.proto message")
-
-
-def call_from_pb(msg: peer_pb2.OwnerCall) -> OwnerCall:
-    which = msg.WhichOneof("command")
-    cid = msg.command_id
-    if which == "open_write":
-        w = msg.open_write
-        return OpenWriteCmd(cid, specs_from_write_pb(w), w.timeout_ms, w.hold_ms)
-    if which == "commit_write":
-        c = msg.commit_write
-        return CommitWriteCmd(cid, ids_from_pb(c), c.timeout_ms)
-    if which == "release":
-        key = key_from_pb(msg.release.key)
-        require(isinstance(key, (CacheKeyRef, IdIndexRef)), "only CacheKey / CacheKeyByIdAndIndex pulls are released")
-        return ReleaseCmd(cid, key, msg.release.tensor_start,  # type: ignore[arg-type]
-                          msg.release.tensor_count)
-    if which == "unlink":
-        return UnlinkCmd(cid)
-    if which == "ping":
-        return PingCmd(cid)
-    if which == "grant_read":
-        g = msg.grant_read
-        return GrantReadCmd(cid, spec_from_pb(g), g.timeout_ms)
-    if which == "done_read":
-        return DoneReadCmd(cid, msg.done_read.grant_id, msg.done_read.consume)
-    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"owner call {cid} names no call this daemon knows")
-
-
-class ProtobufCallCodec:
-    """``ownercalls.CallCodec``: reads and every reply as ``ownerwire``'s fixed-layout frames (on every pull's
-    path), the other calls as ``peer.proto``'s ``OwnerCall`` messages; a call frame is told apart by its first
-    byte."""
-
-    def encode_command(self, cmd: OwnerCall) -> bytes:
-        if isinstance(cmd, ReadCmd):
-            return ownerwire.encode_read(cmd)
-        return call_to_pb(cmd).SerializeToString()
-
-    def decode_command(self, data: bytes) -> OwnerCall:
-        if ownerwire.is_binary(data):
-            return ownerwire.decode_read(data)
-        try:
-            msg = peer_pb2.OwnerCall.FromString(data)
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, "undecodable call frame") from None
-        try:
-            return call_from_pb(msg)
-        except DataDistError as exc:   # a valid frame asking for something invalid: answered with the code
-            raise RefusedCall(msg.command_id, exc.code, exc.message) from None
-
-    def encode_reply(self, reply: OwnerReply) -> bytes:
-        return ownerwire.encode_reply(reply)
-
-    def decode_reply(self, data: bytes) -> OwnerReply:
-        return ownerwire.decode_reply(data)
-
-
-CALL_CODEC = ProtobufCallCodec()

@@ -1,20 +1,23 @@
-"""Fixed-layout frames for the owner calls on every pull's path: ``read`` and every reply (peer protocol 5).
+"""The one wire encoding of owner calls: fixed-layout little-endian frames, a CALL per call, a REPLY per answer
+(peer protocol 6).
 
-The other owner calls (open/commit write, release, unlink, ping) stay ``peer.proto`` messages: they are per
-push or per link, not per small pull. A binary frame starts with ``TAG`` (0xFF), which no protobuf message
-can start with (field 31 of wire type 7 does not exist), so one CALL or REPLY payload is told apart by its
-first byte. All integers little-endian; every length is checked against the payload before anything is
-read, and a frame with bytes left over is refused.
+Every CALL frame starts with the same 16 bytes, then what its call needs (one ``struct`` layout per call kind,
+read with one ``unpack_from``; lists after it)::
 
-READ (``ReadCmd``)::
+    B tag (0xFF)  B op  H flags  I timeout_ms  Q command_id
 
-    B tag  B op=1  B key kind  B mode  H flags (bit 0: inline)  H reserved (0)  I timeout_ms  I blocks
-    Q command_id  Q transfer_id  Q key a  Q key b  Q key c  Q key d  q size  Q offset  I tensor_start
-    I tensor_count  Q expected_bytes
-    then ``blocks`` u64 block numbers
+    op 1 READ, 2 GRANT_READ: then  Q transfer_id (GRANT_READ: 0)  SPEC, then the spec's block numbers
+         (READ flags bit 0: inline -- the bytes come back in the reply)
+    op 3 OPEN_WRITE:  I hold_ms  I count, then ``count`` SPECs, then the block numbers of each spec in turn
+    op 4 COMMIT_WRITE:  I count  I reserved (0), then ``count`` u64 transfer ids
+    op 5 RELEASE:  KEY  I tensor_start  I tensor_count
+    op 6 UNLINK, op 7 PING:  nothing more
+    op 8 DONE_READ (flags bit 0: consume):  Q grant_id
 
-    key kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
-    b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
+    SPEC: KEY  B mode  B reserved (0)  I blocks  q size  Q offset  I tensor_start  I tensor_count  Q expected_bytes
+    KEY:  B kind  B reserved (0)  H reserved (0)  Q a  Q b  Q c  Q d
+          kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
+          b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
 
 REPLY (``OwnerReply``)::
 
@@ -23,7 +26,11 @@ REPLY (``OwnerReply``)::
     then the transfer ids (u64 each), the message (UTF-8), the grant (what a one-sided transport's read of a
     ``grant_read`` needs), the data (an inline read's bytes)
 
-No grpc and no protobuf here.
+Decoding is what a hostile (authenticated) peer reaches: every count is bounded and every length checked
+against the frame before anything is read or allocated, reserved fields and unknown flags must be 0, and a
+frame with bytes left over is refused. A CALL that names its ``command_id`` but asks for something invalid
+raises ``RefusedCall`` (the other end gets a REPLY with the code); one too short to name it, or not starting
+with the tag, raises ``DataDistError`` (dropped). Nothing else is ever raised. No grpc and no protobuf here.
 """
 
 from __future__ import annotations
@@ -34,103 +41,255 @@ import numpy as np
 
 from ...core.errors import DataDistError, StatusCode
 from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
-from .ownercalls import MAX_OPEN_PER_CALL, OwnerReply, ReadCmd, RefusedCall
+from . import ownercalls as oc
 
-__all__ = ["TAG", "is_inline_read", "encode_read", "decode_read", "encode_reply", "decode_reply", "is_binary"]
+__all__ = ["TAG", "MAX_BLOCKS", "is_inline_read", "encode_call", "decode_call", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
-_OP_READ = 1
-_READ = struct.Struct("<BBBBHHII QQQQQQ qQ II Q")
+OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ = range(1, 9)
+
+_HEAD = "<BBHIQ"                       # tag op flags timeout_ms command_id
+_KEY = "BBHQQQQ"                       # kind reserved reserved a b c d
+_SPEC_BODY = _KEY + "BBIqQIIQ"         # KEY mode reserved blocks size offset tensor_start tensor_count expected
+HEAD = struct.Struct(_HEAD)
+READ = struct.Struct(_HEAD + "Q" + _SPEC_BODY)          # READ and GRANT_READ
+SPEC = struct.Struct("<" + _SPEC_BODY)
+OPEN = struct.Struct(_HEAD + "II")                      # hold_ms count
+COMMIT = struct.Struct(_HEAD + "II")                    # count reserved
+RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tensor_count
+DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 _REPLY = struct.Struct("<BBHI qQQ III")
-_INLINE = 1
-_RELEASE = 1
+
+_INLINE = _RELEASE_NEEDED = _CONSUME = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY = 1, 2, 3
-#: most block numbers one read may name (as the protobuf path: ``convert.MAX_LIST``)
+#: most block numbers one spec may name (as a worker's transfer: ``api.orders.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
 _U64 = np.dtype("<u8")
 _MASK = (1 << 64) - 1
 
 
-def is_binary(data: bytes) -> bool:
-    return len(data) > 0 and data[0] == TAG
-
-
 def is_inline_read(data: bytes) -> bool:
-    """Whether ``data`` is a READ frame asking for its bytes in the reply (its header not yet checked)."""
-    return len(data) >= _READ.size and data[0] == TAG and data[1] == _OP_READ and data[4] & _INLINE == _INLINE
+    """Whether ``data`` is a READ frame asking for its bytes in the reply (its fields not yet checked)."""
+    return len(data) >= READ.size and data[0] == TAG and data[1] == OP_READ and data[2] & _INLINE == _INLINE
 
 
-def encode_read(cmd: ReadCmd) -> bytes:
-    """The READ frame of ``cmd``."""
-    spec, key = cmd.spec, cmd.spec.key
+# ---- encoding ---------------------------------------------------------------------------------------------
+
+def _key_fields(key: object) -> tuple[int, int, int, int, int, int, int]:
     if isinstance(key, CacheKeyRef):
-        kind, a, b, c, d = _CACHE_KEY, key.cluster_id, key.req_id, key.model_id, key.prefix_id
-    elif isinstance(key, IdIndexRef):   # cache_id is signed (int64 in common.proto): its two's complement
-        kind, a, b, c, d = _BY_ID, key.cluster_id, key.cache_id & _MASK, key.batch_index, 0
-    elif isinstance(key, BlocksKeyRef):
-        kind, a, b, c, d = _BLOCKS_KEY, key.cluster_id, 0, key.model_id, 0
-    else:
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a read names no cache key: {key!r}")
-    head = _READ.pack(TAG, _OP_READ, kind, int(spec.mode), _INLINE if cmd.inline else 0, 0,
-                      cmd.timeout_ms, len(spec.blocks), cmd.command_id, cmd.transfer_id, a, b, c, d, spec.size,
-                      spec.offset, spec.tensor_start, spec.tensor_count, spec.expected_bytes)
-    return b"".join((head, np.asarray(spec.blocks, _U64).tobytes()))
+        return _CACHE_KEY, 0, 0, key.cluster_id, key.req_id, key.model_id, key.prefix_id
+    if isinstance(key, IdIndexRef):   # cache_id is signed (int64 in common.proto): its two's complement
+        return _BY_ID, 0, 0, key.cluster_id, key.cache_id & _MASK, key.batch_index, 0
+    if isinstance(key, BlocksKeyRef):
+        return _BLOCKS_KEY, 0, 0, key.cluster_id, 0, key.model_id, 0
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"an owner call names no cache key: {key!r}")
 
 
-def decode_read(data: bytes) -> ReadCmd:
-    """A READ frame; ``DataDistError`` when it does not even name its call, ``RefusedCall`` when it names it but
-    asks for something invalid."""
-    if len(data) < _READ.size:
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a read frame of {len(data)} bytes is cut short")
-    (_, op, kind, mode, flags, reserved, timeout_ms, nblocks, cid, tid, a, b, c, d, size, offset, tensor_start,
-     tensor_count, expected) = _READ.unpack_from(data)
-    if op != _OP_READ:
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown binary owner call {op}")
-    if reserved or nblocks > MAX_BLOCKS or flags & ~_INLINE:
-        raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID,
-                          f"a read of {nblocks} blocks (at most {MAX_BLOCKS}), reserved {reserved} (must be 0), "
-                          f"flags {flags:#x}")
-    end = _READ.size + 8 * nblocks
-    if len(data) != end:
-        raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID,
-                          f"a read frame of {len(data)} bytes; its header says {end}")
-    try:
-        read_mode = ReadMode(mode)
-    except ValueError:
-        raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID, f"unknown mode value {mode}") from None
-    if kind == _CACHE_KEY:
-        key: CacheKeyRef | IdIndexRef | BlocksKeyRef = CacheKeyRef(a, b, c, d)
-    elif kind == _BY_ID:
-        key = IdIndexRef(a, b - (1 << 64) if b >> 63 else b, c)
-    elif kind == _BLOCKS_KEY:
-        key = BlocksKeyRef(a, c)
-    else:
-        raise RefusedCall(cid, StatusCode.LLM_PARAM_INVALID, f"unknown key kind {kind}")
-    blocks = tuple(np.frombuffer(data, _U64, nblocks, _READ.size).tolist()) if nblocks else ()
-    spec = RemoteSpec(key, read_mode, blocks, size, offset, tensor_start, tensor_count, expected)
-    return ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
+def _spec_fields(spec: RemoteSpec) -> tuple[int, ...]:
+    return (*_key_fields(spec.key), int(spec.mode), 0, len(spec.blocks), spec.size, spec.offset, spec.tensor_start,
+            spec.tensor_count, spec.expected_bytes)
 
 
-def encode_reply(reply: OwnerReply) -> bytes:
+def _blocks(spec: RemoteSpec) -> bytes:
+    return np.asarray(spec.blocks, _U64).tobytes() if spec.blocks else b""
+
+
+def encode_call(cmd: oc.OwnerCall) -> bytes:
+    """The CALL frame of ``cmd``."""
+    cid = cmd.command_id
+    if isinstance(cmd, oc.ReadCmd):
+        return READ.pack(TAG, OP_READ, _INLINE if cmd.inline else 0, cmd.timeout_ms, cid, cmd.transfer_id,
+                         *_spec_fields(cmd.spec)) + _blocks(cmd.spec)
+    if isinstance(cmd, oc.GrantReadCmd):
+        return READ.pack(TAG, OP_GRANT_READ, 0, cmd.timeout_ms, cid, 0, *_spec_fields(cmd.spec)) + _blocks(cmd.spec)
+    if isinstance(cmd, oc.OpenWriteCmd):
+        return b"".join((OPEN.pack(TAG, OP_OPEN_WRITE, 0, cmd.timeout_ms, cid, cmd.hold_ms, len(cmd.specs)),
+                         *(SPEC.pack(*_spec_fields(s)) for s in cmd.specs), *(_blocks(s) for s in cmd.specs)))
+    if isinstance(cmd, oc.CommitWriteCmd):
+        ids = np.asarray(cmd.transfer_ids, _U64).tobytes() if cmd.transfer_ids else b""
+        return COMMIT.pack(TAG, OP_COMMIT_WRITE, 0, cmd.timeout_ms, cid, len(cmd.transfer_ids), 0) + ids
+    if isinstance(cmd, oc.ReleaseCmd):
+        return RELEASE.pack(TAG, OP_RELEASE, 0, 0, cid, *_key_fields(cmd.key), cmd.tensor_start, cmd.tensor_count)
+    if isinstance(cmd, oc.DoneReadCmd):
+        return DONE.pack(TAG, OP_DONE_READ, _CONSUME if cmd.consume else 0, 0, cid, cmd.grant_id)
+    if isinstance(cmd, oc.UnlinkCmd):
+        return HEAD.pack(TAG, OP_UNLINK, 0, 0, cid)
+    assert isinstance(cmd, oc.PingCmd), cmd
+    return HEAD.pack(TAG, OP_PING, 0, 0, cid)
+
+
+def encode_reply(reply: oc.OwnerReply) -> bytes:
     message = reply.message.encode("utf-8", "replace")
-    head = _REPLY.pack(TAG, _RELEASE if reply.release_needed else 0, 0, len(message), reply.status,
+    head = _REPLY.pack(TAG, _RELEASE_NEEDED if reply.release_needed else 0, 0, len(message), reply.status,
                        reply.command_id, reply.nbytes, len(reply.transfer_ids), len(reply.grant), len(reply.data))
     ids = np.asarray(reply.transfer_ids, _U64).tobytes() if reply.transfer_ids else b""
     return b"".join((head, ids, message, reply.grant, reply.data))
 
 
-def decode_reply(data: bytes) -> OwnerReply:
-    if len(data) < _REPLY.size:
+# ---- decoding (attacker-facing) --------------------------------------------------------------------------
+
+class _Bad(Exception):
+    """A field out of range: refused with the call's id (``decode_call`` adds it)."""
+
+
+def _key(kind: int, reserved: int, a: int, b: int, c: int, d: int) -> CacheKeyRef | IdIndexRef | BlocksKeyRef:
+    if reserved:
+        raise _Bad(f"key reserved bits {reserved:#x} (must be 0)")
+    if kind == _CACHE_KEY:
+        return CacheKeyRef(a, b, c, d)
+    if kind == _BY_ID:
+        return IdIndexRef(a, b - (1 << 64) if b >> 63 else b, c)
+    if kind == _BLOCKS_KEY:
+        return BlocksKeyRef(a, c)
+    raise _Bad(f"unknown key kind {kind}")
+
+
+#: mode value -> ReadMode (a dict: cheaper than the enum's call on every read)
+_MODES = {int(m): m for m in ReadMode}
+
+
+def _spec(fields: tuple[int, ...], blocks: tuple[int, ...]) -> RemoteSpec:
+    kind, r1, r2, a, b, c, d, mode, r3, _, size, offset, tensor_start, tensor_count, expected = fields
+    key = _key(kind, r1 | r2 | r3, a, b, c, d)
+    read_mode = _MODES.get(mode)
+    if read_mode is None:
+        raise _Bad(f"unknown mode value {mode}")
+    return RemoteSpec(key, read_mode, blocks, size, offset, tensor_start, tensor_count, expected)
+
+
+def _checked_count(n: int, most: int, what: str) -> int:
+    if n > most:
+        raise _Bad(f"{n} {what} in one call; at most {most}")
+    return n
+
+
+def _u64s(data: bytes, count: int, at: int) -> tuple[int, ...]:
+    return tuple(np.frombuffer(data, _U64, count, at).tolist()) if count else ()
+
+
+def _exact(data: bytes, end: int) -> None:
+    if len(data) != end:
+        raise _Bad(f"a frame of {len(data)} bytes; its fields say {end}")
+
+
+def _flags(flags: int, allowed: int) -> None:
+    if flags & ~allowed:
+        raise _Bad(f"flags {flags:#x}")
+
+
+def _read(data: bytes, op: int) -> oc.ReadCmd | oc.GrantReadCmd:
+    """READ and GRANT_READ: every pull's path, so its checks are inline."""
+    fields = READ.unpack_from(data)
+    flags, timeout_ms, cid, tid, nblocks = fields[2], fields[3], fields[4], fields[5], fields[15]
+    if nblocks > MAX_BLOCKS:
+        raise _Bad(f"a read of {nblocks} blocks; at most {MAX_BLOCKS}")
+    if len(data) != READ.size + 8 * nblocks:
+        raise _Bad(f"a frame of {len(data)} bytes; its fields say {READ.size + 8 * nblocks}")
+    if flags & ~(_INLINE if op == OP_READ else 0) or (op == OP_GRANT_READ and tid):
+        raise _Bad(f"flags {flags:#x}, transfer {tid} of a {'read' if op == OP_READ else 'grant read'}")
+    spec = _spec(fields[6:], tuple(np.frombuffer(data, _U64, nblocks, READ.size).tolist()) if nblocks else ())
+    if op == OP_READ:
+        return oc.ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
+    return oc.GrantReadCmd(cid, spec, timeout_ms)
+
+
+def _open_write(data: bytes) -> oc.OpenWriteCmd:
+    _, _, flags, timeout_ms, cid, hold_ms, count = OPEN.unpack_from(data)
+    _flags(flags, 0)
+    if not 0 < count <= oc.MAX_OPEN_PER_CALL:
+        raise _Bad(f"an open write of {count} pieces; 1 to {oc.MAX_OPEN_PER_CALL} per call")
+    at = OPEN.size + count * SPEC.size
+    if len(data) < at:
+        raise _Bad(f"a frame of {len(data)} bytes; its {count} pieces need {at} before their blocks")
+    heads = list(SPEC.iter_unpack(data[OPEN.size:at]))
+    sizes = [_checked_count(h[9], MAX_BLOCKS, "blocks") for h in heads]
+    _exact(data, at + 8 * sum(sizes))
+    specs = []
+    for head, n in zip(heads, sizes, strict=True):
+        specs.append(_spec(head, _u64s(data, n, at)))
+        at += 8 * n
+    return oc.OpenWriteCmd(cid, tuple(specs), timeout_ms, hold_ms)
+
+
+def _commit_write(data: bytes) -> oc.CommitWriteCmd:
+    _, _, flags, timeout_ms, cid, count, reserved = COMMIT.unpack_from(data)
+    _flags(flags | reserved, 0)
+    _checked_count(count, oc.MAX_OPEN_PER_CALL, "transfers")
+    _exact(data, COMMIT.size + 8 * count)
+    return oc.CommitWriteCmd(cid, _u64s(data, count, COMMIT.size), timeout_ms)
+
+
+def _release(data: bytes) -> oc.ReleaseCmd:
+    _, _, flags, timeout_ms, cid, kind, r1, r2, a, b, c, d, tensor_start, tensor_count = RELEASE.unpack_from(data)
+    _flags(flags | timeout_ms, 0)
+    _exact(data, RELEASE.size)
+    key = _key(kind, r1 | r2, a, b, c, d)
+    if not isinstance(key, (CacheKeyRef, IdIndexRef)):
+        raise _Bad("only CacheKey / CacheKeyByIdAndIndex pulls are released")
+    return oc.ReleaseCmd(cid, key, tensor_start, tensor_count)
+
+
+def _done_read(data: bytes) -> oc.DoneReadCmd:
+    _, _, flags, timeout_ms, cid, grant_id = DONE.unpack_from(data)
+    _flags(flags, _CONSUME)
+    _flags(timeout_ms, 0)
+    _exact(data, DONE.size)
+    return oc.DoneReadCmd(cid, grant_id, bool(flags & _CONSUME))
+
+
+def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
+    _, _, flags, timeout_ms, cid = HEAD.unpack_from(data)
+    _flags(flags | timeout_ms, 0)
+    _exact(data, HEAD.size)
+    return oc.UnlinkCmd(cid) if op == OP_UNLINK else oc.PingCmd(cid)
+
+
+#: op -> the smallest frame of that op
+_SMALLEST = {OP_READ: READ.size, OP_GRANT_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size,
+             OP_RELEASE: RELEASE.size, OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_DONE_READ: DONE.size}
+
+
+def decode_call(data: bytes) -> oc.OwnerCall:
+    """A CALL frame: the call; ``RefusedCall`` when it names its ``command_id`` but not a valid call,
+    ``DataDistError`` (``LLM_PARAM_INVALID``) when it does not even name that."""
+    if len(data) < HEAD.size or data[0] != TAG:
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"not an owner call frame ({len(data)} bytes)")
+    op = data[1]
+    try:
+        smallest = _SMALLEST.get(op)
+        if smallest is None:
+            raise _Bad(f"unknown owner call {op}")
+        if len(data) < smallest:
+            raise _Bad(f"a frame of op {op} of {len(data)} bytes is cut short (at least {smallest})")
+        if op <= OP_GRANT_READ:
+            return _read(data, op)
+        if op == OP_OPEN_WRITE:
+            return _open_write(data)
+        if op == OP_COMMIT_WRITE:
+            return _commit_write(data)
+        if op == OP_RELEASE:
+            return _release(data)
+        if op == OP_DONE_READ:
+            return _done_read(data)
+        return _bare(data, op)
+    except _Bad as exc:
+        raise oc.RefusedCall(HEAD.unpack_from(data)[4], StatusCode.LLM_PARAM_INVALID, str(exc)) from None
+
+
+def decode_reply(data: bytes) -> oc.OwnerReply:
+    """A REPLY frame; ``DataDistError`` (``LLM_PARAM_INVALID``) when it is malformed."""
+    if len(data) < _REPLY.size or data[0] != TAG:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a reply frame of {len(data)} bytes is cut short")
     _, flags, _, message_len, status, cid, nbytes, nids, grant_len, data_len = _REPLY.unpack_from(data)
-    if nids > MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + grant_len + data_len != len(data):
+    if nids > oc.MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + grant_len + data_len != len(data):
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a malformed reply frame ({len(data)} bytes, {nids} "
                                                           f"transfers, {message_len} + {grant_len} + {data_len} "
                                                           f"bytes after them)")
     at = _REPLY.size
-    ids = tuple(np.frombuffer(data, _U64, nids, at).tolist()) if nids else ()
+    ids = _u64s(data, nids, at)
     at += 8 * nids
     message = data[at:at + message_len].decode("utf-8", "replace")
     at += message_len
     grant = data[at:at + grant_len]
-    return OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE), data[at + grant_len:], grant)
+    return oc.OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE_NEEDED), data[at + grant_len:],
+                         grant)

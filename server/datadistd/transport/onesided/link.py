@@ -19,7 +19,7 @@ from datadist.status import LLMStatusCode, code_2_status
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
-from ..base import CONTROL_TRANSPORT, ControlHandler
+from ..base import CONTROL_TRANSPORT, ControlHandler, EarlyFrames
 from ..tcp import TcpChannel, TcpTransport
 from .agent import OneSidedAgent
 from .pieces import pair_rows
@@ -53,7 +53,6 @@ __all__ = ["LinkPeer", "OneSidedChannel"]
 log = logging.getLogger("datadistd.transport.onesided")
 
 _MAX_WAITING = 4096      # destination lists kept for transfers not sent yet (a peer's; the oldest go first)
-_MAX_BACKLOG = 256       # link control frames kept before the link manager set its handler
 _CONTROL_TIMEOUT = 5.0   # bound on sending one control frame
 
 
@@ -76,8 +75,7 @@ class LinkPeer:
         self._sending: set[int] = set()
         self._forgotten = False
         self._receipts: dict[int, OneSidedReceipt] = {}
-        self._handler: ControlHandler | None = None
-        self._backlog: list[tuple[int, bytes]] = []
+        self._early = EarlyFrames()   # link control frames: to the link manager, or kept until it set its handler
 
     @property
     def what(self) -> str:
@@ -113,15 +111,9 @@ class LinkPeer:
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind != CONTROL_TRANSPORT:
-            with self._cond:
-                handler = self._handler
-                if handler is None:
-                    if len(self._backlog) >= _MAX_BACKLOG:
-                        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "too many control frames before the "
-                                                                           "link was ready")
-                    self._backlog.append((kind, payload))
-                    return
-            handler(kind, payload)
+            if not self._early.deliver(kind, payload):
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "too many control frames before the link was "
+                                                                   "ready")
             return
         try:
             self._on_message(payload)
@@ -130,11 +122,7 @@ class LinkPeer:
             self.transport._drop(self, f"bad {self.transport.name} message: {exc}")
 
     def set_handler(self, handler: ControlHandler) -> None:
-        with self._cond:
-            self._handler = handler
-            backlog, self._backlog = self._backlog, []
-        for kind, payload in backlog:
-            handler(kind, payload)
+        self._early.set_handler(handler)
 
     def _on_message(self, payload: bytes) -> None:
         letter = payload[:1]

@@ -15,11 +15,11 @@ Wire format (little endian, ``struct``):
   - ``ABORT``: the sender gave up on ``transfer_id``; ``length`` carries the status code;
   - ``PING``: no payload; read and ignored (nothing sends it: liveness is a ``ping`` owner call);
   - ``CALL`` / ``REPLY``: ``length`` (at most ``MAX_CONTROL``) bytes of a control message for the
-    link manager (an ``OwnerCall`` of ``ownercalls.FrameCalls`` and its ``OwnerReply``, peer.proto);
+    link manager (an owner call of ``framecalls.FrameCalls`` and its reply, ``ownerwire`` frames);
     ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
     handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
-    (at most ``_CONTROL_BACKLOG``). After the handshake these are the only conversation between two
-    daemons (``peering.PROTOCOL_VERSION``).
+    (at most ``transport.base.EARLY_FRAMES_MAX``). After the handshake these are the only conversation
+    between two daemons (``peering.PROTOCOL_VERSION``).
   - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
     metadata, destination descriptors and completions this way).
 
@@ -63,7 +63,6 @@ from .channel import TcpChannel
 from .receipt import TcpReceipt
 from .transport import TcpTransport
 from .wire import (
-    _CONTROL_BACKLOG,
     _INLINE_MAX,
     ACK,
     FRAME_MAGIC,
@@ -86,4 +85,4 @@ from .wire import (
 
 __all__ = ["TcpTransport", "TcpChannel", "TcpReceipt", "PROTOCOL_VERSION", "HEADER", "HELLO", "HELLO_MAGIC", "ACK",
            "FRAME_MAGIC", "KIND_DATA", "KIND_ABORT", "KIND_PING", "KIND_CALL", "KIND_REPLY", "KIND_TRANSPORT",
-           "KIND_CONTROL", "MAX_FRAME", "MAX_CONTROL", "MAX_TOKEN", "MAX_STREAMS", "_CONTROL_BACKLOG", "_INLINE_MAX"]
+           "KIND_CONTROL", "MAX_FRAME", "MAX_CONTROL", "MAX_TOKEN", "MAX_STREAMS", "_INLINE_MAX"]

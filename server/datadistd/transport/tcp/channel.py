@@ -19,11 +19,11 @@ from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable
+from ..base import EarlyFrames
 from .conn import DataConn
 from .staging import Buffers, SendPlan
 from .wire import (
     _ABORT_TIMEOUT,
-    _CONTROL_BACKLOG,
     _FRAME_PIECES,
     _INLINE_FINISH,
     _INLINE_MAX,
@@ -78,9 +78,8 @@ class TcpChannel:
         self._closed = False
         self._reason = ""
         self._rr = itertools.count()
-        self._control: ControlHandler | None = None
+        self._early = EarlyFrames()   # control frames: to the handler, or kept until one is set
         self._pool: ThreadPoolExecutor | None = None   # stripe senders, made on the first striped send
-        self._backlog: list[tuple[int, bytes]] = []   # control frames before a handler was set
 
     def __repr__(self) -> str:
         return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
@@ -291,21 +290,11 @@ class TcpChannel:
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
         (keep it short); frames that came before are handed over now."""
-        with self._lock:
-            self._control = handler
-            backlog, self._backlog = self._backlog, []
-        for kind, payload in backlog:
-            handler(kind, payload)
+        self._early.set_handler(handler)
 
     def _on_control(self, kind: int, payload: bytes) -> None:
-        with self._lock:
-            handler = self._control
-            if handler is None:
-                if len(self._backlog) >= _CONTROL_BACKLOG:
-                    raise _ProtocolError(f"more than {_CONTROL_BACKLOG} control frames before the link was ready")
-                self._backlog.append((kind, payload))
-                return
-        handler(kind, payload)
+        if not self._early.deliver(kind, payload):
+            raise _ProtocolError(f"more than {self._early.limit} control frames before the link was ready")
 
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
         """One control frame from the calling thread (the event loop) on an idle connection, without

@@ -320,7 +320,9 @@ class TcpTransport:
             channel = self._inbound.get(token)
             if channel is None:
                 channel = self._inbound[token] = TcpChannel(self, token, peer, outbound=False)
-                channel._control = self._control_handlers.get(token)   # before its first frame is read
+                handler = self._control_handlers.get(token)
+                if handler is not None:   # before its first frame is read
+                    channel.on_control(handler)
             return channel
 
 

@@ -31,7 +31,6 @@ KIND_CALL, KIND_REPLY, KIND_TRANSPORT = CONTROL_CALL, CONTROL_REPLY, CONTROL_TRA
 KIND_CONTROL = CONTROL_KINDS
 MAX_FRAME = 1 << 30          # a DATA frame longer than this is a protocol error
 MAX_CONTROL = 16 << 20       # a CALL/REPLY/TRANSPORT payload longer than this is a protocol error (2**20 block ids fit)
-_CONTROL_BACKLOG = 256       # control frames kept for a channel whose handler is not set yet
 _U64 = (1 << 64) - 1
 
 _POLL = 0.2                  # reader wake-up interval (notices close / cancel)

@@ -15,7 +15,6 @@ from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
 from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
 from ...links.layerwise import LayerPush
-from ...links.wire.framecalls import answered
 from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ...node.node import EngineSlot, Node
 from ...node.sessions import WorkerSession

@@ -6,6 +6,7 @@ hostile peer reaches: whatever the bytes, it raises nothing but ``DataDistError`
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
+from datadistd.core.plan import AddrRef
 from datadistd.core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import (
@@ -33,7 +35,8 @@ U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)
 RELEASED_KEYS = st.one_of(st.builds(CacheKeyRef, U64, U64, U64, U64), st.builds(IdIndexRef, U64, I64, U32))
-KEYS = st.one_of(RELEASED_KEYS, st.builds(BlocksKeyRef, U64, U64))
+KEYS = st.one_of(RELEASED_KEYS, st.builds(BlocksKeyRef, U64, U64),
+                st.builds(AddrRef, U64, st.integers(1, 2**64 - 1), U64))   # a layer-wise push's raw dst_addrs
 SPECS = st.builds(RemoteSpec, KEYS, st.sampled_from(list(ReadMode)), st.lists(U64, max_size=300).map(tuple), I64,
                   U64, U32, U32, U64)
 CALLS = st.one_of(
@@ -120,6 +123,7 @@ def _piece_patched(field: int, value: int) -> bytes:
     (_piece_patched(9, ownerwire.MAX_BLOCKS + 1), "a piece of too many blocks"),
     (_piece_patched(7, 5), "a piece of an unknown mode"),
     (_piece_patched(0, 0), "a piece naming no key"),
+    (ownerwire.encode_call(OpenWriteCmd(7, (replace(SPEC, key=AddrRef(1, 0, 64)),), 100)), "raw address 0"),
     (_patched(ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(7, (1, 2), 100)), 5, 3), "an id missing"),
     (_patched(ownerwire.COMMIT, ownerwire.encode_call(CommitWriteCmd(7, (1, 2), 100)), 5, MAX_OPEN_PER_CALL + 1),
      "too many transfers"),

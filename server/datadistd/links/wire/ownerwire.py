@@ -17,7 +17,8 @@ read with one ``unpack_from``; lists after it)::
     SPEC: KEY  B mode  B reserved (0)  I blocks  q size  Q offset  I tensor_start  I tensor_count  Q expected_bytes
     KEY:  B kind  B reserved (0)  H reserved (0)  Q a  Q b  Q c  Q d
           kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
-          b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id)
+          b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id), 4 a raw address in the
+          owning worker's process (``AddrRef``: a=cluster b=addr, never 0, c=block_size)
 
 REPLY (``OwnerReply``)::
 
@@ -40,7 +41,8 @@ import struct
 import numpy as np
 
 from ...core.errors import DataDistError, StatusCode
-from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec
+from ...core.plan import AddrRef
+from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
 __all__ = ["TAG", "MAX_BLOCKS", "is_inline_read", "encode_call", "decode_call", "encode_reply", "decode_reply"]
@@ -61,7 +63,7 @@ DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 _REPLY = struct.Struct("<BBHI qQQ III")
 
 _INLINE = _RELEASE_NEEDED = _CONSUME = 1
-_CACHE_KEY, _BY_ID, _BLOCKS_KEY = 1, 2, 3
+_CACHE_KEY, _BY_ID, _BLOCKS_KEY, _ADDRESS = 1, 2, 3, 4
 #: most block numbers one spec may name (as a worker's transfer: ``api.orders.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
 _U64 = np.dtype("<u8")
@@ -82,6 +84,8 @@ def _key_fields(key: object) -> tuple[int, int, int, int, int, int, int]:
         return _BY_ID, 0, 0, key.cluster_id, key.cache_id & _MASK, key.batch_index, 0
     if isinstance(key, BlocksKeyRef):
         return _BLOCKS_KEY, 0, 0, key.cluster_id, 0, key.model_id, 0
+    if isinstance(key, AddrRef):
+        return _ADDRESS, 0, 0, key.cluster_id, key.addr, key.block_size, 0
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"an owner call names no cache key: {key!r}")
 
 
@@ -132,15 +136,19 @@ class _Bad(Exception):
     """A field out of range: refused with the call's id (``decode_call`` adds it)."""
 
 
-def _key(kind: int, reserved: int, a: int, b: int, c: int, d: int) -> CacheKeyRef | IdIndexRef | BlocksKeyRef:
+def _key(kind: int, reserved: int, a: int, b: int, c: int, d: int) -> KeyRef:
     if reserved:
         raise _Bad(f"key reserved bits {reserved:#x} (must be 0)")
+    if kind == _BLOCKS_KEY:
+        return BlocksKeyRef(a, c)
     if kind == _CACHE_KEY:
         return CacheKeyRef(a, b, c, d)
     if kind == _BY_ID:
         return IdIndexRef(a, b - (1 << 64) if b >> 63 else b, c)
-    if kind == _BLOCKS_KEY:
-        return BlocksKeyRef(a, c)
+    if kind == _ADDRESS:
+        if not b or d:
+            raise _Bad(f"a raw address {b:#x} (must not be 0), reserved {d} (must be 0)")
+        return AddrRef(a, b, c)  # type: ignore[return-value]   # as api.grpc.convert.key_from_pb
     raise _Bad(f"unknown key kind {kind}")
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 from ..core.errors import DataDistError, StatusCode
 from ..state import readview
 from ..state.metrics import track_transfer
-from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
+from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel
 from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
@@ -134,6 +134,9 @@ class OwnerCalls:
         return True
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
+        if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
+            self.table.channel_went(link, payload.decode(errors="replace"))
+            return
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
         codec = self.table.node.call_codec
         try:

@@ -21,6 +21,9 @@ Every channel also carries small *control frames* (``CONTROL_KINDS``) beside the
 of a transfer, unlink and liveness (``datadistd.links.wire.ownercalls``), so after the handshake the channel is the
 only conversation between two daemons. The serving end sets its handler by token, before the channel
 exists (``Transport.on_control``); the linking end on the channel it opened (``Channel.on_control``).
+When the channel breaks or closes, the handler hears it once, after every frame handed to it, as the pseudo
+kind ``CONTROL_DOWN`` (payload: the reason, UTF-8): the link fails every call pending on the channel at once,
+not at its next heartbeat. It is no frame kind: nothing on the wire can carry it.
 """
 
 from __future__ import annotations
@@ -33,13 +36,16 @@ from ..core.types import TransferId
 from ..memory.base import Segment
 
 __all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
-           "CONTROL_TRANSPORT", "CONTROL_KINDS"]
+           "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN"]
 
 #: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
 #: control frames of a transport layered on a channel (``nixl`` runs its own messages over a tcp channel)
 CONTROL_TRANSPORT = 6
 CONTROL_KINDS = (CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT)
+#: not a frame: what a channel tells its control handler, once, when it broke or closed (payload: the reason);
+#: never in ``CONTROL_KINDS``, so no peer can send it
+CONTROL_DOWN = 0
 
 #: ``handler(kind, payload)``: a control frame, called in a transport thread (keep it short)
 ControlHandler = Callable[[int, bytes], None]
@@ -89,7 +95,8 @@ class Channel(Protocol):
         """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""
 
     def on_control(self, handler: ControlHandler) -> None:
-        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""
+        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short), and
+        once ``CONTROL_DOWN`` when the channel broke or closed (at once if it already has)."""
 
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
         """Send one control frame without blocking; False (nothing sent) when that is not possible now."""

@@ -19,7 +19,8 @@ Wire format (little endian, ``struct``):
     ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
     handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
     (at most ``_CONTROL_BACKLOG``). After the handshake these are the only conversation between two
-    daemons (``peering.PROTOCOL_VERSION``).
+    daemons (``peering.PROTOCOL_VERSION``). When the channel breaks or closes, the handler hears it once,
+    after the frames before (``base.CONTROL_DOWN``: no frame kind).
   - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
     metadata, destination descriptors and completions this way).
 

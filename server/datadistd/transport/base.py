@@ -35,8 +35,8 @@ from datadist.status import LLMStatusCode
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
-           "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN"]
+__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "ControlRefused", "CONTROL_CALL",
+           "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN"]
 
 #: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
@@ -49,6 +49,11 @@ CONTROL_DOWN = 0
 
 #: ``handler(kind, payload)``: a control frame, called in a transport thread (keep it short)
 ControlHandler = Callable[[int, bytes], None]
+
+
+class ControlRefused(Exception):
+    """What a control handler raises to refuse a frame of a peer that broke a rule (it floods its link): the
+    transport drops the connection the frame came on, and with it the channel (the message is the reason)."""
 
 
 class Receipt(Protocol):

@@ -16,7 +16,7 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.segments import cut
-from ..base import Channel
+from ..base import Channel, ControlRefused
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
     _IOV_MAX,
@@ -254,7 +254,7 @@ class DataConn:
                 self.frames_received += 1
         except _Closed:
             reason = ""
-        except _ProtocolError as exc:
+        except (_ProtocolError, ControlRefused) as exc:
             reason = f"protocol error: {exc}"
         except OSError as exc:
             reason = f"connection lost: {exc}"

@@ -19,10 +19,11 @@ import pytest
 from datadist.v1 import peer_pb2
 from datadistd.links.calls import _QUEUED_FRAMES
 from datadistd.transport.base import CONTROL_CALL
-from datadistd.transport.tcp import HEADER, HELLO
+from datadistd.transport.tcp import HEADER
 from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker
 from tests.reliability.common import PeerAgent, links, wait_until
+from tests.unit.test_transport_tcp import raw_hello
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -35,15 +36,6 @@ def _peak_kib(pid: int) -> int:
     """The process's peak resident memory so far (``VmHWM``), KiB."""
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-
-
-def _flooder(endpoint: str, token: bytes) -> socket.socket:
-    """A data connection presenting ``token`` (the hello), as a linking daemon opens one."""
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=5)
-    sock.sendall(HELLO.pack(b"DDHL", 1, len(token), 0, 1) + token)
-    assert sock.recv(1) == b"\x01"
-    return sock
 
 
 def _closed_by_the_daemon(sock: socket.socket, timeout: float) -> bool:
@@ -69,7 +61,7 @@ def test_a_peer_flooding_control_frames_loses_its_link_and_nobody_else_does() ->
         w.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}")
         honest.handshake(streams=1)
         hostile.handshake(connect=False)
-        sock = _flooder(hostile.endpoint, hostile.token)
+        sock = raw_hello(hostile.endpoint, hostile.token)   # a data connection of its own
         honest.call("ping", peer_pb2.Ping(), timeout=10)
         assert sorted(lk.remote_cluster_id for lk in links(d)) == [66, 77]
         before = _peak_kib(d.proc.pid)

@@ -89,6 +89,12 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                    help="scenario 10's runtime: auto = CANN if ASCEND_HOME_PATH is set and npu-smi info succeeds, "
                         "else the SIMULATED one of tests/sim (needs a C compiler); real = CANN or fail; "
                         "sim = the simulation")
+    p.add_argument("--count-calls", type=int, default=d.count_calls,
+                   help="1-block pulls per counted window (scenario 12)")
+    p.add_argument("--rest-links", type=_ints, default=d.rest_links,
+                   help="links between two daemons at which threads, fds and idle CPU are read (scenario 13)")
+    p.add_argument("--rest-seconds", type=float, default=d.rest_seconds,
+                   help="seconds of each idle window; CPU is scaled to a minute (scenario 13)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repetitions: checks the bench runs")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     a = p.parse_args(argv)
@@ -102,7 +108,8 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                  lw_compute_factor=a.lw_compute_factor, link_reps=a.link_reps, models=a.models,
                  model_layers=a.model_layers, model_in_flight=a.model_in_flight, nixl_tls=a.nixl_tls,
                  hccl_mib=a.hccl_mib, ascend=a.ascend, perblock_blocks=a.perblock_blocks,
-                 perblock_kib=a.perblock_kib)
+                 perblock_kib=a.perblock_kib, count_calls=a.count_calls, rest_links=a.rest_links,
+                 rest_seconds=a.rest_seconds)
     if a.smoke:
         cfg = Config(reps=2, scenarios=a.scenarios, memory=a.memory, bulk_mib=2, block_kib=[16, 256], layers=2,
                      iperf3=False, latency_calls=20, inflight_depth=a.inflight_depth,
@@ -112,7 +119,7 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
                      nixl_tls=a.nixl_tls[:1],   # one UCX set: the same datadist path
                      hccl_mib=2, ascend=a.ascend, perblock_blocks=2000, perblock_kib=a.perblock_kib,
-                     timeout_s=120.0)
+                     count_calls=20, rest_links=[1, 4], rest_seconds=1.0, timeout_s=120.0)
     bad = [s for s in cfg.scenarios if s not in SCENARIOS]
     if bad:
         p.error(f"unknown scenarios {bad}; known: {sorted(SCENARIOS)}")
@@ -125,6 +132,8 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
         p.error(f"--pin {a.pin}: not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
     if cfg.inflight_depth < 1:
         p.error("--inflight-depth must be at least 1")
+    if cfg.count_calls < 1 or cfg.rest_seconds <= 0 or not cfg.rest_links or min(cfg.rest_links) < 1:
+        p.error("--count-calls, --rest-seconds and every --rest-links must be positive")
     if any(m not in ("allocated", "registered") for m in cfg.memory) or not cfg.memory:
         p.error("--memory takes allocated and/or registered")
     return cfg, a

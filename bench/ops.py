@@ -472,3 +472,89 @@ def model_requests(state: dict, op: str, remote_cluster: int, caches: list[tuple
 
     wall, lat = _together(in_flight, one)
     return wall, lat, per_request * in_flight * requests
+
+
+# ---- scenarios 12-14: calls per pull, links at rest, a peer's death -------------------------------------------
+
+def count_pull_calls(state: dict, remote_cluster: int, name: str, calls: int, num_blocks: int,
+                     model_id: int = 0) -> int:
+    """``calls`` 1-block pulls with a profile hook on this thread (and threads started meanwhile): the ``"call"``
+    events it saw (Python functions entered, generators resumed; C functions not counted), the API entry
+    included."""
+    import itertools
+    import sys
+
+    cm = state["dd"].cache_manager
+    key = ld.BlocksCacheKey(remote_cluster, model_id)
+    c = state["caches"][name]
+    counter = itertools.count()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            next(counter)
+
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    try:
+        for i in range(calls):
+            b = i % num_blocks
+            cm.pull_blocks(key, c, [b], [(b * 7 + 3) % num_blocks])
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return next(counter)
+
+
+def link_engines(state: dict, clusters: list[int], remote_cluster: int, address: str,
+                 timeout_ms: int = 20000) -> None:
+    """One engine per cluster id of ``clusters`` on this worker's daemon (bare ``Init``: no cache, no pool), each
+    linked to ``remote_cluster`` at ``address``: one link each, between the same two daemons. Engines made by an
+    earlier call stay (``state["engines"]``); a cluster that has one is only linked."""
+    from datadist.v1 import datadist_pb2
+    from tests.reliability.common import stub
+
+    make_engines(state, clusters)
+    engines: dict[int, int] = state["engines"]
+    ip, port = address.rsplit(":", 1)
+    with stub(state["attached"]) as s:
+        for cluster in clusters:
+            link = datadist_pb2.ClusterLink(remote_cluster_id=remote_cluster)
+            link.remote_ip_info.add(ip=ip, port=int(port))
+            resp = s.LinkClusters(datadist_pb2.LinkClustersRequest(engine_id=engines[cluster], clusters=[link],
+                                                                   timeout_ms=timeout_ms),
+                                  timeout=timeout_ms / 1000 + 5)
+            if resp.status:
+                raise RuntimeError(f"engine of cluster {cluster}: link_clusters to {address} failed: {resp.status} "
+                                   f"{list(resp.reasons)}")
+
+
+def make_engines(state: dict, clusters: list[int]) -> None:
+    """One engine per cluster id of ``clusters`` not made yet on this worker's daemon (bare ``Init`` over the worker
+    socket as this process's attached worker: no cache, no pool; ``state["engines"]``): a baseline of
+    ``link_engines`` holds them before any link."""
+    from types import SimpleNamespace
+
+    from datadist.v1 import common_pb2, datadist_pb2
+    from tests.reliability.common import stub
+
+    engines: dict[int, int] = state.setdefault("engines", {})
+    # the attach connection is kept with the state: the engines live as long as it does
+    daemon = state.setdefault("attached", SimpleNamespace(target=os.environ["DATADIST_DAEMON"]))
+    with stub(daemon) as s:
+        for cluster in clusters:
+            if cluster not in engines:
+                engines[cluster] = s.Init(datadist_pb2.InitRequest(
+                    cluster_id=cluster, role=common_pb2.ROLE_DECODER, pid=os.getpid(),
+                    options={"llm.EnableCacheManager": "1"}), timeout=30).engine_id
+
+
+def pull_outcome(state: dict, remote_cluster: int, name: str, src: list[int], dst: list[int],
+                 model_id: int = 0) -> tuple[str, float]:
+    """One pull: ("OK" or its status code's name, ``time.monotonic()`` when it ended -- the machine's clock, so
+    the bench compares it with its own)."""
+    try:
+        _transfer(state, "pull", remote_cluster, name, src, dst, model_id)
+        outcome = "OK"
+    except ld.LLMException as exc:
+        outcome = exc.status_code.name
+    return outcome, time.monotonic()

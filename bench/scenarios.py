@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import baselines
+from .links import calls_per_pull, links_at_rest, peer_death
 from .npu import bulk_hccl
 from .perblock import per_block_rows
 from .procs import TICKS, Daemon, Worker, WorkerError, free_port, main_thread_cpu_seconds
@@ -39,7 +40,7 @@ class Config:
     """Sizes of every scenario (``python -m bench --help`` lists the flags)."""
 
     reps: int = 5
-    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    scenarios: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
     memory: list[str] = field(default_factory=lambda: ["allocated", "registered"])
     bulk_mib: int = 256
     block_kib: list[int] = field(default_factory=lambda: [16, 256, 4096])
@@ -74,6 +75,9 @@ class Config:
     ascend: str = "auto"                # scenario 10's runtime: auto (CANN if NPUs answer, else simulated), real, sim
     perblock_blocks: int = 100_000      # scenarios 9, 10: blocks of the per-block Python cost rows
     perblock_kib: int = 16
+    count_calls: int = 200              # scenario 12: pulls per counted window
+    rest_links: list[int] = field(default_factory=lambda: [1, 16, 64, 256])   # scenario 13: links between 2 daemons
+    rest_seconds: float = 10.0          # scenario 13: each idle window (CPU scaled to a minute)
     timeout_s: float = 600.0
 
 
@@ -888,6 +892,9 @@ SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
     9: ("nixl bulk", bulk_nixl),
     10: ("hccl bulk (Ascend; simulated without an NPU)", bulk_hccl),
     11: ("tcp transport alone", transport_alone),
+    12: ("python calls per pull", calls_per_pull),
+    13: ("links at rest", links_at_rest),
+    14: ("peer death", peer_death),
 }
 
 
@@ -897,7 +904,8 @@ def count_steps(cfg: Config) -> int:
     per = {1: 1 + bulk, 2: bulk, 3: max(2, min(cfg.reps, 10)),
            4: len(cfg.scaling_blocks), 5: len(cfg.concurrency), 6: 1, 7: 1,
            8: len(cfg.models) * len(cfg.memory) * len(cfg.model_in_flight) * 2,
-           9: bulk * len(cfg.nixl_tls), 10: bulk, 11: cfg.reps + 1}
+           9: bulk * len(cfg.nixl_tls), 10: bulk, 11: cfg.reps + 1, 12: cfg.reps, 13: 1 + len(cfg.rest_links),
+           14: cfg.reps}
     return sum(per[s] for s in cfg.scenarios)
 
 

@@ -11,6 +11,9 @@ worker processes would.
 from __future__ import annotations
 
 import os
+import re
+import time
+import urllib.request
 from pathlib import Path
 
 from tests.daemonproc import DaemonProcess, free_port
@@ -18,7 +21,7 @@ from tests.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
            "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV",
-           "ALL_PLANES", "DEFAULT_PLANES"]
+           "ALL_PLANES", "DEFAULT_PLANES", "metrics_address", "scrape"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,3 +118,21 @@ class Worker(WorkerProcess):
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         super().__init__("tests.worker_ops", env, path=str(ROOT))
+
+
+def metrics_address(daemon: DaemonProcess, deadline: float = 10.0) -> str:
+    """host:port of the daemon's metrics endpoint (it binds port 0 and logs the real one)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        found = re.search(r"metrics on http://([^/\s]+)/metrics", daemon.log())
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise TimeoutError(f"no metrics address in the daemon log:\n{daemon.log()}")
+
+
+def scrape(address: str, timeout: float = 5.0) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{address}/metrics", timeout=timeout) as resp:
+        assert resp.status == 200
+        return resp.read().decode()

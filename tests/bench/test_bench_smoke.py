@@ -110,6 +110,37 @@ def test_bench_pin_runs_every_process_on_one_cpu(tmp_path: Path) -> None:
     assert f"Pinning: every process on CPU {cpu}." in (tmp_path / "latest.md").read_text()
 
 
+@pytest.mark.timeout(180)
+def test_bench_link_scenarios_count_calls_links_and_a_peer_death(tmp_path: Path) -> None:
+    """Scenarios 12-14 (issue 36, item 7) at smoke sizes: Python calls per pull in the worker and both daemons
+    (counted from outside the package: a sitecustomize on the daemons' path), threads, fds and idle CPU per link at
+    each end at 1 and 4 links, and the time from a peer's SIGKILL to the failure of a pull in flight -- each with
+    the issue's target beside it."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "12,13,14", "--no-progress",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
+    cases = {(r["scenario"].split()[0], r["case"]): r for r in rows}
+    for proc_name, limit in (("worker", 15.0), ("requester daemon", 20.0), ("owner daemon", 20.0)):
+        r = cases[("12", f"Python calls per 1-block pull (4 KiB): {proc_name}")]
+        # every pull enters at least the API's own function; a daemon's count is the pulls' share, idle subtracted
+        assert r["figure"]["unit"] == "calls/pull" and r["figure"]["median"] >= 1, r
+        assert r["target"]["value"] == limit and r["met"] in (True, False), r
+    for n in (1, 4):
+        for end in ("linking end", "serving end"):
+            what = f"{n} link{'s' if n > 1 else ''} at rest, {end}"
+            for measure, unit, limit in (("threads", "threads/link", 1.0), ("fds", "fds/link", 1.0),
+                                         ("idle CPU", "CPU-ms/min/link", 2.0)):
+                r = cases[("13", f"{what}: {measure} per link")]
+                assert r["figure"]["unit"] == unit and math.isfinite(r["figure"]["median"]), r
+                assert r["target"]["value"] == limit, r
+            # a link holds at least one connection at each end
+            assert cases[("13", f"{what}: fds per link")]["figure"]["median"] >= 1
+    r = cases[("14", "a 1-block pull in flight when its peer daemon is SIGKILLed: time to its failure")]
+    assert r["figure"]["unit"] == "ms" and r["figure"]["median"] > 0 and r["target"]["value"] == 100.0, r
+    assert "LLM_FAILED" in r["note"], r
+
+
 SIMULATED = "SIMULATED runtime (tests/sim) — not NPU numbers"
 
 

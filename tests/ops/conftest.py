@@ -8,18 +8,15 @@ metrics and datadistctl tests share it and stay fast.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon, Worker, free_port
+from tests.harness import Daemon, Worker, free_port, metrics_address
 
 P, D = 1, 2                  # prompt / decoder cluster ids
 TENSORS, BLOCKS, BLOCK_SHAPE = 4, 16, (4, 32)   # float16: 256 bytes per block per tensor
@@ -34,24 +31,6 @@ def tool(name: str) -> str | None:
     if candidate.exists() and os.access(candidate, os.X_OK):
         return str(candidate)
     return shutil.which(name)
-
-
-def metrics_address(daemon: Daemon, deadline: float = 10.0) -> str:
-    """host:port of the daemon's metrics endpoint (it binds port 0 and logs the real one)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        found = re.search(r"metrics on http://([^/\s]+)/metrics", daemon.log())
-        if found:
-            return found.group(1)
-        time.sleep(0.05)
-    raise TimeoutError(f"no metrics address in the daemon log:\n{daemon.log()}")
-
-
-def scrape(address: str, timeout: float = 5.0) -> str:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"http://{address}/metrics", timeout=timeout) as resp:
-        assert resp.status == 200
-        return resp.read().decode()
 
 
 def run(cmd: list[str], timeout: float = 30.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

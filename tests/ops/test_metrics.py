@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 from datadistd.state.config import load_config
 from datadistd.state.metrics import DaemonMetrics, parse_listen_address
-from tests.harness import Daemon, free_port
+from tests.harness import Daemon, free_port, metrics_address, scrape
 from tests.reliability.common import blocks_key, stub
 
-from .conftest import BLOCK_BYTES, PULLED, PUSHED, TENSORS, D, P, metrics_address, scrape
+from .conftest import BLOCK_BYTES, PULLED, PUSHED, TENSORS, D, P
 
 pytestmark = pytest.mark.integration
 

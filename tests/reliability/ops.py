@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,18 @@ def timed(state: dict, name: str, *args: Any, **kwargs: Any) -> tuple[str, float
     t0 = time.monotonic()
     outcome, _ = try_op(state, name, *args, **kwargs)
     return outcome, time.monotonic() - t0
+
+
+def pulls_at_once(state: dict, remote_cluster: int, dst: str, pulls: list) -> list[tuple[str, float]]:
+    """Run ``pulls`` (``(src_blocks, dst_blocks)`` each) of blocks cache ``dst`` from one thread each, all at once;
+    each one's (outcome, ``time.monotonic()`` when it ended): outcome "OK" or the status code name (the clock is the
+    machine's, so a test compares it with its own)."""
+    def one(pull: tuple[list, list]) -> tuple[str, float]:
+        outcome, _ = try_op(state, "pull_blocks", remote_cluster, dst, *pull)
+        return outcome, time.monotonic()
+
+    with ThreadPoolExecutor(len(pulls)) as pool:
+        return list(pool.map(one, pulls))
 
 
 # ---- soak: many workers, mixed pulls and pushes, every transfer checked ------------------------------

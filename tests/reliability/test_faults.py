@@ -19,11 +19,23 @@ import time
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2
 from tests.conftest import ascend_runtime
-from tests.harness import ACL_PLANE, DATA_PLANES, WorkerError, nixl_installed, nixl_plane, pool_memfds
+from tests.harness import (
+    ACL_PLANE,
+    DATA_PLANES,
+    WorkerError,
+    free_port,
+    metrics_address,
+    nixl_installed,
+    nixl_plane,
+    over_planes,
+    pool_memfds,
+    scrape,
+)
 from tests.reliability.common import (
     HAVE_NETNS,
     Hosts,
@@ -173,6 +185,70 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         np.testing.assert_array_equal(prompt.call("rows", "kv", None, src), decoder.call("rows", "kv", None, dst))
     finally:
         hosts.remove()
+
+
+# ---- a peer daemon killed while calls wait on it: they fail at the connection's end, not at the heartbeat -------
+
+#: the heartbeat far past the pulls' deadline: a pull still waiting for its owner call when the peer's connection
+#: ends fails at once (``base.CONTROL_DOWN``), or else hangs to its deadline (``LLM_TIMEOUT``)
+LONG_HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "30"}
+DOWN_SYNC_MS = 10000
+#: pulls of a 4 x 64-block cache of 2 KiB rows (8 KiB a block): two of one block (answered inline, in the owner's
+#: reply) and two of 16 blocks (128 KiB: a transfer on the data channel, a receipt beside the owner call)
+DOWN_PULLS = [([1], [1]), ([2], [2]), (list(range(16)), list(range(16, 32))), (list(range(32, 48)),
+                                                                               list(range(48, 64)))]
+
+
+def _in_flight(daemon, cluster: int) -> int:  # noqa: ANN001
+    """Transfers running on the links of engine ``cluster`` of ``daemon`` (its metrics)."""
+    return sum(int(sample.value) for family in text_string_to_metric_families(scrape(metrics_address(daemon)))
+               if family.name == "datadist_link_transfers_in_flight" for sample in family.samples
+               if sample.labels["cluster_id"] == str(cluster))
+
+
+@over_planes("tcp", "nixl-ucx-tcp")
+@pytest.mark.parametrize("puller", ["linking", "serving"])
+def test_peer_killed_fails_calls_in_flight_at_once(puller: str, data_plane, daemon_factory,
+                                                   worker_factory) -> None:
+    """The owner daemon is stopped (SIGSTOP: its kernel still takes the pulls' frames, nothing answers), four
+    pulls wait on it, then it is killed (SIGKILL: the kernel ends its connections). Every pull fails with the code
+    a lost peer gets -- the linking end's ``LLM_FAILED`` (its link broken, as the heartbeat would find it), the
+    serving end's ``LLM_NOT_YET_LINK`` (its link dropped, as the sweeper would) -- at the connection's end: the
+    heartbeat is 30 s, past the pulls' 10 s deadline."""
+    if data_plane and not nixl_installed():
+        pytest.skip("NIXL is not installed (make nixl)")
+    metrics = ["--metrics", "127.0.0.1:0"]
+    da, db = daemon_factory.many("a", "b", env=LONG_HEARTBEAT, args=metrics)
+    prompt, decoder = worker_factory(da), worker_factory(db)
+    port = free_port()
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True,
+                sync_kv_timeout=DOWN_SYNC_MS)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True, sync_kv_timeout=DOWN_SYNC_MS)
+    for worker, seed in ((prompt, 5), (decoder, 9)):
+        worker.call("register_blocks", "kv", 4, 64, (16, 64), model_id=0)
+        worker.call("fill", "kv", seed)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    # the owner daemon, its puller and the cluster the puller names
+    owner, pulling, near, far, code = ((da, decoder, D, P, S.LLM_FAILED) if puller == "linking" else
+                                       (db, prompt, P, D, S.LLM_NOT_YET_LINK))
+    pulling.call("pull_blocks", far, "kv", [0], [0])   # the link works
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        pulling.send("run", OPS, "pulls_at_once", far, "kv", DOWN_PULLS)
+        assert wait_until(lambda: _in_flight(db if puller == "linking" else da, near) == len(DOWN_PULLS), 10)
+    finally:
+        killed = time.monotonic()
+        owner.kill()
+    results = pulling.result(DOWN_SYNC_MS / 1000 + 20)
+    print(f"\n{puller} end, pulls in flight when the peer died: " +
+          ", ".join(f"{outcome} after {ended - killed:.3f}s" for outcome, ended in results))
+    assert [outcome for outcome, _ in results] == [code.name] * len(DOWN_PULLS), results
+    # failed by the connection's end: well before the deadline (10 s) and the heartbeat (30 s)
+    assert all(ended - killed < DOWN_SYNC_MS / 1000 / 2 for _, ended in results), results
+    if puller == "linking":
+        assert [lk.state for lk in links(db)] == ["broken"]
+    else:
+        assert links(da) == []
 
 
 # ---- the link unlinked (by its other end) in the middle of a transfer -----------------------------------

@@ -16,7 +16,7 @@ from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.framecalls import FrameCalls
 from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd
-from datadistd.transport.base import CONTROL_CALL, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
+from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
 from datadistd.transport.tcp import HEADER, MAX_CONTROL
 from tests.reliability.common import wait_until
 from tests.unit.test_transport_tcp import TOKEN, Pair, closed_without_reply, deadline, raw_hello
@@ -72,6 +72,39 @@ def test_early_frames_wait_in_order_and_are_bounded() -> None:
     assert got == [(CONTROL_CALL, bytes([i])) for i in range(3)]
     assert all(early.deliver(CONTROL_REPLY, b"x") for _ in range(5))   # no bound once a handler takes them
     assert got[3:] == [(CONTROL_REPLY, b"x")] * 5
+
+
+def test_the_channel_tells_its_handler_once_that_it_went_down_after_its_frames(pair: Pair) -> None:
+    """The other end closes (a dead peer's kernel does): this end's handler gets the frames sent before, then
+    ``CONTROL_DOWN`` with the reason, once; closing this end afterwards tells it nothing more. The other end's
+    handler hears of its own close too."""
+    got_a, on_a = collector()
+    got_b, on_b = collector()
+    pair.out.on_control(on_a)
+    pair.b.on_control(TOKEN, on_b)
+    for i in range(3):
+        pair.inb.send_control(CONTROL_REPLY, bytes([i]), deadline())
+    assert wait_until(lambda: pair.out.stats()["frames_received"] >= 3, 5)
+    pair.inb.close()
+    events = [got_a.get(timeout=5)[:2] for _ in range(4)]
+    assert sorted(events[:3]) == [(CONTROL_REPLY, bytes([i])) for i in range(3)]
+    assert events[3][0] == CONTROL_DOWN and b"closed" in events[3][1]
+    assert pair.out.broken
+    pair.out.close()
+    assert got_b.get(timeout=5)[:2] == (CONTROL_DOWN, b"closed locally")
+    assert got_a.empty() and got_b.empty()
+
+
+def test_a_channel_that_went_down_before_its_handler_tells_it_when_set(pair: Pair) -> None:
+    pair.inb.send_control(CONTROL_REPLY, b"last words", deadline())
+    assert wait_until(lambda: pair.out.stats()["frames_received"] >= 1, 5)
+    pair.inb.close()
+    assert wait_until(lambda: pair.out.broken, 5)
+    got, on = collector()
+    pair.out.on_control(on)
+    assert [got.get(timeout=5)[0] for _ in range(2)] == [CONTROL_REPLY, CONTROL_DOWN]
+    pair.out.close()
+    assert got.empty()
 
 
 def test_not_a_control_frame_is_refused(pair: Pair) -> None:

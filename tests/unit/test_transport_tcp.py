@@ -22,6 +22,7 @@ from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.memory.base import MemoryHandle, Segment
 from datadistd.transport import get_transport
+from datadistd.transport.base import CONTROL_REPLY
 from datadistd.transport.tcp import HEADER, HELLO, TcpTransport
 
 pytestmark = pytest.mark.timeout(60)
@@ -668,6 +669,38 @@ def test_stop_is_bounded_and_idempotent(pair: Pair) -> None:
     assert err.value.code == S.LLM_LINK_FAILED
     assert not [t for t in threading.enumerate() if t.name.startswith("datadist-tcp") and t.is_alive()
                 and str(pair.b.port) in t.name]
+
+
+def _wakeups(thread: threading.Thread) -> int:
+    """How often ``thread`` went to sleep so far (``voluntary_ctxt_switches``: each wait that ended)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+
+
+def test_idle_readers_sleep_until_a_frame_and_a_close_still_wakes_them(pair: Pair) -> None:
+    """An idle connection's reader waits for its next frame without a timeout: over a second of rest no reader of
+    either end wakes (before, each woke five times a second on a 0.2 s receive timeout); a frame wakes it, and
+    stopping the transport ends every reader."""
+    conns = pair.out._conns
+    names = ({f"datadist-tcp-read:{pair.b.endpoint}#{c.index}" for c in conns} |
+             {f"datadist-tcp-read:{LOOPBACK}:{c.sock.getsockname()[1]}" for c in conns})
+    readers = [t for t in threading.enumerate() if t.name in names]
+    assert len(readers) == 2 * 2   # two connections, a reader at each end of each
+    dst = ArrayHandle(64 << 10)
+    pair.a_to_b(one(ArrayHandle(64 << 10, seed=3)), one(dst))   # a frame into mapped memory: _POLL in the frame
+    before = [_wakeups(t) for t in readers]
+    time.sleep(1.0)
+    # at most the one sleep of the reader that was finishing the frame (before: five per reader, every second)
+    assert all(after - was <= 1 for was, after in zip(before, [_wakeups(t) for t in readers], strict=True))
+    got = threading.Event()
+    pair.out.on_control(lambda kind, payload: got.set())
+    pair.inb.send_control(CONTROL_REPLY, b"wake", deadline())
+    assert got.wait(5)
+    pair.a.stop()
+    pair.b.stop()
+    for t in readers:
+        t.join(5)
+    assert not [t for t in readers if t.is_alive()]
 
 
 def test_registry_loads_tcp_by_name() -> None:

@@ -119,12 +119,14 @@ class LinkUsage:
     Owner calls over ``calls_in_flight`` wait for a turn (holding no thread) until their deadline
     (``LLM_TIMEOUT``); more than ``calls_queued`` waiting are refused at once (``LLM_LINK_BUSY``). A
     legitimate burst of pulls is served in turn; a peer that keeps calls hanging holds at most
-    ``calls_in_flight`` of the daemon's executor threads."""
+    ``calls_in_flight`` of the daemon's executor threads. ``answering``: its calls being answered (a task each,
+    whatever the call), which ``links.calls`` bounds with the frames not yet taken by the event loop."""
 
-    __slots__ = ("calls", "writes", "pinned", "_turns")
+    __slots__ = ("calls", "writes", "pinned", "answering", "_turns")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.answering = 0
         self.writes = 0
         self.pinned = 0
         self._turns: collections.deque[asyncio.Future[None]] = collections.deque()   # waiting calls, in order

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Coroutine
 
 from ..core.errors import DataDistError, StatusCode
 from ..state import readview
 from ..state.metrics import track_transfer
-from ..transport.base import CONTROL_CALL, CONTROL_REPLY, Channel
+from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused
 from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
@@ -38,6 +39,13 @@ log = logging.getLogger("datadistd.links")
 
 #: control frames one wake-up of the event loop handles before it lets other work run
 _CONTROL_DRAIN = 64
+#: what one link's other end may have waiting here (issue 36): control frames its connections' readers handed over
+#: that the event loop has not taken yet, plus its calls being answered -- at most ``_QUEUED_FRAMES`` of those and
+#: ``_QUEUED_BYTES`` of frames. A peer past either bound sends faster than it is answered (an honest one has no
+#: more calls at once than its own pulls and pushes on the link, far fewer; ``[quota] link_calls_queued`` refuses
+#: more than 1,024 waiting reads): its link is dropped, the reason logged (``transport.base.ControlRefused``).
+_QUEUED_FRAMES = 4096
+_QUEUED_BYTES = 64 << 20
 
 
 class OwnerCalls:
@@ -77,16 +85,21 @@ class OwnerCalls:
     def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
         """What the data channel's reader threads call with a control frame: queue it for the event loop, which
         drains every queued frame per wake-up (``_CONTROL_DRAIN`` at most per turn): many replies and calls in
-        flight cost one wake-up, not one each."""
+        flight cost one wake-up, not one each. The queue is bounded with the answers running (``_QUEUED_FRAMES``,
+        ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
+        (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
+        held = [0]                  # bytes of the frames in ``inbox``
+        lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
 
         def drain() -> None:
             for _ in range(_CONTROL_DRAIN):
-                try:
+                with lock:
+                    if not inbox:
+                        return
                     kind, payload = inbox.popleft()
-                except IndexError:
-                    return
+                    held[0] -= len(payload)
                 self._on_control(link, kind, payload)
             if inbox:   # more than a turn's worth: the rest after the loop's other work
                 loop.call_soon(drain)
@@ -94,8 +107,21 @@ class OwnerCalls:
         def handler(kind: int, payload: bytes) -> None:
             if kind == CONTROL_CALL and ownerwire.is_inline_read(payload) and self._answer_here(link, payload):
                 return
-            inbox.append((kind, payload))
-            if len(inbox) == 1:   # the queue was empty: nothing scheduled to drain it (see ``drain``)
+            first = False
+            with lock:
+                queued = len(inbox) + link.usage.answering
+                over = kind != CONTROL_DOWN and (queued >= _QUEUED_FRAMES or held[0] + len(payload) > _QUEUED_BYTES)
+                if not over:
+                    inbox.append((kind, payload))
+                    held[0] += len(payload)
+                    first = len(inbox) == 1   # the queue was empty: nothing scheduled to drain it (``drain``)
+            if over:
+                log.warning("cluster %s: cluster %s has more than %d control frames (or %d MiB) waiting here: it "
+                            "sends faster than it is answered; dropping its link", self.table.cluster_id,
+                            link.remote_cluster, _QUEUED_FRAMES, _QUEUED_BYTES >> 20)
+                raise ControlRefused(f"more than {_QUEUED_FRAMES} control frames (or {_QUEUED_BYTES >> 20} MiB) "
+                                     f"waiting for the link of cluster {link.remote_cluster}")
+            if first:
                 try:
                     loop.call_soon_threadsafe(drain)
                 except RuntimeError:   # the loop is closed: the daemon is stopping
@@ -135,6 +161,9 @@ class OwnerCalls:
         return True
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
+        if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
+            self.table.channel_went(link, payload.decode(errors="replace"))
+            return
         link.last_seen = time.monotonic()   # any frame of the other end proves it alive (the sweeper reads this)
         try:
             if kind == CONTROL_REPLY:       # answers still count while the engine finalizes (its unlink calls)
@@ -144,7 +173,7 @@ class OwnerCalls:
                 return
             cmd = ownerwire.decode_call(payload)
         except RefusedCall as exc:
-            self.table.spawn(self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
+            self._answering(link, self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
             return
         except DataDistError as exc:
             log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
@@ -155,7 +184,20 @@ class OwnerCalls:
                 readview.publish(self.table.engine)   # what the reader threads read the next ones by
             if self._answer_inline_now(link, cmd):
                 return
-        self.table.spawn(self._answer(link, cmd))
+        self._answering(link, self._answer(link, cmd))
+
+    def _answering(self, link: RemoteLink, work: Coroutine[Any, Any, None]) -> None:
+        """``work`` -- the answer to a call of the other end -- as a task, counted in ``link.usage.answering`` until
+        it ends (``control_handler`` bounds what one link's other end holds here)."""
+        link.usage.answering += 1
+
+        async def counted() -> None:
+            try:
+                await work
+            finally:
+                link.usage.answering -= 1
+
+        self.table.spawn(counted())
 
     async def _answer(self, link: RemoteLink, cmd: OwnerCall) -> None:
         """Run one owner call of the other end (any number run at once) and answer it with a REPLY frame."""
@@ -220,7 +262,7 @@ class OwnerCalls:
                          cmd.command_id, link.remote_cluster, exc)
                 return True
             counted = False   # handed on: the task ends the call once the reply is out
-            self.table.spawn(self._reply_then_exit(link, reply))
+            self._answering(link, self._reply_then_exit(link, reply))
             return True
         finally:
             if counted:
@@ -268,6 +310,6 @@ class OwnerCalls:
         try:
             await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
                                       ownerwire.encode_reply(reply), deadline, link.principal)
-        except DataDistError as exc:
-            log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id, reply.command_id,
-                     link.remote_cluster, exc)
+        except DataDistError as exc:   # a link dropped (its reason logged once) may leave thousands unanswered
+            log.log(logging.DEBUG if link.calls.closed else logging.INFO, "cluster %s: cannot answer call %s of "
+                    "cluster %s: %s", self.table.cluster_id, reply.command_id, link.remote_cluster, exc)

@@ -185,6 +185,20 @@ class LinkTable:
             link.calls.close("the link was dropped")
             self.transport.revoke(link.token)
 
+    def channel_went(self, link: InboundLink | OutboundLink, reason: str) -> None:
+        """``link``'s data channel broke or closed (its transport says so at once, ``transport.base.CONTROL_DOWN``):
+        what the heartbeat (linking end: broken) or the sweeper (serving end: dropped) would find at its next tick,
+        done now, so every owner call pending on the link fails at once with the code it would get then. Nothing
+        when this end let the link go already (unlink, drop, finalize: its calls are closed)."""
+        if self.closed or link.calls.closed:
+            return
+        if isinstance(link, InboundLink):
+            log.warning("cluster %s: linking cluster %s went away (data channel closed: %s); dropping its link",
+                        self.cluster_id, link.remote_cluster, reason)
+            self.drop_serving(link)
+        else:
+            self.mark_broken(link, f"data channel closed ({reason})")
+
     def mark_broken(self, link: Link, reason: str) -> None:
         if link.state != LinkState.BROKEN:
             link.state = LinkState.BROKEN

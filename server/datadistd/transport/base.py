@@ -21,6 +21,9 @@ Every channel also carries small *control frames* (``CONTROL_KINDS``) beside the
 of a transfer, unlink and liveness (``datadistd.links.wire.ownercalls``), so after the handshake the channel is the
 only conversation between two daemons. The serving end sets its handler by token, before the channel
 exists (``Transport.on_control``); the linking end on the channel it opened (``Channel.on_control``).
+When the channel breaks or closes, the handler hears it once, after every frame handed to it, as the pseudo
+kind ``CONTROL_DOWN`` (payload: the reason, UTF-8): the link fails every call pending on the channel at once,
+not at its next heartbeat. It is no frame kind: nothing on the wire can carry it.
 """
 
 from __future__ import annotations
@@ -33,14 +36,17 @@ from datadist.status import LLMStatusCode
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "CONTROL_CALL", "CONTROL_REPLY",
-           "CONTROL_TRANSPORT", "CONTROL_KINDS", "EarlyFrames", "EARLY_FRAMES_MAX"]
+__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "ControlRefused", "CONTROL_CALL",
+           "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN", "EarlyFrames", "EARLY_FRAMES_MAX"]
 
 #: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
 #: control frames of a transport layered on a channel (``nixl`` runs its own messages over a tcp channel)
 CONTROL_TRANSPORT = 6
 CONTROL_KINDS = (CONTROL_CALL, CONTROL_REPLY, CONTROL_TRANSPORT)
+#: not a frame: what a channel tells its control handler, once, when it broke or closed (payload: the reason);
+#: never in ``CONTROL_KINDS``, so no peer can send it
+CONTROL_DOWN = 0
 
 #: ``handler(kind, payload)``: a control frame, called in a transport thread (keep it short)
 ControlHandler = Callable[[int, bytes], None]
@@ -72,6 +78,11 @@ class EarlyFrames:
         handler(kind, payload)
         return True
 
+    @property
+    def handler(self) -> ControlHandler | None:
+        """The handler set, if any."""
+        return self._handler
+
     def set_handler(self, handler: ControlHandler) -> None:
         """From now on frames go to ``handler``; the ones kept so far are handed to it here, first."""
         with self._lock:
@@ -79,6 +90,11 @@ class EarlyFrames:
             frames, self._frames = self._frames, []
         for kind, payload in frames:
             handler(kind, payload)
+
+
+class ControlRefused(Exception):
+    """What a control handler raises to refuse a frame of a peer that broke a rule (it floods its link): the
+    transport drops the connection the frame came on, and with it the channel (the message is the reason)."""
 
 
 class Receipt(Protocol):
@@ -125,7 +141,8 @@ class Channel(Protocol):
         """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""
 
     def on_control(self, handler: ControlHandler) -> None:
-        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short)."""
+        """``handler(kind, payload)`` for every control frame, called in a transport thread (keep it short), and
+        once ``CONTROL_DOWN`` when the channel broke or closed (at once if it already has)."""
 
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
         """Send one control frame without blocking; False (nothing sent) when that is not possible now."""

@@ -19,7 +19,8 @@ Wire format (little endian, ``struct``):
     ``transfer id`` and ``offset`` are 0. The reader hands the payload to the channel's control
     handler (``on_control``) in its own thread; frames that arrive before a handler is set wait for it
     (at most ``transport.base.EARLY_FRAMES_MAX``). After the handshake these are the only conversation
-    between two daemons (``peering.PROTOCOL_VERSION``).
+    between two daemons (``peering.PROTOCOL_VERSION``). When the channel breaks or closes, the handler hears it
+    once, after the frames before (``base.CONTROL_DOWN``: no frame kind).
   - ``TRANSPORT``: like ``CALL``, but for a transport layered on this channel (``nixl`` sends its
     metadata, destination descriptors and completions this way).
 
@@ -30,7 +31,9 @@ a plain segment list is converted once. Nothing is built per segment up front: e
 are cut from the table when the frame is sent or received.
 
 Threads: one accept thread per transport; each accepted socket gets a thread that does the
-hello and then reads frames; each connected socket gets a reader thread. Readers scatter DATA
+hello and then reads frames; each connected socket gets a reader thread. A reader waiting for a frame
+sleeps in ``recv`` without a timeout (an idle link wakes nobody; ``shutdown()`` ends the wait at a close);
+inside a frame landing in mapped memory it wakes every ``_POLL`` to notice a cancelled receipt. Readers scatter DATA
 payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
 and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
 staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,

@@ -19,7 +19,7 @@ from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
 from ...memory.segments import SegmentTable
-from ..base import EarlyFrames
+from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
 from .staging import Buffers, SendPlan
 from .wire import (
@@ -80,6 +80,8 @@ class TcpChannel:
         self._rr = itertools.count()
         self._early = EarlyFrames()   # control frames: to the handler, or kept until one is set
         self._pool: ThreadPoolExecutor | None = None   # stripe senders, made on the first striped send
+        self._ended = 0        # connections whose reader ended (``_conn_lost``)
+        self._told = False     # the handler heard the channel went down (``_tell_down``)
 
     def __repr__(self) -> str:
         return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
@@ -291,6 +293,7 @@ class TcpChannel:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
         (keep it short); frames that came before are handed over now."""
         self._early.set_handler(handler)
+        self._tell_down()   # it went down before
 
     def _on_control(self, kind: int, payload: bytes) -> None:
         if not self._early.deliver(kind, payload):
@@ -363,6 +366,7 @@ class TcpChannel:
         self._stop_senders()
         self._transport._channel_down(self, f"data channel to {self._peer} was closed")
         self._transport._retire(self)
+        self._tell_down()
 
     def _break(self, reason: str, clean: bool = False) -> None:
         with self._lock:
@@ -380,9 +384,30 @@ class TcpChannel:
                                             f"broke: {reason}")
 
     def _conn_lost(self, conn: DataConn, reason: str, clean: bool) -> None:
-        if self._closed or self._transport._stopping or not reason:
-            return
-        self._break(f"connection #{conn.index}: {reason}", clean)
+        with self._lock:
+            self._ended += 1
+        if not (self._closed or self._transport._stopping or not reason):
+            self._break(f"connection #{conn.index}: {reason}", clean)
+        self._tell_down()
+
+    def _tell_down(self) -> None:
+        """The control handler hears, once, that the channel went down (``base.CONTROL_DOWN``): the link fails the
+        calls pending on it then, not at its next heartbeat. Once it is down (broken or closed), has a handler and
+        every connection's reader ended -- the last of them, ``on_control`` or ``close`` tells it -- so every frame
+        read off any connection was handed over before (a reply and the end of the connection beside it may come
+        on two connections, read by two threads: the reply first)."""
+        with self._lock:
+            if (self._told or self._early.handler is None or not (self._broken or self._closed)
+                    or self._ended < len(self._conns)):
+                return
+            self._told = True
+            handler = self._early.handler
+        try:
+            assert handler is not None
+            handler(CONTROL_DOWN, self._reason.encode())
+        except Exception:  # noqa: BLE001 - the channel is down whatever the handler does
+            log.exception("data channel %s %s: the control handler failed on the channel's end",
+                          "to" if self._outbound else "from", self._peer)
 
 
 def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:

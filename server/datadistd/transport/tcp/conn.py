@@ -16,9 +16,10 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.segments import cut
-from ..base import Channel
+from ..base import Channel, ControlRefused
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
+    _FOREVER,
     _IOV_MAX,
     _JOIN,
     _POLL,
@@ -104,10 +105,13 @@ class DataConn:
         self.index = index
         self.peer = peer
         self.sock = sock
-        # blocking mode with kernel timeouts: one system call per recv/send (no poll first);
-        # receives wake every _POLL to notice a close, sends get the remaining time before each call
+        # blocking mode with kernel timeouts: one system call per recv/send (no poll first). A reader waiting
+        # for a frame sleeps without a timeout (an idle link wakes nobody; ``shutdown`` ends the wait); inside a
+        # frame landing in mapped memory it wakes every _POLL (``_polling``), so a cancelled receipt's memory is
+        # left within that; sends get the remaining time before each call
         sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _FOREVER)
+        self._polling = False             # SO_RCVTIMEO is _POLL (reader thread only)
         self.lock = _FairLock()           # held per frame by senders, handed over first come first served
         self.closed = False
         self.bytes_sent = self.frames_sent = 0          # under lock
@@ -254,7 +258,7 @@ class DataConn:
                 self.frames_received += 1
         except _Closed:
             reason = ""
-        except _ProtocolError as exc:
+        except (_ProtocolError, ControlRefused) as exc:
             reason = f"protocol error: {exc}"
         except OSError as exc:
             reason = f"connection lost: {exc}"
@@ -290,9 +294,17 @@ class DataConn:
             n = None
         return self._received(n)
 
+    def _receive_timeout(self, polling: bool) -> None:
+        """``SO_RCVTIMEO``: _POLL while the reader writes into a receipt's memory, none while it waits for a frame."""
+        if polling != self._polling:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL) if polling else _FOREVER)
+            self._polling = polling
+
     def _read_header(self, hv: memoryview) -> bool:
+        if self._polling:
+            self._receive_timeout(False)
         got = 0
-        while got < len(hv):  # bounded by the connection's life; every pass polls at most _POLL
+        while got < len(hv):  # bounded by the connection's life: each pass reads >= 1 byte or ends it
             try:
                 n = self.sock.recv_into(hv[got:], 0, _WAITALL)
             except BlockingIOError:
@@ -375,6 +387,7 @@ class DataConn:
         hs = which.tolist()
         one = hs[0] if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()) else -1
         count = len(starts)
+        self._receive_timeout(True)   # each receive below holds the receipt's memory: at most _POLL
         # pieces i..j of at most _RECV_MAX bytes per call: small receives keep the copy out of the
         # socket cache-warm and let the sender refill the socket while this thread copies
         cum = (np.cumsum(lens) - lens).tolist()

@@ -1,7 +1,7 @@
 """An authenticated peer flooding its link with control frames is dropped, its memory bounded (issue 36, item 6).
 
 The other end of a link (a ``PeerAgent``: the right secret, a real data connection, written by hand) sends
-100,000 ping calls in one burst and never reads the answers. The frames its connection's reader hands to the
+100,000 ping calls (ownerwire frames) in one burst and never reads the answers. The frames its connection's reader hands to the
 event loop, and the answers running for them, are bounded per link (``links.calls._QUEUED_FRAMES``,
 ``_QUEUED_BYTES``): past the bound the daemon drops that link with the reason in its log, its memory grows by
 less than the burst would hold, and an honest peer linked to the same engine is answered throughout. Before,
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from datadist.v1 import peer_pb2
 from datadistd.links.calls import _QUEUED_FRAMES
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import PingCmd
 from datadistd.transport.base import CONTROL_CALL
 from datadistd.transport.tcp import HEADER
 from tests.daemonproc import DaemonProcess, free_port
@@ -29,7 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 P = 1
 FLOOD = 100_000
-PAD = 4096   # bytes of an unknown field each ping carries (a parser keeps them): 400 MB in all
 
 
 def _peak_kib(pid: int) -> int:
@@ -62,13 +62,11 @@ def test_a_peer_flooding_control_frames_loses_its_link_and_nobody_else_does() ->
         honest.handshake(streams=1)
         hostile.handshake(connect=False)
         sock = raw_hello(hostile.endpoint, hostile.token)   # a data connection of its own
-        honest.call("ping", peer_pb2.Ping(), timeout=10)
+        honest.call(PingCmd(0), timeout=10)
         assert sorted(lk.remote_cluster_id for lk in links(d)) == [66, 77]
         before = _peak_kib(d.proc.pid)
-        pad = b"\xc2\x3e" + bytes([0x80 | (PAD & 0x7F), PAD >> 7]) + b"p" * PAD   # field 1000, PAD bytes
         burst = b"".join(HEADER.pack(b"DDFR", CONTROL_CALL, 0, 0, len(p)) + p for p in (
-            peer_pb2.OwnerCall(command_id=i + 1, ping=peer_pb2.Ping()).SerializeToString() + pad
-            for i in range(FLOOD)))
+            ownerwire.encode_call(PingCmd(i + 1)) for i in range(FLOOD)))
         sender = threading.Thread(target=lambda: _send_all(sock, burst), daemon=True)
         sender.start()
         # the daemon drops the flooder's link, saying why, and closes its connection
@@ -82,7 +80,7 @@ def test_a_peer_flooding_control_frames_loses_its_link_and_nobody_else_does() ->
         assert f"more than {_QUEUED_FRAMES} control frames" in logged and "dropping its link" in logged
         # the honest peer's link to the same engine is answered throughout
         for _ in range(20):
-            honest.call("ping", peer_pb2.Ping(), timeout=10)
+            honest.call(PingCmd(0), timeout=10)
         sender.join(10)
         sock.close()
     finally:

@@ -1,11 +1,11 @@
-"""An authenticated peer flooding its link with control frames is dropped, its memory bounded (issue 36, item 6).
+"""An authenticated peer flooding its link with control frames is dropped, its memory bounded.
 
 The other end of a link (a ``PeerAgent``: the right secret, a real data connection, written by hand) sends
-100,000 ping calls (ownerwire frames) in one burst and never reads the answers. The frames its connection's reader hands to the
-event loop, and the answers running for them, are bounded per link (``links.calls._QUEUED_FRAMES``,
-``_QUEUED_BYTES``): past the bound the daemon drops that link with the reason in its log, its memory grows by
-less than the burst would hold, and an honest peer linked to the same engine is answered throughout. Before,
-every frame was queued and answered (a task each), whatever the rate.
+100,000 ping calls (``ownerwire`` frames) in one burst and never reads the answers. The frames its connection's
+reader hands to the event loop, and the answers running for them, are bounded per link
+(``links.calls._QUEUED_FRAMES``, ``_QUEUED_BYTES``): past the bound the daemon drops that link with the reason in
+its log, its memory grows by less than the burst would hold, and an honest peer linked to the same engine is
+answered throughout. Before, every frame was queued and answered (a task each), whatever the rate.
 """
 
 from __future__ import annotations

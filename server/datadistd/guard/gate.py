@@ -5,8 +5,8 @@
 (the owner calls of the daemon at source address A, ``admission.source_key``, over any of its links). A
 principal holds at most ``share`` threads at once; its further jobs wait for a turn on the event loop, holding
 no thread, in the order they came. So one principal at its share -- a peer's owner calls that hang, a
-tenant's engines all copying -- leaves the other threads to everybody else (issue 27, "no single shared pool
-of threads that one principal can fill"). Teardown that frees the others (a channel close, a transport stop,
+tenant's engines all copying -- leaves the other threads to everybody else (no single shared pool
+of threads that one principal can fill). Teardown that frees the others (a channel close, a transport stop,
 receipts cancelled) runs unmetered: it must never wait behind the jobs it ends.
 
 ``Gate``: the jobs running in worker threads on one engine's memory, and a bounded wait until none does

@@ -39,7 +39,7 @@ log = logging.getLogger("datadistd.links")
 
 #: control frames one wake-up of the event loop handles before it lets other work run
 _CONTROL_DRAIN = 64
-#: what one link's other end may have waiting here (issue 36): control frames its connections' readers handed over
+#: what one link's other end may have waiting here: control frames its connections' readers handed over
 #: that the event loop has not taken yet, plus its calls being answered -- at most ``_QUEUED_FRAMES`` of those and
 #: ``_QUEUED_BYTES`` of frames. A peer past either bound sends faster than it is answered (an honest one has no
 #: more calls at once than its own pulls and pushes on the link, far fewer; ``[quota] link_calls_queued`` refuses

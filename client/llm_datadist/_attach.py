@@ -12,7 +12,9 @@ does (the *leader*); the replies it reads for others go to them (one wake-up eac
 leaves, the leadership passes to a caller still waiting. A thread of ours only watches the
 connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops
 is logged at once and every waiting call fails with LLM_FAILED; every wait has its deadline
-(LLM_TIMEOUT).
+(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with
+no waiter object: it sends, reads until its own reply (handing others theirs) and leaves
+(``transfer``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, P
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheOps", "desc_pb", "cache_key_pb", "blocks_key_pb", "any_key_pb", "worker_memory", "check_range",
-           "range_pb", "check_blocks", "check_block_lists", "ALL_LAYERS", "UINT64_MAX",   # the *_pb helpers live in _convert, re-exported here
+           "range_pb", "check_blocks", "check_block_lists", "ALL_LAYERS",
+           "UINT64_MAX",   # the *_pb helpers live in _convert, re-exported here
            "PULL", "PUSH", "KIND_CACHE", "KIND_BLOCKS", "TransferFrame"]   # and the frame's, from datadist.fastframe
 
 log = logging.getLogger(__name__)

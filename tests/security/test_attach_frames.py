@@ -23,7 +23,6 @@ from datadist import fastframe as ff
 from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, datadist_pb2
 from datadistd.api.attach import MAX_TRANSFER_BLOCKS, AttachServer
-from datadistd.api.grpc.convert import CALL_CODEC
 from datadistd.api.orders import MAX_LIST
 from datadistd.node.node import Node
 from datadistd.state.config import Config
@@ -306,7 +305,7 @@ def test_a_transfer_whose_frames_stop_is_refused_at_its_deadline_and_freed(tmp_p
     """In process, with a short assembly deadline: a first frame and nothing more is answered LLM_PARAM_INVALID
     when the deadline passes, and the connection holds no partial transfer any more."""
     async def main() -> None:
-        node = Node(Config(), call_codec=CALL_CODEC)
+        node = Node(Config())
         path = os.path.join(tempfile.mkdtemp(dir=tmp_path), "d.attach")
         server = AttachServer(node, path, assembly_deadline_s=0.05)
         await server.start()

@@ -55,9 +55,9 @@ def linked(monkeypatch):  # noqa: ANN201
         daemon.discard()
 
 
-def python_calls(fn: Callable[[], None]) -> list[str]:
-    """The Python functions ``fn()`` calls in this thread, one entry per call (no garbage collection meanwhile:
-    a finalizer it ran would count)."""
+def python_calls(fn: Callable[..., None], *args: Any) -> list[str]:
+    """The Python functions ``fn(*args)`` runs in this thread, ``fn`` included, one entry per call (no garbage
+    collection meanwhile: a finalizer it ran would count)."""
     calls: list[str] = []
 
     def hook(frame, event, arg):  # noqa: ANN001, ANN202, ARG001
@@ -67,11 +67,11 @@ def python_calls(fn: Callable[[], None]) -> list[str]:
     gc.disable()
     sys.setprofile(hook)
     try:
-        fn()
+        fn(*args)
     finally:
         sys.setprofile(None)
         gc.enable()
-    return calls[:-1] if calls and calls[-1].endswith(":hook") else calls
+    return calls
 
 
 def test_a_warm_one_block_pull_costs_the_worker_at_most_15_python_calls(linked):
@@ -82,7 +82,7 @@ def test_a_warm_one_block_pull_costs_the_worker_at_most_15_python_calls(linked):
     for _ in range(3):                                          # warm: the link, the frame path, the caches
         cm.pull_blocks(key, dst, [3], [7])
     ops.zero(state, "dst")
-    calls = python_calls(lambda: cm.pull_blocks(key, dst, [4], [9]))
+    calls = python_calls(cm.pull_blocks, key, dst, [4], [9])
     assert len(calls) <= MAX_CALLS, "\n".join(calls)
     np.testing.assert_array_equal(ops.rows(state, "dst", row_indices=[9]), prompt.call("rows", "src", None, [4]))
 
@@ -90,7 +90,7 @@ def test_a_warm_one_block_pull_costs_the_worker_at_most_15_python_calls(linked):
     slot = state["caches"]["slot"]
     cm.pull_cache(by_id, slot, 0)
     ops.zero(state, "slot")
-    calls = python_calls(lambda: cm.pull_cache(by_id, slot, 0))
+    calls = python_calls(cm.pull_cache, by_id, slot, 0)
     assert len(calls) <= MAX_CALLS, "\n".join(calls)
     np.testing.assert_array_equal(ops.rows(state, "slot", row_indices=[0]), prompt.call("rows", "whole", None, [1]))
 

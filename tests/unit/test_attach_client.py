@@ -294,3 +294,27 @@ def test_a_lone_caller_hands_a_descriptor_reply_to_the_call_that_came_meanwhile(
         if got >= 0:
             os.close(got)
         client.close()
+
+
+def test_the_lone_caller_and_a_follower_each_get_their_own_refusal(daemon):
+    """The lone caller's reply is decoded where it is read, a follower's after the hand-over: the same status codes
+    and messages either way."""
+    client = AttachClient(daemon.target)
+    try:
+        lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        assert client._reading
+        follower, out_follower = in_threads(1, lambda i: client.transfer(FRAME, "pull_cache", 30))
+        second = daemon.take(1)[0]
+        daemon.answer(second, status=int(LLMStatusCode.LLM_LINK_BUSY))
+        follower[0].join(10)
+        daemon.answer(first, status=int(LLMStatusCode.LLM_NOT_YET_LINK))
+        lone[0].join(10)
+        for out, func, code in ((out_lone, "pull_blocks", LLMStatusCode.LLM_NOT_YET_LINK),
+                                (out_follower, "pull_cache", LLMStatusCode.LLM_LINK_BUSY)):
+            err = out[0]
+            assert isinstance(err, LLMException) and err.status_code == code
+            assert str(err) == f"[{func}] failed, error code is {code}, no."
+        assert client._pending == {} and not client._reading
+    finally:
+        client.close()

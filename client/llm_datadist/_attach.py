@@ -12,7 +12,9 @@ does (the *leader*); the replies it reads for others go to them (one wake-up eac
 leaves, the leadership passes to a caller still waiting. A thread of ours only watches the
 connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops
 is logged at once and every waiting call fails with LLM_FAILED; every wait has its deadline
-(LLM_TIMEOUT).
+(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with
+no waiter object: it sends, reads until its own reply (handing others theirs) and leaves
+(``transfer``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ _DRAIN = 64                         # datagrams a leader reads per wake-up befor
 _MAGIC = bytes([fastframe.MAGIC])
 _DONTWAIT = int(socket.MSG_DONTWAIT)
 _FD_SPACE = socket.CMSG_SPACE(4)     # a reply carries at most one descriptor
+_REPLY = fastframe.REPLY
 
 
 def _fds_of(anc: List[Tuple[int, int, bytes]]) -> List[int]:
@@ -321,9 +324,73 @@ class AttachClient:
 
     def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
         """A pull or push over this connection: ``(bytes, transport)``. Binary frames: one each way, or a first
-        frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``)."""
+        frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``).
+
+        When nobody reads the connection (no other call in flight, or none reading), this caller becomes the
+        reader at once: it sends and reads until its own reply, with no waiter -- replies for calls that came
+        meanwhile go to them, and when it leaves a caller still waiting takes over. It holds the read lock from
+        before it sends, so the watcher cannot take its reply at a hang-up. Otherwise the general path
+        (``_exchange``)."""
         rid = next(self._ids)
-        raw = self._exchange(rid, fastframe.encode_frames(rid, frame), func, (), timeout)[0]
+        data = fastframe.encode_frames(rid, frame)
+        with self._lock:
+            solo = not self._reading and self._broken is None
+            if solo:
+                self._reading = True
+        if not solo:
+            return self._transfer_reply(self._exchange(rid, data, func, (), timeout)[0], func)
+        try:
+            deadline = time.monotonic() + timeout
+            with self._recv_lock:
+                try:
+                    with self._send_lock:
+                        for datagram in data:
+                            self._sock.send(datagram)
+                except OSError as exc:
+                    raise self._failed(func, str(exc)) from None
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd "
+                                           "did not answer in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
+                    if not self._ready.poll(left * 1e3):
+                        continue
+                    try:
+                        got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as exc:
+                        why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                        self._lost(why)
+                        raise self._failed(func, why) from None
+                    if not got:
+                        self._lost("datadistd closed the attach connection")
+                        raise self._failed(func, "datadistd closed the attach connection")
+                    if got[0] == fastframe.MAGIC:
+                        if len(got) >= _REPLY.size:
+                            _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
+                            if reply_id == rid:
+                                break
+                        elif fastframe.request_id_of(got) == rid:
+                            raise self._failed(func, "datadistd answered a transfer frame with something else")
+                    with self._lock:            # a reply for a call that came meanwhile (or late: dropped)
+                        self._dispatch(got, _fds_of(anc) if anc else [])
+        finally:
+            with self._lock:
+                self._reading = False
+                if self._pending:
+                    self._hand_on()
+        if anc:
+            for fd in _fds_of(anc):             # a transfer reply carries none: never leak one
+                os.close(fd)
+        if status:
+            code = code_2_status(status)
+            raise LLMException(f"[{func}] failed, error code is {code}, "
+                               f"{got[_REPLY.size:].decode(errors='replace')}.", status_code=code)
+        return nbytes, transport.rstrip(b"\0").decode(errors="replace")
+
+    def _transfer_reply(self, raw: _Raw, func: str) -> Tuple[int, str]:
+        """``(bytes, transport)`` of a transfer's reply read by another caller; LLMException for a refusal."""
         try:
             reply = fastframe.decode_reply(raw) if isinstance(raw, bytes) else None
         except fastframe.FrameError:

@@ -26,12 +26,15 @@ from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, P
 from .status import LLMException, LLMStatusCode
 
 __all__ = ["CacheOps", "desc_pb", "cache_key_pb", "blocks_key_pb", "any_key_pb", "worker_memory", "check_range",
-           "range_pb", "check_blocks", "UINT64_MAX",   # the *_pb helpers live in _convert, re-exported here
+           "range_pb", "check_blocks", "check_block_lists", "ALL_LAYERS",
+           "UINT64_MAX",   # the *_pb helpers live in _convert, re-exported here
            "PULL", "PUSH", "KIND_CACHE", "KIND_BLOCKS", "TransferFrame"]   # and the frame's, from datadist.fastframe
 
 log = logging.getLogger(__name__)
 
 UINT64_MAX = 2**64 - 1
+_SEQUENCES = (list, tuple)
+_INTS = {int}
 #: "grpc" sends pulls and pushes as gRPC calls instead of on the attach connection (for comparison)
 LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 
@@ -134,10 +137,25 @@ def check_blocks(name: str, blocks: Any) -> List[int]:
     return out
 
 
+def check_block_lists(src_blocks: Any, dst_blocks: Any) -> Tuple[List[int], List[int]]:
+    """``check_blocks`` of ``src_blocks`` then ``dst_blocks`` in one call (a pull's or push's hot path): the usual
+    lists of plain ints in range pass by C loops; anything else goes through ``check_blocks``, which words the
+    refusal."""
+    if type(src_blocks) in _SEQUENCES and type(dst_blocks) in _SEQUENCES:
+        both = [*src_blocks, *dst_blocks]
+        if both and set(map(type, both)) == _INTS and min(both) >= 0 and max(both) <= UINT64_MAX:
+            return list(src_blocks), list(dst_blocks)
+    return check_blocks("src_blocks", src_blocks), check_blocks("dst_blocks", dst_blocks)
+
+
+#: the layers of a pull given no layer kwargs: all of them, the default tensors per layer
+ALL_LAYERS: Tuple[Optional[range], Optional[range], int] = (None, None, TENSORS_PER_LAYER)
+
+
 def layer_kwargs(kwargs: Dict[str, Any], extra: Sequence[str] = ()) -> Tuple[Optional[range], Optional[range], int]:
     """``src_layer_range`` / ``dst_layer_range`` / ``tensor_num_per_layer`` of pull_* (docs/spec.md §6)."""
     if not kwargs:
-        return None, None, TENSORS_PER_LAYER
+        return ALL_LAYERS
     unknown = set(kwargs) - {"src_layer_range", "dst_layer_range", "tensor_num_per_layer", *extra}
     v.raise_if_true(bool(unknown), f"unsupported kwargs: {sorted(unknown)}")
     src = kwargs.get("src_layer_range")
@@ -157,6 +175,7 @@ class CacheOps:
 
     def __init__(self, owner: EngineView) -> None:
         self._owner = owner
+        self._cluster_id = owner.cluster_id      # fixed at the engine's construction
         self._initialized = True
         self._mapper = _memory.Mapper(self._fetch_pool)
         self._grpc_transfers = os.environ.get(LOCAL_TRANSFERS_ENV) == "grpc"   # read once, as the engine starts
@@ -309,7 +328,7 @@ class CacheOps:
         if not self._initialized:
             raise RuntimeError("llm datadist is not initialized")
         timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
-        attachment = self._client.attachment
+        attachment = self._owner._check_init().attachment
         if attachment is not None and attachment.protocol >= 4 and not self._grpc_transfers:
             attachment.transfer(frame, func, timeout_s)
             return
@@ -321,7 +340,7 @@ class CacheOps:
                  dst_offset: Optional[int] = None) -> TransferFrame:
         """The pull (``op`` PULL) or push of ``kind`` (KIND_CACHE / KIND_BLOCKS) the caller validated."""
         key_kind, key = frame_key(remote)
-        return TransferFrame(op, self._engine_id, kind, key_kind, key, local_cache_id, tuple(remote_blocks),
+        return TransferFrame(op, self._owner._engine_id, kind, key_kind, key, local_cache_id, tuple(remote_blocks),
                              tuple(local_blocks), batch_index, size, per,
                              None if src is None else (src.start, src.stop),
                              None if dst is None else (dst.start, dst.stop), None, src_offset, dst_offset)

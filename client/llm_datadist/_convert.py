@@ -44,12 +44,13 @@ AnyKey = Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey]
 
 
 def frame_key(key: AnyKey) -> Tuple[int, Tuple[int, int, int, int]]:
-    """``(key kind, fields)`` of a pull/push frame (``datadist.fastframe``)."""
+    """``(key kind, fields)`` of a pull/push frame (``datadist.fastframe``); the keys' fields read directly (no
+    property call: a pull's hot path)."""
     if isinstance(key, CacheKey):
-        return fastframe.KEY_CACHE, (key.cluster_id, key.req_id, key.model_id, key.prefix_id)
+        return fastframe.KEY_CACHE, (key._cluster_id, key._req_id, key._model_id, key._prefix_id)
     if isinstance(key, CacheKeyByIdAndIndex):
-        return fastframe.KEY_BY_ID, (key.cluster_id, key.cache_id, key.batch_index, 0)
-    return fastframe.KEY_BLOCKS, (key.cluster_id, key.model_id, 0, 0)
+        return fastframe.KEY_BY_ID, (key._cluster_id, key._cache_id, key._batch_index, 0)
+    return fastframe.KEY_BLOCKS, (key._cluster_id, key._model_id, 0, 0)
 
 
 def _frame_key_pb(kind: int, fields: Tuple[int, int, int, int]) -> common_pb2.AnyKey:

@@ -9,7 +9,7 @@ Three tiers, as in CANN's ``llm_datadist.utils.utils`` and ``status``:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence, Type, Union
+from typing import Any, Iterable, NoReturn, Optional, Sequence, Type, Union
 
 from .status import LLMException, LLMStatusCode
 
@@ -18,7 +18,7 @@ __all__ = [
     "check_isinstance", "check_inner", "check_dict",
     "check_uint64", "check_int64", "check_uint32", "check_int32", "check_uint16", "check_uint8",
     "check_list_uint64", "check_list_int64", "check_list_int32", "check_positive_or_set_default",
-    "raise_if_false", "raise_if_true",
+    "raise_if_false", "raise_if_true", "refuse",
 ]
 
 UINT8_MAX = 2**8 - 1
@@ -158,3 +158,8 @@ def raise_if_true(condition: Any, msg: str, *args: Any,
     """Raise ``LLMException(msg, status_code=...)`` when ``condition`` is truthy; ``args`` fill ``{}`` in msg."""
     if condition:
         raise LLMException(_format(msg, args), status_code=status_code)
+
+
+def refuse(msg: str, status_code: LLMStatusCode = LLMStatusCode.LLM_PARAM_INVALID) -> NoReturn:
+    """A semantic rule broken (the caller tested it inline): ``LLMException`` with ``status_code``."""
+    raise LLMException(msg, status_code=status_code)

@@ -12,7 +12,18 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from datadist.v1 import datadist_pb2
 
 from . import _validate as v
-from ._cache_ops import KIND_BLOCKS, KIND_CACHE, PULL, PUSH, UINT64_MAX, CacheOps, check_blocks, layer_kwargs
+from ._cache_ops import (
+    ALL_LAYERS,
+    KIND_BLOCKS,
+    KIND_CACHE,
+    PULL,
+    PUSH,
+    UINT64_MAX,
+    CacheOps,
+    check_block_lists,
+    check_blocks,
+    layer_kwargs,
+)
 from ._engine import EngineView
 from ._task import CacheTask
 from .llm_types import (
@@ -33,6 +44,9 @@ from .status import LLMException, LLMStatusCode
 __all__ = ["CacheManager"]
 
 log = logging.getLogger(__name__)
+
+_CACHE_KEYS = (CacheKey, CacheKeyByIdAndIndex)
+_PULL_KEYS = (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey)
 
 
 class CacheManager(CacheOps):
@@ -367,21 +381,28 @@ class CacheManager(CacheOps):
                 key, cache or blocks), ``LLM_LINK_BUSY`` (the link is at its limit of transfers), ``LLM_TIMEOUT`` (not
                 done within ``sync_kv_timeout``), ``LLM_LINK_FAILED`` (the link broke during the transfer).
         """
+        # each check's fast test inline (no call when the argument is as usual); the full check words any refusal
         if self._enable_remote_cache_accessible:
-            v.check_isinstance("cache_key", cache_key, [CacheKeyByIdAndIndex], allow_none=False)
-        else:
+            if type(cache_key) is not CacheKeyByIdAndIndex:
+                v.check_isinstance("cache_key", cache_key, [CacheKeyByIdAndIndex], allow_none=False)
+        elif type(cache_key) not in _CACHE_KEYS:
             v.check_isinstance("cache_key", cache_key, [CacheKey, CacheKeyByIdAndIndex], allow_none=False)
-        v.check_isinstance("cache", cache, [Cache], allow_none=False)
-        v.check_uint32("batch_index", batch_index)
-        v.check_int64("size", size)
-        v.raise_if_false(size == -1 or size > 0, f"size must be -1 or > 0, got {size}")
-        v.raise_if_true(cache.is_blocks_cache, "pull_cache needs a contiguous cache; use pull_blocks")
+        if type(cache) is not Cache:
+            v.check_isinstance("cache", cache, [Cache], allow_none=False)
+        if type(batch_index) is not int or not 0 <= batch_index <= v.UINT32_MAX:
+            v.check_uint32("batch_index", batch_index)
+        if type(size) is not int or size != -1:
+            v.check_int64("size", size)
+            v.raise_if_false(size > 0, f"size must be -1 or > 0, got {size}")
+        if cache._is_blocks_cache:
+            v.refuse("pull_cache needs a contiguous cache; use pull_blocks")
         if isinstance(cache_key, CacheKey):
             self.check_cache_key(cache_key)
-        v.raise_if_true(cache_key.cluster_id == self._owner.cluster_id, "cannot pull from this node's own cluster id")
-        src, dst, per = self._layer_kwargs(kwargs)
+        if cache_key._cluster_id == self._cluster_id:
+            v.refuse("cannot pull from this node's own cluster id")
+        src, dst, per = self._layer_kwargs(kwargs) if kwargs else ALL_LAYERS
         self._transfer("pull_cache", self._request(
-            PULL, KIND_CACHE, cache_key, cache.cache_id, [], [], batch_index, size, src, dst, per))
+            PULL, KIND_CACHE, cache_key, cache._cache_id, (), (), batch_index, size, src, dst, per))
 
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey], dst_cache: Cache,
                     src_blocks: Optional[Union[Tuple[int, ...], List[int]]] = (),
@@ -404,25 +425,32 @@ class CacheManager(CacheOps):
                 key, cache or blocks), ``LLM_LINK_BUSY`` (the link is at its limit of transfers), ``LLM_TIMEOUT`` (not
                 done within ``sync_kv_timeout``), ``LLM_LINK_FAILED`` (the link broke during the transfer).
         """
-        v.check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
-                           allow_none=False)
-        v.check_isinstance("dst_cache", dst_cache, [Cache], allow_none=False)
-        src_list = check_blocks("src_blocks", src_blocks)
-        dst_list = check_blocks("dst_blocks", dst_blocks)
-        v.raise_if_false(dst_cache.is_blocks_cache, "pull_blocks needs a blocks destination cache")
-        v.raise_if_false(len(dst_list) > 0, "dst_blocks must not be empty")
+        # each check's fast test inline (no call when the argument is as usual); the full check words any refusal
+        if type(src_cache_key) not in _PULL_KEYS:
+            v.check_isinstance("src_cache_key", src_cache_key, [CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],
+                               allow_none=False)
+        if type(dst_cache) is not Cache:
+            v.check_isinstance("dst_cache", dst_cache, [Cache], allow_none=False)
+        src_list, dst_list = check_block_lists(src_blocks, dst_blocks)
+        if not dst_cache._is_blocks_cache:
+            v.refuse("pull_blocks needs a blocks destination cache")
+        if not dst_list:
+            v.refuse("dst_blocks must not be empty")
         if isinstance(src_cache_key, BlocksCacheKey):
-            v.raise_if_false(len(src_list) > 0, "src_blocks must not be empty with a BlocksCacheKey")
-            v.raise_if_false(len(src_list) == len(dst_list), "src_blocks and dst_blocks must have the same length")
+            if not src_list:
+                v.refuse("src_blocks must not be empty with a BlocksCacheKey")
+            if len(src_list) != len(dst_list):
+                v.refuse("src_blocks and dst_blocks must have the same length")
         else:
-            v.raise_if_false(len(src_list) == 0, "src_blocks must be empty when pulling a CacheKey into blocks")
+            if src_list:
+                v.refuse("src_blocks must be empty when pulling a CacheKey into blocks")
             if isinstance(src_cache_key, CacheKey):
                 self.check_cache_key(src_cache_key)
-        v.raise_if_true(src_cache_key.cluster_id == self._owner.cluster_id,
-                        "cannot pull from this node's own cluster id")
-        src, dst, per = self._layer_kwargs(kwargs)
+        if src_cache_key._cluster_id == self._cluster_id:
+            v.refuse("cannot pull from this node's own cluster id")
+        src, dst, per = self._layer_kwargs(kwargs) if kwargs else ALL_LAYERS
         self._transfer("pull_blocks", self._request(
-            PULL, KIND_BLOCKS, src_cache_key, dst_cache.cache_id, src_list, dst_list, 0, -1, src, dst, per))
+            PULL, KIND_BLOCKS, src_cache_key, dst_cache._cache_id, src_list, dst_list, 0, -1, src, dst, per))
 
     def push_cache(self, dst_cache_key: CacheKeyByIdAndIndex, src_cache: Cache, src_batch_index: int = 0,
                    src_layer_range: Optional[range] = None, dst_layer_range: Optional[range] = None, size: int = -1,

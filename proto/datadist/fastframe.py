@@ -161,9 +161,9 @@ def encode_frames(request_id: int, f: TransferFrame) -> List[bytes]:
     """The datagrams of ``f``, each at most ``MAX_DATAGRAM`` bytes: one frame when its block lists fit, else a
     first frame (flag "more follow") and continuation frames; ValueError when a field is out of its type's range."""
     numbers = f.remote_blocks + f.local_blocks
-    if len(numbers) <= _FIRST_ROOM:
-        return [encode_request(request_id, f)]
     try:
+        if len(numbers) <= _FIRST_ROOM:
+            return [_head(request_id, f, False) + struct.pack(f"<{len(numbers)}Q", *numbers)]
         frames = [_head(request_id, f, True) + _words(numbers[:_FIRST_ROOM])]
         cont = CONTINUATION.pack(MAGIC, CONTINUE, request_id)
         frames += [cont + _words(numbers[at:at + _NEXT_ROOM]) for at in range(_FIRST_ROOM, len(numbers), _NEXT_ROOM)]

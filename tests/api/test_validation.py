@@ -148,6 +148,73 @@ def test_non_rca_takes_transfer_config_only(local_dd) -> None:
     assert task.get_results() == [S.LLM_PARAM_INVALID]  # synchronize_layer(0) -> False
 
 
+# ---- v2 pull_blocks / pull_cache (spec §5) ---------------------------------------------------------
+
+@pytest.mark.parametrize("rca_on", [False, True], ids=["plain", "rca"])
+def test_v2_pull_argument_rules(local_dd, rca_on) -> None:
+    """Each rule with its exception type and code, and what passes: the checks test the usual arguments inline
+    and call the full check only to word a refusal, so odd but valid arguments (bools as ints, subclasses) pass
+    as before and odd invalid ones (a float -1) are still refused."""
+    dd = local_dd("DECODER", rca=rca_on)
+    cm = dd.cache_manager
+    blocks = cm.allocate_blocks_cache(CacheDesc(2, [4, 16], U8))
+    cont = cm.allocate_cache(CacheDesc(2, [2, 16], U8))
+    peer = ld.BlocksCacheKey(8)
+    by_id = ld.CacheKeyByIdAndIndex(8, 3, 0)
+    for bad_key in (None, "key", 8):
+        with pytest.raises(TypeError):
+            cm.pull_blocks(bad_key, blocks, [0], [0])
+        with pytest.raises(TypeError):
+            cm.pull_cache(bad_key, cont)
+    for bad_cache in (None, blocks.cache_desc):
+        with pytest.raises(TypeError):
+            cm.pull_blocks(peer, bad_cache, [0], [0])
+        with pytest.raises(TypeError):
+            cm.pull_cache(by_id, bad_cache)
+    for bad_list, error in (("0", TypeError), ({0}, TypeError), ([0.0], TypeError), ([-1], ValueError),
+                            ([2**64], ValueError)):
+        with pytest.raises(error):
+            cm.pull_blocks(peer, blocks, bad_list, [0])
+        with pytest.raises(error):
+            cm.pull_blocks(peer, blocks, [0], bad_list)
+    pinv(lambda: cm.pull_blocks(peer, cont, [0], [0]))                      # a contiguous destination
+    pinv(lambda: cm.pull_blocks(peer, blocks, [0], []))                     # no destination blocks
+    pinv(lambda: cm.pull_blocks(peer, blocks, None, [0]))                   # a BlocksCacheKey needs source blocks
+    pinv(lambda: cm.pull_blocks(peer, blocks, [0, 1], [0]))                 # lengths differ
+    pinv(lambda: cm.pull_blocks(by_id, blocks, [0], [0]))                   # a slot into blocks: no source blocks
+    pinv(lambda: cm.pull_blocks(ld.BlocksCacheKey(7), blocks, [0], [0]))     # its own cluster id
+    pinv(lambda: cm.pull_blocks(peer, blocks, [0], [0], tensor_num_per_layer=2, bogus=1))
+    if not rca_on:
+        pinv(lambda: cm.pull_blocks(ld.CacheKey(8, 2**64 - 1), blocks, [], [0]))   # neither req nor prefix id
+        pinv(lambda: cm.pull_cache(ld.CacheKey(8, 1, prefix_id=3), cont))          # both
+    else:
+        with pytest.raises(TypeError):
+            cm.pull_cache(ld.CacheKey(8, 1), cont)                          # rca: by id and index only
+    for bad_index, error in ((-1, ValueError), (2**32, ValueError), (1.0, TypeError), ("0", TypeError)):
+        with pytest.raises(error):
+            cm.pull_cache(by_id, cont, bad_index)
+    for bad_size, error in ((-1.0, TypeError), (2**63, ValueError), ("-1", TypeError)):
+        with pytest.raises(error):
+            cm.pull_cache(by_id, cont, 0, bad_size)
+    pinv(lambda: cm.pull_cache(by_id, cont, 0, 0))
+    pinv(lambda: cm.pull_cache(by_id, cont, 0, -2))
+    pinv(lambda: cm.pull_cache(by_id, blocks))                              # a blocks cache
+    pinv(lambda: cm.pull_cache(ld.CacheKeyByIdAndIndex(7, 3, 0), cont))     # its own cluster id
+
+    class MyCache(ld.Cache):
+        pass
+
+    mine = MyCache(blocks.cache_id, blocks.cache_desc, list(blocks.tensor_addrs), is_blocks_cache=True)
+    # what passes every check reaches the daemon: no link to cluster 8 (bools count as ints, as in CANN)
+    for call in (lambda: cm.pull_blocks(peer, blocks, [0, True], (1, 2)),
+                 lambda: cm.pull_blocks(peer, mine, (False,), [3]),
+                 lambda: cm.pull_blocks(peer, blocks, [0], [0], src_layer_range=range(0, 1),
+                                        dst_layer_range=range(0, 1)),
+                 lambda: cm.pull_cache(by_id, cont, True, 16),
+                 lambda: cm.pull_cache(by_id, cont, 1, -1)):
+        assert code_of(call) is S.LLM_NOT_YET_LINK
+
+
 # ---- v1 KvCacheManager (spec §8) ------------------------------------------------------------------
 
 def test_v1_manager_rules_prompt(local_dd) -> None:

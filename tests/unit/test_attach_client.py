@@ -1,7 +1,8 @@
 """The worker's attach connection (``llm_datadist._attach``) against a scripted daemon: callers read for each other
 (no reader thread per reply), every reply reaches its own caller, a stopping daemon is logged with nobody calling
 and fails waiting callers with LLM_FAILED, deadlines give LLM_TIMEOUT, block lists past one datagram go as
-continuation frames."""
+continuation frames; a lone caller (the transfer fast path: no waiter) hands the replies of calls that came
+meanwhile over, descriptors included, and fails with LLM_FAILED at a hang-up."""
 
 from __future__ import annotations
 
@@ -238,3 +239,82 @@ def test_many_rounds_of_concurrent_calls_never_lose_a_reply(daemon):
         answerer.join(5)
         client.close()
 
+
+
+def test_a_lone_caller_fails_with_llm_failed_when_the_daemon_hangs_up(daemon, caplog):
+    """The one call in flight reads the connection itself (no waiter): the hang-up fails it with LLM_FAILED, is
+    logged once, and leaves nobody marked as reading."""
+    client = AttachClient(daemon.target)
+    try:
+        with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
+            threads, out = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 60))
+            daemon.take(1)
+            assert client._reading and client._pending == {}    # the lone caller reads; no waiter registered
+            daemon.hang_up()
+            threads[0].join(30)
+            client._watcher.join(10)
+        err = out[0]
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_FAILED
+        assert "[pull_blocks] failed" in str(err)
+        assert caplog.text.count("is stopping") == 1 and not client._reading
+        with pytest.raises(LLMException) as info:              # and every later call fails at once
+            client.transfer(FRAME, "pull_blocks", 30)
+        assert info.value.status_code == LLMStatusCode.LLM_FAILED
+    finally:
+        client.close()
+
+
+def test_a_lone_caller_hands_a_descriptor_reply_to_the_call_that_came_meanwhile(daemon):
+    """A pull reads the connection alone; a pool export comes meanwhile and waits: the lone caller reads the
+    export's reply, descriptor and all, and hands it over -- the descriptor works -- then gets its own reply."""
+    client = AttachClient(daemon.target)
+    pool = os.memfd_create("pool")
+    got = -1
+    try:
+        os.write(pool, b"pool bytes")
+        pull, out_pull = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        assert client._reading
+        export, out_export = in_threads(1, lambda i: client.export_pool(7, "HOST", "allocate_cache"))
+        asked = attach_pb2.AttachRequest.FromString(daemon.take(1)[0])
+        assert daemon.conn is not None
+        socket.send_fds(daemon.conn, [attach_pb2.AttachReply(request_id=asked.request_id, pool=attach_pb2.PoolExported(
+            size=10)).SerializeToString()], [pool])
+        export[0].join(10)
+        result = out_export[0]
+        assert isinstance(result, tuple), result
+        got, size = result[0], result[1]
+        assert size == 10 and os.pread(got, 10, 0) == b"pool bytes"
+        assert pull[0].is_alive()                                # still waiting for its own
+        daemon.answer(first, nbytes=77)
+        pull[0].join(10)
+        assert out_pull[0] == (77, "tcp") and client._pending == {} and not client._reading
+    finally:
+        os.close(pool)
+        if got >= 0:
+            os.close(got)
+        client.close()
+
+
+def test_the_lone_caller_and_a_follower_each_get_their_own_refusal(daemon):
+    """The lone caller's reply is decoded where it is read, a follower's after the hand-over: the same status codes
+    and messages either way."""
+    client = AttachClient(daemon.target)
+    try:
+        lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        assert client._reading
+        follower, out_follower = in_threads(1, lambda i: client.transfer(FRAME, "pull_cache", 30))
+        second = daemon.take(1)[0]
+        daemon.answer(second, status=int(LLMStatusCode.LLM_LINK_BUSY))
+        follower[0].join(10)
+        daemon.answer(first, status=int(LLMStatusCode.LLM_NOT_YET_LINK))
+        lone[0].join(10)
+        for out, func, code in ((out_lone, "pull_blocks", LLMStatusCode.LLM_NOT_YET_LINK),
+                                (out_follower, "pull_cache", LLMStatusCode.LLM_LINK_BUSY)):
+            err = out[0]
+            assert isinstance(err, LLMException) and err.status_code == code
+            assert str(err) == f"[{func}] failed, error code is {code}, no."
+        assert client._pending == {} and not client._reading
+    finally:
+        client.close()

@@ -54,9 +54,12 @@ cpp-check:
 	 else echo "make test: SKIPPING the C++ client's tests (tests/cpp): missing$${missing:- gRPC C++/protobuf (pkg-config)}; install: apt-get install $(CPP_PACKAGES)"; fi
 
 ## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed;
-## the C++ client's where its toolchain is installed, cpp-check says which)
+## the C++ client's where its toolchain is installed, cpp-check says which) in TEST_JOBS processes (pytest-xdist),
+## each test file whole in one of them (--dist loadfile: a file's tests run in their order, share its fixtures)
+TEST_JOBS ?= 2
+
 test: $(STAMP) $(NIXL_STAMP) proto-check cpp-check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 ## make test-ascend: first the standalone checks of CANN's rules on the NPUs (one line each: what it saw, what
 ## CANN's source says), then the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set,

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test test-ascend bench bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
+.PHONY: venv nixl demo test test-ascend bench bench-check bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
 
 venv: $(STAMP)
 
@@ -84,6 +84,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+## make bench-check: the benchmark at smoke sizes, checked (tests/bench: every scenario writes rows, the report and
+## the plots; no figure judged). Runs of the benchmark are measurements, so not part of make test; .ci/run runs it
+bench-check: $(BENCH_STAMP)
+	DATADIST_BENCH_CHECK=1 $(PY) -m pytest tests/bench $(PYTEST_ARGS)
 
 ## make bench-ascend: scenario 10 on REAL CANN and NPUs 0 and 1 (as test-ascend: ASCEND_HOME_PATH, npu-smi):
 ## datadist over hccl against bare HCCL (HcclBatchPut of the same blocks), GB/s per block size; never the simulation

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test test-ascend bench bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
+.PHONY: venv nixl demo test test-ascend bench bench-check bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
 
 venv: $(STAMP)
 
@@ -54,9 +54,12 @@ cpp-check:
 	 else echo "make test: SKIPPING the C++ client's tests (tests/cpp): missing$${missing:- gRPC C++/protobuf (pkg-config)}; install: apt-get install $(CPP_PACKAGES)"; fi
 
 ## make test: the whole test suite (unit, integration, reliability; the nixl transport's too, so NIXL is installed;
-## the C++ client's where its toolchain is installed, cpp-check says which)
+## the C++ client's where its toolchain is installed, cpp-check says which) in TEST_JOBS processes (pytest-xdist),
+## each test file whole in one of them (--dist loadfile: a file's tests run in their order, share its fixtures)
+TEST_JOBS ?= 2
+
 test: $(STAMP) $(NIXL_STAMP) proto-check cpp-check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 ## make test-ascend: first the standalone checks of CANN's rules on the NPUs (one line each: what it saw, what
 ## CANN's source says), then the acl+hccl tests against REAL CANN libraries and NPUs (ASCEND_HOME_PATH set,
@@ -81,6 +84,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+## make bench-check: the benchmark at smoke sizes, checked (tests/bench: every scenario writes rows, the report and
+## the plots; no figure judged). Runs of the benchmark are measurements, so not part of make test; .ci/run runs it
+bench-check: $(BENCH_STAMP)
+	DATADIST_BENCH_CHECK=1 $(PY) -m pytest tests/bench $(PYTEST_ARGS)
 
 ## make bench-ascend: scenario 10 on REAL CANN and NPUs 0 and 1 (as test-ascend: ASCEND_HOME_PATH, npu-smi):
 ## datadist over hccl against bare HCCL (HcclBatchPut of the same blocks), GB/s per block size; never the simulation

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from datadistd.process.cli import PARENT_PID_ENV
 
-__all__ = ["DaemonProcess", "free_port", "port_pool"]
+__all__ = ["DaemonProcess", "free_port", "port_pool", "xdist_share"]
 
 _Self = TypeVar("_Self", bound="DaemonProcess")
 _HANDED_OUT: set[int] = set()
@@ -43,15 +43,27 @@ def _ephemeral_range(path: str = _PORT_RANGE_FILE) -> tuple[int, int]:
     return low, high
 
 
-def port_pool(ephemeral: tuple[int, int]) -> list[int]:
-    """Ports ``free_port`` draws from: 10000-65535 outside the ``ephemeral`` range (inclusive bounds)."""
+def port_pool(ephemeral: tuple[int, int], share: tuple[int, int] = (0, 1)) -> list[int]:
+    """Ports ``free_port`` draws from: 10000-65535 outside the ``ephemeral`` range (inclusive bounds), and of
+    those the ``share`` ``(index, count)``: the ports ``p`` with ``p % count == index``."""
     low, high = ephemeral
-    return [p for p in range(10000, 65536) if not low <= p <= high]
+    index, count = share
+    return [p for p in range(10000, 65536) if not low <= p <= high and p % count == index]
+
+
+def xdist_share(env: Mapping[str, str]) -> tuple[int, int]:
+    """This test process's ``(index, count)`` among pytest-xdist's workers (``gw<index>`` of
+    ``PYTEST_XDIST_WORKER_COUNT``; ``(0, 1)`` outside xdist): parallel workers draw ports from disjoint shares, so
+    one never hands out a port the other handed out and has not bound yet."""
+    worker, count = env.get("PYTEST_XDIST_WORKER", ""), env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0):
+        return 0, 1
+    return int(worker[2:]) % int(count), int(count)
 
 
 @functools.cache
 def _pool() -> list[int]:
-    return port_pool(_ephemeral_range())
+    return port_pool(_ephemeral_range(), xdist_share(os.environ))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

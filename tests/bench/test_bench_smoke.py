@@ -4,6 +4,9 @@ Runs ``python -m bench --smoke`` into a temporary directory and checks that ever
 rows (none "failed"), that figures are finite and positive, and that the JSON, the Markdown table
 and (with matplotlib installed) the plots were written. The numbers themselves are not judged.
 Scenario 10 (hccl) also runs alone on the simulated Ascend runtime, where every row must say so.
+
+The runs of the benchmark (``bench_run``) are measurements: ``make bench-check`` runs them (CI does, after
+``make test``); ``make test`` skips them, saying so (tests/bench/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+bench_run = pytest.mark.bench_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@bench_run
 def test_bench_smoke_run_writes_every_scenario(tmp_path: Path) -> None:
     # scenario 10 runs on its own below (forced onto the simulation, checked in detail): not twice
     proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "1,2,3,4,5,6,7,8,9,11",
@@ -93,6 +98,7 @@ def test_bench_flags_of_the_per_request_rows_reach_the_config() -> None:
     assert parse([])[0].pin is None
 
 
+@bench_run
 @pytest.mark.timeout(60)
 def test_bench_pin_runs_every_process_on_one_cpu(tmp_path: Path) -> None:
     """``--pin CPU``: the worker and both daemons of scenario 3 run on that CPU alone, the report says so, and issue
@@ -144,6 +150,7 @@ def test_bench_link_scenarios_count_calls_links_and_a_peer_death(tmp_path: Path)
 SIMULATED = "SIMULATED runtime (tests/sim) — not NPU numbers"
 
 
+@bench_run
 @pytest.mark.timeout(180)
 def test_bench_hccl_scenario_on_the_simulated_runtime(tmp_path: Path) -> None:
     """Scenario 10 alone, forced onto tests/sim (``--ascend sim``), smoke sizes (2 MiB requests, 16 and 256 KiB

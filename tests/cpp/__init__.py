@@ -3,15 +3,25 @@ it; programs are compiled against the INSTALLED tree the way a user compiles (pk
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
-__all__ = ["ROOT", "INSTALL", "toolchain_missing", "make_cpp", "compile_program", "cmake_project"]
+__all__ = ["ROOT", "INSTALL", "toolchain_missing", "make_cpp", "start_make_cpp", "stop_make_cpp",
+           "compile_program", "cmake_project"]
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "build" / "cpp" / "install"
+#: held by whoever runs ``make cpp`` from the tests: a second build (another test process, or the fixture while the
+#: background build of ``start_make_cpp`` runs) waits for the first and then finds nothing left to do
+LOCK = ROOT / "build" / "cpp" / "make.lock"
+#: the background build's output
+BACKGROUND_LOG = ROOT / "build" / "cpp" / "background.log"
 TOOLS = ("cmake", "g++", "pkg-config", "protoc", "grpc_cpp_plugin", "make")
 PACKAGES = "cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev"
 
@@ -26,12 +36,53 @@ def toolchain_missing() -> str:
     return ""
 
 
-def make_cpp() -> Path:
-    """``make cpp`` (incremental): the install tree."""
-    r = subprocess.run(["make", "-s", "-C", str(ROOT), "cpp"], capture_output=True, text=True, timeout=1200)
+def make_cpp(timeout: float = 1200.0) -> Path:
+    """``make cpp`` (incremental) under ``LOCK``, the wait for the lock and the build ``timeout`` seconds in all:
+    the install tree. RuntimeError with make's output when it fails, TimeoutError past the deadline."""
+    deadline = time.monotonic() + timeout
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "a") as lock:
+        while True:   # polls every 0.2 s until the lock is free or the deadline
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"make cpp: another build held {LOCK} for {timeout:.0f} s") from None
+                time.sleep(0.2)
+        try:
+            r = subprocess.run(["make", "-s", "-C", str(ROOT), "cpp"], capture_output=True, text=True,
+                               timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"make cpp did not finish within {timeout:.0f} s") from None
     if r.returncode != 0:
         raise RuntimeError(f"make cpp failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
     return INSTALL
+
+
+def start_make_cpp() -> subprocess.Popen[bytes]:
+    """``make_cpp`` in a background process (niced: the tests that run meanwhile come first), output in
+    ``BACKGROUND_LOG``; ``make_cpp`` joins it (``LOCK``) and reports a failure with make's own output."""
+    BACKGROUND_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(BACKGROUND_LOG, "wb") as log:
+        return subprocess.Popen([sys.executable, "-c", "import os; os.nice(10); from tests.cpp import make_cpp; "
+                                 "make_cpp()"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_make_cpp(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """End a background build (its whole process group: make and the compilers) if it still runs; reap it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _env() -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool
+from tests.daemonproc import DaemonProcess, _ephemeral_range, free_port, port_pool, xdist_share
 
 
 def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
@@ -28,6 +28,16 @@ def test_port_pool_is_everything_from_10000_but_the_ephemeral_range(low: int, sp
     pool = port_pool((low, high))
     assert set(pool) == {p for p in range(10000, 65536) if p < low or p > high}
     assert pool == sorted(pool)
+
+
+def test_parallel_test_workers_draw_ports_from_disjoint_shares() -> None:
+    """Under pytest-xdist each worker hands out ports of its own share only: two workers never pick the same one."""
+    shares = [xdist_share({"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "2"}) for i in range(2)]
+    assert shares == [(0, 2), (1, 2)]
+    pools = [set(port_pool((32768, 60999), share)) for share in shares]
+    assert not pools[0] & pools[1] and pools[0] | pools[1] == set(port_pool((32768, 60999)))
+    for env in ({}, {"PYTEST_XDIST_WORKER": "master"}, {"PYTEST_XDIST_WORKER": "gw1"}):
+        assert xdist_share(env) == (0, 1)
 
 
 def test_ephemeral_range_falls_back_to_linux_default(tmp_path) -> None:

@@ -116,9 +116,10 @@ def test_bench_pin_runs_every_process_on_one_cpu(tmp_path: Path) -> None:
     assert f"Pinning: every process on CPU {cpu}." in (tmp_path / "latest.md").read_text()
 
 
+@bench_run
 @pytest.mark.timeout(180)
 def test_bench_link_scenarios_count_calls_links_and_a_peer_death(tmp_path: Path) -> None:
-    """Scenarios 12-14 (issue 36, item 7) at smoke sizes: Python calls per pull in the worker and both daemons
+    """Scenarios 12-14 at smoke sizes: Python calls per pull in the worker and both daemons
     (counted from outside the package: a sitecustomize on the daemons' path), threads, fds and idle CPU per link at
     each end at 1 and 4 links, and the time from a peer's SIGKILL to the failure of a pull in flight -- each with
     the issue's target beside it."""

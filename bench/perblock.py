@@ -4,10 +4,10 @@ of a request, in this process, by the daemon's own functions, with CPU time.
 A request of ``blocks`` shuffled blocks (``block`` bytes, 16 tensors, no two adjacent: one row per block, the
 worst case) goes through what the two daemons run for it between the plan and the engine's call:
 
-* receiver (``expect``): the plan's segment table (``SegmentTable.blocks``), its rows (``agent.addresses``:
-  ``RegistrationTable.rows``), the destination rows as the bytes of the control frame;
-* sender (``send``): its segment table and rows, the destination rows read back from the frame, the pairing of
-  both (``pair_rows``), then the engine's descriptors -- hccl: the binding's ``OneSideOpDesc`` array
+* receiver (``expect``): the plan's segment table (``SegmentTable.blocks``), its extents (``agent.addresses``:
+  ``RegistrationTable.extents``), the destination extents as the bytes of the control frame;
+* sender (``send``): its segment table and extents, the destination extents read back from the frame, the pairing of
+  both (``pair_extents``), then the engine's descriptors -- hccl: the binding's ``OneSideOpDesc`` array
   (``datadist_ascend.hccl.descriptors``, what ``Hccl.batch`` hands to ``HcclBatchPut``); nixl: NIXL's transfer
   descriptor lists of both sides (``get_xfer_descs`` of ``(N, 3)`` arrays, as ``Agent.write``).
 
@@ -91,7 +91,7 @@ def _descriptors(engine: str) -> Callable[[np.ndarray, np.ndarray], Any]:
 def _measure(engine: str, blocks: int, block: int, reps: int) -> tuple[int, dict[str, list[float]]]:
     """``(blocks, {part: ns per block, one per repetition})`` for the parts ``receiver``, ``sender`` (rows and
     pairing) and ``descriptors`` (the engine's), in this process."""
-    from datadistd.transport.onesided.pieces import pair_rows
+    from datadistd.transport.onesided.pairing import pair_extents
 
     recv_table, recv_regs = _request(blocks, block, 1)
     send_table, send_regs = _request(blocks, block, 2)
@@ -99,15 +99,15 @@ def _measure(engine: str, blocks: int, block: int, reps: int) -> tuple[int, dict
     n = len(recv_table())
 
     def receiver() -> bytes:
-        rows, _, _ = recv_regs.rows(recv_table())
+        rows, _, _ = recv_regs.extents(recv_table())
         return rows.tobytes()
 
     frame = receiver()
     paired: list[tuple[np.ndarray, np.ndarray]] = []
 
     def sender() -> None:
-        rows, _, _ = send_regs.rows(send_table())
-        src, dst = pair_rows(rows, np.frombuffer(frame, dtype=np.uint64).reshape(-1, 2))
+        rows, _, _ = send_regs.extents(send_table())
+        src, dst = pair_extents(rows, np.frombuffer(frame, dtype=np.uint64).reshape(-1, 2))
         if len(src) != n:
             raise RuntimeError("blocks merged: the request is not one row per block")
         paired[:] = [(src, dst)]
@@ -163,9 +163,9 @@ def per_block_rows(scenario: str, engine: str, blocks: int, block: int, reps: in
                 target=Target("<=", TARGET_NS, on="figure"),
                 note=f"{note}: receiver + sender" + (" + the binding's descriptor array" if engine == "hccl" else "")),
             Row(scenario, f"per-block Python, {engine}, receiver ({what})", figure(got["receiver"], "ns"),
-                note=f"{note}: the plan's segment table, its rows, the destination rows as frame bytes"),
+                note=f"{note}: the plan's segment table, its rows, the destination extents as frame bytes"),
             Row(scenario, f"per-block Python, {engine}, sender ({what})", figure(got["sender"], "ns"),
-                note=f"{note}: the plan's segment table, its rows, the frame's rows read back, pair_rows")]
+                note=f"{note}: the plan's segment table, its rows, the frame's rows read back, pair_extents")]
     if engine == "hccl":
         rows.append(Row(scenario, f"per-block Python, hccl, descriptors ({what})", figure(got["descriptors"], "ns"),
                         note=f"{note}: the binding's OneSideOpDesc array (what Hccl.batch hands to HcclBatchPut)"))

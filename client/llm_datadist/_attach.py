@@ -405,7 +405,7 @@ class AttachClient:
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,
                       func: str) -> int:
         """Hand ``pieces`` (``(file_offset, length)`` of each descriptor) over; returns the memory id."""
-        msg = attach_pb2.ImportMemory(pieces=[attach_pb2.MemoryPiece(file_offset=o, length=n) for o, n in pieces],
+        msg = attach_pb2.ImportMemory(pieces=[attach_pb2.FdPiece(file_offset=o, length=n) for o, n in pieces],
                                       offset=offset, length=length)
         return self._call(attach_pb2.AttachRequest(import_memory=msg), func, fds)[0].imported.memory_id
 

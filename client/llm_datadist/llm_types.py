@@ -75,7 +75,7 @@ class MemInfo:
     """A registered memory region, for ``CacheManager.remap_registered_memory``."""
 
     def __init__(self, mem_type: Memtype, addr: int, size: int) -> None:
-        """A piece of memory (``remap_registered_memory``).
+        """A range of memory (``remap_registered_memory``).
 
         Args:
             mem_type: ``Memtype.MEM_TYPE_DEVICE`` or ``MEM_TYPE_HOST``.

@@ -124,11 +124,11 @@ class Acl:
         self.use(device)
         self._call("aclrtMemcpy", c_void_p(dst), dst_max, c_void_p(src), count, kind)
 
-    def memcpy_batch(self, device: int, rows: Sequence[tuple[int, int, int]], kind: int, timeout_ms: int) -> None:
-        """``aclrtMemcpyAsync`` of every ``(dst, src, count)`` row on this thread's stream of ``device``, then one
+    def memcpy_batch(self, device: int, moves: Sequence[tuple[int, int, int]], kind: int, timeout_ms: int) -> None:
+        """``aclrtMemcpyAsync`` of every ``(dst, src, count)`` move on this thread's stream of ``device``, then one
         ``aclrtSynchronizeStreamWithTimeout``; on any failure the stream is aborted (``aclrtStreamAbort``) so it
-        is empty for the next batch. Device to device rows must be ``ASYNC_D2D_ALIGN``-aligned (the caller
-        checks); host memory of H2D/D2H rows should be ``aclrtMallocHost``'d (pageable memory: use ``memcpy``)."""
+        is empty for the next batch. Device to device moves must be ``ASYNC_D2D_ALIGN``-aligned (the caller
+        checks); host memory of H2D/D2H moves should be ``aclrtMallocHost``'d (pageable memory: use ``memcpy``)."""
         self.use(device)
         streams = self._local.__dict__.setdefault("streams", {})
         stream = streams.get(device)
@@ -136,7 +136,7 @@ class Acl:
             stream = streams[device] = self.create_stream(device)
         try:
             fn = self._fn["aclrtMemcpyAsync"]
-            for dst, src, count in rows:
+            for dst, src, count in moves:
                 code = fn(c_void_p(dst), count, c_void_p(src), count, kind, c_void_p(stream))
                 if code != 0:
                     raise AscendError("aclrtMemcpyAsync", code, acl_status(code))

@@ -255,7 +255,7 @@ class PeerAgent:
     client_cluster: int
     server_cluster: int
     secret: bytes = field(default_factory=unconfigured_secret)
-    session: bytes = b""
+    link_nonce: bytes = b""
     endpoint: str = ""
     token: bytes = b""
     channel: Any = None
@@ -300,8 +300,8 @@ class PeerAgent:
         from datadistd.transport.tcp import TcpTransport
 
         answer = self.peer.Handshake(self.offer(), timeout=10)
-        self.session, self.endpoint = answer.session, answer.data_endpoint
-        self.token = data_token(self.secret, self.session)
+        self.link_nonce, self.endpoint = answer.link_nonce, answer.data_endpoint
+        self.token = data_token(self.secret, self.link_nonce)
         if connect:
             self.transport = TcpTransport(host="127.0.0.1", port=0, connect_timeout=5.0)
             self.transport.start()

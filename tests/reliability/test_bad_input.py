@@ -3,7 +3,7 @@ frame on its data channel fed hostile ``ownerwire`` frames, straight to a runnin
 
 Hypothesis draws messages from the descriptors of the request types (fields missing or set, huge and
 negative numbers, unknown enum values, ids that exist next to ids that do not, mismatched lists),
-biased towards the ids of a real context (engines, caches, a link, a peer session) so the checks
+biased towards the ids of a real context (engines, caches, a link, a link nonce) so the checks
 behind the first lookup are reached too; owner-call frames are valid ones with fields set to edge values,
 bodies overwritten, cut or grown, and ops no daemon knows. The daemon must answer every one with a status carrying a
 datadist status code (never UNKNOWN/INTERNAL, never a hang or a crash), serve a legitimate request
@@ -67,7 +67,7 @@ FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                                                 HealthCheck.large_base_example])
 
 
-# ---- a daemon with real engines, caches, a link and a peer session ----------------------------------
+# ---- a daemon with real engines, caches, a link and a link nonce ----------------------------------
 
 @pytest.fixture(scope="module")
 def fuzz_daemon():
@@ -166,9 +166,9 @@ class Ctx:
         return [self.e1, self.e2]
 
     @property
-    def session(self) -> bytes:
+    def link_nonce(self) -> bytes:
         assert self.agent is not None
-        return self.agent.session
+        return self.agent.link_nonce
 
     def legit_pull(self) -> bool:
         """E2 pulls blocks of E1 over their link; the bytes must match. False: the fuzzing removed a piece."""
@@ -294,7 +294,7 @@ def _pool(ctx: Ctx, name: str) -> list[Any] | None:
         "comm_name": ["", "c", "comm-a", "x" * 127, "x" * 128, "\x00\xff"],
         "rank_table": ["", "{", "[]", '{"server_list": 5}', RANK_TABLE % (ctx.port, free_port()),
                        RANK_TABLE % (0, 70000), RANK_TABLE.replace("127.0.0.1", "not-an-ip") % (1, 2)],
-        "session": [ctx.session, b"", os.urandom(16), bytes(16), os.urandom(300)],
+        "link_nonce": [ctx.link_nonce, b"", os.urandom(16), bytes(16), os.urandom(300)],
     }
     return pools.get(name)
 
@@ -308,13 +308,13 @@ def _option_values(ctx: Ctx) -> list[str]:
 
 def _valid(ctx: Ctx, name: str) -> list[Any]:
     """The values of the live context (drawn often, so the checks behind the first lookup are reached)."""
-    return {"engine_id": ctx.engines, "session": [ctx.session], "cache_id": ctx.caches1 + ctx.caches2,
+    return {"engine_id": ctx.engines, "link_nonce": [ctx.link_nonce], "cache_id": ctx.caches1 + ctx.caches2,
             "local_cache_id": ctx.caches2 + ctx.caches1[:1], "src_cache_id": ctx.caches1, "dst_cache_id": ctx.caches1,
             "cluster_id": [P_CLUSTER], "remote_cluster_id": [P_CLUSTER], "dst_cluster_id": [P_CLUSTER]}.get(name, [])
 
 
 # fields that are present in most examples (a request without them stops at the first check)
-IMPORTANT = {"engine_id", "session", "cache_id", "local_cache_id", "src_cache_id", "dst_cache_id", "key", "remote",
+IMPORTANT = {"engine_id", "link_nonce", "cache_id", "local_cache_id", "src_cache_id", "dst_cache_id", "key", "remote",
              "desc", "role", "kind", "blocks", "remote_blocks", "local_blocks", "start", "targets", "copies",
              "cluster_id", "remote_cluster_id", "expected_bytes", "tensors", "src", "dst", "src_to_dst",
              "members", "rank_table", "comm_name", "clusters", "remote_ip_info", "options"}

@@ -351,7 +351,7 @@ def test_6_attach_messages_are_bounded(daemon):
             stray = ask(attach_pb2.AttachRequest(hello=attach_pb2.AttachHello()).SerializeToString(), [r])
             assert stray.status == LLMStatusCode.LLM_PARAM_INVALID and "carries no descriptors" in stray.message
             pipe = ask(attach_pb2.AttachRequest(import_memory=attach_pb2.ImportMemory(
-                pieces=[attach_pb2.MemoryPiece(length=10)], length=10)).SerializeToString(), [r])
+                pieces=[attach_pb2.FdPiece(length=10)], length=10)).SerializeToString(), [r])
             assert pipe.status == LLMStatusCode.LLM_PARAM_INVALID and "regular file" in pipe.message
         finally:
             os.close(r)

@@ -1,7 +1,7 @@
 """An authenticated peer cannot make the owner hold without bound (issue 27, attack 8).
 
 In process (``tests/unit/test_links.py``'s ``Pair``: two nodes, real loopback data planes): the link's other
-end opens writes of 2,048 pieces with a hold time of 2^32-1 ms, and keeps owner calls waiting; per-link caps
+end opens writes of 2,048 parts with a hold time of 2^32-1 ms, and keeps owner calls waiting; per-link caps
 (``[quota] link_*``) refuse the excess with ``LLM_LINK_BUSY``, the hold is cut to ``link_max_wait_ms``, and
 another link to the same engine pulls meanwhile.
 """
@@ -36,12 +36,12 @@ def test_8_one_peer_is_held_to_its_links_caps():
             serving, _ = pair.links
             src, _ = pair.caches()
             (link,) = serving.served.values()
-            piece = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
-            # 150 open writes of 2,048 pieces, held "forever": two fit the per-link cap, the rest are refused
+            part = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
+            # 150 open writes of 2,048 parts, held "forever": two fit the per-link cap, the rest are refused
             opened, refused = [], 0
             for _ in range(150):
                 try:
-                    opened.append(serving.owner.open_write_for(link, [piece] * 2048, HUGE, HUGE))
+                    opened.append(serving.owner.open_write_for(link, [part] * 2048, HUGE, HUGE))
                 except DataDistError as exc:
                     assert exc.code == S.LLM_LINK_BUSY and "link_open_writes" in exc.message
                     refused += 1
@@ -75,7 +75,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
             serving.table.drop_writes(list(serving.table.writes))
             assert link.usage.writes == 0 and link.usage.pinned == 0 and link.usage.calls == 0
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            assert serving.owner.open_write_for(link, [piece], 1000)     # the legitimate use goes on
+            assert serving.owner.open_write_for(link, [part], 1000)     # the legitimate use goes on
 
     asyncio.run(main())
 

@@ -108,7 +108,7 @@ def test_9_a_challenge_flood_does_not_evict_a_legitimate_handshake(pair):  # noq
             granted = sum(pool.map(lambda r: _flood(r.address, 8, 64), relays))
         assert granted < 3 * 8 * 64 // 2, granted      # most refused: per connection and per source
         answer = legit.peer.Handshake(legit.offer(challenge), timeout=10)   # ... and its handshake still counts
-        assert len(answer.session) == 16
+        assert len(answer.link_nonce) == 16
         _link_and_pull(port, prompt, decoder)          # and a real link gets in too
     finally:
         legit.close()

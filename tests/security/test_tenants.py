@@ -68,7 +68,7 @@ def test_1_a_lingering_socket_handed_over_blocks_nobody(daemon):
         assert _ask(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello()), []).status == 0
         fd = client.detach()   # the daemon's copy becomes the last one once ours is closed
         request = attach_pb2.AttachRequest(import_memory=attach_pb2.ImportMemory(
-            pieces=[attach_pb2.MemoryPiece(length=4096)], length=4096))
+            pieces=[attach_pb2.FdPiece(length=4096)], length=4096))
         socket.send_fds(s, [request.SerializeToString()], [fd])
         os.close(fd)
         data, _, _, _ = socket.recv_fds(s, 1 << 16, 4)

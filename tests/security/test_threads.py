@@ -2,7 +2,7 @@
 
 The attack: 200 owner calls of one authenticated peer that never complete filled all 128 threads of the
 node-wide executor, and another tenant's purely local ``CopyBlocks`` missed its deadline. Now every blocking
-job runs for a principal (``gate.Threads``: a uid's local work, or one peer address's owner calls over all
+job runs for a principal (``executor.Threads``: a uid's local work, or one peer address's owner calls over all
 its links) that holds at most ``[quota] threads_per_principal`` threads; the rest wait on the event loop.
 
 In process (``tests/unit/test_links.py``'s ``Pair``, real loopback data planes): the per-link cap is lifted
@@ -19,7 +19,7 @@ import asyncio
 import pytest
 
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
-from datadistd.guard.gate import EXECUTOR_THREADS, Threads
+from datadistd.guard.executor import EXECUTOR_THREADS, Threads
 from datadistd.guard.quota import LinkLimits
 from tests.unit.test_links import BLOCK, BLOCKS, Pair, _until
 

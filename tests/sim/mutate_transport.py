@@ -34,7 +34,7 @@ MUTATIONS = [
   ["tests/unit/test_hccl_agent.py::test_unlink_sets_the_engines_device_whatever_the_thread_says"]),
  ("bare-tgid", "server/datadistd/api/attach.py", "                    pid = msg.bare_tgid\n", "                    pass\n",
   ["tests/integration/test_hccl_cann.py::test_scattered_blocks_both_ways_then_relink[acl-hccl]"]),
- ("split", AG, "            local, remote, outside = split_rows(local, remote, mine, entry.theirs)\n", "            outside = None\n",
+ ("split", AG, "            local, remote, outside = split_extents(local, remote, mine, entry.theirs)\n", "            outside = None\n",
   ["tests/integration/test_hccl_cann.py::test_memory_registered_after_the_link_needs_a_relink[acl-hccl]"]),
  ("bare-tgid-kernel", "server/datadistd/api/attach.py", "if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:",
   "if isinstance(backend, DeviceBackend) and msg.bare_tgid > 0:",

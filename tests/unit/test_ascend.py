@@ -77,7 +77,7 @@ def test_device_handle_copies_and_bounds(sim_root, tmp_path) -> None:
         pool = AclBackend().create_pool(Placement.DEVICE, 1 << 20, 16)
         a, b = pool.allocate(4096), pool.allocate(4096)
         a.handle.write_from(10, b"npu bytes")
-        a.handle.copy_rows([(b.handle.address, a.handle.address, 4096)])
+        a.handle.copy_moves([(b.handle.address, a.handle.address, 4096)])
         out = bytearray(9)
         b.handle.read_into(10, memoryview(out))
         print(out.decode(), a.handle.view())

@@ -104,40 +104,40 @@ def scenario(draw):  # noqa: ANN001, ANN201
     n_dst = draw(st.integers(1, 3))
     src_kinds = [draw(st.sampled_from(KINDS)) for _ in range(n_src)]
     dst_kinds = [draw(st.sampled_from(KINDS)) for _ in range(n_dst)]
-    src_pieces = [(draw(st.integers(0, n_src - 1)), draw(st.integers(0, 500)), n) for n in src_lengths]
+    src_segments = [(draw(st.integers(0, n_src - 1)), draw(st.integers(0, 500)), n) for n in src_lengths]
     dst_choice = [draw(st.integers(0, n_dst - 1)) for _ in dst_lengths]
     gaps = [draw(st.integers(0, 50)) for _ in dst_lengths]
     seed = draw(st.integers(0, 2**32 - 1))
-    return src_kinds, dst_kinds, src_pieces, dst_choice, dst_lengths, gaps, seed
+    return src_kinds, dst_kinds, src_segments, dst_choice, dst_lengths, gaps, seed
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_copy_matches_numpy_oracle(case):
-    src_kinds, dst_kinds, src_pieces, dst_choice, dst_lengths, gaps, seed = case
+    src_kinds, dst_kinds, src_segments, dst_choice, dst_lengths, gaps, seed = case
     rng = np.random.default_rng(seed)
     src_bufs = [rng.integers(0, 256, 4000, dtype=np.uint8) for _ in src_kinds]
     src_bufs = [in_memfd(a) if k == "fd" else a for k, a in zip(src_kinds, src_bufs, strict=True)]
-    # destination pieces do not overlap: each lands after the previous one in its buffer, past a gap
+    # destination segments do not overlap: each lands after the previous one in its buffer, past a gap
     cursor = [0] * len(dst_kinds)
-    dst_pieces = []
+    dst_segments = []
     for b, n, gap in zip(dst_choice, dst_lengths, gaps, strict=True):
-        dst_pieces.append((b, cursor[b] + gap, n))
+        dst_segments.append((b, cursor[b] + gap, n))
         cursor[b] += gap + n
     dst_bufs = [rng.integers(0, 256, c + 10, dtype=np.uint8) for c in cursor]
     dst_bufs = [in_memfd(a) if k == "fd" else a for k, a in zip(dst_kinds, dst_bufs, strict=True)]
     src_handles = [make_handle(k, a) for k, a in zip(src_kinds, src_bufs, strict=True)]
     dst_handles = [make_handle(k, a) for k, a in zip(dst_kinds, dst_bufs, strict=True)]
 
-    stream = np.concatenate([src_bufs[b][o:o + n] for b, o, n in src_pieces] or [np.zeros(0, np.uint8)])
+    stream = np.concatenate([src_bufs[b][o:o + n] for b, o, n in src_segments] or [np.zeros(0, np.uint8)])
     expected = [a.copy() for a in dst_bufs]
     pos = 0
-    for b, o, n in dst_pieces:
+    for b, o, n in dst_segments:
         expected[b][o:o + n] = stream[pos:pos + n]
         pos += n
 
-    src = [Segment(src_handles[b], o, n) for b, o, n in src_pieces]
-    dst = [Segment(dst_handles[b], o, n) for b, o, n in dst_pieces]
+    src = [Segment(src_handles[b], o, n) for b, o, n in src_segments]
+    dst = [Segment(dst_handles[b], o, n) for b, o, n in dst_segments]
     assert copy_segments(dst, src) == len(stream)
     for got, want in zip(dst_bufs, expected, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -181,7 +181,7 @@ def test_staging_larger_than_the_stage():
         np.testing.assert_array_equal(dst, src)
 
 
-def test_many_small_view_pieces():
+def test_many_small_view_segments():
     pieces = 100_000
     src = np.random.default_rng(8).integers(0, 256, pieces * 32, dtype=np.uint8)
     dst = np.zeros_like(src)

@@ -58,10 +58,10 @@ def test_the_docs_index_lists_every_page_and_the_readme_links_it() -> None:
 
 
 def test_the_daemon_map_names_every_module_in_short_cells() -> None:
-    """docs/daemon.md's "Pieces" map names every module of the daemon (a package's modules may be named in its
+    """docs/daemon.md's "Modules" map names every module of the daemon (a package's modules may be named in its
     row, ``transport/tcp/``), and no table cell of the page is over 200 characters: a map, not a notebook."""
     page = (ROOT / "docs" / "daemon.md").read_text()
-    pieces = page[page.index("## Pieces"):].split("\n## ")[0]
+    pieces = page[page.index("## Modules"):].split("\n## ")[0]
     package = ROOT / "server" / "datadistd"
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package)

@@ -1,6 +1,6 @@
 """The hccl agent and the HCCL registry of the acl backend (``datadist_ascend.globalmem``) following CANN's rules,
 against the SIMULATED runtime (tests/sim; the rules and their sources: docs/ascend.md) in child processes, and the
-pure arithmetic they rest on (seconds for Prepare, rows cut at registrations)."""
+pure arithmetic they rest on (seconds for Prepare, extents cut at registrations)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 
 from datadist_ascend.hccl import prepare_seconds
-from datadistd.transport.hccl.agent import split_rows
+from datadistd.transport.hccl.agent import split_extents
 from tests.harness import ROOT
 from tests.sim import sim_env
 
@@ -31,23 +31,23 @@ def test_prepare_takes_seconds_rounded_up_never_zero() -> None:
             prepare_seconds(200, 1), prepare_seconds(0, 4)] == [10, 11, 4, 1, 1]
 
 
-def test_rows_merged_across_two_registrations_are_cut_at_the_border() -> None:
-    """Rows contiguous on both sides are merged (``pair_rows``); HCCL wants each descriptor inside ONE registered
-    buffer on each side, so a merged row crossing a border on either side is cut there."""
+def test_extents_merged_across_two_registrations_are_cut_at_the_border() -> None:
+    """Extents contiguous on both sides are merged (``pair_extents``); HCCL wants each descriptor inside ONE registered
+    buffer on each side, so a merged extent crossing a border on either side is cut there."""
     mine = [(1000, 100), (1100, 100)]          # two registrations side by side
     theirs = [(5000, 150), (5150, 50)]
     local = np.array([[1000, 40], [1050, 100], [1190, 10]], dtype=np.uint64)
     remote = np.array([[5000, 40], [5090, 100], [5190, 10]], dtype=np.uint64)
-    l2, r2, why = split_rows(local, remote, mine, theirs)
+    l2, r2, why = split_extents(local, remote, mine, theirs)
     assert why is None
     assert l2.tolist() == [[1000, 40], [1050, 50], [1100, 10], [1110, 40], [1190, 10]]
     assert r2.tolist() == [[5000, 40], [5090, 50], [5140, 10], [5150, 40], [5190, 10]]
     assert int(l2[:, 1].sum()) == int(local[:, 1].sum())
-    # rows inside one range each come back as they are; a row outside every range is named
-    same = split_rows(local[:1], remote[:1], mine, theirs)
+    # extents inside one range each come back as they are; an extent outside every range is named
+    same = split_extents(local[:1], remote[:1], mine, theirs)
     assert same[0] is local[:1].base or same[0].tolist() == [[1000, 40]]
-    assert split_rows(np.array([[1200, 8]], np.uint64), np.array([[5000, 8]], np.uint64), mine, theirs)[2] \
-        == "row 0 (local address 0x4b0)"
+    assert split_extents(np.array([[1200, 8]], np.uint64), np.array([[5000, 8]], np.uint64), mine, theirs)[2] \
+        == "extent 0 (local address 0x4b0)"
 
 
 def test_registry_deregisters_from_any_thread_once_no_link_binds_it(sim_root, tmp_path) -> None:

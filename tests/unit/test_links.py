@@ -154,7 +154,7 @@ def test_each_end_holds_the_record_of_its_kind() -> None:
             out, inb = linking.links[P], serving.served[D]
             assert isinstance(out, OutboundLink) and isinstance(inb, InboundLink)
             assert out.initiator and not inb.initiator
-            assert out.session == inb.session and serving.served == {D: inb} and not linking.served
+            assert out.link_nonce == inb.link_nonce and serving.served == {D: inb} and not linking.served
             assert out.streams == out.channel.streams >= 1 and inb.streams == 0
             assert linking.table.channel_of(out) is out.channel and serving.table.channel_of(inb) is not None
             assert not out.calls.closed and not inb.calls.closed
@@ -290,7 +290,7 @@ class OwnerCallCounter:
     """Counts the write calls an owner serves (frames on the data channel, from either end)."""
 
     def __init__(self, owner: LinkManager) -> None:
-        self.opened: list[int] = []      # pieces per open_write call
+        self.opened: list[int] = []      # parts per open_write call
         self.committed: list[int] = []   # transfers per commit_write call
         real_open, real_commit = owner.owner.open_write_for, owner.owner.commit_write_for
 
@@ -384,7 +384,7 @@ def test_unlink_between_layers_releases_the_owners_writes_and_fails_the_next_lay
 
 
 def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -> None:
-    """What a peer may ask of an owner: a bad piece among good ones opens nothing (no pin left behind); a
+    """What a peer may ask of an owner: a bad part among good ones opens nothing (no pin left behind); a
     commit naming a transfer twice, or one it did not open, is refused before anything is waited for."""
     async def main() -> None:
         async with Pair() as pair:

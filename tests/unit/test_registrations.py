@@ -31,19 +31,19 @@ class FakeEngine:
 def test_rows_register_each_handle_once_and_skip_empty_segments() -> None:
     engine = FakeEngine()
     a, b = ArrayHandle(4096), ArrayHandle(8192)
-    rows, used, new = engine.table.rows([Segment(a, 0, 100), Segment(a, 200, 0), Segment(b, 4096, 10),
+    rows, used, new = engine.table.extents([Segment(a, 0, 100), Segment(a, 200, 0), Segment(b, 4096, 10),
                                          Segment(a, 300, 5)])
     base_a, base_b = int(a.arr.ctypes.data), int(b.arr.ctypes.data)
     np.testing.assert_array_equal(rows, [[base_a, 100], [base_b + 4096, 10], [base_a + 300, 5]])
     assert engine.registered == [4096, 8192] and len(used) == 2 and len(new) == 2
-    _, used, new = engine.table.rows([Segment(b, 0, 1)])
+    _, used, new = engine.table.extents([Segment(b, 0, 1)])
     assert engine.registered == [4096, 8192] and new == [] and [r.size for r in used] == [8192]
 
 
 def test_a_handle_gone_is_deregistered_once_and_close_deregisters_the_rest_once() -> None:
     engine = FakeEngine()
     keep, gone = ArrayHandle(4096), ArrayHandle(4096)
-    engine.table.rows([Segment(keep, 0, 1), Segment(gone, 0, 1)])
+    engine.table.extents([Segment(keep, 0, 1), Segment(gone, 0, 1)])
     del gone
     gc.collect()
     assert engine.deregistered == [2] and len(engine.table) == 1
@@ -62,7 +62,7 @@ def test_registering_from_many_threads_at_once_leaves_one_registration_per_handl
 
     def use() -> None:
         for _ in range(20):
-            engine.table.rows(segments)
+            engine.table.extents(segments)
 
     threads = [threading.Thread(target=use) for _ in range(4)]
     for t in threads:

@@ -40,10 +40,10 @@ def test_snapshot_is_a_frozen_copy_of_the_node() -> None:
 
 
 def test_the_gate_counts_jobs_and_waits_bounded() -> None:
-    """``gate.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
+    """``executor.Gate``: every job on an engine's memory in a worker thread; finalize waits for none (bounded)."""
     import threading
 
-    from datadistd.guard.gate import Gate, Lane, Threads
+    from datadistd.guard.executor import Gate, Lane, Threads
 
     async def main() -> None:
         gate, threads = Gate(), Threads(2, 1)

@@ -24,7 +24,7 @@ from datadistd.core.errors import DataDistError  # noqa: E402
 from datadistd.core.types import TransferId  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402
 from datadistd.transport.base import CONTROL_CALL, CONTROL_TRANSPORT  # noqa: E402
-from datadistd.transport.onesided.pieces import pair_rows  # noqa: E402
+from datadistd.transport.onesided.pairing import pair_extents  # noqa: E402
 from tests.fakes import ArrayHandle  # noqa: E402
 
 TOKEN = b"n" * 32
@@ -287,8 +287,8 @@ def test_a_destination_outside_the_peers_registrations_is_refused(pair) -> None:
     from datadistd.transport.onesided.wire import ID as _ID
     from datadistd.transport.onesided.wire import MD_LEN as _MD_LEN
     elsewhere = np.zeros(4096, np.uint8)
-    rows = np.array([[elsewhere.ctypes.data, 4096]], dtype=np.uint64)
-    _raw(pair.inb).send_control(CONTROL_TRANSPORT, _ID.pack(_DESCS, 77) + _MD_LEN.pack(0) + rows.tobytes(),
+    extents = np.array([[elsewhere.ctypes.data, 4096]], dtype=np.uint64)
+    _raw(pair.inb).send_control(CONTROL_TRANSPORT, _ID.pack(_DESCS, 77) + _MD_LEN.pack(0) + extents.tobytes(),
                                 deadline())
     with pytest.raises(DataDistError) as err:
         pair.out.send(TransferId(77), [Segment(ArrayHandle(4096, seed=8), 0, 4096)], deadline(3))
@@ -339,17 +339,17 @@ def test_missing_wheel_names_the_package(monkeypatch) -> None:
     assert err.value.code == S.LLM_FEATURE_NOT_ENABLED and agent.PACKAGE in err.value.message
 
 
-# -- pairing rows: property tests (pure arithmetic) --
+# -- pairing extents: property tests (pure arithmetic) --
 
 def _rows(draw, total: int, base: int) -> np.ndarray:
     cuts = sorted(set(draw(st.lists(st.integers(1, total - 1), max_size=8)))) if total > 1 else []
     bounds = [0, *cuts, total]
     gaps = draw(st.lists(st.integers(0, 3), min_size=len(bounds) - 1, max_size=len(bounds) - 1))
-    rows, at = [], base
+    extents, at = [], base
     for (lo, hi), gap in zip(zip(bounds[:-1], bounds[1:], strict=True), gaps, strict=True):
-        rows.append((at, hi - lo))
+        extents.append((at, hi - lo))
         at += hi - lo + gap
-    return np.array(rows, dtype=np.uint64)
+    return np.array(extents, dtype=np.uint64)
 
 
 @st.composite
@@ -358,34 +358,35 @@ def two_sides(draw):  # noqa: ANN001, ANN201
     return total, _rows(draw, total, 1000), _rows(draw, total, 100_000)
 
 
-def _bytes_of(rows: np.ndarray) -> list[int]:
-    return [int(a) + k for a, n in rows for k in range(int(n))]
+def _bytes_of(extents: np.ndarray) -> list[int]:
+    return [int(a) + k for a, n in extents for k in range(int(n))]
 
 
 @given(two_sides())
 @settings(max_examples=200, deadline=None)
-def test_pair_rows_covers_the_same_bytes_in_order(case) -> None:
+def test_pair_extents_covers_the_same_bytes_in_order(case) -> None:
     total, src, dst = case
-    s, d = pair_rows(src, dst)
+    s, d = pair_extents(src, dst)
     assert len(s) == len(d) and (s[:, 1] == d[:, 1]).all() and (s[:, 1] > 0).all()
     assert int(s[:, 1].sum()) == total
     assert _bytes_of(s) == _bytes_of(src) and _bytes_of(d) == _bytes_of(dst)
-    for k in range(1, len(s)):   # merged: no row continues its predecessor on both sides
+    for k in range(1, len(s)):   # merged: no extent continues its predecessor on both sides
         assert not (s[k, 0] == s[k - 1, 0] + s[k - 1, 1] and d[k, 0] == d[k - 1, 0] + d[k - 1, 1])
 
 
-def test_pair_rows_refuses_lengths_that_wrap_the_sum_around() -> None:
-    """A peer's rows whose 64-bit sum wraps to this side's total: refused, not cut into pieces past our rows."""
+def test_pair_extents_refuses_lengths_that_wrap_the_sum_around() -> None:
+    """A peer's extents whose 64-bit sum wraps to this side's total: refused, not cut into moves past our extents."""
     with pytest.raises(ValueError, match="2\\*\\*64"):
-        pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63 + 4096]], np.uint64), np.array([[0x5000, 4096]], np.uint64))
-    # the same lengths row by row on both sides (the one-to-one case, checked in fewer steps): refused alike
+        pair_extents(np.array([[0x1000, 2**63], [0x9000, 2**63 + 4096]], np.uint64),
+                     np.array([[0x5000, 4096]], np.uint64))
+    # the same lengths one for one on both sides (the one-to-one case, checked in fewer steps): refused alike
     with pytest.raises(ValueError, match="2\\*\\*64"):
-        pair_rows(np.array([[0x1000, 2**63], [0x9000, 2**63]], np.uint64),
-                  np.array([[0x5000, 2**63], [0x7000, 2**63]], np.uint64))
+        pair_extents(np.array([[0x1000, 2**63], [0x9000, 2**63]], np.uint64),
+                     np.array([[0x5000, 2**63], [0x7000, 2**63]], np.uint64))
 
 
-def test_pair_rows_refuses_different_totals() -> None:
+def test_pair_extents_refuses_different_totals() -> None:
     with pytest.raises(ValueError):
-        pair_rows(np.array([[0, 10]]), np.array([[0, 11]]))
-    s, d = pair_rows(np.empty((0, 2)), np.array([[5, 0]]))
+        pair_extents(np.array([[0, 10]]), np.array([[0, 11]]))
+    s, d = pair_extents(np.empty((0, 2)), np.array([[5, 0]]))
     assert len(s) == len(d) == 0

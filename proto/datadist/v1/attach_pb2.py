@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x61tadist/v1/attach.proto\x12\x0b\x64\x61tadist.v1\"\x87\x02\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12)\n\x05hello\x18\x02 \x01(\x0b\x32\x18.datadist.v1.AttachHelloH\x00\x12\x32\n\rimport_memory\x18\x03 \x01(\x0b\x32\x19.datadist.v1.ImportMemoryH\x00\x12.\n\x0b\x65xport_pool\x18\x04 \x01(\x0b\x32\x17.datadist.v1.ExportPoolH\x00\x12\x34\n\x0erelease_memory\x18\x05 \x01(\x0b\x32\x1a.datadist.v1.ReleaseMemoryH\x00\x42\x05\n\x03msgJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x04pullR\x04push\"\'\n\x0b\x41ttachHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"\x7f\n\x0cImportMemory\x12(\n\x06pieces\x18\x01 \x03(\x0b\x32\x18.datadist.v1.MemoryPiece\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\ndevice_key\x18\x04 \x01(\t\x12\x11\n\tdevice_id\x18\x05 \x01(\x05\"2\n\x0bMemoryPiece\x12\x13\n\x0b\x66ile_offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\"@\n\nExportPool\x12\x11\n\tengine_id\x18\x01 \x01(\x04\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x11\n\tbare_tgid\x18\x03 \x01(\x05\"\"\n\rReleaseMemory\x12\x11\n\tmemory_id\x18\x01 \x01(\x04\"\xde\x01\n\x0b\x41ttachReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06status\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\'\n\x07welcome\x18\x04 \x01(\x0b\x32\x14.datadist.v1.WelcomeH\x00\x12/\n\x08imported\x18\x05 \x01(\x0b\x32\x1b.datadist.v1.MemoryImportedH\x00\x12)\n\x04pool\x18\x06 \x01(\x0b\x32\x19.datadist.v1.PoolExportedH\x00\x42\x05\n\x03msgJ\x04\x08\x07\x10\x08R\x08transfer\"\xb4\x01\n\x07Welcome\x12\x12\n\ncapability\x18\x01 \x01(\x0c\x12\x0b\n\x03uid\x18\x02 \x01(\r\x12\x0b\n\x03gid\x18\x03 \x01(\r\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x16\n\x0e\x64\x61\x65mon_version\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12\x16\n\x0ememory_backend\x18\x07 \x01(\t\x12\x11\n\tdevice_id\x18\x08 \x01(\x05\x12\x11\n\tbare_tgid\x18\t \x01(\x05\"3\n\x0eMemoryImported\x12\x11\n\tmemory_id\x18\x01 \x01(\x04\x12\x0e\n\x06mapped\x18\x02 \x01(\x08\"C\n\x0cPoolExported\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x12\n\ndevice_key\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64\x61tadist/v1/attach.proto\x12\x0b\x64\x61tadist.v1\"\x87\x02\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12)\n\x05hello\x18\x02 \x01(\x0b\x32\x18.datadist.v1.AttachHelloH\x00\x12\x32\n\rimport_memory\x18\x03 \x01(\x0b\x32\x19.datadist.v1.ImportMemoryH\x00\x12.\n\x0b\x65xport_pool\x18\x04 \x01(\x0b\x32\x17.datadist.v1.ExportPoolH\x00\x12\x34\n\x0erelease_memory\x18\x05 \x01(\x0b\x32\x1a.datadist.v1.ReleaseMemoryH\x00\x42\x05\n\x03msgJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08R\x04pullR\x04push\"\'\n\x0b\x41ttachHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"{\n\x0cImportMemory\x12$\n\x06pieces\x18\x01 \x03(\x0b\x32\x14.datadist.v1.FdPiece\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\ndevice_key\x18\x04 \x01(\t\x12\x11\n\tdevice_id\x18\x05 \x01(\x05\".\n\x07\x46\x64Piece\x12\x13\n\x0b\x66ile_offset\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\"@\n\nExportPool\x12\x11\n\tengine_id\x18\x01 \x01(\x04\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x11\n\tbare_tgid\x18\x03 \x01(\x05\"\"\n\rReleaseMemory\x12\x11\n\tmemory_id\x18\x01 \x01(\x04\"\xde\x01\n\x0b\x41ttachReply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06status\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\'\n\x07welcome\x18\x04 \x01(\x0b\x32\x14.datadist.v1.WelcomeH\x00\x12/\n\x08imported\x18\x05 \x01(\x0b\x32\x1b.datadist.v1.MemoryImportedH\x00\x12)\n\x04pool\x18\x06 \x01(\x0b\x32\x19.datadist.v1.PoolExportedH\x00\x42\x05\n\x03msgJ\x04\x08\x07\x10\x08R\x08transfer\"\xb4\x01\n\x07Welcome\x12\x12\n\ncapability\x18\x01 \x01(\x0c\x12\x0b\n\x03uid\x18\x02 \x01(\r\x12\x0b\n\x03gid\x18\x03 \x01(\r\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x16\n\x0e\x64\x61\x65mon_version\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12\x16\n\x0ememory_backend\x18\x07 \x01(\t\x12\x11\n\tdevice_id\x18\x08 \x01(\x05\x12\x11\n\tbare_tgid\x18\t \x01(\x05\"3\n\x0eMemoryImported\x12\x11\n\tmemory_id\x18\x01 \x01(\x04\x12\x0e\n\x06mapped\x18\x02 \x01(\x08\"C\n\x0cPoolExported\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x12\n\ndevice_key\x18\x02 \x01(\t\x12\x11\n\tdevice_id\x18\x03 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ATTACHHELLO']._serialized_start=307
   _globals['_ATTACHHELLO']._serialized_end=346
   _globals['_IMPORTMEMORY']._serialized_start=348
-  _globals['_IMPORTMEMORY']._serialized_end=475
-  _globals['_MEMORYPIECE']._serialized_start=477
-  _globals['_MEMORYPIECE']._serialized_end=527
-  _globals['_EXPORTPOOL']._serialized_start=529
-  _globals['_EXPORTPOOL']._serialized_end=593
-  _globals['_RELEASEMEMORY']._serialized_start=595
-  _globals['_RELEASEMEMORY']._serialized_end=629
-  _globals['_ATTACHREPLY']._serialized_start=632
-  _globals['_ATTACHREPLY']._serialized_end=854
-  _globals['_WELCOME']._serialized_start=857
-  _globals['_WELCOME']._serialized_end=1037
-  _globals['_MEMORYIMPORTED']._serialized_start=1039
-  _globals['_MEMORYIMPORTED']._serialized_end=1090
-  _globals['_POOLEXPORTED']._serialized_start=1092
-  _globals['_POOLEXPORTED']._serialized_end=1159
+  _globals['_IMPORTMEMORY']._serialized_end=471
+  _globals['_FDPIECE']._serialized_start=473
+  _globals['_FDPIECE']._serialized_end=519
+  _globals['_EXPORTPOOL']._serialized_start=521
+  _globals['_EXPORTPOOL']._serialized_end=585
+  _globals['_RELEASEMEMORY']._serialized_start=587
+  _globals['_RELEASEMEMORY']._serialized_end=621
+  _globals['_ATTACHREPLY']._serialized_start=624
+  _globals['_ATTACHREPLY']._serialized_end=846
+  _globals['_WELCOME']._serialized_start=849
+  _globals['_WELCOME']._serialized_end=1029
+  _globals['_MEMORYIMPORTED']._serialized_start=1031
+  _globals['_MEMORYIMPORTED']._serialized_end=1082
+  _globals['_POOLEXPORTED']._serialized_start=1084
+  _globals['_POOLEXPORTED']._serialized_end=1151
 # @@protoc_insertion_point(module_scope)

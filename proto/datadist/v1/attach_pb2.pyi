@@ -33,14 +33,14 @@ class ImportMemory(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KEY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
-    pieces: _containers.RepeatedCompositeFieldContainer[MemoryPiece]
+    pieces: _containers.RepeatedCompositeFieldContainer[FdPiece]
     offset: int
     length: int
     device_key: str
     device_id: int
-    def __init__(self, pieces: _Optional[_Iterable[_Union[MemoryPiece, _Mapping]]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., device_key: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, pieces: _Optional[_Iterable[_Union[FdPiece, _Mapping]]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., device_key: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
-class MemoryPiece(_message.Message):
+class FdPiece(_message.Message):
     __slots__ = ("file_offset", "length")
     FILE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]

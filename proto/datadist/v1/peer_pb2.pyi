@@ -44,10 +44,10 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., challenge: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., mac: _Optional[bytes] = ..., client_version: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("protocol_version", "server_cluster_id", "session", "data_endpoint", "streams", "mac", "server_version", "caches")
+    __slots__ = ("protocol_version", "server_cluster_id", "link_nonce", "data_endpoint", "streams", "mac", "server_version", "caches")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVER_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
-    SESSION_FIELD_NUMBER: _ClassVar[int]
+    LINK_NONCE_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
@@ -55,13 +55,13 @@ class HandshakeResponse(_message.Message):
     CACHES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     server_cluster_id: int
-    session: bytes
+    link_nonce: bytes
     data_endpoint: str
     streams: int
     mac: bytes
     server_version: str
     caches: _containers.RepeatedCompositeFieldContainer[CacheLayout]
-    def __init__(self, protocol_version: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., session: _Optional[bytes] = ..., data_endpoint: _Optional[str] = ..., streams: _Optional[int] = ..., mac: _Optional[bytes] = ..., server_version: _Optional[str] = ..., caches: _Optional[_Iterable[_Union[CacheLayout, _Mapping]]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., link_nonce: _Optional[bytes] = ..., data_endpoint: _Optional[str] = ..., streams: _Optional[int] = ..., mac: _Optional[bytes] = ..., server_version: _Optional[str] = ..., caches: _Optional[_Iterable[_Union[CacheLayout, _Mapping]]] = ...) -> None: ...
 
 class CacheLayout(_message.Message):
     __slots__ = ("cache_id", "desc", "is_blocks")

@@ -73,7 +73,7 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Handshake(self, request, context):
-        """Authenticate and create a link; returns the session and the data-plane endpoint.
+        """Authenticate and create a link; returns the link nonce and the data-plane endpoint.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

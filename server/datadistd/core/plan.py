@@ -254,7 +254,7 @@ def check_layer_task(task: LayerTask, own_cluster: int) -> None:
 
 
 def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[Sequence[Span], RemoteSpec]]:
-    """The pieces (local spans, owner spec) that send source layer ``layer`` to ``task.targets[target]``."""
+    """The parts (local spans, owner spec) that send source layer ``layer`` to ``task.targets[target]``."""
     t = task.targets[target]
     require(t.holds(layer), f"layer {layer} is outside src_layer_range {t.src_layers} of target {target}")
     src = task.src
@@ -288,12 +288,12 @@ def plan_layer(task: LayerTask, target: int, layer: int) -> list[tuple[Sequence[
         require(not task.src_blocks or block_size == src.row_size,
                 f"dst_block_memory_size {block_size} differs from the source block size {src.row_size}")
     k = layer - t.src_layers[0]
-    pieces = []
+    parts = []
     for j, tensor in enumerate(tensors):
         spans = local((tensor,))
         addr = AddrRef(t.dst_cluster, t.dst_addrs[LAYER_TENSORS * k + j], block_size)
-        pieces.append((spans, RemoteSpec(addr, mode, blocks, size, 0, 0, 0, total_length(spans))))  # type: ignore[arg-type]
-    return pieces
+        parts.append((spans, RemoteSpec(addr, mode, blocks, size, 0, 0, 0, total_length(spans))))  # type: ignore[arg-type]
+    return parts
 
 
 _ = DataDistError, StatusCode

@@ -2,7 +2,7 @@
 
 An engine that serves peers has two such listeners: the gRPC Peer service (``api/grpc/front.py``) and
 the data plane (``transport/tcp.py``). Anyone who can route to them can connect; only a holder of
-the cluster secret can *authenticate* (a good handshake, or a request naming a live session, on the
+the cluster secret can *authenticate* (a good handshake on the
 Peer service; a good hello token on the data plane). Until then a connection is **pre-auth**, and:
 
 * it lives at most ``preauth_seconds``; then it is closed;

@@ -185,14 +185,14 @@ class LinkUsage:
 
     def check_writes(self, limits: LinkLimits, count: int) -> None:
         """``LLM_LINK_BUSY`` if ``count`` more writes would exceed ``link_open_writes`` (books nothing): the cheap
-        check an owner makes before it validates and pins the pieces."""
+        check an owner makes before it validates and pins the parts."""
         if limits.open_writes and self.writes + count > limits.open_writes:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"this link has {self.writes} writes open; {count} more would exceed "
                                 f"{limits.open_writes} ([quota] link_open_writes)")
 
     def open_writes(self, limits: LinkLimits, count: int, nbytes: int) -> None:
-        """Book ``count`` writes pinning ``nbytes`` (``LLM_LINK_BUSY`` over either cap): once the pieces are
+        """Book ``count`` writes pinning ``nbytes`` (``LLM_LINK_BUSY`` over either cap): once the parts are
         known valid, so their byte count is one the owner checked."""
         self.check_writes(limits, count)
         if limits.pinned_bytes and self.pinned + nbytes > limits.pinned_bytes:

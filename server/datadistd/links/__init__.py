@@ -41,7 +41,7 @@ from .model import (
     refuse_too_many,
 )
 from .owner import Owner
-from .requester import Piece, PullDone, Requester, StagedPush
+from .requester import PullDone, PushPart, Requester, StagedPush
 from .setup import Linker
 from .table import LinkTable, NodeContext
 from .wire.peering import HandshakeAnswer, HandshakeOffer
@@ -133,9 +133,9 @@ class LinkManager:
     async def push(self, order: TransferOrder) -> tuple[int, str]:
         return await self.requester.push(order)
 
-    async def stage_push(self, cluster: int, cache_id: int, pieces: Sequence[Piece], timeout_ms: int | None = None,
+    async def stage_push(self, cluster: int, cache_id: int, parts: Sequence[PushPart], timeout_ms: int | None = None,
                          hold_ms: int = 0) -> StagedPush:
-        return await self.requester.stage_push(cluster, cache_id, pieces, timeout_ms, hold_ms)
+        return await self.requester.stage_push(cluster, cache_id, parts, timeout_ms, hold_ms)
 
     async def send_staged(self, push: StagedPush, indices: Sequence[int], timeout_ms: int | None = None) -> int:
         return await self.requester.send_staged(push, indices, timeout_ms)

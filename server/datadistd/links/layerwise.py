@@ -29,7 +29,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import LayerTask, check_layer_task, plan_layer
 from ..core.types import CacheId, Placement
 from . import Link, LinkManager
-from .requester import Piece, StagedPush
+from .requester import PushPart, StagedPush
 
 __all__ = ["LayerEvent", "LayerPush"]
 
@@ -73,15 +73,15 @@ class LayerPush:
         staged = self._staged.get(i)
         if staged is None:
             target = self.task.targets[i]
-            pieces: list[Piece] = []
+            parts: list[PushPart] = []
             by_layer: dict[int, list[int]] = {}
             for layer in range(*target.src_layers):
-                layer_pieces = plan_layer(self.task, i, layer)
-                by_layer[layer] = list(range(len(pieces), len(pieces) + len(layer_pieces)))
-                pieces.extend(layer_pieces)
+                layer_parts = plan_layer(self.task, i, layer)
+                by_layer[layer] = list(range(len(parts), len(parts) + len(layer_parts)))
+                parts.extend(layer_parts)
             # the owner keeps the target's transfers as long as its layers may take: a timeout each
             hold_ms = min(self.timeout_ms * len(by_layer), _MAX_HOLD_MS)
-            push = await self.links.stage_push(target.dst_cluster, self.cache_id, pieces, self.timeout_ms, hold_ms)
+            push = await self.links.stage_push(target.dst_cluster, self.cache_id, parts, self.timeout_ms, hold_ms)
             staged = self._staged[i] = (push, by_layer)
         return staged
 

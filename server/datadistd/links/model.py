@@ -57,11 +57,11 @@ class ClusterSpec:
 @dataclass(kw_only=True)
 class Link(abc.ABC):
     """What every link has, whichever kind (``OutboundLink``, ``InboundLink``, ``LocalLink``): its other
-    engine, its session, its state and counters. Only the three kinds are made."""
+    engine, its link nonce, its state and counters. Only the three kinds are made."""
 
     remote_cluster: int
     transport: str                                  # "tcp", "nixl:UCX(...)", "local": ListLinks, metrics
-    session: bytes
+    link_nonce: bytes
     address: str = ""
     data_endpoint: str = ""
     state: LinkState = LinkState.ESTABLISHED
@@ -87,7 +87,7 @@ class Link(abc.ABC):
 
     @property
     def principal(self) -> str:
-        """Whose turn the other end's owner calls take on the daemon's threads (``gate.Threads``): its daemon's
+        """Whose turn the other end's owner calls take on the daemon's threads (``executor.Threads``): its daemon's
         address, over all its links, so many links from one peer still hold one share."""
         return f"peer {self.peer}"
 

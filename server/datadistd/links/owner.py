@@ -141,7 +141,7 @@ class Owner:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else
         ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile."""
         require(0 < len(specs) <= MAX_OPEN_PER_CALL,
-                f"an open write of {len(specs)} pieces; 1 to {MAX_OPEN_PER_CALL} per call")
+                f"an open write of {len(specs)} parts; 1 to {MAX_OPEN_PER_CALL} per call")
         channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
@@ -149,14 +149,14 @@ class Owner:
         hold = limits.clamp(hold_ms or timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
         deadline = time.monotonic() + hold / 1000
         nbytes = sum(spec.expected_bytes for spec in specs)
-        link.usage.check_writes(limits, len(specs))   # over the count cap: refused before any piece is looked at
+        link.usage.check_writes(limits, len(specs))   # over the count cap: refused before any part is looked at
         prepared: list[tuple[int, Sequence[Segment]]] = []
         receipts: list[Receipt] = []
         booked = False
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
                 prepared.append(self.table.engine.prepare_write(spec))
-            # the caps booked once the pieces are valid (so a bad byte count is LLM_PARAM_INVALID, not a cap), before
+            # the caps booked once the parts are valid (so a bad byte count is LLM_PARAM_INVALID, not a cap), before
             # any receipt exists; no await since the pins above, so nothing ran with them over the cap
             link.usage.open_writes(limits, len(specs), nbytes)
             booked = True

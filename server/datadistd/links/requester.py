@@ -338,21 +338,21 @@ class Requester:
 
     # ---- a staged push: the targets of a layer-wise push ---------------------------------------
 
-    async def stage_push(self, cluster: int, cache_id: int, pieces: Sequence[Piece], timeout_ms: int | None = None,
+    async def stage_push(self, cluster: int, cache_id: int, parts: Sequence[PushPart], timeout_ms: int | None = None,
                          hold_ms: int = 0) -> StagedPush:
-        """Open every piece (local spans of cache ``cache_id``, owner spec) of a push to ``cluster`` at the owner in
+        """Open every part (local spans of cache ``cache_id``, owner spec) of a push to ``cluster`` at the owner in
         one call; they then go out as they become ready (``send_staged``) and end with one ``commit_staged``: one
-        round trip before and one after, none per piece. The owner keeps them ``hold_ms`` at most."""
+        round trip before and one after, none per part. The owner keeps them ``hold_ms`` at most."""
         link = self._transfer_link(cluster)
         self._check_no_pull(link, cluster)
-        push = StagedPush(cluster, CacheId(cache_id), tuple(pieces), link)
+        push = StagedPush(cluster, CacheId(cache_id), tuple(parts), link)
         if isinstance(link, LocalLink):
-            return push   # same daemon: each piece is a copy when it is sent
+            return push   # same daemon: each part is a copy when it is sent
         timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         calls, _ = self._calls(link, timeout_ms)
         link.inflight += 1
         try:
-            push.transfer_ids = await calls.open_write([spec for _, spec in pieces], timeout_ms / 1000,
+            push.transfer_ids = await calls.open_write([spec for _, spec in parts], timeout_ms / 1000,
                                                        hold_ms)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
@@ -376,7 +376,7 @@ class Requester:
         return link
 
     async def send_staged(self, push: StagedPush, indices: Sequence[int], timeout_ms: int | None = None) -> int:
-        """Send the pieces ``indices`` of a staged push; its bytes."""
+        """Send the parts ``indices`` of a staged push; its bytes."""
         require(not push.ended, "the staged push has ended")
         link = self._staged_link(push)
         timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
@@ -387,7 +387,7 @@ class Requester:
         nbytes = 0
         try:
             for i in indices:
-                spans, spec = push.pieces[i]
+                spans, spec = push.parts[i]
                 src = segments_of(tensors_of(entry), spans)
                 if isinstance(link, LocalLink):
                     await self._copy_local(link, spec, src)
@@ -406,8 +406,8 @@ class Requester:
         return nbytes
 
     async def commit_staged(self, push: StagedPush, timeout_ms: int | None = None) -> None:
-        """Every piece was sent: wait until the owner has all of them."""
-        require(not push.ended and len(push.sent) == len(push.pieces), "a staged push commits once, when all sent")
+        """Every part was sent: wait until the owner has all of them."""
+        require(not push.ended and len(push.sent) == len(push.parts), "a staged push commits once, when all sent")
         link = self._staged_link(push)
         push.ended = True
         if isinstance(link, LocalLink):
@@ -423,7 +423,7 @@ class Requester:
             link.inflight -= 1
 
     def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
-        """The push ends early: the owner is told (an ABORT for each piece not sent, then one commit that ends
+        """The push ends early: the owner is told (an ABORT for each part not sent, then one commit that ends
         them all and unpins its caches) in the background; nothing is awaited here."""
         if push.ended:
             return
@@ -444,7 +444,7 @@ class Requester:
                 calls, channel = self._calls(link, 1000)
                 await self.table.in_thread(abort_unsent, channel)
                 await calls.commit_write(push.transfer_ids, _ABANDON_SECONDS)
-            except DataDistError as exc:   # expected: the aborted pieces fail the commit
+            except DataDistError as exc:   # expected: the aborted parts fail the commit
                 log.debug("cluster %s: abandoned push to cluster %s ended: %s", self.table.cluster_id, push.cluster,
                           exc)
 
@@ -478,20 +478,20 @@ class _Pull:
     dst: Sequence[Segment]
 
 
-#: a piece of a push: the local spans and what they become at the owner
-Piece = tuple[Sequence[Span], RemoteSpec]
+#: a part of a push: the local spans and what they become at the owner
+PushPart = tuple[Sequence[Span], RemoteSpec]
 #: how long the owner is given to end an abandoned push (the transfers it cancels fail at once)
 _ABANDON_SECONDS = 2.0
 
 
 @dataclass
 class StagedPush:
-    """A push whose pieces were opened at the owner together (``Requester.stage_push``)."""
+    """A push whose parts were opened at the owner together (``Requester.stage_push``)."""
 
     cluster: int
     cache_id: CacheId
-    pieces: tuple[Piece, ...]
+    parts: tuple[PushPart, ...]
     link: AnyLink
-    transfer_ids: list[int] = field(default_factory=list)   # one per piece (none on a same-daemon link)
+    transfer_ids: list[int] = field(default_factory=list)   # one per part (none on a same-daemon link)
     sent: set[int] = field(default_factory=set)
     ended: bool = False

@@ -150,13 +150,13 @@ class Linker:
                 raise DataDistError(StatusCode.LLM_LINK_FAILED, f"{exc.message}; this worker's daemon uses "
                                     f"{secret.describe()}: {SAME_SECRET_FIX}") from None
             self._verify_answer(offer, answer, spec)
-            token = data_token(self.table.node.peer_secret.value, answer.session)
+            token = data_token(self.table.node.peer_secret.value, answer.link_nonce)
             streams = max(1, min(self.table.node.streams, answer.streams or self.table.node.streams))
             channel = await self.table.in_thread(self.table.transport.connect, answer.data_endpoint, token, streams,
                                                  deadline)
         finally:
             await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
-        link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, session=answer.session,
+        link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, link_nonce=answer.link_nonce,
                             address=spec.address, peer=source_key(spec.remote_ip), data_endpoint=answer.data_endpoint,
                             channel=channel, token=token,
                             calls=self.calls.frame_calls(cid, lambda: channel))
@@ -167,7 +167,7 @@ class Linker:
                  spec.address, self.table.transport.label, answer.data_endpoint, streams)
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
-        expected = answer_mac(self.table.node.peer_secret.value, offer.challenge, answer.session,
+        expected = answer_mac(self.table.node.peer_secret.value, offer.challenge, answer.link_nonce,
                               answer.server_cluster_id, answer.data_endpoint)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
@@ -189,12 +189,12 @@ class Linker:
         authorize_displace(self.table.cluster_id, _origin(server, old), self.table)   # before either end exists
         if isinstance(old, (InboundLink, LocalLink)):
             server.drop_serving(old)
-        session = os.urandom(16)
+        link_nonce = os.urandom(16)
         self.table.links[spec.remote_cluster_id] = LocalLink(remote_cluster=spec.remote_cluster_id, transport="local",
-                                                       session=session, address=spec.address, local_peer=server,
+                                                       link_nonce=link_nonce, address=spec.address, local_peer=server,
                                                        linking=True)
         server.served[self.table.cluster_id] = LocalLink(remote_cluster=self.table.cluster_id, transport="local",
-                                                         session=session, local_peer=self.table, linking=False)
+                                                         link_nonce=link_nonce, local_peer=self.table, linking=False)
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
@@ -258,11 +258,11 @@ class Linker:
         authorize_displace(offer.client_cluster_id, _origin(self.table, old), REMOTE)
         if isinstance(old, (InboundLink, LocalLink)):  # the linking side relinks (e.g. after a restart): replaced
             self.table.drop_serving(old)
-        session = os.urandom(16)
-        token = data_token(self.table.node.peer_secret.value, session)
+        link_nonce = os.urandom(16)
+        token = data_token(self.table.node.peer_secret.value, link_nonce)
         self.table.transport.allow(token)
         transport = self.table.transport
-        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, session=session,
+        link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, link_nonce=link_nonce,
                            token=token, data_endpoint=transport.endpoint, peer=source,
                            calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
         transport.on_control(token, self.calls.control_handler(link))
@@ -270,8 +270,8 @@ class Linker:
         log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
         endpoint = self.table.transport.endpoint
         node = self.table.node
-        mac = answer_mac(node.peer_secret.value, offer.challenge, session, self.table.cluster_id, endpoint)
-        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, session, endpoint, node.streams, mac,
+        mac = answer_mac(node.peer_secret.value, offer.challenge, link_nonce, self.table.cluster_id, endpoint)
+        return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, link_nonce, endpoint, node.streams, mac,
                                node.version)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
-from ..guard.gate import UNMETERED
+from ..guard.executor import UNMETERED
 from ..guard.quota import LinkLimits
 from ..state.engine import Engine
 from ..state.metrics import DaemonMetrics
@@ -91,13 +91,13 @@ class LinkTable:
         return self.engine.cluster_id
 
     async def in_thread(self, fn: Callable[..., _T], *args: object) -> _T:
-        """``fn(*args)`` on the daemon's threads as this engine's worker (its uid's share, ``gate.Threads``),
+        """``fn(*args)`` on the daemon's threads as this engine's worker (its uid's share, ``executor.Threads``),
         counted by the engine's gate (finalize waits for it)."""
         return await self.engine.gate.run(self.engine.lane, fn, *args)
 
     async def in_thread_of(self, principal: str, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` as ``principal``: a link's peer (``Link.principal``) for the owner calls of the other
-        end, ``gate.UNMETERED`` for teardown that ends other jobs (never waits behind them)."""
+        end, ``executor.UNMETERED`` for teardown that ends other jobs (never waits behind them)."""
         return await self.engine.gate.run(self.engine.lane.of(principal), fn, *args)
 
     def start(self) -> None:
@@ -250,7 +250,7 @@ class LinkTable:
             other = link.local_peer
             for table in (other.links, other.served):
                 peer_side = table.get(self.cluster_id)
-                if peer_side is not None and peer_side.session == link.session:
+                if peer_side is not None and peer_side.link_nonce == link.link_nonce:
                     del table[self.cluster_id]
                     other.peer_went(self.cluster_id)
             if self.served.get(link.remote_cluster) is link:

@@ -2,12 +2,12 @@
 (``transport/tcp``) and local copies (``memory/copy.py``) alike:
 
 * **mapped**: the handle gives a byte view (``byte_view``): zero-copy ``recv_into``/``sendmsg``/memcpy;
-* **raw**: no view, but batched positional I/O of many pieces per system call (``RawAccess``: the
+* **raw**: no view, but batched positional I/O of many moves per system call (``RawAccess``: the
   daemon's ``preadv``/``pwritev`` on an unsealed worker file);
-* **plain**: neither: one ``read_into``/``write_from`` per piece.
+* **plain**: neither: one ``read_into``/``write_from`` per move.
 
 Device memory (``acl``) is *plain* towards the host; between two handles of one device it is ``DeviceCopy``:
-``memory/copy.py`` moves those pieces device to device in one batch, never through the host.
+``memory/copy.py`` makes those moves device to device in one batch, never through the host.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ MAPPED, RAW, PLAIN = 0, 1, 2
 
 @runtime_checkable
 class RawAccess(Protocol):
-    """A handle without a view that moves many pieces per system call. ``pieces`` rows are
+    """A handle without a view that makes many moves per system call. ``moves`` are
     ``(handle offset, address in this process, length)``; both return the bytes moved."""
 
-    def read_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int: ...
+    def read_raw(self, moves: Sequence[tuple[int, int, int]]) -> int: ...
 
-    def write_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int: ...
+    def write_raw(self, moves: Sequence[tuple[int, int, int]]) -> int: ...
 
 
 @runtime_checkable
 class DeviceCopy(Protocol):
     """A handle in device memory at ``address`` (this process) on ``device`` that copies device to device:
-    ``copy_rows`` moves rows ``(destination address, source address, length)`` -- absolute addresses of memory
+    ``copy_moves`` makes moves ``(destination address, source address, length)`` -- absolute addresses of memory
     on its device -- in one batch."""
 
     @property
@@ -41,7 +41,7 @@ class DeviceCopy(Protocol):
     @property
     def address(self) -> int: ...
 
-    def copy_rows(self, rows: Sequence[tuple[int, int, int]]) -> None: ...
+    def copy_moves(self, moves: Sequence[tuple[int, int, int]]) -> None: ...
 
 
 def same_device(handles: Sequence[Any]) -> bool:

@@ -14,7 +14,7 @@
   the daemon's bare tgid on its white list (``DeviceRef``); the daemon imports it and registers it with HCCL.
 
 Device memory has no host mapping: handles give ``view() -> None`` and copy with ``aclrtMemcpy``
-(``read_into`` device to host, ``write_from`` host to device, ``copy_rows`` device to device: a batch of
+(``read_into`` device to host, ``write_from`` host to device, ``copy_moves`` device to device: a batch of
 ``aclrtMemcpyAsync`` on a stream, one synchronisation with a deadline).
 Run against CANN on an Ascend host, or against the simulated runtime of ``tests/sim`` (docs/ascend.md).
 """
@@ -44,8 +44,8 @@ from datadist_ascend.proof import PROOF_LEN
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
 from .base import DeviceRef, MemoryRef
-from .carved import CarvedPool
 from .host import HostBackend
+from .pool import PoolBase
 
 __all__ = ["AclBackend", "AclPool", "DeviceHandle", "DeviceRef", "ascend_error"]
 
@@ -120,18 +120,18 @@ class DeviceHandle:
             except AscendError as exc:
                 raise ascend_error(exc, "host to device copy") from None
 
-    def copy_rows(self, rows: Sequence[tuple[int, int, int]]) -> None:
-        """Device to device on this handle's device (``access.DeviceCopy``; ``memory/copy.py`` checked every row
+    def copy_moves(self, moves: Sequence[tuple[int, int, int]]) -> None:
+        """Device to device on this handle's device (``access.DeviceCopy``; ``memory/copy.py`` checked every move
         against its handles): one ``aclrtMemcpyAsync`` batch on a stream and one synchronisation when every
-        address is 64-byte aligned (the asynchronous copy's restriction), else ``aclrtMemcpy`` per row."""
+        address is 64-byte aligned (the asynchronous copy's restriction), else ``aclrtMemcpy`` per move."""
         if self._closed:
             raise DataDistError(StatusCode.LLM_FAILED, "device memory was released")
         try:
-            if len(rows) > 1 and all((d | s) % ASYNC_D2D_ALIGN == 0 for d, s, _ in rows):
-                total = sum(n for _, _, n in rows)
-                self._acl.memcpy_batch(self.device, rows, MEMCPY_DEVICE_TO_DEVICE, _copy_timeout_ms(total))
+            if len(moves) > 1 and all((d | s) % ASYNC_D2D_ALIGN == 0 for d, s, _ in moves):
+                total = sum(n for _, _, n in moves)
+                self._acl.memcpy_batch(self.device, moves, MEMCPY_DEVICE_TO_DEVICE, _copy_timeout_ms(total))
                 return
-            for d, s, n in rows:
+            for d, s, n in moves:
                 self._acl.memcpy(self.device, d, n, s, n, MEMCPY_DEVICE_TO_DEVICE)
         except AscendError as exc:
             raise ascend_error(exc, "device to device copy") from None
@@ -152,7 +152,7 @@ class DeviceHandle:
         return f"DeviceHandle(device={self.device}, address={self.address:#x}, size={self._size})"
 
 
-class AclPool(CarvedPool[DeviceHandle]):
+class AclPool(PoolBase[DeviceHandle]):
     """A DEVICE pool: one ``aclrtMalloc`` carved by a page allocator; thread-safe; never over-commits."""
 
     def __init__(self, runtime: Acl, device: int, name: str, capacity: int, page_shift: int) -> None:

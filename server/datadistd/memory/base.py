@@ -1,6 +1,6 @@
 """The ``MemoryBackend`` seam and the records that cross it.
 
-A *handle* is a piece of memory the daemon can touch: part of a daemon-owned pool, or
+A *handle* is memory the daemon can touch: part of a daemon-owned pool, or
 worker-owned memory the worker handed over. Handles that are mapped into the daemon give a
 zero-copy ``memoryview``; handles reached through a file descriptor only (files that could be
 shrunk under a mapping) give ``None`` from ``view()`` and are read/written with copies
@@ -55,7 +55,7 @@ class Segment:
     length: int
 
 
-#: pieces (file descriptors) one piece of handed-over memory may consist of
+#: pieces (file descriptors) one handed-over memory may consist of
 MAX_PIECES = 16
 
 
@@ -69,7 +69,7 @@ class FdPiece:
 
 
 class Releasable(Protocol):
-    """Something booked for a piece of memory, given back once when that memory goes (``quota.Charge``)."""
+    """Something booked for memory, given back once when that memory goes (``quota.Charge``)."""
 
     def release(self) -> None: ...
 

@@ -2,25 +2,25 @@
 
 Used by ``copy_blocks``/``swap_blocks``/``copy_cache`` and by same-host transfers. The source and
 destination are each read as one byte stream (their segments concatenated). Both lists become
-``SegmentTable`` arrays; the union of both sides' segment boundaries cuts the stream into pieces
-(array arithmetic, no Python object per piece), and consecutive pieces of the same kind are moved
+``SegmentTable`` arrays; the union of both sides' segment boundaries cuts the stream into moves
+(array arithmetic, no Python object per move), and consecutive moves of the same kind are moved
 together, the cheapest way:
 
-* both handles mapped (``view()`` is a memoryview): a slice assignment per piece, i.e. one
-  ``memmove`` (for many small pieces this is as fast as anything Python can call: a vectored
+* both handles mapped (``view()`` is a memoryview): a slice assignment per move, i.e. one
+  ``memmove`` (for many small moves this is as fast as anything Python can call: a vectored
   system call pinning pages costs more than the interpreter's loop);
 * one side without a view: when the handle offers ``read_raw``/``write_raw`` (cross-memory attach,
-  ``host.ProcessHandle``), all the consecutive pieces of that handle go to the kernel as one
+  ``host.ProcessHandle``), all the consecutive moves of that handle go to the kernel as one
   iovec array (``IOV_MAX`` per system call) straight from/into the other side's memory;
-  otherwise ``read_into``/``write_from`` per piece;
+  otherwise ``read_into``/``write_from`` per move;
 * neither side mapped, both device memory of one device (``access.DeviceCopy``: ``acl``): device to
-  device, all the pieces in one batch (``copy_rows``), never through the host;
+  device, all the moves in one batch (``copy_moves``), never through the host;
 * neither side mapped otherwise: through one bounded staging buffer (at most ``STAGE_MAX`` bytes, sized
   to stay in the CPU cache between the read and the write).
 
-Pieces are applied in order, except that pieces staged together (neither side mapped) are all read
-before any of them is written. So a call whose pieces read bytes that an earlier piece of the same
-call writes has no defined result (between mapped handles one piece overlapping itself is a memmove).
+Moves are applied in order, except that moves staged together (neither side mapped) are all read
+before any of them is written. So a call whose moves read bytes that an earlier move of the same
+call writes has no defined result (between mapped handles one move overlapping itself is a memmove).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = ["copy_segments", "STAGE_MAX", "BufferHandle", "all_mapped", "read_byt
 STAGE_MAX = 4 << 20
 
 _MAPPED, _RAW, _PLAIN = MAPPED, RAW, PLAIN
-# modes of a piece: which side is mapped
+# modes of a move: which side is mapped
 _VV, _DV, _SV, _NN = 0, 1, 2, 3   # both / only the destination / only the source / neither
 
 
@@ -96,7 +96,7 @@ def copy_segments(dst: Sequence[Segment], src: Sequence[Segment]) -> int:
     if total == 0:
         return 0
     d, s = d.nonempty(), s.nonempty()
-    # pieces: the stream cut at every boundary of either side
+    # moves: the stream cut at every boundary of either side
     if len(d) == 1 and len(s) == 1:
         starts = np.zeros(1, np.int64)
     else:
@@ -140,7 +140,7 @@ def _mapped(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndar
             n: np.ndarray) -> None:
     dv, sv = ds.views, ss.views
     if (dw[0] == dw[-1] and sw[0] == sw[-1] and (len(dw) < 3 or ((dw == dw[0]).all() and (sw == sw[0]).all()))):
-        d, s = dv[int(dw[0])], sv[int(sw[0])]  # one handle each side (a daemon pool): no lookups per piece
+        d, s = dv[int(dw[0])], sv[int(sw[0])]  # one handle each side (a daemon pool): no lookups per move
         for do, so, k in zip(d_off.tolist(), s_off.tolist(), n.tolist(), strict=True):
             d[do:do + k] = s[so:so + k]  # type: ignore[index]
         return
@@ -174,13 +174,13 @@ def _from_mapped(ds: _Side, ss: _Side, dh: int, d_off: np.ndarray, sw: np.ndarra
 
 def _device(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
             n: np.ndarray) -> None:
-    """Both sides device memory of one device: one ``copy_rows`` batch of absolute addresses."""
+    """Both sides device memory of one device: one ``copy_moves`` batch of absolute addresses."""
     d_base = np.array([h.address if isinstance(h, DeviceCopy) else 0 for h in ds.handles], np.int64)
     s_base = np.array([h.address if isinstance(h, DeviceCopy) else 0 for h in ss.handles], np.int64)
-    rows = np.stack((d_base[dw] + d_off, s_base[sw] + s_off, n), axis=1)
+    moves = np.stack((d_base[dw] + d_off, s_base[sw] + s_off, n), axis=1)
     handle = ss.handles[int(sw[0])]
     assert isinstance(handle, DeviceCopy)
-    handle.copy_rows(rows.tolist())
+    handle.copy_moves(moves.tolist())
 
 
 def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndarray, s_off: np.ndarray,
@@ -192,7 +192,7 @@ def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndar
     view = memoryview(stage)
     base = addr.buffer_address(view)[0]
     ends = np.cumsum(n)
-    pos = ends - n                                 # stream position of each piece
+    pos = ends - n                                 # stream position of each move
     try:
         for lo in range(0, total, cap):  # one window per pass
             hi = min(lo + cap, total)
@@ -206,13 +206,13 @@ def _staged(ds: _Side, ss: _Side, dw: np.ndarray, d_off: np.ndarray, sw: np.ndar
 
 def _stage_io(side: _Side, which: np.ndarray, offsets: np.ndarray, local: np.ndarray, n: np.ndarray,
               view: memoryview, base: int, read: bool) -> None:
-    """Move the pieces of one window between the stage and their handles, one batch per handle."""
+    """Make the moves of one window between the stage and their handles, one batch per handle."""
     for h in np.unique(which).tolist():
         sel = which == h
         handle: Any = side.handles[h]
         if side.kinds[h] == _RAW:
-            rows = np.stack((offsets[sel], local[sel], n[sel]), axis=1)
-            (handle.read_raw if read else handle.write_raw)(rows)
+            moves = np.stack((offsets[sel], local[sel], n[sel]), axis=1)
+            (handle.read_raw if read else handle.write_raw)(moves)
             continue
         for off, loc, k in zip(offsets[sel].tolist(), local[sel].tolist(), n[sel].tolist(), strict=True):
             part = view[loc - base:loc - base + k]
@@ -253,12 +253,12 @@ def all_mapped(segments: Sequence[Segment]) -> bool:
     return all(h.view() is not None for h in SegmentTable.of(segments).handles)
 
 
-#: the most pieces ``read_bytes`` / ``write_bytes`` slice one by one (more: ``copy_segments``' array arithmetic)
+#: the most segments ``read_bytes`` / ``write_bytes`` slice one by one (more: ``copy_segments``' array arithmetic)
 _FEW = 64
 
 
 def _views(table: SegmentTable, writable: bool) -> list[memoryview] | None:
-    """Byte views of every handle of a small table, or None (a handle without one, or too many pieces)."""
+    """Byte views of every handle of a small table, or None (a handle without one, or too many segments)."""
     if len(table) > _FEW:
         return None
     views = []
@@ -270,7 +270,7 @@ def _views(table: SegmentTable, writable: bool) -> list[memoryview] | None:
     return views
 
 
-def _pieces(table: SegmentTable, views: list[memoryview], side: str) -> list[tuple[memoryview, int, int]]:
+def _segment_views(table: SegmentTable, views: list[memoryview], side: str) -> list[tuple[memoryview, int, int]]:
     out = []
     for w, o, n in zip(table.which.tolist(), table.offsets.tolist(), table.lengths.tolist(), strict=True):
         v = views[w]
@@ -282,13 +282,13 @@ def _pieces(table: SegmentTable, views: list[memoryview], side: str) -> list[tup
 
 
 def read_bytes(src: Sequence[Segment]) -> bytes:
-    """The concatenated bytes of ``src``, copied out (the owner's side of an inline read). A few mapped pieces
+    """The concatenated bytes of ``src``, copied out (the owner's side of an inline read). A few mapped segments
     are sliced directly (the usual small read: no tables, no staging); anything else goes through
     ``copy_segments``."""
     table = SegmentTable.of(src)
     views = _views(table, writable=False)
     if views is not None:
-        return b"".join([v[o:o + n] for v, o, n in _pieces(table, views, "source")])
+        return b"".join([v[o:o + n] for v, o, n in _segment_views(table, views, "source")])
     buf = bytearray(table.nbytes)
     copy_segments([Segment(BufferHandle(buf), 0, len(buf))], src)
     return bytes(buf)
@@ -302,12 +302,12 @@ def write_bytes(dst: Sequence[Segment], data: bytes) -> None:
     if views is None:
         copy_segments(dst, [Segment(BufferHandle(data), 0, len(data))])
         return
-    pieces = _pieces(table, views, "destination")
+    segs = _segment_views(table, views, "destination")
     if table.nbytes != len(data):
         raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                             f"source has {len(data)} bytes but destination has {table.nbytes} bytes")
     src = memoryview(data)
     at = 0
-    for v, o, n in pieces:
+    for v, o, n in segs:
         v[o:o + n] = src[at:at + n]
         at += n

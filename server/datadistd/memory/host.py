@@ -3,7 +3,7 @@
 Pools. ``create_pool`` makes one memfd of ``capacity`` bytes, reserves its pages
 (``posix_fallocate``, so a full shmem fails now with ``LLM_OUT_OF_MEMORY`` instead of a ``SIGBUS``
 on first touch), seals its size (``F_SEAL_SHRINK | F_SEAL_GROW``, then ``F_SEAL_SEAL``), maps it
-``MAP_SHARED`` and hands out page-aligned pieces with ``PageAllocator``. The memfd has no name in
+``MAP_SHARED`` and hands out page-aligned allocations with ``PageAllocator``. The memfd has no name in
 any file system: no other process can open it. The engine's own worker gets its descriptor over
 the attach socket (``export_fd``) and maps it, so its tensors and the daemon's handles alias the
 same pages; the seals mean that worker cannot shrink it under the daemon's mapping.
@@ -31,7 +31,6 @@ import threading
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
 from .base import FdRef, MemoryRef, ProcessRef
-from .carved import CarvedPool
 from .imported import (
     DirectHandle,
     FdHandle,
@@ -43,6 +42,7 @@ from .imported import (
     import_process,
     release_view,
 )
+from .pool import PoolBase
 
 __all__ = ["HostBackend", "HostPool", "PoolHandle"]
 
@@ -70,7 +70,7 @@ class PoolHandle(ViewHandle):
         return f"PoolHandle({self.pool.name!r}, offset={self.offset}, size={self._size})"
 
 
-class HostPool(CarvedPool[PoolHandle]):
+class HostPool(PoolBase[PoolHandle]):
     """A fixed-capacity pool in one sealed memfd; thread-safe; never over-commits."""
 
     def __init__(self, name: str, placement: Placement, capacity: int, page_shift: int = 16,
@@ -107,7 +107,7 @@ class HostPool(CarvedPool[PoolHandle]):
             return self._fd
 
     def _handle(self, offset: int, size: int) -> PoolHandle:
-        assert self._root is not None   # open (CarvedPool checked)
+        assert self._root is not None   # open (PoolBase checked)
         return PoolHandle(self, offset, size, self._root[offset:offset + size])
 
     def _release(self) -> None:

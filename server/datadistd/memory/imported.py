@@ -239,13 +239,13 @@ class FdHandle:
                 total += length
         return total
 
-    def read_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int:
-        """Copy ``(offset, local_addr, length)`` pieces of this memory to local addresses."""
-        return self._raw(False, pieces)
+    def read_raw(self, moves: Sequence[tuple[int, int, int]]) -> int:
+        """Copy ``(offset, local_addr, length)`` moves of this memory to local addresses."""
+        return self._raw(False, moves)
 
-    def write_raw(self, pieces: Sequence[tuple[int, int, int]]) -> int:
-        """Copy local addresses into ``(offset, local_addr, length)`` pieces of this memory."""
-        return self._raw(True, pieces)
+    def write_raw(self, moves: Sequence[tuple[int, int, int]]) -> int:
+        """Copy local addresses into ``(offset, local_addr, length)`` moves of this memory."""
+        return self._raw(True, moves)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -231,7 +231,7 @@ class SegmentTable(Sequence[Segment]):
         return self._ends
 
     def cut(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(which, offsets, lengths)`` of the pieces that make up stream bytes ``[lo, hi)``, in order.
+        """``(which, offsets, lengths)`` of the segments that make up stream bytes ``[lo, hi)``, in order.
 
         Needs a table without zero-length segments (``nonempty``) and ``0 <= lo < hi <= nbytes``.
         """
@@ -251,11 +251,11 @@ class SegmentTable(Sequence[Segment]):
         i1 = bisect.bisect_left(ends, hi) + 1
         n = self.lengths[i0:i1].copy()
         offsets = self.offsets[i0:i1].copy()
-        head = lo - (ends[i0] - lengths[i0])     # bytes of the first piece before lo
+        head = lo - (ends[i0] - lengths[i0])     # bytes of the first segment before lo
         if head:
             n[0] -= head
             offsets[0] += head
-        tail = ends[i1 - 1] - hi                 # bytes of the last piece after hi
+        tail = ends[i1 - 1] - hi                 # bytes of the last segment after hi
         if tail:
             n[-1] -= tail
         return self.which[i0:i1], offsets, n
@@ -263,18 +263,18 @@ class SegmentTable(Sequence[Segment]):
 
 def cut(ends: np.ndarray, lengths: np.ndarray, lo: int, hi: int,
         *offsets: np.ndarray) -> tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]:
-    """Pieces ``i0:i1`` of a stream of non-empty pieces (``lengths``, cumulative ``ends``) that cover
+    """Segments ``i0:i1`` of a stream of non-empty segments (``lengths``, cumulative ``ends``) that cover
     ``[lo, hi)``: their lengths and each of ``offsets`` trimmed to the range (fresh arrays)."""
     i0 = int(np.searchsorted(ends, lo, side="right"))
     i1 = int(np.searchsorted(ends, hi, side="left")) + 1
     n = lengths[i0:i1].copy()
     out = tuple(o[i0:i1].copy() for o in offsets)
-    head = lo - (int(ends[i0]) - int(lengths[i0]))     # bytes of the first piece before lo
+    head = lo - (int(ends[i0]) - int(lengths[i0]))     # bytes of the first segment before lo
     if head:
         n[0] -= head
         for o in out:
             o[0] += head
-    tail = int(ends[i1 - 1]) - hi                        # bytes of the last piece after hi
+    tail = int(ends[i1 - 1]) - hi                        # bytes of the last segment after hi
     if tail:
         n[-1] -= tail
     return i0, i1, n, out

@@ -1,1 +1,1 @@
-"""The node: one object over the engines, their links and the worker leases; what every way in (``api/``) calls."""
+"""The node: one object over the engines, their links and the worker sessions; what every way in (``api/``) calls."""

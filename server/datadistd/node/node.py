@@ -21,7 +21,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from ..core.types import EngineId, Placement, Role
 from ..guard.admission import Admitting
-from ..guard.gate import EXECUTOR_THREADS, UNMETERED, Lane, Threads
+from ..guard.executor import EXECUTOR_THREADS, UNMETERED, Lane, Threads
 from ..guard.quota import Charge, QuotaBook
 from ..links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from ..links.comm import CommManager
@@ -120,7 +120,7 @@ class Node:
         # must get LLM_ENGINE_FINALIZED, never reach a new worker's engine that happens to get its id
         self._ids = itertools.count((secrets.randbits(32) << 16) + 1)
         # the daemon's one executor, shared fairly: one uid's local work, or one peer's owner calls, hold at
-        # most [quota] threads_per_principal of its threads at once (guard/gate.py)
+        # most [quota] threads_per_principal of its threads at once (guard/executor.py)
         self.threads = Threads(EXECUTOR_THREADS, config.quota.threads_per_principal)
         self.version = __version__
         self.streams = config.transport.streams

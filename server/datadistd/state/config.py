@@ -276,7 +276,7 @@ class QuotaSection:
                                      "this daemon at once (each may hold an executor thread); more wait for a "
                                      "turn until their deadline, more than 1024 waiting get LLM_LINK_BUSY. "
                                      "0 = no limit.", default=16)
-    link_open_writes: int = _doc("Write transfers (pieces) the other end of one link may hold open at once. "
+    link_open_writes: int = _doc("Write transfers (parts) the other end of one link may hold open at once. "
                                  "0 = no limit.", default=8192)
     link_pinned_bytes: int = _doc("Bytes of this daemon's caches one link's open writes may pin at once. "
                                   "0 = no limit.", default=64 << 30)

@@ -44,7 +44,7 @@ from ..core.types import (
     ReadMode,
     RemoteSpec,
 )
-from ..guard.gate import Gate, Lane
+from ..guard.executor import Gate, Lane
 from ..memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from ..memory.copy import copy_segments
 from ..memory.segments import SegmentTable

@@ -195,7 +195,7 @@ class Transport(Protocol):
 @runtime_checkable
 class ReadGrants(Protocol):
     """A transport over a fabric that reads one-sidedly (``nixl``: a READ, ``hccl``: ``HcclBatchGet``): a pull is a
-    read by the puller. The owner validates and pins what may be read and answers a *grant* -- its rows, opaque to
+    read by the puller. The owner validates and pins what may be read and answers a *grant* -- its extents, opaque to
     the link code -- in an owner call; the puller reads them straight into its destination and tells the owner
     when it is done. The owner's Python never touches the bytes. Declared by the transport's class (the link code
     asks once, when it is built); transports without it pull by the owner's send (``tcp``)."""

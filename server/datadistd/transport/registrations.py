@@ -54,8 +54,8 @@ class RegistrationTable:
         self._serials = itertools.count(1)
         self._closed = False
 
-    def rows(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        """``(rows, used, new)``: ``rows`` an ``(N, 2)`` uint64 array of ``(address, length)`` of the non-empty
+    def extents(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
+        """``(extents, used, new)``: ``extents`` an ``(N, 2)`` uint64 array of ``(address, length)`` of the non-empty
         ``segments``; the registrations they lie in, and which of those were made by this call.
 
         A ``SegmentTable`` is read as its arrays: one lookup per distinct handle, then array arithmetic -- no
@@ -66,16 +66,16 @@ class RegistrationTable:
         for handle in table.handles:   # the handles of a transfer are few
             used.append(self.lookup(handle, new))
         table = table.nonempty()
-        rows = np.empty((len(table), 2), dtype=np.uint64)
+        extents = np.empty((len(table), 2), dtype=np.uint64)
         offsets = table.offsets   # checked >= 0 (``SegmentTable.first_bad``) before a transfer: int64 bits as uint64
         offsets = offsets.view(np.uint64) if offsets.dtype == np.int64 else offsets.astype(np.uint64)
         if len({reg.base for reg in used}) == 1:
-            np.add(offsets, np.uint64(used[0].base), out=rows[:, 0])
+            np.add(offsets, np.uint64(used[0].base), out=extents[:, 0])
         else:
             bases = np.fromiter((reg.base for reg in used), dtype=np.uint64, count=len(used))
-            np.add(bases[table.which], offsets, out=rows[:, 0])
-        rows[:, 1] = table.lengths
-        return rows, list({reg.key: reg for reg in used}.values()), new
+            np.add(bases[table.which], offsets, out=extents[:, 0])
+        extents[:, 1] = table.lengths
+        return extents, list({reg.key: reg for reg in used}.values()), new
 
     def lookup(self, handle: MemoryHandle, new: list[Registration]) -> Registration:
         """The registration of ``handle``, made now (and appended to ``new``) if it has none."""

@@ -142,11 +142,11 @@ def offer_from_pb(msg: peer_pb2.HandshakeRequest) -> HandshakeOffer:
 
 def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
     return peer_pb2.HandshakeResponse(protocol_version=answer.protocol_version,
-                                      server_cluster_id=answer.server_cluster_id, session=answer.session,
+                                      server_cluster_id=answer.server_cluster_id, link_nonce=answer.link_nonce,
                                       data_endpoint=answer.data_endpoint, streams=answer.streams, mac=answer.mac,
                                       server_version=answer.server_version)
 
 
 def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
-    return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.session, msg.data_endpoint, msg.streams,
+    return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.link_nonce, msg.data_endpoint, msg.streams,
                            msg.mac, msg.server_version)

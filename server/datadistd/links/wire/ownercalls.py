@@ -118,14 +118,14 @@ class OwnerReply:
 INLINE_READ_MAX = 64 << 10
 
 #: most transfers one OpenWrite may open (a layer-wise push opens a target's layers at once: a model's
-#: layers, up to two pieces each); more is refused with ``LLM_PARAM_INVALID`` before anything is opened
+#: layers, up to two parts each); more is refused with ``LLM_PARAM_INVALID`` before anything is opened
 MAX_OPEN_PER_CALL = 2048
 
 
 def checked_ids(ids: Sequence[int], asked: int, who: str) -> list[int]:
     """The transfer ids an OpenWrite answered: one per spec asked for, else the other end is not this protocol's."""
     if len(ids) != asked:
-        raise DataDistError(StatusCode.LLM_FAILED, f"{who} opened {len(ids)} transfers for {asked} pieces "
+        raise DataDistError(StatusCode.LLM_FAILED, f"{who} opened {len(ids)} transfers for {asked} parts "
                                                    f"(a daemon of another version?)")
     return list(ids)
 

@@ -5,7 +5,7 @@ Everything after it travels as frames on the authenticated data channel (``owner
 ``api/grpc/peer_client.py`` implements ``PeerClient`` over gRPC; tests may inject a fake. The
 handshake authenticates both sides with HMAC-SHA256 over a shared secret (never sent): the
 client proves it in the offer, the server in the answer; the data-plane token is derived
-from the session, so it is neither fixed nor sent in clear over the control plane.
+from the link nonce, so it is neither fixed nor sent in clear over the control plane.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class HandshakeOffer:
 class HandshakeAnswer:
     protocol_version: int
     server_cluster_id: int
-    session: bytes
+    link_nonce: bytes
     data_endpoint: str
     streams: int
     mac: bytes
@@ -81,13 +81,13 @@ def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_m
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def answer_mac(secret: bytes, challenge: bytes, session: bytes, server: int, data_endpoint: str) -> bytes:
-    msg = b"datadist-answer|" + challenge + b"|" + session + f"|{server}|{data_endpoint}".encode()
+def answer_mac(secret: bytes, challenge: bytes, link_nonce: bytes, server: int, data_endpoint: str) -> bytes:
+    msg = b"datadist-answer|" + challenge + b"|" + link_nonce + f"|{server}|{data_endpoint}".encode()
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def data_token(secret: bytes, session: bytes) -> bytes:
-    return hmac.new(secret, b"datadist-data|" + session, hashlib.sha256).digest()
+def data_token(secret: bytes, link_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"datadist-data|" + link_nonce, hashlib.sha256).digest()
 
 
 def make_offer(secret: bytes, client: int, server: int, challenge: bytes, version: str = "") -> HandshakeOffer:

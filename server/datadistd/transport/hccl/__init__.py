@@ -1,6 +1,6 @@
 """The ``hccl`` transport (``[transport] name = "hccl"``): bytes between two daemons' NPU memory by one-sided
 HCCL, everything else over a tcp channel -- a one-sided transport (``transport.onesided``, the base it shares
-with ``nixl``: token hello, admission, owner calls as control frames, destination rows shipped by the receiver).
+with ``nixl``: token hello, admission, owner calls as control frames, destination extents shipped by the receiver).
 
 Each engine has its own transport on its own NPU (``ge.exec.deviceId``), in CANN's order (docs/ascend.md,
 "Design"): NPU memory is registered with HCCL per allocation (a whole pool when made, a worker's cache when
@@ -8,7 +8,7 @@ imported: ``datadist_ascend.globalmem``); per link each agent sends its identity
 device ip -- from ``llm.LocalCommRes`` or the daemon's settings -- and its registered ranges); both build the same
 two-rank cluster table, then under one process-wide lock ``HcclCommInitClusterInfoMemConfig`` with the engine's
 traffic class / service level, ``HcclCommBindMem`` of every registered range, ``HcclCommPrepare`` (seconds;
-``link_retry_count`` tries). A transfer: rows cut at registrations, ``HcclBatchPut`` / ``HcclBatchGet`` 64
+``link_retry_count`` tries). A transfer: extents cut at registrations, ``HcclBatchPut`` / ``HcclBatchGet`` 64
 descriptors per call on the link's stream, one ``aclrtSynchronizeStreamWithTimeout`` to the transfer's deadline,
 the stream aborted on any failure; a put then says DONE on the channel -- HCCL tells only the initiator that a put
 completed, so the receiver takes the authenticated sender's word, as CANN's own flag write does. Unlink, once

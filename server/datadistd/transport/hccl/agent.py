@@ -9,8 +9,8 @@ An engine's agent, on the engine's NPU, in CANN's order (LLM-DataDist ``comm_ent
   lock (HCCL does not support concurrent ``HcclCommInitClusterInfoMemConfig``), then ``HcclCommBindMem`` of every
   registered range of the device, then ``HcclCommPrepare`` (timeout in seconds, rounded up): what is bound there
   is all the peer can reach; memory registered later is reachable on links made later;
-* the peer's identity names the ranges it had registered; a transfer checks every row against both sides' bound
-  ranges and cuts a row that spans two of them (HCCL wants each descriptor inside one buffer);
+* the peer's identity names the ranges it had registered; a transfer checks every extent against both sides' bound
+  ranges and cuts an extent that spans two of them (HCCL wants each descriptor inside one buffer);
 * a transfer enqueues ``DESCS_PER_CALL`` descriptors per call on the link's stream, synchronises once, and aborts
   the stream on ANY failure (an enqueue that failed half-way left the first descriptors queued);
 * unlink waits for Prepare, then: abort the stream, unbind each range, destroy the communicator, destroy the stream;
@@ -43,7 +43,7 @@ from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
 
-__all__ = ["HcclAgent", "DONE", "cluster_table", "split_rows"]
+__all__ = ["HcclAgent", "DONE", "cluster_table", "split_extents"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
@@ -97,11 +97,11 @@ def _room(addr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.where(inside, ends[safe] - addr, np.uint64(0))
 
 
-def split_rows(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, int]],
-               theirs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Paired rows ``(address, length)`` cut so that each lies inside ONE range of ``mine`` (local side) and one of
-    ``theirs`` (remote side): rows merged because they were contiguous on both sides may span two registrations.
-    Returns the rows and ``None``, or ``(…, why)`` naming the first row outside every range of its side."""
+def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, int]],
+                  theirs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """Paired extents ``(address, length)`` cut so that each lies inside ONE range of ``mine`` (local side) and one of
+    ``theirs`` (remote side): extents merged because they were contiguous on both sides may span two registrations.
+    Returns the extents and ``None``, or ``(…, why)`` naming the first extent outside every range of its side."""
     ls, le = _bounds(mine)
     rs, re_ = _bounds(theirs)
     la, ra, n = local[:, 0], remote[:, 0], local[:, 1]
@@ -109,14 +109,14 @@ def split_rows(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, 
     if not lroom.all() or not rroom.all():
         i = int(np.flatnonzero((lroom == 0) | (rroom == 0))[0])
         side = "local" if lroom[i] == 0 else "remote"
-        return local, remote, f"row {i} ({side} address {int((la if side == 'local' else ra)[i]):#x})"
+        return local, remote, f"extent {i} ({side} address {int((la if side == 'local' else ra)[i]):#x})"
     cross = np.flatnonzero((n > lroom) | (n > rroom))
     if not len(cross):
         return local, remote, None
     out_l: list[tuple[int, int]] = []
     out_r: list[tuple[int, int]] = []
     start = 0
-    for i in cross.tolist():    # rare: rows merged across two registrations
+    for i in cross.tolist():    # rare: extents merged across two registrations
         out_l.extend(map(tuple, local[start:i].tolist()))
         out_r.extend(map(tuple, remote[start:i].tolist()))
         a, b, left = int(la[i]), int(ra[i]), int(n[i])
@@ -124,7 +124,7 @@ def split_rows(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, 
             lr = int(_room(np.array([a], np.uint64), ls, le)[0])
             rr = int(_room(np.array([b], np.uint64), rs, re_)[0])
             if not lr or not rr:
-                return local, remote, f"row {i} (continues past the {'local' if not lr else 'remote'} range)"
+                return local, remote, f"extent {i} (continues past the {'local' if not lr else 'remote'} range)"
             step = min(left, lr, rr)
             out_l.append((a, step))
             out_r.append((b, step))
@@ -190,7 +190,7 @@ class HcclAgent:
     # -- identity and peers --
 
     def metadata(self) -> bytes:
-        """The identity and the ranges registered now (the peer checks and cuts its rows against them)."""
+        """The identity and the ranges registered now (the peer checks and cuts its extents against them)."""
         ranges = [(r.base, r.size) for r in self._mem.ranges(self.device)]
         with self._lock:
             self._sent = ranges
@@ -385,10 +385,10 @@ class HcclAgent:
     # -- registrations --
 
     def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        return self._regs.rows(segments)
+        return self._regs.extents(segments)
 
     def _register(self, handle: MemoryHandle) -> tuple[int, int, int]:
-        """A handle's rows: its own addresses; HCCL registered its allocation (``region``) already."""
+        """A handle's extents: its own addresses; HCCL registered its allocation (``region``) already."""
         if not isinstance(handle, DeviceMemory) or handle.device != self.device:
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the hccl transport moves NPU memory of the engine's device ({self.device}) only "
@@ -417,14 +417,14 @@ class HcclAgent:
 
     def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
               stop: Callable[[], DataDistError | None]) -> None:
-        """``HcclBatchPut`` of rows ``local`` into ``peer``'s rows ``remote``, synchronised on the link's stream
+        """``HcclBatchPut`` of extents ``local`` into ``peer``'s extents ``remote``, synchronised on the link's stream
         by ``deadline``; then the notification goes to the peer. Raises with the status table's code."""
         self._batch(True, local, remote, peer, deadline)
         self.notify(peer, notif)
 
     def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
-        """``HcclBatchGet`` of ``peer``'s rows ``remote`` into rows ``local``, synchronised on the link's stream by
-        ``deadline`` (then every byte is here: no notification)."""
+        """``HcclBatchGet`` of ``peer``'s extents ``remote`` into extents ``local``, synchronised on the link's stream
+        by ``deadline`` (then every byte is here: no notification)."""
         self._batch(False, local, remote, peer, deadline)
 
     def _batch(self, put: bool, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
@@ -434,7 +434,7 @@ class HcclAgent:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: the communicator with {peer} is closed")
             # what both sides bound before Prepare (and this side's memory still there)
             mine = [(r.base, r.size) for r in entry.bound if not r.retired]
-            local, remote, outside = split_rows(local, remote, mine, entry.theirs)
+            local, remote, outside = split_extents(local, remote, mine, entry.theirs)
             if outside is not None:
                 raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                     f"hccl: {outside} lies in memory registered after the link with {peer} was "

@@ -8,10 +8,10 @@ calls as control frames, liveness -- but the KV bytes of every pull and push mov
    ``CONTROL_TRANSPORT`` frames, over the authenticated channel); each loads the other's.
 2. ``expect(segments)`` (the receiving side: the puller, or the owner of a pushed-to cache):
    registers the mapped handles the segments lie in (once per handle), and sends ``D``: the
-   transfer id, the rows ``(address, length)`` of the destination, and partial metadata of any
+   transfer id, the extents ``(address, length)`` of the destination, and partial metadata of any
    registration this peer has not seen yet.
 3. ``channel.send(transfer_id, segments)`` (the side that has the bytes): waits for that ``D``,
-   pairs source and destination rows (``pieces.pair_rows``) and posts one NIXL WRITE carrying a
+   pairs source and destination extents (``pairing.pair_extents``) and posts one NIXL WRITE carrying a
    notification (``DDN`` + transfer id), polled to completion; a sender that fails before posting
    sends ``F`` (transfer id, status code). A posted WRITE runs to completion (or its deadline) even
    when the link goes.
@@ -24,7 +24,7 @@ calls as control frames, liveness -- but the KV bytes of every pull and push mov
    drops the channel and the peer's agent, so no byte lands after the memory is handed back.
 
 Modules: ``agent`` (the only one that imports NIXL), ``transport`` (``NixlTransport``: which agent, which
-label). The link machinery -- steps 1-5 above, row pairing, the messages, receipts -- is
+label). The link machinery -- steps 1-5 above, extent pairing, the messages, receipts -- is
 ``transport.onesided``'s, shared with ``hccl``.
 
 One NIXL agent per engine, like the tcp listener: engines of one daemon share no registrations.

@@ -88,7 +88,7 @@ class Agent:
     """One NIXL agent with one backend, and the registrations of the handles it moved.
 
     Registrations are made on first use of a handle and live until the handle is collected or found
-    closed; ``addresses`` gives a transfer's rows ``(address, length)`` and the registrations they use."""
+    closed; ``addresses`` gives a transfer's extents ``(address, length)`` and the registrations they use."""
 
     def __init__(self, name: str, backend: str = "UCX") -> None:
         api = load_api()
@@ -140,8 +140,8 @@ class Agent:
     # -- registrations --
 
     def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        """``(rows, used, new)`` of ``segments`` (``RegistrationTable.rows``), registering what is new."""
-        return self._regs.rows(segments)
+        """``(extents, used, new)`` of ``segments`` (``RegistrationTable.extents``), registering what is new."""
+        return self._regs.extents(segments)
 
     def _register(self, handle: MemoryHandle) -> tuple[int, int, Any]:
         view = handle.view()
@@ -177,7 +177,7 @@ class Agent:
 
     def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
               stop: Callable[[], DataDistError | None]) -> None:
-        """WRITE rows ``local`` (this agent's) to rows ``remote`` (``peer``'s), row for row of equal length,
+        """WRITE extents ``local`` (this agent's) to extents ``remote`` (``peer``'s), extent for extent of equal length,
         then have NIXL deliver ``notif`` to the peer -- *after* the bytes: it is the peer's only proof they
         landed (the local DONE means the request left, not that every byte arrived). Returns at DONE.
         ``stop()`` is asked while it runs: an error it returns ends the transfer (released) and is raised;
@@ -185,7 +185,7 @@ class Agent:
         self._xfer("WRITE", local, remote, peer, notif, deadline, stop)
 
     def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
-        """READ ``peer``'s rows ``remote`` into this agent's rows ``local``; returns at DONE (every byte is in
+        """READ ``peer``'s extents ``remote`` into this agent's extents ``local``; returns at DONE (every byte is in
         local memory: a READ completes where its bytes land). ``LLM_TIMEOUT`` at ``deadline``."""
         self._xfer("READ", local, remote, peer, b"", deadline, lambda: None)
 

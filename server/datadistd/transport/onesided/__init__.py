@@ -9,10 +9,10 @@ as control frames, liveness -- but the KV bytes of every pull and push move by o
 1. ``connect``: after the tcp hello, the two sides swap agent name and metadata (``M`` messages in
    ``CONTROL_TRANSPORT`` frames, over the authenticated channel); each loads the other's.
 2. ``expect(segments)`` (the receiving side): registers the handles the segments lie in (once per
-   handle), and sends ``D``: the transfer id, the rows ``(address, length)`` of the destination, and
+   handle), and sends ``D``: the transfer id, the extents ``(address, length)`` of the destination, and
    partial metadata of any registration this peer has not seen yet.
 3. ``channel.send(transfer_id, segments)`` (the side that has the bytes): waits for that ``D``, pairs
-   source and destination rows (``pieces.pair_rows``) and posts one WRITE carrying a notification
+   source and destination extents (``pairing.pair_extents``) and posts one WRITE carrying a notification
    (``DDN`` + transfer id), polled to completion; a sender that fails before posting sends ``F``
    (transfer id, status code). A posted WRITE runs to completion (or its deadline) even when the link goes.
 4. ``receipt.wait`` (``receipt.py``) returns when the agent delivers the WRITE's notification, which comes
@@ -24,13 +24,13 @@ as control frames, liveness -- but the KV bytes of every pull and push move by o
    agent, so no byte lands after the memory is handed back.
 
 That is a push. A pull reads (``transport.base.ReadGrants``): the owner's ``grant(channel, segments)`` answers
-the source rows and any partial metadata the peer lacks (``u32`` metadata length, metadata, ``(u64 address,
-u64 length)`` rows; the link manager carries it in its ``grant_read`` owner call); the puller's ``read(channel,
-grant, segments, deadline)`` loads the metadata, pairs the rows with its own and posts one READ
+the source extents and any partial metadata the peer lacks (``u32`` metadata length, metadata, ``(u64 address,
+u64 length)`` extents; the link manager carries it in its ``grant_read`` owner call); the puller's ``read(channel,
+grant, segments, deadline)`` loads the metadata, pairs the extents with its own and posts one READ
 (``agent.read``), done when it is; a READ that times out drops the link's channel and the peer's agent.
 
-Modules: ``agent`` (the ``OneSidedAgent`` Protocol), ``pieces`` (row pairing), ``wire`` (the messages),
-``receipt``, ``link`` (``LinkPeer``: the per-link state; ``OneSidedChannel``), ``transport``
+Modules: ``agent`` (the ``OneSidedAgent`` Protocol), ``pairing`` (the extents of both sides paired), ``wire`` (the
+messages), ``receipt``, ``link`` (``LinkPeer``: the per-link state; ``OneSidedChannel``), ``transport``
 (``OneSidedTransport``). Threads: a progress thread per transport polls the agent's notifications; one
 control thread sends destination lists that could not go out at once; tcp's reader threads deliver frames.
 """

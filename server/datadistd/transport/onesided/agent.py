@@ -33,16 +33,16 @@ class OneSidedAgent(Protocol):
     def drop_peer(self, name: str) -> None: ...
 
     def addresses(self, segments: Sequence[Segment]) -> tuple[np.ndarray, list[Registration], list[Registration]]:
-        """Rows ``(address, length)`` of ``segments`` (registering their handles once), the registrations used,
+        """Extents ``(address, length)`` of ``segments`` (registering their handles once), the registrations used,
         and those made by this call."""
 
     def write(self, local: np.ndarray, remote: np.ndarray, peer: str, notif: bytes, deadline: float,
               stop: Callable[[], DataDistError | None]) -> None:
-        """One WRITE of ``local`` rows into the peer's ``remote`` rows, then ``notif`` to the peer."""
+        """One WRITE of ``local`` extents into the peer's ``remote`` extents, then ``notif`` to the peer."""
 
     def read(self, local: np.ndarray, remote: np.ndarray, peer: str, deadline: float) -> None:
-        """One READ of the peer's ``remote`` rows into ``local`` rows (row for row of equal length), returning
-        once every byte is in local memory; ``LLM_TIMEOUT`` at ``deadline``."""
+        """One READ of the peer's ``remote`` extents into ``local`` extents (one for one, of equal length),
+        returning once every byte is in local memory; ``LLM_TIMEOUT`` at ``deadline``."""
 
     def notify(self, peer: str, message: bytes) -> None: ...
 

@@ -22,7 +22,7 @@ from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, ControlHandler, EarlyFrames
 from ..tcp import TcpChannel, TcpTransport
 from .agent import OneSidedAgent
-from .pieces import pair_rows
+from .pairing import pair_extents
 from .receipt import POLL, QUIESCE, OneSidedReceipt
 from .wire import CANCEL, CODE, DESCS, FIN, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
 
@@ -70,7 +70,7 @@ class LinkPeer:
         self.shipped: set[int] = set()             # registration serials this peer has metadata of
         self.closed = False
         self._cond = threading.Condition()
-        self._waiting: OrderedDict[int, np.ndarray] = OrderedDict()   # tid -> destination rows
+        self._waiting: OrderedDict[int, np.ndarray] = OrderedDict()   # tid -> destination extents
         self._cancelled: OrderedDict[int, None] = OrderedDict()
         self._sending: set[int] = set()
         self._forgotten = False
@@ -140,11 +140,11 @@ class LinkPeer:
             if size:
                 if self.transport._agent().add_peer(payload[at:at + size]) != self.agent_name:
                     raise ValueError("partial metadata of another agent")
-            rows = np.frombuffer(payload, dtype=np.uint64, offset=at + size).reshape(-1, 2)
+            extents = np.frombuffer(payload, dtype=np.uint64, offset=at + size).reshape(-1, 2)
             with self._cond:
                 if tid in self._cancelled:
                     return
-                self._waiting[tid] = rows
+                self._waiting[tid] = extents
                 while len(self._waiting) > _MAX_WAITING:
                     old, _ = self._waiting.popitem(last=False)
                     log.warning("%s: %s sent more than %d destination lists that were never used; dropped "
@@ -177,13 +177,13 @@ class LinkPeer:
     # -- the sending side of a transfer --
 
     def destination(self, tid: int, deadline: float) -> np.ndarray:
-        """The rows the receiver of ``tid`` registered, once its DESCS message is here."""
+        """The extents the receiver of ``tid`` registered, once its DESCS message is here."""
         with self._cond:
             while True:
-                rows = self._waiting.pop(tid, None)
-                if rows is not None:
+                extents = self._waiting.pop(tid, None)
+                if extents is not None:
                     self._sending.add(tid)
-                    return rows
+                    return extents
                 reason = self.stop_reason(tid)
                 if reason is not None:
                     raise reason
@@ -286,7 +286,7 @@ class OneSidedChannel:
         peer, tid = self._peer, int(transfer_id)
         agent = self._transport._agent()
         try:
-            rows, _, _ = agent.addresses(segments)
+            extents, _, _ = agent.addresses(segments)
             if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
                 raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its NIXL metadata")
             dst = peer.destination(tid, deadline)
@@ -295,7 +295,7 @@ class OneSidedChannel:
             raise
         try:
             try:
-                src, dst = pair_rows(rows, dst)
+                src, dst = pair_extents(extents, dst)
             except ValueError as exc:
                 raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"transfer {tid}: {exc}") from None
             if len(src):

@@ -25,7 +25,7 @@ from ..registrations import Registration
 from ..tcp import TcpTransport
 from .agent import OneSidedAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer, OneSidedChannel
-from .pieces import pair_rows
+from .pairing import pair_extents
 from .receipt import OneSidedReceipt
 from .wire import DESCS, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
 
@@ -287,21 +287,21 @@ class OneSidedTransport(abc.ABC):
             return TransferId(self._ids)
 
     def _describe(self, peer: LinkPeer, segments: Sequence[Segment]) -> tuple[np.ndarray, bytes, list[Registration]]:
-        """The rows ``(address, length)`` of ``segments`` in this agent's registrations (registering their handles
+        """The extents ``(address, length)`` of ``segments`` in this agent's registrations (registering their handles
         once), the partial metadata ``peer`` lacks to reach them, and the registrations it describes."""
         agent = self._agent()
-        rows, used, _ = agent.addresses(segments)
+        extents, used, _ = agent.addresses(segments)
         missing = [reg for reg in used if reg.serial not in peer.shipped]
-        return rows, agent.partial_metadata(missing) if missing else b"", missing
+        return extents, agent.partial_metadata(missing) if missing else b"", missing
 
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
         peer = _peer_of(self.name, channel)
-        rows, metadata, missing = self._describe(peer, segments)
+        extents, metadata, missing = self._describe(peer, segments)
         tid = self._next_id()
-        receipt = OneSidedReceipt(self, peer, tid, int(rows[:, 1].sum()) if len(rows) else 0)
+        receipt = OneSidedReceipt(self, peer, tid, int(extents[:, 1].sum()) if len(extents) else 0)
         peer.add_receipt(receipt)
         self._landing[tid] = receipt
-        payload = ID.pack(DESCS, tid) + MD_LEN.pack(len(metadata)) + metadata + rows.tobytes()
+        payload = ID.pack(DESCS, tid) + MD_LEN.pack(len(metadata)) + metadata + extents.tobytes()
         tcp = peer.channel()
         if not tcp.try_control(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
             deferred = self._deferred
@@ -315,18 +315,18 @@ class OneSidedTransport(abc.ABC):
 
     def grant(self, channel: Channel, segments: Sequence[Segment]) -> bytes:
         """The owner's side of a pull: what the peer at the other end of ``channel`` needs to READ ``segments`` --
-        the partial metadata of registrations it has not been sent yet, then the rows (``u32`` metadata length,
-        metadata, ``(u64 address, u64 length)`` rows). No byte moves here."""
+        the partial metadata of registrations it has not been sent yet, then the extents (``u32`` metadata length,
+        metadata, ``(u64 address, u64 length)`` extents). No byte moves here."""
         peer = _peer_of(self.name, channel)
-        rows, metadata, missing = self._describe(peer, segments)
+        extents, metadata, missing = self._describe(peer, segments)
         peer.shipped.update(reg.serial for reg in missing)
         if self.progress_after_grant:
             self._granted_until = time.monotonic() + self.progress_after_grant
-        return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(rows, dtype=np.uint64).tobytes()
+        return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(extents, dtype=np.uint64).tobytes()
 
     def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
-        """The puller's side: one READ of the rows a ``grant`` of the owner names into ``segments`` (this side's
-        memory), returning when every byte is in. The grant's rows are the owner's memory only: what lands here
+        """The puller's side: one READ of the extents a ``grant`` of the owner names into ``segments`` (this side's
+        memory), returning when every byte is in. The grant's extents are the owner's memory only: what lands here
         is bounded by ``segments``, whose byte count must equal the grant's."""
         peer = _peer_of(self.name, channel)
         agent = self._agent()
@@ -346,7 +346,7 @@ class OneSidedTransport(abc.ABC):
         remote = np.frombuffer(grant, dtype=np.uint64, offset=at).reshape(-1, 2)
         local, _, _ = agent.addresses(segments)
         try:
-            src, dst = pair_rows(remote, local)
+            src, dst = pair_extents(remote, local)
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: the read grant of {peer.what} does not "
                                                           f"match the destination ({exc})") from None

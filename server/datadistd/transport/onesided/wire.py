@@ -10,7 +10,7 @@ import struct
 __all__ = ["META", "DESCS", "FIN", "CANCEL", "NOTIF", "ID", "NOTIF_ID", "CODE", "META_HEAD", "MD_LEN"]
 
 META = b"M"      # u8 reply wanted, u16 name length, agent name, agent metadata
-DESCS = b"D"     # u64 transfer id, u32 metadata length, partial metadata, then rows (u64 address, u64 length)
+DESCS = b"D"     # u64 transfer id, u32 metadata length, partial metadata, then extents (u64 address, u64 length)
 FIN = b"F"       # u64 transfer id, i64 status code: the sender failed and wrote nothing that can still land
 CANCEL = b"X"    # u64 transfer id: the receiver gave up; answered by FIN (nothing was posted) or by the
                  # NIXL notification of the WRITE (it was posted: it completes, and the notification says so)

@@ -27,7 +27,7 @@ Wire format (little endian, ``struct``):
   A malformed header closes that connection and marks its channel broken.
 
 Segments travel as a ``memory.segments.SegmentTable`` (numpy arrays: handle, offset, length);
-a plain segment list is converted once. Nothing is built per segment up front: each frame's pieces
+a plain segment list is converted once. Nothing is built per segment up front: each frame's segments
 are cut from the table when the frame is sent or received.
 
 Threads: one accept thread per transport; each accepted socket gets a thread that does the
@@ -37,12 +37,12 @@ inside a frame landing in mapped memory it wakes every ``_POLL`` to notice a can
 payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
 and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
 staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,
-``IOV_MAX`` pieces per system call; else ``write_from``). Senders split the stream into frames of
-``chunk_size`` bytes (or ``_FRAME_PIECES`` pieces, whichever ends first), stripe frame *k* over
+``IOV_MAX`` segments per system call; else ``write_from``). Senders split the stream into frames of
+``chunk_size`` bytes (or ``_FRAME_SEGMENTS`` segments, whichever ends first), stripe frame *k* over
 socket *(base + k) % w* (``w`` = the stripe width, one worker thread per stripe, the caller being
 one of them; ``base`` rotates per transfer, so concurrent transfers use every connection) and
 write each frame with one ``socket.sendmsg([header, view, view, ...])`` under that socket's lock
-(first come, first served), so concurrent transfers interleave at frame granularity. Pieces of
+(first come, first served), so concurrent transfers interleave at frame granularity. Segments of
 handles without a view are read into the worker's staging buffer first (``read_raw`` batches),
 outside the lock. ``TcpChannel.try_send`` sends a small transfer as one frame from the calling
 thread (the event loop) when a connection is idle, or declines without a side effect.

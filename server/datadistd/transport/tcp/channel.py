@@ -24,7 +24,7 @@ from .conn import DataConn
 from .staging import Buffers, SendPlan
 from .wire import (
     _ABORT_TIMEOUT,
-    _FRAME_PIECES,
+    _FRAME_SEGMENTS,
     _INLINE_FINISH,
     _INLINE_MAX,
     _JOIN,
@@ -218,7 +218,7 @@ class TcpChannel:
         """Send a small transfer at once from the calling thread, or return False without a side effect.
 
         For the event loop: a transfer of at most ``_INLINE_MAX`` bytes goes out as one frame on an idle
-        connection with a non-blocking ``sendmsg`` (unmapped pieces read into a staging buffer first); no
+        connection with a non-blocking ``sendmsg`` (unmapped segments read into a staging buffer first); no
         executor hop, no thread switch. ``False`` (nothing sent) when it is larger, every connection is
         busy, or the socket would block. A frame cut short by a full socket is finished within
         ``_INLINE_FINISH`` seconds or its connection is closed (a peer that stopped reading), and the
@@ -411,13 +411,13 @@ class TcpChannel:
 
 
 def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_PIECES`` pieces end
+    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_SEGMENTS`` segments end
     first (tiny blocks: one ``sendmsg`` per frame, and no per-frame list or array of more than that many)."""
     total = table.nbytes
-    if len(table) <= _FRAME_PIECES:
+    if len(table) <= _FRAME_SEGMENTS:
         return [(offset, min(chunk_size, total - offset)) for offset in range(0, total, chunk_size)]
-    piece_cuts = table.ends[_FRAME_PIECES - 1::_FRAME_PIECES]
-    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), piece_cuts[piece_cuts < total])
+    segment_cuts = table.ends[_FRAME_SEGMENTS - 1::_FRAME_SEGMENTS]
+    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), segment_cuts[segment_cuts < total])
     starts = np.concatenate((np.zeros(1, np.int64), cuts))
     lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
     return list(zip(starts.tolist(), lengths.tolist(), strict=True))

@@ -150,9 +150,9 @@ class DataConn:
 
     def send_chunk(self, tid: int, offset: int, length: int, plan: SendPlan, staging: memoryview | None,
                    deadline: float) -> None:
-        """One DATA frame: stream bytes ``[offset, offset + length)`` of ``plan``. Pieces of handles without
+        """One DATA frame: stream bytes ``[offset, offset + length)`` of ``plan``. Segments of handles without
         a view are first read into ``staging`` (the worker's own buffer, so a slow source never holds the
-        socket): in one batch per handle (``read_raw``) or per piece (``read_into``); then the socket is taken."""
+        socket): in one batch per handle (``read_raw``) or per segment (``read_into``); then the socket is taken."""
         bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, tid, offset, length))]
         plan.gather(offset, length, staging, bufs)
         remaining = deadline - time.monotonic()
@@ -356,7 +356,7 @@ class DataConn:
                 done = self._recv_mapped(receipt, which, offs, lens)
             elif not mapped.any():
                 done = self._recv_staged(receipt, tid, which, offs, lens)
-            else:  # runs of mapped and unmapped pieces, in stream order
+            else:  # runs of mapped and unmapped segments, in stream order
                 edges = [0, *(np.flatnonzero(mapped[1:] != mapped[:-1]) + 1).tolist(), len(mapped)]
                 for a, b in zip(edges[:-1], edges[1:], strict=True):
                     want = int(lens[a:b].sum())
@@ -377,7 +377,7 @@ class DataConn:
         receipt._landed(length)
 
     def _recv_mapped(self, receipt: TcpReceipt, which: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> int:
-        """Scatter-receive pieces straight into mapped destination memory, ``_IOV_MAX`` buffers per call.
+        """Scatter-receive segments straight into mapped destination memory, ``_IOV_MAX`` buffers per call.
 
         The destination is touched only between ``_begin_io`` and ``_end_io``, so a receipt that failed
         or was cancelled is never written once ``wait()``/``cancel()`` returned. Returns the bytes read
@@ -388,11 +388,11 @@ class DataConn:
         one = hs[0] if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()) else -1
         count = len(starts)
         self._receive_timeout(True)   # each receive below holds the receipt's memory: at most _POLL
-        # pieces i..j of at most _RECV_MAX bytes per call: small receives keep the copy out of the
+        # segments i..j of at most _RECV_MAX bytes per call: small receives keep the copy out of the
         # socket cache-warm and let the sender refill the socket while this thread copies
         cum = (np.cumsum(lens) - lens).tolist()
         i = 0
-        head = 0       # bytes of piece i already received
+        head = 0       # bytes of segment i already received
         done = 0
         while i < count:  # each pass reads >= 1 byte, polls, or ends with the receipt
             if not receipt._begin_io():
@@ -408,7 +408,7 @@ class DataConn:
                     bufs = [views[h][a:b] for h, a, b in zip(hs[i:j], starts[i:j], ends[i:j], strict=True)]
                 if head:
                     bufs[0] = bufs[0][head:]
-                over = cum[j - 1] + ends[j - 1] - starts[j - 1] - limit   # the last piece past the limit
+                over = cum[j - 1] + ends[j - 1] - starts[j - 1] - limit   # the last segment past the limit
                 if over > 0:
                     bufs[-1] = bufs[-1][:len(bufs[-1]) - over]
                 got = self._recvmsg_once(bufs)
@@ -430,8 +430,8 @@ class DataConn:
 
     def _recv_staged(self, receipt: TcpReceipt, tid: int, which: np.ndarray, offs: np.ndarray,
                      lens: np.ndarray) -> int:
-        """Pieces of handles without a mapping: receive a staging buffer full, then write it out in one
-        batch per handle (``write_raw``: one system call per ``IOV_MAX`` pieces) or per piece
+        """Segments of handles without a mapping: receive a staging buffer full, then write it out in one
+        batch per handle (``write_raw``: one system call per ``IOV_MAX`` segments) or per segment
         (``write_from``). Returns the bytes read (fewer than asked when the receipt ended or failed)."""
         staging, base = self._buffers.staging()
         ends = np.cumsum(lens)

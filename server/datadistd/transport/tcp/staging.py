@@ -2,8 +2,8 @@
 
 ``Buffers`` holds a transport's send staging buffers (reused across sends) and each reader thread's
 receive staging and discard buffers. ``SendPlan`` is the source of one send, gathered into the buffers of
-one ``sendmsg`` (views of mapped memory; the other pieces read into a staging buffer first, ``read_raw``
-batches). ``write_out`` writes received staged pieces into their destination handles. Nothing here
+one ``sendmsg`` (views of mapped memory; the other segments read into a staging buffer first, ``read_raw``
+batches). ``write_out`` writes received staged segments into their destination handles. Nothing here
 knows a socket, a channel or a receipt.
 """
 
@@ -78,7 +78,7 @@ class SendPlan:
 
     def gather(self, offset: int, length: int, staging: memoryview | None, bufs: list[memoryview]) -> None:
         """Append the buffers holding stream bytes ``[offset, offset + length)`` to ``bufs``: views of mapped
-        memory, and for the rest ``staging`` (filled here; piece k sits at its stream position - offset)."""
+        memory, and for the rest ``staging`` (filled here; segment k sits at its stream position - offset)."""
         which, offs, lens = self.table.cut(offset, offset + length)
         views = self.views
         if self.all_mapped:
@@ -91,7 +91,7 @@ class SendPlan:
             return
         if staging is None or len(staging) < length:
             raise _SendError(LLMStatusCode.LLM_FAILED, "internal: staging buffer too small", unusable=False)
-        if len(lens) <= _FEW:  # a few pieces: one read_into each beats building a batch
+        if len(lens) <= _FEW:  # a few segments: one read_into each beats building a batch
             handles, mapped_l = self.table.handles, self.mapped_l
             pos, run = 0, -1
             for h, a, n in zip(which.tolist(), offs.tolist(), lens.tolist(), strict=True):
@@ -109,7 +109,7 @@ class SendPlan:
                 bufs.append(staging[run:pos])
             return
         mapped = self.mapped[which]
-        local = np.cumsum(lens) - lens           # where each piece sits in the staging buffer
+        local = np.cumsum(lens) - lens           # where each segment sits in the staging buffer
         base = memaddr.buffer_address(staging)[0]
         handles = self.table.handles
         unmapped = ~mapped
@@ -122,9 +122,9 @@ class SendPlan:
         if not mapped.any():
             bufs.append(staging[:length])
             return
-        run = -1  # start (in staging) of the current run of staged pieces
-        pieces = zip(which.tolist(), offs.tolist(), lens.tolist(), local.tolist(), mapped.tolist(), strict=True)
-        for h, a, n, loc, m in pieces:
+        run = -1  # start (in staging) of the current run of staged segments
+        segments = zip(which.tolist(), offs.tolist(), lens.tolist(), local.tolist(), mapped.tolist(), strict=True)
+        for h, a, n, loc, m in segments:
             if m:
                 if run >= 0:
                     bufs.append(staging[run:loc])
@@ -140,7 +140,7 @@ class SendPlan:
 
 
 def by_handle(which: np.ndarray, among: np.ndarray | None = None) -> list[tuple[int, Any]]:
-    """``(handle index, selector)`` for each distinct handle of the pieces (``among``: only those pieces)."""
+    """``(handle index, selector)`` for each distinct handle of the segments (``among``: only those segments)."""
     if among is None:
         first = int(which[0])
         if int(which[-1]) == first and (len(which) < 3 or bool((which == first).all())):
@@ -151,9 +151,9 @@ def by_handle(which: np.ndarray, among: np.ndarray | None = None) -> list[tuple[
 
 def write_out(handles: Sequence[MemoryHandle], raw: Sequence[bool], which: np.ndarray, offs: np.ndarray,
               local: np.ndarray, lens: np.ndarray, staging: memoryview, base: int) -> None:
-    """Staged pieces into their (unmapped) destination ``handles``, one batch per handle (``raw[h]``: handle
+    """Staged segments into their (unmapped) destination ``handles``, one batch per handle (``raw[h]``: handle
     ``h`` takes ``write_raw``). The caller is inside the receipt's ``_begin_io``."""
-    if len(which) <= _FEW:  # a few pieces: one write_from each beats building a batch
+    if len(which) <= _FEW:  # a few segments: one write_from each beats building a batch
         for h, off, loc, n in zip(which.tolist(), offs.tolist(), local.tolist(), lens.tolist(), strict=True):
             handles[h].write_from(off, staging[loc - base:loc - base + n])
         return

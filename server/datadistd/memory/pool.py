@@ -1,8 +1,8 @@
-"""``CarvedPool``: what every pool shares -- one region of fixed capacity carved by a page allocator.
+"""``PoolBase``: what every pool shares -- one region of fixed capacity carved by a page allocator.
 
 The live-allocation table, ``allocate`` / ``free`` / ``close`` and the accounting are the same whether the
 region is a sealed memfd (``host``) or one ``aclrtMalloc`` (``acl``); a backend's pool says only what a
-handle on a piece of its region is (``_handle``) and how the region goes away (``_release``).
+handle on part of its region is (``_handle``) and how the region goes away (``_release``).
 Thread-safe; never over-commits (``LLM_OUT_OF_MEMORY`` from the allocator).
 """
 
@@ -16,7 +16,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import Placement
 from .base import Allocation, MemoryHandle
 
-__all__ = ["CarvedPool"]
+__all__ = ["PoolBase"]
 
 
 class _Closable(MemoryHandle, Protocol):
@@ -26,7 +26,7 @@ class _Closable(MemoryHandle, Protocol):
 H = TypeVar("H", bound=_Closable)
 
 
-class CarvedPool(Generic[H]):
+class PoolBase(Generic[H]):
     def __init__(self, name: str, placement: Placement, capacity: int, page_shift: int) -> None:
         require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
         self._name = name

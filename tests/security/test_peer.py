@@ -158,7 +158,7 @@ def test_9_oversized_unauthenticated_handshakes_are_refused_unparsed(plain_daemo
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # a real peer still links with the daemon's secret
         agent = PeerAgent(f"127.0.0.1:{port}", 77, P).handshake(streams=1)
-        assert agent.session
+        assert agent.link_nonce
         agent.close()
         assert plain_daemon.proc.poll() is None
     finally:
@@ -193,7 +193,7 @@ def test_12_a_captured_handshake_is_refused_after_restarts():
                 LLMStatusCode.LLM_LINK_FAILED, restart
             assert "challenge is unknown, already used or expired" in info.value.details(), restart
         # the legitimate handshake next to it: a fresh challenge links
-        assert agent.handshake(streams=1).session
+        assert agent.handshake(streams=1).link_nonce
     finally:
         agent.close()
         w.close()

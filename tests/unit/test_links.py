@@ -533,3 +533,85 @@ def test_a_challenge_refused_with_retry_later_is_retried_within_the_timeout() ->
             assert len(pair.peers) == before + 1                          # one attempt: nothing to retry
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("end", ["linking", "serving"])
+def test_the_channels_end_after_an_unlink_call_is_the_unlink_not_a_fault(end: str,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The other end finalizes: its unlink call, then its channel's end (``CONTROL_DOWN``), handled in that order in
+    one turn of the loop -- before the task answering the call has run, as when a peer closes right after the
+    answer. This end lets the link go as unlinked, with no "broken" or "went away" warning (a normal run logs
+    none)."""
+    from datadistd.links.wire import ownerwire
+    from datadistd.links.wire.ownercalls import UnlinkCmd
+    from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN
+
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            manager, link, cluster = ((linking, linking.links[P], D) if end == "linking"
+                                      else (serving, serving.served[D], P))
+            manager.calls._on_control(link, CONTROL_CALL, ownerwire.encode_call(UnlinkCmd(1)))
+            manager.calls._on_control(link, CONTROL_DOWN, b"the peer closed the connection")
+            assert link.state == LinkState.ESTABLISHED, link.reason
+            assert await _until(lambda: link.calls.closed)   # torn down by the answer to the unlink call
+            warned = [r.getMessage() for r in caplog.records
+                      if r.levelname == "WARNING" and r.getMessage().startswith(f"cluster {cluster}:")]
+            assert not warned, warned
+
+    asyncio.run(main())
+
+
+def test_two_ends_unlinking_at_once_both_succeed() -> None:
+    """The serving end finalizes (its unlink call reaches this end) while this end unlinks: this end's own unlink
+    call is closed by the teardown the other's caused. Both ends meant the same: ``unlink_clusters`` succeeds,
+    not ``LLM_NOTIFY_PROMPT_UNLINK_FAILED``."""
+    from datadistd.links.wire import ownerwire
+    from datadistd.links.wire.ownercalls import UnlinkCmd
+    from datadistd.transport.base import CONTROL_CALL
+
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            link = linking.links[P]
+            ours = asyncio.ensure_future(linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))
+            for _ in range(1000):   # until this end's unlink call is out, waiting for its answer
+                if link.calls._pending:
+                    break
+                await asyncio.sleep(0)
+            assert link.calls._pending
+            linking.calls._on_control(link, CONTROL_CALL, ownerwire.encode_call(UnlinkCmd(1)))   # theirs crosses it
+            assert await ours == (0, [0])
+            assert link.calls.closed and P not in linking.links
+
+    asyncio.run(main())
+
+
+def test_the_channels_end_after_this_ends_unlink_is_no_fault(caplog: pytest.LogCaptureFixture) -> None:
+    """This end unlinks; the other end answers and closes the channel, whose end (``CONTROL_DOWN``) this end may
+    handle before the task awaiting the answer resumed: no "broken" warning, and the unlink succeeds."""
+    from datadistd.links.wire import ownerwire
+    from datadistd.links.wire.ownercalls import OwnerReply
+    from datadistd.transport.base import CONTROL_DOWN, CONTROL_REPLY
+
+    async def main() -> None:
+        async with Pair() as pair:
+            _, linking = pair.links
+            assert await pair.link() == (0, [0])
+            link = linking.links[P]
+            ours = asyncio.ensure_future(linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))
+            for _ in range(1000):   # until this end's unlink call is out, waiting for its answer
+                if link.calls._pending:
+                    break
+                await asyncio.sleep(0)
+            (command_id,) = link.calls._pending
+            linking.calls._on_control(link, CONTROL_REPLY, ownerwire.encode_reply(OwnerReply(command_id)))
+            linking.calls._on_control(link, CONTROL_DOWN, b"the peer closed the connection")
+            assert await ours == (0, [0])
+            warned = [r.getMessage() for r in caplog.records
+                      if r.levelname == "WARNING" and r.getMessage().startswith(f"cluster {D}:")]
+            assert not warned, warned
+
+    asyncio.run(main())

@@ -179,6 +179,10 @@ class OwnerCalls:
             log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
                         link.remote_cluster, exc.message)
             return
+        if isinstance(cmd, UnlinkCmd):
+            # in frame order: the channel's end queued after this call (``CONTROL_DOWN``) is the unlink's, not a
+            # fault, even when it is handled before the task answering the call has run
+            link.unlinked_by_peer = True
         if isinstance(cmd, ReadCmd) and cmd.inline:
             if self.table.reads is None and not readview.current(self.table.engine):
                 readview.publish(self.table.engine)   # what the reader threads read the next ones by

@@ -312,12 +312,18 @@ class Linker:
         """Tear down this end of ``link``; ``notify``: tell the other end first (an unlink call on the data channel;
         its failure is raised once this end is gone)."""
         failure: DataDistError | None = None
+        link.unlinking = True   # the channel's end from here on is this teardown's, not a fault (``channel_went``)
         if isinstance(link, (OutboundLink, InboundLink)) and notify and link.state == LinkState.ESTABLISHED \
                 and not link.calls.closed:
             try:
                 remaining = (deadline or time.monotonic() + 1) - time.monotonic()
                 await link.calls.unlink(max(0.1, remaining))
             except DataDistError as exc:
+                if link.unlinked_by_peer:   # the two ends unlinked at once: the other end's call crossed ours
+                    log.info("cluster %s: cluster %s unlinked from its end while this end did", self.table.cluster_id,
+                             link.remote_cluster)
+                    await self.table.forget(link)
+                    return
                 other_end = "serving" if isinstance(link, OutboundLink) else "linking"
                 failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
                                         f"local end removed, but the {other_end} side was not told: {exc}")

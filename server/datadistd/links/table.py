@@ -189,8 +189,10 @@ class LinkTable:
         """``link``'s data channel broke or closed (its transport says so at once, ``transport.base.CONTROL_DOWN``):
         what the heartbeat (linking end: broken) or the sweeper (serving end: dropped) would find at its next tick,
         done now, so every owner call pending on the link fails at once with the code it would get then. Nothing
-        when this end let the link go already (unlink, drop, finalize: its calls are closed)."""
-        if self.closed or link.calls.closed:
+        when this end lets the link go (unlink, drop, finalize: the other end closes the channel once it answered
+        this end's unlink call, before this end's teardown ran) or the other end's unlink call came before the
+        channel's end (the answer to it tears the link down): an unlink, not a fault."""
+        if self.closed or link.calls.closed or link.unlinked_by_peer or link.unlinking:
             return
         if isinstance(link, InboundLink):
             log.warning("cluster %s: linking cluster %s went away (data channel closed: %s); dropping its link",

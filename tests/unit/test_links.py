@@ -23,10 +23,13 @@ from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOr
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
 from datadistd.links.layerwise import LayerPush
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import OwnerReply, UnlinkCmd
 from datadistd.links.wire.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
 from datadistd.node.node import Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
+from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY
 from tests.fakes import pulled, worker_session
 
 pytestmark = pytest.mark.timeout(60)
@@ -535,6 +538,22 @@ def test_a_challenge_refused_with_retry_later_is_retried_within_the_timeout() ->
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+async def _unlink_call_out(linking: LinkManager, link: Any) -> "asyncio.Future[tuple[int, list[int]]]":
+    """``linking`` unlinks the link to P, as a task, returned once its unlink call is out, waiting for its answer."""
+    ours = asyncio.ensure_future(linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))
+    for _ in range(1000):
+        if link.calls._pending:
+            return ours
+        await asyncio.sleep(0)
+    raise AssertionError("the unlink call never went out")
+
+
+def _warnings_of(caplog: pytest.LogCaptureFixture, cluster: int) -> list[str]:
+    """The WARNING lines the engine of ``cluster`` logged (its messages start "cluster N:")."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and r.getMessage().startswith(f"cluster {cluster}:")]
+
+
 @pytest.mark.parametrize("end", ["linking", "serving"])
 def test_the_channels_end_after_an_unlink_call_is_the_unlink_not_a_fault(end: str,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
@@ -542,9 +561,6 @@ def test_the_channels_end_after_an_unlink_call_is_the_unlink_not_a_fault(end: st
     one turn of the loop -- before the task answering the call has run, as when a peer closes right after the
     answer. This end lets the link go as unlinked, with no "broken" or "went away" warning (a normal run logs
     none)."""
-    from datadistd.links.wire import ownerwire
-    from datadistd.links.wire.ownercalls import UnlinkCmd
-    from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN
 
     async def main() -> None:
         async with Pair() as pair:
@@ -556,9 +572,7 @@ def test_the_channels_end_after_an_unlink_call_is_the_unlink_not_a_fault(end: st
             manager.calls._on_control(link, CONTROL_DOWN, b"the peer closed the connection")
             assert link.state == LinkState.ESTABLISHED, link.reason
             assert await _until(lambda: link.calls.closed)   # torn down by the answer to the unlink call
-            warned = [r.getMessage() for r in caplog.records
-                      if r.levelname == "WARNING" and r.getMessage().startswith(f"cluster {cluster}:")]
-            assert not warned, warned
+            assert not _warnings_of(caplog, cluster), caplog.text
 
     asyncio.run(main())
 
@@ -567,21 +581,13 @@ def test_two_ends_unlinking_at_once_both_succeed() -> None:
     """The serving end finalizes (its unlink call reaches this end) while this end unlinks: this end's own unlink
     call is closed by the teardown the other's caused. Both ends meant the same: ``unlink_clusters`` succeeds,
     not ``LLM_NOTIFY_PROMPT_UNLINK_FAILED``."""
-    from datadistd.links.wire import ownerwire
-    from datadistd.links.wire.ownercalls import UnlinkCmd
-    from datadistd.transport.base import CONTROL_CALL
 
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
             link = linking.links[P]
-            ours = asyncio.ensure_future(linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))
-            for _ in range(1000):   # until this end's unlink call is out, waiting for its answer
-                if link.calls._pending:
-                    break
-                await asyncio.sleep(0)
-            assert link.calls._pending
+            ours = await _unlink_call_out(linking, link)
             linking.calls._on_control(link, CONTROL_CALL, ownerwire.encode_call(UnlinkCmd(1)))   # theirs crosses it
             assert await ours == (0, [0])
             assert link.calls.closed and P not in linking.links
@@ -592,26 +598,17 @@ def test_two_ends_unlinking_at_once_both_succeed() -> None:
 def test_the_channels_end_after_this_ends_unlink_is_no_fault(caplog: pytest.LogCaptureFixture) -> None:
     """This end unlinks; the other end answers and closes the channel, whose end (``CONTROL_DOWN``) this end may
     handle before the task awaiting the answer resumed: no "broken" warning, and the unlink succeeds."""
-    from datadistd.links.wire import ownerwire
-    from datadistd.links.wire.ownercalls import OwnerReply
-    from datadistd.transport.base import CONTROL_DOWN, CONTROL_REPLY
 
     async def main() -> None:
         async with Pair() as pair:
             _, linking = pair.links
             assert await pair.link() == (0, [0])
             link = linking.links[P]
-            ours = asyncio.ensure_future(linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False))
-            for _ in range(1000):   # until this end's unlink call is out, waiting for its answer
-                if link.calls._pending:
-                    break
-                await asyncio.sleep(0)
+            ours = await _unlink_call_out(linking, link)
             (command_id,) = link.calls._pending
             linking.calls._on_control(link, CONTROL_REPLY, ownerwire.encode_reply(OwnerReply(command_id)))
             linking.calls._on_control(link, CONTROL_DOWN, b"the peer closed the connection")
             assert await ours == (0, [0])
-            warned = [r.getMessage() for r in caplog.records
-                      if r.levelname == "WARNING" and r.getMessage().startswith(f"cluster {D}:")]
-            assert not warned, warned
+            assert not _warnings_of(caplog, D), caplog.text
 
     asyncio.run(main())

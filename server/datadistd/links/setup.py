@@ -322,11 +322,10 @@ class Linker:
                 if link.unlinked_by_peer:   # the two ends unlinked at once: the other end's call crossed ours
                     log.info("cluster %s: cluster %s unlinked from its end while this end did", self.table.cluster_id,
                              link.remote_cluster)
-                    await self.table.forget(link)
-                    return
-                other_end = "serving" if isinstance(link, OutboundLink) else "linking"
-                failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
-                                        f"local end removed, but the {other_end} side was not told: {exc}")
+                else:
+                    other_end = "serving" if isinstance(link, OutboundLink) else "linking"
+                    failure = DataDistError(StatusCode.LLM_NOTIFY_PROMPT_UNLINK_FAILED,
+                                            f"local end removed, but the {other_end} side was not told: {exc}")
         await self.table.forget(link)
         if failure is not None:
             raise failure

@@ -188,6 +188,23 @@ class _Bound:
             c = self._outcomes[outcome] = self.metrics.transfers.labels(self.op, self.cluster, self.peer, outcome)
         return c
 
+    # ---- the fast paths' interface (a reader thread's small pull or read): no tracker object per transfer
+
+    def begin(self) -> None:
+        """A transfer started (any thread)."""
+        self.in_flight().inc()
+
+    def end(self, outcome: str, seconds: float = 0.0, nbytes: int = 0, blocks: int = 0) -> None:
+        """A transfer ``begin`` counted ended: ``outcome`` is "success" (then ``seconds``, ``nbytes``, ``blocks``
+        count) or the ``LLMStatusCode`` name (any thread). What ``TransferTracker`` does, minus the log line."""
+        self.in_flight().dec()
+        self.outcome(outcome).inc()
+        if outcome == "success":
+            self.seconds().observe(seconds)
+            self.bytes().inc(nbytes)
+            if blocks:
+                self.blocks().inc(blocks)
+
 
 class TransferTracker:
     """Context manager around one transfer: in-flight gauge, latency, counters and one log line.

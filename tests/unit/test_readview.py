@@ -65,7 +65,7 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
             await _warm(pair, dst)
             loop_out, before = _loop_bytes(serving), _reads(serving)
             counted = metrics.bound("serve_read", str(P), str(D))
-            nbytes, nblocks = counted.bytes()._value.get(), counted.blocks()._value.get()
+            nbytes, nblocks = counted.nbytes, counted.nblocks
             for _ in range(5):
                 assert await pulled(linking, _order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
             assert _reads(serving, before + 5 * 4 * BLOCK) == before + 5 * 4 * BLOCK   # the reader threads'
@@ -74,8 +74,8 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
                 assert (tensor[[0, 2, 7]] == t + 1).all() and (tensor[[1, 3, 4, 5, 6]] == 0).all()
             link = next(iter(serving.table.served.values()))
             assert link.bytes_sent == link.bytes_out + link.reader_bytes_out >= 5 * 4 * BLOCK
-            assert counted.bytes()._value.get() - nbytes == 5 * 4 * BLOCK   # serve_read counts them as the loop did
-            assert counted.blocks()._value.get() - nblocks == 5 * 2
+            assert counted.nbytes - nbytes == 5 * 4 * BLOCK   # serve_read counts them as the loop did
+            assert counted.nblocks - nblocks == 5 * 2
             assert serving.engine.entry(src).pins == 0
 
     asyncio.run(main())

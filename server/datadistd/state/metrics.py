@@ -5,9 +5,11 @@ daemon inside a worker, or several daemons in one test process, never collide.
 
 Two kinds of series:
 
-* **event series**, updated where things happen: transfers (``track_transfer``, used by the
-  DataDist ``Pull``/``Push`` and the Peer ``Read``/``CommitWrite`` handlers) and RPC errors
-  (``rpc_error``, called by the one error mapping in ``api/grpc/errors.py``);
+* **event series**, counted where things happen: transfers (``track_transfer``, used by the
+  DataDist ``Pull``/``Push`` and the Peer ``Read``/``CommitWrite`` handlers; ``bound(...).begin()``/``end(...)``
+  on the fast paths, from any thread) and RPC errors (``rpc_error``, called by the one error mapping in
+  ``api/grpc/errors.py``). A transfer's counts are plain ints under one lock (``_Bound``, ``_OpSeries``),
+  rendered by ``TransferCollector`` at scrape time; counting a transfer is the two calls ``begin`` and ``end``;
 * **state series**, read from the ``Node`` at scrape time by ``NodeCollector``: engines, pools,
   caches, links.
 
@@ -25,14 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from bisect import bisect_left
 from types import TracebackType
-from typing import Callable, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from datadist.status import LLMStatusCode
 
@@ -49,13 +55,14 @@ class SnapshotSource(Protocol):
 
 
 __all__ = ["DaemonMetrics", "NodeCollector", "MetricsServer", "TransferTracker", "track_transfer", "count_error",
-           "parse_listen_address", "LATENCY_BUCKETS"]
+           "parse_listen_address", "LATENCY_BUCKETS", "TransferCollector"]
 
 log = logging.getLogger(__name__)
 transfer_log = logging.getLogger("datadistd.transfer")
 
 # Seconds: 0.5 ms (a few blocks over loopback) to 60 s (the longest sync_kv_timeout in practice).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LE = tuple(floatToGoString(b) for b in (*LATENCY_BUCKETS, float("inf")))   # the buckets' ``le`` labels
 
 # the labels of the event series (``prune`` removes by them)
 _BY_DIRECTION = ("direction", "cluster_id", "peer_cluster_id")
@@ -67,40 +74,35 @@ DIRECTION = {"pull": "in", "push": "out", "serve_read": "out", "serve_write": "i
 
 
 class DaemonMetrics:
-    """The event series of one daemon, in its own registry; ``attach(node)`` adds the state series."""
+    """The event series of one daemon, in its own registry; ``attach(node)`` adds the state series.
+
+    The transfer series are plain ints in ``_Bound``/``_OpSeries`` objects, counted under one lock (a fast path
+    counts from reader threads) and rendered by ``TransferCollector`` at scrape time: counting a transfer is
+    two Python calls (``begin``/``end``), not the ~25 prometheus_client's children took."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.transfer_bytes = Counter(
-            "datadist_transfer_bytes", "Bytes moved by completed transfers, by direction (in = written into this "
-            "node's memory) and peer cluster.", _BY_DIRECTION, registry=r)
-        self.transfer_blocks = Counter(
-            "datadist_transfer_blocks", "Blocks moved by completed block transfers (pull_blocks/push_blocks), by "
-            "direction and peer cluster.", _BY_DIRECTION, registry=r)
-        self.transfers = Counter(
-            "datadist_transfers", "Transfers finished, by operation and outcome (success or the LLMStatusCode name).",
-            _BY_OUTCOME, registry=r)
-        self.transfer_seconds = Histogram(
-            "datadist_transfer_duration_seconds", "Duration of successful transfers, by operation "
-            "(pull/push on the requesting daemon, serve_read/serve_write on the owning daemon).",
-            _BY_OP, buckets=LATENCY_BUCKETS, registry=r)
-        self.in_flight = Gauge(
-            "datadist_transfers_in_flight", "Transfers currently running, by operation.", _BY_OP,
-            registry=r)
+        self._lock = threading.Lock()        # every count of every _Bound, and the two dicts below
+        self._bound: dict[tuple[str, str, str], _Bound] = {}
+        self._series: dict[tuple[str, str], _OpSeries] = {}
+        self.registry.register(TransferCollector(self))
         self.rpc_errors = Counter(
             "datadist_rpc_errors", "Failed RPCs of the DataDist and Peer services, by method and LLMStatusCode name.",
-            ["method", "code"], registry=r)
-
-        self._bound: dict[tuple[str, str, str], _Bound] = {}
+            ["method", "code"], registry=self.registry)
         self._node: SnapshotSource | None = None
 
     def bound(self, op: str, cluster: str, peer: str) -> "_Bound":
-        """The transfer series' children of ``op`` between ``cluster`` and ``peer``, bound to their labels once
-        (``labels()`` hashes and locks on every call; a child is the same object every time)."""
+        """The counts of ``op`` between ``cluster`` and ``peer`` (the same object every time until ``prune``
+        drops it; a fast path keeps it per link)."""
         b = self._bound.get((op, cluster, peer))
         if b is None:
-            b = self._bound[(op, cluster, peer)] = _Bound(self, op, cluster, peer)
+            with self._lock:
+                b = self._bound.get((op, cluster, peer))
+                if b is None:
+                    series = self._series.get((op, cluster))
+                    if series is None:
+                        series = self._series[(op, cluster)] = _OpSeries()
+                    b = self._bound[(op, cluster, peer)] = _Bound(self._lock, series, op, cluster, peer)
         return b
 
     def attach(self, node: SnapshotSource) -> None:
@@ -113,19 +115,15 @@ class DaemonMetrics:
         cluster is linked with that peer, per cluster where no engine of it is left (see the module doc).
 
         On the daemon's event loop, where the links change. A transfer still finishing on a link just removed
-        counts on children no longer exposed, or brings a series back until the next scrape drops it again."""
+        counts on a ``_Bound`` no longer exposed (its per-cluster part, duration and in flight, still counts
+        while the cluster lives); ``bound`` then starts that peer's counts from 0."""
         clusters = {str(ev.cluster_id) for ev in view.engines}
         peers = {(str(ev.cluster_id), str(link.remote_cluster)) for ev in view.engines for link in ev.links}
-        for key in [k for k in self._bound if (k[1], k[2]) not in peers]:
-            del self._bound[key]
-        per_peer: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
-            (self.transfer_bytes, _BY_DIRECTION), (self.transfer_blocks, _BY_DIRECTION), (self.transfers, _BY_OUTCOME))
-        for metric, names in per_peer:
-            _remove_series(metric, names, lambda labels: (labels["cluster_id"], labels["peer_cluster_id"]) not in peers)
-        per_cluster: tuple[tuple[Counter | Gauge | Histogram, tuple[str, ...]], ...] = (
-            (self.transfer_seconds, _BY_OP), (self.in_flight, _BY_OP))
-        for metric, names in per_cluster:
-            _remove_series(metric, names, lambda labels: labels["cluster_id"] not in clusters)
+        with self._lock:
+            for key in [k for k in self._bound if (k[1], k[2]) not in peers]:
+                del self._bound[key]
+            for op_key in [k for k in self._series if k[1] not in clusters]:
+                del self._series[op_key]
 
     def rpc_error(self, method: str, code_name: str) -> None:
         self.rpc_errors.labels(method, code_name).inc()
@@ -138,72 +136,132 @@ class DaemonMetrics:
         return encoder(self.registry), content_type
 
 
-def _remove_series(metric: Counter | Gauge | Histogram, names: tuple[str, ...],
-                   gone: Callable[[dict[str, str]], bool]) -> None:
-    """Remove every child of ``metric`` (labelled ``names``) whose labels ``gone`` answers True for (the children
-    are listed as the samples of ``collect``: prometheus_client has no public list of them)."""
-    doomed = {tuple(sample.labels[n] for n in names)
-              for family in metric.collect() for sample in family.samples if gone(sample.labels)}
-    for values in doomed:
-        metric.remove(*values)
+class _OpSeries:
+    """The per-(op, cluster) counts: transfers begun and ended (in flight = the difference) and the duration
+    histogram (``buckets[i]``: durations ``<= LATENCY_BUCKETS[i]``, the last one +Inf; not cumulative)."""
+
+    __slots__ = ("started", "ended", "buckets", "seconds", "created")
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.ended = 0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.seconds = 0.0
+        self.created = time.time()
 
 
 class _Bound:
-    """The children of one (op, cluster, peer) (``DaemonMetrics.bound``), each bound on first use (as
-    ``labels()`` did: a series appears in the exposition only once something touched it)."""
+    """The counts of one (op, cluster, peer) (``DaemonMetrics.bound``): plain ints, changed under the metrics'
+    lock, read by ``TransferCollector`` at scrape time. A series shows once something counted on it, as
+    prometheus_client's children did: in flight once begun, duration and bytes once a transfer succeeded,
+    blocks once blocks moved."""
 
-    __slots__ = ("metrics", "op", "cluster", "peer", "_in_flight", "_seconds", "_bytes", "_blocks", "_outcomes")
+    __slots__ = ("_lock", "series", "op", "cluster", "peer", "direction", "outcomes", "nbytes", "nblocks", "created")
 
-    def __init__(self, m: DaemonMetrics, op: str, cluster: str, peer: str) -> None:
-        self.metrics, self.op, self.cluster, self.peer = m, op, cluster, peer
-        self._in_flight: Gauge | None = None
-        self._seconds: Histogram | None = None
-        self._bytes: Counter | None = None
-        self._blocks: Counter | None = None
-        self._outcomes: dict[str, Counter] = {}
-
-    def in_flight(self) -> Gauge:
-        if self._in_flight is None:
-            self._in_flight = self.metrics.in_flight.labels(self.op, self.cluster)
-        return self._in_flight
-
-    def seconds(self) -> Histogram:
-        if self._seconds is None:
-            self._seconds = self.metrics.transfer_seconds.labels(self.op, self.cluster)
-        return self._seconds
-
-    def bytes(self) -> Counter:
-        if self._bytes is None:
-            self._bytes = self.metrics.transfer_bytes.labels(DIRECTION[self.op], self.cluster, self.peer)
-        return self._bytes
-
-    def blocks(self) -> Counter:
-        if self._blocks is None:
-            self._blocks = self.metrics.transfer_blocks.labels(DIRECTION[self.op], self.cluster, self.peer)
-        return self._blocks
-
-    def outcome(self, outcome: str) -> Counter:
-        c = self._outcomes.get(outcome)
-        if c is None:
-            c = self._outcomes[outcome] = self.metrics.transfers.labels(self.op, self.cluster, self.peer, outcome)
-        return c
+    def __init__(self, lock: threading.Lock, series: _OpSeries, op: str, cluster: str, peer: str) -> None:
+        self._lock, self.series = lock, series
+        self.op, self.cluster, self.peer, self.direction = op, cluster, peer, DIRECTION[op]
+        self.outcomes: dict[str, int] = {}    # outcome -> transfers ended so
+        self.nbytes = 0
+        self.nblocks = 0
+        self.created = time.time()
 
     # ---- the fast paths' interface (a reader thread's small pull or read): no tracker object per transfer
 
     def begin(self) -> None:
         """A transfer started (any thread)."""
-        self.in_flight().inc()
+        with self._lock:
+            self.series.started += 1
 
     def end(self, outcome: str, seconds: float = 0.0, nbytes: int = 0, blocks: int = 0) -> None:
         """A transfer ``begin`` counted ended: ``outcome`` is "success" (then ``seconds``, ``nbytes``, ``blocks``
-        count) or the ``LLMStatusCode`` name (any thread). What ``TransferTracker`` does, minus the log line."""
-        self.in_flight().dec()
-        self.outcome(outcome).inc()
-        if outcome == "success":
-            self.seconds().observe(seconds)
-            self.bytes().inc(nbytes)
-            if blocks:
-                self.blocks().inc(blocks)
+        count) or the ``LLMStatusCode`` name (any thread). What ``TransferTracker`` does, minus the log line.
+        No Python call but this one (the lock, ``dict.get`` and ``bisect_left`` are C)."""
+        with self._lock:
+            s = self.series
+            s.ended += 1
+            o = self.outcomes
+            o[outcome] = o.get(outcome, 0) + 1
+            if outcome == "success":
+                s.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+                s.seconds += seconds
+                self.nbytes += nbytes
+                self.nblocks += blocks
+
+    def handed_on(self) -> None:
+        """A transfer ``begin`` counted goes on elsewhere (counted there): it leaves the in-flight count with no
+        outcome."""
+        with self._lock:
+            self.series.ended += 1
+
+
+class TransferCollector(Collector):
+    """The transfer series of a ``DaemonMetrics``, rendered from its counts at scrape time (names, types, help,
+    labels and buckets as ``docs/operations.md`` lists them)."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self.metrics = metrics
+
+    def _families(self) -> tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily, Metric,
+                                 GaugeMetricFamily]:
+        return (CounterMetricFamily("datadist_transfer_bytes", "Bytes moved by completed transfers, by direction "
+                                    "(in = written into this node's memory) and peer cluster.", labels=_BY_DIRECTION),
+                CounterMetricFamily("datadist_transfer_blocks", "Blocks moved by completed block transfers "
+                                    "(pull_blocks/push_blocks), by direction and peer cluster.", labels=_BY_DIRECTION),
+                CounterMetricFamily("datadist_transfers", "Transfers finished, by operation and outcome (success or "
+                                    "the LLMStatusCode name).", labels=_BY_OUTCOME),
+                Metric("datadist_transfer_duration_seconds", "Duration of successful transfers, by operation "
+                       "(pull/push on the requesting daemon, serve_read/serve_write on the owning daemon).",
+                       "histogram"),
+                GaugeMetricFamily("datadist_transfers_in_flight", "Transfers currently running, by operation.",
+                                  labels=_BY_OP))
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.metrics
+        with m._lock:   # a copy of every count, so the families are built without the lock
+            bound = [(b.op, b.cluster, b.peer, b.direction, dict(b.outcomes), b.nbytes, b.nblocks, b.created)
+                     for b in m._bound.values()]
+            series = [(op, cluster, s.started, s.ended, list(s.buckets), s.seconds, s.created)
+                      for (op, cluster), s in m._series.items()]
+        created = getattr(prometheus_metrics, "_use_created", True)
+        nbytes, blocks, transfers, seconds, in_flight = self._families()
+        moved: dict[tuple[str, str, str], list[Any]] = {}   # (direction, cluster, peer) -> [bytes, blocks, created, ok]
+        for op, cluster, peer, direction, outcomes, nb, nblk, made in bound:
+            for outcome, n in outcomes.items():
+                transfers.add_metric([op, cluster, peer, outcome], n, created=made if created else None)
+            ok = outcomes.get("success", 0) > 0
+            row = moved.get((direction, cluster, peer))
+            if row is None:
+                moved[(direction, cluster, peer)] = [nb, nblk, made, ok]
+            else:
+                row[0] += nb
+                row[1] += nblk
+                row[2] = min(row[2], made)
+                row[3] = row[3] or ok
+        for key, (nb, nblk, made, ok) in moved.items():
+            if ok:
+                nbytes.add_metric(list(key), nb, created=made if created else None)
+            if nblk:
+                blocks.add_metric(list(key), nblk, created=made if created else None)
+        name = seconds.name
+        for op, cluster, started, ended, buckets, total, made in series:
+            labels = {"op": op, "cluster_id": cluster}
+            if started:
+                in_flight.add_metric([op, cluster], started - ended)
+            if not any(buckets):
+                continue   # no transfer of this (op, cluster) succeeded yet: no histogram series
+            count = 0
+            for le, n in zip(_LE, buckets, strict=True):
+                count += n
+                seconds.add_sample(name + "_bucket", {**labels, "le": le}, count)
+            seconds.add_sample(name + "_count", labels, count)
+            seconds.add_sample(name + "_sum", labels, total)
+            if created:
+                seconds.add_sample(name + "_created", labels, made)
+        yield from (nbytes, blocks, transfers, seconds, in_flight)
 
 
 class TransferTracker:
@@ -232,7 +290,7 @@ class TransferTracker:
     def __enter__(self) -> "TransferTracker":
         self.started = time.monotonic()
         if self.bound is not None:
-            self.bound.in_flight().inc()
+            self.bound.begin()
         return self
 
     def done(self, nbytes: int, blocks: int = 0) -> None:
@@ -247,7 +305,7 @@ class TransferTracker:
         elapsed = time.monotonic() - self.started
         if self.handed and exc is None:
             if self.bound is not None:
-                self.bound.in_flight().dec()
+                self.bound.handed_on()
             return
         if self.ok and exc is None:
             outcome = "success"
@@ -257,15 +315,8 @@ class TransferTracker:
             outcome = "cancelled"
         else:
             outcome = "LLM_FAILED"
-        b = self.bound
-        if b is not None:
-            b.in_flight().dec()
-            b.outcome(outcome).inc()
-            if outcome == "success":
-                b.seconds().observe(elapsed)
-                b.bytes().inc(self.nbytes)
-                if self.blocks:
-                    b.blocks().inc(self.blocks)
+        if self.bound is not None:
+            self.bound.end(outcome, elapsed, self.nbytes, self.blocks)
         cache = "-" if self.cache is None else self.cache
         if outcome == "success":
             if transfer_log.isEnabledFor(logging.DEBUG):

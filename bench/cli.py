@@ -52,6 +52,9 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
                    help="1-block pulls in flight from one decoder worker, and the raw round trip's depth (scenario 3)")
     p.add_argument("--inflight-pulls", type=int, default=d.inflight_pulls,
                    help="in-flight pulls per round (scenario 3)")
+    p.add_argument("--inflight-deep", type=int, default=d.inflight_deep,
+                   help="a second in-flight depth, the same rows against the raw round trip as deep; 0: none "
+                        "(scenario 3)")
     p.add_argument("--pin", type=int, default=None, metavar="CPU",
                    help="run every process (this one, the daemons, the workers, the baselines) on CPU only: the "
                         "affinity is set before anything spawns and inherited; the report says pinned or unpinned")
@@ -62,6 +65,14 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--conc-blocks", type=int, default=d.conc_blocks, help="blocks per pull (scenario 5)")
     p.add_argument("--conc-pulls", type=int, default=d.conc_pulls, help="pulls per level and repetition (scenario 5)")
     p.add_argument("--conc-block-kib", type=int, default=d.conc_block_kib, help="block size in KiB (scenario 5)")
+    p.add_argument("--flight-depth", type=int, default=d.flight_depth,
+                   help="small pulls kept in flight across the decode workers, against raw request/replies "
+                        "pipelined as deep; 0: none (scenario 5)")
+    p.add_argument("--flight-blocks", type=int, default=d.flight_blocks, help="blocks per in-flight pull (scenario 5)")
+    p.add_argument("--flight-block-kib", type=int, default=d.flight_block_kib,
+                   help="block size in KiB of the in-flight pulls (scenario 5)")
+    p.add_argument("--flight-calls", type=int, default=d.flight_calls,
+                   help="in-flight pulls per thread and repetition (scenario 5)")
     p.add_argument("--lw-layers", type=int, default=d.lw_layers, help="layers (scenario 6)")
     p.add_argument("--lw-blocks", type=int, default=d.lw_blocks, help="blocks per layer (scenario 6)")
     p.add_argument("--lw-block-kib", type=int, default=d.lw_block_kib, help="block size (scenario 6)")
@@ -100,9 +111,12 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     a = p.parse_args(argv)
     cfg = Config(reps=a.reps, scenarios=a.scenarios, memory=a.memory, bulk_mib=a.bulk_mib, block_kib=a.block_kib,
                  layers=a.layers, iperf3=a.iperf3, latency_calls=a.latency_calls, inflight_depth=a.inflight_depth,
-                 inflight_pulls=a.inflight_pulls, pin=a.pin, scaling_blocks=a.scaling_blocks,
+                 inflight_pulls=a.inflight_pulls, inflight_deep=a.inflight_deep, pin=a.pin,
+                 scaling_blocks=a.scaling_blocks,
                  scaling_tensors=a.scaling_tensors, concurrency=a.concurrency, conc_workers=a.conc_workers,
                  conc_blocks=a.conc_blocks, conc_block_kib=a.conc_block_kib, conc_pulls=a.conc_pulls,
+                 flight_depth=a.flight_depth, flight_blocks=a.flight_blocks, flight_block_kib=a.flight_block_kib,
+                 flight_calls=a.flight_calls,
                  lw_layers=a.lw_layers, lw_blocks=a.lw_blocks,
                  lw_block_kib=a.lw_block_kib, lw_compute_ms=a.lw_compute_ms,
                  lw_compute_factor=a.lw_compute_factor, link_reps=a.link_reps, models=a.models,
@@ -113,9 +127,12 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
     if a.smoke:
         cfg = Config(reps=2, scenarios=a.scenarios, memory=a.memory, bulk_mib=2, block_kib=[16, 256], layers=2,
                      iperf3=False, latency_calls=20, inflight_depth=a.inflight_depth,
-                     inflight_pulls=2 * a.inflight_depth, pin=a.pin, scaling_blocks=[100, 1000],
+                     inflight_pulls=2 * a.inflight_depth, inflight_deep=a.inflight_deep, pin=a.pin,
+                     scaling_blocks=[100, 1000],
                      concurrency=[1, 4], conc_workers=2,
-                     conc_blocks=4, conc_pulls=8, lw_layers=2, lw_blocks=4, lw_block_kib=16, lw_compute_ms=1.0,
+                     conc_blocks=4, conc_pulls=8, flight_depth=a.flight_depth, flight_blocks=a.flight_blocks,
+                     flight_block_kib=a.flight_block_kib, flight_calls=1, lw_layers=2, lw_blocks=4, lw_block_kib=16,
+                     lw_compute_ms=1.0,
                      link_reps=2, models=a.models, model_layers=2, model_in_flight=[1, 4], model_tokens=1024,
                      nixl_tls=a.nixl_tls[:1],   # one UCX set: the same datadist path
                      hccl_mib=2, ascend=a.ascend, perblock_blocks=2000, perblock_kib=a.perblock_kib,
@@ -130,8 +147,10 @@ def parse(argv: list[str] | None = None) -> tuple[Config, argparse.Namespace]:
         p.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
     if a.pin is not None and a.pin not in os.sched_getaffinity(0):
         p.error(f"--pin {a.pin}: not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
-    if cfg.inflight_depth < 1:
-        p.error("--inflight-depth must be at least 1")
+    if cfg.inflight_depth < 1 or cfg.inflight_deep < 0 or cfg.flight_depth < 0:
+        p.error("--inflight-depth must be at least 1, --inflight-deep and --flight-depth at least 0")
+    if cfg.flight_blocks < 1 or cfg.flight_block_kib < 1 or cfg.flight_calls < 1:
+        p.error("--flight-blocks, --flight-block-kib and --flight-calls must be positive")
     if cfg.count_calls < 1 or cfg.rest_seconds <= 0 or not cfg.rest_links or min(cfg.rest_links) < 1:
         p.error("--count-calls, --rest-seconds and every --rest-links must be positive")
     if any(m not in ("allocated", "registered") for m in cfg.memory) or not cfg.memory:

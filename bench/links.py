@@ -3,7 +3,9 @@
 * 12, Python calls per pull: a warm 1-block pull between two daemons, the profile hook's ``"call"`` events per
   pull in the worker (a hook on its calling thread) and in each daemon (``callcount``: a ``sitecustomize`` on the
   daemons' ``PYTHONPATH``, from outside the package; a window opened and closed by signals), the daemons' counts
-  less those of an idle window as long (heartbeat, sweeper). Deterministic up to that background.
+  less those of an idle window as long (heartbeat, sweeper). Deterministic up to that background. Over tcp, then
+  over nixl (UCX shared memory; skipped without NIXL), where the owner daemon's count is the owner's work per
+  pull (issue 36: none, no owner call).
 * 13, links at rest: threads (``/proc/<pid>/status``), fds (``/proc/<pid>/fd``) and idle CPU (``/proc/<pid>/stat``
   utime + stime over an idle window, scaled to a minute) of both daemons at 1, 16, 64, 256 links between them,
   less the same with the engines made and no link; per link, at each end.
@@ -16,6 +18,7 @@ and <= 2 CPU-ms (0.002 CPU-s) per minute per link at each end; a pull failed wit
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -52,13 +55,31 @@ def _window(daemons: list[Daemon], where: str, sig: int, name: str) -> list[int]
     return [int(f.read_text()) for f in files] if name == "calls" else []
 
 
+def nixl_env(ucx_tls: str) -> dict[str, str]:
+    """The environment of a daemon whose transport is nixl over the UCX transports ``ucx_tls`` on loopback
+    (scenarios 9 and 12)."""
+    return {"DATADISTD_TRANSPORT_NAME": "nixl", "DATADISTD_TRANSPORT_NIXL_FABRIC_TRUSTED": "true",
+            "UCX_TLS": ucx_tls, "UCX_NET_DEVICES": "lo"}
+
+
 def calls_per_pull(run: Run) -> None:
+    """The counts over tcp, then over nixl (UCX shared memory) when NIXL is installed: issue 36 wants a nixl pull
+    to make no owner call (one data-plane round trip), which shows as the owner daemon's count."""
+    from datadistd.transport.nixl.agent import MODULES
+
+    _calls_per_pull(run, "", ("CP", "CD"), {})
+    if any(importlib.util.find_spec(m) for m in MODULES):
+        _calls_per_pull(run, "over nixl (UCX shm), ", ("CPN", "CDN"), nixl_env("shm,tcp"))
+    else:
+        run.add(Row("12 python calls per pull", "over nixl", None, note="NIXL is not installed (make nixl): skipped"))
+
+
+def _calls_per_pull(run: Run, what: str, names: tuple[str, str], transport: dict[str, str]) -> None:
     cfg = run.cfg
     scenario = "12 python calls per pull"
     block, num_blocks, calls = 4 * KIB, 256, cfg.count_calls
     where = callcount.sitecustomize_dir()
-    env = callcount.env_for(where)
-    names = ("CP", "CD")
+    env = {**transport, **callcount.env_for(where)}
     try:
         dp, dd = run.daemon(names[0], env), run.daemon(names[1], env)
         wp, wd = run.worker(dp), run.worker(dd)
@@ -83,17 +104,20 @@ def calls_per_pull(run: Run) -> None:
             per["worker"].append(worker / calls)
             for proc, b, i in zip(("requester daemon", "owner daemon"), busy, idle, strict=True):
                 per[proc].append(max(0, b - i) / calls)
-            run.step(f"{scenario}: round {r + 1}/{cfg.reps}")
+            run.step(f"{scenario}: {what}round {r + 1}/{cfg.reps}")
         for proc, values in per.items():
             limit = 15.0 if proc == "worker" else 20.0
-            run.add(Row(scenario, f"Python calls per 1-block pull ({block // KIB} KiB): {proc}",
+            owner = ("; over nixl issue 36 wants no owner call per pull (one data-plane round trip): this count "
+                     "is what the owner daemon still does per pull" if what and proc == "owner daemon" else "")
+            run.add(Row(scenario, f"Python calls per 1-block pull ({block // KIB} KiB): {what}{proc}",
                         figure(values, "calls/pull"), target=Target("<=", limit, on="figure"),
                         note=f"profile 'call' events (Python functions entered, generators resumed; C functions not "
                              f"counted) over {calls} warm pulls per round, {cfg.reps} rounds; "
                              + ("a hook on the worker's calling thread, the API entry included" if proc == "worker"
                                 else "a sitecustomize hook on every thread of the daemon, less an idle window as "
-                                     "long") + "; issue 36's target beside; today 42 / 219 / 106 (cProfile)"))
-        run.series[scenario] = per
+                                     "long") + "; issue 36's target beside; today 42 / 219 / 106 (cProfile)"
+                             + owner))
+        run.series[f"{scenario}{', ' + what.rstrip(', ') if what else ''}"] = per
     finally:
         run.close_workers()
         run.stop_daemons(*names)

@@ -205,10 +205,12 @@ def _cpu(pids: tuple[int, ...]) -> list[float]:
 
 
 def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_blocks: int, model_id: int = 0,
-                 warmup: int = 50, cpu_of: tuple[int, ...] = ()) -> tuple[list[float], list[float]]:
-    """``calls`` pulls of one block each (rotating block numbers) after ``warmup`` untimed ones: (seconds per
-    call, CPU seconds used during the timed calls by this worker and then each process of ``cpu_of``)."""
+                 warmup: int = 50, cpu_of: tuple[int, ...] = (), op: str = "pull") -> tuple[list[float], list[float]]:
+    """``calls`` pulls (``op`` "push": pushes) of one block each (rotating block numbers) after ``warmup`` untimed
+    ones: (seconds per call, CPU seconds used during the timed calls by this worker and then each process of
+    ``cpu_of``)."""
     cm = state["dd"].cache_manager
+    move = cm.pull_blocks if op == "pull" else cm.push_blocks
     key = ld.BlocksCacheKey(remote_cluster, model_id)
     c = state["caches"][name]
     out = []
@@ -217,7 +219,7 @@ def latency_loop(state: dict, remote_cluster: int, name: str, calls: int, num_bl
             cpu0 = _cpu(cpu_of)
         b = i % num_blocks
         t0 = time.perf_counter()
-        cm.pull_blocks(key, c, [b], [(b * 7 + 3) % num_blocks])
+        move(key, c, [b], [(b * 7 + 3) % num_blocks])
         if i >= warmup:
             out.append(time.perf_counter() - t0)
     return out, [b - a for a, b in zip(cpu0, _cpu(cpu_of), strict=True)]

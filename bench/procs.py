@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.daemonproc import DaemonProcess, free_port
 from tests.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["Daemon", "Worker", "WorkerError", "TICKS", "cpu_seconds", "free_port", "main_thread_cpu_seconds"]
+__all__ = ["Daemon", "Worker", "WorkerError", "Pinned", "TICKS", "cpu_seconds", "free_port", "main_thread_cpu_seconds"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,3 +68,28 @@ def main_thread_cpu_seconds(pids: list[int]) -> list[float]:
         with open(f"/proc/{pid}/schedstat") as f:
             out.append(int(f.read().split()[0]) / 1e9)
     return out
+
+
+class Pinned:
+    """``with Pinned(pids, cpu):`` every thread of every process in ``pids`` runs on ``cpu`` alone (threads started
+    inside inherit it); on leaving, every thread of them runs where this process may run. The pinned pass of an
+    unpinned run (scenario 3): the same processes, pinned after the fact, as ``--pin`` pins a whole run."""
+
+    def __init__(self, pids: list[int], cpu: int) -> None:
+        self.pids, self.cpu = pids, cpu
+        self.everywhere = os.sched_getaffinity(0)
+
+    def _set(self, cpus: set[int]) -> None:
+        for pid in self.pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), cpus)
+                except ProcessLookupError:   # a thread that just ended
+                    pass
+
+    def __enter__(self) -> "Pinned":
+        self._set({self.cpu})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._set(self.everywhere)

@@ -226,7 +226,7 @@ class TransferCollector(Collector):
                      for b in m._bound.values()]
             series = [(op, cluster, s.started, s.ended, list(s.buckets), s.seconds, s.created)
                       for (op, cluster), s in m._series.items()]
-        created = getattr(prometheus_metrics, "_use_created", True)
+        created = prometheus_metrics._use_created   # PROMETHEUS_DISABLE_CREATED_SERIES, as for the Counter
         nbytes, blocks, transfers, seconds, in_flight = self._families()
         moved: dict[tuple[str, str, str], list[Any]] = {}   # (direction, cluster, peer) -> [bytes, blocks, created, ok]
         for op, cluster, peer, direction, outcomes, nb, nblk, made in bound:

@@ -64,7 +64,7 @@ transfer_log = logging.getLogger("datadistd.transfer")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LE = tuple(floatToGoString(b) for b in (*LATENCY_BUCKETS, float("inf")))   # the buckets' ``le`` labels
 
-# the labels of the event series (``prune`` removes by them)
+# the labels of the transfer series
 _BY_DIRECTION = ("direction", "cluster_id", "peer_cluster_id")
 _BY_OUTCOME = ("op", "cluster_id", "peer_cluster_id", "outcome")
 _BY_OP = ("op", "cluster_id")
@@ -78,7 +78,7 @@ class DaemonMetrics:
 
     The transfer series are plain ints in ``_Bound``/``_OpSeries`` objects, counted under one lock (a fast path
     counts from reader threads) and rendered by ``TransferCollector`` at scrape time: counting a transfer is
-    two Python calls (``begin``/``end``), not the ~25 prometheus_client's children took."""
+    two Python calls (``begin``/``end``), not the ~25 calls into prometheus_client's children of before."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -161,7 +161,7 @@ class _Bound:
     def __init__(self, lock: threading.Lock, series: _OpSeries, op: str, cluster: str, peer: str) -> None:
         self._lock, self.series = lock, series
         self.op, self.cluster, self.peer, self.direction = op, cluster, peer, DIRECTION[op]
-        self.outcomes: dict[str, int] = {}    # outcome -> transfers ended so
+        self.outcomes: dict[str, int] = {}    # outcome -> transfers that ended so
         self.nbytes = 0
         self.nblocks = 0
         self.created = time.time()

@@ -225,3 +225,24 @@ def test_bench_hccl_scenario_on_the_simulated_runtime(tmp_path: Path) -> None:
     assert all(SIMULATED in line for line in table.splitlines() if line.startswith("| 10 "))
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "hccl.png").stat().st_size > 1000
+
+
+def test_pinned_moves_every_thread_of_a_running_process_and_back() -> None:
+    """``bench.procs.Pinned`` (scenario 3's pinned pass): every thread of a process already running, not only its
+    main thread, runs on the one CPU inside, and where this process may run after."""
+    from bench.procs import Pinned
+
+    script = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n" \
+             "print('ready', flush=True)\ntime.sleep(60)\n"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        tasks = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(tasks) == 2
+        everywhere, cpu = os.sched_getaffinity(0), max(os.sched_getaffinity(0))
+        with Pinned([child.pid], cpu):
+            assert [os.sched_getaffinity(t) for t in tasks] == [{cpu}, {cpu}]
+        assert [os.sched_getaffinity(t) for t in tasks] == [everywhere, everywhere]
+    finally:
+        child.kill()
+        child.wait(10)

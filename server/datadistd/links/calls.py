@@ -14,7 +14,7 @@ from typing import Any, Callable, Coroutine
 
 from ..core.errors import DataDistError, StatusCode
 from ..state import readview
-from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused
+from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused, SendsParts
 from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
@@ -163,10 +163,9 @@ class OwnerCalls:
             cid, model_id, tensor_start, tensor_count, blocks, nbytes = got
             if not sends:
                 channel = table.channel_of(link)
-                parts_of = getattr(channel, "try_control_parts", None)
-                if parts_of is None:
+                if not isinstance(channel, SendsParts):
                     return False
-                sends.append(functools.partial(parts_of, CONTROL_REPLY))
+                sends.append(functools.partial(channel.try_control_parts, CONTROL_REPLY))
             try:
                 if read(engine, model_id, tensor_start, tensor_count, blocks, nbytes, sends[0],
                         pack(ownerwire.TAG, 0, 0, 0, 0, cid, nbytes, 0, 0, nbytes)) != readview.SENT:

@@ -122,8 +122,7 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
 class PublishedView(Protocol):
     """An engine's published read view (``state.readview.ReadView``), as ``Engine._free`` needs it."""
 
-    def release(self) -> None:
-        """Release the byte views it holds of the engine's memory (under ``read_lock``)."""
+    def release(self) -> None: ...   # its byte views of the engine's memory (under ``read_lock``)
 
 
 class Engine:

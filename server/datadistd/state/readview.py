@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from ..core.errors import DataDistError
 from ..core.types import KeyKind
 from ..memory.base import MemoryHandle
+from ..memory.imported import release_view
 from ..memory.segments import byte_view
 from .engine import Engine, tensors_of
 
@@ -80,7 +81,7 @@ class ReadView:
         for cache in self.blocks.values():
             for v in cache.views:
                 if v is not None:
-                    v.release()
+                    release_view(v)
 
 
 def _cache(cache_id: int, tensors: Sequence, row: int, rows: int) -> _Cache:

@@ -22,6 +22,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
+from datadistd.links.calls import OwnerCalls
 from datadistd.links.layerwise import LayerPush
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import OwnerReply, UnlinkCmd
@@ -110,6 +111,12 @@ class Pair:
         return int(src.cache_id), int(dst.cache_id)
 
 
+def general_reads_only(manager: LinkManager) -> None:
+    """Before it links: ``manager`` answers every small read by the general path (``OwnerCalls(reader_reads=
+    False)``: ``Owner.read_small``), never by the engine's published read view."""
+    manager.calls = manager.setup.calls = OwnerCalls(manager.table, manager.owner, reader_reads=False)
+
+
 def _bytes(slot: Any, cache_id: int) -> list[np.ndarray]:
     out = []
     for seg in tensors_of(slot.engine.entry(cache_id)):
@@ -179,6 +186,7 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout(how: st
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
+            general_reads_only(serving)
             assert await pair.link() == (0, [0])
             _, dst = pair.caches()
 
@@ -189,9 +197,8 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout(how: st
                     await asyncio.sleep(0.01)
                 raise DataDistError(S.LLM_LINK_FAILED, f"owner calls to cluster {P} closed: unlinked")
 
-            # the owner answers a small read with its bytes (inline): make it take the awaited path and unlink there
-            serving.owner.read_inline_now = lambda *args: None  # type: ignore[method-assign]
-            serving.owner.read_inline = read_while_this_end_unlinks  # type: ignore[method-assign]
+            # the owner answers a small read with its bytes (inline): make it take the general path and unlink there
+            serving.owner.read_small = read_while_this_end_unlinks  # type: ignore[method-assign]
             with pytest.raises(DataDistError) as info:
                 if how == "awaited":
                     await pulled(linking, _order(P, dst, [1], [1]))

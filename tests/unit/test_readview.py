@@ -1,10 +1,13 @@
-"""A small read answered by the owner's data reader thread (``readview``, ``OwnerCalls._answer_here``): bytes
-exact with no event-loop hop, and never the bytes of a cache the peer may not read -- a deallocate racing a
-read waits for the read's copy, a read after it falls back and is refused as before."""
+"""A small read answered by the engine's published read view (``readview``, ``OwnerCalls._read_here``): from the
+owner's data reader thread, bytes exact with no event-loop hop; the same bytes and the same status codes and
+messages as the general path (``Owner.read_small``) for every request, good or hostile; and never the bytes of a
+cache the peer may not read -- a deallocate racing a read waits for the read's copy, a read after it is refused."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
 import time
 from typing import Any
@@ -14,15 +17,19 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
-from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec
-from datadistd.links.wire.ownercalls import ReadCmd
+from datadistd.core.types import BlocksKeyRef, CacheDesc, CacheKeyRef, DType, Placement, ReadMode, RemoteSpec
+from datadistd.links.wire import ownerwire
+from datadistd.links.wire.ownercalls import INLINE_READ_MAX, ReadCmd
+from datadistd.memory.base import FdPiece
 from datadistd.memory.copy import BufferHandle
+from datadistd.memory.imported import MappedFdHandle
 from datadistd.state import readview
 from datadistd.state.engine import tensors_of
 from datadistd.state.metrics import DaemonMetrics
+from datadistd.transport.base import CONTROL_CALL
 from tests.fakes import pulled
 
-from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order
+from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order, general_reads_only
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,8 +107,8 @@ def test_a_link_doing_only_reader_thread_reads_stays_alive() -> None:
 
 
 class _Pause:
-    """Where a reader thread stops once: taking the view of a cache's memory while the engine's read lock is
-    held, i.e. between the read view's generation check and its copy (``readview.read_now``)."""
+    """Where a copy stops once: in an executor thread reading unmapped memory block by block, the engine's read
+    lock held -- between the read view's check and the end of its copy (``readview.read``)."""
 
     def __init__(self, lock: Any) -> None:
         self.lock = lock
@@ -115,22 +122,26 @@ class _Pause:
             self.go.wait(10)
 
 
-class _PausingMemory(BufferHandle):
-    """Worker memory handed to the daemon (a fake injected by registration) whose view can stop a reader."""
+class _UnmappedMemory(BufferHandle):
+    """Worker memory handed to the daemon that it does not map (as a raw handle or device memory: a fake injected
+    by registration): read block by block with ``read_into``, which can stop a copy."""
 
     def __init__(self, buf: bytearray, pause: _Pause) -> None:
         super().__init__(buf)
         self.pause = pause
 
     def view(self) -> memoryview | None:
+        return None
+
+    def read_into(self, offset: int, dst: memoryview) -> None:
         self.pause.here()
-        return super().view()
+        super().read_into(offset, dst)
 
 
 def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_refused() -> None:
-    """The reader passed the view check and holds the read lock: the event loop's unregister blocks in
-    ``Engine._free`` until the copy is done, so the bytes are the old ones though the worker overwrites its
-    memory the moment the cache is gone; a read after it falls back: LLM_KV_CACHE_NOT_EXIST."""
+    """Memory the daemon does not map is copied by the view in an executor thread, the read lock held: the event
+    loop's unregister blocks in ``Engine._free`` until the copy is done, so the bytes are the old ones though the
+    worker overwrites its memory the moment the cache is gone; a read after it is refused: LLM_KV_CACHE_NOT_EXIST."""
     async def main() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
@@ -140,9 +151,11 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
             bufs = [bytearray(bytes([t + 1]) * (BLOCKS * BLOCK)) for t in range(2)]
             desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
             registered = serving.engine.register_cache(desc, is_blocks=True,
-                                                       handles=[_PausingMemory(b, pause) for b in bufs],
+                                                       handles=[_UnmappedMemory(b, pause) for b in bufs],
                                                        blocks_key=BlocksKeyRef(P, 0), remote_accessible=True)
             await _warm(pair, dst)   # the key now names the registered cache; the view is published
+            view = serving.engine.read_view
+            assert isinstance(view, readview.ReadView) and not view.blocks[0].mapped
             pause.armed = True
             try:
                 ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -150,7 +163,7 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
                 assert await asyncio.get_running_loop().run_in_executor(None, pause.paused.wait, 10)
                 threading.Timer(0.3, pause.go.set).start()
                 started = time.monotonic()
-                serving.engine.unregister_cache(int(registered.cache_id))   # blocks until the reader's copy is done
+                serving.engine.unregister_cache(int(registered.cache_id))   # blocks until the copy is done
                 waited = time.monotonic() - started
                 for buf in bufs:                                  # the worker reuses its memory at once
                     buf[:] = b"\xee" * len(buf)
@@ -158,15 +171,59 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
             finally:
                 pause.go.set()
             assert waited >= 0.2
+            assert serving.engine.read_view is None      # dropped (its views released) before the memory went
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[5] == t + 1).all()          # the registered cache's bytes, never 0xEE
-            reads = _reads(serving, 2 * BLOCK)   # the paused read's, counted once its reply is out
             with pytest.raises(DataDistError) as info:
                 await pulled(linking, _order(P, dst, [6], [6]))
-            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST   # the loop's refusal: a reader thread never refuses
-            assert _reads(serving) == reads
+            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
             for tensor in _bytes(pair.ds, dst):
                 assert (tensor[6] == 0).all()
+
+    asyncio.run(main())
+
+
+def test_deallocations_racing_reader_thread_reads_never_give_another_caches_bytes() -> None:
+    """Pulls of model 0 in flight (answered by the owner's reader threads, straight from the memory) while the
+    event loop deallocates its cache and allocates another from the same pool -- its memory, likely -- filled with
+    another pattern and bound to model 1: every pull ends with model 0's bytes or LLM_KV_CACHE_NOT_EXIST, never
+    the other cache's."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            await pair.link()
+            src, dst = pair.caches()
+            engine = serving.engine
+            desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
+            await _warm(pair, dst)
+            outcomes = {"bytes": 0, "refused": 0}
+            for round_ in range(30):
+                ends: list[asyncio.Future[Any]] = []
+                for i in range(8):
+                    ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                    linking.start_pull(_order(P, dst, [i % BLOCKS], [i % BLOCKS]), ended.set_result)
+                    ends.append(ended)
+                await asyncio.sleep(0)
+                engine.deallocate_cache(src, is_blocks=True)
+                other = engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 1))
+                _fill(pair.ps, int(other.cache_id), 0xB2)
+                for ended in ends:
+                    result = await asyncio.wait_for(ended, 10)
+                    if isinstance(result, DataDistError):
+                        assert result.code == S.LLM_KV_CACHE_NOT_EXIST, result
+                        outcomes["refused"] += 1
+                    else:
+                        assert result == (2 * BLOCK, "tcp")
+                        outcomes["bytes"] += 1
+                    for t, tensor in enumerate(_bytes(pair.ds, dst)):
+                        assert not (tensor == 0xB2).any(), (round_, t)
+                engine.deallocate_cache(int(other.cache_id), is_blocks=True)
+                fresh = engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
+                src = int(fresh.cache_id)
+                for t, seg in enumerate(tensors_of(fresh)):
+                    seg.handle.write_from(seg.offset, memoryview(np.full(seg.length, t + 1, np.uint8)).cast("B"))
+                await pulled(linking, _order(P, dst, [0], [0]))   # the view republished for the next round
+            assert outcomes["bytes"] + outcomes["refused"] == 30 * 8
 
     asyncio.run(main())
 
@@ -195,43 +252,135 @@ def test_a_cache_not_remotely_accessible_is_not_read_by_the_reader_thread() -> N
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("case", ["block out of range", "wrong byte count", "unknown key", "tensor range",
-                                  "other cluster"])
-def test_every_refusal_has_the_status_it_had(case: str) -> None:
-    """Refusals are the event loop's: the same status with and without the reader-thread path."""
-    spec = {
-        "block out of range": RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), expected_bytes=2 * BLOCK),
-        "wrong byte count": RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK + 1),
-        "unknown key": RemoteSpec(BlocksKeyRef(P, 7), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK),
-        "tensor range": RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), tensor_start=1, tensor_count=2,
-                                   expected_bytes=2 * BLOCK),
-        "other cluster": RemoteSpec(BlocksKeyRef(D, 0), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK),
-    }[case]
+_CID = 1 << 40   # command ids of hand-made frames: far from the link's own
 
-    async def status(fast: bool) -> tuple[int, int]:
+
+def _frame(spec: RemoteSpec, cid: int, **fields: int) -> bytes:
+    """The inline READ frame of ``spec`` (``ownerwire.encode_call``), fields of its fixed part overwritten by
+    name (a hostile peer's frame), or ``blocks_field`` naming more blocks than the frame holds."""
+    frame = bytearray(ownerwire.encode_call(ReadCmd(cid, 0, spec, 5000, inline=True)))
+    names = ("tag", "op", "flags", "timeout", "cid", "tid", "kind", "r1", "r2", "a", "b", "c", "d", "mode", "r3",
+             "blocks_field", "size", "offset", "tensor_start", "tensor_count", "expected")
+    values = list(ownerwire.READ.unpack_from(frame))
+    for name, value in fields.items():
+        values[names.index(name)] = value
+    ownerwire.READ.pack_into(frame, 0, *values)
+    return bytes(frame)
+
+
+async def _answer(link: Any, frame: bytes, cid: int) -> tuple[int, str, bytes, bool]:
+    """What the owner answered ``frame`` with: (status, message, data, release_needed)."""
+    ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    link.calls._pending[cid] = (ended.set_result, None)   # the link's reply matching delivers it
+    await asyncio.get_running_loop().run_in_executor(None, link.channel.send_control, CONTROL_CALL, frame,
+                                                     time.monotonic() + 5)
+    result = await asyncio.wait_for(ended, 10)
+    if isinstance(result, DataDistError):
+        return int(result.code), result.message, b"", False
+    return result.status, result.message, bytes(result.data), result.release_needed
+
+
+_K = BlocksKeyRef(P, 0)
+_GOOD = {   # request -> (spec, frame fields): answered with bytes
+    "one block": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {}),
+    "first and last": (RemoteSpec(_K, ReadMode.BLOCKS, (0, BLOCKS - 1), expected_bytes=4 * BLOCK), {}),
+    "a block twice": (RemoteSpec(_K, ReadMode.BLOCKS, (3, 3, 2), expected_bytes=6 * BLOCK), {}),
+    "one tensor": (RemoteSpec(_K, ReadMode.BLOCKS, (4,), tensor_start=1, tensor_count=1, expected_bytes=BLOCK), {}),
+    "no blocks": (RemoteSpec(_K, ReadMode.BLOCKS, (), expected_bytes=0), {}),
+    "64 blocks": (RemoteSpec(_K, ReadMode.BLOCKS, tuple(i % BLOCKS for i in range(64)),
+                             expected_bytes=2 * 64 * BLOCK), {}),
+    "65 blocks": (RemoteSpec(_K, ReadMode.BLOCKS, tuple(i % BLOCKS for i in range(65)),
+                             expected_bytes=2 * 65 * BLOCK), {}),
+    "a transfer id": (RemoteSpec(_K, ReadMode.BLOCKS, (2,), expected_bytes=2 * BLOCK), {"tid": 9}),
+    "key field b set": (RemoteSpec(_K, ReadMode.BLOCKS, (2,), expected_bytes=2 * BLOCK), {"b": 5}),
+}
+#: bytes of the good requests the reader threads answer (more blocks than ``ownerwire.SMALL_READ_BLOCKS``, and
+#: fields a decoder ignores set, take the general path)
+_BY_VIEW = sum(s.expected_bytes for n, (s, _) in _GOOD.items() if n not in ("65 blocks", "a transfer id",
+                                                                           "key field b set"))
+_BAD = {   # request -> (spec, frame fields, status): refused
+    "block out of range": (RemoteSpec(_K, ReadMode.BLOCKS, (BLOCKS,), expected_bytes=2 * BLOCK), {},
+                           S.LLM_PARAM_INVALID),
+    "block 2**64-1": (RemoteSpec(_K, ReadMode.BLOCKS, ((1 << 64) - 1,), expected_bytes=2 * BLOCK), {},
+                      S.LLM_PARAM_INVALID),
+    "wrong byte count": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK + 1), {},
+                         S.LLM_PARAM_INVALID),
+    "huge byte count": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=(1 << 63) - 1), {},
+                        S.LLM_PARAM_INVALID),
+    "past the inline limit": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=INLINE_READ_MAX + 2 * BLOCK),
+                              {}, S.LLM_PARAM_INVALID),
+    "unknown model": (RemoteSpec(BlocksKeyRef(P, 7), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {},
+                      S.LLM_KV_CACHE_NOT_EXIST),
+    "not remotely accessible": (RemoteSpec(BlocksKeyRef(P, 3), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK),
+                                {}, S.LLM_KV_CACHE_NOT_EXIST),
+    "tensor range": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), tensor_start=1, tensor_count=2,
+                                expected_bytes=2 * BLOCK), {}, S.LLM_PARAM_INVALID),
+    "tensor start past the end": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), tensor_start=2, expected_bytes=0), {},
+                                  S.LLM_PARAM_INVALID),
+    "a key of another cluster": (RemoteSpec(BlocksKeyRef(D, 0), ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK),
+                                 {}, S.LLM_KV_CACHE_NOT_EXIST),
+    "slot mode": (RemoteSpec(_K, ReadMode.SLOT, (), expected_bytes=2 * BLOCK), {}, S.LLM_PARAM_INVALID),
+    "a CacheKey": (RemoteSpec(CacheKeyRef(P, 5, 0, 0), ReadMode.SLOT, (), expected_bytes=2 * BLOCK), {},
+                   S.LLM_KV_CACHE_NOT_EXIST),
+    "key reserved bits": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {"r1": 1},
+                          S.LLM_PARAM_INVALID),
+    "spec reserved bits": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {"r3": 0x80},
+                           S.LLM_PARAM_INVALID),
+    "unknown flag": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {"flags": 3},
+                     S.LLM_PARAM_INVALID),
+    "unknown mode": (RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK), {"mode": 9},
+                     S.LLM_PARAM_INVALID),
+    "a block count past the frame": (RemoteSpec(_K, ReadMode.BLOCKS, (1, 2), expected_bytes=4 * BLOCK),
+                                     {"blocks_field": 3}, S.LLM_PARAM_INVALID),
+    "a block count short of the frame": (RemoteSpec(_K, ReadMode.BLOCKS, (1, 2), expected_bytes=4 * BLOCK),
+                                         {"blocks_field": 1}, S.LLM_PARAM_INVALID),
+}
+
+
+def test_the_view_and_the_general_path_answer_every_request_alike() -> None:
+    """Each request of a table -- good ones, and refusals a hostile peer can send: out of range, huge counts, a
+    key of another cluster, caches it may not read, reserved bits, a block count the frame does not hold --
+    answered by an owner whose small reads go by the published view (``OwnerCalls(reader_reads=True)``, the
+    default) and by one whose go by the general path only (``reader_reads=False``): the same status, message and
+    bytes. The view answered the good ones from the reader threads, and none of the bad ones."""
+    async def answers(reader_reads: bool) -> tuple[dict[str, tuple[int, str, bytes, bool]], int]:
         async with Pair() as pair:
             serving, linking = pair.links
+            if not reader_reads:
+                general_reads_only(serving)
             await pair.link()
             _, dst = pair.caches()
-            await _warm(pair, dst)
-            if not fast:
-                serving.calls._answer_here = lambda *a: False   # type: ignore[method-assign]
+            hidden = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.HOST)
+            serving.engine.register_cache(hidden, is_blocks=True, blocks_key=BlocksKeyRef(P, 3),
+                                          handles=[BufferHandle(bytearray(BLOCKS * BLOCK)) for _ in range(2)],
+                                          remote_accessible=False)
+            await pulled(linking, _order(P, dst, [0], [0]))   # the view is published (when there is one)
             link = linking.table.links[P]
-            reads = _reads(serving)
-            try:
-                await link.calls._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), 5)
-                code = int(S.LLM_SUCCESS)
-            except DataDistError as exc:
-                code = int(exc.code)
-            return code, _reads(serving) - reads
+            out: dict[str, tuple[int, str, bytes, bool]] = {}
+            before = _reads(serving)
+            for n, (name, (spec, fields)) in enumerate(_GOOD.items()):
+                out[name] = await _answer(link, _frame(spec, _CID + n, **fields), _CID + n)
+            good = _reads(serving, before + (_BY_VIEW if reader_reads else 0)) - before
+            for n, (name, (spec, fields, _)) in enumerate(_BAD.items()):
+                out[name] = await _answer(link, _frame(spec, _CID + 100 + n, **fields), _CID + 100 + n)
+            assert _reads(serving) - before == good   # no refusal is ever the view's
+            return out, good
 
     async def main() -> None:
-        slow, _ = await status(False)
-        fast, reads = await status(True)
-        assert fast == slow != int(S.LLM_SUCCESS) and reads == 0
+        by_view, fast = await answers(True)
+        general, slow = await answers(False)
+        assert by_view == general
+        assert (fast, slow) == (_BY_VIEW, 0)
+        for name, (spec, _) in _GOOD.items():
+            status, _, data, release = general[name]
+            assert (status, len(data), release) == (S.LLM_SUCCESS, spec.expected_bytes, False), name
+            rows = [bytes([t + 1]) * BLOCK for t in range(spec.tensor_start, spec.tensor_start +
+                                                           (spec.tensor_count or 2)) for _ in spec.blocks]
+            assert data == b"".join(rows), name
+        for name, (_, _, code) in _BAD.items():
+            assert general[name][0] == code, (name, general[name])
 
     asyncio.run(main())
-
 
 def test_the_registry_generation_moves_with_what_a_peer_may_read_and_not_with_pins() -> None:
     """Every change a published view must not outlive bumps it (before any entry is returned to be freed);
@@ -271,3 +420,35 @@ def test_the_registry_generation_moves_with_what_a_peer_may_read_and_not_with_pi
     assert r.consume_pulled(key, [0]) == [slots] and moved()     # the key consumed and the cache freed
     r.clear()
     assert moved()
+
+
+def test_a_mapping_the_view_read_by_closes_when_its_cache_goes(caplog: pytest.LogCaptureFixture) -> None:
+    """The published view keeps byte views of mapped worker memory; ``Engine._free`` drops and releases them
+    before the memory goes, so the worker's mapping closes at once (not left to the garbage collector with a
+    warning) and the next read is refused."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            await pair.link()
+            _, dst = pair.caches()
+            fds = [os.memfd_create(f"t{t}") for t in range(2)]
+            for t, fd in enumerate(fds):
+                os.write(fd, bytes([t + 1]) * (BLOCKS * BLOCK))
+            handles = [MappedFdHandle(FdPiece(fd, 0, BLOCKS * BLOCK), 0, BLOCKS * BLOCK) for fd in fds]
+            desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.HOST)
+            registered = serving.engine.register_cache(desc, is_blocks=True, handles=handles,
+                                                       blocks_key=BlocksKeyRef(P, 0), remote_accessible=True)
+            await _warm(pair, dst)
+            before = _reads(serving)
+            await pulled(linking, _order(P, dst, [2], [2]))
+            assert _reads(serving, before + 2 * BLOCK) == before + 2 * BLOCK   # read through the view's bytes
+            with caplog.at_level(logging.WARNING, "datadistd.memory.imported"):
+                serving.engine.unregister_cache(int(registered.cache_id))
+            assert all(h._mm is None for h in handles) and not caplog.records
+            with pytest.raises(DataDistError) as info:
+                await pulled(linking, _order(P, dst, [3], [3]))
+            assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
+            for fd in fds:
+                os.close(fd)
+
+    asyncio.run(main())

@@ -803,3 +803,57 @@ def test_data_ports_bind_the_first_free_port_of_the_range() -> None:
         taken.close()
         for t in made:
             t.stop()
+
+
+def test_try_control_parts_sends_views_as_one_frame_and_lets_go_once(pair: Pair) -> None:
+    """``try_control_parts`` (an owner's small read answered from a reader thread): header and parts in one frame,
+    byte-exact; ``unlock`` called exactly once and the parts list emptied, whether it sent or declined (every
+    connection busy: False, nothing sent)."""
+    got: list[tuple[int, bytes]] = []
+    arrived = threading.Event()
+
+    def handler(kind: int, payload: bytes) -> None:
+        got.append((kind, payload))
+        arrived.set()
+
+    pair.inb.on_control(handler)
+    memory = np.arange(4096, dtype=np.uint8)
+    calls: list[int] = []
+    parts: list = [b"head", memoryview(memory)[100:300], memoryview(memory)[1000:1001]]
+    assert pair.out.try_control_parts(CONTROL_REPLY, parts, lambda: calls.append(len(parts)))
+    assert arrived.wait(5)
+    assert got == [(CONTROL_REPLY, b"head" + memory[100:300].tobytes() + memory[1000:1001].tobytes())]
+    assert calls == [0] and parts == []
+    conns = pair.out._live()
+    for c in conns:
+        assert c.lock.acquire(timeout=1)
+    try:
+        sent = pair.out.stats()["frames_sent"]
+        parts = [b"head", memoryview(memory)]
+        assert not pair.out.try_control_parts(CONTROL_REPLY, parts, lambda: calls.append(len(parts)))
+        assert calls == [0, 0] and parts == [] and pair.out.stats()["frames_sent"] == sent
+    finally:
+        for c in conns:
+            c.lock.release()
+
+
+def test_try_control_parts_lets_go_of_the_memory_before_it_waits_for_a_stalled_peer() -> None:
+    """A frame the full socket of a peer that stopped reading took only in part: its rest is copied and ``unlock``
+    called (the parts emptied) before the rest is finished with blocking sends -- which time out, closing the
+    channel (``LLM_TIMEOUT``); the caller's memory is not read after ``unlock``."""
+    pit = Tarpit()
+    a = TcpTransport(LOOPBACK, sndbuf=64 << 10)
+    a.start()
+    try:
+        ch = a.connect(pit.endpoint, TOKEN, 1, deadline(5))
+        memory = bytearray(8 << 20)
+        parts: list = [b"head", memoryview(memory)]
+        seen: list[tuple[int, bool]] = []
+        with pytest.raises(DataDistError) as err:
+            ch.try_control_parts(CONTROL_REPLY, parts, lambda: seen.append((len(parts), ch.broken)))
+        assert seen == [(0, False)]           # once, the parts gone, before the wait that broke the channel
+        assert err.value.code == S.LLM_TIMEOUT and ch.broken
+        memory.extend(b"x")                    # no view of the memory is left (a resize would raise BufferError)
+    finally:
+        a.stop()
+        pit.close()

@@ -162,7 +162,7 @@ class LinkUsage:
 
     def has_turn(self, limits: LinkLimits) -> bool:
         """Whether ``try_enter_call`` would get a turn now, taking none: what a data reader thread peeks before it
-        answers a small read itself (``OwnerCalls._answer_here``; two reads of loop-owned counts, so at most one
+        answers a small read itself (``OwnerCalls._read_here``; two reads of loop-owned counts, so at most one
         such answer per connection beyond the cap while the loop takes the last turn)."""
         cap = limits.calls_in_flight
         return not cap or (self.calls < cap and not self._turns)

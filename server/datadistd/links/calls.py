@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 import time
@@ -13,15 +14,13 @@ from typing import Any, Callable, Coroutine
 
 from ..core.errors import DataDistError, StatusCode
 from ..state import readview
-from ..state.metrics import track_transfer
-from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused
+from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused, SendsParts
 from .model import LinkState, RemoteLink
 from .owner import Owner
 from .table import LinkTable
 from .wire import ownerwire
 from .wire.framecalls import FrameCalls
 from .wire.ownercalls import (
-    INLINE_READ_MAX,
     CommitWriteCmd,
     DoneReadCmd,
     GrantReadCmd,
@@ -52,9 +51,12 @@ class OwnerCalls:
     """Both directions of a link's owner calls: this end's calls on the other (``frame_calls``) and the other
     end's calls on this one (``control_handler`` -> ``_answer`` -> ``owner``)."""
 
-    def __init__(self, table: LinkTable, owner: Owner) -> None:
+    def __init__(self, table: LinkTable, owner: Owner, reader_reads: bool = True) -> None:
         self.table = table
         self.owner = owner
+        #: small reads by the engine's published read view (``_read_here``, ``readview``); off: every small read
+        #: takes the general path (``Owner.read_small`` by ``prepare_read``), the reference the fast one must equal
+        self.reader_reads = reader_reads
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -89,6 +91,7 @@ class OwnerCalls:
         ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
         (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
+        read_here = self._read_here(link) if self.reader_reads else None
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
@@ -100,12 +103,12 @@ class OwnerCalls:
                         return
                     kind, payload = inbox.popleft()
                     held[0] -= len(payload)
-                self._on_control(link, kind, payload)
+                self._on_control(link, kind, payload, read_here)
             if inbox:   # more than a turn's worth: the rest after the loop's other work
                 loop.call_soon(drain)
 
         def handler(kind: int, payload: bytes) -> None:
-            if kind == CONTROL_CALL and ownerwire.is_inline_read(payload) and self._answer_here(link, payload):
+            if kind == CONTROL_CALL and read_here is not None and read_here(payload):
                 return
             first = False
             with lock:
@@ -129,38 +132,57 @@ class OwnerCalls:
 
         return handler
 
-    def _answer_here(self, link: RemoteLink, payload: bytes) -> bool:
-        """A small read answered by the data reader thread that read it (``readview``): the bytes by the
-        engine's published read view, the reply sent on an idle connection without blocking. False, with
-        nothing sent and nothing counted, for anything else -- a stale view, another key, a refusal, a busy
-        connection, an error: the event loop answers it as before, with its status code. A reader thread
-        answers one frame at a time, so this holds at most one reply per connection."""
+    def _read_here(self, link: RemoteLink) -> Callable[[bytes], bool]:
+        """The link's answer to a small read by ``BlocksCacheKey`` that the engine's published read view settles
+        (``readview.read``), from whichever thread has the frame -- the data reader thread that read it, or the
+        event loop after republishing a stale view: the frame read with one ``unpack_from``
+        (``ownerwire.small_read``), the blocks resolved by the view's geometry, and the REPLY's headers and the
+        cache's bytes sent as one ``sendmsg`` straight from its memory on an idle connection (the channel's
+        ``try_control_parts``, under the engine's ``read_lock``). It returns False, with nothing sent and nothing
+        counted, for anything else -- another call, key or mode, a stale view, a refusal, memory not mapped here, a
+        busy connection, the link's call cap reached, any error: the event loop answers it (``_on_control``), with
+        its status code. One frame at a time per thread, so this holds at most one reply per connection."""
         table = self.table
-        if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
-                or not link.usage.has_turn(table.node.link_limits)):   # at its call cap: the loop queues or refuses
-            return False
-        link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
-        try:
-            cmd = ownerwire.decode_call(payload)
-        except DataDistError:   # a frame the event loop refuses (or drops) with its status code
-            return False
-        assert isinstance(cmd, ReadCmd)   # ``is_inline_read`` said so
-        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
-            try:
-                data = readview.read_now(table.engine, cmd.spec, INLINE_READ_MAX)
-                sent = data is not None and self._try_reply(link, OwnerReply(cmd.command_id, nbytes=len(data),
-                                                                             data=data))
-            except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
-                sent = False
-            if not sent or data is None:
-                tracked.hand_on()
-                return False
-            tracked.done(len(data), len(cmd.spec.blocks))
-        with link.reader_lock:
-            link.reader_bytes_out += len(data)
-        return True
+        engine = table.engine
+        cluster = table.cluster_id
+        limits = table.node.link_limits
+        usage = link.usage
+        metrics = table.node.metrics
+        bound = metrics.bound("serve_read", str(cluster), str(link.remote_cluster)) if metrics is not None else None
+        sends: list[readview.Send] = []   # the link's channel's ``try_control_parts`` for a REPLY, once found
+        small_read, pack, read, now = ownerwire.small_read, ownerwire.REPLY.pack, readview.read, time.monotonic
 
-    def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
+        def read_here(payload: bytes) -> bool:
+            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+                    or not usage.has_turn(limits)):   # at its call cap: the loop queues or refuses
+                return False
+            got = small_read(payload, cluster)
+            if got is None:
+                return False
+            started = link.last_seen = now()   # as ``_on_control``: the sweeper must hear of this frame
+            cid, model_id, tensor_start, tensor_count, blocks, nbytes = got
+            if not sends:
+                channel = table.channel_of(link)
+                if not isinstance(channel, SendsParts):
+                    return False
+                sends.append(functools.partial(channel.try_control_parts, CONTROL_REPLY))
+            try:
+                if read(engine, model_id, tensor_start, tensor_count, blocks, nbytes, sends[0],
+                        pack(ownerwire.TAG, 0, 0, 0, 0, cid, nbytes, 0, 0, nbytes)) != readview.SENT:
+                    return False
+            except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
+                return False
+            if bound is not None:
+                bound.begin()
+                bound.end("success", now() - started, nbytes, len(blocks))
+            with link.reader_lock:
+                link.reader_bytes_out += nbytes
+            return True
+
+        return read_here
+
+    def _on_control(self, link: RemoteLink, kind: int, payload: bytes,
+                    read_here: Callable[[bytes], bool] | None = None) -> None:
         if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
             self.table.channel_went(link, payload.decode(errors="replace"))
             return
@@ -183,10 +205,10 @@ class OwnerCalls:
             # in frame order: the channel's end queued after this call (``CONTROL_DOWN``) is the unlink's, not a
             # fault, even when it is handled before the task answering the call has run
             link.unlinked_by_peer = True
-        if isinstance(cmd, ReadCmd) and cmd.inline:
+        if isinstance(cmd, ReadCmd) and cmd.inline and read_here is not None:
             if self.table.reads is None and not readview.current(self.table.engine):
-                readview.publish(self.table.engine)   # what the reader threads read the next ones by
-            if self._answer_inline_now(link, cmd):
+                readview.publish(self.table.engine)   # what this read and the reader threads' next ones read by
+            if read_here(payload):
                 return
         self._answering(link, self._answer(link, cmd))
 
@@ -213,7 +235,7 @@ class OwnerCalls:
                 await self.owner.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, ReadCmd) and cmd.inline:
-                await self._answer_inline(link, cmd)
+                await self._answer_small(link, cmd)
                 return
             elif isinstance(cmd, ReadCmd):
                 nbytes, release = await self.owner.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
@@ -242,46 +264,10 @@ class OwnerCalls:
             log.info("cluster %s: cluster %s unlinked from its end", self.table.cluster_id, link.remote_cluster)
             await self.table.forget(link)
 
-    def _answer_inline_now(self, link: RemoteLink, cmd: ReadCmd) -> bool:
-        """A small read answered here and now, no task: when the link has a turn free at once, the memory is
-        mapped and a connection takes the reply without blocking (else the reply goes from a thread, the call
-        still counted). False, with nothing done, when there is no turn or the memory is not mapped: the task
-        path (``_answer_inline``) answers it."""
-        if not link.usage.try_enter_call(self.table.node.link_limits):
-            return False
-        counted = True
-        try:
-            try:
-                got = self.owner.read_inline_now(link, cmd.spec)
-                if got is None:
-                    return False
-                reply = OwnerReply(cmd.command_id, nbytes=len(got[0]), release_needed=got[1], data=got[0])
-            except DataDistError as exc:
-                reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
-            try:
-                if self._try_reply(link, reply):
-                    return True
-            except DataDistError as exc:
-                log.info("cluster %s: cannot answer call %s of cluster %s: %s", self.table.cluster_id,
-                         cmd.command_id, link.remote_cluster, exc)
-                return True
-            counted = False   # handed on: the task ends the call once the reply is out
-            self._answering(link, self._reply_then_exit(link, reply))
-            return True
-        finally:
-            if counted:
-                link.usage.exit_call()
-
-    async def _reply_then_exit(self, link: RemoteLink, reply: OwnerReply) -> None:
-        try:
-            await self._reply(link, reply)
-        finally:
-            link.usage.exit_call()
-
-    async def _answer_inline(self, link: RemoteLink, cmd: ReadCmd) -> None:
-        """A small read answered with its bytes, as a task (no turn free at once, or memory copied in a thread).
-        It counts as one of the link's owner calls until the reply is out, so a peer that asks and stops reading
-        holds at most ``link_calls_in_flight`` replies here."""
+    async def _answer_small(self, link: RemoteLink, cmd: ReadCmd) -> None:
+        """A small read answered with its bytes (``Owner.read_small``), as a task: what ``_read_here`` did not
+        settle. It counts as one of the link's owner calls until the reply is out, so a peer that asks and stops
+        reading holds at most ``link_calls_in_flight`` replies here."""
         limits = self.table.node.link_limits
         timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
         try:
@@ -291,20 +277,13 @@ class OwnerCalls:
             return
         try:
             try:
-                data, release = await self.owner.read_inline(link, cmd.spec)
+                data, release = await self.owner.read_small(link, cmd.spec, self.reader_reads)
                 reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
             await self._reply(link, reply)
         finally:
             link.usage.exit_call()
-
-    def _try_reply(self, link: RemoteLink, reply: OwnerReply) -> bool:
-        """``reply`` on an idle connection of the link without blocking (any thread); False, nothing sent, when
-        none takes it now or the link has no live channel."""
-        channel = self.table.channel_of(link)
-        return channel is not None and not channel.broken and channel.try_control(
-            CONTROL_REPLY, ownerwire.encode_reply(reply), time.monotonic() + self._reply_seconds())
 
     def _reply_seconds(self) -> float:
         return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)

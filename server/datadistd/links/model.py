@@ -77,7 +77,7 @@ class Link(abc.ABC):
     peer: str = ""                                  # the other daemon's source address (admission.source_key)
     unlinked_by_peer: bool = False                  # the other end's unlink call arrived (its answer may be running)
     unlinking: bool = False                         # this end is tearing it down (its unlink call may be out)
-    # reads answered by the data reader threads (``readview``, ``OwnerCalls._answer_here``): bytes and count,
+    # reads answered by the data reader threads (``readview``, ``OwnerCalls._read_here``): bytes and count,
     # under ``reader_lock`` (``bytes_out`` stays the event loop's)
     reader_bytes_out: int = 0
     reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

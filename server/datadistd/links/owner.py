@@ -7,9 +7,10 @@ import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
+from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes
+from ..state import readview
 from ..state.metrics import track_transfer
 from ..transport.base import Receipt
 from .model import Link, _Grant, _PendingWrite
@@ -52,40 +53,36 @@ class Owner:
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
 
-    def read_inline_now(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool] | None:
-        """Owner side of a small pull answered in the reply, on the event loop: the bytes ``spec`` names (checked
-        as ``read_for`` checks them) and whether the requester must release the key, copied out under a pin that
-        ends here -- nothing stays pinned while the reply travels. None, with nothing held, when the memory is
-        not mapped in the daemon (its copy may block: ``read_inline`` copies it in a thread)."""
+    async def read_small(self, link: Link, spec: RemoteSpec, view: bool) -> tuple[bytes, bool]:
+        """Owner side of a small pull answered in the reply (at most ``INLINE_READ_MAX`` bytes), on the event loop:
+        the bytes ``spec`` names and whether the requester must release the key. ``view``: by the engine's published
+        read view when it settles the read (``readview.read``: copied here when the memory is mapped, else in a
+        thread -- a system call or device copy each block); anything else -- another key kind, a refusal -- is
+        checked by ``engine.prepare_read`` (every status code and message) and copied under a pin that ends here
+        (mapped: here; else in a thread). Nothing stays pinned while the reply travels."""
         require(spec.expected_bytes <= INLINE_READ_MAX,
                 f"an inline read of {spec.expected_bytes} bytes; at most {INLINE_READ_MAX}")
         table = self.table
+        engine = table.engine
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
-            cache_id, src, release = table.engine.prepare_read(spec)
-            try:
-                if not all_mapped(src):
-                    tracked.hand_on()   # counted by ``_read_in_thread``'s own tracker
-                    return None
-                data = read_bytes(src)
-            finally:
-                table.engine.unpin(cache_id)
-            tracked.done(len(data), len(spec.blocks))
-        link.bytes_out += len(data)
-        return data, release
-
-    async def read_inline(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
-        """``read_inline_now``; memory read by system call or device copy is copied in a thread, as the peer."""
-        now = self.read_inline_now(link, spec)
-        return now if now is not None else await self._read_in_thread(link, spec)
-
-    async def _read_in_thread(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
-        table = self.table
-        with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
-            cache_id, src, release = table.engine.prepare_read(spec)
-            try:
-                data = await table.in_thread_of(link.principal, read_bytes, src)
-            finally:
-                table.engine.unpin(cache_id)
+            got: int | bytes | None = None
+            key = spec.key
+            if (view and isinstance(key, BlocksKeyRef) and spec.mode == ReadMode.BLOCKS
+                    and key.cluster_id == engine.cluster_id):
+                args = (engine, key.model_id, spec.tensor_start, spec.tensor_count, spec.blocks, spec.expected_bytes)
+                got = readview.read(*args)
+                if got == readview.UNMAPPED:
+                    got = await table.in_thread_of(link.principal, readview.read, *args, None, b"", True)
+            release = False
+            if isinstance(got, bytes):
+                data = got
+            else:
+                cache_id, src, release = engine.prepare_read(spec)
+                try:
+                    data = read_bytes(src) if all_mapped(src) else await table.in_thread_of(link.principal,
+                                                                                            read_bytes, src)
+                finally:
+                    engine.unpin(cache_id)
             tracked.done(len(data), len(spec.blocks))
         link.bytes_out += len(data)
         return data, release

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence, cast
+from typing import Protocol, Sequence, cast
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import (
@@ -119,6 +119,12 @@ def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[S
     return out
 
 
+class PublishedView(Protocol):
+    """An engine's published read view (``state.readview.ReadView``), as ``Engine._free`` needs it."""
+
+    def release(self) -> None: ...   # its byte views of the engine's memory (under ``read_lock``)
+
+
 class Engine:
     def __init__(self, engine_id: EngineId, options: EngineOptions, backend: MemoryBackend,
                  pools: dict[Placement, Pool], lane: Lane) -> None:
@@ -136,7 +142,7 @@ class Engine:
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
-        self.read_view: object = None
+        self.read_view: PublishedView | None = None   # ``state.readview`` (published by the event loop)
         self.read_lock = threading.Lock()
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -149,11 +155,19 @@ class Engine:
         if not entries:
             return
         with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
+            self._drop_read_view()
             for entry in entries:
                 memory = memory_of(entry)
                 memory.release()
         for entry in entries:
             log.debug("engine %s freed cache %s (%d bytes)", self.engine_id, entry.cache_id, entry.desc.total_size)
+
+    def _drop_read_view(self) -> None:
+        """Under ``read_lock``, before memory goes: the published read view is dropped and its byte views released
+        (``readview``): no reader reaches freed memory through it, and a mapping it viewed can close at once."""
+        view, self.read_view = self.read_view, None
+        if view is not None:
+            view.release()
 
     def entry(self, cache_id: int) -> CacheEntry:
         self._check_open()
@@ -477,6 +491,7 @@ class Engine:
         self.closed = True
         self._free(self.registry.clear())
         with self.read_lock:
+            self._drop_read_view()
             for pool in self.pools.values():
                 pool.close()
         self.pools = {}

@@ -1,63 +1,124 @@
-"""A peer's small read answered by the data reader thread that read it: no hop to the event loop.
+"""A peer's small read of a blocks cache answered by the engine's **published read view**: from the data reader
+thread that read the frame, with no hop to the event loop, or from the loop or an executor thread.
 
 The registry, its keys, pins and the pools are the event loop's (docs/daemon.md). A reader thread reads by a
-**published read view** of one engine instead: built on the loop (``publish``), immutable once published (the
+published read view of one engine instead: built on the loop (``publish``), immutable once published (the
 engine's ``read_view`` attribute is swapped whole), it maps each ``BlocksCacheKey`` model id to the bound,
-remotely accessible blocks cache whose memory is mapped in the daemon -- its description and tensors -- and
+remotely accessible blocks cache -- its geometry, computed once here: per tensor a byte view of its memory when
+the daemon maps it (else its handle and offset), the bytes per block, the number of blocks and of tensors -- and
 records the registry's ``generation`` it was built at. The registry bumps the generation on the loop at every
 change to what a peer may read (an entry added or retired, a key bound or unbound, ``clear``), never on
-pin/unpin.
+pin/unpin. So ``read`` resolves a few blocks by integer arithmetic, with no object per block, table or pin.
 
-Safety: ``read_now`` holds the engine's ``read_lock`` from "the view's generation is the registry's" through
-its copy; the loop takes the same lock in ``Engine._free`` (and ``close``) before any memory goes back to its
-pool or its handles close, and it bumped the generation before (``CacheRegistry._retire`` / ``clear``). So a
-reader that passed the check copies before the memory can be freed or reused (the loop waits microseconds in
-``_free``), and a reader after the bump sees a stale view and hands the frame to the loop. The reader never
-pins. Anything the view does not settle -- stale, unknown key, another key kind or mode, any refusal of
-``layout.owner_spans`` -- is None: the loop answers it as before, with its exact status code.
+Safety: ``read`` holds the engine's ``read_lock`` from "this view is the engine's, of its registry's generation,
+and the engine is open" until the last byte of the cache was copied or handed to the kernel (``send``: a
+non-blocking ``sendmsg``; a frame the socket took only in part has its rest copied before the lock is let go,
+``TcpChannel.try_control_parts``). The loop takes the same lock in ``Engine._free`` (and ``close``) before any
+memory goes back to its pool or its handles close -- and there drops the published view and releases its byte
+views (``ReadView.release``), so no view of freed memory outlives it -- and the registry bumped the generation
+before (``CacheRegistry._retire`` / ``clear``). So a read that passed the check copies or sends before the memory
+can be freed or reused (the loop waits in ``_free`` for one read of at most 64 KiB), and a read after the bump or
+the drop sees a stale view and returns None. Nothing here pins. Anything the view does not settle -- no view or a
+stale one, an unknown model id, a tensor or block out of range, a byte count that is not the request's, too many
+pieces -- is None: the caller's general path answers it (``links/owner.Owner.read_small``, with ``prepare_read``'s
+exact status code and message).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from ..core.errors import DataDistError
-from ..core.layout import owner_spans
-from ..core.types import BlocksKeyRef, CacheDesc, KeyKind, ReadMode, RemoteSpec
-from ..memory.base import Segment
-from ..memory.copy import all_mapped, read_bytes
-from .engine import Engine, segments_of, tensors_of
+from ..core.types import KeyKind
+from ..memory.base import MemoryHandle
+from ..memory.imported import release_view
+from ..memory.segments import byte_view
+from .engine import Engine, tensors_of
 
-__all__ = ["ReadView", "publish", "current", "read_now"]
+__all__ = ["ReadView", "publish", "current", "read", "SENT", "BUSY", "UNMAPPED", "MOST_PIECES"]
 
-@dataclass(frozen=True)
+#: ``read`` with ``send``: the reply went out whole (or its rest copied and being finished); the connection was
+#: busy or the socket took nothing (nothing sent, copy it); the memory is not mapped here (copy it in a thread)
+SENT, BUSY, UNMAPPED = 1, 2, 3
+#: the most pieces (tensors x blocks) ``read`` answers: more -- tiny blocks in a long list -- take the general path
+MOST_PIECES = 256
+
+#: ``send(parts, unlock)``: one frame of ``parts`` without blocking -- True when it went (or its rest was
+#: copied), False when nothing went -- calling ``unlock`` exactly once as soon as the parts are no longer read
+Send = Callable[[list, Callable[[], None]], bool]
+
+
 class _Cache:
-    cache_id: int
-    desc: CacheDesc
-    tensors: tuple[Segment, ...]
+    """One published blocks cache: its geometry (``publish``)."""
+
+    __slots__ = ("cache_id", "views", "handles", "offsets", "row", "rows", "tensors", "mapped")
+
+    def __init__(self, cache_id: int, views: tuple[memoryview | None, ...], handles: tuple[MemoryHandle, ...],
+                 offsets: tuple[int, ...], row: int, rows: int) -> None:
+        self.cache_id = cache_id
+        self.views = views          # per tensor: its bytes mapped here, or None
+        self.handles = handles      # per tensor: its handle and the tensor's offset in it (unmapped reads)
+        self.offsets = offsets
+        self.row = row              # bytes per block and tensor
+        self.rows = rows            # blocks per tensor
+        self.tensors = len(views)
+        self.mapped = all(v is not None for v in views)
 
 
-@dataclass(frozen=True)
 class ReadView:
-    generation: int
-    blocks: dict[int, _Cache]   # BlocksCacheKey model id -> its cache (never mutated once published)
+    """What a peer may read of one engine at registry generation ``generation``, by ``BlocksCacheKey`` model id
+    (never mutated once published)."""
+
+    __slots__ = ("generation", "blocks")
+
+    def __init__(self, generation: int, blocks: dict[int, _Cache]) -> None:
+        self.generation = generation
+        self.blocks = blocks
+
+    def release(self) -> None:
+        """Release every byte view this view made (``Engine._free`` / ``close``, under ``read_lock``, before memory
+        goes): nobody can read through them after, and a mapping they viewed can close at once."""
+        for cache in self.blocks.values():
+            for v in cache.views:
+                if v is not None:
+                    release_view(v)
+
+
+def _cache(cache_id: int, tensors: Sequence, row: int, rows: int) -> _Cache:
+    views: list[memoryview | None] = []
+    for seg in tensors:
+        whole = byte_view(seg.handle, writable=False)
+        if whole is None:
+            views.append(None)
+            continue
+        views.append(whole[seg.offset:seg.offset + seg.length])
+        whole.release()
+    return _Cache(cache_id, tuple(views), tuple(s.handle for s in tensors), tuple(s.offset for s in tensors), row,
+                  rows)
 
 
 def publish(engine: Engine) -> ReadView:
-    """Build and publish ``engine``'s view (the event loop only)."""
+    """Build and publish ``engine``'s view (the event loop only); the one it replaces is released."""
     registry = engine.registry
     blocks: dict[int, _Cache] = {}
     for entry in registry.entries():
         if not (entry.is_blocks and entry.remote_accessible):
             continue
-        tensors = tensors_of(entry)
-        if not all_mapped(tensors):
+        models = [key.model_id for key in registry.keys_of(entry.cache_id) if key.kind == KeyKind.BLOCKS]
+        if not models:
             continue
-        for key in registry.keys_of(entry.cache_id):
-            if key.kind == KeyKind.BLOCKS:
-                blocks[key.model_id] = _Cache(int(entry.cache_id), entry.desc, tensors)
+        desc = entry.desc
+        try:
+            cache = _cache(int(entry.cache_id), tensors_of(entry), desc.row_size, desc.rows)
+        except DataDistError:   # a handle already closed: the general path answers (and refuses) its reads
+            continue
+        for model_id in models:
+            blocks[model_id] = cache
     view = ReadView(registry.generation, blocks)
-    engine.read_view = view
+    with engine.read_lock:   # a reader holding the old one sees it is no longer the engine's
+        old, engine.read_view = engine.read_view, view
+        if old is not None:
+            old.release()
     return view
 
 
@@ -67,23 +128,67 @@ def current(engine: Engine) -> bool:
     return isinstance(view, ReadView) and view.generation == engine.registry.generation
 
 
-def read_now(engine: Engine, spec: RemoteSpec, limit: int) -> bytes | None:
-    """The bytes of ``spec`` (at most ``limit``) read by the published view from any thread, or None: the loop
-    answers it (see the module docstring)."""
-    view = engine.read_view
-    key = spec.key
-    if (not isinstance(view, ReadView) or engine.closed or not isinstance(key, BlocksKeyRef)
-            or spec.mode != ReadMode.BLOCKS or key.cluster_id != engine.cluster_id or spec.expected_bytes > limit):
+def read(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, blocks: Sequence[int], expected: int,
+         send: Send | None = None, head: bytes = b"", unmapped: bool = False) -> int | bytes | None:
+    """A small read of blocks cache ``model_id`` by the published view, from any thread: tensors
+    ``[tensor_start, tensor_start + tensor_count)`` (count 0: every tensor), in each the rows ``blocks`` (non-negative
+    ints, list order, repeats allowed), ``expected`` bytes in all (the caller bounds it: an inline read's).
+
+    With ``send``: ``head`` and then views of the memory, straight from it, as one frame (``send``, the lock let go
+    by it): ``SENT``, or ``BUSY`` (nothing sent), or ``UNMAPPED`` when a tensor is not mapped here. Without: the
+    bytes, copied out -- of mapped memory, or also of unmapped memory (``unmapped``: a system call or device copy
+    per block, for an executor thread), else ``UNMAPPED``. None: the view does not settle it (module docstring)."""
+    view: ReadView | None = engine.read_view  # type: ignore[assignment]
+    if view is None:
         return None
-    cache = view.blocks.get(key.model_id)
+    cache = view.blocks.get(model_id)
     if cache is None:
         return None
-    try:
-        spans, _ = owner_spans(cache.desc, True, cache.cache_id, 0, spec, "src", engine.cluster_id)
-    except DataDistError:
+    count = tensor_count or cache.tensors
+    row, rows = cache.row, cache.rows
+    if (tensor_start + count > cache.tensors or count * len(blocks) * row != expected
+            or count * len(blocks) > MOST_PIECES):
         return None
-    src = segments_of(cache.tensors, spans)
-    with engine.read_lock:
-        if engine.closed or view.generation != engine.registry.generation:
+    for b in blocks:
+        if b >= rows:
             return None
-        return read_bytes(src)
+    if not (cache.mapped or (unmapped and send is None)):
+        return UNMAPPED
+    views = cache.views
+    lock = engine.read_lock
+    lock.acquire()
+    held = True
+    try:
+        if engine.read_view is not view or view.generation != engine.registry.generation or engine.closed:
+            return None
+        if send is None:
+            return _copy(cache, tensor_start, count, blocks, expected)
+        parts: list = [head]
+        for t in range(tensor_start, tensor_start + count):
+            v = views[t]
+            for b in blocks:
+                a = b * row
+                parts.append(v[a:a + row])  # type: ignore[index]
+        held = False   # ``send`` lets it go, exactly once, whatever happens
+        return SENT if send(parts, lock.release) else BUSY
+    finally:
+        if held:
+            lock.release()
+
+
+def _copy(cache: _Cache, tensor_start: int, count: int, blocks: Sequence[int], expected: int) -> bytes:
+    """Under ``read_lock``: the bytes of the blocks, tensor by tensor."""
+    out = bytearray(expected)
+    dst = memoryview(out)
+    row, at = cache.row, 0
+    for t in range(tensor_start, tensor_start + count):
+        v, handle, base = cache.views[t], cache.handles[t], cache.offsets[t]
+        for b in blocks:
+            a = b * row
+            if v is not None:
+                dst[at:at + row] = v[a:a + row]
+            else:
+                handle.read_into(base + a, dst[at:at + row])
+            at += row
+    dst.release()
+    return bytes(out)

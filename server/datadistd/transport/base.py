@@ -193,6 +193,16 @@ class Transport(Protocol):
 
 
 @runtime_checkable
+class SendsParts(Protocol):
+    """A channel that sends a control frame straight from views of memory (tcp: ``TcpChannel``): an owner's small
+    read answered by its reader thread (``links/calls.py``, ``state/readview.py``)."""
+
+    def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
+        """``parts`` as one control frame without blocking, no copy; False, nothing sent, when that is not possible
+        now. ``parts`` is emptied and ``unlock`` called exactly once, as soon as the parts are no longer read."""
+
+
+@runtime_checkable
 class ReadGrants(Protocol):
     """A transport over a fabric that reads one-sidedly (``nixl``: a READ, ``hccl``: ``HcclBatchGet``): a pull is a
     read by the puller. The owner validates and pins what may be read and answers a *grant* -- its extents, opaque to

@@ -45,7 +45,8 @@ from ...core.plan import AddrRef
 from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
-__all__ = ["TAG", "MAX_BLOCKS", "is_inline_read", "encode_call", "decode_call", "encode_reply", "decode_reply"]
+__all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "REPLY", "small_read", "encode_call", "decode_call",
+           "encode_reply", "decode_reply"]
 
 TAG = 0xFF
 OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ = range(1, 9)
@@ -61,6 +62,9 @@ COMMIT = struct.Struct(_HEAD + "II")                    # count reserved
 RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tensor_count
 DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 _REPLY = struct.Struct("<BBHI qQQ III")
+#: a REPLY's fixed head: ``REPLY.pack(TAG, 0, 0, 0, 0, command_id, n, 0, 0, n)`` then ``n`` bytes is a small read's
+#: answer (what ``encode_reply`` makes of ``OwnerReply(command_id, nbytes=n, data=...)``)
+REPLY = _REPLY
 
 _INLINE = _RELEASE_NEEDED = _CONSUME = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY, _ADDRESS = 1, 2, 3, 4
@@ -70,9 +74,28 @@ _U64 = np.dtype("<u8")
 _MASK = (1 << 64) - 1
 
 
-def is_inline_read(data: bytes) -> bool:
-    """Whether ``data`` is a READ frame asking for its bytes in the reply (its fields not yet checked)."""
-    return len(data) >= READ.size and data[0] == TAG and data[1] == OP_READ and data[2] & _INLINE == _INLINE
+#: the most block numbers of a read ``small_read`` takes (more: ``decode_call``)
+SMALL_READ_BLOCKS = 64
+_BLOCK_LISTS = tuple(struct.Struct(f"<{n}Q") for n in range(SMALL_READ_BLOCKS + 1))
+_BLOCKS_MODE = int(ReadMode.BLOCKS)
+
+
+def small_read(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
+    """An inline READ by ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most
+    ``SMALL_READ_BLOCKS`` blocks and ``INLINE_READ_MAX`` bytes, with every reserved field, flag and length as
+    ``decode_call`` accepts them (transfer id, key fields b and d 0): ``(command_id, model_id, tensor_start,
+    tensor_count, blocks, expected_bytes)``, read with one ``unpack_from`` (and one for the blocks). None for
+    anything else, well formed or not: ``decode_call`` then decides (the data reader thread's path,
+    ``links/calls.py``)."""
+    if len(data) < READ.size:
+        return None
+    (tag, op, flags, _, cid, tid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
+     expected) = READ.unpack_from(data)
+    if (tag != TAG or op != OP_READ or flags != _INLINE or tid or kind != _BLOCKS_KEY or r1 or r2 or r3 or b or d
+            or mode != _BLOCKS_MODE or a != cluster_id or n > SMALL_READ_BLOCKS or len(data) != READ.size + 8 * n
+            or expected > oc.INLINE_READ_MAX):
+        return None
+    return cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected
 
 
 # ---- encoding ---------------------------------------------------------------------------------------------

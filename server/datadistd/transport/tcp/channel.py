@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .wire import (
     _INLINE_FINISH,
     _INLINE_MAX,
     _JOIN,
+    _SEND_NOWAIT,
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
@@ -303,6 +304,62 @@ class TcpChannel:
         """One control frame from the calling thread (the event loop) on an idle connection, without
         blocking; False (nothing sent) when every connection is busy or would block."""
         return self._control_frame(kind, payload, deadline, wait=False)
+
+    def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
+        """One control frame whose payload is ``parts`` (bytes-like: views of mapped memory, say) from the calling
+        thread: the frame's header and the parts in one non-blocking ``sendmsg`` on an idle connection, no copy.
+        False, nothing sent, when the channel is down or every connection is busy or would block.
+
+        ``parts`` is consumed (emptied) and ``unlock`` called exactly once, as soon as the parts are no longer read:
+        after the ``sendmsg``, or -- a frame the full socket took only in part -- once its rest is copied, before
+        that rest is finished by blocking sends within ``_INLINE_FINISH`` (else the connection is closed and this
+        raises, as ``try_control``). So a caller whose parts view memory it may read only under a lock passes that
+        lock's release: the memory is never read after it, and the lock is never held while a peer stalls."""
+        try:
+            n = sum(map(len, parts))
+            if kind not in KIND_CONTROL or n > MAX_CONTROL:
+                raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, {n} bytes")
+            conns = self._conns          # appended under the lock, never reordered: a snapshot
+            count = len(conns)
+            if self._broken or self._closed or not count:
+                return False
+            base = next(self._rr)
+            parts.insert(0, HEADER.pack(FRAME_MAGIC, kind, 0, 0, n))
+            for k in range(count):
+                conn = conns[(base + k) % count]
+                if conn.closed or not conn.lock.acquire(timeout=0):
+                    continue
+                try:
+                    try:
+                        sent = conn.sock.sendmsg(parts, [], _SEND_NOWAIT)
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        conn.shutdown()
+                        self._break(f"sending a control frame failed: {exc}")
+                        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                            f"control frame to {self._peer}: send failed: {exc}") from None
+                    if sent < HEADER.size + n:   # the socket filled up mid-frame: the rest must follow, briefly
+                        rest = memoryview(b"".join(parts))[sent:]
+                        parts.clear()
+                        release, unlock = unlock, None
+                        if release is not None:
+                            release()
+                        try:
+                            conn._write([rest], time.monotonic() + _INLINE_FINISH, partial=True)
+                        except _SendError as exc:
+                            conn.shutdown()
+                            self._break(f"sending a control frame failed: {exc.message}")
+                            raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+                    conn.frames_sent += 1
+                    return True
+                finally:
+                    conn.lock.release()
+            return False
+        finally:
+            parts.clear()
+            if unlock is not None:
+                unlock()
 
     def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
         """One control frame, waiting (until ``deadline``) for a connection when all are busy."""

@@ -181,7 +181,10 @@ class Requester:
     async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
-        if self.table.reads is not None:   # a transport that reads: the owner grants, this side reads
+        if self.table.published is not None:   # a transport that reads published tables: no owner call
+            await self._table_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
+            return
+        if self.table.reads is not None:   # a transport that reads by grants (hccl): the owner grants, this side reads
             await self._read_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
             return
         if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
@@ -229,10 +232,33 @@ class Requester:
             raise
         return release
 
+    async def _table_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
+                          dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
+        """A pull over a transport that reads published tables (``ReadTables``; ``links.published``): the key
+        resolved by the table the owner published to the link, then one READ of the rows straight into ``dst`` --
+        no owner call, but the RELEASE that consumes a CacheKey after its pull. A key the table lacks is asked
+        once (a ping: the owner's table changes precede its reply), then refused with the owner's code."""
+        published = self.table.published
+        assert published is not None
+        try:
+            found = published.resolve(channel, channel.token, link.remote_cluster, spec)
+            if found is None:
+                await calls.ping(max(0.0, deadline - time.monotonic()))
+                found = published.resolve(channel, channel.token, link.remote_cluster, spec)
+            if found is None:
+                raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                    f"cluster {link.remote_cluster} published no cache for {spec.key}")
+            await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, dst,
+                                       deadline)
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        if found.release:
+            await self._release(link, calls, spec, deadline)
+
     async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
                          dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
-        """A pull over a transport that reads (``ReadGrants``): the owner grants the rows, this side reads them
-        straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key: only then
+        """A pull over a transport that reads by grants (``ReadGrants``: hccl): the owner grants the rows, this side
+        reads them straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key: only then
         is that answer awaited; otherwise the pull returns once its bytes are in)."""
         reads = self.table.reads
         assert reads is not None

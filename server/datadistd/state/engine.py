@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence, cast
+from typing import Callable, Sequence, cast
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import (
@@ -137,6 +137,10 @@ class Engine:
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
         self.read_view: object = None
+        #: run (the event loop) after every change of the registry and before any memory is freed: the link
+        #: manager's ``Published.sync`` over a transport that reads published tables (a withdrawn cache is
+        #: unreadable before its memory can be reused)
+        self.watch: Callable[[], None] | None = None
         self.read_lock = threading.Lock()
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -146,6 +150,8 @@ class Engine:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, f"engine {self.engine_id} is finalized")
 
     def _free(self, entries: Sequence[CacheEntry]) -> None:
+        if self.watch is not None:   # every path that changes what a peer may read comes here (or ``_changed``)
+            self.watch()
         if not entries:
             return
         with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
@@ -201,6 +207,8 @@ class Engine:
         log.info("engine %s cluster %s allocated %s cache %s: %d x %s %s (%d bytes)", self.engine_id,
                  self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
                  list(desc.shape), desc.dtype.name, desc.total_size)
+        if self.watch is not None:
+            self.watch()
         return entry
 
     def _check_blocks_key_free(self, model_id: int) -> None:
@@ -263,6 +271,8 @@ class Engine:
         log.info("engine %s cluster %s registered %s cache %s: %d x %s %s remote_accessible=%s", self.engine_id,
                  self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
                  list(desc.shape), desc.dtype.name, remote_accessible)
+        if self.watch is not None:
+            self.watch()
         return entry
 
     def deallocate_cache(self, cache_id: int, *, is_blocks: bool) -> None:

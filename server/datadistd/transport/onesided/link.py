@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -48,6 +48,8 @@ class LinkOwner(Protocol):
 
     def _forget_peer(self, peer: "LinkPeer") -> None: ...
 
+    def _ready(self, peer: "LinkPeer") -> None: ...
+
 __all__ = ["LinkPeer", "OneSidedChannel"]
 
 log = logging.getLogger("datadistd.transport.onesided")
@@ -76,6 +78,10 @@ class LinkPeer:
         self._forgotten = False
         self._receipts: dict[int, OneSidedReceipt] = {}
         self._early = EarlyFrames()   # link control frames: to the link manager, or kept until it set its handler
+        #: the caches the peer published to this link (``tables.PublishedTables``): handle -> ``RemoteEntry``
+        self.table: dict[int, Any] = {}
+        self.table_version = 0
+        self.table_lock = threading.Lock()
 
     @property
     def what(self) -> str:
@@ -133,6 +139,7 @@ class LinkPeer:
             if reply:
                 self.send(self.transport._meta(self, reply=False))
             self.ready.set()
+            self.transport._ready(self)
         elif letter == DESCS:
             _, tid = ID.unpack_from(payload)
             (size,) = MD_LEN.unpack_from(payload, ID.size)

@@ -150,7 +150,7 @@ class Engine:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, f"engine {self.engine_id} is finalized")
 
     def _free(self, entries: Sequence[CacheEntry]) -> None:
-        if self.watch is not None:   # every path that changes what a peer may read comes here (or ``_changed``)
+        if self.watch is not None:   # every path that changes what a peer may read ends here or in ``watch``
             self.watch()
         if not entries:
             return

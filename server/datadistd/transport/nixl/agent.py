@@ -110,7 +110,7 @@ class Agent:
         self.backend = backend
         self._bindings = importlib.import_module(api.__name__.rsplit(".", 1)[0] + "._bindings")
         self._regs = RegistrationTable(self._register, self._deregister)
-        self._published: set[int] = set()   # ids of the registrations of published caches (``publish``)
+        self._published: dict[int, Any] = {}   # the registrations of published caches, by id (``publish``)
         self._closed = False
 
     # -- metadata --
@@ -192,13 +192,13 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             raise DataDistError(status_of(exc), f"NIXL could not register a cache of {len(descs)} tensors "
                                                 f"({type(exc).__name__}: {exc})") from None
-        self._published.add(id(token))
+        self._published[id(token)] = token
         return token, bytes(metadata)
 
     def unpublish(self, token: Any) -> None:
         """Deregister a published cache's memory: on a fabric that checks keys (RDMA), a peer's READ of it fails
         from now on."""
-        self._published.discard(id(token))
+        self._published.pop(id(token), None)
         self._deregister(Registration(0, 0, 0, 0, token))
 
     def published(self) -> int:
@@ -324,4 +324,6 @@ class Agent:
 
     def close(self) -> None:
         self._regs.close()
+        for token in list(self._published.values()):
+            self.unpublish(token)
         self._closed = True

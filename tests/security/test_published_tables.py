@@ -22,9 +22,17 @@ import pytest  # noqa: E402
 
 from datadist.status import LLMStatusCode as S  # noqa: E402
 from datadistd.core.errors import DataDistError  # noqa: E402
-from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role  # noqa: E402
 from datadistd.core.plan import TransferKind, TransferOrder  # noqa: E402
-from datadistd.core.types import CacheKeyRef  # noqa: E402
+from datadistd.core.types import (  # noqa: E402
+    BlocksKeyRef,
+    CacheDesc,
+    CacheKeyRef,  # noqa: E402
+    DType,
+    Placement,
+    ReadMode,
+    RemoteSpec,
+    Role,
+)
 from datadistd.links import ClusterSpec, LinkManager  # noqa: E402
 from datadistd.links.wire import ownerwire  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402

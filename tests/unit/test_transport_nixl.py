@@ -186,7 +186,7 @@ def test_a_pull_reads_published_rows_by_one_prepared_read(pair) -> None:
     assert _entry(pair.a, pair.out, handle)
     assert pair.a.table_of(pair.out, -1)[1] == {handle: b"cache"}
     dst = ArrayHandle(1 << 20)
-    for i, rows in enumerate([((0, 1), (1, 3), (0, 15)), ((1, 0), (1, 1), (1, 2), (0, 7))]):
+    for rows in [((0, 1), (1, 3), (0, 15)), ((1, 0), (1, 1), (1, 2), (0, 7))]:
         d = [Segment(dst, 0, ROW), Segment(dst, 100_000, (len(rows) - 1) * ROW)]
         pair.a.read_rows(pair.out, handle, _table_rows(*rows), d, deadline())
         got = np.concatenate([dst.arr[0:ROW], dst.arr[100_000:100_000 + (len(rows) - 1) * ROW]])
@@ -198,16 +198,15 @@ def test_a_pull_reads_published_rows_by_one_prepared_read(pair) -> None:
         time.sleep(0.01)
     assert pair.b.bytes_read_by_peers == 7 * ROW
     # a new link gets the whole table when it comes up: b's entry reaches a second puller too
-    c = Pair.__new__(Pair)
     from datadistd.transport import get_transport
-    c.a = get_transport("nixl", host="127.0.0.1", port=0)
-    c.a.start()
+    c = get_transport("nixl", host="127.0.0.1", port=0)
+    c.start()
     try:
         pair.b.allow(b"c" * 32)
-        out = c.a.connect(pair.b.endpoint, b"c" * 32, 1, deadline(10))
-        assert _entry(c.a, out, handle)
+        out = c.connect(pair.b.endpoint, b"c" * 32, 1, deadline(10))
+        assert _entry(c, out, handle)
     finally:
-        c.a.stop()
+        c.stop()
 
 
 @needs_nixl

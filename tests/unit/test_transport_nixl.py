@@ -262,6 +262,26 @@ def test_a_withdrawn_handle_reads_nothing_and_its_memory_is_deregistered(pair) -
 
 
 @needs_nixl
+def test_a_publication_that_overtook_its_withdrawal_is_ignored(pair) -> None:
+    """Control frames are spread over a link's connections, so b's P of a handle may arrive after its W: a's table
+    ignores it (handles are never reused) and the handle stays unreadable."""
+    pool = ArrayHandle(2 * ROWS * ROW, seed=6)
+    handle, _ = _publish(pair.b, pool)
+    late = pair.b._published[handle].message + struct.pack("<I", 5) + b"cache"
+    assert _entry(pair.a, pair.out, handle)
+    pair.b.withdraw(handle)
+    assert _gone(pair.a, pair.out, handle)
+    _raw(pair.inb).send_control(CONTROL_TRANSPORT, late, deadline())
+    after, _ = _publish(pair.b, pool)          # on the same connection, after the stale P
+    assert _entry(pair.a, pair.out, after)
+    assert handle not in pair.a.table_of(pair.out, -1)[1]
+    dst = ArrayHandle(ROW)
+    with pytest.raises(DataDistError) as err:
+        pair.a.read_rows(pair.out, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+    assert err.value.code == S.LLM_KV_CACHE_NOT_EXIST and not dst.arr.any()
+
+
+@needs_nixl
 def test_a_handle_of_another_link_or_engine_is_not_in_this_links_table(pair) -> None:
     """Tables are per link: a handle engine c published to its own link with a is unknown on a's link to b,
     whatever the number; so is a handle b never published."""

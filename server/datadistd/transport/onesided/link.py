@@ -81,6 +81,7 @@ class LinkPeer:
         #: the caches the peer published to this link (``tables.PublishedTables``): handle -> ``RemoteEntry``
         self.table: dict[int, Any] = {}
         self.table_version = 0
+        self.withdrawn: OrderedDict[int, None] = OrderedDict()   # handles the peer withdrew (never reused)
         self.table_lock = threading.Lock()
 
     @property

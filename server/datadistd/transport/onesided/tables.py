@@ -10,6 +10,10 @@ then its registration is deregistered -- both before ``withdraw`` returns, which
 cache's memory goes back to its pool. A peer whose ``P`` or ``W`` cannot be sent (its channel broke, or it was
 full for ``_CONTROL_TIMEOUT``) is dropped: a peer never holds a row it was not told is gone.
 
+Control frames are spread over the link's connections, so messages may arrive out of order: a ``P`` before the
+peer's ``M`` waits for it; an update older than the entry (its generation) is ignored; handles are never reused,
+so a ``P`` of a handle already withdrawn (``LinkPeer.withdrawn``) is stale and ignored.
+
 The requester keeps each peer's table (``LinkPeer.table``): on ``P`` it loads the metadata and prepares the rows
 once as a NIXL descriptor list (``agent.prepare_rows``; NIXL refuses rows outside what the owner described); a
 pull is then one prepared READ of rows by index (``read_rows``), carrying a notification (``DDR``, handle, bytes)
@@ -53,6 +57,7 @@ MAX_TENSORS = 4096
 MAX_ROWS_TOTAL = 1 << 22      # rows of one cache (tensors x rows): one descriptor each in the prepared list
 MAX_ENTRIES = 1 << 16         # published handles one peer may hold at this end
 MAX_INFO = 1 << 20
+MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 
 
 @dataclass
@@ -178,6 +183,9 @@ class PublishedTables(OneSidedTransport):
             with peer.table_lock:
                 entry = peer.table.pop(handle, None)
                 peer.table_version += 1
+                peer.withdrawn[handle] = None   # handles are never reused: a later P of it is stale
+                while len(peer.withdrawn) > MAX_WITHDRAWN:
+                    peer.withdrawn.popitem(last=False)
             if entry is not None:
                 self._retire(entry)
         else:
@@ -197,9 +205,13 @@ class PublishedTables(OneSidedTransport):
         if len(metadata) != md_len or len(info) != info_len or info_len > MAX_INFO or \
                 at + _LEN.size + info_len != len(payload):
             raise ValueError("a truncated or oversized P message")
-        if peer.agent_name is None:
-            raise ValueError("a published cache before the peer's agent")
+        if peer.agent_name is None:   # control frames are spread over the link's connections: its M may be behind
+            peer.ready.wait(_CONTROL_TIMEOUT)
+            if peer.agent_name is None:
+                raise ValueError("a published cache before the peer's agent")
         with peer.table_lock:
+            if handle in peer.withdrawn:   # a P overtaken by the W of its handle (another connection): stale
+                return
             old = peer.table.get(handle)
             if old is None and len(peer.table) >= MAX_ENTRIES:
                 raise ValueError(f"more than {MAX_ENTRIES} published caches")
@@ -220,9 +232,12 @@ class PublishedTables(OneSidedTransport):
             entry.order = np.argsort(starts, kind="stable")
             entry.starts = starts[entry.order]
         with peer.table_lock:
-            old = peer.table.get(handle)
-            peer.table[handle] = entry
-            peer.table_version += 1
+            if handle in peer.withdrawn:   # withdrawn while its rows were prepared
+                old, entry = entry, None
+            else:
+                old = peer.table.get(handle)
+                peer.table[handle] = entry
+                peer.table_version += 1
         if old is not None:
             self._retire(old)
 

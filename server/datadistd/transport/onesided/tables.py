@@ -232,10 +232,9 @@ class PublishedTables(OneSidedTransport):
             entry.order = np.argsort(starts, kind="stable")
             entry.starts = starts[entry.order]
         with peer.table_lock:
-            if handle in peer.withdrawn:   # withdrawn while its rows were prepared
-                old, entry = entry, None
-            else:
-                old = peer.table.get(handle)
+            stale = handle in peer.withdrawn   # withdrawn while its rows were prepared
+            old = entry if stale else peer.table.get(handle)
+            if not stale:
                 peer.table[handle] = entry
                 peer.table_version += 1
         if old is not None:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.errors import DataDistError, StatusCode
-from ..core.layout import BlockSpans, owner_spans
+from ..core.errors import DataDistError, StatusCode, require
+from ..core.layout import BlockSpans, address_spans, owner_spans, total_length
+from ..core.plan import AddrRef
 from ..core.types import BlocksKeyRef, CacheId, CacheKeyRef, IdIndexRef, KeyKind, OwnerKey, RemoteSpec
-from ..state.engine import Engine, tensors_of
+from ..state.engine import Engine, memory_of, tensors_of
 from ..transport.base import Channel, ReadTables
 from .wire.tables import CacheInfo, decode_info, encode_info
 
@@ -67,7 +68,7 @@ class Published:
             self.tables.withdraw(handle)
         for cache_id, entry in live.items():
             info = encode_info(CacheInfo(cache_id, entry.is_blocks, entry.owned, entry.desc,
-                                         registry.bound_keys(entry.cache_id)))
+                                         registry.bound_keys(entry.cache_id), memory_of(entry).worker_addrs))
             known = self._handles.get(cache_id)
             if known is not None and known[1] == info:
                 continue
@@ -128,12 +129,31 @@ class Published:
                                     f"batch_index {batch} out of range [0, {info.desc.rows}) of cache {key.cache_id}")
             owner_key = next((k for k, b in info.keys.items() if b == batch and k.kind != KeyKind.BLOCKS), None)
         else:
-            raise DataDistError(StatusCode.LLM_FEATURE_NOT_ENABLED,
-                                f"a pull by address is not supported over {type(self.tables).__name__}: pull by key")
+            assert isinstance(key, AddrRef)
+            return self._by_address(index, key, spec, remote_cluster)
         spans, _ = owner_spans(info.desc, info.is_blocks, CacheId(info.cache_id), batch, spec, "src", remote_cluster)
         rows = _span_rows(spans)
         release = owner_key is not None and owner_key.kind == KeyKind.REQ and info.owned and not info.is_blocks
         return Resolved(handle, rows, int(rows[:, 2].sum()) if len(rows) else 0, release)
+
+    @staticmethod
+    def _by_address(index: _Index, key: AddrRef, spec: RemoteSpec, remote_cluster: int) -> Resolved:
+        """A raw worker address, resolved as the owner's ``Engine.resolve_address`` does (only caches in the table:
+        remotely accessible ones), its spans by ``layout.address_spans``."""
+        for handle, info in index.ids.values():
+            size = info.desc.tensor_size
+            for tensor, base in enumerate(info.addrs):
+                if base and base <= key.addr < base + size:
+                    spans = address_spans(info.desc, info.cache_id, tensor, key.addr - base, spec)
+                    got = total_length(spans)
+                    require(spec.expected_bytes == got,
+                            f"size mismatch: requester expects {spec.expected_bytes} bytes, address {key.addr:#x} "
+                            f"of cluster {remote_cluster} has {got} bytes for that request")
+                    rows = _span_rows(spans)
+                    return Resolved(handle, rows, got, False)
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"address {key.addr:#x} is not inside a remotely accessible cache of cluster "
+                            f"{remote_cluster}")
 
     @staticmethod
     def _rebuild(index: _Index, version: int, infos: dict[int, bytes]) -> None:

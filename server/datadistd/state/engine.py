@@ -18,8 +18,8 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import (
     BlockSpans,
     Span,
+    address_spans,
     block_copy_pairs,
-    block_runs,
     block_spans,
     describe_layout,
     owner_spans,
@@ -41,7 +41,6 @@ from ..core.types import (
     KeyKind,
     OwnerKey,
     Placement,
-    ReadMode,
     RemoteSpec,
 )
 from ..guard.executor import Gate, Lane
@@ -309,6 +308,9 @@ class Engine:
         require(len(addrs) == entry.desc.num_tensors,
                 f"cache {cache_id} has {entry.desc.num_tensors} tensors, got {len(addrs)} addresses")
         memory_of(entry).worker_addrs = tuple(int(a) for a in addrs)
+        self.registry.generation += 1   # what a peer may name changed: its raw addresses
+        if self.watch is not None:
+            self.watch()
 
     def resolve_address(self, addr: int) -> tuple[CacheEntry, int, int]:
         """A raw worker address -> (cache, tensor index, byte offset); others are refused (LLM_PARAM_INVALID)."""
@@ -324,23 +326,8 @@ class Engine:
                             f"address {addr:#x} is not inside a remotely accessible cache of cluster {self.cluster_id}")
 
     def _address_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span]]:
-        key = spec.key
-        entry, tensor, offset = self.resolve_address(key.addr)  # type: ignore[union-attr]
-        size = entry.desc.tensor_size
-        if spec.mode == ReadMode.BLOCKS:
-            bs = key.block_size  # type: ignore[union-attr]
-            require(bs > 0, "a blocks address needs the block size (dst_block_memory_size)")
-            for i, b in enumerate(spec.blocks):
-                require(offset + (b + 1) * bs <= size,
-                        f"block {b} (position {i}) of {bs} bytes at address {key.addr:#x} runs past the end of "  # type: ignore[union-attr]
-                        f"tensor {tensor} of cache {entry.cache_id}")
-            spans = [Span(tensor, offset + first * bs, count * bs) for first, count in block_runs(spec.blocks)]
-        else:
-            require(spec.size > 0 and offset + spec.size <= size,
-                    f"{spec.size} bytes at address {key.addr:#x} run past the end of tensor {tensor} of cache "  # type: ignore[union-attr]
-                    f"{entry.cache_id}")
-            spans = [Span(tensor, offset, spec.size)]
-        return entry, spans
+        entry, tensor, offset = self.resolve_address(spec.key.addr)  # type: ignore[union-attr]
+        return entry, address_spans(entry.desc, entry.cache_id, tensor, offset, spec)
 
     # ---- local copies --------------------------------------------------------------------------
 

@@ -291,3 +291,43 @@ def test_after_the_unlink_nothing_is_read() -> None:
                 np.testing.assert_array_equal(_bytes(pair.ds, dst)[t], before[t])
 
     asyncio.run(main())
+
+
+def test_a_pull_by_raw_worker_address_reads_only_published_caches() -> None:
+    """A raw address (CANN ``dst_addrs``) is resolved by the table as the owner resolves it: inside a remotely
+    accessible cache's tensor, within its bounds; any other address is ``LLM_PARAM_INVALID``, the owner's code."""
+    from datadistd.core.plan import AddrRef
+
+    async def main() -> None:
+        async with NixlPair() as pair:
+            assert await pair.link() == (0, [0])
+            serving, linking = pair.links
+            desc = CacheDesc(1, (4, BLOCK), DType.DT_UINT8, Placement.HOST)
+            shown, hidden = ArrayHandle(4 * BLOCK, seed=11), ArrayHandle(4 * BLOCK, seed=12)
+            base, secret = 0x7000_0000, 0x9000_0000
+            cache = pair.ps.engine.register_cache(desc, is_blocks=False, handles=[shown], remote_accessible=True)
+            pair.ps.engine.set_worker_addrs(int(cache.cache_id), [base])
+            private = pair.ps.engine.register_cache(desc, is_blocks=False, handles=[hidden], remote_accessible=False,
+                                                    worker_addrs=[secret])
+            assert int(private.cache_id) not in serving.table.published._handles
+            dst = pair.ds.engine.allocate_cache(CacheDesc(1, (4, BLOCK), DType.DT_UINT8, Placement.DEVICE),
+                                                is_blocks=False)
+            asked = Calls(serving)
+
+            def order(addr: int) -> TransferOrder:
+                return TransferOrder(TransferKind.CACHE, AddrRef(P, addr), int(dst.cache_id))
+
+            nbytes, _ = await pulled(linking, order(base + BLOCK))       # row 1 of the published cache
+            assert nbytes == BLOCK and asked.seen == []
+            seg = tensors_of(dst)[0]
+            got = np.frombuffer(seg.handle.view(), np.uint8)[seg.offset:seg.offset + BLOCK]
+            np.testing.assert_array_equal(got, shown.arr[BLOCK:2 * BLOCK])
+            for addr in (secret, secret + BLOCK, base + 4 * BLOCK, base - 1):
+                with pytest.raises(DataDistError) as info:
+                    await pulled(linking, order(addr))
+                assert info.value.code == S.LLM_PARAM_INVALID, hex(addr)
+            with pytest.raises(DataDistError) as info:                   # runs past the tensor's end
+                await pulled(linking, order(base + 3 * BLOCK + 1))
+            assert info.value.code == S.LLM_PARAM_INVALID
+
+    asyncio.run(main())

@@ -91,9 +91,22 @@ class Published:
 
     # -- requester --
 
-    def resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec) -> Resolved | None:
+    def resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec,
+                asked: bool = False) -> Resolved | None:
         """The published cache ``spec`` names on ``channel``'s link and its spans, checked as the owner checks them
-        (``owner_spans``: ``DataDistError`` with the owner's code); None when the table holds no such key."""
+        (``owner_spans``: ``DataDistError`` with the owner's code); None when the table holds no such key -- unless
+        the owner was ``asked`` already (its table changes are all in): then the owner's refusal."""
+        found = self._resolve(channel, token, remote_cluster, spec)
+        if found is None and asked:
+            if isinstance(spec.key, AddrRef):
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                    f"address {spec.key.addr:#x} is not inside a remotely accessible cache of cluster "
+                                    f"{remote_cluster}")
+            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                f"cluster {remote_cluster} published no cache for {spec.key}")
+        return found
+
+    def _resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec) -> Resolved | None:
         index = self._index.get(token)
         if index is None:
             index = self._index[token] = _Index()
@@ -137,7 +150,7 @@ class Published:
         return Resolved(handle, rows, int(rows[:, 2].sum()) if len(rows) else 0, release)
 
     @staticmethod
-    def _by_address(index: _Index, key: AddrRef, spec: RemoteSpec, remote_cluster: int) -> Resolved:
+    def _by_address(index: _Index, key: AddrRef, spec: RemoteSpec, remote_cluster: int) -> Resolved | None:
         """A raw worker address, resolved as the owner's ``Engine.resolve_address`` does (only caches in the table:
         remotely accessible ones), its spans by ``layout.address_spans``."""
         for handle, info in index.ids.values():
@@ -151,9 +164,7 @@ class Published:
                             f"of cluster {remote_cluster} has {got} bytes for that request")
                     rows = _span_rows(spans)
                     return Resolved(handle, rows, got, False)
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                            f"address {key.addr:#x} is not inside a remotely accessible cache of cluster "
-                            f"{remote_cluster}")
+        return None
 
     @staticmethod
     def _rebuild(index: _Index, version: int, infos: dict[int, bytes]) -> None:

@@ -40,12 +40,10 @@ class OneSidedPulls:
         assert published is not None
         try:
             found = published.resolve(channel, channel.token, link.remote_cluster, spec)
-            if found is None:
+            if found is None:   # asked once: the owner's table changes precede its answer on the link
                 await calls.ping(max(0.0, deadline - time.monotonic()))
-                found = published.resolve(channel, channel.token, link.remote_cluster, spec)
-            if found is None:
-                raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
-                                    f"cluster {link.remote_cluster} published no cache for {spec.key}")
+                found = published.resolve(channel, channel.token, link.remote_cluster, spec, asked=True)
+            assert found is not None
             await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, dst,
                                        deadline)
         except DataDistError as exc:

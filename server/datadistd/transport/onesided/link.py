@@ -105,7 +105,7 @@ class LinkPeer:
     # -- sending our messages --
 
     def send(self, payload: bytes, deadline: float | None = None) -> None:
-        self.channel().send_control(CONTROL_TRANSPORT, payload, deadline or time.monotonic() + _CONTROL_TIMEOUT)
+        self.channel().send_control_first(CONTROL_TRANSPORT, payload, deadline or time.monotonic() + _CONTROL_TIMEOUT)
 
     def fin(self, tid: int, code: int) -> None:
         try:
@@ -340,8 +340,10 @@ class OneSidedChannel:
     def on_control(self, handler: ControlHandler) -> None:
         self._peer.set_handler(handler)
 
+    # every control frame of a one-sided link goes on its first connection: an owner call's reply never overtakes
+    # the table changes sent before it (``tables``), nor a transport message the call relies on
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
-        return self._peer.channel().try_control(kind, payload, deadline)
+        return self._peer.channel().try_control_first(kind, payload, deadline)
 
     def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
-        self._peer.channel().send_control(kind, payload, deadline)
+        self._peer.channel().send_control_first(kind, payload, deadline)

@@ -10,9 +10,12 @@ then its registration is deregistered -- both before ``withdraw`` returns, which
 cache's memory goes back to its pool. A peer whose ``P`` or ``W`` cannot be sent (its channel broke, or it was
 full for ``_CONTROL_TIMEOUT``) is dropped: a peer never holds a row it was not told is gone.
 
-Control frames are spread over the link's connections, so messages may arrive out of order: a ``P`` before the
-peer's ``M`` waits for it; an update older than the entry (its generation) is ignored; handles are never reused,
-so a ``P`` of a handle already withdrawn (``LinkPeer.withdrawn``) is stale and ignored.
+Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
+first connection (``TcpChannel.send_control_first``): one reader thread applies a ``P`` or ``W`` before it hands
+over any reply the owner sent after it, so a puller that was answered (a RELEASE that consumed a key, a ping) sees
+every table change made before that answer. Defensively, out of order arrivals are also harmless: a ``P`` before
+the peer's ``M`` waits for it; an update older than the entry (its generation) is ignored; handles are never
+reused, so a ``P`` of a handle already withdrawn (``LinkPeer.withdrawn``) is stale and ignored.
 
 The requester keeps each peer's table (``LinkPeer.table``): on ``P`` it loads the metadata and prepares the rows
 once as a NIXL descriptor list (``agent.prepare_rows``; NIXL refuses rows outside what the owner described); a
@@ -153,7 +156,7 @@ class PublishedTables(OneSidedTransport):
                 peers = [peer for peer in self._peers.values() if peer.ready.is_set() and not peer.broken]
         for peer in peers:
             try:   # waits only for a connection another frame holds: a peer never misses a change
-                peer.channel().send_control(CONTROL_TRANSPORT, message, time.monotonic() + _CONTROL_TIMEOUT)
+                peer.channel().send_control_first(CONTROL_TRANSPORT, message, time.monotonic() + _CONTROL_TIMEOUT)
                 sent = True
             except DataDistError:
                 sent = False

@@ -310,7 +310,7 @@ class OneSidedTransport(abc.ABC):
         self._landing[tid] = receipt
         payload = ID.pack(DESCS, tid) + MD_LEN.pack(len(metadata)) + metadata + extents.tobytes()
         tcp = peer.channel()
-        if not tcp.try_control(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
+        if not tcp.try_control_first(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
             deferred = self._deferred
             if deferred is None:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name} transport is not running")

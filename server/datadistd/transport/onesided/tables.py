@@ -343,7 +343,14 @@ def _by_rows(entry: RemoteEntry, src: np.ndarray, dst: np.ndarray) -> tuple[np.n
     """``(indices, local extents)`` when the paired ``src`` extents are whole rows of ``entry`` (a piece of several
     consecutive rows is cut into them, ``dst`` alike); None when a piece cuts a row."""
     size = np.uint64(entry.row_size)
-    if not len(entry.starts) or np.any(src[:, 1] % size):
+    if not len(entry.starts):
+        return None
+    if bool((src[:, 1] == size).all()):   # one row a piece (a few blocks): no cutting
+        pos = np.searchsorted(entry.starts, src[:, 0])
+        if int(pos.max()) >= len(entry.starts) or not np.array_equal(entry.starts[pos], src[:, 0]):
+            return None
+        return entry.order[pos], dst
+    if np.any(src[:, 1] % size):
         return None
     count = (src[:, 1] // size).astype(np.int64)
     total = int(count.sum())

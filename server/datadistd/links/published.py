@@ -84,11 +84,6 @@ class Published:
                 continue
             self._handles[cache_id] = (handle, info)
 
-    def withdraw_all(self) -> None:
-        for handle, _ in self._handles.values():
-            self.tables.withdraw(handle)
-        self._handles.clear()
-
     # -- requester --
 
     def resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec,
@@ -180,9 +175,6 @@ class Published:
             for owner_key, batch in info.keys.items():
                 index.keys[owner_key] = (handle, batch, info)
         index.version = version
-
-    def forget(self, token: bytes) -> None:
-        self._index.pop(token, None)
 
 
 def _span_rows(spans: object) -> np.ndarray:

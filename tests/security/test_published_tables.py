@@ -109,6 +109,16 @@ def _published(links: LinkManager, channel: Channel) -> dict[int, bytes]:
     return published.tables.table_of(channel, -1)[1] or {}
 
 
+async def _linked(pair: NixlPair) -> tuple[LinkManager, LinkManager, int, int, Channel]:
+    """``pair`` linked, a blocks cache on each side, the prompt's published on the decoder's link."""
+    assert await pair.link() == (0, [0])
+    serving, linking = pair.links
+    src, dst = pair.caches()
+    channel = _channel(pair)
+    assert await _until(lambda: _handle(serving, src) in _published(linking, channel))
+    return serving, linking, src, dst, channel
+
+
 def _handle(links: LinkManager, cache_id: int) -> int:
     published = links.table.published
     assert published is not None
@@ -169,10 +179,7 @@ def test_a_cache_key_pull_makes_one_owner_call_the_release_that_consumes_the_key
 def test_only_remotely_accessible_caches_of_this_engine_are_in_the_table_and_rows_stay_inside() -> None:
     async def main() -> None:
         async with NixlPair() as pair:
-            assert await pair.link() == (0, [0])
-            serving, linking = pair.links
-            src, dst = pair.caches()
-            channel = _channel(pair)
+            serving, linking, src, dst, channel = await _linked(pair)
             assert await _until(lambda: _handle(serving, src) in _published(linking, channel))
             # a cache the owner's engine did not make remotely accessible is never published
             hidden = [ArrayHandle(BLOCKS * BLOCK, seed=3) for _ in range(2)]
@@ -225,10 +232,7 @@ def _order_of(model: int, local_cache: int, blocks: list[int]) -> TransferOrder:
 def test_a_deallocated_cache_is_withdrawn_and_deregistered_before_another_takes_its_pages() -> None:
     async def main() -> None:
         async with NixlPair() as pair:
-            assert await pair.link() == (0, [0])
-            serving, linking = pair.links
-            src, dst = pair.caches()
-            channel = _channel(pair)
+            serving, linking, src, dst, channel = await _linked(pair)
             old = _handle(serving, src)
             old_tensors = _addresses(tensors_of(pair.ps.engine.entry(src)))
             assert await _until(lambda: old in _published(linking, channel))
@@ -276,10 +280,7 @@ def test_a_deallocated_cache_is_withdrawn_and_deregistered_before_another_takes_
 def test_after_the_unlink_nothing_is_read() -> None:
     async def main() -> None:
         async with NixlPair() as pair:
-            assert await pair.link() == (0, [0])
-            serving, linking = pair.links
-            src, dst = pair.caches()
-            channel = _channel(pair)
+            serving, linking, src, dst, channel = await _linked(pair)
             handle = _handle(serving, src)
             assert await _until(lambda: handle in _published(linking, channel))
             await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False)

@@ -15,7 +15,6 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..base import Channel
-from .pairing import pair_extents
 from .transport import OneSidedTransport, _peer_of
 from .wire import MD_LEN
 
@@ -56,12 +55,7 @@ class GrantedReads(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: the read grant of {peer.what} "
                                                                f"describes another agent")
         remote = np.frombuffer(grant, dtype=np.uint64, offset=at).reshape(-1, 2)
-        local, _, _ = agent.addresses(segments)
-        try:
-            src, dst = pair_extents(remote, local)
-        except ValueError as exc:
-            raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: the read grant of {peer.what} does not "
-                                                          f"match the destination ({exc})") from None
+        src, dst = self._paired(remote, segments, LLMStatusCode.LLM_FAILED, f"the read grant of {peer.what}")
         if not len(src):
             return
         tid = self._next_id()

@@ -42,7 +42,6 @@ from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel
 from .agent import TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
-from .pairing import pair_extents
 from .transport import OneSidedTransport, _peer_of
 
 __all__ = ["PublishedTables", "RemoteEntry", "PUBLISH", "WITHDRAW", "NOTIF_READ"]
@@ -284,12 +283,7 @@ class PublishedTables(OneSidedTransport):
                                 f"{self.name}: rows outside published cache {handle}")
         remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
             else np.empty((0, 2), np.uint64)
-        local, _, _ = agent.addresses(segments)
-        try:
-            src, dst = pair_extents(remote, local)
-        except ValueError as exc:
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{self.name}: the rows of cache {handle} do not "
-                                                                 f"match the destination ({exc})") from None
+        src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
         if not len(src):
             return
         if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:

@@ -24,6 +24,7 @@ from ..registrations import Registration
 from ..tcp import TcpTransport
 from .agent import OneSidedAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer, OneSidedChannel
+from .pairing import pair_extents
 from .receipt import OneSidedReceipt
 from .wire import DESCS, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
 
@@ -300,6 +301,16 @@ class OneSidedTransport(abc.ABC):
         extents, used, _ = agent.addresses(segments)
         missing = [reg for reg in used if reg.serial not in peer.shipped]
         return extents, agent.partial_metadata(missing) if missing else b"", missing
+
+    def _paired(self, remote: np.ndarray, segments: Sequence[Segment], code: LLMStatusCode,
+                what: str) -> tuple[np.ndarray, np.ndarray]:
+        """A READ's ``remote`` extents paired with those of this side's ``segments`` (``pair_extents``); ``code``
+        naming ``what`` when they do not match."""
+        local, _, _ = self._agent().addresses(segments)
+        try:
+            return pair_extents(remote, local)
+        except ValueError as exc:
+            raise DataDistError(code, f"{self.name}: {what} does not match the destination ({exc})") from None
 
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
         peer = _peer_of(self.name, channel)

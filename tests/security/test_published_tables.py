@@ -1,4 +1,4 @@
-"""Pulls over nixl read the table the owner published to the link (issue 36, items 1 and 3): the legitimate use
+"""Pulls over nixl read the table the owner published to the link: the legitimate use
 beside the abuse.
 
 In process (``tests/unit/test_links.py``'s ``Pair`` with ``[transport] name = "nixl"``: two nodes, real NIXL

@@ -1,4 +1,4 @@
-"""The link knows its memory (issue 36, items 1 and 3): ``Published``, both halves over a ``ReadTables`` transport.
+"""The link knows its memory: ``Published``, both halves over a ``ReadTables`` transport.
 
 Owner: ``sync`` (the engine's ``watch``: run on the event loop by every registry change -- an allocation or
 registration ends with it, and ``Engine._free`` runs it before any memory goes back to its pool) publishes every

@@ -1,4 +1,4 @@
-"""``PublishedTables``: pulls by READ of the rows an owner published to the link, no owner call (issue 36, item 3).
+"""``PublishedTables``: pulls by READ of the rows an owner published to the link, no owner call.
 
 The link knows its memory. The owner's link manager publishes each cache the engine made remotely accessible
 (``publish``): the transport registers exactly that cache's tensors as a registration of their own (never the pool

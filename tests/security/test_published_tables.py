@@ -332,3 +332,4 @@ def test_a_pull_by_raw_worker_address_reads_only_published_caches() -> None:
             assert info.value.code == S.LLM_PARAM_INVALID
 
     asyncio.run(main())
+

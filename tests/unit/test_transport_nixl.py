@@ -262,6 +262,27 @@ def test_a_withdrawn_handle_reads_nothing_and_its_memory_is_deregistered(pair) -
 
 
 @needs_nixl
+def test_a_push_into_a_published_cache_hands_the_pusher_no_key_beyond_it(pair) -> None:
+    """b receives a push into a published cache that lies in a larger handle: its destination list names the
+    cache's own registration (a had it from the P) and ships no metadata, so a's agent -- even used directly --
+    cannot READ the handle's bytes beside the cache."""
+    pool = ArrayHandle(4 * ROWS * ROW)
+    handle, cache = _publish(pair.b, pool, at=ROWS * ROW)
+    assert _entry(pair.a, pair.out, handle)
+    src = ArrayHandle(ROW, seed=13)
+    pair.a_to_b([Segment(src, 0, ROW)], [Segment(pool, cache[1].offset + 2 * ROW, ROW)])
+    np.testing.assert_array_equal(pool.arr[cache[1].offset + 2 * ROW:cache[1].offset + 3 * ROW], src.arr)
+    assert pair.b._peers[TOKEN].shipped == set()             # no registration of the handle went out
+    base = int(pool.arr.ctypes.data)
+    local, _, _ = pair.a._agent().addresses([Segment(src, 0, ROW)])
+    for outside in (base, base + 3 * ROWS * ROW):
+        with pytest.raises(DataDistError) as err:
+            pair.a._agent().read(local, np.array([[outside, ROW]], dtype=np.uint64), pair.a._peers[TOKEN].agent_name,
+                                 deadline(2))
+        assert err.value.code == S.LLM_FAILED
+
+
+@needs_nixl
 def test_a_publication_that_overtook_its_withdrawal_is_ignored(pair) -> None:
     """Control frames are spread over a link's connections, so b's P of a handle may arrive after its W: a's table
     ignores it (handles are never reused) and the handle stays unreadable."""

@@ -40,6 +40,7 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel
+from ..registrations import Registration
 from .agent import TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
 from .transport import OneSidedTransport, _peer_of
@@ -69,6 +70,7 @@ class _Published:
     token: Any
     message: bytes
     generation: int
+    ranges: np.ndarray           # (address, length) of each tensor, as registered
 
 
 @dataclass
@@ -95,6 +97,7 @@ class PublishedTables(OneSidedTransport):
         super().__init__(*args, **kwargs)
         self._published: dict[int, _Published] = {}
         self._infos: dict[int, bytes] = {}        # the link manager's description of each published handle
+        self._spans = (np.empty(0, np.uint64), np.empty(0, np.uint64))   # published tensors: starts, ends (sorted)
         self._table_lock = threading.RLock()   # publish/update/withdraw and a new peer's table go out in order
         self.bytes_read_by_peers = 0           # counted from the peers' READ notifications
 
@@ -117,10 +120,11 @@ class PublishedTables(OneSidedTransport):
         bases = ranges[:, 0] if ranges is not None else np.empty(0, np.uint64)
         message = (_HEAD.pack(PUBLISH, handle, 1, row_size, rows, len(bases)) + bases.astype("<u8").tobytes()
                    + _LEN.pack(len(metadata)) + metadata)
-        entry = _Published(token, message, 1)
+        entry = _Published(token, message, 1, ranges if ranges is not None else np.empty((0, 2), np.uint64))
         with self._table_lock:
             self._published[handle] = entry
             self._infos[handle] = info
+            self._index_spans()
             self._to_peers(entry.message + _LEN.pack(len(info)) + info)
         return handle
 
@@ -143,10 +147,32 @@ class PublishedTables(OneSidedTransport):
             self._infos.pop(handle, None)
             if entry is None:
                 return
+            self._index_spans()
             self._to_peers(_ID.pack(WITHDRAW, handle))
         agent = self._live_agent()
         if entry.token is not None and agent is not None:
             agent.unpublish(entry.token)
+
+    def _index_spans(self) -> None:
+        """The published tensors' ranges, sorted (under ``_table_lock``): what a push's destination is looked up in."""
+        ranges = [entry.ranges for entry in self._published.values() if len(entry.ranges)]
+        both = np.concatenate(ranges) if ranges else np.empty((0, 2), np.uint64)
+        both = both[np.argsort(both[:, 0], kind="stable")]
+        self._spans = (both[:, 0].copy(), both[:, 0] + both[:, 1])
+
+    def _describe(self, peer: LinkPeer, segments: Sequence[Segment]) -> tuple[np.ndarray, bytes, list[Registration]]:
+        """A push's destination, described to the pusher: when every extent lies in a published cache -- always, for
+        a cache the owner validated, unless it could not be published -- by that cache's registration, which the
+        peer has (its ``P`` went before, on the same connection): no metadata, and so no key to the pool the cache
+        lies in. Otherwise as every one-sided transport does (the handle's registration)."""
+        agent = self._agent()
+        extents, _, _ = agent.addresses(segments)
+        starts, ends = self._spans
+        if len(extents) and len(starts):
+            at = np.searchsorted(starts, extents[:, 0], side="right") - 1
+            if bool((at >= 0).all()) and bool((extents[:, 0] + extents[:, 1] <= ends[np.maximum(at, 0)]).all()):
+                return extents, b"", []
+        return super()._describe(peer, segments)
 
     def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None) -> None:
         """Send ``message`` to every ready peer (under ``_table_lock``); a peer it cannot reach at once is dropped."""

@@ -441,6 +441,21 @@ def test_a_destination_outside_the_peers_registrations_is_refused(pair) -> None:
 
 
 @needs_nixl
+def test_a_peer_publishing_more_rows_than_a_link_holds_is_dropped(pair, monkeypatch) -> None:
+    """The rows a peer may make this side prepare are bounded per link: past the bound its channel goes."""
+    from datadistd.transport.onesided import tables
+    monkeypatch.setattr(tables, "MAX_ROWS_LINK", 3 * ROWS)
+    pool = ArrayHandle(4 * ROWS * ROW)
+    handle, _ = _publish(pair.b, pool, tensors=2)
+    assert _entry(pair.a, pair.out, handle)
+    _publish(pair.b, pool, at=2 * ROWS * ROW, tensors=2)     # 4 x ROWS rows in all: over
+    end = deadline(5)
+    while not pair.inb.broken and time.monotonic() < end:
+        time.sleep(0.02)
+    assert pair.inb.broken and pair.a.agent_name is not None
+
+
+@needs_nixl
 @pytest.mark.parametrize("message", [
     b"Z", b"D\x01", b"M\x00\x05\x00ab", b"F" + b"\x00" * 3, b"P\x01", b"W\x02",
     struct.pack("<cQQQII", b"P", 1, 1, 4096, 1 << 20, 4096),            # more rows than a table may hold

@@ -59,6 +59,7 @@ _ID = struct.Struct("<cQ")
 MAX_TENSORS = 4096
 MAX_ROWS_TOTAL = 1 << 22      # rows of one cache (tensors x rows): one descriptor each in the prepared list
 MAX_ENTRIES = 1 << 16         # published handles one peer may hold at this end
+MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches one peer published here
 MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 
@@ -243,6 +244,9 @@ class PublishedTables(OneSidedTransport):
             old = peer.table.get(handle)
             if old is None and len(peer.table) >= MAX_ENTRIES:
                 raise ValueError(f"more than {MAX_ENTRIES} published caches")
+            held = sum(len(e.bases) * e.rows for e in peer.table.values() if e is not old)
+            if held + count * rows > MAX_ROWS_LINK:
+                raise ValueError(f"more than {MAX_ROWS_LINK} published rows on one link")
         if old is not None and old.row_size == row_size and old.rows == rows and np.array_equal(old.bases, bases):
             if generation > old.generation:   # the same memory, described anew: keep the prepared rows
                 with peer.table_lock:

@@ -423,19 +423,21 @@ def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -
     asyncio.run(main())
 
 
-def test_a_peer_of_another_protocol_is_refused_at_the_handshake() -> None:
-    """No legacy path: a peer of protocol 2 (owner calls over gRPC) is refused, naming both versions."""
+@pytest.mark.parametrize("old", [2, 6])
+def test_a_peer_of_another_protocol_is_refused_at_the_handshake(old: int) -> None:
+    """No legacy path: a peer of protocol 2 (owner calls over gRPC) or 6 (nixl pulls by read grants) is refused,
+    naming both versions."""
     async def main() -> None:
         async with Pair() as pair:
             serving, _ = pair.links
             secret = pair.secrets[0].encode()
             offer = make_offer(secret, D, P, serving.serve_challenge(D, P))
-            old = dataclasses.replace(offer, protocol_version=2,
-                                      mac=offer_mac(secret, 2, D, P, offer.timestamp_ms, offer.challenge))
+            stale = dataclasses.replace(offer, protocol_version=old,
+                                        mac=offer_mac(secret, old, D, P, offer.timestamp_ms, offer.challenge))
             with pytest.raises(DataDistError) as info:
-                await serving.serve_handshake(old)
+                await serving.serve_handshake(stale)
             assert info.value.code == S.LLM_LINK_FAILED
-            assert f"v2, this daemon v{PROTOCOL_VERSION}" in info.value.message
+            assert f"v{old}, this daemon v{PROTOCOL_VERSION}" in info.value.message
             assert not serving.served
 
     asyncio.run(main())

@@ -8,6 +8,7 @@ suite runs daemons over UCX's shared-memory transports too.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 
@@ -139,48 +140,190 @@ def test_a_tcp_peer_is_refused_by_name() -> None:
         b.stop()
 
 
+ROWS, ROW = 16, 4096
+
+
+def _entry(t, channel, handle: int, seconds: float = 5.0) -> bool:
+    """Whether ``handle`` is in the table published on ``channel``'s link (waited for: ``P`` travels)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _, infos = t.table_of(channel, -1)
+        if handle in infos:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _gone(t, channel, handle: int, seconds: float = 5.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _, infos = t.table_of(channel, -1)
+        if handle not in infos:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _publish(t, pool: ArrayHandle, at: int = 0, tensors: int = 2, info: bytes = b"cache") -> tuple[int, list[Segment]]:
+    """A cache of ``tensors`` tensors of ``ROWS`` rows of ``ROW`` bytes at ``at`` of ``pool``, published by ``t``."""
+    cache = [Segment(pool, at + i * ROWS * ROW, ROWS * ROW) for i in range(tensors)]
+    return t.publish(cache, ROW, ROWS, info), cache
+
+
+def _table_rows(*rows: tuple[int, int]) -> np.ndarray:
+    return np.array([(t, r * ROW, ROW) for t, r in rows], dtype=np.int64).reshape(-1, 3)
+
+
 @needs_nixl
-def test_a_read_of_a_grant_moves_the_bytes_by_the_readers_read_only(pair) -> None:
-    """b grants scattered source ranges, a reads them into ranges cut differently: byte-exact, and b's agent
-    posted nothing (no WRITE, no bytes sent); the grant's partial metadata is shipped once."""
-    from datadistd.transport.base import ReadGrants
-    assert isinstance(pair.a, ReadGrants)
-    rng = np.random.default_rng(7)
-    src, dst = ArrayHandle(1 << 20, seed=7), ArrayHandle(1 << 20)
-    for i in range(3):
-        s = scattered(src, rng, 16, 4096)
-        grant = pair.b.grant(pair.inb, s)
-        assert (len(grant) > 4 + 16 * 16) == (i == 0)      # metadata of b's registration: the first grant only
-        d = [Segment(dst, 0, 3 * 4096), Segment(dst, 100_000, 13 * 4096)]
-        pair.a.read(pair.out, grant, d, deadline())
-        got = np.concatenate([dst.arr[0:3 * 4096], dst.arr[100_000:100_000 + 13 * 4096]])
-        want = np.concatenate([src.arr[x.offset:x.offset + 4096] for x in s])
+def test_a_pull_reads_published_rows_by_one_prepared_read(pair) -> None:
+    """b publishes a cache of a pool once; a reads scattered rows of it into ranges cut differently, by row index
+    of the list it prepared when the entry came: byte-exact, b's agent posted nothing, and b hears of each READ
+    by its notification only (never asked)."""
+    from datadistd.transport.base import ReadGrants, ReadTables
+    assert isinstance(pair.a, ReadTables) and not isinstance(pair.a, ReadGrants)
+    pool = ArrayHandle(4 * ROWS * ROW, seed=7)
+    handle, cache = _publish(pair.b, pool, at=ROWS * ROW)
+    assert _entry(pair.a, pair.out, handle)
+    assert pair.a.table_of(pair.out, -1)[1] == {handle: b"cache"}
+    dst = ArrayHandle(1 << 20)
+    for rows in [((0, 1), (1, 3), (0, 15)), ((1, 0), (1, 1), (1, 2), (0, 7))]:
+        d = [Segment(dst, 0, ROW), Segment(dst, 100_000, (len(rows) - 1) * ROW)]
+        pair.a.read_rows(pair.out, handle, _table_rows(*rows), d, deadline())
+        got = np.concatenate([dst.arr[0:ROW], dst.arr[100_000:100_000 + (len(rows) - 1) * ROW]])
+        want = np.concatenate([pool.arr[cache[t].offset + r * ROW:cache[t].offset + (r + 1) * ROW] for t, r in rows])
         np.testing.assert_array_equal(got, want)
-    assert pair.b.bytes_sent == 0 and pair.a.bytes_received == 3 * 16 * 4096
+    assert pair.b.bytes_sent == 0 and pair.a.bytes_received == 7 * ROW
+    end = time.monotonic() + 5
+    while pair.b.bytes_read_by_peers < 7 * ROW and time.monotonic() < end:
+        time.sleep(0.01)
+    assert pair.b.bytes_read_by_peers == 7 * ROW
+    # a new link gets the whole table when it comes up: b's entry reaches a second puller too
+    from datadistd.transport import get_transport
+    c = get_transport("nixl", host="127.0.0.1", port=0)
+    c.start()
+    try:
+        pair.b.allow(b"c" * 32)
+        out = c.connect(pair.b.endpoint, b"c" * 32, 1, deadline(10))
+        assert _entry(c, out, handle)
+    finally:
+        c.stop()
 
 
 @needs_nixl
-@pytest.mark.parametrize("grant", [b"", b"\x05\0\0\0ab", b"\0\0\0\0" + bytes(15)])
-def test_a_malformed_grant_is_refused_before_a_read(pair, grant: bytes) -> None:
-    dst = ArrayHandle(4096)
-    with pytest.raises(DataDistError) as err:
-        pair.a.read(pair.out, grant, [Segment(dst, 0, 4096)], deadline(2))
-    assert err.value.code == S.LLM_FAILED
+def test_rows_outside_the_entry_are_refused_and_the_pool_beside_it_is_unreachable(pair) -> None:
+    """The entry bounds the rows (tensor, offset); and b registered and described to a only the cache itself:
+    a READ of the pool's bytes beside it -- even by a's agent directly, as a peer that skips every check of
+    ours would -- is refused by NIXL, since a never got that memory's registration."""
+    pool = ArrayHandle(4 * ROWS * ROW, seed=3)
+    handle, cache = _publish(pair.b, pool, at=ROWS * ROW)
+    assert _entry(pair.a, pair.out, handle)
+    dst = ArrayHandle(ROW)
+    for spans in (_table_rows((2, 0)), np.array([(0, ROWS * ROW, ROW)]), np.array([(1, ROWS * ROW - 8, 16)])):
+        with pytest.raises(DataDistError) as err:
+            pair.a.read_rows(pair.out, handle, spans, [Segment(dst, 0, int(spans[0, 2]))], deadline(2))
+        assert err.value.code == S.LLM_PARAM_INVALID
+    base = int(pool.arr.ctypes.data)
+    peer = pair.a._peers[TOKEN].agent_name
+    local, _, _ = pair.a._agent().addresses([Segment(dst, 0, ROW)])
+    for outside in (base, base + 3 * ROWS * ROW):   # the pool's rows before and after the cache
+        with pytest.raises(DataDistError) as err:
+            pair.a._agent().read(local, np.array([[outside, ROW]], dtype=np.uint64), peer, deadline(2))
+        assert err.value.code == S.LLM_FAILED
     assert not dst.arr.any() and pair.a.bytes_received == 0
 
 
 @needs_nixl
-def test_a_grant_of_another_size_or_after_the_link_closed_reads_nothing(pair) -> None:
-    src, dst = ArrayHandle(8192, seed=8), ArrayHandle(8192)
-    grant = pair.b.grant(pair.inb, [Segment(src, 0, 8192)])
-    with pytest.raises(DataDistError) as err:          # the reader's memory bounds what lands: 4096 != 8192
-        pair.a.read(pair.out, grant, [Segment(dst, 0, 4096)], deadline(2))
-    assert err.value.code == S.LLM_FAILED
+def test_a_withdrawn_handle_reads_nothing_and_its_memory_is_deregistered(pair) -> None:
+    """withdraw returns with the cache's registration gone at b (before b may reuse the pages); a's table loses
+    the entry and a read of it is LLM_KV_CACHE_NOT_EXIST; a cache published later on the same pages is another
+    handle; after the link closed nothing is read."""
+    pool = ArrayHandle(2 * ROWS * ROW, seed=4)
+    handle, cache = _publish(pair.b, pool)
+    assert _entry(pair.a, pair.out, handle)
+    assert pair.b._agent().published() == 1
+    pair.b.withdraw(handle)
+    assert pair.b._agent().published() == 0   # deregistered when withdraw returned
+    assert _gone(pair.a, pair.out, handle)
+    dst = ArrayHandle(ROW)
+    with pytest.raises(DataDistError) as err:
+        pair.a.read_rows(pair.out, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+    assert err.value.code == S.LLM_KV_CACHE_NOT_EXIST
+    pool.arr[:] = 0xEE                       # the pages reused by another cache: a new handle
+    again, _ = _publish(pair.b, pool)
+    assert again != handle and _entry(pair.a, pair.out, again)
+    with pytest.raises(DataDistError) as err:
+        pair.a.read_rows(pair.out, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+    assert err.value.code == S.LLM_KV_CACHE_NOT_EXIST and not dst.arr.any()
     pair.out.close()
     with pytest.raises(DataDistError) as err:
-        pair.a.read(pair.out, grant, [Segment(dst, 0, 8192)], deadline(2))
-    assert err.value.code == S.LLM_LINK_FAILED
+        pair.a.read_rows(pair.out, again, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+    assert err.value.code in (S.LLM_LINK_FAILED, S.LLM_KV_CACHE_NOT_EXIST)
     assert not dst.arr.any()
+
+
+@needs_nixl
+def test_a_push_into_a_published_cache_hands_the_pusher_no_key_beyond_it(pair) -> None:
+    """b receives a push into a published cache that lies in a larger handle: its destination list names the
+    cache's own registration (a had it from the P) and ships no metadata, so a's agent -- even used directly --
+    cannot READ the handle's bytes beside the cache."""
+    pool = ArrayHandle(4 * ROWS * ROW)
+    handle, cache = _publish(pair.b, pool, at=ROWS * ROW)
+    assert _entry(pair.a, pair.out, handle)
+    src = ArrayHandle(ROW, seed=13)
+    pair.a_to_b([Segment(src, 0, ROW)], [Segment(pool, cache[1].offset + 2 * ROW, ROW)])
+    np.testing.assert_array_equal(pool.arr[cache[1].offset + 2 * ROW:cache[1].offset + 3 * ROW], src.arr)
+    assert pair.b._peers[TOKEN].shipped == set()             # no registration of the handle went out
+    base = int(pool.arr.ctypes.data)
+    local, _, _ = pair.a._agent().addresses([Segment(src, 0, ROW)])
+    for outside in (base, base + 3 * ROWS * ROW):
+        with pytest.raises(DataDistError) as err:
+            pair.a._agent().read(local, np.array([[outside, ROW]], dtype=np.uint64), pair.a._peers[TOKEN].agent_name,
+                                 deadline(2))
+        assert err.value.code == S.LLM_FAILED
+
+
+@needs_nixl
+def test_a_publication_that_overtook_its_withdrawal_is_ignored(pair) -> None:
+    """Control frames are spread over a link's connections, so b's P of a handle may arrive after its W: a's table
+    ignores it (handles are never reused) and the handle stays unreadable."""
+    pool = ArrayHandle(2 * ROWS * ROW, seed=6)
+    handle, _ = _publish(pair.b, pool)
+    late = pair.b._published[handle].message + struct.pack("<I", 5) + b"cache"
+    assert _entry(pair.a, pair.out, handle)
+    pair.b.withdraw(handle)
+    assert _gone(pair.a, pair.out, handle)
+    _raw(pair.inb).send_control(CONTROL_TRANSPORT, late, deadline())
+    after, _ = _publish(pair.b, pool)          # on the same connection, after the stale P
+    assert _entry(pair.a, pair.out, after)
+    assert handle not in pair.a.table_of(pair.out, -1)[1]
+    dst = ArrayHandle(ROW)
+    with pytest.raises(DataDistError) as err:
+        pair.a.read_rows(pair.out, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+    assert err.value.code == S.LLM_KV_CACHE_NOT_EXIST and not dst.arr.any()
+
+
+@needs_nixl
+def test_a_handle_of_another_link_or_engine_is_not_in_this_links_table(pair) -> None:
+    """Tables are per link: a handle engine c published to its own link with a is unknown on a's link to b,
+    whatever the number; so is a handle b never published."""
+    from datadistd.transport import get_transport
+    c = get_transport("nixl", host="127.0.0.1", port=0)
+    c.start()
+    try:
+        c.allow(b"c" * 32)
+        to_c = pair.a.connect(c.endpoint, b"c" * 32, 1, deadline(10))
+        handle, _ = _publish(c, ArrayHandle(2 * ROWS * ROW, seed=5))
+        assert _entry(pair.a, to_c, handle)
+        dst = ArrayHandle(ROW)
+        for other in (handle, handle + 1, 0):
+            with pytest.raises(DataDistError) as err:
+                pair.a.read_rows(pair.out, other, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+            assert err.value.code == S.LLM_KV_CACHE_NOT_EXIST
+        assert not dst.arr.any()
+        pair.a.read_rows(to_c, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(2))
+        assert dst.arr.any()
+    finally:
+        c.stop()
 
 
 @needs_nixl
@@ -298,7 +441,26 @@ def test_a_destination_outside_the_peers_registrations_is_refused(pair) -> None:
 
 
 @needs_nixl
-@pytest.mark.parametrize("message", [b"Z", b"D\x01", b"M\x00\x05\x00ab", b"F" + b"\x00" * 3])
+def test_a_peer_publishing_more_rows_than_a_link_holds_is_dropped(pair, monkeypatch) -> None:
+    """The rows a peer may make this side prepare are bounded per link: past the bound its channel goes."""
+    from datadistd.transport.onesided import tables
+    monkeypatch.setattr(tables, "MAX_ROWS_LINK", 3 * ROWS)
+    pool = ArrayHandle(4 * ROWS * ROW)
+    handle, _ = _publish(pair.b, pool, tensors=2)
+    assert _entry(pair.a, pair.out, handle)
+    _publish(pair.b, pool, at=2 * ROWS * ROW, tensors=2)     # 4 x ROWS rows in all: over
+    end = deadline(5)
+    while not pair.inb.broken and time.monotonic() < end:
+        time.sleep(0.02)
+    assert pair.inb.broken and pair.a.agent_name is not None
+
+
+@needs_nixl
+@pytest.mark.parametrize("message", [
+    b"Z", b"D\x01", b"M\x00\x05\x00ab", b"F" + b"\x00" * 3, b"P\x01", b"W\x02",
+    struct.pack("<cQQQII", b"P", 1, 1, 4096, 1 << 20, 4096),            # more rows than a table may hold
+    struct.pack("<cQQQII", b"P", 1, 1, 4096, 4, 1) + bytes(8) + struct.pack("<I", 99),   # truncated metadata
+    struct.pack("<cQQQII", b"P", 1, 1, 0, 4, 1) + bytes(8) + bytes(8)])   # rows of no bytes
 def test_a_malformed_message_drops_the_channel_not_the_daemon(pair, message: bytes) -> None:
     _raw(pair.out).send_control(CONTROL_TRANSPORT, message, deadline())
     end = deadline(5)

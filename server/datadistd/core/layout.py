@@ -24,6 +24,7 @@ from .errors import DataDistError, StatusCode, require
 from .types import CacheDesc, ReadMode, RemoteSpec
 
 __all__ = [
+    "address_spans",
     "Span", "BlockSpans", "layer_range_to_tensor_indices", "inclusive_pair_to_range", "block_spans", "slot_spans",
     "slot_as_blocks_spans", "total_length", "owner_spans", "block_copy_pairs", "swap_pairs", "block_runs",
 ]
@@ -373,3 +374,23 @@ def explain_size_mismatch(message: str, local: CacheDesc, local_is_blocks: bool,
     what = "block sizes differ" if count == local_tensors else "tensor counts and block sizes differ"
     return (f"{what}: {there}, {here}; register both caches with the same number of tensors and block shape "
             "(CacheDesc num_tensors, shape[1:] and data_type)")
+
+
+def address_spans(desc: CacheDesc, cache_id: int, tensor: int, offset: int, spec: RemoteSpec) -> list[Span]:
+    """What a peer's ``spec`` naming a raw worker address touches: ``offset`` bytes into tensor ``tensor`` of the
+    cache, blocks of the key's ``block_size`` (``ReadMode.BLOCKS``) or ``spec.size`` bytes, every one inside the
+    tensor. The one copy of these checks (the owner's ``Engine``, the puller's published table)."""
+    key = spec.key
+    size = desc.tensor_size
+    if spec.mode == ReadMode.BLOCKS:
+        bs = key.block_size  # type: ignore[union-attr]
+        require(bs > 0, "a blocks address needs the block size (dst_block_memory_size)")
+        for i, b in enumerate(spec.blocks):
+            require(offset + (b + 1) * bs <= size,
+                    f"block {b} (position {i}) of {bs} bytes at address {key.addr:#x} runs past the end of "  # type: ignore[union-attr]
+                    f"tensor {tensor} of cache {cache_id}")
+        return [Span(tensor, offset + first * bs, count * bs) for first, count in block_runs(spec.blocks)]
+    require(spec.size > 0 and offset + spec.size <= size,
+            f"{spec.size} bytes at address {key.addr:#x} run past the end of tensor {tensor} of cache "  # type: ignore[union-attr]
+            f"{cache_id}")
+    return [Span(tensor, offset, spec.size)]

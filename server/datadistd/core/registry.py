@@ -181,6 +181,10 @@ class CacheRegistry:
     def keys_of(self, cache_id: CacheId) -> list[OwnerKey]:
         return list(self._cache_keys.get(cache_id, ()))
 
+    def bound_keys(self, cache_id: CacheId) -> dict[OwnerKey, int]:
+        """The keys bound to ``cache_id`` and the batch index each names (a copy)."""
+        return dict(self._cache_keys.get(cache_id, {}))
+
     def remove_key(self, key: OwnerKey) -> list[CacheEntry]:
         """``remove_cache_key``: unbind; may free the cache. Missing keys and registered caches: no-op."""
         bound = self._keys.get(key)

@@ -27,8 +27,8 @@ class Owner:
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
-        if self.table.reads is not None:   # the puller reads (``grant_read_for``): the owner sends nothing
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} read: ask a grant_read")
+        if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
@@ -95,8 +95,8 @@ class Owner:
         Also answers whether ending it consumes a key."""
         reads = self.table.reads
         channel = self.table.channel_of(link)
-        if reads is None:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the {link.transport} transport pulls by read calls")
+        if reads is None:   # tcp: the owner sends; nixl: the puller reads the published table, nothing is granted
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the {link.transport} transport grants no reads")
         if channel is None or channel.broken:
             raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
         limits = self.table.node.link_limits

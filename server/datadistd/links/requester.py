@@ -19,6 +19,7 @@ from ..memory.copy import all_mapped, copy_segments, write_bytes
 from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
+from .reads import OneSidedPulls
 from .table import LinkTable
 from .wire.framecalls import FrameCalls, answered
 from .wire.ownercalls import INLINE_READ_MAX, OwnerReply
@@ -26,7 +27,7 @@ from .wire.ownercalls import INLINE_READ_MAX, OwnerReply
 log = logging.getLogger("datadistd.links")
 
 
-class Requester:
+class Requester(OneSidedPulls):
     """The requesting side of transfers at either end of a link: pulls, pushes and staged (layer-wise) pushes."""
 
     def __init__(self, table: LinkTable) -> None:
@@ -181,7 +182,10 @@ class Requester:
     async def _remote_pull(self, link: RemoteLink, spec: RemoteSpec, dst: Sequence[Segment], deadline: float,
                            timeout_ms: int) -> None:
         calls, channel = self._calls(link, timeout_ms)
-        if self.table.reads is not None:   # a transport that reads: the owner grants, this side reads
+        if self.table.published is not None:   # a transport that reads published tables: no owner call
+            await self._table_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
+            return
+        if self.table.reads is not None:   # a transport that reads by grants (hccl): the owner grants, this side reads
             await self._read_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
             return
         if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
@@ -228,41 +232,6 @@ class Requester:
             receipt.cancel()
             raise
         return release
-
-    async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
-                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
-        """A pull over a transport that reads (``ReadGrants``): the owner grants the rows, this side reads them
-        straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key: only then
-        is that answer awaited; otherwise the pull returns once its bytes are in)."""
-        reads = self.table.reads
-        assert reads is not None
-        try:
-            grant_id, grant, release = await calls.grant_read(spec, deadline - time.monotonic())
-        except DataDistError as exc:
-            raise self._transfer_failure(link, exc, timeout_ms) from None
-        done = False
-        try:
-            await self.table.in_thread(reads.read, channel, grant, dst, deadline)
-            done = True
-        except DataDistError as exc:
-            raise self._transfer_failure(link, exc, timeout_ms) from None
-        finally:
-            ending = self._end_grant(link, calls, grant_id, done, max(0.5, deadline - time.monotonic()))
-            if done and release:
-                await ending
-            else:
-                self.table.spawn(ending)
-
-    async def _end_grant(self, link: RemoteLink, calls: FrameCalls, grant_id: int, done: bool,
-                         timeout: float) -> None:
-        if calls.closed:
-            return    # the link went: the owner drops its grants with it
-        try:
-            await calls.done_read(grant_id, done, timeout)
-        except DataDistError as exc:   # the owner ends it at its deadline, or with the link
-            log.log(logging.DEBUG if exc.code == StatusCode.LLM_LINK_FAILED else logging.WARNING,
-                    "cluster %s: read from cluster %s but could not end its grant: %s", self.table.cluster_id,
-                    link.remote_cluster, exc)
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the

@@ -17,7 +17,7 @@ from ..guard.quota import LinkLimits
 from ..state.engine import Engine
 from ..state.metrics import DaemonMetrics
 from ..state.peersecret import PeerSecret
-from ..transport.base import Channel, ReadGrants, Receipt, Transport
+from ..transport.base import Channel, ReadGrants, ReadTables, Receipt, Transport
 from .attempts import AddressSlots
 from .model import (
     AnyLink,
@@ -31,6 +31,7 @@ from .model import (
     _Grant,
     _PendingWrite,
 )
+from .published import Published
 from .wire.peering import PeerClient
 
 log = logging.getLogger("datadistd.links")
@@ -78,8 +79,11 @@ class LinkTable:
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
         self.grants: dict[int, _Grant] = {}          # reads granted to the other ends of links (``Owner``)
-        #: pulls over this transport read (``ReadGrants``: nixl, hccl), decided once; else the owner sends (tcp)
+        #: pulls over this transport read what the owner grants per pull (``ReadGrants``: hccl), decided once
         self.reads: ReadGrants | None = transport if isinstance(transport, ReadGrants) else None
+        #: pulls over this transport read the tables owners publish (``ReadTables``: nixl); else the owner sends (tcp)
+        self.published: Published | None = None
+        self._publish_on(transport)
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
         self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``spawn``), running
@@ -226,6 +230,15 @@ class LinkTable:
         """The engine's data plane moved (``Node.switch_role``, no link exists): every part reads ``transport``."""
         self.transport = transport
         self.reads = transport if isinstance(transport, ReadGrants) else None
+        self._publish_on(transport)
+
+    def _publish_on(self, transport: Transport) -> None:
+        """Publish the engine's remotely accessible caches to every link of ``transport`` if it reads tables:
+        the engine runs ``Published.sync`` at each change of its registry (``Engine.watch``)."""
+        self.published = Published(self.engine, transport) if isinstance(transport, ReadTables) else None
+        self.engine.watch = self.published.sync if self.published is not None else None
+        if self.published is not None:
+            self.published.sync()
 
     def peer_went(self, cluster: int) -> None:
         """The other end of the link to ``cluster`` unlinked it (``peer_unlinked``)."""

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, cast
+from typing import Callable, Protocol, Sequence, cast
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import (
     BlockSpans,
     Span,
+    address_spans,
     block_copy_pairs,
-    block_runs,
     block_spans,
     describe_layout,
     owner_spans,
@@ -41,7 +41,6 @@ from ..core.types import (
     KeyKind,
     OwnerKey,
     Placement,
-    ReadMode,
     RemoteSpec,
 )
 from ..guard.executor import Gate, Lane
@@ -143,6 +142,10 @@ class Engine:
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
         self.read_view: PublishedView | None = None   # ``state.readview`` (published by the event loop)
+        #: run (the event loop) after every change of the registry and before any memory is freed: the link
+        #: manager's ``Published.sync`` over a transport that reads published tables (a withdrawn cache is
+        #: unreadable before its memory can be reused)
+        self.watch: Callable[[], None] | None = None
         self.read_lock = threading.Lock()
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -152,6 +155,8 @@ class Engine:
             raise DataDistError(StatusCode.LLM_ENGINE_FINALIZED, f"engine {self.engine_id} is finalized")
 
     def _free(self, entries: Sequence[CacheEntry]) -> None:
+        if self.watch is not None:   # every path that changes what a peer may read ends here or in ``watch``
+            self.watch()
         if not entries:
             return
         with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
@@ -215,6 +220,8 @@ class Engine:
         log.info("engine %s cluster %s allocated %s cache %s: %d x %s %s (%d bytes)", self.engine_id,
                  self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
                  list(desc.shape), desc.dtype.name, desc.total_size)
+        if self.watch is not None:
+            self.watch()
         return entry
 
     def _check_blocks_key_free(self, model_id: int) -> None:
@@ -277,6 +284,8 @@ class Engine:
         log.info("engine %s cluster %s registered %s cache %s: %d x %s %s remote_accessible=%s", self.engine_id,
                  self.cluster_id, "blocks" if is_blocks else "contiguous", entry.cache_id, desc.num_tensors,
                  list(desc.shape), desc.dtype.name, remote_accessible)
+        if self.watch is not None:
+            self.watch()
         return entry
 
     def deallocate_cache(self, cache_id: int, *, is_blocks: bool) -> None:
@@ -313,6 +322,9 @@ class Engine:
         require(len(addrs) == entry.desc.num_tensors,
                 f"cache {cache_id} has {entry.desc.num_tensors} tensors, got {len(addrs)} addresses")
         memory_of(entry).worker_addrs = tuple(int(a) for a in addrs)
+        self.registry.generation += 1   # what a peer may name changed: its raw addresses
+        if self.watch is not None:
+            self.watch()
 
     def resolve_address(self, addr: int) -> tuple[CacheEntry, int, int]:
         """A raw worker address -> (cache, tensor index, byte offset); others are refused (LLM_PARAM_INVALID)."""
@@ -328,23 +340,8 @@ class Engine:
                             f"address {addr:#x} is not inside a remotely accessible cache of cluster {self.cluster_id}")
 
     def _address_spans(self, spec: RemoteSpec) -> tuple[CacheEntry, list[Span]]:
-        key = spec.key
-        entry, tensor, offset = self.resolve_address(key.addr)  # type: ignore[union-attr]
-        size = entry.desc.tensor_size
-        if spec.mode == ReadMode.BLOCKS:
-            bs = key.block_size  # type: ignore[union-attr]
-            require(bs > 0, "a blocks address needs the block size (dst_block_memory_size)")
-            for i, b in enumerate(spec.blocks):
-                require(offset + (b + 1) * bs <= size,
-                        f"block {b} (position {i}) of {bs} bytes at address {key.addr:#x} runs past the end of "  # type: ignore[union-attr]
-                        f"tensor {tensor} of cache {entry.cache_id}")
-            spans = [Span(tensor, offset + first * bs, count * bs) for first, count in block_runs(spec.blocks)]
-        else:
-            require(spec.size > 0 and offset + spec.size <= size,
-                    f"{spec.size} bytes at address {key.addr:#x} run past the end of tensor {tensor} of cache "  # type: ignore[union-attr]
-                    f"{entry.cache_id}")
-            spans = [Span(tensor, offset, spec.size)]
-        return entry, spans
+        entry, tensor, offset = self.resolve_address(spec.key.addr)  # type: ignore[union-attr]
+        return entry, address_spans(entry.desc, entry.cache_id, tensor, offset, spec)
 
     # ---- local copies --------------------------------------------------------------------------
 

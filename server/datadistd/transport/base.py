@@ -29,15 +29,16 @@ not at its next heartbeat. It is no frame kind: nothing on the wire can carry it
 from __future__ import annotations
 
 import threading
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from datadist.status import LLMStatusCode
 
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ControlHandler", "ControlRefused", "CONTROL_CALL",
-           "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN", "EarlyFrames", "EARLY_FRAMES_MAX"]
+__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ReadTables", "ControlHandler", "ControlRefused",
+           "CONTROL_CALL", "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN", "EarlyFrames",
+           "EARLY_FRAMES_MAX"]
 
 #: control frames: an owner call, and its answer
 CONTROL_CALL, CONTROL_REPLY = 4, 5
@@ -204,7 +205,7 @@ class SendsParts(Protocol):
 
 @runtime_checkable
 class ReadGrants(Protocol):
-    """A transport over a fabric that reads one-sidedly (``nixl``: a READ, ``hccl``: ``HcclBatchGet``): a pull is a
+    """A transport over a fabric that reads one-sidedly per grant (``hccl``: ``HcclBatchGet``): a pull is a
     read by the puller. The owner validates and pins what may be read and answers a *grant* -- its extents, opaque to
     the link code -- in an owner call; the puller reads them straight into its destination and tells the owner
     when it is done. The owner's Python never touches the bytes. Declared by the transport's class (the link code
@@ -215,3 +216,30 @@ class ReadGrants(Protocol):
 
     def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
         """Puller side: read what ``grant`` names into ``segments`` (as many bytes); returns once all are in."""
+
+
+@runtime_checkable
+class ReadTables(Protocol):
+    """A transport whose pulls read tables the owner published to the link (``nixl``: a prepared READ): the owner
+    publishes each cache its engine made remotely accessible once -- a handle, its rows, ``info`` (the link code's
+    description of the cache, opaque here) -- updates it, and withdraws it before its memory can be reused; the
+    puller resolves a key by the table and reads rows of the handle, no owner call (``transport.onesided.tables``).
+    Declared by the transport's class (the link code asks once)."""
+
+    def publish(self, tensors: Sequence[Segment], row_size: int, rows: int, info: bytes) -> int:
+        """Owner side: publish a cache to every link, now and to links made later; its handle."""
+
+    def update(self, handle: int, info: bytes) -> None:
+        """Owner side: ``handle``'s cache is described anew (its keys changed)."""
+
+    def withdraw(self, handle: int) -> None:
+        """Owner side: no link reads ``handle`` once this returns (the memory may then be reused)."""
+
+    def table_of(self, channel: Channel, known: int) -> tuple[int, dict[int, bytes] | None]:
+        """Puller side: the version of the table published on ``channel``'s link and, unless it is ``known``, its
+        entries' info by handle."""
+
+    def read_rows(self, channel: Channel, handle: int, spans: Any, segments: Sequence[Segment],
+                  deadline: float) -> None:
+        """Puller side: read ``spans`` (``(tensor, offset, length)`` rows of a numpy array) of ``handle`` into
+        ``segments``; returns once all bytes are in."""

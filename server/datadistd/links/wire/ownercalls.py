@@ -1,9 +1,9 @@
 """Owner calls between the two ends of a link: their records.
 
 After the Peer handshake the link's authenticated data channel is the only conversation between two
-daemons (peer protocol 6). Either end may pull and push over a link (CANN's links have two ends; client
+daemons (peer protocol 7). Either end may pull and push over a link (CANN's links have two ends; client
 and server say nothing about prompt and decoder), so either end makes *owner calls* on the other: ``read``
-/ ``release`` for a pull (``grant_read`` / ``done_read`` over a transport that reads), ``open_write`` /
+/ ``release`` for a pull (``grant_read`` / ``done_read`` over hccl, which reads by grants), ``open_write`` /
 ``commit_write`` for a push, ``unlink``, and ``ping`` (the linking end's heartbeat and ``check_link_status``).
 A call is one CALL frame, its answer one REPLY frame (``ownerwire``: the one encoding of these records),
 sent and matched by ``framecalls.FrameCalls``; the bytes of a transfer travel on the same channel.
@@ -59,7 +59,8 @@ class ReadCmd:
 
 @dataclass(frozen=True)
 class GrantReadCmd:
-    """A pull over a transport that reads (``transport.base.ReadGrants``): validate and pin what ``spec`` names,
+    """A pull over a transport that reads by grants (``transport.base.ReadGrants``: hccl; nixl reads published
+    tables and asks nothing): validate and pin what ``spec`` names,
     answer the grant (``OwnerReply.grant``, its id in ``transfer_ids``); held until ``DoneReadCmd`` or
     ``timeout_ms``."""
 

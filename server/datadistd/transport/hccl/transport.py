@@ -10,7 +10,7 @@ from datadist_ascend.acl import acl
 from datadist_ascend.hccl import hccl
 
 from ...core.errors import DataDistError
-from ..onesided import LinkPeer, OneSidedTransport
+from ..onesided import GrantedReads, LinkPeer
 from .agent import DONE, HcclAgent
 
 __all__ = ["HcclTransport", "SCHEME"]
@@ -18,7 +18,7 @@ __all__ = ["HcclTransport", "SCHEME"]
 SCHEME = "hccl+tcp"
 
 
-class HcclTransport(OneSidedTransport):
+class HcclTransport(GrantedReads):
     """Links whose bytes move by ``HcclBatchPut`` between NPU memories (``[transport] name = "hccl"``)."""
 
     name = "hccl"

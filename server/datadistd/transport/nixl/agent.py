@@ -108,14 +108,19 @@ class Agent:
                                 f"{', '.join(self._agent.get_plugin_list()) or 'none'}")
         self.name = name
         self.backend = backend
+        self._bindings = importlib.import_module(api.__name__.rsplit(".", 1)[0] + "._bindings")
         self._regs = RegistrationTable(self._register, self._deregister)
+        self._published: dict[int, Any] = {}   # the registrations of published caches, by id (``publish``)
         self._closed = False
 
     # -- metadata --
 
     def metadata(self) -> bytes:
-        """Everything a peer needs to reach this agent: connection info and every registration so far."""
-        return bytes(self._agent.get_agent_metadata())
+        """What a peer needs to reach this agent: its connection info only, no registration. A registration
+        reaches a peer only as the partial metadata of what it may touch: a published cache (``publish``), a
+        push's destination (``partial_metadata``) -- never a pool or a cache that was not published to it."""
+        empty = self._bindings.nixlRegDList(self._agent.nixl_mems["DRAM"], [])
+        return bytes(self._agent.get_partial_agent_metadata(empty, True, [self.backend]))
 
     def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
         """What a peer that already knows this agent needs to reach ``regs`` too."""
@@ -170,8 +175,73 @@ class Agent:
         return len(self._regs)
 
     def serials(self) -> set[int]:
-        """The registrations that exist now (taken before ``metadata()``, they are all in it)."""
-        return {reg.serial for reg in self._regs.all()}
+        """The registrations ``metadata()`` describes: none (see ``metadata``)."""
+        return set()
+
+    # -- published caches: registered per cache, read by prepared descriptor lists --
+
+    def publish(self, ranges: np.ndarray) -> tuple[Any, bytes]:
+        """Register exactly ``ranges`` (``(address, length)`` rows: one cache's tensors) as one registration of
+        their own -- never the pool they lie in -- and answer it with the partial metadata a peer needs to read
+        them and nothing else. ``unpublish`` deregisters it."""
+        descs = [(int(a), int(n), 0, "") for a, n in ranges]
+        try:
+            token = self._agent.register_memory(descs, "DRAM", [self.backend])
+            metadata = self._agent.get_partial_agent_metadata(self._agent.get_reg_descs(descs, "DRAM"), False,
+                                                              [self.backend])
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL could not register a cache of {len(descs)} tensors "
+                                                f"({type(exc).__name__}: {exc})") from None
+        self._published[id(token)] = token
+        return token, bytes(metadata)
+
+    def unpublish(self, token: Any) -> None:
+        """Deregister a published cache's memory: on a fabric that checks keys (RDMA), a peer's READ of it fails
+        from now on."""
+        self._published.pop(id(token), None)
+        self._deregister(Registration(0, 0, 0, 0, token))
+
+    def published(self) -> int:
+        """Published caches whose memory is registered now."""
+        return len(self._published)
+
+    def prepare_rows(self, peer: str, rows: np.ndarray) -> Any:
+        """A descriptor list of ``peer``'s rows ``(address, length)``, prepared once (when the peer published
+        them): a READ then names rows by index. NIXL checks every row lies in memory the peer described to this
+        agent (``nixlNotFoundError`` otherwise)."""
+        zeros = np.zeros((len(rows), 1), dtype=np.uint64)
+        try:
+            return self._agent.prep_xfer_dlist(peer, np.hstack([rows, zeros]), "DRAM", [self.backend])
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL refused the rows {peer} published "
+                                                f"({type(exc).__name__}: {exc})") from None
+
+    def release_rows(self, prepared: Any) -> None:
+        try:
+            self._agent.release_dlist_handle(prepared)
+        except Exception as exc:  # noqa: BLE001 - the agent is closing
+            log.debug("NIXL release_dlist_handle: %s", exc)
+
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
+                  deadline: float) -> None:
+        """READ rows ``indices`` of a prepared list of ``peer``'s into ``local`` extents (one for one, of equal
+        length), then ``notif`` to the peer; returns at DONE."""
+        zeros = np.zeros((len(local), 1), dtype=np.uint64)
+        try:
+            mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.hstack([local, zeros]), "DRAM", [self.backend])
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
+                                                f"({type(exc).__name__}: {exc})") from None
+        try:
+            try:
+                handle = self._agent.make_prepped_xfer("READ", mine, np.arange(len(local), dtype=np.int32),
+                                                       prepared, indices.astype(np.int32), notif, [self.backend])
+            except Exception as exc:  # noqa: BLE001
+                raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
+                                                    f"({type(exc).__name__}: {exc})") from None
+            self._run("READ", handle, peer, deadline, lambda: None)
+        finally:
+            self.release_rows(mine)
 
     # -- transfers --
 
@@ -199,6 +269,11 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             raise DataDistError(status_of(exc), f"NIXL refused the {op} with {peer} "
                                                 f"({type(exc).__name__}: {exc})") from None
+        self._run(op, handle, peer, deadline, stop)
+
+    def _run(self, op: str, handle: Any, peer: str, deadline: float, stop: Callable[[], DataDistError | None]) -> None:
+        """Post ``handle`` and poll it to DONE (``LLM_TIMEOUT`` at ``deadline``; ``stop()``'s error ends it); the
+        request is released either way."""
         try:
             state = self._agent.transfer(handle)
             checks = 0
@@ -249,4 +324,6 @@ class Agent:
 
     def close(self) -> None:
         self._regs.close()
+        for token in list(self._published.values()):
+            self.unpublish(token)
         self._closed = True

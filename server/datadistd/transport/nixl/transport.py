@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ...guard.admission import AdmissionLimits
-from ..onesided import OneSidedTransport
+from ..onesided import PublishedTables
 from .agent import Agent, load_api, ucx_transports
 
 __all__ = ["NixlTransport", "SCHEME"]
@@ -15,12 +15,13 @@ __all__ = ["NixlTransport", "SCHEME"]
 SCHEME = "nixl+tcp"
 
 
-class NixlTransport(OneSidedTransport):
-    """Links whose bytes move by NIXL (``[transport] name = "nixl"``): see the package doc."""
+class NixlTransport(PublishedTables):
+    """Links whose bytes move by NIXL (``[transport] name = "nixl"``): see the package doc. A pull reads the rows
+    the owner published to the link (``onesided.tables``)."""
 
     name = "nixl"
     scheme = SCHEME
-    progress_after_grant = 2.0
+    progress_window = 2.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "UCX", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:

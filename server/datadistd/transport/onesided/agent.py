@@ -4,7 +4,7 @@ that carry a notification, READs, and the notifications that arrived."""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..registrations import Registration
 
-__all__ = ["OneSidedAgent"]
+__all__ = ["OneSidedAgent", "TableAgent"]
 
 
 class OneSidedAgent(Protocol):
@@ -50,3 +50,23 @@ class OneSidedAgent(Protocol):
         """``(peer name, message)`` of the notifications that arrived since the last call."""
 
     def close(self) -> None: ...
+
+
+class TableAgent(OneSidedAgent, Protocol):
+    """What reading published tables (``tables.PublishedTables``) needs more of the agent (NIXL's)."""
+
+    def publish(self, ranges: np.ndarray) -> tuple[Any, bytes]:
+        """Register exactly ``ranges`` (one cache's tensors) on their own: the registration and its partial
+        metadata."""
+
+    def unpublish(self, token: Any) -> None:
+        """Deregister what ``publish`` registered."""
+
+    def prepare_rows(self, peer: str, rows: np.ndarray) -> Any:
+        """``peer``'s rows ``(address, length)`` prepared once for READs by index."""
+
+    def release_rows(self, prepared: Any) -> None: ...
+
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
+                  deadline: float) -> None:
+        """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer."""

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -48,6 +48,8 @@ class LinkOwner(Protocol):
 
     def _forget_peer(self, peer: "LinkPeer") -> None: ...
 
+    def _ready(self, peer: "LinkPeer") -> None: ...
+
 __all__ = ["LinkPeer", "OneSidedChannel"]
 
 log = logging.getLogger("datadistd.transport.onesided")
@@ -76,6 +78,11 @@ class LinkPeer:
         self._forgotten = False
         self._receipts: dict[int, OneSidedReceipt] = {}
         self._early = EarlyFrames()   # link control frames: to the link manager, or kept until it set its handler
+        #: the caches the peer published to this link (``tables.PublishedTables``): handle -> ``RemoteEntry``
+        self.table: dict[int, Any] = {}
+        self.table_version = 0
+        self.withdrawn: OrderedDict[int, None] = OrderedDict()   # handles the peer withdrew (never reused)
+        self.table_lock = threading.Lock()
 
     @property
     def what(self) -> str:
@@ -98,7 +105,7 @@ class LinkPeer:
     # -- sending our messages --
 
     def send(self, payload: bytes, deadline: float | None = None) -> None:
-        self.channel().send_control(CONTROL_TRANSPORT, payload, deadline or time.monotonic() + _CONTROL_TIMEOUT)
+        self.channel().send_control_first(CONTROL_TRANSPORT, payload, deadline or time.monotonic() + _CONTROL_TIMEOUT)
 
     def fin(self, tid: int, code: int) -> None:
         try:
@@ -133,6 +140,7 @@ class LinkPeer:
             if reply:
                 self.send(self.transport._meta(self, reply=False))
             self.ready.set()
+            self.transport._ready(self)
         elif letter == DESCS:
             _, tid = ID.unpack_from(payload)
             (size,) = MD_LEN.unpack_from(payload, ID.size)
@@ -332,8 +340,10 @@ class OneSidedChannel:
     def on_control(self, handler: ControlHandler) -> None:
         self._peer.set_handler(handler)
 
+    # every control frame of a one-sided link goes on its first connection: an owner call's reply never overtakes
+    # the table changes sent before it (``tables``), nor a transport message the call relies on
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
-        return self._peer.channel().try_control(kind, payload, deadline)
+        return self._peer.channel().try_control_first(kind, payload, deadline)
 
     def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
-        self._peer.channel().send_control(kind, payload, deadline)
+        self._peer.channel().send_control_first(kind, payload, deadline)

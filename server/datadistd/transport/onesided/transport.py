@@ -6,7 +6,6 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,9 +45,9 @@ class OneSidedTransport(abc.ABC):
     name = ""
     scheme = ""
     inline_small_reads = False   # a pull's bytes move on the fabric, whatever their size
-    #: how long after a read grant the progress thread polls as if a receipt waited (a peer's READ over UCX's
-    #: TCP needs this side's progress; HCCL's get needs none)
-    progress_after_grant = 0.0
+    #: how long after a peer's READ (its grant, or its notification) the progress thread polls as if a receipt
+    #: waited (a peer's READ over UCX's TCP needs this side's progress; HCCL's get needs none)
+    progress_window = 0.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "", chunk_size: int = 4 << 20,
                  connect_timeout: float = 5.0, admission: AdmissionLimits | None = None, **tcp: Any) -> None:
@@ -68,7 +67,7 @@ class OneSidedTransport(abc.ABC):
         self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
         self.bytes_received = 0   # by READ
-        self._granted_until = 0.0
+        self._progress_until = 0.0
 
     # -- what each engine's transport says (decided when it is built: no probing) --
 
@@ -123,10 +122,10 @@ class OneSidedTransport(abc.ABC):
     def _progress(self) -> None:
         """UCX makes progress only when called: look for notifications (which also accepts peers' connections
         and moves the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
-        a receipt waits or a read was granted recently (``progress_after_grant``), every ``_IDLE`` otherwise."""
+        a receipt waits or a peer read recently (``progress_window``), every ``_IDLE`` otherwise."""
         while not self._stopping.is_set():
             self.poll()
-            busy = self._landing or time.monotonic() < self._granted_until
+            busy = self._landing or time.monotonic() < self._progress_until
             self._stopping.wait(_NAP if busy else _IDLE)
 
     def stop(self) -> None:
@@ -265,18 +264,27 @@ class OneSidedTransport(abc.ABC):
             return
         try:
             for name, message in agent.notifications():
-                if len(message) != NOTIF_ID.size or not message.startswith(NOTIF):
+                if not self._on_notification(name, message):
                     log.warning("%s: ignored a notification from %s that is not datadist's", self.name, name)
-                    continue
-                _, tid = NOTIF_ID.unpack(message)
-                receipt = self._landing.get(tid)
-                if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
-                    log.debug("%s: notification of transfer %d from %s matches no receipt", self.name, tid, name)
-                    continue
-                receipt._confirmed = True
-                receipt._finish(None)
         finally:
             self._polling.release()
+
+    def _on_notification(self, name: str, message: bytes) -> bool:
+        """A notification of agent ``name``: a WRITE's (finishes its receipt); False if it is none of ours."""
+        if len(message) != NOTIF_ID.size or not message.startswith(NOTIF):
+            return False
+        _, tid = NOTIF_ID.unpack(message)
+        receipt = self._landing.get(tid)
+        if receipt is None or receipt._peer.agent_name != name:   # late, or not that peer's to finish
+            log.debug("%s: notification of transfer %d from %s matches no receipt", self.name, tid, name)
+            return True
+        receipt._confirmed = True
+        receipt._finish(None)
+        return True
+
+    def _ready(self, peer: LinkPeer) -> None:
+        """``peer`` loaded this agent's metadata and sent its own (a reader thread): nothing more by default."""
+        return None
 
     def _landed(self, tid: int) -> None:
         self._landing.pop(tid, None)
@@ -294,6 +302,16 @@ class OneSidedTransport(abc.ABC):
         missing = [reg for reg in used if reg.serial not in peer.shipped]
         return extents, agent.partial_metadata(missing) if missing else b"", missing
 
+    def _paired(self, remote: np.ndarray, segments: Sequence[Segment], code: LLMStatusCode,
+                what: str) -> tuple[np.ndarray, np.ndarray]:
+        """A READ's ``remote`` extents paired with those of this side's ``segments`` (``pair_extents``); ``code``
+        naming ``what`` when they do not match."""
+        local, _, _ = self._agent().addresses(segments)
+        try:
+            return pair_extents(remote, local)
+        except ValueError as exc:
+            raise DataDistError(code, f"{self.name}: {what} does not match the destination ({exc})") from None
+
     def expect(self, segments: Sequence[Segment], channel: Channel | None = None) -> OneSidedReceipt:
         peer = _peer_of(self.name, channel)
         extents, metadata, missing = self._describe(peer, segments)
@@ -303,66 +321,13 @@ class OneSidedTransport(abc.ABC):
         self._landing[tid] = receipt
         payload = ID.pack(DESCS, tid) + MD_LEN.pack(len(metadata)) + metadata + extents.tobytes()
         tcp = peer.channel()
-        if not tcp.try_control(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
+        if not tcp.try_control_first(CONTROL_TRANSPORT, payload, time.monotonic() + _CONTROL_TIMEOUT):
             deferred = self._deferred
             if deferred is None:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name} transport is not running")
             deferred.submit(self._send_later, peer, receipt, payload)
         peer.shipped.update(reg.serial for reg in missing)
         return receipt
-
-    # -- pulls by READ (``transport.base.ReadGrants``) --
-
-    def grant(self, channel: Channel, segments: Sequence[Segment]) -> bytes:
-        """The owner's side of a pull: what the peer at the other end of ``channel`` needs to READ ``segments`` --
-        the partial metadata of registrations it has not been sent yet, then the extents (``u32`` metadata length,
-        metadata, ``(u64 address, u64 length)`` extents). No byte moves here."""
-        peer = _peer_of(self.name, channel)
-        extents, metadata, missing = self._describe(peer, segments)
-        peer.shipped.update(reg.serial for reg in missing)
-        if self.progress_after_grant:
-            self._granted_until = time.monotonic() + self.progress_after_grant
-        return MD_LEN.pack(len(metadata)) + metadata + np.ascontiguousarray(extents, dtype=np.uint64).tobytes()
-
-    def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
-        """The puller's side: one READ of the extents a ``grant`` of the owner names into ``segments`` (this side's
-        memory), returning when every byte is in. The grant's extents are the owner's memory only: what lands here
-        is bounded by ``segments``, whose byte count must equal the grant's."""
-        peer = _peer_of(self.name, channel)
-        agent = self._agent()
-        try:
-            (size,) = MD_LEN.unpack_from(grant)
-            at = MD_LEN.size + size
-            if len(grant) < at or (len(grant) - at) % 16:
-                raise ValueError("truncated")
-        except (struct.error, ValueError):
-            raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: a malformed read grant from the peer "
-                                                          f"{peer.what}") from None
-        if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
-            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
-        if size and agent.add_peer(grant[MD_LEN.size:at]) != peer.agent_name:
-            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: the read grant of {peer.what} "
-                                                               f"describes another agent")
-        remote = np.frombuffer(grant, dtype=np.uint64, offset=at).reshape(-1, 2)
-        local, _, _ = agent.addresses(segments)
-        try:
-            src, dst = pair_extents(remote, local)
-        except ValueError as exc:
-            raise DataDistError(LLMStatusCode.LLM_FAILED, f"{self.name}: the read grant of {peer.what} does not "
-                                                          f"match the destination ({exc})") from None
-        if not len(src):
-            return
-        tid = self._next_id()
-        peer.reading(int(tid))    # the peer's agent stays loaded until this READ ended (``LinkPeer.sent``)
-        try:
-            agent.read(dst, src, peer.agent_name, deadline)
-        except DataDistError as exc:
-            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight: nothing more lands once it is gone
-                self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
-            raise
-        finally:
-            peer.sent(int(tid))
-        self.bytes_received += int(src[:, 1].sum())
 
     def _send_later(self, peer: LinkPeer, receipt: OneSidedReceipt, payload: bytes) -> None:
         try:

@@ -365,14 +365,23 @@ class TcpChannel:
         """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
         self._control_frame(kind, payload, deadline, wait=True)
 
-    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool) -> bool:
+    def try_control_first(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """``try_control`` on the channel's first connection only: frames sent this way (and by
+        ``send_control_first``) arrive, and are handed over by one reader thread, in the order they were sent."""
+        return self._control_frame(kind, payload, deadline, wait=False, first=True)
+
+    def send_control_first(self, kind: int, payload: bytes, deadline: float) -> None:
+        """``send_control`` on the channel's first connection only (see ``try_control_first``)."""
+        self._control_frame(kind, payload, deadline, wait=True, first=True)
+
+    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool, first: bool = False) -> bool:
         if kind not in KIND_CONTROL or len(payload) > MAX_CONTROL:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
                                                                  f"{len(payload)} bytes")
         conns = self._live()
         bufs = [memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload))), memoryview(payload)]
-        base = next(self._rr)
-        order = [conns[(base + k) % len(conns)] for k in range(len(conns))]
+        base = 0 if first else next(self._rr)
+        order = [conns[(base + k) % len(conns)] for k in range(1 if first else len(conns))]
         for conn in order if not wait else order[:1]:
             if not wait and not conn.lock.acquire(timeout=0):
                 continue

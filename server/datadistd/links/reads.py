@@ -1,0 +1,88 @@
+"""The pulls of a one-sided transport, by the puller's READ: of the table the owner published to the link (nixl,
+``links.published``), or of what the owner grants per pull (hccl). ``Requester`` runs them (a mixin: they use its
+table, its release and its failure rule)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+from ..core.errors import DataDistError, StatusCode
+from ..core.types import RemoteSpec
+from ..memory.base import Segment
+from ..transport.base import Channel
+from .model import Link, RemoteLink
+from .table import LinkTable
+from .wire.framecalls import FrameCalls
+
+__all__ = ["OneSidedPulls"]
+
+log = logging.getLogger("datadistd.links")
+
+
+class OneSidedPulls:
+    table: LinkTable
+
+    def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
+        raise NotImplementedError
+
+    async def _release(self, link: RemoteLink, calls: FrameCalls, spec: RemoteSpec, deadline: float) -> None:
+        raise NotImplementedError
+
+    async def _table_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
+                          dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
+        """A pull over a transport that reads published tables (``ReadTables``; ``links.published``): the key
+        resolved by the table the owner published to the link, then one READ of the rows straight into ``dst`` --
+        no owner call, but the RELEASE that consumes a CacheKey after its pull. A key the table lacks is asked
+        once (a ping: the owner's table changes precede its reply), then refused with the owner's code."""
+        published = self.table.published
+        assert published is not None
+        try:
+            found = published.resolve(channel, channel.token, link.remote_cluster, spec)
+            if found is None:   # asked once: the owner's table changes precede its answer on the link
+                await calls.ping(max(0.0, deadline - time.monotonic()))
+                found = published.resolve(channel, channel.token, link.remote_cluster, spec, asked=True)
+            assert found is not None
+            await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, dst,
+                                       deadline)
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        if found.release:
+            await self._release(link, calls, spec, deadline)
+
+    async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
+                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
+        """A pull over a transport that reads by grants (``ReadGrants``: hccl): the owner grants the rows, this side
+        reads them straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key:
+        only then is that answer awaited; otherwise the pull returns once its bytes are in)."""
+        reads = self.table.reads
+        assert reads is not None
+        try:
+            grant_id, grant, release = await calls.grant_read(spec, deadline - time.monotonic())
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        done = False
+        try:
+            await self.table.in_thread(reads.read, channel, grant, dst, deadline)
+            done = True
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        finally:
+            ending = self._end_grant(link, calls, grant_id, done, max(0.5, deadline - time.monotonic()))
+            if done and release:
+                await ending
+            else:
+                self.table.spawn(ending)
+
+    async def _end_grant(self, link: RemoteLink, calls: FrameCalls, grant_id: int, done: bool,
+                         timeout: float) -> None:
+        if calls.closed:
+            return    # the link went: the owner drops its grants with it
+        try:
+            await calls.done_read(grant_id, done, timeout)
+        except DataDistError as exc:   # the owner ends it at its deadline, or with the link
+            log.log(logging.DEBUG if exc.code == StatusCode.LLM_LINK_FAILED else logging.WARNING,
+                    "cluster %s: read from cluster %s but could not end its grant: %s", self.table.cluster_id,
+                    link.remote_cluster, exc)
+

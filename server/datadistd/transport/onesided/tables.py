@@ -1,0 +1,402 @@
+"""``PublishedTables``: pulls by READ of the rows an owner published to the link, no owner call.
+
+The link knows its memory. The owner's link manager publishes each cache the engine made remotely accessible
+(``publish``): the transport registers exactly that cache's tensors as a registration of their own (never the pool
+they lie in), and sends every ready peer a ``P`` message: an integer handle, its generation, the rows (``rows``
+rows of ``row_size`` bytes per tensor, each tensor's address), the registration's partial metadata and the link
+manager's description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P``
+again with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer,
+then its registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the
+cache's memory goes back to its pool. A peer whose ``P`` or ``W`` cannot be sent (its channel broke, or it was
+full for ``_CONTROL_TIMEOUT``) is dropped: a peer never holds a row it was not told is gone.
+
+Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
+first connection (``TcpChannel.send_control_first``): one reader thread applies a ``P`` or ``W`` before it hands
+over any reply the owner sent after it, so a puller that was answered (a RELEASE that consumed a key, a ping) sees
+every table change made before that answer. Defensively, out of order arrivals are also harmless: a ``P`` before
+the peer's ``M`` waits for it; an update older than the entry (its generation) is ignored; handles are never
+reused, so a ``P`` of a handle already withdrawn (``LinkPeer.withdrawn``) is stale and ignored.
+
+The requester keeps each peer's table (``LinkPeer.table``): on ``P`` it loads the metadata and prepares the rows
+once as a NIXL descriptor list (``agent.prepare_rows``; NIXL refuses rows outside what the owner described); a
+pull is then one prepared READ of rows by index (``read_rows``), carrying a notification (``DDR``, handle, bytes)
+that tells the owner after the fact -- it is never asked before or after. A handle withdrawn, or never published
+on this link, fails the pull with ``LLM_KV_CACHE_NOT_EXIST``, what the owner answers for a cache it does not have.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence, cast
+
+import numpy as np
+
+from datadist.status import LLMStatusCode
+
+from ...core.errors import DataDistError
+from ...memory.base import Segment
+from ..base import CONTROL_TRANSPORT, Channel
+from ..registrations import Registration
+from .agent import TableAgent
+from .link import _CONTROL_TIMEOUT, LinkPeer
+from .transport import OneSidedTransport, _peer_of
+
+__all__ = ["PublishedTables", "RemoteEntry", "PUBLISH", "WITHDRAW", "NOTIF_READ"]
+
+log = logging.getLogger("datadistd.transport.onesided")
+
+PUBLISH = b"P"    # u64 handle, u64 generation, u64 row size, u32 rows, u32 tensors, then the tensors' addresses
+                  # (u64 each), u32 metadata length, metadata, u32 info length, info
+WITHDRAW = b"W"   # u64 handle
+NOTIF_READ = struct.Struct("<3sQQ")   # b"DDR", handle, bytes: a READ of published rows ended (to the owner)
+_HEAD = struct.Struct("<cQQQII")
+_LEN = struct.Struct("<I")
+_ID = struct.Struct("<cQ")
+MAX_TENSORS = 4096
+MAX_ROWS_TOTAL = 1 << 22      # rows of one cache (tensors x rows): one descriptor each in the prepared list
+MAX_ENTRIES = 1 << 16         # published handles one peer may hold at this end
+MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches one peer published here
+MAX_INFO = 1 << 20
+MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
+
+
+@dataclass
+class _Published:
+    """An entry at the owner: the cache's registration and the ``P`` message every peer gets."""
+
+    token: Any
+    message: bytes
+    generation: int
+    ranges: np.ndarray           # (address, length) of each tensor, as registered
+
+
+@dataclass
+class RemoteEntry:
+    """An entry of a peer's table at the requester: what ``P`` said, and its rows prepared for READ."""
+
+    handle: int
+    generation: int
+    row_size: int
+    rows: int
+    bases: np.ndarray            # uint64, one per tensor
+    info: bytes
+    prepared: Any = None         # the agent's prepared descriptor list of every row (None: no tensor is readable)
+    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))   # row addresses, sorted
+    order: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # their rows' indices
+    busy: int = 0                # READs running on ``prepared``
+    gone: bool = False           # withdrawn or replaced: ``prepared`` is released once no READ uses it
+
+
+class PublishedTables(OneSidedTransport):
+    """A one-sided transport whose pulls read published tables (``transport.base.ReadTables``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._published: dict[int, _Published] = {}
+        self._infos: dict[int, bytes] = {}        # the link manager's description of each published handle
+        self._spans = (np.empty(0, np.uint64), np.empty(0, np.uint64))   # published tensors: starts, ends (sorted)
+        self._table_lock = threading.RLock()   # publish/update/withdraw and a new peer's table go out in order
+        self.bytes_read_by_peers = 0           # counted from the peers' READ notifications
+
+    def _agent(self) -> TableAgent:
+        return cast(TableAgent, super()._agent())
+
+    def _live_agent(self) -> TableAgent | None:
+        return cast("TableAgent | None", self._running_agent)
+
+    # -- the owner's side --
+
+    def publish(self, tensors: Sequence[Segment], row_size: int, rows: int, info: bytes) -> int:
+        """Publish a cache (its ``tensors``, each ``rows`` rows of ``row_size`` bytes) to every link: its handle.
+        A cache whose memory is not mapped in the daemon is published with no tensor: a pull of it is refused
+        with ``LLM_FEATURE_NOT_ENABLED`` at the requester."""
+        agent = self._agent()
+        ranges = _ranges(tensors)
+        token, metadata = agent.publish(ranges) if ranges is not None and len(ranges) else (None, b"")
+        handle = int(self._next_id())
+        bases = ranges[:, 0] if ranges is not None else np.empty(0, np.uint64)
+        message = (_HEAD.pack(PUBLISH, handle, 1, row_size, rows, len(bases)) + bases.astype("<u8").tobytes()
+                   + _LEN.pack(len(metadata)) + metadata)
+        entry = _Published(token, message, 1, ranges if ranges is not None else np.empty((0, 2), np.uint64))
+        with self._table_lock:
+            self._published[handle] = entry
+            self._infos[handle] = info
+            self._index_spans()
+            self._to_peers(entry.message + _LEN.pack(len(info)) + info)
+        return handle
+
+    def update(self, handle: int, info: bytes) -> None:
+        """The cache of ``handle`` is described anew (a key bound or unbound): ``P`` again, next generation."""
+        with self._table_lock:
+            entry = self._published.get(handle)
+            if entry is None:
+                return
+            entry.generation += 1
+            entry.message = entry.message[:9] + struct.pack("<Q", entry.generation) + entry.message[17:]
+            self._infos[handle] = info
+            self._to_peers(entry.message + _LEN.pack(len(info)) + info)
+
+    def withdraw(self, handle: int) -> None:
+        """Withdraw ``handle`` from every link and deregister its memory; returns when both are done (call it
+        before the memory can be reused)."""
+        with self._table_lock:
+            entry = self._published.pop(handle, None)
+            self._infos.pop(handle, None)
+            if entry is None:
+                return
+            self._index_spans()
+            self._to_peers(_ID.pack(WITHDRAW, handle))
+        agent = self._live_agent()
+        if entry.token is not None and agent is not None:
+            agent.unpublish(entry.token)
+
+    def _index_spans(self) -> None:
+        """The published tensors' ranges, sorted (under ``_table_lock``): what a push's destination is looked up in."""
+        ranges = [entry.ranges for entry in self._published.values() if len(entry.ranges)]
+        both = np.concatenate(ranges) if ranges else np.empty((0, 2), np.uint64)
+        both = both[np.argsort(both[:, 0], kind="stable")]
+        self._spans = (both[:, 0].copy(), both[:, 0] + both[:, 1])
+
+    def _describe(self, peer: LinkPeer, segments: Sequence[Segment]) -> tuple[np.ndarray, bytes, list[Registration]]:
+        """A push's destination, described to the pusher: when every extent lies in a published cache -- always, for
+        a cache the owner validated, unless it could not be published -- by that cache's registration, which the
+        peer has (its ``P`` went before, on the same connection): no metadata, and so no key to the pool the cache
+        lies in. Otherwise as every one-sided transport does (the handle's registration)."""
+        agent = self._agent()
+        extents, _, _ = agent.addresses(segments)
+        starts, ends = self._spans
+        if len(extents) and len(starts):
+            at = np.searchsorted(starts, extents[:, 0], side="right") - 1
+            if bool((at >= 0).all()) and bool((extents[:, 0] + extents[:, 1] <= ends[np.maximum(at, 0)]).all()):
+                return extents, b"", []
+        return super()._describe(peer, segments)
+
+    def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None) -> None:
+        """Send ``message`` to every ready peer (under ``_table_lock``); a peer it cannot reach at once is dropped."""
+        if peers is None:
+            with self._lock:
+                peers = [peer for peer in self._peers.values() if peer.ready.is_set() and not peer.broken]
+        for peer in peers:
+            try:   # waits only for a connection another frame holds: a peer never misses a change
+                peer.channel().send_control_first(CONTROL_TRANSPORT, message, time.monotonic() + _CONTROL_TIMEOUT)
+                sent = True
+            except DataDistError:
+                sent = False
+            if not sent:
+                log.warning("%s: the table of link %s could not be updated; dropping its channel", self.name,
+                            peer.what)
+                self._drop(peer, "its table could not be updated")
+
+    def _ready(self, peer: LinkPeer) -> None:
+        """``peer`` loaded this agent: it gets every published entry (in order with later changes)."""
+        with self._table_lock:
+            messages = [entry.message + _LEN.pack(len(self._infos[handle])) + self._infos[handle]
+                        for handle, entry in self._published.items()]
+            for message in messages:
+                if peer.broken:
+                    return
+                self._to_peers(message, [peer])
+
+    # -- the requester's side --
+
+    def _on_extra(self, peer: LinkPeer, payload: bytes) -> None:
+        letter = payload[:1]
+        if letter == PUBLISH:
+            self._on_publish(peer, payload)
+        elif letter == WITHDRAW:
+            _, handle = _ID.unpack_from(payload)
+            with peer.table_lock:
+                entry = peer.table.pop(handle, None)
+                peer.table_version += 1
+                peer.withdrawn[handle] = None   # handles are never reused: a later P of it is stale
+                while len(peer.withdrawn) > MAX_WITHDRAWN:
+                    peer.withdrawn.popitem(last=False)
+            if entry is not None:
+                self._retire(entry)
+        else:
+            super()._on_extra(peer, payload)
+
+    def _on_publish(self, peer: LinkPeer, payload: bytes) -> None:
+        _, handle, generation, row_size, rows, count = _HEAD.unpack_from(payload)
+        if count > MAX_TENSORS or count * rows > MAX_ROWS_TOTAL or (count and not row_size) or row_size >> 40:
+            raise ValueError(f"a published cache of {count} tensors x {rows} rows of {row_size} bytes")
+        at = _HEAD.size + 8 * count
+        bases = np.frombuffer(payload, dtype="<u8", count=count, offset=_HEAD.size).astype(np.uint64)
+        (md_len,) = _LEN.unpack_from(payload, at)
+        metadata = payload[at + _LEN.size:at + _LEN.size + md_len]
+        at += _LEN.size + md_len
+        (info_len,) = _LEN.unpack_from(payload, at)
+        info = payload[at + _LEN.size:at + _LEN.size + info_len]
+        if len(metadata) != md_len or len(info) != info_len or info_len > MAX_INFO or \
+                at + _LEN.size + info_len != len(payload):
+            raise ValueError("a truncated or oversized P message")
+        if peer.agent_name is None:   # control frames are spread over the link's connections: its M may be behind
+            peer.ready.wait(_CONTROL_TIMEOUT)
+            if peer.agent_name is None:
+                raise ValueError("a published cache before the peer's agent")
+        with peer.table_lock:
+            if handle in peer.withdrawn:   # a P overtaken by the W of its handle (another connection): stale
+                return
+            old = peer.table.get(handle)
+            if old is None and len(peer.table) >= MAX_ENTRIES:
+                raise ValueError(f"more than {MAX_ENTRIES} published caches")
+            held = sum(len(e.bases) * e.rows for e in peer.table.values() if e is not old)
+            if held + count * rows > MAX_ROWS_LINK:
+                raise ValueError(f"more than {MAX_ROWS_LINK} published rows on one link")
+        if old is not None and old.row_size == row_size and old.rows == rows and np.array_equal(old.bases, bases):
+            if generation > old.generation:   # the same memory, described anew: keep the prepared rows
+                with peer.table_lock:
+                    old.generation, old.info = generation, info
+                    peer.table_version += 1
+            return
+        entry = RemoteEntry(handle, generation, row_size, rows, bases, info)
+        if count:
+            agent = self._agent()
+            if metadata and agent.add_peer(metadata) != peer.agent_name:
+                raise ValueError("a published cache of another agent")
+            starts = (bases[:, None] + np.arange(rows, dtype=np.uint64) * np.uint64(row_size)).reshape(-1)
+            entry.prepared = agent.prepare_rows(peer.agent_name, np.stack(
+                [starts, np.full(len(starts), row_size, np.uint64)], axis=1))
+            entry.order = np.argsort(starts, kind="stable")
+            entry.starts = starts[entry.order]
+        with peer.table_lock:
+            stale = handle in peer.withdrawn   # withdrawn while its rows were prepared
+            old = entry if stale else peer.table.get(handle)
+            if not stale:
+                peer.table[handle] = entry
+                peer.table_version += 1
+        if old is not None:
+            self._retire(old)
+
+    def _retire(self, entry: RemoteEntry) -> None:
+        release = None
+        with self._lock:
+            entry.gone = True
+            if entry.busy == 0 and entry.prepared is not None:
+                release, entry.prepared = entry.prepared, None
+        agent = self._live_agent()
+        if release is not None and agent is not None:
+            agent.release_rows(release)
+
+    def table_of(self, channel: Channel, known: int) -> tuple[int, dict[int, bytes] | None]:
+        """The version of the table published on ``channel``'s link and, unless it is ``known``, every entry's
+        info by handle."""
+        peer = _peer_of(self.name, channel)
+        with peer.table_lock:
+            if peer.table_version == known:
+                return known, None
+            return peer.table_version, {handle: entry.info for handle, entry in peer.table.items()}
+
+    def read_rows(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment],
+                  deadline: float) -> None:
+        """Read ``spans`` (``(tensor, offset, length)`` rows, in the published cache's tensors) of ``handle`` into
+        ``segments`` (as many bytes): one READ of the prepared rows, with a notification to the owner."""
+        peer = _peer_of(self.name, channel)
+        agent = self._agent()
+        with peer.table_lock:
+            entry = peer.table.get(handle)
+        if entry is None:
+            raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                f"{self.name}: cache {handle} is not published on the link {peer.what} (withdrawn)")
+        if not len(entry.bases):
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
+                                f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
+                                f"cache is worker memory reached through a file (unsealed)")
+        tensor, offset, length = (spans[:, i].astype(np.uint64) for i in range(3))
+        if len(spans) and (int(tensor.max()) >= len(entry.bases) or
+                           int((offset + length).max()) > entry.rows * entry.row_size):
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
+                                f"{self.name}: rows outside published cache {handle}")
+        remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
+            else np.empty((0, 2), np.uint64)
+        src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
+        if not len(src):
+            return
+        if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
+        rows = _by_rows(entry, src, dst)
+        nbytes = int(src[:, 1].sum())
+        notif = NOTIF_READ.pack(b"DDR", handle, nbytes)
+        tid = int(self._next_id())
+        with self._lock:
+            if entry.gone or entry.prepared is None:
+                raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                    f"{self.name}: cache {handle} was withdrawn from the link {peer.what}")
+            entry.busy += 1
+        peer.reading(tid)    # the peer's agent stays loaded until this READ ended (``LinkPeer.sent``)
+        try:
+            if rows is not None:
+                agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, notif, deadline)
+            else:   # rows cut by the destination's segments: the extents themselves (still no owner call)
+                agent.read(dst, src, peer.agent_name, deadline)
+                agent.notify(peer.agent_name, notif)
+        except DataDistError as exc:
+            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight: nothing more lands once it is gone
+                self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
+            elif entry.gone:
+                raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                    f"{self.name}: cache {handle} was withdrawn during the READ ({exc.message})") \
+                    from None
+            raise
+        finally:
+            peer.sent(tid)
+            with self._lock:
+                entry.busy -= 1
+                release = entry.prepared if entry.gone and entry.busy == 0 else None
+                if release is not None:
+                    entry.prepared = None
+            if release is not None:
+                agent.release_rows(release)
+        self.bytes_received += nbytes
+
+    def _on_notification(self, name: str, message: bytes) -> bool:
+        if len(message) == NOTIF_READ.size and message.startswith(b"DDR"):
+            _, _, nbytes = NOTIF_READ.unpack(message)
+            self.bytes_read_by_peers += nbytes
+            if self.progress_window:
+                self._progress_until = time.monotonic() + self.progress_window
+            return True
+        return super()._on_notification(name, message)
+
+
+def _by_rows(entry: RemoteEntry, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(indices, local extents)`` when the paired ``src`` extents are whole rows of ``entry`` (a piece of several
+    consecutive rows is cut into them, ``dst`` alike); None when a piece cuts a row."""
+    size = np.uint64(entry.row_size)
+    if not len(entry.starts):
+        return None
+    if bool((src[:, 1] == size).all()):   # one row a piece (a few blocks): no cutting
+        pos = np.searchsorted(entry.starts, src[:, 0])
+        if int(pos.max()) >= len(entry.starts) or not np.array_equal(entry.starts[pos], src[:, 0]):
+            return None
+        return entry.order[pos], dst
+    if np.any(src[:, 1] % size):
+        return None
+    count = (src[:, 1] // size).astype(np.int64)
+    total = int(count.sum())
+    step = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)).astype(np.uint64)
+    first = np.searchsorted(entry.starts, src[:, 0])
+    pos = np.repeat(first, count) + step.astype(np.int64)
+    if int(pos.max()) >= len(entry.starts):
+        return None
+    if not np.array_equal(entry.starts[pos], np.repeat(src[:, 0], count) + step * size):
+        return None
+    local = np.empty((total, 2), dtype=np.uint64)
+    local[:, 0] = np.repeat(dst[:, 0], count) + step * size
+    local[:, 1] = size
+    return entry.order[pos], local
+
+
+def _ranges(tensors: Sequence[Segment]) -> np.ndarray | None:
+    """``(address, length)`` of each tensor in this process, or None when one is not mapped here."""
+    out = np.empty((len(tensors), 2), dtype=np.uint64)
+    for i, seg in enumerate(tensors):
+        view = seg.handle.view()
+        if view is None:
+            return None
+        out[i] = (int(np.frombuffer(view, dtype=np.uint8).ctypes.data) + seg.offset, seg.length)
+    return out

@@ -93,12 +93,12 @@ class Calls:
         self.seen: list[str] = []
         real = links.calls._on_control
 
-        def on_control(link: object, kind: int, payload: bytes) -> None:
+        def on_control(link: object, kind: int, payload: bytes, *rest: object) -> None:
             if kind == CONTROL_CALL:
                 name = type(ownerwire.decode_call(payload)).__name__
                 if name != "PingCmd":
                     self.seen.append(name)
-            real(link, kind, payload)   # type: ignore[arg-type]
+            real(link, kind, payload, *rest)   # type: ignore[arg-type]
 
         links.calls._on_control = on_control   # type: ignore[method-assign]
 

@@ -1,0 +1,128 @@
+"""``Reactor``: the reader threads of every TCP data connection of the process -- one epoll, a small pool.
+
+A connection is registered once (``add``) with its *turn*: what a pool thread runs when the socket is readable.
+Registration is one-shot (``EPOLLONESHOT``): a readable connection wakes exactly one thread, which reads it --
+a frame in progress to its end, then every frame already waiting (``DataConn.turn``) -- while no other thread
+can pick it; the turn then says whether the socket goes back to the epoll (re-armed) or is done (unregistered,
+by the turn, before its socket is closed). So a connection's frames are read, and handed to its channel's
+control handler, in order and on the thread that read them, and a handler may block briefly: the other
+connections are served by the other threads meanwhile.
+
+Threads: made on demand, one more whenever a thread takes a connection and no other is left waiting in the
+epoll, up to ``size`` (bounded by the CPU count, not by the connections: ``_pool_size``). An idle thread
+sleeps in ``epoll_wait`` without a timeout: an idle connection wakes nobody. The pool lives as long as the
+process (daemon threads; nothing to stop): the connections of every transport of the daemon share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from typing import Callable
+
+log = logging.getLogger("datadistd.transport.tcp")
+
+#: what a turn returns: True to be woken again at the next bytes, False when the connection is done
+Turn = Callable[[], bool]
+
+_MASK = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+#: thread names of the pool (tests and the bench find them by it)
+THREAD_PREFIX = "datadist-tcp-read"
+
+
+def _pool_size() -> int:
+    """Reader threads at most: two per usable CPU, at least 4 (a handler may block briefly), at most 32."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(4, min(32, 2 * cpus))
+
+
+class Reactor:
+    """One epoll and the threads that wait in it; see the module doc."""
+
+    def __init__(self, size: int = 0) -> None:
+        self.size = size or _pool_size()
+        self._epoll = select.epoll()
+        self._lock = threading.Lock()
+        self._turns: dict[int, Turn] = {}
+        self._threads = 0
+        self._waiting = 0
+        self.wakeups = 0          # turns run (each one a thread woken for a readable connection)
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def add(self, fd: int, turn: Turn) -> None:
+        """Read ``fd`` with ``turn`` whenever it is readable (first as soon as it is)."""
+        with self._lock:
+            self._turns[fd] = turn
+            if self._threads == 0:
+                self._spawn()
+        self._epoll.register(fd, _MASK)
+
+    def switch(self, fd: int, turn: Turn) -> None:
+        """From a turn of ``fd``: the next turns run ``turn`` (a hello that became a connection); the caller's
+        turn returns True to re-arm."""
+        with self._lock:
+            self._turns[fd] = turn
+
+    def remove(self, fd: int) -> None:
+        """From a turn of ``fd`` (its last), before its socket is closed: forget it."""
+        with self._lock:
+            self._turns.pop(fd, None)
+        try:
+            self._epoll.unregister(fd)
+        except (OSError, ValueError):
+            pass
+
+    def _spawn(self) -> None:   # lock held
+        self._threads += 1
+        self._waiting += 1
+        threading.Thread(target=self._run, name=f"{THREAD_PREFIX}#{self._threads}", daemon=True).start()
+
+    def _run(self) -> None:
+        poll = self._epoll.poll
+        while True:  # for the life of the process; each pass runs one turn
+            try:
+                events = poll(-1, 1)
+            except InterruptedError:
+                continue
+            with self._lock:
+                self._waiting -= 1
+                if self._waiting == 0 and self._threads < self.size:   # nobody left for the next connection
+                    self._spawn()
+                turns = [(fd, self._turns.get(fd)) for fd, _ in events]
+                self.wakeups += len(turns)
+            for fd, turn in turns:
+                if turn is None:
+                    continue
+                again = False
+                try:
+                    again = turn()
+                except Exception:  # noqa: BLE001 - a turn cleans up after itself; this keeps the thread alive
+                    log.exception("tcp reader: a connection's turn failed")
+                if again:
+                    try:
+                        self._epoll.modify(fd, _MASK)
+                    except (OSError, ValueError):   # removed meanwhile
+                        pass
+            with self._lock:
+                self._waiting += 1
+
+
+_reactor: Reactor | None = None
+_reactor_lock = threading.Lock()
+
+
+def reactor() -> Reactor:
+    """The process's reactor, made on first use."""
+    global _reactor
+    with _reactor_lock:
+        if _reactor is None:
+            _reactor = Reactor()
+        return _reactor

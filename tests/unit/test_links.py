@@ -612,3 +612,103 @@ def test_the_channels_end_after_this_ends_unlink_is_no_fault(caplog: pytest.LogC
             assert not _warnings_of(caplog, D), caplog.text
 
     asyncio.run(main())
+
+
+# ---- liveness: one heartbeat per pair of daemons ---------------------------------------------------------------
+
+HEARTBEAT_S = 0.05
+LINKED = 8
+
+
+class Many:
+    """``LINKED`` decoder engines of node ``d`` linked to one prompt engine of node ``p``: links between one pair of
+    daemons, the heartbeat every ``HEARTBEAT_S``."""
+
+    async def __aenter__(self) -> "Many":
+        cfg = {"peer.secret": "s3cret", "peer.heartbeat_seconds": str(HEARTBEAT_S)}
+        self.p = Node(Config().with_overrides(cfg))
+        self.d = Node(Config().with_overrides(cfg), peer_connector=lambda address: InProcessPeer(self.ps.links,
+                                                                                                 address))
+        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
+        self.ds = [await self.d.init_engine(100 + k, Role.DECODER, opts, worker_session(self.d)) for k in range(LINKED)]
+        for slot in self.ds:
+            assert await slot.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.d.close()
+        await self.p.close()
+
+    def outbound(self) -> list[OutboundLink]:
+        return [slot.links.table.links[P] for slot in self.ds]
+
+
+async def _passes(node: Node, n: int) -> None:
+    """Until the node's heartbeat made ``n`` more passes (bounded: 200 intervals)."""
+    until = node.liveness.passes + n
+    for _ in range(200 * n):
+        if node.liveness.passes >= until:
+            return
+        await asyncio.sleep(HEARTBEAT_S / 4)
+    raise AssertionError("the heartbeat made no pass")
+
+
+def test_links_to_one_daemon_share_one_heartbeat_and_the_serving_end_keeps_them_all() -> None:
+    """Eight links between two daemons: each heartbeat pass pings one of them (before: each link pinged on its own,
+    eight per interval), and the serving end, hearing a frame on one link only, keeps all eight past its
+    ``3 x interval`` (at least 2 s) silence limit: a frame of the daemon counts for every link of it."""
+    async def main() -> None:
+        async with Many() as many:
+            liveness = many.d.liveness
+            assert len({link.peer_daemon for link in many.outbound()}) == 1
+            assert many.outbound()[0].peer_daemon == many.p.liveness.daemon_id
+            passes, pings = liveness.passes, liveness.pings
+            await _passes(many.d, int(2.5 / HEARTBEAT_S))
+            assert liveness.pings - pings == liveness.passes - passes       # one ping per pass, for eight links
+            assert all(link.state == LinkState.ESTABLISHED for link in many.outbound())
+            served = many.ps.links.table.served
+            assert sorted(served) == [100 + k for k in range(LINKED)]
+            assert all(link.peer_daemon == liveness.daemon_id for link in served.values())
+
+    asyncio.run(main())
+
+
+def test_a_peer_daemon_that_answers_no_heartbeat_breaks_every_link_to_it() -> None:
+    """The one ping of a pass times out (the peer daemon is hung: it holds its connections and answers nothing):
+    every link to that daemon is broken then, each link's owner calls closed -- not one link per interval."""
+    async def main() -> None:
+        async with Many() as many:
+            async def hung(timeout: float) -> None:
+                raise DataDistError(S.LLM_TIMEOUT, "no answer")
+
+            for link in many.outbound():
+                link.calls.ping = hung   # type: ignore[method-assign]
+            pings = many.d.liveness.pings
+            await _passes(many.d, 2)
+            assert many.d.liveness.pings - pings == 1
+            assert all(link.state == LinkState.BROKEN and "did not answer" in link.reason for link in many.outbound())
+            assert all(link.calls.closed for link in many.outbound())
+
+    asyncio.run(main())
+
+
+def test_a_link_whose_own_channel_failed_is_broken_alone_and_the_next_one_asked() -> None:
+    """The heartbeat's link failed by itself (its channel, not its daemon): that link is broken, the pass asks
+    the next link of the daemon, which answers, and the others stay up."""
+    async def main() -> None:
+        async with Many() as many:
+            first = many.outbound()[0]
+
+            async def lost(timeout: float) -> None:
+                raise DataDistError(S.LLM_LINK_FAILED, "channel gone")
+
+            first.calls.ping = lost   # type: ignore[method-assign]
+            pings = many.d.liveness.pings
+            await _passes(many.d, 1)
+            await _passes(many.d, 1)
+            assert first.state == LinkState.BROKEN
+            assert all(link.state == LinkState.ESTABLISHED for link in many.outbound()[1:])
+            assert many.d.liveness.pings - pings == 3    # the failed link and the next in the first pass, then one
+
+    asyncio.run(main())

@@ -49,7 +49,8 @@ class Liveness:
         #: serving end: linking daemon -> when any of its links last had a frame (``LinkTable._sweep``)
         self.seen: dict[bytes, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self.pings = 0                     # heartbeat pings sent (one per group per interval)
+        self.passes = 0                    # heartbeat passes (one per interval while a link is watched)
+        self.pings = 0                     # heartbeat pings sent (one per peer daemon per pass)
 
     @staticmethod
     def key(link: OutboundLink) -> bytes:
@@ -81,6 +82,7 @@ class Liveness:
         """One pass per interval while any link is watched: one ping per peer daemon, all at once."""
         while self._groups:
             await asyncio.sleep(self.interval)
+            self.passes += 1
             await asyncio.gather(*(self._check(key) for key in list(self._groups)))
 
     async def _check(self, key: bytes) -> None:

@@ -24,18 +24,21 @@ handshake only changes which links share a heartbeat.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..core.errors import DataDistError, StatusCode
-from .model import LinkState, OutboundLink
+from .model import Link, LinkState, OutboundLink
 
-if TYPE_CHECKING:
-    from .table import LinkTable
 
-log = logging.getLogger("datadistd.links")
+class LinkTable(Protocol):
+    """What the heartbeat needs of the table a link belongs to (``table.LinkTable``), declared here so that this
+    module names nothing above it."""
+
+    closed: bool
+
+    def mark_broken(self, link: Link, reason: str) -> None: ...
 
 
 class Liveness:

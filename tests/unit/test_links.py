@@ -30,6 +30,7 @@ from datadistd.node.node import Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY
+from datadistd.transport.tcp.reactor import THREAD_PREFIX, reactor
 from tests.fakes import pulled, worker_session
 
 pytestmark = pytest.mark.timeout(60)
@@ -624,6 +625,9 @@ class Many:
     """``LINKED`` decoder engines of node ``d`` linked to one prompt engine of node ``p``: links between one pair of
     daemons, the heartbeat every ``HEARTBEAT_S``."""
 
+    def __init__(self, linked: bool = True) -> None:
+        self.linked = linked
+
     async def __aenter__(self) -> "Many":
         cfg = {"peer.secret": "s3cret", "peer.heartbeat_seconds": str(HEARTBEAT_S)}
         self.p = Node(Config().with_overrides(cfg))
@@ -632,9 +636,13 @@ class Many:
         opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
         self.ds = [await self.d.init_engine(100 + k, Role.DECODER, opts, worker_session(self.d)) for k in range(LINKED)]
-        for slot in self.ds:
-            assert await slot.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
+        if self.linked:
+            await self.link(self.ds)
         return self
+
+    async def link(self, slots: list[Any]) -> None:
+        for slot in slots:
+            assert await slot.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
 
     async def __aexit__(self, *exc: object) -> None:
         await self.d.close()
@@ -663,9 +671,8 @@ def test_links_to_one_daemon_share_one_heartbeat_and_the_serving_end_keeps_them_
             liveness = many.d.liveness
             assert len({link.peer_daemon for link in many.outbound()}) == 1
             assert many.outbound()[0].peer_daemon == many.p.liveness.daemon_id
-            passes, pings = liveness.passes, liveness.pings
             await _passes(many.d, int(2.5 / HEARTBEAT_S))
-            assert liveness.pings - pings == liveness.passes - passes       # one ping per pass, for eight links
+            assert list(liveness.history) == [1] * len(liveness.history)   # one ping per pass, for eight links
             assert all(link.state == LinkState.ESTABLISHED for link in many.outbound())
             served = many.ps.links.table.served
             assert sorted(served) == [100 + k for k in range(LINKED)]
@@ -684,9 +691,10 @@ def test_a_peer_daemon_that_answers_no_heartbeat_breaks_every_link_to_it() -> No
 
             for link in many.outbound():
                 link.calls.ping = hung   # type: ignore[method-assign]
-            pings = many.d.liveness.pings
-            await _passes(many.d, 2)
-            assert many.d.liveness.pings - pings == 1
+            passes = many.d.liveness.passes
+            await _passes(many.d, 1)
+            liveness = many.d.liveness
+            assert list(liveness.history)[len(liveness.history) - (liveness.passes - passes):][:1] == [1]
             assert all(link.state == LinkState.BROKEN and "did not answer" in link.reason for link in many.outbound())
             assert all(link.calls.closed for link in many.outbound())
 
@@ -704,11 +712,39 @@ def test_a_link_whose_own_channel_failed_is_broken_alone_and_the_next_one_asked(
                 raise DataDistError(S.LLM_LINK_FAILED, "channel gone")
 
             first.calls.ping = lost   # type: ignore[method-assign]
-            pings = many.d.liveness.pings
-            await _passes(many.d, 1)
-            await _passes(many.d, 1)
+            passes = many.d.liveness.passes
+            await _passes(many.d, 2)
             assert first.state == LinkState.BROKEN
             assert all(link.state == LinkState.ESTABLISHED for link in many.outbound()[1:])
-            assert many.d.liveness.pings - pings == 3    # the failed link and the next in the first pass, then one
+            liveness = many.d.liveness
+            since = list(liveness.history)[len(liveness.history) - (liveness.passes - passes):]
+            assert since[:2] == [2, 1]   # the failed link and the next one, then one
+
+    asyncio.run(main())
+
+
+def _fds_and_readers() -> tuple[int, int]:
+    """This process's open fds, and its tcp data-plane threads but the shared readers' pool (accept loops, stripe
+    senders; before, a reader per connection)."""
+    import os
+    import threading
+
+    return len(os.listdir("/proc/self/fd")), sum(1 for t in threading.enumerate() if t.name.startswith("datadist-tcp")
+                                                 and not t.name.startswith(f"{THREAD_PREFIX}#"))
+
+
+def test_a_link_holds_one_fd_and_no_thread_at_each_end() -> None:
+    """Both daemons in this process: four links and then four more add one fd per link end (default ``[transport]
+    streams``: one connection; before, four) and no data-plane thread once the readers' pool is made (before: a
+    reader thread per connection at each end)."""
+    async def main() -> None:
+        async with Many(linked=False) as many:
+            await many.link(many.ds[:4])
+            fds, threads = _fds_and_readers()
+            await many.link(many.ds[4:])
+            more_fds, more_threads = _fds_and_readers()
+            assert more_fds - fds == 2 * 4          # two ends of four links, one connection each
+            assert more_threads == threads
+            assert reactor().threads <= reactor().size   # the readers: bounded by the CPUs, not by the links
 
     asyncio.run(main())

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import deque
 from typing import Protocol
 
 from ..core.errors import DataDistError, StatusCode
@@ -52,8 +53,9 @@ class Liveness:
         #: serving end: linking daemon -> when any of its links last had a frame (``LinkTable._sweep``)
         self.seen: dict[bytes, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self.passes = 0                    # heartbeat passes (one per interval while a link is watched)
+        self.passes = 0                    # heartbeat passes done (one per interval while a link is watched)
         self.pings = 0                     # heartbeat pings sent (one per peer daemon per pass)
+        self.history: deque[int] = deque(maxlen=64)   # pings of each pass done, the last 64
 
     @staticmethod
     def key(link: OutboundLink) -> bytes:
@@ -85,8 +87,10 @@ class Liveness:
         """One pass per interval while any link is watched: one ping per peer daemon, all at once."""
         while self._groups:
             await asyncio.sleep(self.interval)
-            self.passes += 1
+            pings = self.pings
             await asyncio.gather(*(self._check(key) for key in list(self._groups)))
+            self.history.append(self.pings - pings)
+            self.passes += 1
 
     async def _check(self, key: bytes) -> None:
         """Ping one established link of the group ``key``; see the module doc for what an answer or none means."""

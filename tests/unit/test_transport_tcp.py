@@ -766,7 +766,9 @@ def test_a_peer_stalling_in_the_middle_of_a_frame_loses_the_connection(monkeypat
         s.sendall(HEADER.pack(b"DDFR", CONTROL_REPLY, 0, 0, 100) + b"x" * 10)   # 10 of 100 bytes, then silence
         assert s.recv(1) == b""   # the data plane closed it
         channel = b.channel(TOKEN)
-        assert channel is None or channel.broken
+        assert channel is not None
+        assert channel._conns[0].ended.wait(5)   # its reading ended: the channel heard of it first
+        assert channel.broken and "sent nothing of a frame" in channel.reason
     finally:
         s.close()
         b.stop()

@@ -125,6 +125,8 @@ class LinkTable:
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
                                 else f"no frame of its daemon for {now - heard:.1f}s")
                     self.drop_serving(link)
+            for daemon in [d for d, t in seen.items() if now - t > stale_after]:   # bounded: no link relies on it
+                del seen[daemon]
             # abandoned writes, and those of links gone (unlinked, dropped): never committed now. Not at the
             # unlink itself: a commit may still be on its way while the unlink tells the other end
             live = {id(link) for link in self.all_links()}

@@ -8,10 +8,10 @@ by the turn, before its socket is closed). So a connection's frames are read, an
 control handler, in order and on the thread that read them, and a handler may block briefly: the other
 connections are served by the other threads meanwhile.
 
-Threads: made on demand, one more whenever a thread takes a connection and no other is left waiting in the
-epoll, up to ``size`` (bounded by the CPU count, not by the connections: ``_pool_size``). An idle thread
-sleeps in ``epoll_wait`` without a timeout: an idle connection wakes nobody. The pool lives as long as the
-process (daemon threads; nothing to stop): the connections of every transport of the daemon share it.
+Threads: ``size`` of them (bounded by the CPU count, not by the connections: ``_pool_size``), made with the
+reactor -- when the daemon's first transport is made -- so a link adds none. An idle thread sleeps in
+``epoll_wait`` without a timeout: an idle connection wakes nobody. The pool lives as long as the process (daemon
+threads; nothing to stop): the connections of every transport of the daemon share it.
 """
 
 from __future__ import annotations
@@ -49,20 +49,14 @@ class Reactor:
         self._epoll = select.epoll()
         self._lock = threading.Lock()
         self._turns: dict[int, Turn] = {}
-        self._threads = 0
-        self._waiting = 0
         self.wakeups = 0          # turns run (each one a thread woken for a readable connection)
-
-    @property
-    def threads(self) -> int:
-        return self._threads
+        for n in range(self.size):
+            threading.Thread(target=self._run, name=f"{THREAD_PREFIX}#{n + 1}", daemon=True).start()
 
     def add(self, fd: int, turn: Turn) -> None:
         """Read ``fd`` with ``turn`` whenever it is readable (first as soon as it is)."""
         with self._lock:
             self._turns[fd] = turn
-            if self._threads == 0:
-                self._spawn()
         self._epoll.register(fd, _MASK)
 
     def switch(self, fd: int, turn: Turn) -> None:
@@ -80,11 +74,6 @@ class Reactor:
         except (OSError, ValueError):
             pass
 
-    def _spawn(self) -> None:   # lock held
-        self._threads += 1
-        self._waiting += 1
-        threading.Thread(target=self._run, name=f"{THREAD_PREFIX}#{self._threads}", daemon=True).start()
-
     def _run(self) -> None:
         poll = self._epoll.poll
         while True:  # for the life of the process; each pass runs one turn
@@ -93,9 +82,6 @@ class Reactor:
             except InterruptedError:
                 continue
             with self._lock:
-                self._waiting -= 1
-                if self._waiting == 0 and self._threads < self.size:   # nobody left for the next connection
-                    self._spawn()
                 turns = [(fd, self._turns.get(fd)) for fd, _ in events]
                 self.wakeups += len(turns)
             for fd, turn in turns:
@@ -111,8 +97,6 @@ class Reactor:
                         self._epoll.modify(fd, _MASK)
                     except (OSError, ValueError):   # removed meanwhile
                         pass
-            with self._lock:
-                self._waiting += 1
 
 
 _reactor: Reactor | None = None

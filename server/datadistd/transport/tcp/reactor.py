@@ -75,26 +75,25 @@ class Reactor:
             pass
 
     def _run(self) -> None:
-        poll = self._epoll.poll
+        poll, modify, turns = self._epoll.poll, self._epoll.modify, self._turns   # dict reads: atomic, no lock
         while True:  # for the life of the process; each pass runs one turn
             try:
                 events = poll(-1, 1)
             except InterruptedError:
                 continue
-            with self._lock:
-                turns = [(fd, self._turns.get(fd)) for fd, _ in events]
-                self.wakeups += len(turns)
-            for fd, turn in turns:
+            for fd, _ in events:
+                self.wakeups += 1
+                turn = turns.get(fd)
                 if turn is None:
                     continue
-                again = False
                 try:
                     again = turn()
                 except Exception:  # noqa: BLE001 - a turn cleans up after itself; this keeps the thread alive
                     log.exception("tcp reader: a connection's turn failed")
+                    again = False
                 if again:
                     try:
-                        self._epoll.modify(fd, _MASK)
+                        modify(fd, _MASK)
                     except (OSError, ValueError):   # removed meanwhile
                         pass
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ from datadistd.node.node import Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY
+from datadistd.transport.tcp.reactor import THREAD_PREFIX, reactor
 from tests.fakes import pulled, worker_session
 
 pytestmark = pytest.mark.timeout(60)
@@ -619,5 +621,139 @@ def test_the_channels_end_after_this_ends_unlink_is_no_fault(caplog: pytest.LogC
             linking.calls._on_control(link, CONTROL_DOWN, b"the peer closed the connection")
             assert await ours == (0, [0])
             assert not _warnings_of(caplog, D), caplog.text
+
+    asyncio.run(main())
+
+
+# ---- liveness: one heartbeat per pair of daemons ---------------------------------------------------------------
+
+HEARTBEAT_S = 0.05
+LINKED = 8
+
+
+class Many:
+    """``LINKED`` decoder engines of node ``d`` linked to one prompt engine of node ``p``: links between one pair of
+    daemons, the heartbeat every ``HEARTBEAT_S``."""
+
+    def __init__(self, linked: bool = True) -> None:
+        self.linked = linked
+
+    async def __aenter__(self) -> "Many":
+        cfg = {"peer.secret": "s3cret", "peer.heartbeat_seconds": str(HEARTBEAT_S)}
+        self.p = Node(Config().with_overrides(cfg))
+        self.d = Node(Config().with_overrides(cfg), peer_connector=lambda address: InProcessPeer(self.ps.links,
+                                                                                                 address))
+        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
+        self.ds = [await self.d.init_engine(100 + k, Role.DECODER, opts, worker_session(self.d)) for k in range(LINKED)]
+        if self.linked:
+            await self.link(self.ds)
+        return self
+
+    async def link(self, slots: list[Any]) -> None:
+        for slot in slots:
+            assert await slot.links.link_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000) == (0, [0])
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.d.close()
+        await self.p.close()
+
+    def outbound(self) -> list[OutboundLink]:
+        return [slot.links.table.links[P] for slot in self.ds]
+
+
+async def _passes(node: Node, n: int) -> None:
+    """Until the node's heartbeat made ``n`` more passes (bounded: 200 intervals)."""
+    until = node.liveness.passes + n
+    for _ in range(200 * n):
+        if node.liveness.passes >= until:
+            return
+        await asyncio.sleep(HEARTBEAT_S / 4)
+    raise AssertionError("the heartbeat made no pass")
+
+
+def test_links_to_one_daemon_share_one_heartbeat_and_the_serving_end_keeps_them_all() -> None:
+    """Eight links between two daemons: each heartbeat pass pings one of them (before: each link pinged on its own,
+    eight per interval), and the serving end, hearing a frame on one link only, keeps all eight past its
+    ``3 x interval`` (at least 2 s) silence limit: a frame of the daemon counts for every link of it."""
+    async def main() -> None:
+        async with Many() as many:
+            liveness = many.d.liveness
+            assert len({link.peer_daemon for link in many.outbound()}) == 1
+            assert many.outbound()[0].peer_daemon == many.p.liveness.daemon_id
+            await _passes(many.d, int(2.5 / HEARTBEAT_S))
+            assert list(liveness.history) == [1] * len(liveness.history)   # one ping per pass, for eight links
+            assert all(link.state == LinkState.ESTABLISHED for link in many.outbound())
+            served = many.ps.links.table.served
+            assert sorted(served) == [100 + k for k in range(LINKED)]
+            assert all(link.peer_daemon == liveness.daemon_id for link in served.values())
+
+    asyncio.run(main())
+
+
+def test_a_peer_daemon_that_answers_no_heartbeat_breaks_every_link_to_it() -> None:
+    """The one ping of a pass times out (the peer daemon is hung: it holds its connections and answers nothing):
+    every link to that daemon is broken then, each link's owner calls closed -- not one link per interval."""
+    async def main() -> None:
+        async with Many() as many:
+            async def hung(timeout: float) -> None:
+                raise DataDistError(S.LLM_TIMEOUT, "no answer")
+
+            for link in many.outbound():
+                link.calls.ping = hung   # type: ignore[method-assign]
+            passes = many.d.liveness.passes
+            await _passes(many.d, 1)
+            liveness = many.d.liveness
+            assert list(liveness.history)[len(liveness.history) - (liveness.passes - passes):][:1] == [1]
+            assert all(link.state == LinkState.BROKEN and "did not answer" in link.reason for link in many.outbound())
+            assert all(link.calls.closed for link in many.outbound())
+
+    asyncio.run(main())
+
+
+def test_a_link_whose_own_channel_failed_is_broken_alone_and_the_next_one_asked() -> None:
+    """The heartbeat's link failed by itself (its channel, not its daemon): that link is broken, the pass asks
+    the next link of the daemon, which answers, and the others stay up."""
+    async def main() -> None:
+        async with Many() as many:
+            first = many.outbound()[0]
+
+            async def lost(timeout: float) -> None:
+                raise DataDistError(S.LLM_LINK_FAILED, "channel gone")
+
+            first.calls.ping = lost   # type: ignore[method-assign]
+            passes = many.d.liveness.passes
+            await _passes(many.d, 2)
+            assert first.state == LinkState.BROKEN
+            assert all(link.state == LinkState.ESTABLISHED for link in many.outbound()[1:])
+            liveness = many.d.liveness
+            since = list(liveness.history)[len(liveness.history) - (liveness.passes - passes):]
+            assert since[:2] == [2, 1]   # the failed link and the next one, then one
+
+    asyncio.run(main())
+
+
+def _fds_and_readers() -> tuple[int, int]:
+    """This process's open fds, and its tcp data-plane threads (the readers' pool, accept loops, stripe senders;
+    before, a reader per connection too)."""
+    import os
+    import threading
+
+    return len(os.listdir("/proc/self/fd")), sum(1 for t in threading.enumerate() if t.name.startswith("datadist-tcp"))
+
+
+def test_a_link_holds_one_fd_and_no_thread_at_each_end() -> None:
+    """Both daemons in this process: four links and then four more add one fd per link end (default ``[transport]
+    streams``: one connection; before, four) and no data-plane thread: the readers are the process's pool, made
+    with its first transport (before: a reader thread per connection at each end)."""
+    async def main() -> None:
+        async with Many(linked=False) as many:
+            await many.link(many.ds[:4])
+            fds, threads = _fds_and_readers()
+            await many.link(many.ds[4:])
+            more_fds, more_threads = _fds_and_readers()
+            assert more_fds - fds == 2 * 4          # two ends of four links, one connection each
+            assert more_threads == threads
+            assert sum(1 for t in threading.enumerate() if t.name.startswith(f"{THREAD_PREFIX}#")) == reactor().size
 
     asyncio.run(main())

@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
+from datadistd.guard.admission import AdmissionLimits
 from datadistd.memory.base import MemoryHandle, Segment
 from datadistd.transport import get_transport
 from datadistd.transport.base import CONTROL_REPLY
 from datadistd.transport.tcp import HEADER, HELLO, TcpTransport
+from datadistd.transport.tcp.reactor import THREAD_PREFIX, reactor
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -671,36 +673,105 @@ def test_stop_is_bounded_and_idempotent(pair: Pair) -> None:
                 and str(pair.b.port) in t.name]
 
 
-def _wakeups(thread: threading.Thread) -> int:
-    """How often ``thread`` went to sleep so far (``voluntary_ctxt_switches``: each wait that ended)."""
-    with open(f"/proc/self/task/{thread.native_id}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
+def _readers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
 
 
-def test_idle_readers_sleep_until_a_frame_and_a_close_still_wakes_them(pair: Pair) -> None:
-    """An idle connection's reader waits for its next frame without a timeout: over a second of rest no reader of
-    either end wakes (before, each woke five times a second on a 0.2 s receive timeout); a frame wakes it, and
-    stopping the transport ends every reader."""
-    conns = pair.out._conns
-    names = ({f"datadist-tcp-read:{pair.b.endpoint}#{c.index}" for c in conns} |
-             {f"datadist-tcp-read:{LOOPBACK}:{c.sock.getsockname()[1]}" for c in conns})
-    readers = [t for t in threading.enumerate() if t.name in names]
-    assert len(readers) == 2 * 2   # two connections, a reader at each end of each
+def test_connections_share_a_pool_of_readers_not_a_thread_each() -> None:
+    """64 channels of 2 connections (256 sockets over both ends) are read by the process's reactor threads, at most
+    ``reactor().size`` of them whatever the number of connections (before: a reader thread per connection, 256),
+    and every connection still carries its bytes and control frames."""
+    pairs: list[Pair] = []
+    try:
+        for _ in range(64):
+            pairs.append(Pair(streams=2))
+        for k, p in enumerate(pairs):
+            src, dst = ArrayHandle(8192, seed=k), ArrayHandle(8192)
+            p.a_to_b(one(src), one(dst))
+            np.testing.assert_array_equal(dst.arr, src.arr)
+            got = threading.Event()
+            p.out.on_control(lambda kind, payload, got=got: got.set())
+            p.inb.send_control(CONTROL_REPLY, b"hi", deadline())
+            assert got.wait(5)
+        assert sum(p.out.streams + p.inb.streams for p in pairs) == 256
+        assert len(_readers()) == reactor().size <= 32
+    finally:
+        for p in pairs:
+            p.stop()
+
+
+def test_idle_connections_wake_no_reader_and_a_close_still_ends_them(pair: Pair) -> None:
+    """An idle connection waits for its next frame in the reactor's epoll without a timeout: over a second of rest
+    no turn runs (before, a reader per connection woke five times a second); a frame wakes one, and stopping the
+    transport ends every connection's reading."""
     dst = ArrayHandle(64 << 10)
     pair.a_to_b(one(ArrayHandle(64 << 10, seed=3)), one(dst))   # a frame into mapped memory: _POLL in the frame
-    before = [_wakeups(t) for t in readers]
+    r = reactor()
+    before = r.wakeups
     time.sleep(1.0)
-    # at most the one sleep of the reader that was finishing the frame (before: five per reader, every second)
-    assert all(after - was <= 1 for was, after in zip(before, [_wakeups(t) for t in readers], strict=True))
+    assert r.wakeups == before
     got = threading.Event()
     pair.out.on_control(lambda kind, payload: got.set())
     pair.inb.send_control(CONTROL_REPLY, b"wake", deadline())
     assert got.wait(5)
+    assert r.wakeups > before
+    conns = pair.out._conns + pair.inb._conns
     pair.a.stop()
     pair.b.stop()
-    for t in readers:
-        t.join(5)
-    assert not [t for t in readers if t.is_alive()]
+    assert all(c.ended.is_set() for c in conns)
+
+
+def test_strangers_hold_no_thread_and_leave_at_their_deadline() -> None:
+    """Pre-auth connections are read by the reactor too: 40 strangers that send nothing, or half a hello, add no
+    thread (before: a thread each until its deadline); the accept loop closes each at its deadline."""
+    t = TcpTransport(LOOPBACK, connect_timeout=1.0, admission=AdmissionLimits(per_source=64, preauth_total=64))
+    t.start()
+    strangers: list[socket.socket] = []
+    try:
+        threads = threading.active_count()
+        for k in range(40):
+            s = socket.create_connection((LOOPBACK, t.port))
+            if k % 2:
+                s.sendall(HELLO.pack(b"DDHL", 1, 32, 0, 1)[:5])
+            strangers.append(s)
+        limit = time.monotonic() + 10
+        while t.admission_stats().get("preauth", 0) < 40 and time.monotonic() < limit:
+            time.sleep(0.01)
+        assert t.admission_stats()["preauth"] == 40
+        assert threading.active_count() <= threads + reactor().size
+        for s in strangers:   # closed by the listener at its deadline: EOF
+            s.settimeout(10)
+            assert s.recv(1) == b""
+        assert t.admission_stats()["preauth"] == 0
+    finally:
+        for s in strangers:
+            s.close()
+        t.stop()
+
+
+def test_a_peer_stalling_in_the_middle_of_a_frame_loses_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that sent a frame's header and then nothing does not hold a reactor thread for ever: after
+    ``_STALL`` seconds without a byte of the frame the connection is dropped and its channel broken."""
+    from datadistd.transport.tcp import conn as conn_mod
+
+    monkeypatch.setattr(conn_mod, "_STALL", 0.5)
+    b = TcpTransport(LOOPBACK)
+    b.start()
+    b.allow(TOKEN)
+    s = socket.create_connection((LOOPBACK, b.port))
+    try:
+        s.sendall(HELLO.pack(b"DDHL", 1, len(TOKEN), 0, 1) + TOKEN)
+        s.settimeout(5)
+        assert s.recv(1) == b"\x01"
+        s.sendall(HEADER.pack(b"DDFR", CONTROL_REPLY, 0, 0, 100) + b"x" * 10)   # 10 of 100 bytes, then silence
+        assert s.recv(1) == b""   # the data plane closed it
+        channel = b.channel(TOKEN)
+        assert channel is not None
+        assert channel._conns[0].ended.wait(5)   # its reading ended: the channel heard of it first
+        assert channel.broken and "sent nothing of a frame" in channel.reason
+    finally:
+        s.close()
+        b.stop()
 
 
 def test_registry_loads_tcp_by_name() -> None:
@@ -757,24 +828,28 @@ def test_try_send_small_transfers_inline_and_declines_without_side_effects(pair:
     assert pair.out.try_send(12345, [], deadline())  # nothing to send is done at once
 
 
-def test_stripe_senders_belong_to_the_channel_and_end_with_it() -> None:
-    """Striped sends reuse the channel's own sender threads (none per send), and they go with the channel."""
+def test_stripe_senders_are_bounded_and_leave_when_the_channel_is_idle() -> None:
+    """Striped sends run on the channel's own sender threads (bounded by the pool, not by the sends), and an idle
+    channel keeps none: they leave when the last striped send ended (before: kept until the channel closed)."""
     p = Pair(streams=3, chunk_size=4096)
     try:
         mine = f"datadist-tcp-send:{p.out.peer}_"   # only this channel's: other tests' channels may linger
+        seen: set[str] = set()
 
         def senders() -> set[str]:
-            return {t.name for t in threading.enumerate() if t.name.startswith(mine)}
+            return {t.name for t in threading.enumerate() if t.name.startswith(mine) and t.is_alive()}
 
-        for i in range(20):
-            src, dst = ArrayHandle(64 * 1024, seed=i), ArrayHandle(64 * 1024)
-            p.a_to_b(one(src), one(dst))
-            np.testing.assert_array_equal(dst.arr, src.arr)
-        running = senders()
-        assert 0 < len(running) <= 4 * (3 - 1), running      # bounded by the pool, not by the 20 sends
-        p.out.close()
-        deadline_ = time.monotonic() + 5
-        while senders() and time.monotonic() < deadline_:   # idle pool threads leave once shut down
+        slow = CopyHandle(64 * 1024, seed=1, delay=0.001)   # each chunk read takes a while: threads seen running
+        sends = [threading.Thread(target=p.a_to_b, args=(one(slow), one(ArrayHandle(64 * 1024)))) for _ in range(4)]
+        for t in sends:
+            t.start()
+        while any(t.is_alive() for t in sends):
+            seen |= senders()
+            time.sleep(0.001)
+        assert 0 < len(seen) <= 4 * (3 - 1), seen
+        assert p.out._pool is None
+        limit = time.monotonic() + 5
+        while senders() and time.monotonic() < limit:   # shut down: each leaves as its last share returns
             time.sleep(0.02)
         assert not senders()
     finally:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from datadist.v1 import common_pb2 as datadist_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61tadist/v1/peer.proto\x12\x0b\x64\x61tadist.v1\x1a\x18\x64\x61tadist/v1/common.proto\"b\n\x10\x43hallengeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\"@\n\x11\x43hallengeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tchallenge\x18\x02 \x01(\x0c\"\xb0\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\x12\x11\n\tchallenge\x18\x04 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63lient_version\x18\x07 \x01(\t\"\xd3\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11server_cluster_id\x18\x02 \x01(\x04\x12\x12\n\nlink_nonce\x18\x03 \x01(\x0c\x12\x15\n\rdata_endpoint\x18\x04 \x01(\t\x12\x0f\n\x07streams\x18\x05 \x01(\r\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0eserver_version\x18\x07 \x01(\t\x12(\n\x06\x63\x61\x63hes\x18\x08 \x03(\x0b\x32\x18.datadist.v1.CacheLayout\"X\n\x0b\x43\x61\x63heLayout\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12$\n\x04\x64\x65sc\x18\x02 \x01(\x0b\x32\x16.datadist.v1.CacheDesc\x12\x11\n\tis_blocks\x18\x03 \x01(\x08\x32\x9e\x01\n\x04Peer\x12J\n\tChallenge\x12\x1d.datadist.v1.ChallengeRequest\x1a\x1e.datadist.v1.ChallengeResponse\x12J\n\tHandshake\x12\x1d.datadist.v1.HandshakeRequest\x1a\x1e.datadist.v1.HandshakeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x64\x61tadist/v1/peer.proto\x12\x0b\x64\x61tadist.v1\x1a\x18\x64\x61tadist/v1/common.proto\"b\n\x10\x43hallengeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\"@\n\x11\x43hallengeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tchallenge\x18\x02 \x01(\x0c\"\xc3\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11\x63lient_cluster_id\x18\x02 \x01(\x04\x12\x19\n\x11server_cluster_id\x18\x03 \x01(\x04\x12\x11\n\tchallenge\x18\x04 \x01(\x0c\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x04\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0e\x63lient_version\x18\x07 \x01(\t\x12\x11\n\tdaemon_id\x18\x10 \x01(\x0c\"\xe6\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x19\n\x11server_cluster_id\x18\x02 \x01(\x04\x12\x12\n\nlink_nonce\x18\x03 \x01(\x0c\x12\x15\n\rdata_endpoint\x18\x04 \x01(\t\x12\x0f\n\x07streams\x18\x05 \x01(\r\x12\x0b\n\x03mac\x18\x06 \x01(\x0c\x12\x16\n\x0eserver_version\x18\x07 \x01(\t\x12(\n\x06\x63\x61\x63hes\x18\x08 \x03(\x0b\x32\x18.datadist.v1.CacheLayout\x12\x11\n\tdaemon_id\x18\x10 \x01(\x0c\"X\n\x0b\x43\x61\x63heLayout\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x03\x12$\n\x04\x64\x65sc\x18\x02 \x01(\x0b\x32\x16.datadist.v1.CacheDesc\x12\x11\n\tis_blocks\x18\x03 \x01(\x08\x32\x9e\x01\n\x04Peer\x12J\n\tChallenge\x12\x1d.datadist.v1.ChallengeRequest\x1a\x1e.datadist.v1.ChallengeResponse\x12J\n\tHandshake\x12\x1d.datadist.v1.HandshakeRequest\x1a\x1e.datadist.v1.HandshakeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHALLENGERESPONSE']._serialized_start=165
   _globals['_CHALLENGERESPONSE']._serialized_end=229
   _globals['_HANDSHAKEREQUEST']._serialized_start=232
-  _globals['_HANDSHAKEREQUEST']._serialized_end=408
-  _globals['_HANDSHAKERESPONSE']._serialized_start=411
-  _globals['_HANDSHAKERESPONSE']._serialized_end=622
-  _globals['_CACHELAYOUT']._serialized_start=624
-  _globals['_CACHELAYOUT']._serialized_end=712
-  _globals['_PEER']._serialized_start=715
-  _globals['_PEER']._serialized_end=873
+  _globals['_HANDSHAKEREQUEST']._serialized_end=427
+  _globals['_HANDSHAKERESPONSE']._serialized_start=430
+  _globals['_HANDSHAKERESPONSE']._serialized_end=660
+  _globals['_CACHELAYOUT']._serialized_start=662
+  _globals['_CACHELAYOUT']._serialized_end=750
+  _globals['_PEER']._serialized_start=753
+  _globals['_PEER']._serialized_end=911
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ class ChallengeResponse(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., challenge: _Optional[bytes] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "challenge", "timestamp_ms", "mac", "client_version")
+    __slots__ = ("protocol_version", "client_cluster_id", "server_cluster_id", "challenge", "timestamp_ms", "mac", "client_version", "daemon_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CLIENT_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     SERVER_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class HandshakeRequest(_message.Message):
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     client_cluster_id: int
     server_cluster_id: int
@@ -41,10 +42,11 @@ class HandshakeRequest(_message.Message):
     timestamp_ms: int
     mac: bytes
     client_version: str
-    def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., challenge: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., mac: _Optional[bytes] = ..., client_version: _Optional[str] = ...) -> None: ...
+    daemon_id: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., client_cluster_id: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., challenge: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ..., mac: _Optional[bytes] = ..., client_version: _Optional[str] = ..., daemon_id: _Optional[bytes] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("protocol_version", "server_cluster_id", "link_nonce", "data_endpoint", "streams", "mac", "server_version", "caches")
+    __slots__ = ("protocol_version", "server_cluster_id", "link_nonce", "data_endpoint", "streams", "mac", "server_version", "caches", "daemon_id")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SERVER_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     LINK_NONCE_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +55,7 @@ class HandshakeResponse(_message.Message):
     MAC_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CACHES_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     server_cluster_id: int
     link_nonce: bytes
@@ -61,7 +64,8 @@ class HandshakeResponse(_message.Message):
     mac: bytes
     server_version: str
     caches: _containers.RepeatedCompositeFieldContainer[CacheLayout]
-    def __init__(self, protocol_version: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., link_nonce: _Optional[bytes] = ..., data_endpoint: _Optional[str] = ..., streams: _Optional[int] = ..., mac: _Optional[bytes] = ..., server_version: _Optional[str] = ..., caches: _Optional[_Iterable[_Union[CacheLayout, _Mapping]]] = ...) -> None: ...
+    daemon_id: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., server_cluster_id: _Optional[int] = ..., link_nonce: _Optional[bytes] = ..., data_endpoint: _Optional[str] = ..., streams: _Optional[int] = ..., mac: _Optional[bytes] = ..., server_version: _Optional[str] = ..., caches: _Optional[_Iterable[_Union[CacheLayout, _Mapping]]] = ..., daemon_id: _Optional[bytes] = ...) -> None: ...
 
 class CacheLayout(_message.Message):
     __slots__ = ("cache_id", "desc", "is_blocks")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import asyncio
 import enum
 import threading
 import time
@@ -70,11 +69,11 @@ class Link(abc.ABC):
     bytes_in: int = 0
     bytes_out: int = 0
     last_seen: float = field(default_factory=time.monotonic)
-    heartbeat: "asyncio.Task[None] | None" = None
     pulls: int = 0                                  # pulls in flight (LLM_LINK_BUSY rules, docs/spec.md §1.4)
     layerwise: int = 0                              # transfer_cache_async tasks using this link
     usage: LinkUsage = field(default_factory=LinkUsage)   # what the other end holds here ([quota] link_*)
     peer: str = ""                                  # the other daemon's source address (admission.source_key)
+    peer_daemon: bytes = b""                        # the other daemon's id from the handshake (``liveness``)
     unlinked_by_peer: bool = False                  # the other end's unlink call arrived (its answer may be running)
     unlinking: bool = False                         # this end is tearing it down (its unlink call may be out)
     # reads answered by the data reader threads (``readview``, ``OwnerCalls._read_here``): bytes and count,

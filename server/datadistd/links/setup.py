@@ -1,5 +1,5 @@
 """Setting links up and tearing them down, at either end: the handshake (challenge, offer, answer; the only
-Peer RPCs), same-daemon links, heartbeats and unlink (owner calls on the data channel)."""
+Peer RPCs), same-daemon links, and unlink (owner calls on the data channel); heartbeats: ``liveness``."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ _RETRY_MAX_S = 0.8
 
 class Linker:
     """Establishing and ending the links of one engine, at either end: ``link_clusters`` (handshake, data
-    channel, heartbeat), the serving side of the handshake, same-daemon links, unlink, ``check_link_status``,
-    and telling every other end at engine finalize."""
+    channel, its daemon's heartbeat), the serving side of the handshake, same-daemon links, unlink,
+    ``check_link_status``, and telling every other end at engine finalize."""
 
     def __init__(self, table: LinkTable, calls: OwnerCalls) -> None:
         self.table = table
@@ -141,7 +141,8 @@ class Linker:
         try:
             challenge = await peer.challenge(self.table.cluster_id, cid, remaining)
             secret = self.table.node.peer_secret
-            offer = make_offer(secret.value, self.table.cluster_id, cid, challenge, self.table.node.version)
+            offer = make_offer(secret.value, self.table.cluster_id, cid, challenge, self.table.node.version,
+                               self.table.node.liveness.daemon_id)
             try:
                 answer = await peer.handshake(offer, max(deadline - time.monotonic(), 0.001))
             except DataDistError as exc:   # say which secret this side used, and how to make both agree
@@ -158,10 +159,10 @@ class Linker:
             await peer.close()   # the handshake is all the Peer service does: the data channel carries the rest
         link = OutboundLink(remote_cluster=cid, transport=self.table.transport.label, link_nonce=answer.link_nonce,
                             address=spec.address, peer=source_key(spec.remote_ip), data_endpoint=answer.data_endpoint,
-                            channel=channel, token=token,
+                            channel=channel, token=token, peer_daemon=answer.daemon_id,
                             calls=self.calls.frame_calls(cid, lambda: channel))
         channel.on_control(self.calls.control_handler(link))
-        link.heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(link))
+        self.table.node.liveness.watch(link, self.table)
         self.table.links[cid] = link
         log.info("cluster %s linked to cluster %s at %s: transport=%s data=%s streams=%d", self.table.cluster_id, cid,
                  spec.address, self.table.transport.label, answer.data_endpoint, streams)
@@ -197,24 +198,6 @@ class Linker:
                                                          link_nonce=link_nonce, local_peer=self.table, linking=False)
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
-
-    async def _heartbeat(self, link: OutboundLink) -> None:
-        """The linking end pings the serving end on the data channel: an answer proves both alive (the serving
-        end drops a link it hears nothing on for three intervals)."""
-        interval = self.table.node.heartbeat_seconds
-        while link.state == LinkState.ESTABLISHED and not self.table.closed:
-            await asyncio.sleep(interval)
-            if link.channel.broken:
-                self.table.mark_broken(link, "data channel closed")
-                return
-            try:
-                await link.calls.ping(max(interval, 1.0))
-                link.last_seen = time.monotonic()
-            except DataDistError as exc:
-                self.table.mark_broken(link, f"heartbeat failed: {exc}")
-                return
-            except asyncio.CancelledError:
-                raise
 
     def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
         """Serving side, first step of a link: a single-use challenge for the handshake that follows
@@ -263,7 +246,7 @@ class Linker:
         self.table.transport.allow(token)
         transport = self.table.transport
         link = InboundLink(remote_cluster=offer.client_cluster_id, transport=transport.label, link_nonce=link_nonce,
-                           token=token, data_endpoint=transport.endpoint, peer=source,
+                           token=token, data_endpoint=transport.endpoint, peer=source, peer_daemon=offer.daemon_id,
                            calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
         transport.on_control(token, self.calls.control_handler(link))
         self.table.served[offer.client_cluster_id] = link
@@ -272,7 +255,7 @@ class Linker:
         node = self.table.node
         mac = answer_mac(node.peer_secret.value, offer.challenge, link_nonce, self.table.cluster_id, endpoint)
         return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, link_nonce, endpoint, node.streams, mac,
-                               node.version)
+                               node.version, node.liveness.daemon_id)
 
     async def unlink_clusters(self, clusters: Sequence[ClusterSpec], timeout_ms: int, force: bool,
                               reasons: list[str] | None = None) -> tuple[int, list[int]]:

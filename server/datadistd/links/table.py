@@ -19,6 +19,7 @@ from ..state.metrics import DaemonMetrics
 from ..state.peersecret import PeerSecret
 from ..transport.base import Channel, ReadGrants, ReadTables, Receipt, Transport
 from .attempts import AddressSlots
+from .liveness import Liveness
 from .model import (
     AnyLink,
     InboundLink,
@@ -44,6 +45,7 @@ class NodeContext(Protocol):
     version: str
     streams: int
     heartbeat_seconds: float
+    liveness: Liveness                  # one heartbeat per peer daemon (``liveness``), node-wide
     metrics: "DaemonMetrics | None"     # owner-side transfers are counted here, whichever end asked
     link_limits: LinkLimits             # what one link's other end may make the owner hold (guard/quota.py)
     link_attempts: AddressSlots         # link attempts at once per peer address, node-wide (attempts.py)
@@ -114,13 +116,21 @@ class LinkTable:
         while not self.closed:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for link in [served for served in self.served.values() if isinstance(served, InboundLink)]:
+            inbound = [served for served in self.served.values() if isinstance(served, InboundLink)]
+            seen = self.node.liveness.seen   # a frame on any link of a linking daemon: all of them alive
+            for link in inbound:
+                if link.peer_daemon and link.last_seen > seen.get(link.peer_daemon, 0.0):
+                    seen[link.peer_daemon] = link.last_seen
+            for link in inbound:
+                heard = max(link.last_seen, seen.get(link.peer_daemon, 0.0)) if link.peer_daemon else link.last_seen
                 channel = self.transport.channel(link.token)
-                if (channel is not None and channel.broken) or now - link.last_seen > stale_after:
+                if (channel is not None and channel.broken) or now - heard > stale_after:
                     log.warning("cluster %s: linking cluster %s went away (%s); dropping its link", self.cluster_id,
                                 link.remote_cluster, "data channel closed" if channel is not None and channel.broken
-                                else f"no frame for {now - link.last_seen:.1f}s")
+                                else f"no frame of its daemon for {now - heard:.1f}s")
                     self.drop_serving(link)
+            for daemon in [d for d, t in seen.items() if now - t > stale_after]:   # bounded: no link relies on it
+                del seen[daemon]
             # abandoned writes, and those of links gone (unlinked, dropped): never committed now. Not at the
             # unlink itself: a commit may still be on its way while the unlink tells the other end
             live = {id(link) for link in self.all_links()}
@@ -259,8 +269,8 @@ class LinkTable:
         calls stopped, its channel closed (in a worker thread: a close may wait for senders) or revoked."""
         if self.links.get(link.remote_cluster) is link:
             del self.links[link.remote_cluster]
-        if link.heartbeat is not None:
-            link.heartbeat.cancel()
+        if isinstance(link, OutboundLink):
+            self.node.liveness.unwatch(link)
         if isinstance(link, LocalLink):
             other = link.local_peer
             for table in (other.links, other.served):

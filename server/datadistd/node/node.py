@@ -25,6 +25,7 @@ from ..guard.executor import EXECUTOR_THREADS, UNMETERED, Lane, Threads
 from ..guard.quota import Charge, QuotaBook
 from ..links import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots, LinkManager
 from ..links.comm import CommManager
+from ..links.liveness import Liveness
 from ..links.table import LinkTable
 from ..links.wire.peering import PeerClient
 from ..memory import MemoryBackend, Pool, backend_from_config
@@ -125,6 +126,7 @@ class Node:
         self.version = __version__
         self.streams = config.transport.streams
         self.heartbeat_seconds = config.peer.heartbeat_seconds
+        self.liveness = Liveness(self.heartbeat_seconds)   # one heartbeat per peer daemon, for every engine's links
         self.started = time.monotonic()
 
     # ---- NodeContext -------------------------------------------------------------------------

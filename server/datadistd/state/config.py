@@ -144,7 +144,10 @@ class PeerSection:
                                          default=300.0)
     default_port: int = _doc("Peer port assumed for a rank-table device_ip without one (comm-domain link).",
                              default=26000)
-    heartbeat_seconds: float = _doc("Interval at which a linking daemon pings its peers.", default=2.0)
+    heartbeat_seconds: float = _doc("Interval at which a linking daemon pings each peer daemon (one ping per daemon, "
+                                    "for all its links); no answer within max(interval, 1 s) breaks every link to "
+                                    "it, and a serving daemon drops the links of a daemon silent for 3 intervals.",
+                                    default=2.0)
     preauth_seconds: float = _doc("A connection to a peer or data-plane port that has not proved the secret "
                                   "within this long is closed.", default=10.0)
     max_preauth_per_source: int = _doc("Unauthenticated connections one remote address may hold per listener; "
@@ -180,7 +183,10 @@ class TransportSection:
                      "(Ascend). Both ends of a link must set the same. Links between engines of one daemon are "
                      "memory copies whatever is set here.",
                      default="tcp")
-    streams: int = _doc("TCP connections per link; large transfers are striped over them.", default=4)
+    streams: int = _doc("TCP connections per link (each an fd at both ends); large transfers are striped over "
+                        "them. 1 by default: on loopback and 2 CPUs one connection carried bulk and 4-64 concurrent "
+                        "pulls as fast as four, with lower p99 (docs/performance.md); more may pay on a real "
+                        "network with many CPUs.", default=1)
     chunk_bytes: int = _doc("Striping unit; transfers interleave at this granularity.", default=4 << 20)
     connect_timeout_seconds: float = _doc("Deadline for opening data connections.", default=5.0)
     host: str = _doc("Bind address of the data plane of engines that do not listen (loopback by default); "

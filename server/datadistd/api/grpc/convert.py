@@ -132,21 +132,21 @@ def offer_to_pb(offer: HandshakeOffer) -> peer_pb2.HandshakeRequest:
                                      client_cluster_id=offer.client_cluster_id,
                                      server_cluster_id=offer.server_cluster_id, challenge=offer.challenge,
                                      timestamp_ms=offer.timestamp_ms, mac=offer.mac,
-                                     client_version=offer.client_version)
+                                     client_version=offer.client_version, daemon_id=offer.daemon_id)
 
 
 def offer_from_pb(msg: peer_pb2.HandshakeRequest) -> HandshakeOffer:
     return HandshakeOffer(msg.protocol_version, msg.client_cluster_id, msg.server_cluster_id, msg.challenge,
-                          msg.timestamp_ms, msg.mac, msg.client_version)
+                          msg.timestamp_ms, msg.mac, msg.client_version, msg.daemon_id)
 
 
 def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
     return peer_pb2.HandshakeResponse(protocol_version=answer.protocol_version,
                                       server_cluster_id=answer.server_cluster_id, link_nonce=answer.link_nonce,
                                       data_endpoint=answer.data_endpoint, streams=answer.streams, mac=answer.mac,
-                                      server_version=answer.server_version)
+                                      server_version=answer.server_version, daemon_id=answer.daemon_id)
 
 
 def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
     return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.link_nonce, msg.data_endpoint, msg.streams,
-                           msg.mac, msg.server_version)
+                           msg.mac, msg.server_version, msg.daemon_id)

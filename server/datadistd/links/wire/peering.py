@@ -57,6 +57,7 @@ class HandshakeOffer:
     timestamp_ms: int          # informational since protocol 2 (freshness is the challenge's)
     mac: bytes
     client_version: str = ""
+    daemon_id: bytes = b""     # the linking daemon (``Liveness``); outside the mac, empty from an older daemon
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class HandshakeAnswer:
     streams: int
     mac: bytes
     server_version: str = ""
+    daemon_id: bytes = b""     # the serving daemon (``Liveness``); outside the mac, empty from an older daemon
 
 
 def check_version(version: int, who: str) -> None:
@@ -92,11 +94,12 @@ def data_token(secret: bytes, link_nonce: bytes) -> bytes:
     return hmac.new(secret, b"datadist-data|" + link_nonce, hashlib.sha256).digest()
 
 
-def make_offer(secret: bytes, client: int, server: int, challenge: bytes, version: str = "") -> HandshakeOffer:
+def make_offer(secret: bytes, client: int, server: int, challenge: bytes, version: str = "",
+               daemon_id: bytes = b"") -> HandshakeOffer:
     """The linking side's offer over ``challenge`` (what the serving engine's ``Peer/Challenge`` returned)."""
     ts = int(time.time() * 1000)
     return HandshakeOffer(PROTOCOL_VERSION, client, server, challenge, ts,
-                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, challenge), version)
+                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, challenge), version, daemon_id)
 
 
 class ChallengeStore:

@@ -30,10 +30,14 @@ Segments travel as a ``memory.segments.SegmentTable`` (numpy arrays: handle, off
 a plain segment list is converted once. Nothing is built per segment up front: each frame's segments
 are cut from the table when the frame is sent or received.
 
-Threads: one accept thread per transport; each accepted socket gets a thread that does the
-hello and then reads frames; each connected socket gets a reader thread. A reader waiting for a frame
-sleeps in ``recv`` without a timeout (an idle link wakes nobody; ``shutdown()`` ends the wait at a close);
-inside a frame landing in mapped memory it wakes every ``_POLL`` to notice a cancelled receipt. Readers scatter DATA
+Threads: one accept thread per transport (it also closes hellos past their deadline); every connection of the
+process, and every newcomer's hello, is read by a small shared pool of reader threads over one epoll
+(``reactor``: one-shot, so a connection is read by one thread at a time -- a frame once begun to its end, then
+whatever frames already wait -- and its control frames reach the handler in order, on the thread that read
+them; the pool is bounded by the CPU count, not by the connections). An idle connection wakes nobody;
+``shutdown()`` makes it readable (EOF) at a close. Inside a frame each receive wakes every ``_POLL`` to notice a
+cancelled receipt; a peer that sends nothing of a frame it began for ``_STALL`` seconds loses the connection.
+Readers scatter DATA
 payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
 and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
 staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,
@@ -56,8 +60,8 @@ Modules, bottom to top (each imports only modules before it, for the type checke
 handles without a mapping), ``receipt`` (``TcpReceipt``), ``conn`` (``DataConn``: a socket, its send lock
 and reader loop; ``ConnOwner``, what it needs of its channel), ``channel`` (``TcpChannel``: sending,
 striping, control frames; ``ChannelOwner``, what it needs of its transport), ``listener``
-(``TcpListener``: accept, admission, hello), ``transport`` (``TcpTransport``: tokens, the tables of
-channels and receipts, connect).
+(``TcpListener``: accept, admission, hello; it and ``conn`` are read by ``reactor``, the reader threads),
+``transport`` (``TcpTransport``: tokens, the tables of channels and receipts, connect).
 """
 
 from __future__ import annotations

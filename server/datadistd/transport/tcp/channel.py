@@ -43,6 +43,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
+    from .reactor import Reactor
     from .receipt import TcpReceipt
 
 log = logging.getLogger("datadistd.transport.tcp")
@@ -57,6 +58,7 @@ class ChannelOwner(Protocol):
     _stopping: bool
     _buffers: Buffers
     _receipts: dict[int, TcpReceipt]
+    _reactor: Reactor
 
     def _channel_down(self, channel: TcpChannel, message: str) -> None:
         """Fail the receipts bound to ``channel``."""
@@ -80,7 +82,8 @@ class TcpChannel:
         self._reason = ""
         self._rr = itertools.count()
         self._early = EarlyFrames()   # control frames: to the handler, or kept until one is set
-        self._pool: ThreadPoolExecutor | None = None   # stripe senders, made on the first striped send
+        self._pool: ThreadPoolExecutor | None = None   # stripe senders while a striped send runs (``_senders``)
+        self._striping = 0     # striped sends holding ``_pool``
         self._ended = 0        # connections whose reader ended (``_conn_lost``)
         self._told = False     # the handler heard the channel went down (``_tell_down``)
 
@@ -122,7 +125,8 @@ class TcpChannel:
         with self._lock:
             if self._broken or self._closed:
                 return None
-            conn = DataConn(self, sock, index, peer, self._transport._receipts, self._transport._buffers)
+            conn = DataConn(self, sock, index, peer, self._transport._receipts, self._transport._buffers,
+                            self._transport._reactor)
             self._conns.append(conn)
             return conn
 
@@ -182,6 +186,7 @@ class TcpChannel:
                     buffers.give(staging)
 
         helpers: list[Future[None]] = []
+        pool: ThreadPoolExecutor | None = None
         try:
             pool = self._senders() if workers > 1 else None
             for w in range(1, workers):
@@ -205,6 +210,8 @@ class TcpChannel:
                     stop.set()
         finally:
             plan.release()
+            if pool is not None:
+                self._senders_done(pool)
         if not errors:
             return
         first = errors[0]
@@ -405,14 +412,26 @@ class TcpChannel:
     # -- life cycle --
 
     def _senders(self) -> ThreadPoolExecutor:
-        """The channel's own stripe sender threads (at most ``4 x (stripe - 1)``), ended with the channel."""
+        """The channel's stripe sender threads (at most ``4 x (stripe - 1)``) for one striped send, which gives them
+        back with ``_senders_done``: they are made for the striped sends in flight and leave when the last ends
+        (an idle channel keeps none), or with the channel."""
         with self._lock:
             if self._broken or self._closed:
                 raise RuntimeError("channel is down")
             if self._pool is None:
                 width = max(1, 4 * (self._transport.stripe - 1))
                 self._pool = ThreadPoolExecutor(width, thread_name_prefix=f"datadist-tcp-send:{self._peer}")
+            self._striping += 1
             return self._pool
+
+    def _senders_done(self, pool: ThreadPoolExecutor) -> None:
+        """A striped send that took ``pool`` ended; the last one in flight lets its threads go."""
+        with self._lock:
+            self._striping -= 1
+            if self._striping or self._pool is not pool:
+                return
+            self._pool = None
+        pool.shutdown(wait=False)   # every share ended (joined by ``send``): the threads leave now
 
     def _stop_senders(self) -> None:
         with self._lock:

@@ -8,7 +8,7 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -19,13 +19,15 @@ from ...memory.segments import cut
 from ..base import Channel, ControlRefused
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
-    _FOREVER,
+    _DONTWAIT,
     _IOV_MAX,
     _JOIN,
     _POLL,
     _RECV_MAX,
     _SEND_FLAGS,
     _SEND_NOWAIT,
+    _STALL,
+    _TURN_FRAMES,
     _WAITALL,
     ACK,
     FRAME_MAGIC,
@@ -44,6 +46,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
+    from .reactor import Reactor
     from .receipt import TcpReceipt
 
 log = logging.getLogger("datadistd.transport.tcp")
@@ -98,20 +101,26 @@ class DataConn:
     """One socket of a channel: its reader and its send lock."""
 
     def __init__(self, channel: ConnOwner, sock: socket.socket, index: int, peer: str,
-                 receipts: dict[int, TcpReceipt], buffers: Buffers) -> None:
+                 receipts: dict[int, TcpReceipt], buffers: Buffers, reactor: Reactor) -> None:
         self.channel = channel
         self._receipts = receipts         # the transport's pending receipts by transfer id (read without a lock)
         self._buffers = buffers
         self.index = index
         self.peer = peer
         self.sock = sock
-        # blocking mode with kernel timeouts: one system call per recv/send (no poll first). A reader waiting
-        # for a frame sleeps without a timeout (an idle link wakes nobody; ``shutdown`` ends the wait); inside a
-        # frame landing in mapped memory it wakes every _POLL (``_polling``), so a cancelled receipt's memory is
-        # left within that; sends get the remaining time before each call
+        # blocking mode with kernel timeouts: one system call per recv/send (no poll first). The connection waits
+        # for a frame in the reactor's epoll (an idle link wakes nobody; ``shutdown`` makes it readable: EOF);
+        # inside a frame each receive wakes every _POLL, so a cancelled receipt's memory is left within that and a
+        # stalled peer is noticed (``_received``); sends get the remaining time before each call
         sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _FOREVER)
-        self._polling = False             # SO_RCVTIMEO is _POLL (reader thread only)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
+        self._reactor = reactor
+        self._header = bytearray(HEADER.size)
+        self._hv = memoryview(self._header)
+        self._hgot = 0                    # bytes of the next header read so far (reading thread only)
+        self._quiet_since = 0.0           # inside a frame: when the last receive that got nothing began
+        self.ended = threading.Event()    # the reading is over and the socket closed (``_end``)
+        self.ended_hook: Callable[[], None] | None = None   # then called (an accepted one: its admission ticket)
         self.lock = _FairLock()           # held per frame by senders, handed over first come first served
         self.closed = False
         self.bytes_sent = self.frames_sent = 0          # under lock
@@ -215,47 +224,38 @@ class DataConn:
                     sent = 0
         return payload
 
-    # -- receiving (reader thread) --
+    # -- receiving (a reactor thread, one turn at a time) --
 
-    def run(self) -> None:
-        header = bytearray(HEADER.size)
-        hv = memoryview(header)
-        reason = ""
-        clean = False
+    def turn(self) -> bool:
+        """The socket is readable (``reactor.Reactor``): read every frame that is there -- a frame once begun to its
+        end, at most ``_TURN_FRAMES`` of them -- and hand each on. True: wake me at the next bytes; False: the
+        connection ended (cleaned up here)."""
+        reason, clean = "", False
+        hv = self._hv
         try:
-            while True:  # one frame per pass; ends when the connection closes
-                if not self._read_header(hv):
-                    reason, clean = "the peer closed the connection", True
-                    break
-                magic, kind, tid, offset, length = HEADER.unpack(header)
-                if magic != FRAME_MAGIC:
-                    raise _ProtocolError(f"bad frame magic {magic!r}")
-                if kind == KIND_DATA:
-                    if length > MAX_FRAME:
-                        raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-                    self._on_data(tid, offset, length)
-                elif kind == KIND_ABORT:
-                    receipt = self._receipts.get(tid)
-                    if receipt is not None:
-                        code = _decode_code(length)
-                        if code == LLMStatusCode.LLM_SUCCESS:
-                            code = LLMStatusCode.LLM_FAILED
-                        receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
-                elif kind == KIND_PING:
-                    if length or offset:
-                        raise _ProtocolError("PING with a payload")
-                elif kind in KIND_CONTROL:
-                    if length > MAX_CONTROL or tid or offset:
-                        raise _ProtocolError(f"malformed control frame ({length} bytes)")
-                    payload = bytearray(length)
-                    pv, got = memoryview(payload), 0
-                    while got < length:  # each pass reads >= 1 byte or polls (ends with the connection)
-                        got += self._recv_once(pv[got:])
-                    self.bytes_received += length
-                    self.channel._on_control(kind, bytes(payload))
-                else:
-                    raise _ProtocolError(f"unknown frame kind {kind}")
-                self.frames_received += 1
+            for _ in range(_TURN_FRAMES):  # one frame per pass; a header cut short waits for the next turn
+                got = self._hgot
+                try:
+                    n = self.sock.recv_into(hv[got:], 0, _DONTWAIT)
+                except BlockingIOError:
+                    if self.closed:
+                        raise _Closed() from None
+                    return True
+                if n == 0:
+                    if self.closed:
+                        raise _Closed()
+                    if got == 0:
+                        reason, clean = "the peer closed the connection", True
+                        break
+                    raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
+                got += n
+                if got < HEADER.size:
+                    self._hgot = got
+                    return True
+                self._hgot = 0
+                self._frame()
+            else:
+                return True
         except _Closed:
             reason = ""
         except (_ProtocolError, ControlRefused) as exc:
@@ -265,25 +265,75 @@ class DataConn:
         except Exception as exc:  # noqa: BLE001 - a reader must always report and clean up
             log.exception("data connection %s#%d: reader failed", self.peer, self.index)
             reason = f"reader failed: {exc!r}"
-        finally:
-            self.shutdown()
+        self._end(reason, clean)
+        return False
+
+    def _frame(self) -> None:
+        """The frame whose header is in ``self._header``: read its payload and hand it on."""
+        magic, kind, tid, offset, length = HEADER.unpack(self._header)
+        if magic != FRAME_MAGIC:
+            raise _ProtocolError(f"bad frame magic {magic!r}")
+        self._quiet_since = 0.0
+        if kind == KIND_DATA:
+            if length > MAX_FRAME:
+                raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+            self._on_data(tid, offset, length)
+        elif kind == KIND_ABORT:
+            receipt = self._receipts.get(tid)
+            if receipt is not None:
+                code = _decode_code(length)
+                if code == LLMStatusCode.LLM_SUCCESS:
+                    code = LLMStatusCode.LLM_FAILED
+                receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
+        elif kind == KIND_PING:
+            if length or offset:
+                raise _ProtocolError("PING with a payload")
+        elif kind in KIND_CONTROL:
+            if length > MAX_CONTROL or tid or offset:
+                raise _ProtocolError(f"malformed control frame ({length} bytes)")
+            payload = bytearray(length)
+            pv, got = memoryview(payload), 0
+            while got < length:  # each pass reads >= 1 byte or polls (ends with the connection, or a stall)
+                got += self._recv_once(pv[got:])
+            self.bytes_received += length
+            self.channel._on_control(kind, bytes(payload))
+        else:
+            raise _ProtocolError(f"unknown frame kind {kind}")
+        self.frames_received += 1
+
+    def _end(self, reason: str, clean: bool) -> None:
+        """The connection's reading is over: tell the channel, leave the reactor, close the socket."""
+        self.shutdown()
+        try:
             self.channel._conn_lost(self, reason, clean)
+        finally:
+            self._reactor.remove(self.sock.fileno())
             if self.lock.acquire(timeout=_JOIN):  # a sender holding it fails at once after shutdown
                 self.sock.close()
                 self.lock.release()
             else:
                 log.warning("data connection %s#%d: a sender still holds the socket; leaving it to the GC",
                             self.peer, self.index)
+            self.ended.set()
+            if self.ended_hook is not None:
+                self.ended_hook()
 
     def _received(self, n: int | None) -> int:
         """What one receive call inside a frame returned: its bytes; 0 for a quiet poll interval (``None``:
-        ``SO_RCVTIMEO`` expired); raises on EOF (``_Closed`` when we closed it ourselves)."""
+        ``SO_RCVTIMEO`` expired); raises on EOF (``_Closed`` when we closed it ourselves) and when the peer
+        sent nothing of the frame for ``_STALL`` seconds (a reactor thread is not held by a stalled peer)."""
         if n is None or n == 0:
             if self.closed:
                 raise _Closed()
             if n is None:
+                now = time.monotonic()
+                if not self._quiet_since:
+                    self._quiet_since = now
+                elif now - self._quiet_since > _STALL:
+                    raise ConnectionResetError(f"the peer sent nothing of a frame for {_STALL:g}s")
                 return 0
             raise ConnectionResetError("the peer closed the connection in the middle of a frame")
+        self._quiet_since = 0.0
         return n
 
     def _recv_once(self, mv: memoryview) -> int:
@@ -293,32 +343,6 @@ class DataConn:
         except BlockingIOError:
             n = None
         return self._received(n)
-
-    def _receive_timeout(self, polling: bool) -> None:
-        """``SO_RCVTIMEO``: _POLL while the reader writes into a receipt's memory, none while it waits for a frame."""
-        if polling != self._polling:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL) if polling else _FOREVER)
-            self._polling = polling
-
-    def _read_header(self, hv: memoryview) -> bool:
-        if self._polling:
-            self._receive_timeout(False)
-        got = 0
-        while got < len(hv):  # bounded by the connection's life: each pass reads >= 1 byte or ends it
-            try:
-                n = self.sock.recv_into(hv[got:], 0, _WAITALL)
-            except BlockingIOError:
-                if self.closed:
-                    raise _Closed() from None
-                continue
-            if n == 0:
-                if self.closed:
-                    raise _Closed()
-                if got == 0:
-                    return False
-                raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
-            got += n
-        return True
 
     def _discard(self, n: int) -> None:
         buf = self._buffers.discard()
@@ -387,7 +411,7 @@ class DataConn:
         hs = which.tolist()
         one = hs[0] if hs[0] == hs[-1] and (len(hs) < 3 or not (which != hs[0]).any()) else -1
         count = len(starts)
-        self._receive_timeout(True)   # each receive below holds the receipt's memory: at most _POLL
+        # each receive below holds the receipt's memory: at most _POLL (SO_RCVTIMEO)
         # segments i..j of at most _RECV_MAX bytes per call: small receives keep the copy out of the
         # socket cache-warm and let the sender refill the socket while this thread copies
         cum = (np.cumsum(lens) - lens).tolist()

@@ -1,10 +1,11 @@
 """``TcpListener``: the data plane's listening socket -- accept, admission, the hello of each connection.
 
 Each accepted socket is admitted (``admission.Admission``: caps per address and in all before
-authentication), gets its own thread, and must send the hello (magic, version, token, stream index) by
-its pre-auth deadline; a good token makes it a connection of its token's inbound channel (the
-transport's table, ``ListenerOwner``) and that thread becomes its reader. Refusals are rate-limited
-warnings naming the remote address, never the token.
+authentication) and must send the hello (magic, version, token, stream index) by its pre-auth deadline; the
+process's reader threads (``reactor``) read it as its bytes come -- no thread of its own, so a stranger holds
+none -- and the accept loop closes it at its deadline. A good token makes it a connection of its token's
+inbound channel (the transport's table, ``ListenerOwner``), read by the same threads. Refusals are
+rate-limited warnings naming the remote address, never the token.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from ...core.errors import DataDistError
 from ...guard.admission import Admission, AdmissionLimits, Ticket
 from .channel import TcpChannel
 from .conn import DataConn
+from .reactor import reactor
 from .wire import (
+    _DONTWAIT,
     _POLL,
     HELLO,
     HELLO_MAGIC,
@@ -31,7 +34,6 @@ from .wire import (
     MAX_TOKEN,
     PROTOCOL_VERSION,
     _configure,
-    _recv_exact,
 )
 
 log = logging.getLogger("datadistd.transport.tcp")
@@ -75,7 +77,8 @@ class TcpListener:
         self.admission_limits = admission
         self._admission: Admission | None = None      # made at start(): caps on who holds the listener
         self._listener: socket.socket | None = None
-        self._hellos: set[socket.socket] = set()
+        self._hellos: dict[socket.socket, _Hello] = {}     # pre-auth sockets, read by the reactor
+        self._reactor = reactor()
 
     def bind(self) -> int:
         """Bind and listen; returns the port."""
@@ -89,7 +92,7 @@ class TcpListener:
         self._owner._spawn(self._accept_loop, f"datadist-tcp-accept:{self.port}")
 
     def shut_hellos(self) -> None:
-        """Wake every thread still reading a hello (stopping)."""
+        """End every hello still being read (stopping)."""
         with self._lock:
             hellos = list(self._hellos)
         for sock in hellos:
@@ -98,6 +101,11 @@ class TcpListener:
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
+
+    def _release(self, ticket: Ticket) -> None:
+        """A connection of this listener ended, in its hello or after it: its admission ticket goes back."""
+        if self._admission is not None:
+            self._admission.release(ticket)
 
     def admission_stats(self) -> dict[str, int]:
         """The books of the listener's admission (``admission.Admitting``)."""
@@ -133,6 +141,7 @@ class TcpListener:
     def _accept_loop(self) -> None:
         assert self._listener is not None
         while not self._owner._stopping:  # ends at stop(); each pass waits at most _POLL
+            self._expire()
             try:
                 sock, addr = self._listener.accept()
             except TimeoutError:
@@ -145,91 +154,135 @@ class TcpListener:
                 continue
             peer = f"{addr[0]}:{addr[1]}"
             assert self._admission is not None
-            self._admission.expire()   # the deadline of a silent hello is its own recv timeout; this is the sweep
             ticket = None if self._owner._stopping else self._admission.admit(addr[0], functools.partial(_shut, sock))
             if ticket is None:
                 sock.close()
                 continue
+            hello = _Hello(self, sock, peer, ticket, min(ticket.deadline, time.monotonic() + self.connect_timeout))
             with self._lock:
-                self._hellos.add(sock)
-            self._owner._spawn(self._serve, f"datadist-tcp-read:{peer}", sock, peer, ticket)
+                self._hellos[sock] = hello
+            try:
+                _configure(sock, self.nodelay, self.sndbuf, self.rcvbuf)
+                self._reactor.add(sock.fileno(), hello.turn)
+            except OSError as exc:
+                self._refuse(peer, str(exc))
+                hello.close()
 
-    def _serve(self, sock: socket.socket, peer: str, ticket: Ticket) -> None:
-        """Hello, then this thread becomes the connection's reader."""
+    def _expire(self) -> None:
+        """Every pass of the accept loop (at most ``_POLL`` apart): close the hellos past their deadline (their
+        reader then finds the end) -- the admission's, and this listener's ``connect_timeout``."""
         assert self._admission is not None
-        conn: DataConn | None = None
-        try:
-            conn = self._hello(sock, peer, ticket)
-        except Exception:  # noqa: BLE001
-            log.exception("tcp data plane %s: handshake with %s failed", self._owner.endpoint, peer)
-        finally:
-            with self._lock:
-                self._hellos.discard(sock)
-        try:
-            if conn is None:
-                sock.close()
-                return
-            conn.run()
-        finally:
-            self._admission.release(ticket)
+        now = time.monotonic()
+        with self._lock:
+            late = [h for h in self._hellos.values() if h.deadline <= now and not h.late]
+            for hello in late:
+                hello.late = True
+        for hello in late:
+            self._admission.timed_out(hello.ticket)
+            _shut(hello.sock)
+        self._admission.expire()
 
     def _refuse(self, peer: str, why: str) -> None:
         """A rate-limited warning naming the remote address (never the token); quiet while stopping."""
         if not self._owner._stopping and self._admission is not None:
             self._admission.refusals(f"{peer}: {why}")
 
-    def _hello(self, sock: socket.socket, peer: str, ticket: Ticket) -> DataConn | None:
-        """Check the hello (by the ticket's pre-auth deadline); on success register the socket with its
-        channel and acknowledge it."""
+    def _admit(self, hello: _Hello, index: int, count: int, token: bytes) -> DataConn | None:
+        """A complete hello with a well-formed ``token``: on a match, register the socket with its channel and
+        acknowledge it (the connection is then read by its own turns)."""
         assert self._admission is not None
-        deadline = min(ticket.deadline, time.monotonic() + self.connect_timeout)
-        try:
-            _configure(sock, self.nodelay, self.sndbuf, self.rcvbuf)
-            head = _recv_exact(sock, HELLO.size, deadline)
-            if head is None:
-                self._refuse(peer, "closed before the hello")
-                return None
-            magic, version, tlen, index, count = HELLO.unpack(head)
-            if magic != HELLO_MAGIC:
-                self._refuse(peer, "not a datadist hello")
-                return None
-            if version != PROTOCOL_VERSION:
-                self._refuse(peer, f"protocol version {version}, want {PROTOCOL_VERSION}")
-                return None
-            if not 1 <= tlen <= MAX_TOKEN or not index < count <= MAX_STREAMS:
-                self._refuse(peer, "malformed hello")
-                return None
-            token = _recv_exact(sock, tlen, deadline)
-        except TimeoutError:
-            self._admission.timed_out(ticket)
-            self._refuse(peer, f"no hello within {min(self.connect_timeout, self.admission_limits.preauth_seconds):g}s")
-            return None
-        except OSError as exc:
-            self._refuse(peer, str(exc))
-            return None
-        if token is None:
-            self._refuse(peer, "closed during the hello")
-            return None
         match = self._owner._match(token)
         if match is None:
-            self._refuse(peer, "token not accepted")
+            self._refuse(hello.peer, "token not accepted")
             return None
-        self._admission.authenticate(ticket)
-        if not ticket.authenticated:   # closed to make room just now
+        self._admission.authenticate(hello.ticket)
+        if not hello.ticket.authenticated:   # closed to make room just now
             return None
-        channel = self._owner._inbound_channel(match, peer)
+        channel = self._owner._inbound_channel(match, hello.peer)
         if channel is None:
             return None
-        conn = channel._attach(sock, index, peer)
+        conn = channel._attach(hello.sock, index, hello.peer)
         if conn is None:
-            self._refuse(peer, "the channel of its token is already broken")
+            self._refuse(hello.peer, "the channel of its token is already broken")
             return None
         try:
-            conn.send_ack(deadline)
+            conn.send_ack(hello.deadline)
         except OSError as exc:
             conn.shutdown()
-            channel._break(f"acknowledging connection #{index} from {peer} failed: {exc}")
+            channel._break(f"acknowledging connection #{index} from {hello.peer} failed: {exc}")
         return conn
+
+
+class _Hello:
+    """A newcomer's hello, read by the reactor's threads as its bytes come (never a thread of its own: a
+    stranger that sends nothing, or a byte at a time, holds no thread); the accept loop closes it at its
+    deadline. Complete and good, the socket becomes a ``DataConn`` of its token's channel."""
+
+    def __init__(self, listener: TcpListener, sock: socket.socket, peer: str, ticket: Ticket, deadline: float) -> None:
+        self.listener = listener
+        self.sock = sock
+        self.peer = peer
+        self.ticket = ticket
+        self.deadline = deadline
+        self.late = False              # closed by the accept loop at its deadline
+        self._got = bytearray()
+        self._want = HELLO.size        # bytes of the hello: its head, then the token too
+
+    def turn(self) -> bool:
+        """Read what arrived of the hello; True: wait for more (or, as a connection now, for its frames)."""
+        listener = self.listener
+        try:
+            chunk = self.sock.recv(self._want - len(self._got), _DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            listener._refuse(self.peer, str(exc))
+            self.close()
+            return False
+        if not chunk:
+            if self.late:
+                limit = min(listener.connect_timeout, listener.admission_limits.preauth_seconds)
+                listener._refuse(self.peer, f"no hello within {limit:g}s")
+            else:
+                listener._refuse(self.peer, "closed before the hello" if not self._got else "closed during the hello")
+            self.close()
+            return False
+        self._got += chunk
+        if len(self._got) < self._want:
+            return True
+        magic, version, tlen, index, count = HELLO.unpack_from(self._got)
+        if self._want == HELLO.size:   # the head is in: check it, then read the token
+            why = ("not a datadist hello" if magic != HELLO_MAGIC else
+                   f"protocol version {version}, want {PROTOCOL_VERSION}" if version != PROTOCOL_VERSION else
+                   "malformed hello" if not 1 <= tlen <= MAX_TOKEN or not index < count <= MAX_STREAMS else "")
+            if why:
+                listener._refuse(self.peer, why)
+                self.close()
+                return False
+            self._want += tlen
+            return True
+        conn: DataConn | None = None
+        try:
+            conn = listener._admit(self, index, count, bytes(self._got[HELLO.size:]))
+        except Exception:  # noqa: BLE001
+            log.exception("tcp data plane %s: handshake with %s failed", listener._owner.endpoint, self.peer)
+        if conn is None:
+            self.close()
+            return False
+        with listener._lock:
+            listener._hellos.pop(self.sock, None)
+        listener._reactor.switch(self.sock.fileno(), conn.turn)
+        conn.ended_hook = functools.partial(listener._release, self.ticket)
+        return True
+
+    def close(self) -> None:
+        """The hello failed: out of the books, the reactor and the admission; the socket closed."""
+        listener = self.listener
+        with listener._lock:
+            listener._hellos.pop(self.sock, None)
+        listener._reactor.remove(self.sock.fileno())
+        self.sock.close()
+        listener._release(self.ticket)
 
 
 def _shut(sock: socket.socket) -> None:

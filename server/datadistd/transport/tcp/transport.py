@@ -21,6 +21,7 @@ from ...memory.base import Segment
 from ..base import Channel
 from .channel import TcpChannel
 from .listener import TcpListener
+from .reactor import reactor
 from .receipt import TcpReceipt
 from .staging import Buffers
 from .wire import (
@@ -84,6 +85,7 @@ class TcpTransport:
         self._retired = {"bytes_sent": 0, "frames_sent": 0, "bytes_received": 0, "frames_received": 0,
                          "bytes_discarded": 0}
         self._buffers = Buffers(chunk_size)     # staging buffers of senders and readers
+        self._reactor = reactor()               # the process's reader threads, shared by every transport
         self._started = False
         self._stopping = False
 
@@ -121,6 +123,7 @@ class TcpTransport:
             self._listener.shut_hellos()
         for ch in channels:
             ch.close()
+        conns = [c for ch in channels for c in ch._conns]
         with self._lock:
             receipts = list(self._receipts.values())
         for receipt in receipts:
@@ -131,11 +134,15 @@ class TcpTransport:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, limit - time.monotonic()))
+        for conn in conns:   # their readers saw the end (the reactor's threads run on)
+            conn.ended.wait(max(0.0, limit - time.monotonic()))
         if self._listener is not None:
             self._listener.close()
         alive = [t.name for t in threads if t.is_alive()]
-        if alive:
-            log.warning("tcp data plane %s: threads still running after stop: %s", self.endpoint, alive)
+        reading = sum(1 for c in conns if not c.ended.is_set())
+        if alive or reading:
+            log.warning("tcp data plane %s: still running after stop: threads %s, %d connection readers",
+                        self.endpoint, alive, reading)
 
     # -- tokens and channels --
 
@@ -192,7 +199,7 @@ class TcpTransport:
         for index, sock in enumerate(socks):
             conn = channel._attach(sock, index, endpoint)
             assert conn is not None
-            self._spawn(conn.run, f"datadist-tcp-read:{endpoint}#{index}")
+            self._reactor.add(sock.fileno(), conn.turn)
         return channel
 
     def _open(self, endpoint: str, host: str, port: int, token: bytes, index: int, count: int,

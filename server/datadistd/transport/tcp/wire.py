@@ -33,8 +33,9 @@ MAX_FRAME = 1 << 30          # a DATA frame longer than this is a protocol error
 MAX_CONTROL = 16 << 20       # a CALL/REPLY/TRANSPORT payload longer than this is a protocol error (2**20 block ids fit)
 _U64 = (1 << 64) - 1
 
-_POLL = 0.2                  # reader wake-up interval inside a frame landing in mapped memory (notices a cancel)
-_FOREVER = struct.pack("@ll", 0, 0)   # timeval 0: no SO_RCVTIMEO (an idle reader sleeps until bytes, EOF or shutdown)
+_POLL = 0.2                  # receive timeout inside a frame: a reader notices a cancel (mapped memory), a close
+_STALL = 10.0                # a peer that sends nothing of a frame it began for this long loses the connection
+_TURN_FRAMES = 64            # frames one reactor turn reads off a connection before it lets the others have a go
 _QUIESCE = 1.0               # how long wait()/cancel() wait for a reader to leave the memory
 _DISCARD = 256 << 10         # discard buffer of a reader thread
 _STAGING = 4 << 20           # receive staging buffer for handles without a view

@@ -64,6 +64,9 @@ class LinkManager:
         self.calls = OwnerCalls(self.table, self.owner)
         self.setup = Linker(self.table, self.calls)
         self.requester = Requester(self.table)
+        #: a worker's small pull_blocks settled on the data reader thread (``Requester.fast_pull``; the attach
+        #: socket's hot path: bound here, no call in between)
+        self.fast_pull = self.requester.fast_pull
 
     # ---- state (read-only views for the node's snapshot, comm domains and tests) ---------------------
 

@@ -109,6 +109,11 @@ class FrameCalls:
         """Calls waiting for their reply."""
         return len(self._pending)
 
+    @property
+    def sweep_armed(self) -> bool:
+        """Whether the sweep timer is armed (only while calls are pending, and once after the last one)."""
+        return self._sweep is not None
+
     def on_reply(self, reply: OwnerReply) -> None:
         """A reply, on the event loop."""
         entry = self._pending.pop(reply.command_id, None)

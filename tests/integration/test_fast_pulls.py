@@ -100,7 +100,7 @@ def race(state: dict, rounds: int, pulls: int) -> tuple[list[int], list[int]]:
         cache = state["caches"]["a"]
         started = threading.Barrier(5)
 
-        def puller(k: int) -> None:
+        def puller(k: int, cache=cache, started=started) -> None:  # noqa: ANN001
             started.wait()
             for i in range(pulls):
                 try:

@@ -52,17 +52,16 @@ from datadist.fastframe import (
     request_id_of,
 )
 from datadist.v1 import attach_pb2
-from datadist_ascend.proof import possession_proof
 
-from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
 from ..guard.admission import RefusalLog
 from ..guard.sockfiles import OwnedSocket
-from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
 from ..node.sessions import PeerCred, WorkerSession
 from ..state.metrics import DaemonMetrics, count_error
+from .attachmsgs import PROTOCOL_VERSION, handle
 from .orders import MAX_LIST, order_from_frame
 from .transfers import start_transfer
 
@@ -71,11 +70,6 @@ __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MA
 
 log = logging.getLogger(__name__)
 
-#: 3: pulls and pushes as binary frames; 4: block lists past one datagram in continuation frames (protocol 2's
-#: protobuf pull/push is gone: a hello announcing 1 or 2 is refused)
-PROTOCOL_VERSION = 4
-#: the oldest protocol a worker may announce: a protocol-3 worker's frames are protocol-4 frames
-_OLDEST_CLIENT = 3
 #: block numbers one transfer's frames may announce: each list at most ``MAX_LIST`` (what ``order_from_frame`` and
 #: the gRPC Pull/Push accept), so at most 16 MiB assembled
 MAX_TRANSFER_BLOCKS = 2 * MAX_LIST
@@ -150,7 +144,7 @@ class AttachServer:
     def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
                  assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True) -> None:
         self.node = node
-        #: a small pull_blocks goes ``Requester.fast_pull`` first (False: every transfer takes the general path)
+        #: a small pull_blocks goes ``FastPulls.start`` first (False: every transfer takes the general path)
         self.fast_pulls = fast_pulls
         self.assembly_deadline_s = assembly_deadline_s
         self.path = path
@@ -237,7 +231,7 @@ class AttachServer:
         """Every datagram the worker has queued, until the socket has none (``EAGAIN``) or ``_DRAIN`` were read
         (the reader fires again while more wait: the loop's other work gets its turn); at
         ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure). A small
-        ``pull_blocks`` frame starts right here (``Requester.fast_pull``): decoded with one ``unpack_from``, its
+        ``pull_blocks`` frame starts right here (``FastPulls.start``): decoded with one ``unpack_from``, its
         engine checked to be the session's; anything else takes ``_on_frame`` / ``_on_message``."""
         assert self._loop is not None
         sock, session, engines, fast = conn.sock, conn.session, self.node.engines, self.fast_pulls
@@ -439,7 +433,7 @@ class AttachServer:
                 request.ParseFromString(data)
             except Exception:  # noqa: BLE001 - any malformed message gets the same answer
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
-            reply, out_fd = self._handle(conn, request, fds)
+            reply, out_fd = handle(self.node, conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
         except DataDistError as exc:
             reply, out_fd = attach_pb2.AttachReply(status=int(exc.code), message=exc.message), None
@@ -493,63 +487,3 @@ class AttachServer:
                 and self._loop is not None and conn.sock.fileno() >= 0):
             conn.paused = False
             self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
-
-    # ---- messages ------------------------------------------------------------------------------
-
-    def _handle(self, conn: _Conn, request: attach_pb2.AttachRequest, fds: list[int]
-                ) -> tuple[attach_pb2.AttachReply, int | None]:
-        which = request.WhichOneof("msg")
-        session = conn.session
-        if which != "import_memory":
-            require(not fds, f"{which or 'this message'} carries no descriptors")
-        if which == "hello":
-            announced = request.hello.protocol_version
-            require(not 0 < announced < _OLDEST_CLIENT,
-                    f"attach protocol {announced} is not served: this daemon speaks {PROTOCOL_VERSION} (pulls and "
-                    "pushes as binary frames, datadist/fastframe.py); update the client")
-            conn.greeted = True
-            cred = session.cred
-            return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
-                capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
-                daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
-                memory_backend=self.node.backend.name,
-                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0,
-                bare_tgid=backend.bare_tgid if isinstance(backend, DeviceBackend) else 0)), None
-        require(conn.greeted, "the first attach message must be hello")
-        if which == "import_memory":
-            msg = request.import_memory
-            if msg.device_key:
-                require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
-                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length,
-                                           possession_proof(session.capability, msg.device_key))
-            elif len(fds) != len(msg.pieces):
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
-            else:
-                pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
-                uid = session.cred.uid    # booked once checked, before anything is mapped; the handle gives it back
-                ref = FdRef(pieces, msg.offset, msg.length, lambda n, maps: self.node.quota.take(
-                    uid, imported_bytes=n, imported_mappings=maps))
-            fds.clear()
-            handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
-            memory_id = next(self.node.sessions.memory_ids)
-            session.add_memory(memory_id, handle)
-            return attach_pb2.AttachReply(imported=attach_pb2.MemoryImported(
-                memory_id=memory_id, mapped=handle.view() is not None)), None
-        if which == "export_pool":
-            msg = request.export_pool
-            slot = self.node.owned_slot(session, msg.engine_id)
-            pool = slot.engine.pool_named(msg.pool)
-            if isinstance(pool, KeyExport):   # NPU memory: a key only this worker (as the driver knows it) imports
-                backend = self.node.backend
-                pid = session.cred.pid        # the kernel's word, where it is also the driver's (see attach.proto)
-                if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:
-                    pid = msg.bare_tgid
-                return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
-                    size=pool.capacity, device_key=pool.export_key(pid), device_id=pool.device)), None
-            return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
-        if which == "release_memory":
-            session.release_memory(request.release_memory.memory_id)
-            return attach_pb2.AttachReply(), None
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message (pulls and pushes go as binary "
-                                                          "frames since attach protocol 3: datadist/fastframe.py)")

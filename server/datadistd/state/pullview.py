@@ -1,6 +1,6 @@
 """Where a small pull's bytes land: a **published view** of one engine's local blocks caches, read without the loop.
 
-The requester's small pull (``links.requester.Requester.fast_pull``) starts on the event loop and ends on the data
+The requester's small pull (``links.fastpull.FastPulls.start``) starts on the event loop and ends on the data
 reader thread that reads the owner's reply: that thread copies the bytes into the destination rows itself. It finds
 them by this view instead of the registry (the event loop's): built on the loop (``publish``) whenever the
 registry's ``generation`` moved, immutable once published, it maps each cache id of a blocks cache whose every

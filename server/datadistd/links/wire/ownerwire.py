@@ -45,7 +45,8 @@ from ...core.plan import AddrRef
 from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
-__all__ = ["TAG", "MAX_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "is_inline_read", "encode_call", "decode_call", "encode_reply", "decode_reply"]
+__all__ = ["TAG", "MAX_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "is_inline_read", "encode_call",
+           "decode_call", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
 OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ = range(1, 9)

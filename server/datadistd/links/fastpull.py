@@ -98,7 +98,7 @@ class FastPulls:
                 return False
         n = len(local)
         nbytes = len(dest.tensors) * n * dest.row
-        calls = link.calls
+        calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (above; no isinstance on an ABC here)
         channel = table.channel_of(link)
         if nbytes > INLINE_READ_MAX or channel is None or calls.closed:
             return False

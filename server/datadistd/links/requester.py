@@ -269,7 +269,7 @@ class Requester:
             await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
             link.bytes_out += plan.nbytes
         except DataDistError as exc:
-            raise explained(exc, entry, plan.remote) from None
+            raise explained(exc, entry, plan.remote.tensor_count) from None
         finally:
             with link.reader_lock:   # fast pulls end on reader threads
                 link.inflight -= 1

@@ -128,14 +128,14 @@ class FrameCalls:
         if len(payload) < ownerwire.REPLY.size:
             return False
         tag, flags, _, mlen, status, cid, _, nids, glen, dlen = ownerwire.REPLY.unpack_from(payload)
-        entry = self._pending.get(cid)
-        if (entry is None or entry[2] is None or tag != ownerwire.TAG or flags or mlen or status or nids or glen
-                or dlen != entry[4] or len(payload) != ownerwire.REPLY.size + dlen):
+        peek = self._pending.get(cid)
+        if (peek is None or peek[2] is None or tag != ownerwire.TAG or flags or mlen or status or nids or glen
+                or dlen != peek[4] or len(payload) != ownerwire.REPLY.size + dlen):
             return False
         entry = self._pending.pop(cid, None)
         if entry is None:
             return True              # swept, or the calls closed: answered there
-        if not entry[2](payload, entry[3]):   # it could not land here: the loop's answer does (same reply)
+        if not peek[2](payload, entry[3]):   # it could not land here: the loop's answer does (same reply)
             loop = self._loop
             assert loop is not None
             try:
@@ -179,10 +179,10 @@ class FrameCalls:
         now = time.monotonic() + _SLACK
         pending = self._pending
         earliest = None
-        for command_id, entry in list(pending.items()):
-            if entry[0] > now:
-                if earliest is None or entry[0] < earliest:
-                    earliest = entry[0]
+        for command_id, (deadline, *_) in list(pending.items()):
+            if deadline > now:
+                if earliest is None or deadline < earliest:
+                    earliest = deadline
                 continue
             entry = pending.pop(command_id, None)   # None: a reader thread took its reply meanwhile
             if entry is not None:

@@ -69,6 +69,7 @@ class FastPulls:
         self.requester = requester
         self._view: pullview.PullView | None = None     # where fast pulls land (``state.pullview``)
         self._bounds: dict[int, Any] = {}               # peer cluster -> its pull metrics (``DaemonMetrics.bound``)
+        self._channels: dict[int, tuple[Any, Any]] = {}  # peer cluster -> (link, its channel) as last looked up
 
     def start(self, cluster: int, model_id: int, cache_id: int, frame: bytes, at: int, local: tuple[int, ...],
                   timeout_ms: int, to: FastReply, token: object) -> bool:
@@ -82,7 +83,7 @@ class FastPulls:
         general path (``Requester.start_pull``) runs it from the start and gives its answer."""
         table = self.table
         link = table.links.get(cluster) or table.served.get(cluster)
-        if (link is None or link.state != LinkState.ESTABLISHED or link.layerwise or isinstance(link, LocalLink)
+        if (link is None or link.state != LinkState.ESTABLISHED or link.layerwise or type(link) is LocalLink
                 or table.reads is not None or not table.transport.inline_small_reads or table.closed):
             return False
         engine = table.engine
@@ -99,7 +100,13 @@ class FastPulls:
         n = len(local)
         nbytes = len(dest.tensors) * n * dest.row
         calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (above; no isinstance on an ABC here)
-        channel = table.channel_of(link)
+        known = self._channels.get(cluster)
+        if known is not None and known[0] is link:
+            channel = known[1]
+        else:   # looked up once per link (dropped below when it stops taking frames)
+            channel = table.channel_of(link)
+            if channel is not None:
+                self._channels[cluster] = (link, channel)
         if nbytes > INLINE_READ_MAX or channel is None or calls.closed:
             return False
         timeout_ms = timeout_ms or engine.options.sync_kv_timeout_ms
@@ -119,6 +126,7 @@ class FastPulls:
         except DataDistError:   # no live connection: the general path fails it with its code
             sent = False
         if not sent:
+            self._channels.pop(cluster, None)
             calls.forget(cid)
             with link.reader_lock:
                 link.inflight -= 1

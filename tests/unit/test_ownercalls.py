@@ -231,3 +231,19 @@ def test_a_fast_call_past_its_deadline_is_answered_once_whoever_comes_second() -
         calls.close("over")
 
     asyncio.run(main())
+
+
+def test_answering_the_last_call_disarms_the_sweep() -> None:
+    """A call answered on the loop leaves no timer behind when it was the last one pending (a link whose heartbeat
+    ping is answered does not wake for its deadline)."""
+    async def main() -> None:
+        hub = Hub()
+        ping = asyncio.ensure_future(hub.calls.ping(30.0))
+        command = await hub.next_command()
+        assert hub.calls.sweep_armed
+        hub.calls.on_reply(OwnerReply(command.command_id))
+        await ping
+        assert not hub.calls.sweep_armed and hub.calls.pending == 0
+        hub.calls.close("over")
+
+    asyncio.run(main())

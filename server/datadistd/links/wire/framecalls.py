@@ -111,14 +111,23 @@ class FrameCalls:
 
     @property
     def sweep_armed(self) -> bool:
-        """Whether the sweep timer is armed (only while calls are pending, and once after the last one)."""
+        """Whether the sweep timer is armed: while calls are pending (disarmed when the loop answers the last one;
+        after a fast call landed on a reader thread it fires once more, finds nothing and stays unarmed)."""
         return self._sweep is not None
 
     def on_reply(self, reply: OwnerReply) -> None:
         """A reply, on the event loop."""
         entry = self._pending.pop(reply.command_id, None)
         if entry is not None:
+            if not self._pending:
+                self._disarm()
             entry[1](_checked(reply), entry[3])
+
+    def _disarm(self) -> None:
+        """Nothing pending (the event loop): no sweep (a heartbeat's answered ping leaves no timer behind)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
 
     def take_reply(self, payload: bytes) -> bool:
         """A REPLY frame, on the data reader thread that read it: True when it was the whole, successful answer
@@ -267,6 +276,8 @@ class FrameCalls:
             for command_id, entry in list(self._pending.items()):
                 if entry[3] is answer:
                     self._pending.pop(command_id, None)
+            if not self._pending:
+                self._disarm()
             raise
         if isinstance(result, DataDistError):
             raise result

@@ -16,7 +16,10 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
   started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
   in completion order, matched by request id, so a worker may have many in flight; every datagram a
-  worker queued is read per wake-up (up to ``_DRAIN``).
+  worker queued is read per wake-up (until ``EAGAIN``, at most ``_DRAIN``). A small ``pull_blocks`` by
+  ``BlocksCacheKey`` skips the order: its ints go to ``links.fastpull.FastPulls.start`` from the socket's callback,
+  and the data reader thread that lands its bytes answers the worker (``pulled_here``; ``pulled`` on the loop for
+  anything else); ``fast_pulls=False`` sends every pull the general way.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -424,7 +427,7 @@ class AttachServer:
             conn.deadline = None
 
     def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
-        """A protobuf ``AttachRequest``: hello, memory, pools."""
+        """A protobuf ``AttachRequest``: hello, memory, pools (``attachmsgs.handle``)."""
         request = attach_pb2.AttachRequest()
         try:
             require(not flags & _TRUNCATED,

@@ -129,3 +129,121 @@ def test_an_answer_with_the_wrong_number_of_transfers_fails_the_open() -> None:
         assert info.value.code == StatusCode.LLM_FAILED
 
     asyncio.run(main())
+
+
+# ---- deadlines: one sweep timer; fast calls answered on the reader thread ------------------------------------
+
+
+def test_calls_time_out_by_one_sweep_that_is_armed_only_while_calls_are_pending() -> None:
+    """A call past its deadline fails with LLM_TIMEOUT (the message of before); a call added later with an earlier
+    deadline re-arms the sweep for itself (it does not wait for the first one's); once nothing is pending the sweep
+    stays unarmed -- an idle link never wakes."""
+    async def main() -> None:
+        hub = Hub()
+        calls = hub.calls
+        assert not calls.sweep_armed
+        slow = asyncio.ensure_future(calls.ping(30.0))
+        await hub.next_command()
+        assert calls.sweep_armed and calls.pending == 1
+        with pytest.raises(DataDistError) as late:
+            await asyncio.wait_for(calls.ping(0.05), 10.0)   # fails at its own deadline, not at the 30 s one
+        assert late.value.code == StatusCode.LLM_TIMEOUT
+        assert late.value.message == "cluster 2 did not answer an owner call in time"
+        assert calls.pending == 1 and not slow.done() and calls.sweep_armed
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert calls.pending == 0
+        with pytest.raises(DataDistError):
+            await calls.ping(0.01)
+        assert calls.pending == 0 and not calls.sweep_armed   # the sweep that failed it found nothing else
+        calls.close("test over")
+
+    asyncio.run(main())
+
+
+def _reply_frame(command_id: int, data: bytes, status: int = 0, message: str = "") -> bytes:
+    return ownerwire.encode_reply(OwnerReply(command_id, status, message, nbytes=len(data), data=data))
+
+
+def test_a_fast_call_lands_on_the_reader_thread_and_anything_else_goes_to_the_loop() -> None:
+    """``register_fast``: the whole, successful reply with the expected bytes goes to ``land`` (here: the test's
+    thread) and never to the loop's answer; a failure status, a wrong byte count, an unknown id are left to the
+    loop (``take_reply`` False), where ``on_reply`` answers with the general path's error; a reply the landing
+    refuses (a stale view) is answered on the loop with the same reply; each call is answered exactly once."""
+    async def main() -> None:
+        calls = Hub().calls
+        landed: list[tuple[bytes, object]] = []
+        answered: list[tuple[object, object]] = []
+
+        def land(payload: bytes, ctx: object) -> bool:
+            landed.append((payload[ownerwire.REPLY.size:], ctx))
+            return ctx != "stale"
+
+        def answer(result: object, ctx: object) -> None:
+            answered.append((result, ctx))
+
+        deadline = asyncio.get_running_loop().time() + 30.0
+        good = calls.register_fast(deadline, answer, land, "good", 4)
+        refused = calls.register_fast(deadline, answer, land, "refused", 4)
+        short = calls.register_fast(deadline, answer, land, "short", 4)
+        stale = calls.register_fast(deadline, answer, land, "stale", 4)
+        assert await asyncio.to_thread(calls.take_reply, _reply_frame(good, b"abcd"))
+        assert landed == [(b"abcd", "good")] and answered == []
+        assert not calls.take_reply(_reply_frame(good, b"abcd"))         # answered: the loop drops it (unknown id)
+        assert not calls.take_reply(_reply_frame(refused, b"", int(StatusCode.LLM_KV_CACHE_NOT_EXIST), "gone"))
+        assert not calls.take_reply(_reply_frame(short, b"abc"))
+        assert not calls.take_reply(b"\xff")                              # not even a head
+        calls.on_reply(ownerwire.decode_reply(_reply_frame(refused, b"", int(StatusCode.LLM_KV_CACHE_NOT_EXIST),
+                                                           "gone")))
+        (error, ctx), = answered
+        assert ctx == "refused" and isinstance(error, DataDistError)
+        assert error.code == StatusCode.LLM_KV_CACHE_NOT_EXIST and error.message == "gone"
+        assert await asyncio.to_thread(calls.take_reply, _reply_frame(stale, b"wxyz"))
+        await asyncio.sleep(0)   # the stale one is handed to the loop (call_soon_threadsafe)
+        await asyncio.sleep(0)
+        assert answered[1][1] == "stale" and isinstance(answered[1][0], OwnerReply)
+        assert answered[1][0].data == b"wxyz"
+        calls.close("link went")
+        assert [c for _, c in answered] == ["refused", "stale", "short"]   # the one left: failed by close, once
+        assert answered[2][0].code == StatusCode.LLM_LINK_FAILED and calls.pending == 0
+        with pytest.raises(DataDistError):
+            calls.register_fast(deadline, answer, land, "late", 4)   # closed: nothing registered
+
+    asyncio.run(main())
+
+
+def test_a_fast_call_past_its_deadline_is_answered_once_whoever_comes_second() -> None:
+    """The sweep and a reader thread's ``take_reply`` race for an entry: the one that pops it answers; the
+    other finds nothing (a late reply is dropped, never landed)."""
+    async def main() -> None:
+        calls = Hub().calls
+        landed: list[object] = []
+        answered: list[object] = []
+        loop = asyncio.get_running_loop()
+        cid = calls.register_fast(loop.time() + 0.01, lambda r, c: answered.append(r),
+                                  lambda p, c: landed.append(c) or True, "x", 2)
+        while calls.pending:
+            await asyncio.sleep(0.01)
+        assert len(answered) == 1 and answered[0].code == StatusCode.LLM_TIMEOUT
+        assert not calls.take_reply(_reply_frame(cid, b"ok")) and landed == []
+        assert not calls.sweep_armed
+        calls.close("over")
+
+    asyncio.run(main())
+
+
+def test_answering_the_last_call_disarms_the_sweep() -> None:
+    """A call answered on the loop leaves no timer behind when it was the last one pending (a link whose heartbeat
+    ping is answered does not wake for its deadline)."""
+    async def main() -> None:
+        hub = Hub()
+        ping = asyncio.ensure_future(hub.calls.ping(30.0))
+        command = await hub.next_command()
+        assert hub.calls.sweep_armed
+        hub.calls.on_reply(OwnerReply(command.command_id))
+        await ping
+        assert not hub.calls.sweep_armed and hub.calls.pending == 0
+        hub.calls.close("over")
+
+    asyncio.run(main())

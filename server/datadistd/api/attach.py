@@ -16,7 +16,10 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
   started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
   in completion order, matched by request id, so a worker may have many in flight; every datagram a
-  worker queued is read per wake-up (up to ``_DRAIN``).
+  worker queued is read per wake-up (until ``EAGAIN``, at most ``_DRAIN``). A small ``pull_blocks`` by
+  ``BlocksCacheKey`` skips the order: its ints go to ``links.fastpull.FastPulls.start`` from the socket's callback,
+  and the data reader thread that lands its bytes answers the worker (``pulled_here``; ``pulled`` on the loop for
+  anything else); ``fast_pulls=False`` sends every pull the general way.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -32,11 +35,17 @@ import logging
 import os
 import socket
 import struct
+import threading
 
 from datadist.fastframe import (
+    KEY_BLOCKS,
+    KIND_BLOCKS,
     MAGIC,
     MAX_DATAGRAM,
+    PULL,
     PUSH,
+    REPLY,
+    REQUEST,
     FrameError,
     Partial,
     TransferFrame,
@@ -46,17 +55,16 @@ from datadist.fastframe import (
     request_id_of,
 )
 from datadist.v1 import attach_pb2
-from datadist_ascend.proof import possession_proof
 
-from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
 from ..guard.admission import RefusalLog
 from ..guard.sockfiles import OwnedSocket
-from ..memory.base import MAX_PIECES, DeviceBackend, DeviceRef, FdPiece, FdRef, KeyExport, MemoryRef
+from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
 from ..node.sessions import PeerCred, WorkerSession
-from ..state.metrics import DaemonMetrics
+from ..state.metrics import DaemonMetrics, count_error
+from .attachmsgs import PROTOCOL_VERSION, handle
 from .orders import MAX_LIST, order_from_frame
 from .transfers import start_transfer
 
@@ -65,11 +73,6 @@ __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MA
 
 log = logging.getLogger(__name__)
 
-#: 3: pulls and pushes as binary frames; 4: block lists past one datagram in continuation frames (protocol 2's
-#: protobuf pull/push is gone: a hello announcing 1 or 2 is refused)
-PROTOCOL_VERSION = 4
-#: the oldest protocol a worker may announce: a protocol-3 worker's frames are protocol-4 frames
-_OLDEST_CLIENT = 3
 #: block numbers one transfer's frames may announce: each list at most ``MAX_LIST`` (what ``order_from_frame`` and
 #: the gRPC Pull/Push accept), so at most 16 MiB assembled
 MAX_TRANSFER_BLOCKS = 2 * MAX_LIST
@@ -83,6 +86,13 @@ _MAGIC_BYTE = bytes([MAGIC])
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
+#: room for the descriptors one message may carry (``recvmsg``'s ancillary buffer)
+_ANCILLARY = socket.CMSG_LEN(MAX_PIECES * 4)
+#: a pull frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)
+_FAST_FLAGS = 4
+#: the most block numbers a fast pull names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
+FAST_PULL_BLOCKS = 64
+_CONTINUE_BYTE = 3
 
 
 def attach_path(worker_socket: str) -> str:
@@ -95,6 +105,15 @@ def read_peer_cred(sock: socket.socket) -> PeerCred:
     return PeerCred(pid, uid, gid)
 
 
+def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of a message's ancillary data (what ``socket.recv_fds`` returns)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
+    return fds
+
+
 def _peer_pidfd(sock: socket.socket) -> int | None:
     try:
         return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, 4))[0]
@@ -103,13 +122,16 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
 
 
 class _Conn:
-    __slots__ = ("sock", "session", "greeted", "tasks", "in_flight", "paused", "partial", "deadline", "skip")
+    __slots__ = ("sock", "session", "greeted", "tasks", "in_flight", "paused", "partial", "deadline", "skip", "lock")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
         self.session = session
         self.greeted = False
         self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight (cancelled when the connection goes)
+        # ``in_flight`` and the socket's closing are under ``lock``: fast pulls end on data reader threads, which
+        # answer the worker from there (``AttachServer.pulled_here``)
+        self.lock = threading.Lock()
         self.in_flight = 0                              # transfers started and not yet answered
         self.paused = False                             # reading stopped by back-pressure
         self.partial: Partial | None = None             # the transfer whose continuation frames are coming
@@ -123,8 +145,10 @@ MAX_TRANSFERS_IN_FLIGHT = 256
 
 class AttachServer:
     def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
-                 assembly_deadline_s: float = ASSEMBLY_DEADLINE_S) -> None:
+                 assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True) -> None:
         self.node = node
+        #: a small pull_blocks goes ``FastPulls.start`` first (False: every transfer takes the general path)
+        self.fast_pulls = fast_pulls
         self.assembly_deadline_s = assembly_deadline_s
         self.path = path
         self.mode = mode
@@ -199,44 +223,109 @@ class AttachServer:
         if fd >= 0:
             self._loop.remove_reader(fd)
             self._conns.pop(fd, None)
-        conn.sock.close()
+        with conn.lock:   # a reader thread answering a fast pull sends under it
+            conn.sock.close()
         session = conn.session
         self.node.sessions.close(session)
         if finalize and session.engines:
             self._loop.create_task(self.node.end_session(session))
 
     def _on_readable(self, conn: _Conn) -> None:
-        """Every datagram the worker has queued, up to ``_DRAIN`` per wake-up (the reader fires again while more
-        wait); at ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure)."""
+        """Every datagram the worker has queued, until the socket has none (``EAGAIN``) or ``_DRAIN`` were read
+        (the reader fires again while more wait: the loop's other work gets its turn); at
+        ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure). A small
+        ``pull_blocks`` frame starts right here (``FastPulls.start``): decoded with one ``unpack_from``, its
+        engine checked to be the session's; anything else takes ``_on_frame`` / ``_on_message``."""
         assert self._loop is not None
+        sock, session, engines, fast = conn.sock, conn.session, self.node.engines, self.fast_pulls
         for _ in range(_DRAIN):
             if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
-                self._loop.remove_reader(conn.sock.fileno())
+                self._loop.remove_reader(sock.fileno())
                 conn.paused = True
                 return
             try:
-                data, fds, flags, _ = socket.recv_fds(conn.sock, MAX_DATAGRAM, MAX_PIECES)
+                data, ancillary, flags, _ = sock.recvmsg(MAX_DATAGRAM, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 self._drop(conn)
                 return
+            if (fast and not ancillary and not flags & _TRUNCATED and len(data) > REQUEST.size and data[0] == MAGIC
+                    and data[1] == PULL and conn.partial is None and conn.greeted):
+                (_, _, kind, key_kind, fl, rid, engine_id, cache_id, cluster, model_id, b, c, _, _, _, _, _, _, _,
+                 timeout_ms, _, _, nr, nl) = REQUEST.unpack_from(data)
+                slot = engines.get(engine_id)
+                if (kind == KIND_BLOCKS and key_kind == KEY_BLOCKS and not fl & ~_FAST_FLAGS and not b and not c
+                        and nr == nl and nr <= FAST_PULL_BLOCKS and len(data) == REQUEST.size + 16 * nr
+                        and slot is not None and slot.session is session and not session.closed):
+                    local = struct.unpack_from(f"<{nl}Q", data, REQUEST.size + 8 * nr)
+                    with conn.lock:   # its reply may come before ``fast_pull`` returns
+                        conn.in_flight += 1
+                    if slot.links.fast_pull(cluster, model_id, cache_id, data, REQUEST.size, local,
+                                            timeout_ms if fl else 0, self, (conn, rid)):
+                        conn.skip = None
+                        continue
+                    with conn.lock:
+                        conn.in_flight -= 1
+            fds = _fds(ancillary) if ancillary else []
             if not data and not fds:
                 self._drop(conn)  # the worker closed the connection (or died)
                 return
             frame = data[:1] == _MAGIC_BYTE
-            if conn.partial is not None and not (frame and is_continuation(data)):
+            continuation = frame and len(data) >= 2 and data[1] == _CONTINUE_BYTE
+            if conn.partial is not None and not continuation:
                 self._refuse_assembly(conn, "another message came between the frames of one transfer")
-                if conn.session.closed:
+                if session.closed:
+                    discard(fds)
                     return
-            elif conn.skip is not None and not (frame and is_continuation(data)):
+            elif conn.skip is not None and not continuation:
                 conn.skip = None
             if frame:
                 self._on_frame(conn, data, fds, flags)
             else:
                 self._on_message(conn, data, fds, flags)
-            if conn.session.closed:
+            if session.closed:
                 return
+
+    # ---- a fast pull's end (``links.requester.FastReply``) -------------------------------------
+
+    def pulled_here(self, token: tuple[_Conn, int], nbytes: int, transport: str) -> None:
+        """A fast pull succeeded, on the data reader thread that landed it: the worker answered from here (a
+        datagram is sent whole or not at all); when the socket would block, the loop sends it (as it sends every
+        other reply)."""
+        conn, rid = token
+        data = REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16])
+        with conn.lock:
+            conn.in_flight -= 1
+            later = conn.paused
+            if conn.sock.fileno() >= 0:
+                try:
+                    conn.sock.send(data)
+                    data = b""
+                except OSError:   # full (the worker stopped reading) or gone: the loop's ``_send`` says so
+                    later = True
+            else:
+                data = b""
+        if later and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._resend, conn, data)
+            except RuntimeError:   # the loop is closed: the daemon is stopping
+                pass
+
+    def _resend(self, conn: _Conn, data: bytes) -> None:
+        self._resume(conn)
+        if data:
+            self._send(conn, data)
+
+    def pulled(self, token: tuple[_Conn, int], status: int, nbytes: int, transport: str, message: str) -> None:
+        """A fast pull ended on the event loop (a failure: counted as ``start_transfer`` counts one)."""
+        conn, rid = token
+        if status:
+            count_error(self.metrics, "Pull", StatusCode(status))
+        with conn.lock:
+            conn.in_flight -= 1
+        self._resume(conn)
+        self._send(conn, encode_reply(rid, status, nbytes, transport, message))
 
     def _on_frame(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
         """A binary pull/push, or a continuation frame: decoded straight into a ``TransferOrder``, no protobuf."""
@@ -338,7 +427,7 @@ class AttachServer:
             conn.deadline = None
 
     def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
-        """A protobuf ``AttachRequest``: hello, memory, pools."""
+        """A protobuf ``AttachRequest``: hello, memory, pools (``attachmsgs.handle``)."""
         request = attach_pb2.AttachRequest()
         try:
             require(not flags & _TRUNCATED,
@@ -347,7 +436,7 @@ class AttachServer:
                 request.ParseFromString(data)
             except Exception:  # noqa: BLE001 - any malformed message gets the same answer
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, "malformed attach message") from None
-            reply, out_fd = self._handle(conn, request, fds)
+            reply, out_fd = handle(self.node, conn, request, fds)
             fds = []  # handed on: the handlers own (and close) them
         except DataDistError as exc:
             reply, out_fd = attach_pb2.AttachReply(status=int(exc.code), message=exc.message), None
@@ -381,10 +470,12 @@ class AttachServer:
     def _transfer(self, conn: _Conn, rid: int, frame: TransferFrame) -> None:
         """One pull or push of ``conn`` (``start_transfer``), answered with a reply frame when it ended (nothing when
         the connection went first)."""
-        conn.in_flight += 1
+        with conn.lock:
+            conn.in_flight += 1
 
         def done(status: int, nbytes: int, transport: str, why: str) -> None:
-            conn.in_flight -= 1
+            with conn.lock:
+                conn.in_flight -= 1
             self._resume(conn)
             self._send(conn, encode_reply(rid, status, nbytes, transport, why))
 
@@ -399,63 +490,3 @@ class AttachServer:
                 and self._loop is not None and conn.sock.fileno() >= 0):
             conn.paused = False
             self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released
-
-    # ---- messages ------------------------------------------------------------------------------
-
-    def _handle(self, conn: _Conn, request: attach_pb2.AttachRequest, fds: list[int]
-                ) -> tuple[attach_pb2.AttachReply, int | None]:
-        which = request.WhichOneof("msg")
-        session = conn.session
-        if which != "import_memory":
-            require(not fds, f"{which or 'this message'} carries no descriptors")
-        if which == "hello":
-            announced = request.hello.protocol_version
-            require(not 0 < announced < _OLDEST_CLIENT,
-                    f"attach protocol {announced} is not served: this daemon speaks {PROTOCOL_VERSION} (pulls and "
-                    "pushes as binary frames, datadist/fastframe.py); update the client")
-            conn.greeted = True
-            cred = session.cred
-            return attach_pb2.AttachReply(welcome=attach_pb2.Welcome(
-                capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
-                daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
-                memory_backend=self.node.backend.name,
-                device_id=backend.device_id if isinstance(backend := self.node.backend, DeviceBackend) else 0,
-                bare_tgid=backend.bare_tgid if isinstance(backend, DeviceBackend) else 0)), None
-        require(conn.greeted, "the first attach message must be hello")
-        if which == "import_memory":
-            msg = request.import_memory
-            if msg.device_key:
-                require(not fds and not msg.pieces, "device memory comes as a key alone, with no descriptors")
-                ref: MemoryRef = DeviceRef(msg.device_key, msg.device_id, msg.length,
-                                           possession_proof(session.capability, msg.device_key))
-            elif len(fds) != len(msg.pieces):
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"{len(msg.pieces)} memory pieces but {len(fds)} descriptors")
-            else:
-                pieces = tuple(FdPiece(fd, p.file_offset, p.length) for fd, p in zip(fds, msg.pieces, strict=True))
-                uid = session.cred.uid    # booked once checked, before anything is mapped; the handle gives it back
-                ref = FdRef(pieces, msg.offset, msg.length, lambda n, maps: self.node.quota.take(
-                    uid, imported_bytes=n, imported_mappings=maps))
-            fds.clear()
-            handle = self.node.backend.import_memory(ref)   # owns the descriptors from here on
-            memory_id = next(self.node.sessions.memory_ids)
-            session.add_memory(memory_id, handle)
-            return attach_pb2.AttachReply(imported=attach_pb2.MemoryImported(
-                memory_id=memory_id, mapped=handle.view() is not None)), None
-        if which == "export_pool":
-            msg = request.export_pool
-            slot = self.node.owned_slot(session, msg.engine_id)
-            pool = slot.engine.pool_named(msg.pool)
-            if isinstance(pool, KeyExport):   # NPU memory: a key only this worker (as the driver knows it) imports
-                backend = self.node.backend
-                pid = session.cred.pid        # the kernel's word, where it is also the driver's (see attach.proto)
-                if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:
-                    pid = msg.bare_tgid
-                return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
-                    size=pool.capacity, device_key=pool.export_key(pid), device_id=pool.device)), None
-            return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
-        if which == "release_memory":
-            session.release_memory(request.release_memory.memory_id)
-            return attach_pb2.AttachReply(), None
-        raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message (pulls and pushes go as binary "
-                                                          "frames since attach protocol 3: datadist/fastframe.py)")

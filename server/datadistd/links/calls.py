@@ -107,7 +107,12 @@ class OwnerCalls:
             if inbox:   # more than a turn's worth: the rest after the loop's other work
                 loop.call_soon(drain)
 
+        take_reply = link.calls.take_reply
+
         def handler(kind: int, payload: bytes) -> None:
+            if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's reply, landed here (``fast_pull``)
+                link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
+                return
             if kind == CONTROL_CALL and read_here is not None and read_here(payload):
                 return
             first = False

@@ -80,69 +80,37 @@ class Requester(OneSidedPulls):
 
     def _hold(self, p: _Pull) -> None:
         self.table.engine.registry.pin(p.entry.cache_id)
-        p.link.inflight += 1
-        p.link.pulls += 1
+        with p.link.reader_lock:   # fast pulls end on reader threads (``_land``)
+            p.link.inflight += 1
+            p.link.pulls += 1
 
     def _end(self, p: _Pull, ok: bool) -> None:
-        p.link.inflight -= 1
-        p.link.pulls -= 1
+        with p.link.reader_lock:
+            p.link.inflight -= 1
+            p.link.pulls -= 1
+            if ok:
+                p.link.bytes_in += p.nbytes
         self.table.engine.unpin(p.entry.cache_id)
         if ok:
-            p.link.bytes_in += p.nbytes
             log.debug("cluster %s pulled %d bytes from cluster %s", self.table.cluster_id, p.nbytes,
                       p.link.remote_cluster)
 
     def start_pull(self, order: TransferOrder, done: PullDone) -> None:
         """A pull whose end goes to ``done`` -- ``(bytes, transport)`` or the ``DataDistError`` -- exactly once,
-        from the event loop, possibly before this returns (an order refused at once). A small pull over a link
-        whose transport answers small reads inline, into mapped memory, runs without a task: one call frame out,
-        the reply's bytes copied in where it is handed to the loop; any other pull runs ``_pull`` as a task. The one
-        way a pull starts."""
+        from the event loop, possibly before this returns (an order refused at once). The general path: it runs
+        ``_pull`` as a task (a worker's small pull over the attach socket takes ``FastPulls.start`` first)."""
         try:
             p = self._prepare_pull(order)
-            link = p.link
-            fast = (not isinstance(link, LocalLink) and p.nbytes <= INLINE_READ_MAX
-                    and self.table.transport.inline_small_reads and all_mapped(p.dst))
-            if not fast:
-                self.table.spawn(self._pull_then(p, done))
-                return
-            assert not isinstance(link, LocalLink)
-            calls, _ = self._calls(link, p.timeout_ms)
         except DataDistError as exc:
             done(exc)
             return
-        self._hold(p)
-
-        def answer(result: OwnerReply | DataDistError) -> None:
-            try:
-                if isinstance(result, DataDistError):
-                    raise _explained(self._transfer_failure(link, result, p.timeout_ms), p.entry, p.spec)
-                write_bytes(p.dst, result.data)
-            except Exception as exc:  # noqa: BLE001 - the pull ends here whatever went wrong; a bug is logged too
-                if not isinstance(exc, DataDistError):
-                    log.exception("cluster %s: a pull from cluster %s failed", self.table.cluster_id,
-                                  link.remote_cluster)
-                    exc = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
-                self._end(p, ok=False)
-                done(exc)
-                return
-            if result.release_needed:   # a CacheKey pull of an allocated cache: the key is consumed once confirmed
-                self.table.spawn(self._release_then(p, link, calls, done))
-                return
-            self._end(p, ok=True)
-            done((p.nbytes, link.transport))
-
-        try:
-            calls.start_read_inline(p.spec, p.deadline - time.monotonic(), answer)
-        except DataDistError as exc:
-            self._end(p, ok=False)
-            done(self._transfer_failure(link, exc, p.timeout_ms))
+        self.table.spawn(self._pull_then(p, done))
 
     async def _pull_then(self, p: _Pull, done: PullDone) -> None:
         try:
             result: tuple[int, str] | DataDistError = await self._pull(p)
         except DataDistError as exc:
-            result = _explained(exc, p.entry, p.spec)
+            result = explained(exc, p.entry, p.spec.tensor_count)
         except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker still gets an answer, the log the trace
             log.exception("cluster %s: a pull from cluster %s failed", self.table.cluster_id, p.link.remote_cluster)
             result = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
@@ -264,14 +232,16 @@ class Requester(OneSidedPulls):
         deadline, timeout_ms = self._deadline(order)
         src = segments_of(tensors_of(entry), plan.local_spans)
         self.table.engine.registry.pin(entry.cache_id)
-        link.inflight += 1
+        with link.reader_lock:   # fast pulls end on reader threads
+            link.inflight += 1
         try:
             await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
             link.bytes_out += plan.nbytes
         except DataDistError as exc:
-            raise _explained(exc, entry, plan.remote) from None
+            raise explained(exc, entry, plan.remote.tensor_count) from None
         finally:
-            link.inflight -= 1
+            with link.reader_lock:   # fast pulls end on reader threads
+                link.inflight -= 1
             self.table.engine.unpin(entry.cache_id)
         return plan.nbytes, link.transport
 
@@ -319,14 +289,16 @@ class Requester(OneSidedPulls):
             return push   # same daemon: each part is a copy when it is sent
         timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         calls, _ = self._calls(link, timeout_ms)
-        link.inflight += 1
+        with link.reader_lock:   # fast pulls end on reader threads
+            link.inflight += 1
         try:
             push.transfer_ids = await calls.open_write([spec for _, spec in parts], timeout_ms / 1000,
                                                        hold_ms)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         finally:
-            link.inflight -= 1
+            with link.reader_lock:   # fast pulls end on reader threads
+                link.inflight -= 1
         return push
 
     def _check_no_pull(self, link: AnyLink, cluster: int) -> None:
@@ -352,7 +324,8 @@ class Requester(OneSidedPulls):
         deadline = time.monotonic() + timeout_ms / 1000
         channel = None if isinstance(link, LocalLink) else self._calls(link, timeout_ms)[1]
         entry = self.table.engine.registry.pin(push.cache_id)
-        link.inflight += 1
+        with link.reader_lock:   # fast pulls end on reader threads
+            link.inflight += 1
         nbytes = 0
         try:
             for i in indices:
@@ -370,7 +343,8 @@ class Requester(OneSidedPulls):
                 nbytes += spec.expected_bytes
                 link.bytes_out += spec.expected_bytes
         finally:
-            link.inflight -= 1
+            with link.reader_lock:   # fast pulls end on reader threads
+                link.inflight -= 1
             self.table.engine.unpin(entry.cache_id)
         return nbytes
 
@@ -383,13 +357,15 @@ class Requester(OneSidedPulls):
             return
         timeout_ms = timeout_ms or self.table.engine.options.sync_kv_timeout_ms
         calls, _ = self._calls(link, timeout_ms)
-        link.inflight += 1
+        with link.reader_lock:   # fast pulls end on reader threads
+            link.inflight += 1
         try:
             await calls.commit_write(push.transfer_ids, timeout_ms / 1000)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         finally:
-            link.inflight -= 1
+            with link.reader_lock:   # fast pulls end on reader threads
+                link.inflight -= 1
 
     def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
         """The push ends early: the owner is told (an ABORT for each part not sent, then one commit that ends
@@ -424,13 +400,13 @@ class Requester(OneSidedPulls):
 PullDone = Callable[["tuple[int, str] | DataDistError"], None]
 
 
-def _explained(exc: DataDistError, entry: CacheEntry, spec: RemoteSpec) -> DataDistError:
+def explained(exc: DataDistError, entry: CacheEntry, tensor_count: int) -> DataDistError:
     """``exc``, or, when it is the owner's refusal of this side's byte count, the whole story: both caches' tensors
     and layouts, what differs and the option that fixes it (``core.layout.explain_size_mismatch``)."""
     if exc.code != StatusCode.LLM_PARAM_INVALID:
         return exc
     told = explain_size_mismatch(exc.message, entry.desc, entry.is_blocks, entry.cache_id,
-                                 spec.tensor_count or entry.desc.num_tensors, spec.tensor_count != 0)
+                                 tensor_count or entry.desc.num_tensors, tensor_count != 0)
     return exc if told is None else DataDistError(StatusCode.LLM_PARAM_INVALID, told)
 
 

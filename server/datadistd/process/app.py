@@ -94,7 +94,8 @@ class DaemonApp:
             except OSError:
                 await self.node.close()
                 raise
-        self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode, self.metrics)
+        self.attach = AttachServer(self.node, attach_path(self.socket_path), cfg.daemon.socket_mode, self.metrics,
+                                   fast_pulls=cfg.daemon.fast_pulls)
         await self.attach.start()
         self.admin_server, self.admin_health, admin_socket = await create_worker_server(
             self.node, admin_path(self.socket_path), 0o600, metrics=self.metrics, admin=True)

@@ -1,6 +1,6 @@
 """``FrameCalls``: this end's owner calls (``ownercalls``) on the other end of a link, as CALL frames on its data
-channel (``ownerwire``), their REPLY frames matched by id. Any number of calls may be in flight; every wait is one
-timer. No grpc and no protobuf here.
+channel (``ownerwire``), their REPLY frames matched by id. Any number of calls may be in flight; their deadlines are
+entries one sweep timer reads (armed only while calls are pending). No grpc and no protobuf here.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from ...core.errors import DataDistError, StatusCode
 from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
@@ -34,6 +34,19 @@ _T = TypeVar("_T")
 
 #: what a call's answer goes to: the reply, or the error that ended the call (closed, timed out, not sent)
 Answer = Callable[["OwnerReply | DataDistError"], None]
+#: a fast call's answer on the event loop (``register_fast``): the reply or the error, and the call's context
+FastAnswer = Callable[["OwnerReply | DataDistError", Any], None]
+#: a fast call's landing on a reader thread: the whole REPLY frame and the call's context; False: not landed
+Land = Callable[[bytes, Any], bool]
+#: a pending call: deadline (``time.monotonic``), answer, land (None: not a fast call), context, expected bytes
+_Entry = tuple[float, FastAnswer, "Land | None", Any, int]
+#: a sweep fails the calls due within this of its run (a timer may fire a hair before its time)
+_SLACK = 0.001
+
+
+def _plain(result: OwnerReply | DataDistError, answer: Answer) -> None:
+    """An awaited or callback call's answer (its context is the callback)."""
+    answer(result)
 
 
 def _checked(reply: OwnerReply) -> OwnerReply | DataDistError:
@@ -68,60 +81,163 @@ class FrameCalls:
 
     ``send(payload, deadline)`` puts one CALL frame on the channel (awaitable; the link code decides whether
     that needs a thread), ``try_send`` the same without blocking (False: nothing sent); replies arrive through
-    ``on_reply`` (the link code decodes them: ``ownerwire.decode_reply``). A call is awaited (``open_write``,
-    ``read``, ...) or started with a callback (``start_read_inline``: no task, no future -- the small pull's
-    path)."""
+    ``on_reply`` (the event loop; the link code decodes them: ``ownerwire.decode_reply``) or ``take_reply`` (a
+    data reader thread, a small pull's reply: ``register_fast``). A call is awaited (``open_write``, ``read``, ...)
+    or registered with a landing function (``register_fast``: no task, no future, no timer of its own).
+
+    The calls pending are one dict, command id -> ``(deadline, answer, land, ctx, expected)``; whoever pops an
+    entry (the loop's ``on_reply``, a reader thread's ``take_reply``, the sweep, ``close``) answers it, exactly
+    once. Deadlines are one sweep timer, armed only while a call is pending at its earliest deadline: an idle
+    link never wakes."""
 
     def __init__(self, remote_cluster: int, send: Callable[[bytes, float], Awaitable[None]],
                  try_send: Callable[[bytes, float], bool] | None = None) -> None:
         self.remote_cluster = remote_cluster
         self._send_frame = send
         self._try_send = try_send
-        self._pending: dict[int, tuple[Answer, asyncio.TimerHandle | None]] = {}
+        self._pending: dict[int, _Entry] = {}
         self._ids = itertools.count(1)
         self._sends: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweep: asyncio.TimerHandle | None = None   # armed while calls are pending, at ``_sweep_at``
+        self._sweep_at = 0.0
         self.closed = False
         self.reason = ""
 
+    @property
+    def pending(self) -> int:
+        """Calls waiting for their reply."""
+        return len(self._pending)
+
+    @property
+    def sweep_armed(self) -> bool:
+        """Whether the sweep timer is armed: while calls are pending (disarmed when the loop answers the last one;
+        after a fast call landed on a reader thread it fires once more, finds nothing and stays unarmed)."""
+        return self._sweep is not None
+
     def on_reply(self, reply: OwnerReply) -> None:
-        waiter = self._pending.pop(reply.command_id, None)
-        if waiter is not None:
-            if waiter[1] is not None:
-                waiter[1].cancel()
-            waiter[0](_checked(reply))
+        """A reply, on the event loop."""
+        entry = self._pending.pop(reply.command_id, None)
+        if entry is not None:
+            if not self._pending:
+                self._disarm()
+            entry[1](_checked(reply), entry[3])
+
+    def _disarm(self) -> None:
+        """Nothing pending (the event loop): no sweep (a heartbeat's answered ping leaves no timer behind)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+    def take_reply(self, payload: bytes) -> bool:
+        """A REPLY frame, on the data reader thread that read it: True when it was the whole, successful answer
+        of a call ``register_fast`` registered and its ``land`` took the bytes (or it was answered already: the
+        sweep or ``close`` popped it first); else False, nothing done: the loop handles the frame (``on_reply``),
+        its checks and messages the general path's."""
+        if len(payload) < ownerwire.REPLY.size:
+            return False
+        tag, flags, _, mlen, status, cid, _, nids, glen, dlen = ownerwire.REPLY.unpack_from(payload)
+        peek = self._pending.get(cid)
+        if (peek is None or peek[2] is None or tag != ownerwire.TAG or flags or mlen or status or nids or glen
+                or dlen != peek[4] or len(payload) != ownerwire.REPLY.size + dlen):
+            return False
+        entry = self._pending.pop(cid, None)
+        if entry is None:
+            return True              # swept, or the calls closed: answered there
+        if not peek[2](payload, entry[3]):   # it could not land here: the loop's answer does (same reply)
+            loop = self._loop
+            assert loop is not None
+            try:
+                loop.call_soon_threadsafe(entry[1], ownerwire.decode_reply(payload), entry[3])
+            except RuntimeError:     # the loop is closed: the daemon is stopping
+                pass
+        return True
 
     def close(self, reason: str) -> None:
         if self.closed:
             return
         self.closed = True
         self.reason = reason
-        pending, self._pending = self._pending, {}
-        for answer, timer in pending.values():
-            if timer is not None:
-                timer.cancel()
-            answer(DataDistError(StatusCode.LLM_LINK_FAILED, f"owner calls to cluster {self.remote_cluster} closed: "
-                                                             f"{reason}"))
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        error = DataDistError(StatusCode.LLM_LINK_FAILED, f"owner calls to cluster {self.remote_cluster} closed: "
+                                                          f"{reason}")
+        pending = self._pending
+        for command_id in list(pending):
+            entry = pending.pop(command_id, None)   # a reader thread may pop one meanwhile: it answers that one
+            if entry is not None:
+                entry[1](error, entry[3])
 
-    def _expire(self, command_id: int) -> None:
-        waiter = self._pending.pop(command_id, None)
-        if waiter is not None:
-            waiter[0](DataDistError(StatusCode.LLM_TIMEOUT,
-                                    f"cluster {self.remote_cluster} did not answer an owner call in time"))
+    # ---- deadlines: one sweep timer ------------------------------------------------------------------------
+
+    def _arm(self, deadline: float) -> None:
+        """The sweep runs by ``deadline`` (the event loop)."""
+        if self._sweep is not None:
+            if self._sweep_at <= deadline:
+                return
+            self._sweep.cancel()
+        loop = self._loop
+        assert loop is not None
+        self._sweep_at = deadline
+        self._sweep = loop.call_later(max(deadline - time.monotonic(), 0.001), self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        """Fail every call past its deadline with ``LLM_TIMEOUT``; armed again at the earliest one left."""
+        self._sweep = None
+        now = time.monotonic() + _SLACK
+        pending = self._pending
+        earliest = None
+        for command_id, (deadline, *_) in list(pending.items()):
+            if deadline > now:
+                if earliest is None or deadline < earliest:
+                    earliest = deadline
+                continue
+            entry = pending.pop(command_id, None)   # None: a reader thread took its reply meanwhile
+            if entry is not None:
+                entry[1](DataDistError(StatusCode.LLM_TIMEOUT,
+                                       f"cluster {self.remote_cluster} did not answer an owner call in time"),
+                         entry[3])
+        if earliest is not None and not self.closed:
+            self._arm(earliest)
+
+    # ---- starting calls -------------------------------------------------------------------------------------
+
+    def register_fast(self, deadline: float, answer: FastAnswer, land: Land, ctx: object, expected: int) -> int:
+        """A call this side sends itself (on the event loop): its command id. Its REPLY, when it is the whole,
+        successful answer with ``expected`` bytes of data, goes to ``land(payload, ctx)`` on the reader thread
+        that read it (``take_reply``; ``land`` returns False when the bytes cannot land there); anything else --
+        another reply, a timeout at ``deadline`` (``time.monotonic``), the calls closed -- goes to
+        ``answer(reply or error, ctx)`` on the loop, exactly once. ``forget`` takes it back when it was not sent."""
+        if self.closed:
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
+        command_id = next(self._ids)
+        self._pending[command_id] = (deadline, answer, land, ctx, expected)
+        if self._sweep is None or deadline < self._sweep_at:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._arm(deadline)
+        return command_id
+
+    def forget(self, command_id: int) -> bool:
+        """A registered call that was not sent leaves (the loop); False when it was answered already."""
+        return self._pending.pop(command_id, None) is not None
 
     def _start(self, make: Callable[[int, int], OwnerCall], timeout: float, answer: Answer) -> None:
         """Send the call ``make(command_id, timeout_ms)`` builds; its reply or error goes to ``answer``, exactly
-        once, from the event loop (never before this returns). The deadline is one timer."""
+        once, from the event loop (never before this returns). The deadline is an entry the sweep reads."""
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
         if timeout <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, "deadline passed before the owner call")
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         command_id = next(self._ids)
         payload = ownerwire.encode_call(make(command_id, max(1, int(timeout * 1000))))
-        deadline = time.monotonic() + timeout
-        timer = loop.call_at(loop.time() + max(timeout, 0.001), self._expire, command_id)
-        self._pending[command_id] = (answer, timer)
+        deadline = time.monotonic() + max(timeout, 0.001)
+        self._pending[command_id] = (deadline, _plain, None, answer, 0)
+        self._arm(deadline)
         if self._try_send is not None:
             try:
                 if self._try_send(payload, deadline):
@@ -141,11 +257,9 @@ class FrameCalls:
 
     def _fail(self, command_id: int, exc: DataDistError) -> None:
         """The call could not be sent: its answer is the error (from the loop, never inside ``_start``)."""
-        waiter = self._pending.pop(command_id, None)
-        if waiter is not None:
-            if waiter[1] is not None:
-                waiter[1].cancel()
-            asyncio.get_running_loop().call_soon(waiter[0], exc)
+        entry = self._pending.pop(command_id, None)
+        if entry is not None:
+            asyncio.get_running_loop().call_soon(entry[1], exc, entry[3])
 
     async def _call(self, make: Callable[[int, int], OwnerCall], timeout: float) -> OwnerReply:
         """``make(command_id, timeout_ms)`` builds the command once its id and the time left are known."""
@@ -159,11 +273,11 @@ class FrameCalls:
         try:
             result = await fut
         except asyncio.CancelledError:
-            for command_id, (waiting, timer) in list(self._pending.items()):
-                if waiting is answer:
-                    del self._pending[command_id]
-                    if timer is not None:
-                        timer.cancel()
+            for command_id, entry in list(self._pending.items()):
+                if entry[3] is answer:
+                    self._pending.pop(command_id, None)
+            if not self._pending:
+                self._disarm()
             raise
         if isinstance(result, DataDistError):
             raise result

@@ -45,8 +45,8 @@ from ...core.plan import AddrRef
 from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
-__all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "REPLY", "small_read", "encode_call", "decode_call",
-           "encode_reply", "decode_reply"]
+__all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "small_read",
+           "encode_call", "decode_call", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
 OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ = range(1, 9)
@@ -63,11 +63,16 @@ RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tenso
 DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 _REPLY = struct.Struct("<BBHI qQQ III")
 #: a REPLY's fixed head: ``REPLY.pack(TAG, 0, 0, 0, 0, command_id, n, 0, 0, n)`` then ``n`` bytes is a small read's
-#: answer (what ``encode_reply`` makes of ``OwnerReply(command_id, nbytes=n, data=...)``)
+#: answer (what ``encode_reply`` makes of ``OwnerReply(command_id, nbytes=n, data=...)``); a data reader thread
+#: matches a small pull's reply by it (``FrameCalls.take_reply``)
 REPLY = _REPLY
 
 _INLINE = _RELEASE_NEEDED = _CONSUME = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY, _ADDRESS = 1, 2, 3, 4
+#: a READ frame's op and flags as the requester's small pull packs them itself (``READ.pack``)
+INLINE = _INLINE
+#: the key kind of a ``BlocksCacheKey`` in a SPEC
+BLOCKS_KEY = _BLOCKS_KEY
 #: most block numbers one spec may name (as a worker's transfer: ``api.orders.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
 _U64 = np.dtype("<u8")

@@ -1,0 +1,67 @@
+"""Where a small pull's bytes land: a **published view** of one engine's local blocks caches, read without the loop.
+
+The requester's small pull (``links.fastpull.FastPulls.start``) starts on the event loop and ends on the data
+reader thread that reads the owner's reply: that thread copies the bytes into the destination rows itself. It finds
+them by this view instead of the registry (the event loop's): built on the loop (``publish``) whenever the
+registry's ``generation`` moved, immutable once published, it maps each cache id of a blocks cache whose every
+tensor is mapped writable memory in the daemon to its ``Dest``: per tensor the memory's own view (the handle's
+``view()`` object itself, no export of it: closing the handle releases it, and a released view refuses every
+access) and the tensor's offset in it, the block size and the block count, and the registry entry.
+
+Safety (the argument of ``readview``, on the other side): the reader thread copies under the engine's
+``read_lock`` after checking that the view's generation is still the registry's (``landable``). The registry bumps
+the generation on the loop at every change to its caches (an entry added or retired, ``clear``) before any memory
+is freed, and the loop takes ``read_lock`` in ``Engine._free`` / ``close`` before memory goes back to its pool or
+its handles close. So a copy that passed the check ends before the memory can be freed or reused, and one after
+the bump sees a stale view and hands the reply to the loop, which looks the cache up again (gone: the pull fails as
+a pull into a missing cache does). The reader never pins. Block numbers are range-checked against ``rows`` when
+the pull starts; a row is ``row`` bytes at ``base + block * row`` of its tensor's view, inside the tensor's
+segment (checked here once).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..core.registry import CacheEntry
+from .engine import Engine, tensors_of
+
+__all__ = ["Dest", "PullView", "publish"]
+
+
+class Dest(NamedTuple):
+    tensors: tuple[tuple[memoryview, int], ...]   # per tensor: its memory's view and the tensor's offset in it
+    row: int                                      # bytes per tensor and block
+    rows: int                                     # blocks
+    entry: CacheEntry
+
+
+class PullView(NamedTuple):
+    generation: int
+    caches: dict[int, Dest]   # cache id -> where its rows are (never mutated once published)
+
+
+def _dest(entry: CacheEntry) -> Dest | None:
+    desc = entry.desc
+    row, rows = desc.row_size, desc.rows
+    tensors = []
+    for seg in tensors_of(entry):
+        view = seg.handle.view()
+        if (view is None or view.readonly or view.ndim != 1 or view.format != "B" or not view.contiguous
+                or seg.offset < 0 or seg.offset + seg.length > len(view) or rows * row > seg.length):
+            return None
+        tensors.append((view, seg.offset))
+    return Dest(tuple(tensors), row, rows, entry)
+
+
+def publish(engine: Engine) -> PullView:
+    """``engine``'s view of its registry's generation now (the event loop only)."""
+    registry = engine.registry
+    caches: dict[int, Dest] = {}
+    if not engine.closed:
+        for entry in registry.entries():
+            if entry.is_blocks:
+                dest = _dest(entry)
+                if dest is not None:
+                    caches[int(entry.cache_id)] = dest
+    return PullView(registry.generation, caches)

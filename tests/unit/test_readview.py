@@ -271,7 +271,8 @@ def _frame(spec: RemoteSpec, cid: int, **fields: int) -> bytes:
 async def _answer(link: Any, frame: bytes, cid: int) -> tuple[int, str, bytes, bool]:
     """What the owner answered ``frame`` with: (status, message, data, release_needed)."""
     ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    link.calls._pending[cid] = (ended.set_result, None)   # the link's reply matching delivers it
+    # the link's reply matching delivers it: (deadline, answer(result, ctx), land, ctx, expected bytes)
+    link.calls._pending[cid] = (time.monotonic() + 10, lambda result, done: done(result), None, ended.set_result, 0)
     await asyncio.get_running_loop().run_in_executor(None, link.channel.send_control, CONTROL_CALL, frame,
                                                      time.monotonic() + 5)
     result = await asyncio.wait_for(ended, 10)

@@ -11,20 +11,16 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-import numpy as np
-
 from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
-from ...memory.segments import SegmentTable
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
-from .staging import Buffers, SendPlan
+from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
     _ABORT_TIMEOUT,
-    _FRAME_SEGMENTS,
     _INLINE_FINISH,
     _INLINE_MAX,
     _JOIN,
@@ -151,7 +147,7 @@ class TcpChannel:
         plan = SendPlan(table)
         total = plan.total
         size = self._transport.chunk_size
-        chunks = _frames(plan.table, size)
+        chunks = frame_cuts(plan.table, size)
         n = len(conns)
         base = next(self._rr)
         workers = min(n, len(chunks), self._transport.stripe)
@@ -494,15 +490,3 @@ class TcpChannel:
             log.exception("data channel %s %s: the control handler failed on the channel's end",
                           "to" if self._outbound else "from", self._peer)
 
-
-def _frames(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_SEGMENTS`` segments end
-    first (tiny blocks: one ``sendmsg`` per frame, and no per-frame list or array of more than that many)."""
-    total = table.nbytes
-    if len(table) <= _FRAME_SEGMENTS:
-        return [(offset, min(chunk_size, total - offset)) for offset in range(0, total, chunk_size)]
-    segment_cuts = table.ends[_FRAME_SEGMENTS - 1::_FRAME_SEGMENTS]
-    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), segment_cuts[segment_cuts < total])
-    starts = np.concatenate((np.zeros(1, np.int64), cuts))
-    lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
-    return list(zip(starts.tolist(), lengths.tolist(), strict=True))

@@ -20,9 +20,9 @@ from ...memory import addr as memaddr
 from ...memory.access import has_raw
 from ...memory.base import MemoryHandle
 from ...memory.segments import SegmentTable, byte_view
-from .wire import _DISCARD, _FEW, _SPARE_BYTES, _SPARES, _STAGING, _SendError
+from .wire import _DISCARD, _FEW, _FRAME_SEGMENTS, _SPARE_BYTES, _SPARES, _STAGING, _SendError
 
-__all__ = ["Buffers", "SendPlan", "by_handle", "write_out"]
+__all__ = ["Buffers", "SendPlan", "by_handle", "write_out", "frame_cuts"]
 
 
 class Buffers:
@@ -164,3 +164,16 @@ def write_out(handles: Sequence[MemoryHandle], raw: Sequence[bool], which: np.nd
             continue
         for off, loc, n in zip(offs[sel].tolist(), local[sel].tolist(), lens[sel].tolist(), strict=True):
             handle.write_from(off, staging[loc - base:loc - base + n])
+
+
+def frame_cuts(table: SegmentTable, chunk_size: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each frame: ``chunk_size`` bytes, or fewer when ``_FRAME_SEGMENTS`` segments end
+    first (tiny blocks: one ``sendmsg`` per frame, and no per-frame list or array of more than that many)."""
+    total = table.nbytes
+    if len(table) <= _FRAME_SEGMENTS:
+        return [(offset, min(chunk_size, total - offset)) for offset in range(0, total, chunk_size)]
+    segment_cuts = table.ends[_FRAME_SEGMENTS - 1::_FRAME_SEGMENTS]
+    cuts = np.union1d(np.arange(chunk_size, total, chunk_size, dtype=np.int64), segment_cuts[segment_cuts < total])
+    starts = np.concatenate((np.zeros(1, np.int64), cuts))
+    lengths = np.diff(np.concatenate((starts, np.array([total], np.int64))))
+    return list(zip(starts.tolist(), lengths.tolist(), strict=True))

@@ -52,7 +52,7 @@ _DONTWAIT = int(getattr(socket, "MSG_DONTWAIT", 0))
 _SEND_NOWAIT = _SEND_FLAGS | _DONTWAIT
 _INLINE_MAX = 256 << 10      # try_send: the largest transfer sent from the caller's thread
 _FEW = 4                     # up to this many staged segments: per-segment read_into/write_from, no batch
-_FRAME_SEGMENTS = _IOV_MAX     # at most this many segments per DATA frame (see _frames)
+_FRAME_SEGMENTS = _IOV_MAX     # at most this many segments per DATA frame (see staging.frame_cuts)
 _INLINE_FINISH = 0.05        # try_send: how long a frame cut short by a full socket may take to finish
 _WAITALL = int(socket.MSG_WAITALL)
 

@@ -12,7 +12,7 @@ No grpc and no protobuf here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from ...core.errors import DataDistError, StatusCode
@@ -65,7 +65,7 @@ class WriteCmd:
     command_id: int
     spec: RemoteSpec
     timeout_ms: int
-    data: bytes
+    data: bytes = field(repr=False)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from datadistd.links.wire.ownercalls import (
     RefusedCall,
     ReleaseCmd,
     UnlinkCmd,
+    WriteCmd,
 )
 
 U64 = st.integers(0, 2**64 - 1)
@@ -46,7 +47,9 @@ CALLS = st.one_of(
     st.builds(CommitWriteCmd, U64, st.lists(U64, max_size=50).map(tuple), U32),
     st.builds(ReleaseCmd, U64, RELEASED_KEYS, U32, U32),
     st.builds(UnlinkCmd, U64), st.builds(PingCmd, U64),
-    st.builds(DoneReadCmd, U64, U64, st.booleans()))
+    st.builds(DoneReadCmd, U64, U64, st.booleans()),
+    st.tuples(U64, SPECS, U32, st.binary(max_size=600)).map(   # a small push: its bytes are its spec's count
+        lambda t: WriteCmd(t[0], replace(t[1], expected_bytes=len(t[3])), t[2], t[3])))
 REPLIES = st.builds(OwnerReply, U64, I64, st.text(max_size=200), st.lists(U64, max_size=50).map(tuple), U64,
                     st.booleans(), st.binary(max_size=5000), st.binary(max_size=300))
 
@@ -146,7 +149,8 @@ def test_a_malformed_call_is_refused_with_its_id(frame: bytes, what: str) -> Non
 
 def test_a_spec_of_more_blocks_than_the_bound_is_refused_even_when_the_frame_holds_them() -> None:
     many = RemoteSpec(BlocksKeyRef(1, 0), ReadMode.BLOCKS, (0,) * (ownerwire.MAX_BLOCKS + 1), -1, 0, 0, 0, 1)
-    for cmd in (ReadCmd(7, 1, many, 100), GrantReadCmd(7, many, 100), OpenWriteCmd(7, (SPEC, many), 100)):
+    for cmd in (ReadCmd(7, 1, many, 100), GrantReadCmd(7, many, 100), OpenWriteCmd(7, (SPEC, many), 100),
+                WriteCmd(7, many, 100, b"\0")):
         with pytest.raises(RefusedCall) as info:
             ownerwire.decode_call(ownerwire.encode_call(cmd))
         assert info.value.command_id == 7 and "at most" in info.value.message, type(cmd).__name__

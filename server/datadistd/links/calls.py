@@ -32,10 +32,13 @@ from .wire.ownercalls import (
     RefusedCall,
     ReleaseCmd,
     UnlinkCmd,
+    WriteCmd,
 )
 
 log = logging.getLogger("datadistd.links")
 
+#: a WRITE call's op byte (``ownerwire``): ``_write_here``'s, every other call ``_read_here``'s
+_WRITE_OP = bytes((ownerwire.OP_WRITE,))
 #: control frames one wake-up of the event loop handles before it lets other work run
 _CONTROL_DRAIN = 64
 #: what one link's other end may have waiting here: control frames its connections' readers handed over
@@ -92,6 +95,7 @@ class OwnerCalls:
         (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
         read_here = self._read_here(link) if self.reader_reads else None
+        write_here = self._write_here(link, loop) if self.reader_reads else None
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
@@ -103,7 +107,7 @@ class OwnerCalls:
                         return
                     kind, payload = inbox.popleft()
                     held[0] -= len(payload)
-                self._on_control(link, kind, payload, read_here)
+                self._on_control(link, kind, payload, read_here, write_here)
             if inbox:   # more than a turn's worth: the rest after the loop's other work
                 loop.call_soon(drain)
 
@@ -113,8 +117,10 @@ class OwnerCalls:
             if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's reply, landed here (``fast_pull``)
                 link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                 return
-            if kind == CONTROL_CALL and read_here is not None and read_here(payload):
-                return
+            if kind == CONTROL_CALL and read_here is not None and write_here is not None:
+                # one small read or write that the reader thread settles (by the op byte: no call for the other)
+                if write_here(payload) if payload[1:2] == _WRITE_OP else read_here(payload):
+                    return
             first = False
             with lock:
                 queued = len(inbox) + link.usage.answering
@@ -186,8 +192,74 @@ class OwnerCalls:
 
         return read_here
 
+    def _write_here(self, link: RemoteLink, loop: asyncio.AbstractEventLoop) -> Callable[[bytes], bool]:
+        """The link's answer to a small push by ``BlocksCacheKey`` carrying its bytes (``WriteCmd``) that the
+        engine's published view settles (``readview.write``), from whichever thread has the frame, as
+        ``_read_here``: the frame read with one ``unpack_from`` (``ownerwire.small_write``: the byte count it
+        carries is its spec's), every block range-checked by the view's geometry, the bytes copied into the rows
+        under the engine's ``read_lock`` once the view is checked current, then the REPLY (status 0) sent on an idle
+        connection -- or, the connections busy, by the event loop. False, nothing written or counted, for anything
+        else (another call, key or mode, a stale view, memory not mapped writable here, the link's call cap reached,
+        any error): the event loop answers it (``_on_control`` -> ``Owner.write_small``, ``prepare_write``'s status
+        codes)."""
+        table = self.table
+        engine = table.engine
+        cluster = table.cluster_id
+        limits = table.node.link_limits
+        usage = link.usage
+        metrics = table.node.metrics
+        bound = metrics.bound("serve_write", str(cluster), str(link.remote_cluster)) if metrics is not None else None
+        sends: list[Callable[[list], bool]] = []
+        small_write, pack, write, now = ownerwire.small_write, ownerwire.REPLY.pack, readview.write, time.monotonic
+
+        def write_here(payload: bytes) -> bool:
+            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+                    or not usage.has_turn(limits)):
+                return False
+            got = small_write(payload, cluster)
+            if got is None:
+                return False
+            started = link.last_seen = now()
+            cid, model_id, tensor_start, tensor_count, blocks, at = got
+            nbytes = len(payload) - at
+            if not sends:
+                channel = table.channel_of(link)
+                if not isinstance(channel, SendsParts):
+                    return False
+                sends.append(functools.partial(channel.try_control_parts, CONTROL_REPLY))
+            try:
+                if write(engine, model_id, tensor_start, tensor_count, blocks,
+                         memoryview(payload)[at:]) != readview.WRITTEN:
+                    return False
+            except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
+                return False
+            # the bytes are in: from here on the call is answered with success, whatever the connections do
+            if bound is not None:
+                bound.begin()
+                bound.end("success", now() - started, nbytes, len(blocks))
+            with link.reader_lock:
+                link.reader_bytes_in += nbytes
+            reply = pack(ownerwire.TAG, 0, 0, 0, 0, cid, nbytes, 0, 0, 0)
+            try:
+                sent = sends[0]([reply])
+            except Exception:   # noqa: BLE001 - the connection broke: the loop's reply finds out and logs it
+                sent = False
+            if not sent:
+                try:
+                    loop.call_soon_threadsafe(self._reply_later, link, OwnerReply(cid, nbytes=nbytes))
+                except RuntimeError:   # the loop is closed: the daemon is stopping
+                    pass
+            return True
+
+        return write_here
+
+    def _reply_later(self, link: RemoteLink, reply: OwnerReply) -> None:
+        """A reply the reader thread could not send at once, from the event loop (``_write_here``)."""
+        self.table.spawn(self._reply(link, reply))
+
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes,
-                    read_here: Callable[[bytes], bool] | None = None) -> None:
+                    read_here: Callable[[bytes], bool] | None = None,
+                    write_here: Callable[[bytes], bool] | None = None) -> None:
         if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
             self.table.channel_went(link, payload.decode(errors="replace"))
             return
@@ -215,6 +287,11 @@ class OwnerCalls:
                 readview.publish(self.table.engine)   # what this read and the reader threads' next ones read by
             if read_here(payload):
                 return
+        if isinstance(cmd, WriteCmd) and write_here is not None:
+            if self.table.reads is None and not readview.current(self.table.engine):
+                readview.publish(self.table.engine)
+            if write_here(payload):
+                return
         self._answering(link, self._answer(link, cmd))
 
     def _answering(self, link: RemoteLink, work: Coroutine[Any, Any, None]) -> None:
@@ -241,6 +318,9 @@ class OwnerCalls:
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, ReadCmd) and cmd.inline:
                 await self._answer_small(link, cmd)
+                return
+            elif isinstance(cmd, WriteCmd):
+                await self._answer_write(link, cmd)
                 return
             elif isinstance(cmd, ReadCmd):
                 nbytes, release = await self.owner.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
@@ -284,6 +364,26 @@ class OwnerCalls:
             try:
                 data, release = await self.owner.read_small(link, cmd.spec, self.reader_reads)
                 reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
+            except DataDistError as exc:
+                reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
+            await self._reply(link, reply)
+        finally:
+            link.usage.exit_call()
+
+    async def _answer_write(self, link: RemoteLink, cmd: WriteCmd) -> None:
+        """A small push carrying its bytes (``Owner.write_small``), as a task: what ``_write_here`` did not settle;
+        one of the link's owner calls while it runs (as ``_answer_small``)."""
+        limits = self.table.node.link_limits
+        timeout = limits.clamp(cmd.timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
+        try:
+            await link.usage.enter_call(limits, time.monotonic() + timeout / 1000)
+        except DataDistError as exc:
+            await self._reply(link, OwnerReply(cmd.command_id, int(exc.code), exc.message))
+            return
+        try:
+            try:
+                nbytes = await self.owner.write_small(link, cmd.spec, cmd.data)
+                reply = OwnerReply(cmd.command_id, nbytes=nbytes)
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
             await self._reply(link, reply)

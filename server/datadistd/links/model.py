@@ -79,12 +79,18 @@ class Link(abc.ABC):
     # reads answered by the data reader threads (``readview``, ``OwnerCalls._read_here``): bytes and count,
     # under ``reader_lock`` (``bytes_out`` stays the event loop's)
     reader_bytes_out: int = 0
+    reader_bytes_in: int = 0                        # small pushes written by the reader threads (``_write_here``)
     reader_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def bytes_sent(self) -> int:
         """Bytes this end sent the other over the link: the event loop's count and the reader threads'."""
         return self.bytes_out + self.reader_bytes_out
+
+    @property
+    def bytes_received(self) -> int:
+        """Bytes the other end sent this one over the link: the event loop's count and the reader threads'."""
+        return self.bytes_in + self.reader_bytes_in
 
     @property
     def principal(self) -> str:

@@ -9,7 +9,7 @@ from typing import Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
 from ..memory.base import Segment
-from ..memory.copy import all_mapped, read_bytes
+from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..state import readview
 from ..state.metrics import track_transfer
 from ..transport.base import Receipt
@@ -86,6 +86,29 @@ class Owner:
             tracked.done(len(data), len(spec.blocks))
         link.bytes_out += len(data)
         return data, release
+
+    async def write_small(self, link: Link, spec: RemoteSpec, data: bytes) -> int:
+        """Owner side of a small push carrying its bytes (``WriteCmd``; at most ``INLINE_READ_MAX``), on the event
+        loop: what the reader threads' published view did not settle. ``engine.prepare_write`` checks and pins the
+        destination (every status code and message of a push), the bytes are copied in (mapped: here; else in a
+        thread), the pin ends here. Its bytes."""
+        require(len(data) == spec.expected_bytes <= INLINE_READ_MAX,
+                f"a write carrying {len(data)} bytes for a spec of {spec.expected_bytes}; they must agree, at most "
+                f"{INLINE_READ_MAX}")
+        table = self.table
+        engine = table.engine
+        with track_transfer(table.node.metrics, "serve_write", table.cluster_id, link.remote_cluster) as tracked:
+            cache_id, dst = engine.prepare_write(spec)
+            try:
+                if all_mapped(dst):
+                    write_bytes(dst, data)
+                else:
+                    await table.in_thread_of(link.principal, write_bytes, dst, data)
+            finally:
+                engine.unpin(cache_id)
+            tracked.done(len(data), len(spec.blocks))
+        link.bytes_in += len(data)
+        return len(data)
 
     def grant_read_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bytes, bool]:
         """Owner side of a pull over a transport that reads (``ReadGrants``): check ``spec`` as ``read_for`` does

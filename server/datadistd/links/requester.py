@@ -15,7 +15,7 @@ from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..memory.base import Segment
-from ..memory.copy import all_mapped, copy_segments, write_bytes
+from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
 from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
@@ -253,6 +253,11 @@ class Requester(OneSidedPulls):
             return
         calls, channel = self._calls(link, timeout_ms)
         try:
+            if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
+                # small: the bytes go in the call itself (no open, no DATA frame, no commit: one round trip)
+                data = read_bytes(src) if all_mapped(src) else await self.table.in_thread(read_bytes, src)
+                await calls.write(spec, data, deadline - time.monotonic())
+                return
             (tid,) = await calls.open_write([spec], deadline - time.monotonic())
             await self._send(channel, tid, src, deadline)
             await calls.commit_write([tid], deadline - time.monotonic())

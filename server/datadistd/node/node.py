@@ -452,7 +452,7 @@ def _engine_view(slot: EngineSlot) -> EngineView:
     engine = slot.engine
     links = tuple(LinkView(link.remote_cluster, link.state.value, link.transport, link.initiator, link.address,
                            link.data_endpoint, link.streams,
-                           link.inflight, link.bytes_in, link.bytes_sent) for link in slot.links.all_links())
+                           link.inflight, link.bytes_received, link.bytes_sent) for link in slot.links.all_links())
     listeners = []
     for kind, listener, address in [("data", slot.transport, ""),
                                     *[("peer", x, x.address) for x in slot.listeners()]]:

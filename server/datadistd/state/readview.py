@@ -35,11 +35,13 @@ from ..memory.imported import release_view
 from ..memory.segments import byte_view
 from .engine import Engine, tensors_of
 
-__all__ = ["ReadView", "publish", "current", "read", "SENT", "BUSY", "UNMAPPED", "MOST_PIECES"]
+__all__ = ["ReadView", "publish", "current", "read", "write", "SENT", "BUSY", "UNMAPPED", "WRITTEN", "MOST_PIECES"]
 
 #: ``read`` with ``send``: the reply went out whole (or its rest copied and being finished); the connection was
 #: busy or the socket took nothing (nothing sent, copy it); the memory is not mapped here (copy it in a thread)
 SENT, BUSY, UNMAPPED = 1, 2, 3
+#: ``write``: every byte is in the destination rows
+WRITTEN = 4
 #: the most pieces (tensors x blocks) ``read`` answers: more -- tiny blocks in a long list -- take the general path
 MOST_PIECES = 256
 
@@ -51,7 +53,7 @@ Send = Callable[[list, Callable[[], None]], bool]
 class _Cache:
     """One published blocks cache: its geometry (``publish``)."""
 
-    __slots__ = ("cache_id", "views", "handles", "offsets", "row", "rows", "tensors", "mapped")
+    __slots__ = ("cache_id", "views", "handles", "offsets", "row", "rows", "tensors", "mapped", "writable")
 
     def __init__(self, cache_id: int, views: tuple[memoryview | None, ...], handles: tuple[MemoryHandle, ...],
                  offsets: tuple[int, ...], row: int, rows: int) -> None:
@@ -63,6 +65,7 @@ class _Cache:
         self.rows = rows            # blocks per tensor
         self.tensors = len(views)
         self.mapped = all(v is not None for v in views)
+        self.writable = all(v is not None and not v.readonly for v in views)   # ``write`` copies into the views
 
 
 class ReadView:
@@ -87,7 +90,7 @@ class ReadView:
 def _cache(cache_id: int, tensors: Sequence, row: int, rows: int) -> _Cache:
     views: list[memoryview | None] = []
     for seg in tensors:
-        whole = byte_view(seg.handle, writable=False)
+        whole = byte_view(seg.handle, writable=True) or byte_view(seg.handle, writable=False)
         if whole is None:
             views.append(None)
             continue
@@ -138,20 +141,11 @@ def read(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, bl
     by it): ``SENT``, or ``BUSY`` (nothing sent), or ``UNMAPPED`` when a tensor is not mapped here. Without: the
     bytes, copied out -- of mapped memory, or also of unmapped memory (``unmapped``: a system call or device copy
     per block, for an executor thread), else ``UNMAPPED``. None: the view does not settle it (module docstring)."""
-    view: ReadView | None = engine.read_view  # type: ignore[assignment]
-    if view is None:
+    settled = _settled(engine, model_id, tensor_start, tensor_count, blocks, expected)
+    if settled is None:
         return None
-    cache = view.blocks.get(model_id)
-    if cache is None:
-        return None
-    count = tensor_count or cache.tensors
-    row, rows = cache.row, cache.rows
-    if (tensor_start + count > cache.tensors or count * len(blocks) * row != expected
-            or count * len(blocks) > MOST_PIECES):
-        return None
-    for b in blocks:
-        if b >= rows:
-            return None
+    view, cache, count = settled
+    row = cache.row
     if not (cache.mapped or (unmapped and send is None)):
         return UNMAPPED
     views = cache.views
@@ -174,6 +168,56 @@ def read(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, bl
     finally:
         if held:
             lock.release()
+
+
+def _settled(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, blocks: Sequence[int],
+             expected: int) -> tuple[ReadView, _Cache, int] | None:
+    """The published view, the cache ``model_id`` names in it and the tensor count, when every bound holds (the
+    tensors, every block, ``expected`` the bytes those name, at most ``MOST_PIECES`` pieces); else None."""
+    view: ReadView | None = engine.read_view  # type: ignore[assignment]
+    if view is None:
+        return None
+    cache = view.blocks.get(model_id)
+    if cache is None:
+        return None
+    count = tensor_count or cache.tensors
+    rows = cache.rows
+    if (tensor_start + count > cache.tensors or count * len(blocks) * cache.row != expected
+            or count * len(blocks) > MOST_PIECES):
+        return None
+    for b in blocks:
+        if b >= rows:
+            return None
+    return view, cache, count
+
+
+def write(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, blocks: Sequence[int],
+          data: memoryview) -> int | None:
+    """A peer's small push into blocks cache ``model_id`` by the published view, from any thread: ``data`` (every
+    byte: the bytes the spec names, tensor by tensor, each tensor's rows in ``blocks`` order) copied into the rows
+    under ``read_lock`` once the view is checked current -- the argument of ``read``: a deallocate takes that lock
+    before memory goes, so no byte lands in memory another cache took. ``WRITTEN``; ``UNMAPPED`` (nothing written)
+    when a tensor is not mapped writable here; None when the view does not settle it (the caller's general path:
+    ``links/owner.Owner.write_small``, by ``prepare_write``). The view holds exactly the caches a peer may write:
+    those ``prepare_write`` accepts by ``BlocksCacheKey`` (bound, remotely accessible, blocks) -- it checks the
+    same as for a read (``core.layout.owner_spans``)."""
+    settled = _settled(engine, model_id, tensor_start, tensor_count, blocks, len(data))
+    if settled is None:
+        return None
+    view, cache, count = settled
+    if not cache.writable:
+        return UNMAPPED
+    views, row, at = cache.views, cache.row, 0
+    with engine.read_lock:
+        if engine.read_view is not view or view.generation != engine.registry.generation or engine.closed:
+            return None
+        for t in range(tensor_start, tensor_start + count):
+            v = views[t]
+            for b in blocks:
+                a = b * row
+                v[a:a + row] = data[at:at + row]  # type: ignore[index]
+                at += row
+    return WRITTEN
 
 
 def _copy(cache: _Cache, tensor_start: int, count: int, blocks: Sequence[int], expected: int) -> bytes:

@@ -24,6 +24,7 @@ from .ownercalls import (
     ReadCmd,
     ReleaseCmd,
     UnlinkCmd,
+    WriteCmd,
     checked_ids,
 )
 
@@ -295,6 +296,11 @@ class FrameCalls:
         reply (its ``data`` checked to be ``spec.expected_bytes`` long) or the error."""
         self._start(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout,
                     lambda result: answer(self._inline(result, spec)))
+
+    async def write(self, spec: RemoteSpec, data: bytes, timeout: float) -> None:
+        """A small push in one call: ``data`` (exactly ``spec.expected_bytes``, at most ``INLINE_READ_MAX``) written
+        into what ``spec`` names at the owner."""
+        await self._call(lambda cid, ms: WriteCmd(cid, spec, ms, data), timeout)
 
     async def open_write(self, specs: Sequence[RemoteSpec], timeout: float,
                          hold_ms: int = 0) -> list[int]:

@@ -12,13 +12,13 @@ No grpc and no protobuf here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from ...core.errors import DataDistError, StatusCode
 from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
-__all__ = ["OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
+__all__ = ["WriteCmd", "OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
            "OwnerReply", "RefusedCall", "MAX_OPEN_PER_CALL", "INLINE_READ_MAX",
            "checked_ids", "GrantReadCmd", "DoneReadCmd"]
 
@@ -55,6 +55,17 @@ class ReadCmd:
     spec: RemoteSpec
     timeout_ms: int
     inline: bool = False
+
+
+@dataclass(frozen=True)
+class WriteCmd:
+    """A small push carrying its bytes (at most ``INLINE_READ_MAX``, exactly ``spec.expected_bytes``): write
+    ``data`` into what ``spec`` names and answer -- one call instead of OpenWrite, a DATA frame and CommitWrite."""
+
+    command_id: int
+    spec: RemoteSpec
+    timeout_ms: int
+    data: bytes = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,8 @@ class PingCmd:
     command_id: int
 
 
-OwnerCall = Union[OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd, DoneReadCmd]
+OwnerCall = Union[WriteCmd, OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd,
+                  DoneReadCmd]
 
 
 @dataclass(frozen=True)

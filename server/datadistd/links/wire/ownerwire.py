@@ -13,6 +13,8 @@ read with one ``unpack_from``; lists after it)::
     op 5 RELEASE:  KEY  I tensor_start  I tensor_count
     op 6 UNLINK, op 7 PING:  nothing more
     op 8 DONE_READ (flags bit 0: consume):  Q grant_id
+    op 9 WRITE:  SPEC, then the spec's block numbers, then the bytes to write (exactly the spec's expected_bytes,
+         at most ``INLINE_READ_MAX``: a small push in one call)
 
     SPEC: KEY  B mode  B reserved (0)  I blocks  q size  Q offset  I tensor_start  I tensor_count  Q expected_bytes
     KEY:  B kind  B reserved (0)  H reserved (0)  Q a  Q b  Q c  Q d
@@ -46,10 +48,11 @@ from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMod
 from . import ownercalls as oc
 
 __all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "small_read",
-           "encode_call", "decode_call", "encode_reply", "decode_reply"]
+           "small_write", "encode_call", "decode_call", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
-OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ = range(1, 9)
+(OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ,
+ OP_WRITE) = range(1, 10)
 
 _HEAD = "<BBHIQ"                       # tag op flags timeout_ms command_id
 _KEY = "BBHQQQQ"                       # kind reserved reserved a b c d
@@ -61,6 +64,7 @@ OPEN = struct.Struct(_HEAD + "II")                      # hold_ms count
 COMMIT = struct.Struct(_HEAD + "II")                    # count reserved
 RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tensor_count
 DONE = struct.Struct(_HEAD + "Q")                       # grant_id
+WRITE = struct.Struct(_HEAD + _SPEC_BODY)               # then blocks, then the bytes
 _REPLY = struct.Struct("<BBHI qQQ III")
 #: a REPLY's fixed head: ``REPLY.pack(TAG, 0, 0, 0, 0, command_id, n, 0, 0, n)`` then ``n`` bytes is a small read's
 #: answer (what ``encode_reply`` makes of ``OwnerReply(command_id, nbytes=n, data=...)``); a data reader thread
@@ -103,6 +107,24 @@ def small_read(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[
     return cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected
 
 
+def small_write(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
+    """A WRITE by ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most ``SMALL_READ_BLOCKS``
+    blocks, carrying exactly its ``expected_bytes`` (at most ``INLINE_READ_MAX``), every reserved field and flag as
+    ``decode_call`` accepts them (key fields b and d 0): ``(command_id, model_id, tensor_start, tensor_count, blocks,
+    at)`` -- the bytes are ``data[at:]`` -- read with one ``unpack_from`` (and one for the blocks). None for anything
+    else: ``decode_call`` then decides (the data reader thread's path, ``links/calls.py``)."""
+    if len(data) < WRITE.size:
+        return None
+    (tag, op, flags, _, cid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
+     expected) = WRITE.unpack_from(data)
+    at = WRITE.size + 8 * n
+    if (tag != TAG or op != OP_WRITE or flags or kind != _BLOCKS_KEY or r1 or r2 or r3 or b or d
+            or mode != _BLOCKS_MODE or a != cluster_id or n > SMALL_READ_BLOCKS or expected > oc.INLINE_READ_MAX
+            or len(data) != at + expected):
+        return None
+    return cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, WRITE.size), at
+
+
 # ---- encoding ---------------------------------------------------------------------------------------------
 
 def _key_fields(key: object) -> tuple[int, int, int, int, int, int, int]:
@@ -132,6 +154,9 @@ def encode_call(cmd: oc.OwnerCall) -> bytes:
     if isinstance(cmd, oc.ReadCmd):
         return READ.pack(TAG, OP_READ, _INLINE if cmd.inline else 0, cmd.timeout_ms, cid, cmd.transfer_id,
                          *_spec_fields(cmd.spec)) + _blocks(cmd.spec)
+    if isinstance(cmd, oc.WriteCmd):
+        return b"".join((WRITE.pack(TAG, OP_WRITE, 0, cmd.timeout_ms, cid, *_spec_fields(cmd.spec)), _blocks(cmd.spec),
+                         cmd.data))
     if isinstance(cmd, oc.GrantReadCmd):
         return READ.pack(TAG, OP_GRANT_READ, 0, cmd.timeout_ms, cid, 0, *_spec_fields(cmd.spec)) + _blocks(cmd.spec)
     if isinstance(cmd, oc.OpenWriteCmd):
@@ -229,6 +254,20 @@ def _read(data: bytes, op: int) -> oc.ReadCmd | oc.GrantReadCmd:
     return oc.GrantReadCmd(cid, spec, timeout_ms)
 
 
+def _write(data: bytes) -> oc.WriteCmd:
+    fields = WRITE.unpack_from(data)
+    flags, timeout_ms, cid, nblocks, expected = fields[2], fields[3], fields[4], fields[14], fields[19]
+    _flags(flags, 0)
+    _checked_count(nblocks, MAX_BLOCKS, "blocks")
+    at = WRITE.size + 8 * nblocks
+    if len(data) < at:
+        raise _Bad(f"a frame of {len(data)} bytes; its {nblocks} blocks need {at}")
+    if expected > oc.INLINE_READ_MAX or len(data) - at != expected:
+        raise _Bad(f"a write carrying {len(data) - at} bytes for a spec of {expected} (they must agree, at most "
+                   f"{oc.INLINE_READ_MAX}; more is pushed by OpenWrite)")
+    return oc.WriteCmd(cid, _spec(fields[5:], _u64s(data, nblocks, WRITE.size)), timeout_ms, bytes(data[at:]))
+
+
 def _open_write(data: bytes) -> oc.OpenWriteCmd:
     _, _, flags, timeout_ms, cid, hold_ms, count = OPEN.unpack_from(data)
     _flags(flags, 0)
@@ -282,7 +321,8 @@ def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
 
 #: op -> the smallest frame of that op
 _SMALLEST = {OP_READ: READ.size, OP_GRANT_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size,
-             OP_RELEASE: RELEASE.size, OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_DONE_READ: DONE.size}
+             OP_RELEASE: RELEASE.size, OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_DONE_READ: DONE.size,
+             OP_WRITE: WRITE.size}
 
 
 def decode_call(data: bytes) -> oc.OwnerCall:
@@ -307,6 +347,8 @@ def decode_call(data: bytes) -> oc.OwnerCall:
             return _release(data)
         if op == OP_DONE_READ:
             return _done_read(data)
+        if op == OP_WRITE:
+            return _write(data)
         return _bare(data, op)
     except _Bad as exc:
         raise oc.RefusedCall(HEAD.unpack_from(data)[4], StatusCode.LLM_PARAM_INVALID, str(exc)) from None

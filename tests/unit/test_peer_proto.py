@@ -31,7 +31,7 @@ def test_owner_calls_have_one_encoding() -> None:
 
     kinds = {cls.__name__ for cls in typing.get_args(OwnerCall)}
     assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd",
-                     "GrantReadCmd", "DoneReadCmd"}
+                     "GrantReadCmd", "DoneReadCmd", "WriteCmd"}
     assert len(ownerwire._SMALLEST) == len(kinds)
     messages = set(peer_pb2.DESCRIPTOR.message_types_by_name)
     assert messages == {"ChallengeRequest", "ChallengeResponse", "HandshakeRequest", "HandshakeResponse",

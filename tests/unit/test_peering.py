@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datadistd.links.wire.peering import CHALLENGE_BYTES, ChallengeStore, make_offer, offer_mac
+from datadistd.links.wire.peering import CHALLENGE_BYTES, ChallengeStore, answer_mac, make_offer, offer_mac
 
 
 class Clock:
@@ -95,3 +95,13 @@ def test_a_flood_from_few_sources_evicts_only_their_own_challenges() -> None:
     for i in range(100 * 16):
         store.issue(f"10.1.{i % 100}.1")
     assert len(store) == 64 and store.redeem(legit)
+
+
+def test_the_macs_cover_the_daemon_id() -> None:
+    """A handshake's daemon id decides which links share one heartbeat: a man in the middle who swaps it (to hide a
+    hung daemon behind a live one) breaks the mac, in the offer and in the answer."""
+    offer = make_offer(b"s", 1, 2, b"c" * 32, daemon_id=b"a" * 16)
+    assert offer.mac == offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"c" * 32, b"a" * 16)
+    assert offer.mac != offer_mac(b"s", offer.protocol_version, 1, 2, offer.timestamp_ms, b"c" * 32, b"b" * 16)
+    good = answer_mac(b"s", b"c" * 32, b"n" * 16, 1, "tcp://127.0.0.1:1", b"a" * 16)
+    assert good != answer_mac(b"s", b"c" * 32, b"n" * 16, 1, "tcp://127.0.0.1:1", b"b" * 16)

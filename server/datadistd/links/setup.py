@@ -169,7 +169,7 @@ class Linker:
 
     def _verify_answer(self, offer: HandshakeOffer, answer: HandshakeAnswer, spec: ClusterSpec) -> None:
         expected = answer_mac(self.table.node.peer_secret.value, offer.challenge, answer.link_nonce,
-                              answer.server_cluster_id, answer.data_endpoint)
+                              answer.server_cluster_id, answer.data_endpoint, answer.daemon_id)
         if not hmac.compare_digest(expected, answer.mac):
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"peer at {spec.address} failed to prove the shared secret (check [peer] secret)")
@@ -214,7 +214,7 @@ class Linker:
         the linking daemon's address, ``admission.source_key``: its owner calls' share of the threads)."""
         require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
         expected = offer_mac(self.table.node.peer_secret.value, offer.protocol_version, offer.client_cluster_id,
-                             offer.server_cluster_id, offer.timestamp_ms, offer.challenge)
+                             offer.server_cluster_id, offer.timestamp_ms, offer.challenge, offer.daemon_id)
         if not hmac.compare_digest(expected, offer.mac):
             secret = self.table.node.peer_secret
             log.warning("cluster %s: refused a handshake from cluster %s at %s: bad credential; this daemon uses %s",
@@ -253,7 +253,8 @@ class Linker:
         log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
         endpoint = self.table.transport.endpoint
         node = self.table.node
-        mac = answer_mac(node.peer_secret.value, offer.challenge, link_nonce, self.table.cluster_id, endpoint)
+        mac = answer_mac(node.peer_secret.value, offer.challenge, link_nonce, self.table.cluster_id, endpoint,
+                         node.liveness.daemon_id)
         return HandshakeAnswer(PROTOCOL_VERSION, self.table.cluster_id, link_nonce, endpoint, node.streams, mac,
                                node.version, node.liveness.daemon_id)
 

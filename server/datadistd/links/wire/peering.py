@@ -57,7 +57,7 @@ class HandshakeOffer:
     timestamp_ms: int          # informational since protocol 2 (freshness is the challenge's)
     mac: bytes
     client_version: str = ""
-    daemon_id: bytes = b""     # the linking daemon (``Liveness``); outside the mac, empty from an older daemon
+    daemon_id: bytes = b""     # the linking daemon (``Liveness``), covered by the mac
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class HandshakeAnswer:
     streams: int
     mac: bytes
     server_version: str = ""
-    daemon_id: bytes = b""     # the serving daemon (``Liveness``); outside the mac, empty from an older daemon
+    daemon_id: bytes = b""     # the serving daemon (``Liveness``), covered by the mac
 
 
 def check_version(version: int, who: str) -> None:
@@ -80,13 +80,18 @@ def check_version(version: int, who: str) -> None:
                             f"run the same datadist version on both nodes")
 
 
-def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_ms: int, challenge: bytes) -> bytes:
-    msg = f"datadist-offer|{version}|{client}|{server}|{timestamp_ms}|".encode() + challenge
+def offer_mac(secret: bytes, version: int, client: int, server: int, timestamp_ms: int, challenge: bytes,
+              daemon_id: bytes = b"") -> bytes:
+    """The offer's MAC: every field but the informational client version (the daemon id since protocol 7)."""
+    msg = f"datadist-offer|{version}|{client}|{server}|{timestamp_ms}|".encode() + challenge + b"|" + daemon_id
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def answer_mac(secret: bytes, challenge: bytes, link_nonce: bytes, server: int, data_endpoint: str) -> bytes:
-    msg = b"datadist-answer|" + challenge + b"|" + link_nonce + f"|{server}|{data_endpoint}".encode()
+def answer_mac(secret: bytes, challenge: bytes, link_nonce: bytes, server: int, data_endpoint: str,
+               daemon_id: bytes = b"") -> bytes:
+    """The answer's MAC over the offer's challenge: every field but the stream count and the version."""
+    msg = (b"datadist-answer|" + challenge + b"|" + link_nonce + f"|{server}|{data_endpoint}|".encode()
+           + daemon_id)
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
@@ -99,7 +104,8 @@ def make_offer(secret: bytes, client: int, server: int, challenge: bytes, versio
     """The linking side's offer over ``challenge`` (what the serving engine's ``Peer/Challenge`` returned)."""
     ts = int(time.time() * 1000)
     return HandshakeOffer(PROTOCOL_VERSION, client, server, challenge, ts,
-                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, challenge), version, daemon_id)
+                          offer_mac(secret, PROTOCOL_VERSION, client, server, ts, challenge, daemon_id), version,
+                          daemon_id)
 
 
 class ChallengeStore:

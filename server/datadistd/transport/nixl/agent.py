@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,8 @@ MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
 
 _SPIN = 200          # status checks before the first sleep (a small WRITE completes in a few)
 _NAP_MAX = 0.0005    # the longest sleep between status checks
+_LOCAL_ROWS_MAX = 1 << 16   # rows of a destination registration prepared once (a larger one: prepared per READ)
+_LOCAL_LISTS_MAX = 4        # row geometries (row size, phase) prepared per destination registration
 
 
 #: UCX's module filter unless the operator set ``UCX_MODULES``: every module but UCX's EFA transport
@@ -111,6 +114,15 @@ class Agent:
         self._bindings = importlib.import_module(api.__name__.rsplit(".", 1)[0] + "._bindings")
         self._regs = RegistrationTable(self._register, self._deregister)
         self._published: dict[int, Any] = {}   # the registrations of published caches, by id (``publish``)
+        # the raw request calls of the READ path (``read_rows``): C calls, no Python frame per status check
+        self._raw = self._agent.agent
+        self._raw_backends = [self._agent.backends[backend]]
+        self._read_op = self._agent.nixl_ops["READ"]
+        self._done, self._in_prog = self._bindings.NIXL_SUCCESS, self._bindings.NIXL_IN_PROG
+        # destination rows prepared once per registration: serial -> (row size, phase) -> prepared list (None: too
+        # many rows, prepared per READ); dropped, and released, when the registration goes (``_deregister``)
+        self._local: dict[int, dict[tuple[int, int], Any]] = {}
+        self._local_lock = threading.Lock()
         self._closed = False
 
     # -- metadata --
@@ -164,6 +176,11 @@ class Agent:
         return base, size, descs
 
     def _deregister(self, reg: Registration) -> None:
+        with self._local_lock:
+            lists = self._local.pop(reg.serial, {})
+        for prepared in lists.values():   # no READ uses them: it holds the handle the registration is of
+            if prepared is not None and not self._closed:
+                self.release_rows(prepared)
         if self._closed:
             return
         try:
@@ -222,26 +239,107 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - the agent is closing
             log.debug("NIXL release_dlist_handle: %s", exc)
 
-    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
-                  deadline: float) -> None:
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int], peer: str, notif: bytes,
+                  deadline: float, reg: Registration | None = None) -> None:
         """READ rows ``indices`` of a prepared list of ``peer``'s into ``local`` extents (one for one, of equal
-        length), then ``notif`` to the peer; returns at DONE."""
-        zeros = np.zeros((len(local), 1), dtype=np.uint64)
-        try:
-            mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.hstack([local, zeros]), "DRAM", [self.backend])
-        except Exception as exc:  # noqa: BLE001
-            raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
-                                                f"({type(exc).__name__}: {exc})") from None
+        length), then ``notif`` to the peer; returns at DONE. When every extent is a row of ``reg`` (the
+        destination's registration) at one stride, the destination is rows of a list prepared once per
+        registration (``_local_rows``); otherwise a list of ``local`` is prepared for this READ."""
+        mine = self._local_rows(reg, local) if reg is not None else None
+        made = None
+        if mine is None:
+            zeros = np.zeros((len(local), 1), dtype=np.uint64)
+            try:
+                made = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.hstack([local, zeros]), "DRAM",
+                                                   [self.backend])
+            except Exception as exc:  # noqa: BLE001
+                raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
+                                                    f"({type(exc).__name__}: {exc})") from None
+            mine = (made, list(range(len(local))))
         try:
             try:
-                handle = self._agent.make_prepped_xfer("READ", mine, np.arange(len(local), dtype=np.int32),
-                                                       prepared, indices.astype(np.int32), notif, [self.backend])
+                request = self._raw.makeXferReq(self._read_op, mine[0]._handle, mine[1], prepared._handle,
+                                                indices if isinstance(indices, list) else
+                                                np.asarray(indices, dtype=np.int32), notif, self._raw_backends,
+                                                False)
             except Exception as exc:  # noqa: BLE001
                 raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
                                                     f"({type(exc).__name__}: {exc})") from None
-            self._run("READ", handle, peer, deadline, lambda: None)
+            self._run_raw(request, peer, deadline)
         finally:
-            self.release_rows(mine)
+            if made is not None:
+                self.release_rows(made)
+
+    def _local_rows(self, reg: Registration, local: np.ndarray) -> tuple[Any, list[int]] | None:
+        """``(prepared list, indices)`` of ``local`` extents as rows of ``reg`` prepared once: every extent of one
+        length, at one phase from ``reg.base``, inside ``reg``; None when they are not (or ``reg`` has too many
+        rows, or geometries)."""
+        extents = local.tolist()
+        if not extents:
+            return None
+        size = extents[0][1]
+        if size <= 0:
+            return None
+        base, end = reg.base, reg.base + reg.size
+        phase = (extents[0][0] - base) % size
+        indices = []
+        for addr, length in extents:
+            at = addr - base - phase
+            if length != size or at < 0 or at % size or addr + length > end:
+                return None
+            indices.append(at // size)
+        key = (size, phase)
+        with self._local_lock:
+            lists = self._local.get(reg.serial)
+            prepared = lists.get(key, False) if lists is not None else False
+        if prepared is False:
+            count = (reg.size - phase) // size
+            prepared = None
+            if count <= _LOCAL_ROWS_MAX and (lists is None or len(lists) < _LOCAL_LISTS_MAX):
+                rows = np.zeros((count, 3), dtype=np.uint64)
+                rows[:, 0] = np.uint64(base + phase) + np.arange(count, dtype=np.uint64) * np.uint64(size)
+                rows[:, 1] = size
+                try:
+                    prepared = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", rows, "DRAM", [self.backend])
+                except Exception as exc:  # noqa: BLE001 - prepared per READ instead (which reports it)
+                    log.debug("NIXL could not prepare the rows of a destination: %s", exc)
+            with self._local_lock:   # another READ may have prepared it meanwhile: one list is kept
+                lists = self._local.setdefault(reg.serial, {})
+                kept = lists.setdefault(key, prepared)
+            if kept is not prepared and prepared is not None:
+                self.release_rows(prepared)
+            prepared = kept
+        if prepared is None:
+            return None
+        return prepared, indices
+
+    def _run_raw(self, request: int, peer: str, deadline: float) -> None:
+        """Post a READ request (NIXL's raw handle) and check it to DONE by C calls (no Python frame per check),
+        napping after ``_SPIN`` checks; ``LLM_TIMEOUT`` at ``deadline``. Released either way."""
+        raw = self._raw
+        try:
+            status = raw.postXferReq(request, b"")
+            checks = 0
+            while status == self._in_prog:
+                checks += 1
+                if checks > _SPIN:
+                    if time.monotonic() >= deadline:
+                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {peer} not done by the "
+                                                                       f"deadline")
+                    time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
+                status = raw.getXferStatus(request)
+            if status != self._done:
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
+        except DataDistError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL READ from {peer} failed ({type(exc).__name__}: "
+                                                f"{exc})") from None
+        finally:
+            try:
+                raw.releaseXferReq(request)
+            except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
+                log.warning("NIXL could not release a READ from %s: %s", peer, exc)
 
     # -- transfers --
 

@@ -67,6 +67,7 @@ class TableAgent(OneSidedAgent, Protocol):
 
     def release_rows(self, prepared: Any) -> None: ...
 
-    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
-                  deadline: float) -> None:
-        """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer."""
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int], peer: str, notif: bytes,
+                  deadline: float, reg: Registration | None = None) -> None:
+        """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer; ``reg``:
+        the registration every local extent lies in, when one does (its rows may be prepared once)."""

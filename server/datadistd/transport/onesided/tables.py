@@ -306,20 +306,31 @@ class PublishedTables(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
                                 f"cache is worker memory reached through a file (unsealed)")
-        tensor, offset, length = (spans[:, i].astype(np.uint64) for i in range(3))
-        if len(spans) and (int(tensor.max()) >= len(entry.bases) or
-                           int((offset + length).max()) > entry.rows * entry.row_size):
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
-                                f"{self.name}: rows outside published cache {handle}")
-        remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
-            else np.empty((0, 2), np.uint64)
-        src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
-        if not len(src):
-            return
+        indices = _row_indices(entry, spans, handle, self.name)
+        reg = None
+        src = dst = np.empty((0, 2), np.uint64)
+        if indices is not None:   # whole rows: paired one for one with the destination's extents, or not at all
+            dst, used, _ = agent.addresses(segments)
+            lengths = dst[:, 1].tolist()
+            if lengths.count(entry.row_size) == len(lengths) == len(indices):
+                reg = used[0] if len(used) == 1 else None
+            else:
+                indices = None
+        if indices is None:
+            tensor, offset, length = (spans[:, i].astype(np.uint64) for i in range(3))
+            remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
+                else np.empty((0, 2), np.uint64)
+            src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
+            if not len(src):
+                return
         if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
             raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
-        rows = _by_rows(entry, src, dst)
-        nbytes = int(src[:, 1].sum())
+        if indices is not None:
+            rows: tuple[Any, np.ndarray] | None = (indices, dst)
+            nbytes = len(indices) * entry.row_size
+        else:
+            rows = _by_rows(entry, src, dst)
+            nbytes = int(src[:, 1].sum())
         notif = NOTIF_READ.pack(b"DDR", handle, nbytes)
         tid = int(self._next_id())
         with self._lock:
@@ -330,7 +341,7 @@ class PublishedTables(OneSidedTransport):
         peer.reading(tid)    # the peer's agent stays loaded until this READ ended (``LinkPeer.sent``)
         try:
             if rows is not None:
-                agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, notif, deadline)
+                agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, notif, deadline, reg)
             else:   # rows cut by the destination's segments: the extents themselves (still no owner call)
                 agent.read(dst, src, peer.agent_name, deadline)
                 agent.notify(peer.agent_name, notif)
@@ -361,6 +372,32 @@ class PublishedTables(OneSidedTransport):
                 self._progress_until = time.monotonic() + self.progress_window
             return True
         return super()._on_notification(name, message)
+
+
+_FEW_ROWS = 64   # spans checked and indexed by int arithmetic (more: by array operations)
+
+
+def _row_indices(entry: RemoteEntry, spans: np.ndarray, handle: int, name: str) -> list[int] | None:
+    """The indices in ``entry``'s prepared list of ``spans`` (``(tensor, offset, length)`` rows) when there are a
+    few and each is one whole row; None otherwise (the array path pairs them). Rows outside the published cache are
+    refused either way (``LLM_PARAM_INVALID``); an empty ``spans`` is None (nothing to read)."""
+    if not 0 < len(spans) <= _FEW_ROWS or entry.prepared is None:
+        if len(spans) and (int(spans[:, 0].astype(np.uint64).max()) >= len(entry.bases) or
+                           int((spans[:, 1].astype(np.uint64) + spans[:, 2].astype(np.uint64)).max()) >
+                           entry.rows * entry.row_size):
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
+        return None
+    tensors, size, rows = len(entry.bases), entry.row_size, entry.rows
+    indices: list[int] | None = []
+    for tensor, offset, length in spans.tolist():
+        if not 0 <= tensor < tensors or offset < 0 or length < 0 or offset + length > rows * size:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
+        if indices is not None:
+            if length == size and offset % size == 0:
+                indices.append(tensor * rows + offset // size)
+            else:
+                indices = None
+    return indices
 
 
 def _by_rows(entry: RemoteEntry, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -239,12 +239,31 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - the agent is closing
             log.debug("NIXL release_dlist_handle: %s", exc)
 
-    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int], peer: str, notif: bytes,
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str, notif: bytes,
                   deadline: float, reg: Registration | None = None) -> None:
         """READ rows ``indices`` of a prepared list of ``peer``'s into ``local`` extents (one for one, of equal
-        length), then ``notif`` to the peer; returns at DONE. When every extent is a row of ``reg`` (the
-        destination's registration) at one stride, the destination is rows of a list prepared once per
-        registration (``_local_rows``); otherwise a list of ``local`` is prepared for this READ."""
+        length), then ``notif`` to the peer; returns at DONE (``post_rows``, then its state checked by C calls --
+        no Python frame a check -- napping after ``_SPIN`` checks; ``LLM_TIMEOUT`` at ``deadline``)."""
+        request, made, done = self.post_rows(local, prepared, indices, peer, notif, reg)
+        try:
+            checks = 0
+            while not done:
+                checks += 1
+                if checks > _SPIN:
+                    if time.monotonic() >= deadline:
+                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {peer} not done by the "
+                                                                       f"deadline")
+                    time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
+                done = self.rows_done(request, peer)
+        finally:
+            self.end_rows(request, made, peer)
+
+    def post_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str, notif: bytes,
+                  reg: Registration | None = None) -> tuple[int, Any, bool]:
+        """Post the READ of ``read_rows`` without waiting: ``(request, made, done)`` -- NIXL's request (checked by
+        ``rows_done``, released by ``end_rows`` with ``made``, the destination list prepared for this READ alone,
+        if any). When every local extent is a row of ``reg`` (the destination's registration) at one stride, the
+        destination is rows of a list prepared once per registration (``_local_rows``)."""
         mine = self._local_rows(reg, local) if reg is not None else None
         made = None
         if mine is None:
@@ -256,19 +275,43 @@ class Agent:
                 raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
                                                     f"({type(exc).__name__}: {exc})") from None
             mine = (made, list(range(len(local))))
+        request = None
         try:
+            request = self._raw.makeXferReq(self._read_op, mine[0]._handle, mine[1], prepared._handle,
+                                            indices if isinstance(indices, list) else
+                                            np.asarray(indices, dtype=np.int32), notif, self._raw_backends, False)
+            status = self._raw.postXferReq(request, b"")
+        except Exception as exc:  # noqa: BLE001
+            self.end_rows(request, made, peer)
+            raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
+                                                f"({type(exc).__name__}: {exc})") from None
+        if status != self._done and status != self._in_prog:
+            self.end_rows(request, made, peer)
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
+        return request, made, status == self._done
+
+    def rows_done(self, request: int, peer: str) -> bool:
+        """Whether a posted READ is DONE (one C call); ``LLM_LINK_FAILED`` when it failed."""
+        try:
+            status = self._raw.getXferStatus(request)
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL READ from {peer} failed ({type(exc).__name__}: "
+                                                f"{exc})") from None
+        if status == self._in_prog:
+            return False
+        if status != self._done:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
+        return True
+
+    def end_rows(self, request: int | None, made: Any, peer: str) -> None:
+        """Release a READ's request (in flight: NIXL aborts it) and its per-READ destination list."""
+        if request is not None and not self._closed:
             try:
-                request = self._raw.makeXferReq(self._read_op, mine[0]._handle, mine[1], prepared._handle,
-                                                indices if isinstance(indices, list) else
-                                                np.asarray(indices, dtype=np.int32), notif, self._raw_backends,
-                                                False)
-            except Exception as exc:  # noqa: BLE001
-                raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
-                                                    f"({type(exc).__name__}: {exc})") from None
-            self._run_raw(request, peer, deadline)
-        finally:
-            if made is not None:
-                self.release_rows(made)
+                self._raw.releaseXferReq(request)
+            except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
+                log.warning("NIXL could not release a READ from %s: %s", peer, exc)
+        if made is not None:
+            self.release_rows(made)
 
     def _local_rows(self, reg: Registration, local: np.ndarray) -> tuple[Any, list[int]] | None:
         """``(prepared list, indices)`` of ``local`` extents as rows of ``reg`` prepared once: every extent of one
@@ -312,34 +355,6 @@ class Agent:
         if prepared is None:
             return None
         return prepared, indices
-
-    def _run_raw(self, request: int, peer: str, deadline: float) -> None:
-        """Post a READ request (NIXL's raw handle) and check it to DONE by C calls (no Python frame per check),
-        napping after ``_SPIN`` checks; ``LLM_TIMEOUT`` at ``deadline``. Released either way."""
-        raw = self._raw
-        try:
-            status = raw.postXferReq(request, b"")
-            checks = 0
-            while status == self._in_prog:
-                checks += 1
-                if checks > _SPIN:
-                    if time.monotonic() >= deadline:
-                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {peer} not done by the "
-                                                                       f"deadline")
-                    time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
-                status = raw.getXferStatus(request)
-            if status != self._done:
-                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
-        except DataDistError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise DataDistError(status_of(exc), f"NIXL READ from {peer} failed ({type(exc).__name__}: "
-                                                f"{exc})") from None
-        finally:
-            try:
-                raw.releaseXferReq(request)
-            except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
-                log.warning("NIXL could not release a READ from %s: %s", peer, exc)
 
     # -- transfers --
 

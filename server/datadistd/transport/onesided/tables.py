@@ -387,7 +387,9 @@ class PublishedTables(OneSidedTransport):
         plan.request, plan.made, plan.deadline, plan.loop, plan.future = request, made, deadline, loop, future
         with self._lock:
             self._reading[plan.tid] = plan
-        self._kick.set()
+            first = len(self._reading) == 1
+        if first:   # else the progress thread is checking READs already (it looks at ``_reading`` before it naps)
+            self._kick.set()
         if self._stopping.is_set():   # stopped meanwhile: its progress thread may have gone
             self._fail_reads()
         return future

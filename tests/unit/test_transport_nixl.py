@@ -233,6 +233,50 @@ def test_rows_outside_the_entry_are_refused_and_the_pool_beside_it_is_unreachabl
 
 
 @needs_nixl
+def test_a_few_rows_are_posted_from_the_loop_and_ended_by_the_progress_thread(pair) -> None:
+    """``start_rows`` (what a pull of a few blocks takes on the event loop): the READ is posted there and the
+    progress thread settles its future -- byte-exact, nothing left in flight, the destination's rows prepared once
+    for its registration and used again by the next READ; rows outside the entry and a withdrawn handle are refused
+    at once with the codes ``read_rows`` gives; more rows than the int path takes go to a worker thread (None)."""
+    import asyncio
+    pool = ArrayHandle(4 * ROWS * ROW, seed=11)
+    handle, cache = _publish(pair.b, pool, at=ROWS * ROW)
+    assert _entry(pair.a, pair.out, handle)
+    dst = ArrayHandle(8 * ROW)
+    agent = pair.a._agent()
+
+    async def pulls() -> None:
+        loop = asyncio.get_running_loop()
+        for rows in [((0, 3), (1, 5)), ((1, 15), (0, 0))]:
+            d = [Segment(dst, 2 * ROW, ROW), Segment(dst, 5 * ROW, ROW)]
+            posted = pair.a.start_rows(pair.out, handle, _table_rows(*rows), d, deadline(), loop)
+            assert posted is not None
+            await asyncio.wait_for(posted, 10)
+            got = np.concatenate([dst.arr[2 * ROW:3 * ROW], dst.arr[5 * ROW:6 * ROW]])
+            want = np.concatenate([pool.arr[cache[t].offset + r * ROW:cache[t].offset + (r + 1) * ROW]
+                                   for t, r in rows])
+            np.testing.assert_array_equal(got, want)
+        assert not pair.a._reading
+        assert [len(lists) for lists in agent._local.values()] == [1]   # one list for the registration, reused
+        with pytest.raises(DataDistError) as outside:
+            pair.a.start_rows(pair.out, handle, _table_rows((2, 0)), [Segment(dst, 0, ROW)], deadline(), loop)
+        assert outside.value.code == S.LLM_PARAM_INVALID
+        many = np.array([(0, r * ROW, ROW) for r in range(ROWS)] * 5, dtype=np.int64)
+        assert pair.a.start_rows(pair.out, handle, many, [Segment(ArrayHandle(len(many) * ROW), 0, len(many) * ROW)],
+                                 deadline(), loop) is None
+        pair.b.withdraw(handle)
+        end = time.monotonic() + 5
+        while pair.a.table_of(pair.out, -1)[1] and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        with pytest.raises(DataDistError) as gone:
+            pair.a.start_rows(pair.out, handle, _table_rows((0, 0)), [Segment(dst, 0, ROW)], deadline(), loop)
+        assert gone.value.code == S.LLM_KV_CACHE_NOT_EXIST
+
+    asyncio.run(pulls())
+    assert pair.a.bytes_received == 4 * ROW
+
+
+@needs_nixl
 def test_a_withdrawn_handle_reads_nothing_and_its_memory_is_deregistered(pair) -> None:
     """withdraw returns with the cache's registration gone at b (before b may reuse the pages); a's table loses
     the entry and a read of it is LLM_KV_CACHE_NOT_EXIST; a cache published later on the same pages is another

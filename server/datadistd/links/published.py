@@ -8,7 +8,8 @@ is reused only after its entry was withdrawn. Only ``remote_accessible`` caches 
 
 Requester: ``resolve`` names the owner's cache for a ``RemoteSpec`` by the table its owner published to the link --
 the key looked up in an index rebuilt only when the table changed -- and checks the pull's bounds with the owner's
-own rule (``layout.owner_spans``). A key the table does not hold is ``None``: the caller asks the owner once
+own rule (``layout.owner_spans``; a few blocks by int arithmetic, ``_few_blocks``, held to the same answers by
+tests/unit/test_published_rows.py). A key the table does not hold is ``None``: the caller asks the owner once
 (a ping: the owner's table entries go before its reply on the same channel) and then refuses as the owner would.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import BlockSpans, address_spans, owner_spans, total_length
 from ..core.plan import AddrRef
-from ..core.types import BlocksKeyRef, CacheId, CacheKeyRef, IdIndexRef, KeyKind, OwnerKey, RemoteSpec
+from ..core.types import BlocksKeyRef, CacheId, CacheKeyRef, IdIndexRef, KeyKind, OwnerKey, ReadMode, RemoteSpec
 from ..state.engine import Engine, memory_of, tensors_of
 from ..transport.base import Channel, ReadTables
 from .wire.tables import CacheInfo, decode_info, encode_info
@@ -139,8 +140,11 @@ class Published:
         else:
             assert isinstance(key, AddrRef)
             return self._by_address(index, key, spec, remote_cluster)
+        rows = _few_blocks(info, spec)
+        if rows is not None:
+            return Resolved(handle, rows, spec.expected_bytes, False)   # a blocks cache: no key to release
         spans, _ = owner_spans(info.desc, info.is_blocks, CacheId(info.cache_id), batch, spec, "src", remote_cluster)
-        rows = _span_rows(spans)
+        rows = _span_rows(spans)   # every other request, and every refusal: the owner's own rule
         release = owner_key is not None and owner_key.kind == KeyKind.REQ and info.owned and not info.is_blocks
         return Resolved(handle, rows, int(rows[:, 2].sum()) if len(rows) else 0, release)
 
@@ -175,6 +179,27 @@ class Published:
             for owner_key, batch in info.keys.items():
                 index.keys[owner_key] = (handle, batch, info)
         index.version = version
+
+
+_FEW_ROWS = 64   # rows of a blocks pull checked by int arithmetic (``_few_blocks``); more: ``owner_spans``
+
+
+def _few_blocks(info: CacheInfo, spec: RemoteSpec) -> np.ndarray | None:
+    """The ``(tensor, offset, length)`` rows of a pull of a few blocks of a blocks cache, by int arithmetic on its
+    geometry, when every bound ``owner_spans`` checks holds (the tensor range, each block an int in range, the
+    requester's byte count); None otherwise -- ``owner_spans`` then answers (with its code and message)."""
+    desc, blocks = info.desc, spec.blocks
+    start, rows, row = spec.tensor_start, desc.rows, desc.row_size
+    count = spec.tensor_count or desc.num_tensors
+    if (not info.is_blocks or spec.mode != ReadMode.BLOCKS or type(start) is not int or type(count) is not int
+            or start < 0 or count <= 0 or start + count > desc.num_tensors or not blocks
+            or count * len(blocks) > _FEW_ROWS or count * len(blocks) * row != spec.expected_bytes):
+        return None
+    for block in blocks:
+        if type(block) is not int or not 0 <= block < rows:
+            return None
+    return np.array([(tensor, block * row, row) for tensor in range(start, start + count) for block in blocks],
+                    dtype=np.int64)
 
 
 def _span_rows(spans: object) -> np.ndarray:

@@ -4,6 +4,7 @@ table, its release and its failure rule)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Sequence
@@ -19,6 +20,17 @@ from .wire.framecalls import FrameCalls
 __all__ = ["OneSidedPulls"]
 
 log = logging.getLogger("datadistd.links")
+
+
+async def _landed(posted: asyncio.Future[None], deadline: float) -> None:
+    """Wait for a READ ``start_rows`` posted. Cancelled, it still waits for the READ to end (the transport ends it
+    by its deadline) before the pull lets go of its destination."""
+    try:
+        await asyncio.shield(posted)
+    except asyncio.CancelledError:
+        if not posted.done():
+            await asyncio.wait([posted], timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+        raise
 
 
 class OneSidedPulls:
@@ -44,8 +56,14 @@ class OneSidedPulls:
                 await calls.ping(max(0.0, deadline - time.monotonic()))
                 found = published.resolve(channel, channel.token, link.remote_cluster, spec, asked=True)
             assert found is not None
-            await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, dst,
-                                       deadline)
+            # a few whole rows: posted here, ended by the transport's progress thread (no worker thread)
+            posted = published.tables.start_rows(channel, found.handle, found.spans, dst, deadline,
+                                                 asyncio.get_running_loop())
+            if posted is None:
+                await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, dst,
+                                           deadline)
+            else:
+                await _landed(posted, deadline)
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         if found.release:

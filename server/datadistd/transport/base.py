@@ -243,3 +243,8 @@ class ReadTables(Protocol):
                   deadline: float) -> None:
         """Puller side: read ``spans`` (``(tensor, offset, length)`` rows of a numpy array) of ``handle`` into
         ``segments``; returns once all bytes are in."""
+
+    def start_rows(self, channel: Channel, handle: int, spans: Any, segments: Sequence[Segment], deadline: float,
+                   loop: Any) -> Any:
+        """Puller side, on the event loop: ``read_rows`` posted without a worker thread, a future of ``loop`` that
+        ends with it; None when it needs a worker thread (``read_rows``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,8 @@ MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
 
 _SPIN = 200          # status checks before the first sleep (a small WRITE completes in a few)
 _NAP_MAX = 0.0005    # the longest sleep between status checks
+_LOCAL_ROWS_MAX = 1 << 16   # rows of a destination registration prepared once (a larger one: prepared per READ)
+_LOCAL_LISTS_MAX = 4        # row geometries (row size, phase) prepared per destination registration
 
 
 #: UCX's module filter unless the operator set ``UCX_MODULES``: every module but UCX's EFA transport
@@ -111,6 +114,15 @@ class Agent:
         self._bindings = importlib.import_module(api.__name__.rsplit(".", 1)[0] + "._bindings")
         self._regs = RegistrationTable(self._register, self._deregister)
         self._published: dict[int, Any] = {}   # the registrations of published caches, by id (``publish``)
+        # the raw request calls of the READ path (``read_rows``): C calls, no Python frame per status check
+        self._raw = self._agent.agent
+        self._raw_backends = [self._agent.backends[backend]]
+        self._read_op = self._agent.nixl_ops["READ"]
+        self._done, self._in_prog = self._bindings.NIXL_SUCCESS, self._bindings.NIXL_IN_PROG
+        # destination rows prepared once per registration: serial -> (row size, phase) -> prepared list (None: too
+        # many rows, prepared per READ); dropped, and released, when the registration goes (``_deregister``)
+        self._local: dict[int, dict[tuple[int, int], Any]] = {}
+        self._local_lock = threading.Lock()
         self._closed = False
 
     # -- metadata --
@@ -164,6 +176,11 @@ class Agent:
         return base, size, descs
 
     def _deregister(self, reg: Registration) -> None:
+        with self._local_lock:
+            lists = self._local.pop(reg.serial, {})
+        for prepared in lists.values():   # no READ uses them: it holds the handle the registration is of
+            if prepared is not None and not self._closed:
+                self.release_rows(prepared)
         if self._closed:
             return
         try:
@@ -222,26 +239,122 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - the agent is closing
             log.debug("NIXL release_dlist_handle: %s", exc)
 
-    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
-                  deadline: float) -> None:
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str, notif: bytes,
+                  deadline: float, reg: Registration | None = None) -> None:
         """READ rows ``indices`` of a prepared list of ``peer``'s into ``local`` extents (one for one, of equal
-        length), then ``notif`` to the peer; returns at DONE."""
-        zeros = np.zeros((len(local), 1), dtype=np.uint64)
+        length), then ``notif`` to the peer; returns at DONE (``post_rows``, then its state checked by C calls --
+        no Python frame a check -- napping after ``_SPIN`` checks; ``LLM_TIMEOUT`` at ``deadline``)."""
+        request, made, done = self.post_rows(local, prepared, indices, peer, notif, reg)
         try:
-            mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.hstack([local, zeros]), "DRAM", [self.backend])
-        except Exception as exc:  # noqa: BLE001
-            raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
-                                                f"({type(exc).__name__}: {exc})") from None
-        try:
-            try:
-                handle = self._agent.make_prepped_xfer("READ", mine, np.arange(len(local), dtype=np.int32),
-                                                       prepared, indices.astype(np.int32), notif, [self.backend])
-            except Exception as exc:  # noqa: BLE001
-                raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
-                                                    f"({type(exc).__name__}: {exc})") from None
-            self._run("READ", handle, peer, deadline, lambda: None)
+            checks = 0
+            while not done:
+                checks += 1
+                if checks > _SPIN:
+                    if time.monotonic() >= deadline:
+                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {peer} not done by the "
+                                                                       f"deadline")
+                    time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
+                done = self.rows_done(request, peer)
         finally:
-            self.release_rows(mine)
+            self.end_rows(request, made, peer)
+
+    def post_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str, notif: bytes,
+                  reg: Registration | None = None) -> tuple[int, Any, bool]:
+        """Post the READ of ``read_rows`` without waiting: ``(request, made, done)`` -- NIXL's request (checked by
+        ``rows_done``, released by ``end_rows`` with ``made``, the destination list prepared for this READ alone,
+        if any). When every local extent is a row of ``reg`` (the destination's registration) at one stride, the
+        destination is rows of a list prepared once per registration (``_local_rows``)."""
+        mine = self._local_rows(reg, local) if reg is not None else None
+        made = None
+        if mine is None:
+            zeros = np.zeros((len(local), 1), dtype=np.uint64)
+            try:
+                made = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.hstack([local, zeros]), "DRAM",
+                                                   [self.backend])
+            except Exception as exc:  # noqa: BLE001
+                raise DataDistError(status_of(exc), f"NIXL refused the destination of a READ from {peer} "
+                                                    f"({type(exc).__name__}: {exc})") from None
+            mine = (made, list(range(len(local))))
+        request = None
+        try:
+            request = self._raw.makeXferReq(self._read_op, mine[0]._handle, mine[1], prepared._handle,
+                                            indices if isinstance(indices, list) else
+                                            np.asarray(indices, dtype=np.int32), notif, self._raw_backends, False)
+            status = self._raw.postXferReq(request, b"")
+        except Exception as exc:  # noqa: BLE001
+            self.end_rows(request, made, peer)
+            raise DataDistError(status_of(exc), f"NIXL refused the READ from {peer} "
+                                                f"({type(exc).__name__}: {exc})") from None
+        if status != self._done and status != self._in_prog:
+            self.end_rows(request, made, peer)
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
+        return request, made, status == self._done
+
+    def rows_done(self, request: int, peer: str) -> bool:
+        """Whether a posted READ is DONE (one C call); ``LLM_LINK_FAILED`` when it failed."""
+        try:
+            status = self._raw.getXferStatus(request)
+        except Exception as exc:  # noqa: BLE001
+            raise DataDistError(status_of(exc), f"NIXL READ from {peer} failed ({type(exc).__name__}: "
+                                                f"{exc})") from None
+        if status == self._in_prog:
+            return False
+        if status != self._done:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
+        return True
+
+    def end_rows(self, request: int | None, made: Any, peer: str) -> None:
+        """Release a READ's request (in flight: NIXL aborts it) and its per-READ destination list."""
+        if request is not None and not self._closed:
+            try:
+                self._raw.releaseXferReq(request)
+            except Exception as exc:  # noqa: BLE001 - releasing a request still in flight may refuse
+                log.warning("NIXL could not release a READ from %s: %s", peer, exc)
+        if made is not None:
+            self.release_rows(made)
+
+    def _local_rows(self, reg: Registration, local: np.ndarray) -> tuple[Any, list[int]] | None:
+        """``(prepared list, indices)`` of ``local`` extents as rows of ``reg`` prepared once: every extent of one
+        length, at one phase from ``reg.base``, inside ``reg``; None when they are not (or ``reg`` has too many
+        rows, or geometries)."""
+        extents = local.tolist()
+        if not extents:
+            return None
+        size = extents[0][1]
+        if size <= 0:
+            return None
+        base, end = reg.base, reg.base + reg.size
+        phase = (extents[0][0] - base) % size
+        indices = []
+        for addr, length in extents:
+            at = addr - base - phase
+            if length != size or at < 0 or at % size or addr + length > end:
+                return None
+            indices.append(at // size)
+        key = (size, phase)
+        with self._local_lock:
+            lists = self._local.get(reg.serial)
+            prepared = lists.get(key, False) if lists is not None else False
+        if prepared is False:
+            count = (reg.size - phase) // size
+            prepared = None
+            if count <= _LOCAL_ROWS_MAX and (lists is None or len(lists) < _LOCAL_LISTS_MAX):
+                rows = np.zeros((count, 3), dtype=np.uint64)
+                rows[:, 0] = np.uint64(base + phase) + np.arange(count, dtype=np.uint64) * np.uint64(size)
+                rows[:, 1] = size
+                try:
+                    prepared = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", rows, "DRAM", [self.backend])
+                except Exception as exc:  # noqa: BLE001 - prepared per READ instead (which reports it)
+                    log.debug("NIXL could not prepare the rows of a destination: %s", exc)
+            with self._local_lock:   # another READ may have prepared it meanwhile: one list is kept
+                lists = self._local.setdefault(reg.serial, {})
+                kept = lists.setdefault(key, prepared)
+            if kept is not prepared and prepared is not None:
+                self.release_rows(prepared)
+            prepared = kept
+        if prepared is None:
+            return None
+        return prepared, indices
 
     # -- transfers --
 

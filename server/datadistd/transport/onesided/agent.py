@@ -67,6 +67,17 @@ class TableAgent(OneSidedAgent, Protocol):
 
     def release_rows(self, prepared: Any) -> None: ...
 
-    def read_rows(self, local: np.ndarray, prepared: Any, indices: np.ndarray, peer: str, notif: bytes,
-                  deadline: float) -> None:
-        """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer."""
+    def read_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str, notif: bytes,
+                  deadline: float, reg: Registration | None = None) -> None:
+        """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer; ``reg``:
+        the registration every local extent lies in, when one does (its rows may be prepared once)."""
+
+    def post_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str,
+                  notif: bytes, reg: Registration | None = None) -> tuple[int, Any, bool]:
+        """``read_rows`` posted, not waited for: ``(request, made, done)`` for ``rows_done`` and ``end_rows``."""
+
+    def rows_done(self, request: int, peer: str) -> bool:
+        """Whether a posted READ is done (raises when it failed); never blocks."""
+
+    def end_rows(self, request: int | None, made: Any, peer: str) -> None:
+        """Release a posted READ (and ``made``, the destination list prepared for it alone)."""

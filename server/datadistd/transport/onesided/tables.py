@@ -26,12 +26,13 @@ on this link, fails the pull with ``LLM_KV_CACHE_NOT_EXIST``, what the owner ans
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,6 +63,7 @@ MAX_ENTRIES = 1 << 16         # published handles one peer may hold at this end
 MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches one peer published here
 MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
+_READ_NAP = 0.00002           # progress thread: the nap between two rounds of checks of the READs in flight
 
 
 @dataclass
@@ -91,6 +93,38 @@ class RemoteEntry:
     gone: bool = False           # withdrawn or replaced: ``prepared`` is released once no READ uses it
 
 
+@dataclass
+class _Plan:
+    """A READ of published rows, checked (``PublishedTables._plan``), and once ``start_rows`` posted it, what the
+    progress thread needs to end it."""
+
+    peer: LinkPeer
+    entry: RemoteEntry
+    handle: int
+    indices: list[int] | None     # whole rows: their indices in the entry's prepared list, paired with ``dst``
+    src: np.ndarray
+    dst: np.ndarray
+    reg: Registration | None      # the registration every ``dst`` extent lies in (``indices`` only)
+    nbytes: int
+    notif: bytes
+    tid: int = 0
+    # posted by ``start_rows``: checked by the progress thread
+    request: int = 0
+    made: Any = None
+    deadline: float = 0.0
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future[None] | None = None
+
+
+def _resolve(future: asyncio.Future[None], error: DataDistError | None) -> None:
+    if future.done():   # its pull was cancelled
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 class PublishedTables(OneSidedTransport):
     """A one-sided transport whose pulls read published tables (``transport.base.ReadTables``)."""
 
@@ -103,10 +137,10 @@ class PublishedTables(OneSidedTransport):
         self.bytes_read_by_peers = 0           # counted from the peers' READ notifications
 
     def _agent(self) -> TableAgent:
-        return cast(TableAgent, super()._agent())
+        return super()._agent()  # type: ignore[return-value]  # a TableAgent (``_new_agent``); no cast call
 
     def _live_agent(self) -> TableAgent | None:
-        return cast("TableAgent | None", self._running_agent)
+        return self._running_agent  # type: ignore[return-value]
 
     # -- the owner's side --
 
@@ -294,7 +328,128 @@ class PublishedTables(OneSidedTransport):
     def read_rows(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment],
                   deadline: float) -> None:
         """Read ``spans`` (``(tensor, offset, length)`` rows, in the published cache's tensors) of ``handle`` into
-        ``segments`` (as many bytes): one READ of the prepared rows, with a notification to the owner."""
+        ``segments`` (as many bytes): one READ of the prepared rows, with a notification to the owner. Blocks (a
+        worker thread's); ``start_rows`` posts it from the event loop instead."""
+        plan = self._plan(channel, handle, spans, segments)
+        if plan is None:
+            return
+        peer, entry = plan.peer, plan.entry
+        if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
+        agent = self._agent()
+        self._begin(plan)
+        try:
+            if plan.indices is not None:
+                agent.read_rows(plan.dst, entry.prepared, plan.indices, peer.agent_name, plan.notif, deadline,
+                                plan.reg)
+            else:
+                rows = _by_rows(entry, plan.src, plan.dst)
+                if rows is not None:
+                    agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, plan.notif, deadline)
+                else:   # rows cut by the destination's segments: the extents themselves (still no owner call)
+                    agent.read(plan.dst, plan.src, peer.agent_name, deadline)
+                    agent.notify(peer.agent_name, plan.notif)
+        except DataDistError as exc:
+            raise self._failed(plan, exc) from None
+        finally:
+            self._end(plan)
+        self.bytes_received += plan.nbytes
+
+    def start_rows(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment],
+                   deadline: float, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """``read_rows`` from the event loop, without a worker thread: a few whole rows are checked and posted
+        here (NIXL's post does not block), and the progress thread -- which checks the READs in flight between
+        its looks for notifications, napping ``_READ_NAP``, never spinning -- settles the future on ``loop`` when
+        the READ ends (``LLM_TIMEOUT`` at ``deadline``). None when the READ needs a worker thread (``read_rows``):
+        more rows, rows cut by the destination, or a peer whose agent is not loaded yet. Refusals raise here."""
+        plan = self._plan(channel, handle, spans, segments)
+        future: asyncio.Future[None] = loop.create_future()
+        if plan is None:
+            future.set_result(None)
+            return future
+        peer = plan.peer
+        if plan.indices is None or peer.agent_name is None or not peer.ready.is_set():
+            return None
+        agent = self._agent()
+        self._begin(plan)
+        try:
+            request, made, done = agent.post_rows(plan.dst, plan.entry.prepared, plan.indices, peer.agent_name,
+                                                  plan.notif, plan.reg)
+        except DataDistError as exc:
+            self._end(plan)
+            raise self._failed(plan, exc) from None
+        if done:
+            agent.end_rows(request, made, peer.agent_name)
+            self._end(plan)
+            self.bytes_received += plan.nbytes
+            future.set_result(None)
+            return future
+        plan.request, plan.made, plan.deadline, plan.loop, plan.future = request, made, deadline, loop, future
+        with self._lock:
+            self._reading[plan.tid] = plan
+            first = len(self._reading) == 1
+        if first:   # else the progress thread is checking READs already (it looks at ``_reading`` before it naps)
+            self._kick.set()
+        if self._stopping.is_set():   # stopped meanwhile: its progress thread may have gone
+            self._fail_reads()
+        return future
+
+    def _check_reads(self, until: float) -> None:
+        """The progress thread: check the READs ``start_rows`` posted, each by one C call, napping ``_READ_NAP``
+        between rounds, until none is left or ``until``; each that ended (or passed its deadline) is settled."""
+        agent = self._live_agent()
+        while True:
+            with self._lock:
+                reads: list[_Plan] = list(self._reading.values())
+            if not reads:
+                return
+            now = time.monotonic()
+            for read in reads:
+                error: DataDistError | None = None
+                try:
+                    if agent is None:
+                        error = DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: the transport stopped")
+                    elif not agent.rows_done(read.request, read.peer.agent_name or ""):
+                        if now < read.deadline:
+                            continue
+                        error = DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {read.peer.what} not "
+                                                                         f"done by the deadline")
+                except DataDistError as exc:
+                    error = exc
+                self._settle(read, agent, error)
+            if time.monotonic() >= until:
+                return
+            time.sleep(_READ_NAP)
+
+    def _settle(self, plan: _Plan, agent: TableAgent | None, error: DataDistError | None) -> None:
+        """A READ of ``start_rows`` ended: released, its future settled on its loop (once: the first caller)."""
+        with self._lock:
+            if self._reading.pop(plan.tid, None) is None:
+                return
+        if agent is not None:
+            agent.end_rows(plan.request, plan.made, plan.peer.agent_name or "")
+        failure = self._failed(plan, error) if error is not None else None
+        self._end(plan)
+        if failure is None:
+            self.bytes_received += plan.nbytes
+        assert plan.loop is not None and plan.future is not None
+        try:
+            plan.loop.call_soon_threadsafe(_resolve, plan.future, failure)
+        except RuntimeError:   # the loop closed: nobody waits
+            pass
+
+    def _fail_reads(self) -> None:
+        """The transport stopped: every READ ``start_rows`` posted ends (``LLM_LINK_FAILED``)."""
+        with self._lock:
+            reads = list(self._reading.values())
+        for read in reads:
+            self._settle(read, self._live_agent(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                                                 f"{self.name}: the transport stopped"))
+
+    def _plan(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment]) -> _Plan | None:
+        """A READ of ``spans`` of ``handle`` into ``segments``, checked: the entry published on the link (else
+        ``LLM_KV_CACHE_NOT_EXIST``), every span inside it and the destination as many bytes (else
+        ``LLM_PARAM_INVALID``). None: nothing to read."""
         peer = _peer_of(self.name, channel)
         agent = self._agent()
         with peer.table_lock:
@@ -306,52 +461,57 @@ class PublishedTables(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
                                 f"cache is worker memory reached through a file (unsealed)")
-        tensor, offset, length = (spans[:, i].astype(np.uint64) for i in range(3))
-        if len(spans) and (int(tensor.max()) >= len(entry.bases) or
-                           int((offset + length).max()) > entry.rows * entry.row_size):
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
-                                f"{self.name}: rows outside published cache {handle}")
-        remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
-            else np.empty((0, 2), np.uint64)
-        src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
-        if not len(src):
-            return
-        if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
-            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
-        rows = _by_rows(entry, src, dst)
-        nbytes = int(src[:, 1].sum())
-        notif = NOTIF_READ.pack(b"DDR", handle, nbytes)
-        tid = int(self._next_id())
+        indices = _row_indices(entry, spans, handle, self.name)
+        reg = None
+        src = dst = np.empty((0, 2), np.uint64)
+        if indices is not None:   # whole rows: paired one for one with the destination's extents, or not at all
+            dst, used, _ = agent.addresses(segments)
+            lengths = dst[:, 1].tolist()
+            if lengths.count(entry.row_size) == len(lengths) == len(indices):
+                reg = used[0] if len(used) == 1 else None
+            else:
+                indices = None
+        if indices is None:
+            tensor, offset, length = (spans[:, i].astype(np.uint64) for i in range(3))
+            remote = np.stack([entry.bases[tensor.astype(np.int64)] + offset, length], axis=1) if len(spans) \
+                else np.empty((0, 2), np.uint64)
+            src, dst = self._paired(remote, segments, LLMStatusCode.LLM_PARAM_INVALID, f"the rows of cache {handle}")
+            if not len(src):
+                return None
+        nbytes = len(indices) * entry.row_size if indices is not None else int(src[:, 1].sum())
+        return _Plan(peer, entry, handle, indices, src, dst, reg, nbytes, NOTIF_READ.pack(b"DDR", handle, nbytes))
+
+    def _begin(self, plan: _Plan) -> None:
+        """``plan``'s READ starts: the entry's prepared rows stay until it ended, the peer's agent stays loaded."""
+        plan.tid = int(self._next_id())
         with self._lock:
-            if entry.gone or entry.prepared is None:
+            if plan.entry.gone or plan.entry.prepared is None:
                 raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
-                                    f"{self.name}: cache {handle} was withdrawn from the link {peer.what}")
-            entry.busy += 1
-        peer.reading(tid)    # the peer's agent stays loaded until this READ ended (``LinkPeer.sent``)
-        try:
-            if rows is not None:
-                agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, notif, deadline)
-            else:   # rows cut by the destination's segments: the extents themselves (still no owner call)
-                agent.read(dst, src, peer.agent_name, deadline)
-                agent.notify(peer.agent_name, notif)
-        except DataDistError as exc:
-            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight: nothing more lands once it is gone
-                self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
-            elif entry.gone:
-                raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
-                                    f"{self.name}: cache {handle} was withdrawn during the READ ({exc.message})") \
-                    from None
-            raise
-        finally:
-            peer.sent(tid)
-            with self._lock:
-                entry.busy -= 1
-                release = entry.prepared if entry.gone and entry.busy == 0 else None
-                if release is not None:
-                    entry.prepared = None
+                                    f"{self.name}: cache {plan.handle} was withdrawn from the link {plan.peer.what}")
+            plan.entry.busy += 1
+        plan.peer.reading(plan.tid)    # until this READ ended (``LinkPeer.sent``)
+
+    def _failed(self, plan: _Plan, exc: DataDistError) -> DataDistError:
+        """What a failed READ of ``plan`` raises; a READ past its deadline may still be in flight: its peer is
+        dropped (nothing more lands once it is gone)."""
+        if exc.code == LLMStatusCode.LLM_TIMEOUT:
+            self._drop(plan.peer, f"a READ did not complete by its deadline ({exc.message})")
+        elif plan.entry.gone:
+            return DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                                 f"{self.name}: cache {plan.handle} was withdrawn during the READ ({exc.message})")
+        return exc
+
+    def _end(self, plan: _Plan) -> None:
+        plan.peer.sent(plan.tid)
+        entry = plan.entry
+        with self._lock:
+            entry.busy -= 1
+            release = entry.prepared if entry.gone and entry.busy == 0 else None
             if release is not None:
-                agent.release_rows(release)
-        self.bytes_received += nbytes
+                entry.prepared = None
+        agent = self._live_agent()
+        if release is not None and agent is not None:
+            agent.release_rows(release)
 
     def _on_notification(self, name: str, message: bytes) -> bool:
         if len(message) == NOTIF_READ.size and message.startswith(b"DDR"):
@@ -361,6 +521,32 @@ class PublishedTables(OneSidedTransport):
                 self._progress_until = time.monotonic() + self.progress_window
             return True
         return super()._on_notification(name, message)
+
+
+_FEW_ROWS = 64   # spans checked and indexed by int arithmetic (more: by array operations)
+
+
+def _row_indices(entry: RemoteEntry, spans: np.ndarray, handle: int, name: str) -> list[int] | None:
+    """The indices in ``entry``'s prepared list of ``spans`` (``(tensor, offset, length)`` rows) when there are a
+    few and each is one whole row; None otherwise (the array path pairs them). Rows outside the published cache are
+    refused either way (``LLM_PARAM_INVALID``); an empty ``spans`` is None (nothing to read)."""
+    if not 0 < len(spans) <= _FEW_ROWS or entry.prepared is None:
+        if len(spans) and (int(spans[:, 0].astype(np.uint64).max()) >= len(entry.bases) or
+                           int((spans[:, 1].astype(np.uint64) + spans[:, 2].astype(np.uint64)).max()) >
+                           entry.rows * entry.row_size):
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
+        return None
+    tensors, size, rows = len(entry.bases), entry.row_size, entry.rows
+    indices: list[int] | None = []
+    for tensor, offset, length in spans.tolist():
+        if not 0 <= tensor < tensors or offset < 0 or length < 0 or offset + length > rows * size:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
+        if indices is not None:
+            if length == size and offset % size == 0:
+                indices.append(tensor * rows + offset // size)
+            else:
+                indices = None
+    return indices
 
 
 def _by_rows(entry: RemoteEntry, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

@@ -64,6 +64,8 @@ class OneSidedTransport(abc.ABC):
         self._landing: dict[int, OneSidedReceipt] = {}   # receipts whose notification has not been seen
         self._polling = threading.Lock()
         self._stopping = threading.Event()
+        self._kick = threading.Event()    # wakes the progress thread: a READ was posted, or the transport stops
+        self._reading: dict[int, Any] = {}   # READs posted from the event loop, checked by the progress thread
         self._progress_thread: threading.Thread | None = None
         self.bytes_sent = 0
         self.bytes_received = 0   # by READ
@@ -122,17 +124,33 @@ class OneSidedTransport(abc.ABC):
     def _progress(self) -> None:
         """UCX makes progress only when called: look for notifications (which also accepts peers' connections
         and moves the bytes of transports that need the target, UCX's TCP) every ``_NAP`` at most while
-        a receipt waits or a peer read recently (``progress_window``), every ``_IDLE`` otherwise."""
+        a receipt waits or a peer read recently (``progress_window``), every ``_IDLE`` otherwise; while READs
+        posted from the event loop are in flight, it checks them between those looks (``_check_reads``)."""
         while not self._stopping.is_set():
+            self._kick.clear()
             self.poll()
+            if self._reading:
+                self._check_reads(time.monotonic() + _NAP)
+                continue
             busy = self._landing or time.monotonic() < self._progress_until
-            self._stopping.wait(_NAP if busy else _IDLE)
+            self._kick.wait(_NAP if busy else _IDLE)
+
+    def _check_reads(self, until: float) -> None:
+        """Check the READs in flight (``_reading``) until none is left or ``until`` (a transport that posts none:
+        nothing to do)."""
+        return None
+
+    def _fail_reads(self) -> None:
+        """The transport stopped: end every READ in flight."""
+        return None
 
     def stop(self) -> None:
         self._stopping.set()
+        self._kick.set()
         thread, self._progress_thread = self._progress_thread, None
         if thread is not None:
             thread.join(2.0)
+        self._fail_reads()
         self._tcp.stop()
         with self._lock:
             peers = list(self._peers.values())

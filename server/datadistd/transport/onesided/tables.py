@@ -31,7 +31,7 @@ import logging
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,6 +44,7 @@ from ..base import CONTROL_TRANSPORT, Channel
 from ..registrations import Registration
 from .agent import TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
+from .rows import ReadPlan, RemoteEntry, by_rows, row_indices, tensor_ranges
 from .transport import OneSidedTransport, _peer_of
 
 __all__ = ["PublishedTables", "RemoteEntry", "PUBLISH", "WITHDRAW", "NOTIF_READ"]
@@ -74,46 +75,6 @@ class _Published:
     message: bytes
     generation: int
     ranges: np.ndarray           # (address, length) of each tensor, as registered
-
-
-@dataclass
-class RemoteEntry:
-    """An entry of a peer's table at the requester: what ``P`` said, and its rows prepared for READ."""
-
-    handle: int
-    generation: int
-    row_size: int
-    rows: int
-    bases: np.ndarray            # uint64, one per tensor
-    info: bytes
-    prepared: Any = None         # the agent's prepared descriptor list of every row (None: no tensor is readable)
-    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))   # row addresses, sorted
-    order: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))     # their rows' indices
-    busy: int = 0                # READs running on ``prepared``
-    gone: bool = False           # withdrawn or replaced: ``prepared`` is released once no READ uses it
-
-
-@dataclass
-class _Plan:
-    """A READ of published rows, checked (``PublishedTables._plan``), and once ``start_rows`` posted it, what the
-    progress thread needs to end it."""
-
-    peer: LinkPeer
-    entry: RemoteEntry
-    handle: int
-    indices: list[int] | None     # whole rows: their indices in the entry's prepared list, paired with ``dst``
-    src: np.ndarray
-    dst: np.ndarray
-    reg: Registration | None      # the registration every ``dst`` extent lies in (``indices`` only)
-    nbytes: int
-    notif: bytes
-    tid: int = 0
-    # posted by ``start_rows``: checked by the progress thread
-    request: int = 0
-    made: Any = None
-    deadline: float = 0.0
-    loop: asyncio.AbstractEventLoop | None = None
-    future: asyncio.Future[None] | None = None
 
 
 def _resolve(future: asyncio.Future[None], error: DataDistError | None) -> None:
@@ -149,7 +110,7 @@ class PublishedTables(OneSidedTransport):
         A cache whose memory is not mapped in the daemon is published with no tensor: a pull of it is refused
         with ``LLM_FEATURE_NOT_ENABLED`` at the requester."""
         agent = self._agent()
-        ranges = _ranges(tensors)
+        ranges = tensor_ranges(tensors)
         token, metadata = agent.publish(ranges) if ranges is not None and len(ranges) else (None, b"")
         handle = int(self._next_id())
         bases = ranges[:, 0] if ranges is not None else np.empty(0, np.uint64)
@@ -343,7 +304,7 @@ class PublishedTables(OneSidedTransport):
                 agent.read_rows(plan.dst, entry.prepared, plan.indices, peer.agent_name, plan.notif, deadline,
                                 plan.reg)
             else:
-                rows = _by_rows(entry, plan.src, plan.dst)
+                rows = by_rows(entry, plan.src, plan.dst)
                 if rows is not None:
                     agent.read_rows(rows[1], entry.prepared, rows[0], peer.agent_name, plan.notif, deadline)
                 else:   # rows cut by the destination's segments: the extents themselves (still no owner call)
@@ -400,7 +361,7 @@ class PublishedTables(OneSidedTransport):
         agent = self._live_agent()
         while True:
             with self._lock:
-                reads: list[_Plan] = list(self._reading.values())
+                reads: list[ReadPlan] = list(self._reading.values())
             if not reads:
                 return
             now = time.monotonic()
@@ -421,7 +382,7 @@ class PublishedTables(OneSidedTransport):
                 return
             time.sleep(_READ_NAP)
 
-    def _settle(self, plan: _Plan, agent: TableAgent | None, error: DataDistError | None) -> None:
+    def _settle(self, plan: ReadPlan, agent: TableAgent | None, error: DataDistError | None) -> None:
         """A READ of ``start_rows`` ended: released, its future settled on its loop (once: the first caller)."""
         with self._lock:
             if self._reading.pop(plan.tid, None) is None:
@@ -446,7 +407,7 @@ class PublishedTables(OneSidedTransport):
             self._settle(read, self._live_agent(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                                                  f"{self.name}: the transport stopped"))
 
-    def _plan(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment]) -> _Plan | None:
+    def _plan(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment]) -> ReadPlan | None:
         """A READ of ``spans`` of ``handle`` into ``segments``, checked: the entry published on the link (else
         ``LLM_KV_CACHE_NOT_EXIST``), every span inside it and the destination as many bytes (else
         ``LLM_PARAM_INVALID``). None: nothing to read."""
@@ -461,7 +422,7 @@ class PublishedTables(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
                                 f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
                                 f"cache is worker memory reached through a file (unsealed)")
-        indices = _row_indices(entry, spans, handle, self.name)
+        indices = row_indices(entry, spans, handle, self.name)
         reg = None
         src = dst = np.empty((0, 2), np.uint64)
         if indices is not None:   # whole rows: paired one for one with the destination's extents, or not at all
@@ -479,9 +440,9 @@ class PublishedTables(OneSidedTransport):
             if not len(src):
                 return None
         nbytes = len(indices) * entry.row_size if indices is not None else int(src[:, 1].sum())
-        return _Plan(peer, entry, handle, indices, src, dst, reg, nbytes, NOTIF_READ.pack(b"DDR", handle, nbytes))
+        return ReadPlan(peer, entry, handle, indices, src, dst, reg, nbytes, NOTIF_READ.pack(b"DDR", handle, nbytes))
 
-    def _begin(self, plan: _Plan) -> None:
+    def _begin(self, plan: ReadPlan) -> None:
         """``plan``'s READ starts: the entry's prepared rows stay until it ended, the peer's agent stays loaded."""
         plan.tid = int(self._next_id())
         with self._lock:
@@ -491,7 +452,7 @@ class PublishedTables(OneSidedTransport):
             plan.entry.busy += 1
         plan.peer.reading(plan.tid)    # until this READ ended (``LinkPeer.sent``)
 
-    def _failed(self, plan: _Plan, exc: DataDistError) -> DataDistError:
+    def _failed(self, plan: ReadPlan, exc: DataDistError) -> DataDistError:
         """What a failed READ of ``plan`` raises; a READ past its deadline may still be in flight: its peer is
         dropped (nothing more lands once it is gone)."""
         if exc.code == LLMStatusCode.LLM_TIMEOUT:
@@ -501,7 +462,7 @@ class PublishedTables(OneSidedTransport):
                                  f"{self.name}: cache {plan.handle} was withdrawn during the READ ({exc.message})")
         return exc
 
-    def _end(self, plan: _Plan) -> None:
+    def _end(self, plan: ReadPlan) -> None:
         plan.peer.sent(plan.tid)
         entry = plan.entry
         with self._lock:
@@ -521,68 +482,3 @@ class PublishedTables(OneSidedTransport):
                 self._progress_until = time.monotonic() + self.progress_window
             return True
         return super()._on_notification(name, message)
-
-
-_FEW_ROWS = 64   # spans checked and indexed by int arithmetic (more: by array operations)
-
-
-def _row_indices(entry: RemoteEntry, spans: np.ndarray, handle: int, name: str) -> list[int] | None:
-    """The indices in ``entry``'s prepared list of ``spans`` (``(tensor, offset, length)`` rows) when there are a
-    few and each is one whole row; None otherwise (the array path pairs them). Rows outside the published cache are
-    refused either way (``LLM_PARAM_INVALID``); an empty ``spans`` is None (nothing to read)."""
-    if not 0 < len(spans) <= _FEW_ROWS or entry.prepared is None:
-        if len(spans) and (int(spans[:, 0].astype(np.uint64).max()) >= len(entry.bases) or
-                           int((spans[:, 1].astype(np.uint64) + spans[:, 2].astype(np.uint64)).max()) >
-                           entry.rows * entry.row_size):
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
-        return None
-    tensors, size, rows = len(entry.bases), entry.row_size, entry.rows
-    indices: list[int] | None = []
-    for tensor, offset, length in spans.tolist():
-        if not 0 <= tensor < tensors or offset < 0 or length < 0 or offset + length > rows * size:
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"{name}: rows outside published cache {handle}")
-        if indices is not None:
-            if length == size and offset % size == 0:
-                indices.append(tensor * rows + offset // size)
-            else:
-                indices = None
-    return indices
-
-
-def _by_rows(entry: RemoteEntry, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(indices, local extents)`` when the paired ``src`` extents are whole rows of ``entry`` (a piece of several
-    consecutive rows is cut into them, ``dst`` alike); None when a piece cuts a row."""
-    size = np.uint64(entry.row_size)
-    if not len(entry.starts):
-        return None
-    if bool((src[:, 1] == size).all()):   # one row a piece (a few blocks): no cutting
-        pos = np.searchsorted(entry.starts, src[:, 0])
-        if int(pos.max()) >= len(entry.starts) or not np.array_equal(entry.starts[pos], src[:, 0]):
-            return None
-        return entry.order[pos], dst
-    if np.any(src[:, 1] % size):
-        return None
-    count = (src[:, 1] // size).astype(np.int64)
-    total = int(count.sum())
-    step = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)).astype(np.uint64)
-    first = np.searchsorted(entry.starts, src[:, 0])
-    pos = np.repeat(first, count) + step.astype(np.int64)
-    if int(pos.max()) >= len(entry.starts):
-        return None
-    if not np.array_equal(entry.starts[pos], np.repeat(src[:, 0], count) + step * size):
-        return None
-    local = np.empty((total, 2), dtype=np.uint64)
-    local[:, 0] = np.repeat(dst[:, 0], count) + step * size
-    local[:, 1] = size
-    return entry.order[pos], local
-
-
-def _ranges(tensors: Sequence[Segment]) -> np.ndarray | None:
-    """``(address, length)`` of each tensor in this process, or None when one is not mapped here."""
-    out = np.empty((len(tensors), 2), dtype=np.uint64)
-    for i, seg in enumerate(tensors):
-        view = seg.handle.view()
-        if view is None:
-            return None
-        out[i] = (int(np.frombuffer(view, dtype=np.uint8).ctypes.data) + seg.offset, seg.length)
-    return out

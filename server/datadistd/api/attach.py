@@ -16,10 +16,10 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
   started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
   in completion order, matched by request id, so a worker may have many in flight; every datagram a
-  worker queued is read per wake-up (until ``EAGAIN``, at most ``_DRAIN``). A small ``pull_blocks`` by
-  ``BlocksCacheKey`` skips the order: its ints go to ``links.fastpull.FastPulls.start`` from the socket's callback,
-  and the data reader thread that lands its bytes answers the worker (``pulled_here``; ``pulled`` on the loop for
-  anything else); ``fast_pulls=False`` sends every pull the general way.
+  worker queued is read per wake-up (until ``EAGAIN``, at most ``_DRAIN``). A small ``pull_blocks`` or
+  ``push_blocks`` by ``BlocksCacheKey`` skips the order: its ints go to ``links.fast.FastTransfers.start`` from the
+  socket's callback, and the data reader thread that reads the owner's reply answers the worker (``ended_here``;
+  ``ended`` on the loop for anything else); ``fast_pulls=False`` sends every transfer the general way.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
@@ -88,9 +88,9 @@ _LOG_EVERY_S = 10.0
 _TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
 #: room for the descriptors one message may carry (``recvmsg``'s ancillary buffer)
 _ANCILLARY = socket.CMSG_LEN(MAX_PIECES * 4)
-#: a pull frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)
+#: a pull or push frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)
 _FAST_FLAGS = 4
-#: the most block numbers a fast pull names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
+#: the most block numbers a fast pull or push names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
 FAST_PULL_BLOCKS = 64
 _CONTINUE_BYTE = 3
 
@@ -129,8 +129,8 @@ class _Conn:
         self.session = session
         self.greeted = False
         self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight (cancelled when the connection goes)
-        # ``in_flight`` and the socket's closing are under ``lock``: fast pulls end on data reader threads, which
-        # answer the worker from there (``AttachServer.pulled_here``)
+        # ``in_flight`` and the socket's closing are under ``lock``: fast transfers end on data reader threads,
+        # which answer the worker from there (``AttachServer.ended_here``)
         self.lock = threading.Lock()
         self.in_flight = 0                              # transfers started and not yet answered
         self.paused = False                             # reading stopped by back-pressure
@@ -147,7 +147,8 @@ class AttachServer:
     def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
                  assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True) -> None:
         self.node = node
-        #: a small pull_blocks goes ``FastPulls.start`` first (False: every transfer takes the general path)
+        #: a small pull_blocks or push_blocks goes ``FastTransfers.start`` first (False: every transfer takes the
+        #: general path)
         self.fast_pulls = fast_pulls
         self.assembly_deadline_s = assembly_deadline_s
         self.path = path
@@ -223,7 +224,7 @@ class AttachServer:
         if fd >= 0:
             self._loop.remove_reader(fd)
             self._conns.pop(fd, None)
-        with conn.lock:   # a reader thread answering a fast pull sends under it
+        with conn.lock:   # a reader thread answering a fast transfer sends under it
             conn.sock.close()
         session = conn.session
         self.node.sessions.close(session)
@@ -234,8 +235,9 @@ class AttachServer:
         """Every datagram the worker has queued, until the socket has none (``EAGAIN``) or ``_DRAIN`` were read
         (the reader fires again while more wait: the loop's other work gets its turn); at
         ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure). A small
-        ``pull_blocks`` frame starts right here (``FastPulls.start``): decoded with one ``unpack_from``, its
-        engine checked to be the session's; anything else takes ``_on_frame`` / ``_on_message``."""
+        ``pull_blocks`` or ``push_blocks`` frame starts right here (``FastTransfers.start``): decoded with one
+        ``unpack_from``, its engine checked to be the session's; anything else takes ``_on_frame`` /
+        ``_on_message``."""
         assert self._loop is not None
         sock, session, engines, fast = conn.sock, conn.session, self.node.engines, self.fast_pulls
         for _ in range(_DRAIN):
@@ -251,7 +253,7 @@ class AttachServer:
                 self._drop(conn)
                 return
             if (fast and not ancillary and not flags & _TRUNCATED and len(data) > REQUEST.size and data[0] == MAGIC
-                    and data[1] == PULL and conn.partial is None and conn.greeted):
+                    and (data[1] == PULL or data[1] == PUSH) and conn.partial is None and conn.greeted):
                 (_, _, kind, key_kind, fl, rid, engine_id, cache_id, cluster, model_id, b, c, _, _, _, _, _, _, _,
                  timeout_ms, _, _, nr, nl) = REQUEST.unpack_from(data)
                 slot = engines.get(engine_id)
@@ -259,10 +261,11 @@ class AttachServer:
                         and nr == nl and nr <= FAST_PULL_BLOCKS and len(data) == REQUEST.size + 16 * nr
                         and slot is not None and slot.session is session and not session.closed):
                     local = struct.unpack_from(f"<{nl}Q", data, REQUEST.size + 8 * nr)
-                    with conn.lock:   # its reply may come before ``fast_pull`` returns
+                    push = data[1] == PUSH
+                    with conn.lock:   # its reply may come before ``fast_transfer`` returns
                         conn.in_flight += 1
-                    if slot.links.fast_pull(cluster, model_id, cache_id, data, REQUEST.size, local,
-                                            timeout_ms if fl else 0, self, (conn, rid)):
+                    if slot.links.fast_transfer(push, cluster, model_id, cache_id, data, REQUEST.size, local,
+                                                timeout_ms if fl else 0, self, (conn, rid, "Push" if push else "Pull")):
                         conn.skip = None
                         continue
                     with conn.lock:
@@ -287,13 +290,13 @@ class AttachServer:
             if session.closed:
                 return
 
-    # ---- a fast pull's end (``links.requester.FastReply``) -------------------------------------
+    # ---- a fast transfer's end (``links.fast.FastReply``) --------------------------------------
 
-    def pulled_here(self, token: tuple[_Conn, int], nbytes: int, transport: str) -> None:
-        """A fast pull succeeded, on the data reader thread that landed it: the worker answered from here (a
-        datagram is sent whole or not at all); when the socket would block, the loop sends it (as it sends every
-        other reply)."""
-        conn, rid = token
+    def ended_here(self, token: tuple[_Conn, int, str], nbytes: int, transport: str) -> None:
+        """A fast pull or push succeeded, on the data reader thread that read the owner's reply: the worker
+        answered from here (a datagram is sent whole or not at all); when the socket would block, the loop sends it
+        (as it sends every other reply)."""
+        conn, rid, _ = token
         data = REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16])
         with conn.lock:
             conn.in_flight -= 1
@@ -317,11 +320,11 @@ class AttachServer:
         if data:
             self._send(conn, data)
 
-    def pulled(self, token: tuple[_Conn, int], status: int, nbytes: int, transport: str, message: str) -> None:
-        """A fast pull ended on the event loop (a failure: counted as ``start_transfer`` counts one)."""
-        conn, rid = token
+    def ended(self, token: tuple[_Conn, int, str], status: int, nbytes: int, transport: str, message: str) -> None:
+        """A fast pull or push ended on the event loop (a failure: counted as ``start_transfer`` counts one)."""
+        conn, rid, method = token
         if status:
-            count_error(self.metrics, "Pull", StatusCode(status))
+            count_error(self.metrics, method, StatusCode(status))
         with conn.lock:
             conn.in_flight -= 1
         self._resume(conn)

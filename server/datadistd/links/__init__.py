@@ -29,7 +29,7 @@ from ..state.engine import Engine
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
-from .fastpull import FastPulls
+from .fast import FastTransfers
 from .model import (
     MAX_CLUSTERS_PER_CALL,
     AnyLink,
@@ -65,10 +65,10 @@ class LinkManager:
         self.calls = OwnerCalls(self.table, self.owner)
         self.setup = Linker(self.table, self.calls)
         self.requester = Requester(self.table)
-        self.fast = FastPulls(self.table, self.requester)
-        #: a worker's small pull_blocks settled on the data reader thread (``FastPulls.start``; the attach
-        #: socket's hot path: bound here, no call in between)
-        self.fast_pull = self.fast.start
+        self.fast = FastTransfers(self.table, self.requester)
+        #: a worker's small pull_blocks or push_blocks settled on the data reader thread (``FastTransfers.start``;
+        #: the attach socket's hot path: bound here, no call in between)
+        self.fast_transfer = self.fast.start
 
     # ---- state (read-only views for the node's snapshot, comm domains and tests) ---------------------
 

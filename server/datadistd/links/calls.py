@@ -114,7 +114,7 @@ class OwnerCalls:
         take_reply = link.calls.take_reply
 
         def handler(kind: int, payload: bytes) -> None:
-            if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's reply, landed here (``fast_pull``)
+            if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's or push's reply, landed here (``fast``)
                 link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                 return
             if kind == CONTROL_CALL and read_here is not None and write_here is not None:

@@ -98,7 +98,7 @@ class Requester(OneSidedPulls):
     def start_pull(self, order: TransferOrder, done: PullDone) -> None:
         """A pull whose end goes to ``done`` -- ``(bytes, transport)`` or the ``DataDistError`` -- exactly once,
         from the event loop, possibly before this returns (an order refused at once). The general path: it runs
-        ``_pull`` as a task (a worker's small pull over the attach socket takes ``FastPulls.start`` first)."""
+        ``_pull`` as a task (a worker's small pull over the attach socket takes ``FastTransfers.start`` first)."""
         try:
             p = self._prepare_pull(order)
         except DataDistError as exc:
@@ -232,16 +232,19 @@ class Requester(OneSidedPulls):
         deadline, timeout_ms = self._deadline(order)
         src = segments_of(tensors_of(entry), plan.local_spans)
         self.table.engine.registry.pin(entry.cache_id)
-        with link.reader_lock:   # fast pulls end on reader threads
+        with link.reader_lock:   # fast transfers end on reader threads
             link.inflight += 1
+        ok = False
         try:
             await self._write_owner(link, plan.remote, src, deadline, timeout_ms)
-            link.bytes_out += plan.nbytes
+            ok = True
         except DataDistError as exc:
             raise explained(exc, entry, plan.remote.tensor_count) from None
         finally:
-            with link.reader_lock:   # fast pulls end on reader threads
+            with link.reader_lock:   # fast transfers end on reader threads (``FastTransfers._pushed``)
                 link.inflight -= 1
+                if ok:
+                    link.bytes_out += plan.nbytes
             self.table.engine.unpin(entry.cache_id)
         return plan.nbytes, link.transport
 

@@ -110,9 +110,10 @@ class DaemonSection:
                             default=0o660)
     log_level: str = _doc("DEBUG, INFO, WARNING or ERROR.", default="INFO")
     drain_seconds: float = _doc("Grace period for in-flight calls on SIGTERM before the daemon exits.", default=5.0)
-    fast_pulls: bool = _doc("A worker's small pull_blocks by BlocksCacheKey over the attach socket ends on the data "
-                            "connection's reader thread (no event-loop turn for its reply); false: every pull takes "
-                            "the general path (same bytes and status codes, more CPU per pull).", default=True)
+    fast_pulls: bool = _doc("A worker's small pull_blocks and push_blocks by BlocksCacheKey over the attach socket "
+                            "end on the data connection's reader thread (no task, no event-loop turn for the "
+                            "owner's reply); false: every pull and push takes the general path (same bytes and status "
+                            "codes, more CPU per transfer).", default=True)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Where a small pull's bytes land: a **published view** of one engine's local blocks caches, read without the loop.
 
-The requester's small pull (``links.fastpull.FastPulls.start``) starts on the event loop and ends on the data
+The requester's small pull (``links.fast.FastTransfers.start``) starts on the event loop and ends on the data
 reader thread that reads the owner's reply: that thread copies the bytes into the destination rows itself. It finds
 them by this view instead of the registry (the event loop's): built on the loop (``publish``) whenever the
 registry's ``generation`` moved, immutable once published, it maps each cache id of a blocks cache whose every
@@ -17,6 +17,11 @@ the bump sees a stale view and hands the reply to the loop, which looks the cach
 a pull into a missing cache does). The reader never pins. Block numbers are range-checked against ``rows`` when
 the pull starts; a row is ``row`` bytes at ``base + block * row`` of its tensor's view, inside the tensor's
 segment (checked here once).
+
+A small push reads its source rows by the same view (``links.fast._gather``, on the loop when it starts): under
+``read_lock``, after the same generation check, into the WRITE frame it sends -- the bytes are copied before the
+push is in flight, so a deallocate after that cannot reach them, and one before it left a stale view (republished:
+the cache is gone, the general path refuses the push as one from a missing cache).
 """
 
 from __future__ import annotations

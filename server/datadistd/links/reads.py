@@ -10,7 +10,7 @@ import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode
-from ..core.types import RemoteSpec
+from ..core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from ..memory.base import Segment
 from ..transport.base import Channel
 from .model import Link, RemoteLink
@@ -39,9 +39,6 @@ class OneSidedPulls:
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         raise NotImplementedError
 
-    async def _release(self, link: RemoteLink, calls: FrameCalls, spec: RemoteSpec, deadline: float) -> None:
-        raise NotImplementedError
-
     async def _table_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
                           dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
         """A pull over a transport that reads published tables (``ReadTables``; ``links.published``): the key
@@ -67,7 +64,22 @@ class OneSidedPulls:
         except DataDistError as exc:
             raise self._transfer_failure(link, exc, timeout_ms) from None
         if found.release:
-            await self._release(link, calls, spec, deadline)
+            await self._confirm(link, calls, spec, deadline)
+
+    async def _confirm(self, link: RemoteLink, calls: FrameCalls, spec: RemoteSpec, deadline: float) -> None:
+        """The RELEASE of a key pulled by table: the owner was not asked before the READ, so its answer is what
+        says the cache was still there. A cache or key it no longer has (deallocated, or consumed by another
+        pull, while this side read a table entry whose withdrawal was still on its way) fails the pull with the
+        owner's code -- the bytes read may be of memory it let go; any other failure is logged (as
+        ``Requester._release`` does)."""
+        assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
+        try:
+            await calls.release(spec.key, spec.tensor_start, spec.tensor_count, max(0.5, deadline - time.monotonic()))
+        except DataDistError as exc:
+            if exc.code == StatusCode.LLM_KV_CACHE_NOT_EXIST:
+                raise
+            log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
+                        self.table.cluster_id, link.remote_cluster, exc)
 
     async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
                          dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:

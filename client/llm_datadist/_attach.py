@@ -404,9 +404,14 @@ class AttachClient:
                                 _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
                                 if reply_id == rid:
                                     break
+                                if not anc:     # a call's that came meanwhile, straight to it (late: dropped)
+                                    box = self._pending.pop(reply_id, None)
+                                    if box is not None:
+                                        box.put(got)
+                                    continue
                             elif fastframe.request_id_of(got) == rid:
                                 raise self._failed(func, "datadistd answered a transfer frame with something else")
-                        self._deliver(got, anc)     # a reply for a call that came meanwhile (or late: dropped)
+                        self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
             finally:
                 with self._lock:
                     self._reading = False

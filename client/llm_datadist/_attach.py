@@ -174,29 +174,44 @@ class AttachClient:
             os.close(fd)
         box.put((reply, fds[0] if fds else -1))
 
+    def _hand(self, replies: List[bytes]) -> None:
+        """Put each plain transfer reply read (under ``_recv_lock``) in its caller's mailbox -- a late one, nobody
+        waits for any more, is dropped -- and empty ``replies``."""
+        pop = self._pending.pop
+        for data in replies:
+            box = pop(_RID.unpack_from(data)[0], None)
+            if box is not None:
+                box.put(data)
+        replies.clear()
+
     def _drain(self) -> bool:
         """Read every reply that is in, until the socket has none (no bound: the daemon answers only what we
-        asked), each straight into its caller's mailbox; False once the connection is gone (every waiting call
-        failed)."""
-        recvmsg = self._sock.recvmsg
+        asked), then put each in its caller's mailbox: every read before any caller wakes (a woken caller takes
+        the GIL from the reads otherwise); False once the connection is gone (every waiting call failed, after
+        the replies read before)."""
+        recvmsg, got = self._sock.recvmsg, []
         with self._recv_lock:
             while True:
                 try:
                     data, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
                 except (BlockingIOError, InterruptedError):
-                    return True
+                    why = None
                 except OSError as exc:
-                    self._lost(f"the attach connection to datadistd failed: {exc.strerror or exc}")
-                    return False
-                if not data:
-                    self._lost("datadistd closed the attach connection")
-                    return False
-                if anc or data[0] != fastframe.MAGIC or len(data) < _REPLY.size:
-                    self._deliver(data, anc)
-                    continue
-                box = self._pending.pop(_RID.unpack_from(data)[0], None)
-                if box is not None:                 # else: late, nobody waits for it any more
-                    box.put(data)
+                    why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                else:
+                    if data and not anc and data[0] == fastframe.MAGIC and len(data) >= _REPLY.size:
+                        got.append(data)
+                        continue
+                    if data:
+                        self._deliver(data, anc)
+                        continue
+                    why = "datadistd closed the attach connection"
+                if got:
+                    self._hand(got)
+                if why is None:
+                    return True
+                self._lost(why)
+                return False
 
     def _lead(self, rid: int, box: queue.SimpleQueue[_Item], deadline: float) -> _Item:
         """As the leader (``_reading`` set by the caller): read the socket until ``box`` holds request ``rid``'s
@@ -380,38 +395,48 @@ class AttachClient:
                                 self._sock.send(datagram)
                     except OSError as exc:
                         raise self._failed(func, str(exc)) from None
-                    while True:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
-                                               "datadistd did not answer in time.",
-                                               status_code=LLMStatusCode.LLM_TIMEOUT)
-                        if not self._ready.poll(left * 1e3):
-                            continue
-                        try:
-                            got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
-                        except (BlockingIOError, InterruptedError):
-                            continue
-                        except OSError as exc:
-                            why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
-                            self._lost(why)
-                            raise self._failed(func, why) from None
-                        if not got:
-                            self._lost("datadistd closed the attach connection")
-                            raise self._failed(func, "datadistd closed the attach connection")
-                        if got[0] == fastframe.MAGIC:
-                            if len(got) >= _REPLY.size:
-                                _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
-                                if reply_id == rid:
-                                    break
-                                if not anc:     # a call's that came meanwhile, straight to it (late: dropped)
-                                    box = self._pending.pop(reply_id, None)
-                                    if box is not None:
-                                        box.put(got)
+                    # replies read for calls that came meanwhile: handed over once the socket has no more (a woken
+                    # caller takes the GIL from the reads otherwise), and before a hang-up fails the rest
+                    others: List[bytes] = []
+                    try:
+                        while True:
+                            if not others:
+                                left = deadline - time.monotonic()
+                                if left <= 0:
+                                    raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
+                                                       "datadistd did not answer in time.",
+                                                       status_code=LLMStatusCode.LLM_TIMEOUT)
+                                if not self._ready.poll(left * 1e3):
                                     continue
-                            elif fastframe.request_id_of(got) == rid:
-                                raise self._failed(func, "datadistd answered a transfer frame with something else")
-                        self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
+                            try:
+                                got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                            except (BlockingIOError, InterruptedError):
+                                if others:
+                                    self._hand(others)
+                                continue
+                            except OSError as exc:
+                                why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                                self._hand(others)
+                                self._lost(why)
+                                raise self._failed(func, why) from None
+                            if not got:
+                                self._hand(others)
+                                self._lost("datadistd closed the attach connection")
+                                raise self._failed(func, "datadistd closed the attach connection")
+                            if got[0] == fastframe.MAGIC:
+                                if len(got) >= _REPLY.size:
+                                    _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
+                                    if reply_id == rid:
+                                        break
+                                    if not anc:
+                                        others.append(got)
+                                        continue
+                                elif fastframe.request_id_of(got) == rid:
+                                    raise self._failed(func, "datadistd answered a transfer frame with something else")
+                            self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
+                    finally:
+                        if others:
+                            self._hand(others)
             finally:
                 with self._lock:
                     self._reading = False

@@ -6,15 +6,15 @@ descriptors and hands us the descriptors of our engine's pools, and runs our pul
 a gRPC call, as binary frames (``datadist.fastframe``; block lists past one datagram in continuation
 frames, protocol 4). Closing it (or exiting) ends our lease: the daemon then releases our engines.
 
-Requests may be in flight from many threads at once, each with a request id. Nobody reads for them
-in the background: a caller waiting for its reply reads the socket itself while no other caller
-does (the *leader*); the replies it reads for others go to them (one wake-up each) and, when it
-leaves, the leadership passes to a caller still waiting. A thread of ours only watches the
-connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops
-is logged at once and every waiting call fails with LLM_FAILED; every wait has its deadline
-(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with
-no waiter object: it sends, reads until its own reply (handing others theirs) and leaves
-(``transfer``).
+Requests may be in flight from many threads at once, each with a request id and a mailbox (a C
+``queue.SimpleQueue``). Nobody reads for them in the background: a caller waiting for its reply reads the
+socket itself while no other caller does (the *leader*); it reads every reply that is in, then puts each in its
+caller's mailbox (one wake-up each, no Python call per reply) and, when it leaves, the leadership passes to a
+caller still waiting (a ``_LEAD`` token in its mailbox). A thread of ours only watches the connection for the
+daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops -- or our own ``close`` -- fails
+every waiting call at once with LLM_FAILED (the daemon's stopping is logged); every wait has its deadline
+(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with no mailbox:
+it sends, reads until its own reply (handing others theirs) and leaves (``transfer``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 CAPABILITY_METADATA_KEY = "datadist-capability"
 PROTOCOL_VERSION = 4
 _TIMEOUT_S = 30.0
-_DRAIN = 64                         # datagrams a leader reads per wake-up before it looks at its own reply
 _MAGIC = bytes([fastframe.MAGIC])
 _DONTWAIT = int(socket.MSG_DONTWAIT)
 _FD_SPACE = socket.CMSG_SPACE(4)     # a reply carries at most one descriptor

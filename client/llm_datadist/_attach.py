@@ -6,15 +6,15 @@ descriptors and hands us the descriptors of our engine's pools, and runs our pul
 a gRPC call, as binary frames (``datadist.fastframe``; block lists past one datagram in continuation
 frames, protocol 4). Closing it (or exiting) ends our lease: the daemon then releases our engines.
 
-Requests may be in flight from many threads at once, each with a request id. Nobody reads for them
-in the background: a caller waiting for its reply reads the socket itself while no other caller
-does (the *leader*); the replies it reads for others go to them (one wake-up each) and, when it
-leaves, the leadership passes to a caller still waiting. A thread of ours only watches the
-connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops
-is logged at once and every waiting call fails with LLM_FAILED; every wait has its deadline
-(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with
-no waiter object: it sends, reads until its own reply (handing others theirs) and leaves
-(``transfer``).
+Requests may be in flight from many threads at once, each with a request id and a mailbox (a C
+``queue.SimpleQueue``). Nobody reads for them in the background: a caller waiting for its reply reads the
+socket itself while no other caller does (the *leader*); it reads every reply that is in, then puts each in its
+caller's mailbox (one wake-up each, no Python call per reply) and, when it leaves, the leadership passes to a
+caller still waiting (a ``_LEAD`` token in its mailbox). A thread of ours only watches the connection for the
+daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops -- or our own ``close`` -- fails
+every waiting call at once with LLM_FAILED (the daemon's stopping is logged); every wait has its deadline
+(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with no mailbox:
+it sends, reads until its own reply (handing others theirs) and leaves (``transfer``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import array
 import itertools
 import logging
 import os
+import queue
 import select
 import socket
 import struct
@@ -44,11 +45,11 @@ log = logging.getLogger(__name__)
 CAPABILITY_METADATA_KEY = "datadist-capability"
 PROTOCOL_VERSION = 4
 _TIMEOUT_S = 30.0
-_DRAIN = 64                         # datagrams a leader reads per wake-up before it looks at its own reply
 _MAGIC = bytes([fastframe.MAGIC])
 _DONTWAIT = int(socket.MSG_DONTWAIT)
 _FD_SPACE = socket.CMSG_SPACE(4)     # a reply carries at most one descriptor
 _REPLY = fastframe.REPLY
+_RID = struct.Struct("<8xQ")         # a frame's request id
 
 
 def _fds_of(anc: List[Tuple[int, int, bytes]]) -> List[int]:
@@ -75,23 +76,14 @@ def attach_path(target: str) -> str:
     return unix_path(target) + ".attach"
 
 
-#: a reply as read: a binary transfer reply (bytes) or a protobuf AttachReply
+#: what a caller's mailbox gets: its reply (a binary transfer reply as read, or ``(reply, fd)``: a protobuf
+#: AttachReply or a binary reply with the descriptor it carried, -1 for none), why the connection failed (str), or
+#: ``_LEAD``: nobody reads the connection now, the caller should
+_Item = Union[bytes, Tuple[Union[bytes, attach_pb2.AttachReply], int], str, None]
+_LEAD = None
 _Raw = Union[bytes, attach_pb2.AttachReply]
 _Reply = Tuple[attach_pb2.AttachReply, int]
-
-
-class _Waiter:
-    """One call waiting for its reply: ``wake`` is released (once per ``signaled``) when the reply or the
-    failure is in, or when the caller should take over reading."""
-    __slots__ = ("wake", "signaled", "reply", "fd", "error")
-
-    def __init__(self) -> None:
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        self.signaled = False
-        self.reply: Optional[_Raw] = None
-        self.fd = -1
-        self.error: Optional[str] = None
+_HANDING_S = 1.0        # a reply being handed over as its caller gives up is in its mailbox within this
 
 
 class AttachClient:
@@ -99,12 +91,14 @@ class AttachClient:
         self.path = attach_path(target)
         self.timeout = timeout
         self._send_lock = threading.Lock()
-        # a read and the hand-over of what it read are one step: a reply read before the daemon's hang-up reaches
+        # reading and handing over what was read are one step: a reply read before the daemon's hang-up reaches
         # its caller before the hang-up fails the rest (the watcher and a leader may both be reading)
         self._recv_lock = threading.Lock()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending: Dict[int, _Waiter] = {}
+        # request id -> the waiting caller's mailbox (a C queue: put and get, no Python call and no over-release);
+        # added under _lock, taken out by whoever hands the reply over (dict.pop is atomic: exactly one does)
+        self._pending: Dict[int, queue.SimpleQueue[_Item]] = {}
         self._reading = False              # a caller (the leader) reads the socket
         self._broken: Optional[str] = None
         self._closing = False
@@ -149,19 +143,16 @@ class AttachClient:
 
     # ---- reading: whoever waits reads ---------------------------------------------------------
 
-    def _signal(self, w: _Waiter) -> None:
-        """Wake ``w`` (under ``_lock``): at most one release per wait, so the Lock never over-releases."""
-        if not w.signaled:
-            w.signaled = True
-            w.wake.release()
-
     def _hand_on(self) -> None:
         """Under ``_lock``, when the leader left or a caller gave up: a caller still waiting takes over reading."""
         if not self._reading and self._pending:
-            self._signal(next(iter(self._pending.values())))
+            next(iter(self._pending.values())).put(_LEAD)
 
-    def _dispatch(self, data: bytes, fds: List[int]) -> None:
-        """One reply read (under ``_lock``) to the caller waiting for its request id."""
+    def _deliver(self, data: bytes, anc: List[Tuple[int, int, bytes]]) -> None:
+        """One reply read (under ``_recv_lock``) that is not a plain transfer reply -- a protobuf reply, a reply with
+        descriptors, a malformed frame -- to the caller waiting for its request id; dropped, descriptors closed,
+        when nobody waits for it any more (it timed out)."""
+        fds = _fds_of(anc) if anc else []
         reply: _Raw
         if data[:1] == _MAGIC:
             reply, rid = data, fastframe.request_id_of(data)
@@ -173,79 +164,124 @@ class AttachClient:
                 rid = None
             else:
                 rid = reply.request_id
-        w = self._pending.pop(rid, None) if rid is not None else None
-        if w is None:
-            for fd in fds:       # nobody waits for it any more (it timed out)
+        box = self._pending.pop(rid, None) if rid is not None else None
+        if box is None:
+            for fd in fds:
                 os.close(fd)
             return
         for fd in fds[1:]:
             os.close(fd)
-        w.reply, w.fd = reply, (fds[0] if fds else -1)
-        self._signal(w)
+        box.put((reply, fds[0] if fds else -1))
+
+    def _hand(self, replies: List[bytes]) -> None:
+        """Put each plain transfer reply read (under ``_recv_lock``) in its caller's mailbox -- a late one, nobody
+        waits for any more, is dropped -- and empty ``replies``."""
+        pop = self._pending.pop
+        for data in replies:
+            box = pop(_RID.unpack_from(data)[0], None)
+            if box is not None:
+                box.put(data)
+        replies.clear()
 
     def _drain(self) -> bool:
-        """Read every reply that is in (up to ``_DRAIN``) and hand each to its caller; False once the connection
-        is gone (every waiting call failed)."""
-        for _ in range(_DRAIN):
-            with self._recv_lock:
+        """Read every reply that is in, until the socket has none (no bound: the daemon answers only what we
+        asked), then put each in its caller's mailbox: every read before any caller wakes (a woken caller takes
+        the GIL from the reads otherwise); False once the connection is gone (every waiting call failed, after
+        the replies read before)."""
+        recvmsg, got = self._sock.recvmsg, []
+        with self._recv_lock:
+            while True:
                 try:
-                    data, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                    data, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
                 except (BlockingIOError, InterruptedError):
-                    return True
+                    why = None
                 except OSError as exc:
-                    self._lost(f"the attach connection to datadistd failed: {exc.strerror or exc}")
-                    return False
-                if not data:
-                    self._lost("datadistd closed the attach connection")
-                    return False
-                fds = _fds_of(anc) if anc else []
-                with self._lock:
-                    self._dispatch(data, fds)
-        return True
+                    why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                else:
+                    if data and not anc and data[0] == fastframe.MAGIC and len(data) >= _REPLY.size:
+                        got.append(data)
+                        continue
+                    if data:
+                        self._deliver(data, anc)
+                        continue
+                    why = "datadistd closed the attach connection"
+                if got:
+                    self._hand(got)
+                if why is None:
+                    return True
+                self._lost(why)
+                return False
 
-    def _lead(self, w: _Waiter, deadline: float) -> None:
-        """Read the socket until ``w``'s reply is in, the connection is gone or ``deadline`` passed."""
-        while w.reply is None and w.error is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._ready.poll(left * 1e3) and not self._drain():
-                return
-
-    def _wait(self, w: _Waiter, deadline: float) -> None:
-        """Until ``w`` is answered or failed, or ``deadline``: leading while nobody else reads, else asleep until
-        a leader hands us our reply or the leadership."""
-        while True:
-            with self._lock:
-                if w.reply is not None or w.error is not None:
-                    return
-                lead = not self._reading
-                self._reading = True
-            if lead:
-                try:
-                    self._lead(w, deadline)
-                finally:
+    def _lead(self, rid: int, box: queue.SimpleQueue[_Item], deadline: float) -> _Item:
+        """As the leader (``_reading`` set by the caller): read the socket until ``box`` holds request ``rid``'s
+        reply or failure, or ``deadline`` (then None, the request withdrawn); then let a waiting caller lead."""
+        gone = False
+        try:
+            while True:
+                while not box.empty():
+                    item = box.get_nowait()
+                    if item is not _LEAD:        # (a stale call to lead, from before we did)
+                        return item
+                if gone:
+                    return self._broken
+                left = deadline - time.monotonic()
+                if left <= 0:
                     with self._lock:
-                        self._reading = False
-                        self._hand_on()
-                return
+                        if self._pending.pop(rid, None) is not None:
+                            return None
+                    return self._handed(box)
+                if self._ready.poll(left * 1e3) and not self._drain():
+                    gone = True
+        finally:
+            with self._lock:
+                self._reading = False
+                self._hand_on()
+
+    def _await(self, rid: int, box: queue.SimpleQueue[_Item], deadline: float, lead: bool) -> _Item:
+        """Request ``rid``'s reply or failure (see ``_Item``), or None at ``deadline`` (the request withdrawn):
+        leading the reads when ``lead`` or when called to, else asleep on ``box`` until a leader fills it."""
+        get = box.get
+        while True:
+            if lead:
+                return self._lead(rid, box, deadline)
             left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if w.wake.acquire(timeout=left):
+            try:
+                item = get(True, left) if left > 0 else get(False)
+            except queue.Empty:
                 with self._lock:
-                    w.signaled = False
+                    if self._pending.pop(rid, None) is not None:
+                        self._hand_on()
+                        return None
+                return self._handed(box)
+            if item is not _LEAD:
+                return item
+            with self._lock:
+                lead = not self._reading and self._broken is None
+                if lead:
+                    self._reading = True
+
+    @staticmethod
+    def _handed(box: queue.SimpleQueue[_Item]) -> _Item:
+        """The reply (or failure) of a caller past its deadline whose request a reader took out just before: it is
+        being put in ``box``; None if it does not come within ``_HANDING_S``."""
+        try:
+            item = box.get(True, _HANDING_S)
+            while item is _LEAD:
+                item = box.get(True, _HANDING_S)
+        except queue.Empty:
+            return None
+        return item
 
     def _lost(self, why: str) -> None:
-        """The connection is gone: every waiting call fails; the daemon's ending our lease is logged, once."""
+        """The connection is gone (under ``_recv_lock``): every waiting call fails; the daemon's ending our lease is
+        logged, once."""
         with self._lock:
             first, closing = self._broken is None, self._closing
             if first:
                 self._broken = why
             pending, self._pending = self._pending, {}
-            for w in pending.values():
-                w.error = why
-                self._signal(w)
+            for box in pending.values():
+                box.put(why)
         if first and not closing:   # the daemon ended our lease (it stops: SIGTERM, or it died)
             log.warning("datadistd at %s is stopping: this engine and its caches are released (%s); finalize and "
                         "init again once it is back", self.path, why)
@@ -266,14 +302,17 @@ class AttachClient:
     # ---- calls ---------------------------------------------------------------------------------
 
     def _exchange(self, rid: int, data: Sequence[bytes], func: str, fds: Sequence[int], timeout: Optional[float]
-                  ) -> Tuple[_Raw, int]:
+                  ) -> _Item:
         """Send the datagrams ``data`` of request ``rid``, back to back (``fds`` ride with the first), and wait for
-        its reply; LLMException when none comes."""
-        w = _Waiter()
+        its reply (bytes, or ``(reply, fd)``); LLMException when none comes."""
+        box: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         with self._lock:
             if self._broken is not None:
                 raise self._failed(func, self._broken)
-            self._pending[rid] = w
+            self._pending[rid] = box
+            lead = not self._reading
+            if lead:
+                self._reading = True
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         try:
             with self._send_lock:
@@ -286,29 +325,27 @@ class AttachClient:
         except OSError as exc:
             with self._lock:
                 self._pending.pop(rid, None)
+                if lead:
+                    self._reading = False
                 self._hand_on()
             raise self._failed(func, str(exc)) from None
-        self._wait(w, deadline)
-        if w.reply is not None:
-            return w.reply, w.fd
-        if w.error is not None:
-            raise self._failed(func, w.error)
-        with self._lock:
-            self._pending.pop(rid, None)
-            self._hand_on()
-            late = w.reply is not None     # answered after all, between the deadline and the lock
-        if late:
-            assert w.reply is not None
-            return w.reply, w.fd
-        raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not answer "
-                           "in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
+        item = self._await(rid, box, deadline, lead)
+        if item is None:
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not "
+                               "answer in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
+        if type(item) is str:
+            raise self._failed(func, item)
+        return item
 
     def _call(self, request: attach_pb2.AttachRequest, func: str, fds: Sequence[int] = (),
               timeout: Optional[float] = None) -> _Reply:
         """One protobuf request, its reply (and the descriptor it carried, or -1); LLMException on failure."""
         request.request_id = rid = next(self._ids)
-        reply, fd = self._exchange(rid, (request.SerializeToString(),), func, fds, timeout)
+        item = self._exchange(rid, (request.SerializeToString(),), func, fds, timeout)
+        reply, fd = item if type(item) is tuple else (item, -1)
         if not isinstance(reply, attach_pb2.AttachReply):
+            if fd >= 0:
+                os.close(fd)
             raise self._failed(func, "datadistd answered a binary frame to a protobuf request")
         if reply.status:
             if fd >= 0:
@@ -327,10 +364,10 @@ class AttachClient:
         frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``).
 
         When nobody reads the connection (no other call in flight, or none reading), this caller becomes the
-        reader at once: it sends and reads until its own reply, with no waiter -- replies for calls that came
+        reader at once: it sends and reads until its own reply, with no mailbox -- replies for calls that came
         meanwhile go to them, and when it leaves a caller still waiting takes over. It holds the read lock from
-        before it sends, so the watcher cannot take its reply at a hang-up. Otherwise the general path
-        (``_exchange``)."""
+        before it sends, so the watcher cannot take its reply at a hang-up. Otherwise it waits on its mailbox, or
+        leads when called to (``_exchange``)."""
         rid = next(self._ids)
         data = fastframe.encode_frames(rid, frame)
         with self._lock:
@@ -338,69 +375,80 @@ class AttachClient:
             if solo:
                 self._reading = True
         if not solo:
-            return self._transfer_reply(self._exchange(rid, data, func, (), timeout)[0], func)
-        try:
-            deadline = time.monotonic() + timeout
-            with self._recv_lock:
-                try:
-                    with self._send_lock:
-                        for datagram in data:
-                            self._sock.send(datagram)
-                except OSError as exc:
-                    raise self._failed(func, str(exc)) from None
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd "
-                                           "did not answer in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
-                    if not self._ready.poll(left * 1e3):
-                        continue
+            got = self._exchange(rid, data, func, (), timeout)
+            if type(got) is tuple:             # a transfer reply carries no descriptor: never leak one
+                raw, fd = got
+                if fd >= 0:
+                    os.close(fd)
+                got = raw
+            if type(got) is not bytes or len(got) < _REPLY.size:
+                raise self._failed(func, "datadistd answered a transfer frame with something else")
+            _, _, status, nbytes, transport = _REPLY.unpack_from(got)
+        else:
+            try:
+                deadline = time.monotonic() + timeout
+                with self._recv_lock:
                     try:
-                        got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
-                    except (BlockingIOError, InterruptedError):
-                        continue
+                        with self._send_lock:
+                            for datagram in data:
+                                self._sock.send(datagram)
                     except OSError as exc:
-                        why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
-                        self._lost(why)
-                        raise self._failed(func, why) from None
-                    if not got:
-                        self._lost("datadistd closed the attach connection")
-                        raise self._failed(func, "datadistd closed the attach connection")
-                    if got[0] == fastframe.MAGIC:
-                        if len(got) >= _REPLY.size:
-                            _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
-                            if reply_id == rid:
-                                break
-                        elif fastframe.request_id_of(got) == rid:
-                            raise self._failed(func, "datadistd answered a transfer frame with something else")
-                    with self._lock:            # a reply for a call that came meanwhile (or late: dropped)
-                        self._dispatch(got, _fds_of(anc) if anc else [])
-        finally:
-            with self._lock:
-                self._reading = False
-                if self._pending:
-                    self._hand_on()
-        if anc:
-            for fd in _fds_of(anc):             # a transfer reply carries none: never leak one
-                os.close(fd)
+                        raise self._failed(func, str(exc)) from None
+                    # replies read for calls that came meanwhile: handed over once the socket has no more (a woken
+                    # caller takes the GIL from the reads otherwise), and before a hang-up fails the rest
+                    others: List[bytes] = []
+                    try:
+                        while True:
+                            if not others:
+                                left = deadline - time.monotonic()
+                                if left <= 0:
+                                    raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
+                                                       "datadistd did not answer in time.",
+                                                       status_code=LLMStatusCode.LLM_TIMEOUT)
+                                if not self._ready.poll(left * 1e3):
+                                    continue
+                            try:
+                                got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                            except (BlockingIOError, InterruptedError):
+                                if others:
+                                    self._hand(others)
+                                continue
+                            except OSError as exc:
+                                why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                                self._hand(others)
+                                self._lost(why)
+                                raise self._failed(func, why) from None
+                            if not got:
+                                self._hand(others)
+                                self._lost("datadistd closed the attach connection")
+                                raise self._failed(func, "datadistd closed the attach connection")
+                            if got[0] == fastframe.MAGIC:
+                                if len(got) >= _REPLY.size:
+                                    _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
+                                    if reply_id == rid:
+                                        break
+                                    if not anc:
+                                        others.append(got)
+                                        continue
+                                elif fastframe.request_id_of(got) == rid:
+                                    raise self._failed(func, "datadistd answered a transfer frame with something else")
+                            self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
+                    finally:
+                        if others:
+                            self._hand(others)
+            finally:
+                with self._lock:
+                    self._reading = False
+                    if self._pending:
+                        self._hand_on()
+            if anc:
+                for fd in _fds_of(anc):             # a transfer reply carries none: never leak one
+                    os.close(fd)
         if status:
             code = code_2_status(status)
             raise LLMException(f"[{func}] failed, error code is {code}, "
                                f"{got[_REPLY.size:].decode(errors='replace')}.", status_code=code)
         return nbytes, transport.rstrip(b"\0").decode(errors="replace")
-
-    def _transfer_reply(self, raw: _Raw, func: str) -> Tuple[int, str]:
-        """``(bytes, transport)`` of a transfer's reply read by another caller; LLMException for a refusal."""
-        try:
-            reply = fastframe.decode_reply(raw) if isinstance(raw, bytes) else None
-        except fastframe.FrameError:
-            reply = None
-        if reply is None:
-            raise self._failed(func, "datadistd answered a transfer frame with something else")
-        if reply.status:
-            code = code_2_status(reply.status)
-            raise LLMException(f"[{func}] failed, error code is {code}, {reply.message}.", status_code=code)
-        return reply.nbytes, reply.transport
 
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,
                       func: str) -> int:

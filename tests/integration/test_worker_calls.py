@@ -95,34 +95,37 @@ def test_a_warm_one_block_pull_costs_the_worker_at_most_15_python_calls(linked):
     np.testing.assert_array_equal(ops.rows(state, "slot", row_indices=[0]), prompt.call("rows", "whole", None, [1]))
 
 
-def test_threads_pulling_through_one_connection_each_get_their_own_blocks(linked):
-    """8 threads x 40 pulls on the one attach connection (the lone-caller path and the shared one both run): every
-    pull lands its own block, nothing is lost or crossed."""
+def test_32_threads_x_200_pulls_through_one_connection_each_get_their_own_bytes(linked):
+    """32 threads x 200 pulls on the one attach connection (the lone caller, waiting callers and callers that take
+    over reading all run): every pull lands its own source block in its thread's own destination block, checked
+    after each pull, and nothing is left waiting or marked as reading."""
     state, prompt = linked
     cm = state["dd"].cache_manager
     key = ops.ld.BlocksCacheKey(P, 0)
-    dst = state["caches"]["dst"]
+    threads_n, pulls = 32, 200
+    ops.allocate(state, "many", 1, (threads_n, BLOCK_BYTES), dtype="uint8", blocks=True)
+    dst = state["caches"]["many"]
+    got = state["arrays"]["many"][0].reshape(threads_n, -1).view(np.uint8)
+    src_rows = prompt.call("rows", "src")[0]
     errors: list[BaseException] = []
+    checked = [0] * threads_n
 
     def pull(i: int) -> None:
         try:
-            for n in range(40):
-                src = (i * 3 + n) % BLOCKS
+            for n in range(pulls):
+                src = (i * 7 + n) % BLOCKS
+                got[i] = 0
                 cm.pull_blocks(key, dst, [src], [i])
-                cm.pull_blocks(key, dst, [src, (src + 1) % BLOCKS], [i + 8, i])
+                np.testing.assert_array_equal(got[i], src_rows[src])
+                checked[i] += 1
         except BaseException as exc:  # noqa: BLE001 - the test looks at it
             errors.append(exc)
-    threads = [threading.Thread(target=pull, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=pull, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
-    assert not errors and not any(t.is_alive() for t in threads)
-    src_rows = prompt.call("rows", "src")[0]
-    got = ops.rows(state, "dst")[0]
-    for i in range(8):
-        last = (i * 3 + 39) % BLOCKS
-        np.testing.assert_array_equal(got[i + 8], src_rows[last])
-        np.testing.assert_array_equal(got[i], src_rows[(last + 1) % BLOCKS])
+        t.join(300)
+    assert not errors, errors[:3]
+    assert not any(t.is_alive() for t in threads) and checked == [pulls] * threads_n
     attach = state["dd"]._client.attachment
     assert attach._pending == {} and not attach._reading

@@ -21,6 +21,8 @@ from datadist.v1 import attach_pb2
 from llm_datadist._attach import AttachClient
 from llm_datadist.status import LLMException
 
+#: Python calls of one transfer in this module and the frame module: the lone caller's, a waiting caller's
+LONE_CALLS, WAITING_CALLS = 3, 5
 FRAME = ff.TransferFrame(ff.PULL, 1, ff.KIND_BLOCKS, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (4,), (5,))
 
 
@@ -315,6 +317,73 @@ def test_the_lone_caller_and_a_follower_each_get_their_own_refusal(daemon):
             err = out[0]
             assert isinstance(err, LLMException) and err.status_code == code
             assert str(err) == f"[{func}] failed, error code is {code}, no."
+        assert client._pending == {} and not client._reading
+    finally:
+        client.close()
+
+
+def test_closing_the_connection_mid_flight_fails_every_waiter_at_once(daemon, caplog):
+    """A lone caller reading, 15 transfers waiting on their mailboxes and a protobuf call among them: ``close``
+    fails every one with LLM_FAILED at once (no deadline waited out), logs nothing (we closed it), and leaves
+    nobody waiting or reading."""
+    client = AttachClient(daemon.target)
+    with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
+        lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 60))
+        daemon.take(1)
+        assert client._reading
+        threads, out = in_threads(15, lambda i: client.transfer(FRAME._replace(local_cache_id=i), "pull_blocks", 60))
+        export, out_export = in_threads(1, lambda i: client.export_pool(7, "HOST", "allocate_cache"))
+        daemon.take(16)
+        client.close()
+        for t in (*lone, *threads, *export):
+            t.join(5)                      # far below the calls' 60 s deadline
+    assert not any(t.is_alive() for t in (*lone, *threads, *export))
+    for err in (out_lone[0], *out.values(), out_export[0]):
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_FAILED, err
+    assert len(out) == 15 and "is stopping" not in caplog.text
+    assert client._pending == {} and not client._reading and not client._watcher.is_alive()
+
+
+def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_number(daemon):
+    """Python calls per transfer (profile "call" events in every caller's thread, counted in the client's and the
+    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, encode_frames,
+    _head) with 1 or 7 waiting callers, plus one ``_hand`` per batch of replies it hands over (at most one per
+    reply; how the replies batch is timing), and a waiting caller ``WAITING_CALLS`` (those, _exchange, _await). A
+    count, not a timing: the lone caller is answered last, so no waiting caller ever leads."""
+    client = AttachClient(daemon.target)
+    counted = ("llm_datadist", "fastframe")
+
+    def calls_of(waiting: int) -> tuple[int, list[int], list[str]]:
+        per: dict[str, list[str]] = {}
+
+        def hook(frame, event, arg):  # noqa: ANN001, ANN202, ARG001
+            if event == "call" and any(part in frame.f_code.co_filename for part in counted):
+                per.setdefault(threading.current_thread().name, []).append(frame.f_code.co_name)
+        threading.setprofile(hook)
+        try:
+            lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+            first = daemon.take(1)[0]
+            threads, out = in_threads(waiting, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+            for request in reversed(daemon.take(waiting)):
+                daemon.answer(request)
+            for t in threads:
+                t.join(10)
+            daemon.answer(first)
+            lone[0].join(10)
+        finally:
+            threading.setprofile(None)
+        assert out_lone[0] == (4096, "tcp") and out == {i: (4096, "tcp") for i in range(waiting)}
+        names = [t.name for t in threads]
+        lone_calls = per[lone[0].name]
+        handed = lone_calls.count("_hand")
+        assert 1 <= handed <= waiting, lone_calls
+        return len(lone_calls) - handed, [len(per[n]) for n in names], per[names[0]]
+
+    try:
+        lone_1, waiting_1, names = calls_of(1)
+        lone_7, waiting_7, _ = calls_of(7)
+        assert lone_1 == lone_7 == LONE_CALLS, (lone_1, lone_7)
+        assert set(waiting_7) == set(waiting_1) == {WAITING_CALLS}, (waiting_1, names)
         assert client._pending == {} and not client._reading
     finally:
         client.close()

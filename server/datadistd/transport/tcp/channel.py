@@ -82,6 +82,7 @@ class TcpChannel:
         self._striping = 0     # striped sends holding ``_pool``
         self._ended = 0        # connections whose reader ended (``_conn_lost``)
         self._told = False     # the handler heard the channel went down (``_tell_down``)
+        self._handler: ControlHandler | None = None   # bound into each connection once the backlog is handed over
 
     def __repr__(self) -> str:
         return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
@@ -123,6 +124,7 @@ class TcpChannel:
                 return None
             conn = DataConn(self, sock, index, peer, self._transport._receipts, self._transport._buffers,
                             self._transport._reactor)
+            conn.handler = self._handler
             self._conns.append(conn)
             return conn
 
@@ -295,8 +297,13 @@ class TcpChannel:
 
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
-        (keep it short); frames that came before are handed over now."""
+        (keep it short); frames that came before are handed over now. From then on each connection's reader hands
+        its control frames to ``handler`` itself (``DataConn.handler``), the backlog being empty for good."""
         self._early.set_handler(handler)
+        with self._lock:
+            self._handler = handler
+            for conn in self._conns:
+                conn.handler = handler
         self._tell_down()   # it went down before
 
     def _on_control(self, kind: int, payload: bytes) -> None:
@@ -305,8 +312,51 @@ class TcpChannel:
 
     def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
         """One control frame from the calling thread (the event loop) on an idle connection, without
-        blocking; False (nothing sent) when every connection is busy or would block."""
+        blocking; False (nothing sent) when every connection is busy or would block.
+
+        The common case -- one connection, idle, the socket takes the whole frame -- runs flat here (C calls only:
+        the connection's lock taken and given inline, one ``sendmsg``); the rest (several connections, a busy or
+        closed one, a failed or partial send) is ``_control_frame``'s, with the same outcomes."""
+        conns = self._conns          # appended under the lock, never reordered: a snapshot
+        n = len(payload)
+        if len(conns) == 1 and not (self._broken or self._closed) and kind in KIND_CONTROL and n <= MAX_CONTROL:
+            conn = conns[0]
+            lock = conn.lock
+            with lock.mutex:         # _FairLock.acquire(timeout=0), inline
+                idle = not lock.locked and not conn.closed
+                if idle:
+                    lock.locked = True
+            if idle:
+                try:
+                    try:
+                        sent = conn.sock.sendmsg((HEADER.pack(FRAME_MAGIC, kind, 0, 0, n), payload), (), _SEND_NOWAIT)
+                    except OSError:   # would block or failed, nothing sent: the general path says which
+                        sent = -1
+                    if sent == HEADER.size + n:
+                        conn.frames_sent += 1
+                        return True
+                    if sent > 0:      # the socket filled up mid-frame: the rest must follow, briefly
+                        self._control_finish(conn, kind, payload, sent, deadline)
+                        conn.frames_sent += 1
+                        return True
+                finally:
+                    with lock.mutex:  # _FairLock.release, inline
+                        if lock.waiters:
+                            lock.waiters.popleft().set()
+                        else:
+                            lock.locked = False
         return self._control_frame(kind, payload, deadline, wait=False)
+
+    def _control_finish(self, conn: DataConn, kind: int, payload: bytes, sent: int, deadline: float) -> None:
+        """Under ``conn.lock``: finish a control frame the socket took ``sent`` bytes of, within ``_INLINE_FINISH``
+        (else the connection is closed, the channel broken and this raises), as ``DataConn.write_nowait`` does."""
+        rest = memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload)) + bytes(payload))[sent:]
+        try:
+            conn._write([rest], min(deadline, time.monotonic() + _INLINE_FINISH), partial=True)
+        except _SendError as exc:
+            conn.shutdown()
+            self._break(f"sending a control frame failed: {exc.message}")
+            raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
 
     def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
         """One control frame whose payload is ``parts`` (bytes-like: views of mapped memory, say) from the calling
@@ -330,7 +380,12 @@ class TcpChannel:
             parts.insert(0, HEADER.pack(FRAME_MAGIC, kind, 0, 0, n))
             for k in range(count):
                 conn = conns[(base + k) % count]
-                if conn.closed or not conn.lock.acquire(timeout=0):
+                lock = conn.lock
+                with lock.mutex:         # _FairLock.acquire(timeout=0), inline (C calls only)
+                    idle = not lock.locked and not conn.closed
+                    if idle:
+                        lock.locked = True
+                if not idle:
                     continue
                 try:
                     try:
@@ -357,7 +412,11 @@ class TcpChannel:
                     conn.frames_sent += 1
                     return True
                 finally:
-                    conn.lock.release()
+                    with lock.mutex:     # _FairLock.release, inline
+                        if lock.waiters:
+                            lock.waiters.popleft().set()
+                        else:
+                            lock.locked = False
             return False
         finally:
             parts.clear()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import collections
 import logging
 import socket
 import threading
@@ -17,6 +16,7 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...memory.segments import cut
 from ..base import Channel, ControlRefused
+from .lock import FairLock
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
     _DONTWAIT,
@@ -64,46 +64,6 @@ class ConnOwner(Channel, Protocol):
         """The connection's reader ended (``reason`` empty: closed here)."""
 
 
-class _FairLock:
-    """A lock with a timeout that is handed to waiters in arrival order.
-
-    ``threading.Lock`` lets the releasing thread take it straight back, so a sender streaming a
-    huge transfer could starve a small one on the same socket; with this lock they alternate per chunk.
-
-    Its state is public for the flat send paths (``TcpChannel.try_control``), which take and give it inline -- C calls
-    only -- in the uncontended case: under ``mutex``, it is free when ``locked`` is False (then set it); giving it
-    back hands it to the first of ``waiters`` if there is one (``release``), else clears ``locked``.
-    """
-
-    __slots__ = ("mutex", "locked", "waiters")
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.locked = False
-        self.waiters: collections.deque[threading.Event] = collections.deque()
-
-    def acquire(self, timeout: float) -> bool:
-        with self.mutex:
-            if not self.locked:
-                self.locked = True
-                return True
-            turn = threading.Event()
-            self.waiters.append(turn)
-        turn.wait(max(0.0, timeout))
-        with self.mutex:
-            if turn.is_set():  # handed over (possibly just as we timed out): ours now
-                return True
-            self.waiters.remove(turn)
-            return False
-
-    def release(self) -> None:
-        with self.mutex:
-            if self.waiters:
-                self.waiters.popleft().set()  # stays locked: ownership passes to the next waiter
-            else:
-                self.locked = False
-
-
 class DataConn:
     """One socket of a channel: its reader and its send lock."""
 
@@ -128,7 +88,7 @@ class DataConn:
         self._quiet_since = 0.0           # inside a frame: when the last receive that got nothing began
         self.ended = threading.Event()    # the reading is over and the socket closed (``_end``)
         self.ended_hook: Callable[[], None] | None = None   # then called (an accepted one: its admission ticket)
-        self.lock = _FairLock()           # held per frame by senders, handed over first come first served
+        self.lock = FairLock()           # held per frame by senders, handed over first come first served
         # the channel's control handler once the link is ready (``TcpChannel.on_control``): a control frame whose
         # payload is there goes from ``turn`` straight to it; before that, through the channel's early-frames backlog
         self.handler: ControlHandler | None = None

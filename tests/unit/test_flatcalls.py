@@ -155,3 +155,20 @@ def test_a_busy_connection_declines_and_a_broken_channel_raises(link) -> None:  
     with pytest.raises(DataDistError) as err:
         out.try_control(CONTROL_CALL, b"x", time.monotonic() + 5)
     assert err.value.code == S.LLM_LINK_FAILED
+
+
+def test_a_control_frame_larger_than_what_arrived_is_read_to_its_end(link) -> None:  # noqa: ANN001
+    """The flat read takes what came with the header; a payload still on its way (4 MiB through a socket that holds
+    less) is read to its end under the stall deadline, as any frame, and handed over whole."""
+    import threading
+
+    out, inb, _, conn_in = link
+    got: list[bytes] = []
+    inb.on_control(lambda kind, payload: got.append(payload))
+    payload = bytes(range(256)) * (16 << 10)
+    sender = threading.Thread(target=out.send_control, args=(CONTROL_CALL, payload, time.monotonic() + 10))
+    sender.start()
+    _readable(conn_in.sock)
+    assert conn_in.turn()
+    sender.join(10)
+    assert got == [payload] and conn_in.bytes_received == len(payload)

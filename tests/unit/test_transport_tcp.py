@@ -932,3 +932,20 @@ def test_try_control_parts_lets_go_of_the_memory_before_it_waits_for_a_stalled_p
     finally:
         a.stop()
         pit.close()
+
+
+def test_try_control_finishes_a_frame_cut_short_or_breaks_the_channel_at_its_bound() -> None:
+    """``try_control``'s flat path when the socket takes a frame only in part (a peer that stopped reading): the
+    rest is finished by blocking sends within ``_INLINE_FINISH``, which time out here: the channel breaks and the
+    send raises ``LLM_TIMEOUT``, as the general path does."""
+    pit = Tarpit()
+    a = TcpTransport(LOOPBACK, sndbuf=64 << 10)
+    a.start()
+    try:
+        ch = a.connect(pit.endpoint, TOKEN, 1, deadline(5))
+        with pytest.raises(DataDistError) as err:
+            ch.try_control(CONTROL_REPLY, bytes(8 << 20), deadline(5))
+        assert err.value.code == S.LLM_TIMEOUT and ch.broken
+    finally:
+        a.stop()
+        pit.close()

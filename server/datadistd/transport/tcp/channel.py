@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from datadist.status import LLMStatusCode
 
@@ -18,19 +18,17 @@ from ...core.types import TransferId
 from ...memory.base import Segment
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
+from .control import ControlSends
 from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
     _ABORT_TIMEOUT,
     _INLINE_FINISH,
     _INLINE_MAX,
     _JOIN,
-    _SEND_NOWAIT,
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
-    KIND_CONTROL,
     KIND_DATA,
-    MAX_CONTROL,
     ControlHandler,
     _encode_code,
     _ProtocolError,
@@ -63,7 +61,7 @@ class ChannelOwner(Protocol):
         """``channel`` leaves the transport's tables; its counters stay in the totals."""
 
 
-class TcpChannel:
+class TcpChannel(ControlSends):
     """The connections made with one token; carries frames both ways."""
 
     def __init__(self, transport: ChannelOwner, token: bytes, peer: str, outbound: bool) -> None:
@@ -82,6 +80,7 @@ class TcpChannel:
         self._striping = 0     # striped sends holding ``_pool``
         self._ended = 0        # connections whose reader ended (``_conn_lost``)
         self._told = False     # the handler heard the channel went down (``_tell_down``)
+        self._handler: ControlHandler | None = None   # bound into each connection once the backlog is handed over
 
     def __repr__(self) -> str:
         return (f"TcpChannel(peer={self._peer!r}, {'out' if self._outbound else 'in'}, streams={self.streams}, "
@@ -123,6 +122,7 @@ class TcpChannel:
                 return None
             conn = DataConn(self, sock, index, peer, self._transport._receipts, self._transport._buffers,
                             self._transport._reactor)
+            conn.handler = self._handler
             self._conns.append(conn)
             return conn
 
@@ -295,115 +295,18 @@ class TcpChannel:
 
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread
-        (keep it short); frames that came before are handed over now."""
+        (keep it short); frames that came before are handed over now. From then on each connection's reader hands
+        its control frames to ``handler`` itself (``DataConn.handler``), the backlog being empty for good."""
         self._early.set_handler(handler)
+        with self._lock:
+            self._handler = handler
+            for conn in self._conns:
+                conn.handler = handler
         self._tell_down()   # it went down before
 
     def _on_control(self, kind: int, payload: bytes) -> None:
         if not self._early.deliver(kind, payload):
             raise _ProtocolError(f"more than {self._early.limit} control frames before the link was ready")
-
-    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
-        """One control frame from the calling thread (the event loop) on an idle connection, without
-        blocking; False (nothing sent) when every connection is busy or would block."""
-        return self._control_frame(kind, payload, deadline, wait=False)
-
-    def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
-        """One control frame whose payload is ``parts`` (bytes-like: views of mapped memory, say) from the calling
-        thread: the frame's header and the parts in one non-blocking ``sendmsg`` on an idle connection, no copy.
-        False, nothing sent, when the channel is down or every connection is busy or would block.
-
-        ``parts`` is consumed (emptied) and ``unlock`` called exactly once, as soon as the parts are no longer read:
-        after the ``sendmsg``, or -- a frame the full socket took only in part -- once its rest is copied, before
-        that rest is finished by blocking sends within ``_INLINE_FINISH`` (else the connection is closed and this
-        raises, as ``try_control``). So a caller whose parts view memory it may read only under a lock passes that
-        lock's release: the memory is never read after it, and the lock is never held while a peer stalls."""
-        try:
-            n = sum(map(len, parts))
-            if kind not in KIND_CONTROL or n > MAX_CONTROL:
-                raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, {n} bytes")
-            conns = self._conns          # appended under the lock, never reordered: a snapshot
-            count = len(conns)
-            if self._broken or self._closed or not count:
-                return False
-            base = next(self._rr)
-            parts.insert(0, HEADER.pack(FRAME_MAGIC, kind, 0, 0, n))
-            for k in range(count):
-                conn = conns[(base + k) % count]
-                if conn.closed or not conn.lock.acquire(timeout=0):
-                    continue
-                try:
-                    try:
-                        sent = conn.sock.sendmsg(parts, [], _SEND_NOWAIT)
-                    except BlockingIOError:
-                        continue
-                    except OSError as exc:
-                        conn.shutdown()
-                        self._break(f"sending a control frame failed: {exc}")
-                        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                            f"control frame to {self._peer}: send failed: {exc}") from None
-                    if sent < HEADER.size + n:   # the socket filled up mid-frame: the rest must follow, briefly
-                        rest = memoryview(b"".join(parts))[sent:]
-                        parts.clear()
-                        release, unlock = unlock, None
-                        if release is not None:
-                            release()
-                        try:
-                            conn._write([rest], time.monotonic() + _INLINE_FINISH, partial=True)
-                        except _SendError as exc:
-                            conn.shutdown()
-                            self._break(f"sending a control frame failed: {exc.message}")
-                            raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
-                    conn.frames_sent += 1
-                    return True
-                finally:
-                    conn.lock.release()
-            return False
-        finally:
-            parts.clear()
-            if unlock is not None:
-                unlock()
-
-    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
-        """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
-        self._control_frame(kind, payload, deadline, wait=True)
-
-    def try_control_first(self, kind: int, payload: bytes, deadline: float) -> bool:
-        """``try_control`` on the channel's first connection only: frames sent this way (and by
-        ``send_control_first``) arrive, and are handed over by one reader thread, in the order they were sent."""
-        return self._control_frame(kind, payload, deadline, wait=False, first=True)
-
-    def send_control_first(self, kind: int, payload: bytes, deadline: float) -> None:
-        """``send_control`` on the channel's first connection only (see ``try_control_first``)."""
-        self._control_frame(kind, payload, deadline, wait=True, first=True)
-
-    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool, first: bool = False) -> bool:
-        if kind not in KIND_CONTROL or len(payload) > MAX_CONTROL:
-            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
-                                                                 f"{len(payload)} bytes")
-        conns = self._live()
-        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload))), memoryview(payload)]
-        base = 0 if first else next(self._rr)
-        order = [conns[(base + k) % len(conns)] for k in range(1 if first else len(conns))]
-        for conn in order if not wait else order[:1]:
-            if not wait and not conn.lock.acquire(timeout=0):
-                continue
-            try:
-                if wait:
-                    conn.send_frame(bufs, deadline)
-                elif not conn.write_nowait(bufs, min(deadline, time.monotonic() + _INLINE_FINISH)):
-                    continue
-                conn.frames_sent += 1
-                return True
-            except _SendError as exc:
-                if exc.unusable:
-                    conn.shutdown()
-                    self._break(f"sending a control frame failed: {exc.message}")
-                raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
-            finally:
-                if not wait:
-                    conn.lock.release()
-        return False
 
     # -- life cycle --
 

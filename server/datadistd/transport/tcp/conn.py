@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import collections
 import logging
 import socket
 import threading
@@ -17,6 +16,7 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...memory.segments import cut
 from ..base import Channel, ControlRefused
+from .lock import FairLock
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
     _DONTWAIT,
@@ -38,6 +38,7 @@ from .wire import (
     KIND_PING,
     MAX_CONTROL,
     MAX_FRAME,
+    ControlHandler,
     _Closed,
     _decode_code,
     _ProtocolError,
@@ -61,40 +62,6 @@ class ConnOwner(Channel, Protocol):
 
     def _conn_lost(self, conn: DataConn, reason: str, clean: bool) -> None:
         """The connection's reader ended (``reason`` empty: closed here)."""
-
-
-class _FairLock:
-    """A lock with a timeout that is handed to waiters in arrival order.
-
-    ``threading.Lock`` lets the releasing thread take it straight back, so a sender streaming a
-    huge transfer could starve a small one on the same socket; with this lock they alternate per chunk.
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._locked = False
-        self._waiters: collections.deque[threading.Event] = collections.deque()
-
-    def acquire(self, timeout: float) -> bool:
-        with self._mutex:
-            if not self._locked:
-                self._locked = True
-                return True
-            turn = threading.Event()
-            self._waiters.append(turn)
-        turn.wait(max(0.0, timeout))
-        with self._mutex:
-            if turn.is_set():  # handed over (possibly just as we timed out): ours now
-                return True
-            self._waiters.remove(turn)
-            return False
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._waiters:
-                self._waiters.popleft().set()  # stays locked: ownership passes to the next waiter
-            else:
-                self._locked = False
 
 
 class DataConn:
@@ -121,7 +88,10 @@ class DataConn:
         self._quiet_since = 0.0           # inside a frame: when the last receive that got nothing began
         self.ended = threading.Event()    # the reading is over and the socket closed (``_end``)
         self.ended_hook: Callable[[], None] | None = None   # then called (an accepted one: its admission ticket)
-        self.lock = _FairLock()           # held per frame by senders, handed over first come first served
+        self.lock = FairLock()           # held per frame by senders, handed over first come first served
+        # the channel's control handler once the link is ready (``TcpChannel.on_control``): a control frame whose
+        # payload is there goes from ``turn`` straight to it; before that, through the channel's early-frames backlog
+        self.handler: ControlHandler | None = None
         self.closed = False
         self.bytes_sent = self.frames_sent = 0          # under lock
         self.bytes_received = self.frames_received = 0  # reader thread only
@@ -232,6 +202,7 @@ class DataConn:
         connection ended (cleaned up here)."""
         reason, clean = "", False
         hv = self._hv
+        unpack = HEADER.unpack
         try:
             for _ in range(_TURN_FRAMES):  # one frame per pass; a header cut short waits for the next turn
                 got = self._hgot
@@ -253,7 +224,23 @@ class DataConn:
                     self._hgot = got
                     return True
                 self._hgot = 0
-                self._frame()
+                magic, kind, tid, offset, length = unpack(hv)
+                handler = self.handler
+                if (handler is not None and kind in KIND_CONTROL and magic == FRAME_MAGIC and not tid and not offset
+                        and length <= MAX_CONTROL):
+                    # the common control frame, flat (C calls and the handler): its payload came with its header
+                    self._quiet_since = 0.0
+                    try:
+                        payload = self.sock.recv(length, _DONTWAIT) if length else b""
+                    except BlockingIOError:
+                        payload = b""
+                    if len(payload) < length:   # the rest is still on its way: wait for it as any frame does
+                        payload = self._control_rest(length, payload)
+                    self.bytes_received += length
+                    self.frames_received += 1
+                    handler(kind, payload)
+                else:
+                    self._frame()
             else:
                 return True
         except _Closed:
@@ -291,15 +278,23 @@ class DataConn:
         elif kind in KIND_CONTROL:
             if length > MAX_CONTROL or tid or offset:
                 raise _ProtocolError(f"malformed control frame ({length} bytes)")
-            payload = bytearray(length)
-            pv, got = memoryview(payload), 0
-            while got < length:  # each pass reads >= 1 byte or polls (ends with the connection, or a stall)
-                got += self._recv_once(pv[got:])
+            payload = self._control_rest(length, b"")
             self.bytes_received += length
-            self.channel._on_control(kind, bytes(payload))
+            self.channel._on_control(kind, payload)
         else:
             raise _ProtocolError(f"unknown frame kind {kind}")
         self.frames_received += 1
+
+    def _control_rest(self, length: int, head: bytes) -> bytes:
+        """A control frame's payload of ``length`` bytes whose first ``head`` were read already: the rest, read under
+        the stall deadline (``_recv_once``)."""
+        payload = bytearray(length)
+        got = len(head)
+        payload[:got] = head
+        pv = memoryview(payload)
+        while got < length:  # each pass reads >= 1 byte or polls (ends with the connection, or a stall)
+            got += self._recv_once(pv[got:])
+        return bytes(payload)
 
     def _end(self, reason: str, clean: bool) -> None:
         """The connection's reading is over: tell the channel, leave the reactor, close the socket."""

@@ -293,13 +293,13 @@ _GOOD = {   # request -> (spec, frame fields): answered with bytes
     "65 blocks": (RemoteSpec(_K, ReadMode.BLOCKS, tuple(i % BLOCKS for i in range(65)),
                              expected_bytes=2 * 65 * BLOCK), {}),
     "a transfer id": (RemoteSpec(_K, ReadMode.BLOCKS, (2,), expected_bytes=2 * BLOCK), {"tid": 9}),
-    "key field b set": (RemoteSpec(_K, ReadMode.BLOCKS, (2,), expected_bytes=2 * BLOCK), {"b": 5}),
 }
-#: bytes of the good requests the reader threads answer (more blocks than ``ownerwire.SMALL_READ_BLOCKS``, and
-#: fields a decoder ignores set, take the general path)
-_BY_VIEW = sum(s.expected_bytes for n, (s, _) in _GOOD.items() if n not in ("65 blocks", "a transfer id",
-                                                                           "key field b set"))
+#: bytes of the good requests the reader threads answer (more blocks than ``ownerwire.SMALL_READ_BLOCKS``, and a
+#: transfer id set, take the general path)
+_BY_VIEW = sum(s.expected_bytes for n, (s, _) in _GOOD.items() if n not in ("65 blocks", "a transfer id"))
 _BAD = {   # request -> (spec, frame fields, status): refused
+    "key field b set": (RemoteSpec(_K, ReadMode.BLOCKS, (2,), expected_bytes=2 * BLOCK), {"b": 5},
+                        S.LLM_PARAM_INVALID),
     "block out of range": (RemoteSpec(_K, ReadMode.BLOCKS, (BLOCKS,), expected_bytes=2 * BLOCK), {},
                            S.LLM_PARAM_INVALID),
     "block 2**64-1": (RemoteSpec(_K, ReadMode.BLOCKS, ((1 << 64) - 1,), expected_bytes=2 * BLOCK), {},

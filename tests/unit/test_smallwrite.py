@@ -134,13 +134,14 @@ _GOOD = {   # request -> (spec, frame fields): written
                              expected_bytes=2 * 64 * BLOCK), {}),
     "65 blocks": (RemoteSpec(_K, ReadMode.BLOCKS, tuple((i * 5) % BLOCKS for i in range(65)),
                              expected_bytes=2 * 65 * BLOCK), {}),
-    "key field b set": (RemoteSpec(_K, ReadMode.BLOCKS, (5,), expected_bytes=2 * BLOCK), {"b": 5}),
 }
-#: bytes of the good requests the reader threads write (more blocks than ``ownerwire.SMALL_READ_BLOCKS``, and
-#: fields a decoder ignores set, take the general path)
-_BY_VIEW = sum(s.expected_bytes for n, (s, _) in _GOOD.items() if n not in ("65 blocks", "key field b set"))
+#: bytes of the good requests the reader threads write (more blocks than ``ownerwire.SMALL_READ_BLOCKS`` take the
+#: general path)
+_BY_VIEW = sum(s.expected_bytes for n, (s, _) in _GOOD.items() if n != "65 blocks")
 _ONE = RemoteSpec(_K, ReadMode.BLOCKS, (1,), expected_bytes=2 * BLOCK)
 _BAD: dict[str, tuple[RemoteSpec, dict[str, int], int, S]] = {   # -> (spec, frame fields, bytes carried, status)
+    "key field b set": (RemoteSpec(_K, ReadMode.BLOCKS, (5,), expected_bytes=2 * BLOCK), {"b": 5}, 2 * BLOCK,
+                        S.LLM_PARAM_INVALID),
     "block out of range": (RemoteSpec(_K, ReadMode.BLOCKS, (BLOCKS,), expected_bytes=2 * BLOCK), {}, 2 * BLOCK,
                            S.LLM_PARAM_INVALID),
     "block 2**64-1": (RemoteSpec(_K, ReadMode.BLOCKS, ((1 << 64) - 1,), expected_bytes=2 * BLOCK), {}, 2 * BLOCK,

@@ -20,7 +20,8 @@ read with one ``unpack_from``; lists after it)::
     KEY:  B kind  B reserved (0)  H reserved (0)  Q a  Q b  Q c  Q d
           kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
           b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id), 4 a raw address in the
-          owning worker's process (``AddrRef``: a=cluster b=addr, never 0, c=block_size)
+          owning worker's process (``AddrRef``: a=cluster b=addr, never 0, c=block_size); a field its kind does
+          not name must be 0
 
 REPLY (``OwnerReply``)::
 
@@ -193,10 +194,14 @@ def _key(kind: int, reserved: int, a: int, b: int, c: int, d: int) -> KeyRef:
     if reserved:
         raise _Bad(f"key reserved bits {reserved:#x} (must be 0)")
     if kind == _BLOCKS_KEY:
+        if b or d:
+            raise _Bad(f"a BlocksCacheKey with fields b={b}, d={d} set (must be 0)")
         return BlocksKeyRef(a, c)
     if kind == _CACHE_KEY:
         return CacheKeyRef(a, b, c, d)
     if kind == _BY_ID:
+        if d:
+            raise _Bad(f"a CacheKeyByIdAndIndex with field d={d} set (must be 0)")
         return IdIndexRef(a, b - (1 << 64) if b >> 63 else b, c)
     if kind == _ADDRESS:
         if not b or d:

@@ -18,7 +18,7 @@ from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
 from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
-from .model import AnyLink, Link, LinkState, LocalLink, RemoteLink
+from .model import AnyLink, InboundLink, Link, LinkState, LocalLink, RemoteLink
 from .reads import OneSidedPulls
 from .table import LinkTable
 from .wire.framecalls import FrameCalls, answered
@@ -206,7 +206,8 @@ class Requester(OneSidedPulls):
         deadline passed: ``LLM_TIMEOUT``; the link was closed meanwhile (an unlink at either end, dropped by
         the serving end): ``LLM_NOT_YET_LINK``, as CANN answers for a destroyed link; the connection was lost
         before the deadline (the peer died, a reset): ``LLM_FAILED``, CANN's code for a communication error
-        that is not a timeout. Each with the reason."""
+        that is not a timeout -- at the linking end; the serving end drops such a link, so ``LLM_NOT_YET_LINK``
+        there. Each with the reason."""
         cluster = link.remote_cluster
         if exc.code in (StatusCode.LLM_TIMEOUT, StatusCode.LLM_WAIT_PROCESS_TIMEOUT):
             self.table.mark_broken(link, str(exc))
@@ -216,6 +217,13 @@ class Requester(OneSidedPulls):
         if exc.code == StatusCode.LLM_LINK_FAILED and self.table.links_to(cluster) is not link:
             return DataDistError(StatusCode.LLM_NOT_YET_LINK,
                                  f"the link to cluster {cluster} was closed during the transfer ({exc.message})")
+        if exc.code == StatusCode.LLM_LINK_FAILED and isinstance(link, InboundLink):
+            # the serving end drops a link whose connection is lost (as ``LinkTable.channel_went`` does): one code
+            # whichever noticed first, the channel's end or the transfer's own failure (a one-sided READ's)
+            self.table.drop_serving(link)
+            return DataDistError(StatusCode.LLM_NOT_YET_LINK,
+                                 f"the link to cluster {cluster} was dropped during the transfer: the connection "
+                                 f"was lost ({exc.message}); link_clusters again")
         if exc.code == StatusCode.LLM_LINK_FAILED:
             self.table.mark_broken(link, str(exc))
             return DataDistError(StatusCode.LLM_FAILED,

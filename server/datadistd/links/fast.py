@@ -49,38 +49,27 @@ _BLOCKS = int(ReadMode.BLOCKS)
 _REPLY_HEAD = ownerwire.REPLY.size
 
 
-def _copy_rows(engine: Engine, dest: pullview.Dest, local: Sequence[int], data: bytes) -> bool:
-    """``data`` (tensor by tensor, block by block) into blocks ``local`` of ``dest`` (the event loop); False when
-    a view was released (its handle closed)."""
-    src = memoryview(data)
-    at, row = 0, dest.row
-    with engine.read_lock:
-        try:
-            for view, base in dest.tensors:
-                for b in local:
-                    view[base + b * row:base + (b + 1) * row] = src[at:at + row]
-                    at += row
-        except (ValueError, TypeError):
-            return False
-    return True
-
-
-def _gather(engine: Engine, src: pullview.Dest, generation: int, local: Sequence[int], frame: bytearray,
-            at: int) -> bool:
-    """The bytes of blocks ``local`` of ``src`` (tensor by tensor, block by block) into ``frame[at:]``, under the
-    engine's ``read_lock`` once the view is checked current (``state.pullview``: a deallocate takes that lock
-    before memory goes, so no byte is read from memory another cache took). False, nothing read, when the view is
-    stale or a view was released: the general path runs the push."""
-    dst = memoryview(frame)
-    row = src.row
+def _move_rows(engine: Engine, rows: pullview.Dest, generation: int, local: Sequence[int], buf: bytes | bytearray,
+               at: int, into_rows: bool) -> bool:
+    """Blocks ``local`` of ``rows`` (tensor by tensor, block by block) to or from ``buf[at:]`` -- into the rows
+    (``into_rows``: a pull's bytes) or out of them (a push's) -- under the engine's ``read_lock`` once the view of
+    ``generation`` is checked current (``state.pullview``: a deallocate takes that lock before memory goes, so no
+    byte moves to or from memory another cache took). False, nothing moved, when the view is stale or one of its
+    views was released (its handle closed). ``FastTransfers._land`` inlines the same loop (the reader thread's
+    path: one Python call fewer per pull, counted by bench scenario 12)."""
+    data = memoryview(buf)
+    row = rows.row
     with engine.read_lock:
         if engine.closed or generation != engine.registry.generation:
             return False
         try:
-            for view, base in src.tensors:
+            for view, base in rows.tensors:
                 for b in local:
                     start = base + b * row
-                    dst[at:at + row] = view[start:start + row]
+                    if into_rows:
+                        view[start:start + row] = data[at:at + row]
+                    else:
+                        data[at:at + row] = view[start:start + row]
                     at += row
         except (ValueError, TypeError):
             return False
@@ -107,7 +96,7 @@ class FastTransfers:
         pulled bytes copied into the rows; ``_pushed``: the owner's success; then ``to.ended_here``) or, for
         anything else, on the loop with the general path's codes and side effects (``_pull_answer`` /
         ``_push_answer``: ``to.ended``). A push's bytes are read from the rows here, into its WRITE frame
-        (``_gather``). False, with nothing done, when it is not such a transfer or cannot go at once -- an unknown
+        (``_move_rows``). False, with nothing done, when it is not such a transfer or cannot go at once -- an unknown
         or unmapped local cache, a block out of range, too many bytes, no such link, a busy connection: the general
         path (``Requester.start_pull`` / ``push``) runs it from the start and gives its answer."""
         table = self.table
@@ -161,7 +150,7 @@ class FastTransfers:
                 _WRITE.pack_into(write, 0, _TAG, _OP_WRITE, 0, timeout_ms, cid, _BLOCKS_KEY, 0, 0, cluster, 0,
                                  model_id, 0, _BLOCKS, 0, n, -1, 0, 0, 0, nbytes)
                 write[_WRITE.size:_WRITE.size + 8 * n] = frame[at:at + 8 * n]
-                sent = (_gather(engine, dest, view.generation, local, write, _WRITE.size + 8 * n)
+                sent = (_move_rows(engine, dest, view.generation, local, write, _WRITE.size + 8 * n, False)
                         and channel.try_control(CONTROL_CALL, write, deadline))
             else:
                 sent = channel.try_control(CONTROL_CALL, _READ.pack(
@@ -200,7 +189,7 @@ class FastTransfers:
                         view[start:start + row] = data[at:at + row]
                         at += row
             except (ValueError, TypeError):   # a released view (its handle closed): the loop settles it
-                return False
+                return False   # (``_move_rows``'s loop, inlined: the hot path)
         with link.reader_lock:
             link.inflight -= 1
             link.pulls -= 1
@@ -240,7 +229,7 @@ class FastTransfers:
             now = view.caches.get(cache_id)
             if now is None or now.entry is not dest.entry:
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
-            if not _copy_rows(engine, now, local, result.data):
+            if not _move_rows(engine, now, view.generation, local, result.data, 0, True):
                 raise DataDistError(StatusCode.LLM_FAILED, f"local cache {cache_id} is not mapped")
         except Exception as exc:  # noqa: BLE001 - the pull ends here whatever went wrong; a bug is logged too
             self._failed(False, exc, ctx)

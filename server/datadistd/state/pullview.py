@@ -18,7 +18,7 @@ a pull into a missing cache does). The reader never pins. Block numbers are rang
 the pull starts; a row is ``row`` bytes at ``base + block * row`` of its tensor's view, inside the tensor's
 segment (checked here once).
 
-A small push reads its source rows by the same view (``links.fast._gather``, on the loop when it starts): under
+A small push reads its source rows by the same view (``links.fast._move_rows``, on the loop when it starts): under
 ``read_lock``, after the same generation check, into the WRITE frame it sends -- the bytes are copied before the
 push is in flight, so a deallocate after that cannot reach them, and one before it left a stale view (republished:
 the cache is gone, the general path refuses the push as one from a missing cache).

@@ -63,7 +63,8 @@ class ControlSends:
                         conn.frames_sent += 1
                         return True
                     if sent > 0:      # the socket filled up mid-frame: the rest must follow, briefly
-                        self._control_finish(conn, kind, payload, sent, deadline)
+                        self._control_finish(conn, memoryview(
+                            HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload)) + bytes(payload))[sent:], deadline)
                         conn.frames_sent += 1
                         return True
                 finally:
@@ -74,10 +75,10 @@ class ControlSends:
                             lock.locked = False
         return self._control_frame(kind, payload, deadline, wait=False)
 
-    def _control_finish(self, conn: DataConn, kind: int, payload: bytes, sent: int, deadline: float) -> None:
-        """Under ``conn.lock``: finish a control frame the socket took ``sent`` bytes of, within ``_INLINE_FINISH``
-        (else the connection is closed, the channel broken and this raises), as ``DataConn.write_nowait`` does."""
-        rest = memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload)) + bytes(payload))[sent:]
+    def _control_finish(self, conn: DataConn, rest: memoryview, deadline: float) -> None:
+        """Under ``conn.lock``: finish a control frame the socket took only in part (``rest``: what it did not take),
+        within ``_INLINE_FINISH`` (else the connection is closed, the channel broken and this raises), as
+        ``DataConn.write_nowait`` does."""
         try:
             conn._write([rest], min(deadline, time.monotonic() + _INLINE_FINISH), partial=True)
         except _SendError as exc:
@@ -130,12 +131,7 @@ class ControlSends:
                         release, unlock = unlock, None
                         if release is not None:
                             release()
-                        try:
-                            conn._write([rest], time.monotonic() + _INLINE_FINISH, partial=True)
-                        except _SendError as exc:
-                            conn.shutdown()
-                            self._break(f"sending a control frame failed: {exc.message}")
-                            raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+                        self._control_finish(conn, rest, time.monotonic() + _INLINE_FINISH)
                     conn.frames_sent += 1
                     return True
                 finally:

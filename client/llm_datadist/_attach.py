@@ -84,6 +84,8 @@ _LEAD = None
 _Raw = Union[bytes, attach_pb2.AttachReply]
 _Reply = Tuple[attach_pb2.AttachReply, int]
 _HANDING_S = 1.0        # a reply being handed over as its caller gives up is in its mailbox within this
+_SLACK_S = 1e-3         # a reader's SO_RCVTIMEO may differ from its time left by this (one timeout: set once)
+_TIMEVAL = struct.Struct("ll")
 
 
 class AttachClient:
@@ -102,6 +104,7 @@ class AttachClient:
         self._reading = False              # a caller (the leader) reads the socket
         self._broken: Optional[str] = None
         self._closing = False
+        self._rcvtimeo = 0.0               # the socket's SO_RCVTIMEO (0: none), set by the one reader (``_solo``)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._sock.settimeout(timeout)
         try:
@@ -359,6 +362,71 @@ class AttachClient:
         return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, {why}",
                             status_code=LLMStatusCode.LLM_FAILED)
 
+    def _solo(self, rid: int, data: Sequence[bytes], func: str, deadline: float) -> Tuple[bytes, int, int, bytes]:
+        """``transfer`` as the one reader: send ``data`` and read until request ``rid``'s reply, ``(reply, status,
+        bytes, transport)``. One blocking ``recvmsg`` per reply, bounded by SO_RCVTIMEO (set only when the time left
+        differs from what is set: a run of calls with one timeout sets it once), so the usual pull is two syscalls
+        and no exception; a hang-up (or our ``close``) ends the read at once. Replies for calls that came
+        meanwhile are read on without blocking and handed over once the socket has no more (a woken caller takes
+        the GIL from the reads otherwise), and before a hang-up fails the rest."""
+        sock = self._sock
+        recvmsg = sock.recvmsg
+        others: List[bytes] = []
+        with self._recv_lock:
+            try:
+                with self._send_lock:
+                    for datagram in data:
+                        sock.send(datagram)
+            except OSError as exc:
+                raise self._failed(func, str(exc)) from None
+            try:
+                while True:
+                    try:
+                        if others:
+                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                        else:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
+                                                   "datadistd did not answer in time.",
+                                                   status_code=LLMStatusCode.LLM_TIMEOUT)
+                            if not -_SLACK_S <= self._rcvtimeo - left <= _SLACK_S:
+                                usec = int(left * 1e6) + 1      # never 0 (no bound), never short of the deadline
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                                _TIMEVAL.pack(usec // 1000000, usec % 1000000))
+                                self._rcvtimeo = left
+                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE)
+                    except (BlockingIOError, InterruptedError):     # none in yet (DONTWAIT), or SO_RCVTIMEO ran out
+                        if others:
+                            self._hand(others)
+                        continue
+                    except OSError as exc:
+                        why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                        self._hand(others)
+                        self._lost(why)
+                        raise self._failed(func, why) from None
+                    if not got:
+                        self._hand(others)
+                        self._lost("datadistd closed the attach connection")
+                        raise self._failed(func, "datadistd closed the attach connection")
+                    if got[0] == fastframe.MAGIC:
+                        if len(got) >= _REPLY.size:
+                            _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
+                            if reply_id == rid:
+                                if anc:
+                                    for fd in _fds_of(anc):     # a transfer reply carries none: never leak one
+                                        os.close(fd)
+                                return got, status, nbytes, transport
+                            if not anc:
+                                others.append(got)
+                                continue
+                        elif fastframe.request_id_of(got) == rid:
+                            raise self._failed(func, "datadistd answered a transfer frame with something else")
+                    self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
+            finally:
+                if others:
+                    self._hand(others)
+
     def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
         """A pull or push over this connection: ``(bytes, transport)``. Binary frames: one each way, or a first
         frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``).
@@ -386,64 +454,12 @@ class AttachClient:
             _, _, status, nbytes, transport = _REPLY.unpack_from(got)
         else:
             try:
-                deadline = time.monotonic() + timeout
-                with self._recv_lock:
-                    try:
-                        with self._send_lock:
-                            for datagram in data:
-                                self._sock.send(datagram)
-                    except OSError as exc:
-                        raise self._failed(func, str(exc)) from None
-                    # replies read for calls that came meanwhile: handed over once the socket has no more (a woken
-                    # caller takes the GIL from the reads otherwise), and before a hang-up fails the rest
-                    others: List[bytes] = []
-                    try:
-                        while True:
-                            if not others:
-                                left = deadline - time.monotonic()
-                                if left <= 0:
-                                    raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
-                                                       "datadistd did not answer in time.",
-                                                       status_code=LLMStatusCode.LLM_TIMEOUT)
-                                if not self._ready.poll(left * 1e3):
-                                    continue
-                            try:
-                                got, anc, _, _ = self._sock.recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
-                            except (BlockingIOError, InterruptedError):
-                                if others:
-                                    self._hand(others)
-                                continue
-                            except OSError as exc:
-                                why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
-                                self._hand(others)
-                                self._lost(why)
-                                raise self._failed(func, why) from None
-                            if not got:
-                                self._hand(others)
-                                self._lost("datadistd closed the attach connection")
-                                raise self._failed(func, "datadistd closed the attach connection")
-                            if got[0] == fastframe.MAGIC:
-                                if len(got) >= _REPLY.size:
-                                    _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
-                                    if reply_id == rid:
-                                        break
-                                    if not anc:
-                                        others.append(got)
-                                        continue
-                                elif fastframe.request_id_of(got) == rid:
-                                    raise self._failed(func, "datadistd answered a transfer frame with something else")
-                            self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
-                    finally:
-                        if others:
-                            self._hand(others)
+                got, status, nbytes, transport = self._solo(rid, data, func, time.monotonic() + timeout)
             finally:
                 with self._lock:
                     self._reading = False
                     if self._pending:
                         self._hand_on()
-            if anc:
-                for fd in _fds_of(anc):             # a transfer reply carries none: never leak one
-                    os.close(fd)
         if status:
             code = code_2_status(status)
             raise LLMException(f"[{func}] failed, error code is {code}, "

@@ -22,7 +22,7 @@ from llm_datadist._attach import AttachClient
 from llm_datadist.status import LLMException
 
 #: Python calls of one transfer in this module and the frame module: the lone caller's, a waiting caller's
-LONE_CALLS, WAITING_CALLS = 3, 5
+LONE_CALLS, WAITING_CALLS = 4, 5
 FRAME = ff.TransferFrame(ff.PULL, 1, ff.KIND_BLOCKS, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (4,), (5,))
 
 
@@ -346,7 +346,7 @@ def test_closing_the_connection_mid_flight_fails_every_waiter_at_once(daemon, ca
 
 def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_number(daemon):
     """Python calls per transfer (profile "call" events in every caller's thread, counted in the client's and the
-    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, encode_frames,
+    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, _solo, encode_frames,
     _head) with 1 or 7 waiting callers, plus one ``_hand`` per batch of replies it hands over (at most one per
     reply; how the replies batch is timing), and a waiting caller ``WAITING_CALLS`` (those, _exchange, _await). A
     count, not a timing: the lone caller is answered last, so no waiting caller ever leads."""
@@ -385,5 +385,35 @@ def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_numb
         assert lone_1 == lone_7 == LONE_CALLS, (lone_1, lone_7)
         assert set(waiting_7) == set(waiting_1) == {WAITING_CALLS}, (waiting_1, names)
         assert client._pending == {} and not client._reading
+    finally:
+        client.close()
+
+
+def test_a_reader_keeps_each_calls_own_deadline_whatever_the_last_call_waited(daemon):
+    """The one reader blocks in ``recvmsg`` bounded by SO_RCVTIMEO, set only when a call's time left differs from
+    what is set: a call with a shorter timeout than the call before still times out at its own deadline (not the
+    earlier call's 30 s: the join would outlast it), and a longer call after it is not cut short by the shorter
+    bound -- it is answered after the short one's deadline has passed."""
+    client = AttachClient(daemon.target)
+    try:
+        first, out_first = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        daemon.answer(daemon.take(1)[0])
+        first[0].join(10)
+        assert out_first[0] == (4096, "tcp")
+        short, out_short = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 0.3))
+        late = daemon.take(1)[0]
+        short[0].join(10)
+        err = out_short[0]
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_TIMEOUT, err
+        assert str(err) == f"[pull_blocks] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not " \
+                           "answer in time."
+        daemon.answer(late)                  # late: nobody waits for it any more
+        long, out_long = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        request = daemon.take(1)[0]
+        long[0].join(0.9)                    # three times the short call's bound: still waiting
+        assert long[0].is_alive()
+        daemon.answer(request, nbytes=55)
+        long[0].join(10)
+        assert out_long[0] == (55, "tcp") and client._pending == {} and not client._reading
     finally:
         client.close()

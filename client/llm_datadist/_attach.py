@@ -104,17 +104,15 @@ class AttachClient:
         self._reading = False              # a caller (the leader) reads the socket
         self._broken: Optional[str] = None
         self._closing = False
-        self._rcvtimeo = 0.0               # the socket's SO_RCVTIMEO (0: none), set by the one reader (``_solo``)
+        self._rcvtimeo = 0.0               # the socket's SO_RCVTIMEO (0: none), set by the one reader (``_read``)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(self.path)
-            self._sock.settimeout(None)         # leaders poll with their own deadline, then read without blocking;
+            self._sock.settimeout(None)         # the reader blocks in recvmsg bounded by SO_RCVTIMEO (``_read``);
             # a send the daemon does not take within `timeout` fails (SO_SNDTIMEO) instead of hanging
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
                                   struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
-            self._ready = select.poll()         # only ever polled by the one leader
-            self._ready.register(self._sock.fileno(), select.POLLIN)
             self._watcher = threading.Thread(target=self._watch, name="datadist-attach", daemon=True)
             self._watcher.start()
             welcome = self._call(attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
@@ -215,38 +213,106 @@ class AttachClient:
                 self._lost(why)
                 return False
 
-    def _lead(self, rid: int, box: queue.SimpleQueue[_Item], deadline: float) -> _Item:
-        """As the leader (``_reading`` set by the caller): read the socket until ``box`` holds request ``rid``'s
-        reply or failure, or ``deadline`` (then None, the request withdrawn); then let a waiting caller lead."""
-        gone = False
+    def _read(self, rid: int, box: Optional[queue.SimpleQueue[_Item]], func: str, deadline: float,
+              data: Sequence[bytes] = ()) -> _Item:
+        """As the one reader (``_reading`` is ours): send ``data`` (the lone caller's request: under the read lock,
+        so that the watcher cannot take its reply at a hang-up), then read until request ``rid``'s reply -- a plain
+        transfer reply is returned as read (taken out of ``_pending`` when ``box`` is ours there), anything else
+        for ``rid`` reaches ``box`` and is returned from it -- or ``deadline`` (None: the request withdrawn;
+        LLM_TIMEOUT when ``box`` is None, the lone caller's). LLMException (LLM_FAILED) when the connection fails,
+        every waiting call failed with it.
+
+        One blocking ``recvmsg`` per wait, bounded by SO_RCVTIMEO (set only when the time left differs from what is
+        set: a run of calls with one timeout sets it once): a lone pull is two syscalls and no exception, and a
+        hang-up (or our ``close``) ends the read at once. Replies for other calls are read on without blocking and
+        handed over once the socket has no more (a woken caller takes the GIL from the reads otherwise), and before
+        a hang-up fails the rest."""
+        sock = self._sock
+        recvmsg = sock.recvmsg
+        others: List[bytes] = []
+        with self._recv_lock:
+            if data:
+                try:
+                    with self._send_lock:
+                        for datagram in data:
+                            sock.send(datagram)
+                except OSError as exc:
+                    raise self._failed(func, str(exc)) from None
+            try:
+                while True:
+                    try:
+                        if others:
+                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
+                        else:
+                            if box is not None and not box.empty():
+                                item = box.get_nowait()
+                                if item is not _LEAD:      # (a stale call to lead, from before we did)
+                                    return item
+                                continue
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                if box is None:
+                                    raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
+                                                       "datadistd did not answer in time.",
+                                                       status_code=LLMStatusCode.LLM_TIMEOUT)
+                                with self._lock:
+                                    if self._pending.pop(rid, None) is not None:
+                                        return None
+                                return self._handed(box)
+                            if not -_SLACK_S <= self._rcvtimeo - left <= _SLACK_S:
+                                usec = int(left * 1e6) + 1      # never 0 (no bound), never short of the deadline
+                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                                _TIMEVAL.pack(usec // 1000000, usec % 1000000))
+                                self._rcvtimeo = left
+                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE)
+                    except (BlockingIOError, InterruptedError):     # none in yet (DONTWAIT), or SO_RCVTIMEO ran out
+                        if others:
+                            self._hand(others)
+                        continue
+                    except OSError as exc:
+                        why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
+                        self._hand(others)
+                        self._lost(why)
+                        raise self._failed(func, why) from None
+                    if not got:
+                        self._hand(others)
+                        self._lost("datadistd closed the attach connection")
+                        raise self._failed(func, "datadistd closed the attach connection")
+                    if got[0] == fastframe.MAGIC:
+                        if len(got) >= _REPLY.size:
+                            if _RID.unpack_from(got)[0] == rid:
+                                if box is not None:
+                                    self._pending.pop(rid, None)
+                                if anc:
+                                    for fd in _fds_of(anc):     # a transfer reply carries none: never leak one
+                                        os.close(fd)
+                                return got
+                            if not anc:
+                                others.append(got)
+                                continue
+                        elif box is None and fastframe.request_id_of(got) == rid:
+                            raise self._failed(func, "datadistd answered a transfer frame with something else")
+                    self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
+            finally:
+                if others:
+                    self._hand(others)
+
+    def _lead(self, rid: int, box: queue.SimpleQueue[_Item], func: str, deadline: float) -> _Item:
+        """``_read`` as the leader (``_reading`` set by the caller), then let a waiting caller lead."""
         try:
-            while True:
-                while not box.empty():
-                    item = box.get_nowait()
-                    if item is not _LEAD:        # (a stale call to lead, from before we did)
-                        return item
-                if gone:
-                    return self._broken
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    with self._lock:
-                        if self._pending.pop(rid, None) is not None:
-                            return None
-                    return self._handed(box)
-                if self._ready.poll(left * 1e3) and not self._drain():
-                    gone = True
+            return self._read(rid, box, func, deadline)
         finally:
             with self._lock:
                 self._reading = False
                 self._hand_on()
 
-    def _await(self, rid: int, box: queue.SimpleQueue[_Item], deadline: float, lead: bool) -> _Item:
+    def _await(self, rid: int, box: queue.SimpleQueue[_Item], func: str, deadline: float, lead: bool) -> _Item:
         """Request ``rid``'s reply or failure (see ``_Item``), or None at ``deadline`` (the request withdrawn):
         leading the reads when ``lead`` or when called to, else asleep on ``box`` until a leader fills it."""
         get = box.get
         while True:
             if lead:
-                return self._lead(rid, box, deadline)
+                return self._lead(rid, box, func, deadline)
             left = deadline - time.monotonic()
             try:
                 item = get(True, left) if left > 0 else get(False)
@@ -332,7 +398,7 @@ class AttachClient:
                     self._reading = False
                 self._hand_on()
             raise self._failed(func, str(exc)) from None
-        item = self._await(rid, box, deadline, lead)
+        item = self._await(rid, box, func, deadline, lead)
         if item is None:
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, datadistd did not "
                                "answer in time.", status_code=LLMStatusCode.LLM_TIMEOUT)
@@ -362,71 +428,6 @@ class AttachClient:
         return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, {why}",
                             status_code=LLMStatusCode.LLM_FAILED)
 
-    def _solo(self, rid: int, data: Sequence[bytes], func: str, deadline: float) -> Tuple[bytes, int, int, bytes]:
-        """``transfer`` as the one reader: send ``data`` and read until request ``rid``'s reply, ``(reply, status,
-        bytes, transport)``. One blocking ``recvmsg`` per reply, bounded by SO_RCVTIMEO (set only when the time left
-        differs from what is set: a run of calls with one timeout sets it once), so the usual pull is two syscalls
-        and no exception; a hang-up (or our ``close``) ends the read at once. Replies for calls that came
-        meanwhile are read on without blocking and handed over once the socket has no more (a woken caller takes
-        the GIL from the reads otherwise), and before a hang-up fails the rest."""
-        sock = self._sock
-        recvmsg = sock.recvmsg
-        others: List[bytes] = []
-        with self._recv_lock:
-            try:
-                with self._send_lock:
-                    for datagram in data:
-                        sock.send(datagram)
-            except OSError as exc:
-                raise self._failed(func, str(exc)) from None
-            try:
-                while True:
-                    try:
-                        if others:
-                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE, _DONTWAIT)
-                        else:
-                            left = deadline - time.monotonic()
-                            if left <= 0:
-                                raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_TIMEOUT}, "
-                                                   "datadistd did not answer in time.",
-                                                   status_code=LLMStatusCode.LLM_TIMEOUT)
-                            if not -_SLACK_S <= self._rcvtimeo - left <= _SLACK_S:
-                                usec = int(left * 1e6) + 1      # never 0 (no bound), never short of the deadline
-                                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                                                _TIMEVAL.pack(usec // 1000000, usec % 1000000))
-                                self._rcvtimeo = left
-                            got, anc, _, _ = recvmsg(fastframe.MAX_DATAGRAM, _FD_SPACE)
-                    except (BlockingIOError, InterruptedError):     # none in yet (DONTWAIT), or SO_RCVTIMEO ran out
-                        if others:
-                            self._hand(others)
-                        continue
-                    except OSError as exc:
-                        why = f"the attach connection to datadistd failed: {exc.strerror or exc}"
-                        self._hand(others)
-                        self._lost(why)
-                        raise self._failed(func, why) from None
-                    if not got:
-                        self._hand(others)
-                        self._lost("datadistd closed the attach connection")
-                        raise self._failed(func, "datadistd closed the attach connection")
-                    if got[0] == fastframe.MAGIC:
-                        if len(got) >= _REPLY.size:
-                            _, reply_id, status, nbytes, transport = _REPLY.unpack_from(got)
-                            if reply_id == rid:
-                                if anc:
-                                    for fd in _fds_of(anc):     # a transfer reply carries none: never leak one
-                                        os.close(fd)
-                                return got, status, nbytes, transport
-                            if not anc:
-                                others.append(got)
-                                continue
-                        elif fastframe.request_id_of(got) == rid:
-                            raise self._failed(func, "datadistd answered a transfer frame with something else")
-                    self._deliver(got, anc)     # anything else: to its caller (or late: dropped)
-            finally:
-                if others:
-                    self._hand(others)
-
     def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
         """A pull or push over this connection: ``(bytes, transport)``. Binary frames: one each way, or a first
         frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``).
@@ -442,24 +443,24 @@ class AttachClient:
             solo = not self._reading and self._broken is None
             if solo:
                 self._reading = True
-        if not solo:
+        if solo:
+            try:
+                got = self._read(rid, None, func, time.monotonic() + timeout, data)
+            finally:
+                with self._lock:
+                    self._reading = False
+                    if self._pending:
+                        self._hand_on()
+        else:
             got = self._exchange(rid, data, func, (), timeout)
             if type(got) is tuple:             # a transfer reply carries no descriptor: never leak one
                 raw, fd = got
                 if fd >= 0:
                     os.close(fd)
                 got = raw
-            if type(got) is not bytes or len(got) < _REPLY.size:
-                raise self._failed(func, "datadistd answered a transfer frame with something else")
-            _, _, status, nbytes, transport = _REPLY.unpack_from(got)
-        else:
-            try:
-                got, status, nbytes, transport = self._solo(rid, data, func, time.monotonic() + timeout)
-            finally:
-                with self._lock:
-                    self._reading = False
-                    if self._pending:
-                        self._hand_on()
+        if type(got) is not bytes or len(got) < _REPLY.size:
+            raise self._failed(func, "datadistd answered a transfer frame with something else")
+        _, _, status, nbytes, transport = _REPLY.unpack_from(got)
         if status:
             code = code_2_status(status)
             raise LLMException(f"[{func}] failed, error code is {code}, "

@@ -20,6 +20,7 @@ it sends, reads until its own reply (handing others theirs) and leaves (``transf
 from __future__ import annotations
 
 import array
+import collections
 import itertools
 import logging
 import os
@@ -29,7 +30,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from datadist import fastframe
 from datadist.address import socket_path
@@ -102,6 +103,8 @@ class AttachClient:
         # added under _lock, taken out by whoever hands the reply over (dict.pop is atomic: exactly one does)
         self._pending: Dict[int, queue.SimpleQueue[_Item]] = {}
         self._reading = False              # a caller (the leader) reads the socket
+        # replies read, taken out of _pending, not yet in their mailboxes: each caller woken puts the next (``_hand``)
+        self._relay: Deque[Tuple[queue.SimpleQueue[_Item], bytes]] = collections.deque()
         self._broken: Optional[str] = None
         self._closing = False
         self._rcvtimeo = 0.0               # the socket's SO_RCVTIMEO (0: none), set by the one reader (``_read``)
@@ -175,14 +178,25 @@ class AttachClient:
         box.put((reply, fds[0] if fds else -1))
 
     def _hand(self, replies: List[bytes]) -> None:
-        """Put each plain transfer reply read (under ``_recv_lock``) in its caller's mailbox -- a late one, nobody
-        waits for any more, is dropped -- and empty ``replies``."""
-        pop = self._pending.pop
+        """Hand the plain transfer replies read (under ``_recv_lock``) to their callers -- a late one, nobody waits
+        for any more, is dropped -- and empty ``replies``: the first goes in its caller's mailbox, the rest wait in
+        ``_relay`` and every caller woken puts the next one in (``_relay_one``) as it wakes. One woken caller runs
+        at a time instead of all of them fighting for the GIL (a thread switch and a futex call each)."""
+        pop, relay = self._pending.pop, self._relay
         for data in replies:
             box = pop(_RID.unpack_from(data)[0], None)
             if box is not None:
-                box.put(data)
+                relay.append((box, data))
         replies.clear()
+        self._relay_one()
+
+    def _relay_one(self) -> None:
+        """The next reply waiting in ``_relay`` into its caller's mailbox (by whoever was woken last)."""
+        try:
+            box, data = self._relay.popleft()
+        except IndexError:
+            return
+        box.put(data)
 
     def _drain(self) -> bool:
         """Read every reply that is in, until the socket has none (no bound: the daemon answers only what we
@@ -298,8 +312,12 @@ class AttachClient:
                     self._hand(others)
 
     def _lead(self, rid: int, box: queue.SimpleQueue[_Item], func: str, deadline: float) -> _Item:
-        """``_read`` as the leader (``_reading`` set by the caller), then let a waiting caller lead."""
+        """``_read`` as the leader (``_reading`` set by the caller), then let a waiting caller lead. Replies read
+        by the leaders before are all put in first: ours may be among them (nobody adds to ``_relay`` while we
+        read)."""
         try:
+            while self._relay:
+                self._relay_one()
             return self._read(rid, box, func, deadline)
         finally:
             with self._lock:
@@ -322,6 +340,8 @@ class AttachClient:
                         self._hand_on()
                         return None
                 return self._handed(box)
+            if self._relay:
+                self._relay_one()
             if item is not _LEAD:
                 return item
             with self._lock:
@@ -329,10 +349,12 @@ class AttachClient:
                 if lead:
                     self._reading = True
 
-    @staticmethod
-    def _handed(box: queue.SimpleQueue[_Item]) -> _Item:
+    def _handed(self, box: queue.SimpleQueue[_Item]) -> _Item:
         """The reply (or failure) of a caller past its deadline whose request a reader took out just before: it is
-        being put in ``box``; None if it does not come within ``_HANDING_S``."""
+        in ``_relay`` (put in first, with every other there) or being put in ``box``; None if it does not come
+        within ``_HANDING_S``."""
+        while self._relay:
+            self._relay_one()
         try:
             item = box.get(True, _HANDING_S)
             while item is _LEAD:

@@ -346,9 +346,10 @@ def test_closing_the_connection_mid_flight_fails_every_waiter_at_once(daemon, ca
 
 def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_number(daemon):
     """Python calls per transfer (profile "call" events in every caller's thread, counted in the client's and the
-    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, _solo, encode_frames,
-    _head) with 1 or 7 waiting callers, plus one ``_hand`` per batch of replies it hands over (at most one per
-    reply; how the replies batch is timing), and a waiting caller ``WAITING_CALLS`` (those, _exchange, _await). A
+    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, _read, encode_frames,
+    _head) with 1 or 7 waiting callers, plus one ``_hand`` and one ``_relay_one`` per batch of replies it hands over
+    (at most one per reply; how the replies batch is timing), and a waiting caller ``WAITING_CALLS`` (those but
+    _read, _exchange, _await) and at most one ``_relay_one`` (passing the next reply of the batch on). A
     count, not a timing: the lone caller is answered last, so no waiting caller ever leads."""
     client = AttachClient(daemon.target)
     counted = ("llm_datadist", "fastframe")
@@ -377,7 +378,12 @@ def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_numb
         lone_calls = per[lone[0].name]
         handed = lone_calls.count("_hand")
         assert 1 <= handed <= waiting, lone_calls
-        return len(lone_calls) - handed, [len(per[n]) for n in names], per[names[0]]
+        # each batch handed starts a relay: every caller woken puts the next reply in (one call each, or none when
+        # the relay is empty)
+        relayed = {n: per[n].count("_relay_one") for n in [lone[0].name, *names]}
+        assert relayed[lone[0].name] == handed and all(relayed[n] <= 1 for n in names), relayed
+        return (len(lone_calls) - 2 * handed, [len(per[n]) - relayed[n] for n in names],
+                [c for c in per[names[0]] if c != "_relay_one"])
 
     try:
         lone_1, waiting_1, names = calls_of(1)
@@ -415,5 +421,27 @@ def test_a_reader_keeps_each_calls_own_deadline_whatever_the_last_call_waited(da
         daemon.answer(request, nbytes=55)
         long[0].join(10)
         assert out_long[0] == (55, "tcp") and client._pending == {} and not client._reading
+    finally:
+        client.close()
+
+
+def test_a_caller_past_its_deadline_gets_its_reply_still_waiting_in_the_relay(daemon):
+    """Replies a reader hands over wait in ``_relay`` until a woken caller puts them in: a caller whose deadline
+    passes while its reply waits there -- taken out of ``_pending``, not yet in its mailbox (here: nobody woken to
+    pass it on) -- gets that reply, not LLM_TIMEOUT."""
+    client = AttachClient(daemon.target)
+    try:
+        lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        follower, out_follower = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 0.5))
+        rid = ff.decode_request(daemon.take(1)[0])[0]
+        with client._lock:             # what a reader's _hand does to a reply it read, short of passing it on
+            box = client._pending.pop(rid)
+            client._relay.append((box, ff.encode_reply(rid, 0, 99, "tcp")))
+        follower[0].join(10)
+        assert out_follower[0] == (99, "tcp")
+        daemon.answer(first)
+        lone[0].join(10)
+        assert out_lone[0] == (4096, "tcp") and client._pending == {} and not client._relay
     finally:
         client.close()

@@ -179,6 +179,7 @@ class CacheOps:
         self._initialized = True
         self._mapper = _memory.Mapper(self._fetch_pool)
         self._grpc_transfers = os.environ.get(LOCAL_TRANSFERS_ENV) == "grpc"   # read once, as the engine starts
+        self._transfer_timeout_s: Optional[float] = None    # sync_kv_timeout + margin, read at the first transfer
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -327,7 +328,9 @@ class CacheOps:
         (attach protocol below 4) or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
         if not self._initialized:
             raise RuntimeError("llm datadist is not initialized")
-        timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
+        timeout_s = self._transfer_timeout_s     # (the engine's options are fixed from init to finalize)
+        if timeout_s is None:
+            timeout_s = self._transfer_timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
         attachment = self._owner._check_init().attachment
         if attachment is not None and attachment.protocol >= 4 and not self._grpc_transfers:
             attachment.transfer(frame, func, timeout_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import collections
+import errno
 import itertools
 import logging
 import os
@@ -87,13 +88,19 @@ _Reply = Tuple[attach_pb2.AttachReply, int]
 _HANDING_S = 1.0        # a reply being handed over as its caller gives up is in its mailbox within this
 _SLACK_S = 1e-3         # a reader's SO_RCVTIMEO may differ from its time left by this (one timeout: set once)
 _TIMEVAL = struct.Struct("ll")
+_YIELD_S = 1e-4         # a sender of several datagrams waits this between looks at the lone ones under way
 
 
 class AttachClient:
     def __init__(self, target: str, timeout: float = _TIMEOUT_S) -> None:
         self.path = attach_path(target)
         self.timeout = timeout
+        # a request of one datagram is sent without a lock (the usual pull: no lock contended by the callers
+        # sending at once, each a futex call and a thread switch); one of several datagrams -- which go back to back
+        # -- under _send_lock, once the lone datagrams being sent (``_sending``: one entry each) are out (``_send``)
         self._send_lock = threading.Lock()
+        self._sending: List[int] = []
+        self._multi = False
         # reading and handing over what was read are one step: a reply read before the daemon's hang-up reaches
         # its caller before the hang-up fails the rest (the watcher and a leader may both be reading)
         self._recv_lock = threading.Lock()
@@ -247,9 +254,7 @@ class AttachClient:
         with self._recv_lock:
             if data:
                 try:
-                    with self._send_lock:
-                        for datagram in data:
-                            sock.send(datagram)
+                    self._send(data)
                 except OSError as exc:
                     raise self._failed(func, str(exc)) from None
             try:
@@ -392,6 +397,45 @@ class AttachClient:
 
     # ---- calls ---------------------------------------------------------------------------------
 
+    def _send(self, data: Sequence[bytes], fds: Sequence[int] = ()) -> None:
+        """Send the datagrams ``data`` of one request, back to back (``fds`` ride with the first); OSError when the
+        daemon does not take them (SO_SNDTIMEO). A lone datagram goes without a lock unless datagrams of one
+        request are being sent (``_multi``): those take ``_send_lock`` and wait for the lone ones already under
+        way (each bounded by SO_SNDTIMEO), so that nothing comes between them. The GIL orders it: a lone sender
+        is in ``_sending`` before it reads ``_multi``, a sender of several sets ``_multi`` before it reads
+        ``_sending``."""
+        sock = self._sock
+        if len(data) == 1 and not fds:
+            self._sending.append(1)
+            try:
+                if not self._multi:
+                    sock.send(data[0])
+                    return
+            finally:
+                self._sending.pop()
+        with self._send_lock:
+            if len(data) == 1:
+                if fds:
+                    socket.send_fds(sock, [data[0]], list(fds))
+                else:
+                    sock.send(data[0])
+                return
+            self._multi = True
+            try:
+                end = time.monotonic() + self.timeout
+                while self._sending:
+                    if time.monotonic() > end:
+                        raise OSError(errno.EBUSY, "lone requests kept the attach connection busy")
+                    time.sleep(_YIELD_S)
+                if fds:
+                    socket.send_fds(sock, [data[0]], list(fds))
+                else:
+                    sock.send(data[0])
+                for more in data[1:]:
+                    sock.send(more)
+            finally:
+                self._multi = False
+
     def _exchange(self, rid: int, data: Sequence[bytes], func: str, fds: Sequence[int], timeout: Optional[float]
                   ) -> _Item:
         """Send the datagrams ``data`` of request ``rid``, back to back (``fds`` ride with the first), and wait for
@@ -406,13 +450,7 @@ class AttachClient:
                 self._reading = True
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         try:
-            with self._send_lock:
-                if fds:
-                    socket.send_fds(self._sock, [data[0]], list(fds))
-                else:
-                    self._sock.send(data[0])
-                for more in data[1:]:
-                    self._sock.send(more)
+            self._send(data, fds)
         except OSError as exc:
             with self._lock:
                 self._pending.pop(rid, None)

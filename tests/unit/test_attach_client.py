@@ -22,7 +22,7 @@ from llm_datadist._attach import AttachClient
 from llm_datadist.status import LLMException
 
 #: Python calls of one transfer in this module and the frame module: the lone caller's, a waiting caller's
-LONE_CALLS, WAITING_CALLS = 4, 5
+LONE_CALLS, WAITING_CALLS = 5, 6
 FRAME = ff.TransferFrame(ff.PULL, 1, ff.KIND_BLOCKS, ff.KEY_BLOCKS, (2, 0, 0, 0), 3, (4,), (5,))
 
 
@@ -346,11 +346,11 @@ def test_closing_the_connection_mid_flight_fails_every_waiter_at_once(daemon, ca
 
 def test_waiting_callers_cost_a_fixed_number_of_python_calls_whatever_their_number(daemon):
     """Python calls per transfer (profile "call" events in every caller's thread, counted in the client's and the
-    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, _read, encode_frames,
-    _head) with 1 or 7 waiting callers, plus one ``_hand`` and one ``_relay_one`` per batch of replies it hands over
-    (at most one per reply; how the replies batch is timing), and a waiting caller ``WAITING_CALLS`` (those but
-    _read, _exchange, _await) and at most one ``_relay_one`` (passing the next reply of the batch on). A
-    count, not a timing: the lone caller is answered last, so no waiting caller ever leads."""
+    frame module's code): the lone caller reading for the others makes ``LONE_CALLS`` (transfer, _read, _send,
+    encode_frames, _head) with 1 or 7 waiting callers, plus one ``_hand`` and one ``_relay_one`` per batch of
+    replies it hands over (at most one per reply; how the replies batch is timing), and a waiting caller
+    ``WAITING_CALLS`` (those but _read, and _exchange, _await) and at most one ``_relay_one`` (passing the next
+    reply of the batch on). A count, not a timing: the lone caller is answered last, so no waiting caller ever leads."""
     client = AttachClient(daemon.target)
     counted = ("llm_datadist", "fastframe")
 
@@ -443,5 +443,77 @@ def test_a_caller_past_its_deadline_gets_its_reply_still_waiting_in_the_relay(da
         daemon.answer(first)
         lone[0].join(10)
         assert out_lone[0] == (4096, "tcp") and client._pending == {} and not client._relay
+    finally:
+        client.close()
+
+
+BIG = FRAME._replace(remote_blocks=tuple(range(10_000)), local_blocks=tuple(range(10_000)))   # 3 datagrams
+
+
+def test_a_request_of_several_datagrams_waits_for_a_lone_one_under_way(daemon):
+    """A lone datagram is sent without a lock: a request of several datagrams waits until the lone ones already
+    being sent are out (here one, marked as under way by hand) before its first, so nothing comes between its
+    frames; then they go back to back."""
+    client = AttachClient(daemon.target)
+    try:
+        client._sending.append(1)             # a lone datagram being sent, as _send marks it
+        threads, out = in_threads(1, lambda i: client.transfer(BIG, "pull_blocks", 30))
+        with pytest.raises(queue.Empty):
+            daemon.requests.get(timeout=0.5)    # held back: nothing sent yet
+        client._sending.pop()
+        first = daemon.take(1)[0]
+        rid, partial = ff.decode_request(first)
+        assert isinstance(partial, ff.Partial)
+        while partial.missing:
+            partial.add(daemon.take(1)[0])
+        assert partial.frame() == BIG
+        daemon.answer(first)
+        threads[0].join(10)
+        assert out[0] == (4096, "tcp") and not client._multi
+    finally:
+        client.close()
+
+
+def test_a_lone_datagram_goes_behind_a_request_of_several_being_sent(daemon):
+    """While a request of several datagrams is being sent (``_multi``, under the send lock: held here by hand) a
+    lone datagram is not sent between its frames: it waits for the lock."""
+    client = AttachClient(daemon.target)
+    try:
+        with client._send_lock:
+            client._multi = True
+            threads, out = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+            with pytest.raises(queue.Empty):
+                daemon.requests.get(timeout=0.5)
+            client._multi = False
+        daemon.answer(daemon.take(1)[0])
+        threads[0].join(10)
+        assert out[0] == (4096, "tcp") and client._sending == []
+    finally:
+        client.close()
+
+
+def test_requests_of_several_datagrams_among_many_lone_ones_arrive_whole(daemon):
+    """Callers in many threads, lone datagrams and requests of several at once: every request's frames reach the
+    daemon back to back (each first frame's continuations right after it) and every caller gets its reply."""
+    client = AttachClient(daemon.target)
+    try:
+        frames = [BIG._replace(local_cache_id=i) if i % 8 == 0 else FRAME._replace(local_cache_id=i)
+                  for i in range(48)]
+        threads, out = in_threads(48, lambda i: client.transfer(frames[i], "pull_blocks", 30))
+        seen = 0
+        while seen < 48:
+            data = daemon.take(1)[0]
+            rid, got = ff.decode_request(data)         # never a continuation out of its place: FrameError
+            if isinstance(got, ff.Partial):
+                while got.missing:
+                    got.add(daemon.take(1)[0])
+                got = got.frame()
+            assert got == frames[got.local_cache_id]
+            daemon.answer(data, nbytes=got.local_cache_id)
+            seen += 1
+        for t in threads:
+            t.join(10)
+        assert out == {i: (i, "tcp") for i in range(48)}
+        assert client._pending == {} and client._sending == [] and not client._relay
     finally:
         client.close()

@@ -8,13 +8,16 @@ frames, protocol 4). Closing it (or exiting) ends our lease: the daemon then rel
 
 Requests may be in flight from many threads at once, each with a request id and a mailbox (a C
 ``queue.SimpleQueue``). Nobody reads for them in the background: a caller waiting for its reply reads the
-socket itself while no other caller does (the *leader*); it reads every reply that is in, then puts each in its
-caller's mailbox (one wake-up each, no Python call per reply) and, when it leaves, the leadership passes to a
-caller still waiting (a ``_LEAD`` token in its mailbox). A thread of ours only watches the connection for the
-daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops -- or our own ``close`` -- fails
-every waiting call at once with LLM_FAILED (the daemon's stopping is logged); every wait has its deadline
-(LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at once with no mailbox:
-it sends, reads until its own reply (handing others theirs) and leaves (``transfer``).
+socket itself while no other caller does (the *leader*), one blocking ``recvmsg`` per wait bounded by SO_RCVTIMEO
+(``_read``); it reads every reply that is in, then hands them over as a relay -- the first in its caller's mailbox,
+each caller woken putting the next in (``_hand``): one woken caller runs at a time -- and, when it leaves, the
+leadership passes to a caller still waiting (a ``_LEAD`` token in its mailbox). A request of one datagram is
+sent without a lock; one of several datagrams goes back to back under a lock (``_send``). A thread of ours only
+watches the connection for the daemon hanging up (``_watch``: no wake-up per reply), so a daemon that stops -- or
+our own ``close`` -- fails every waiting call at once with LLM_FAILED (the daemon's stopping is logged); every
+wait has its deadline (LLM_TIMEOUT). A transfer that finds nobody reading (the usual case: one caller) leads at
+once with no mailbox: it sends, reads until its own reply (handing others theirs) and leaves (``transfer``): two
+syscalls, no exception.
 """
 
 from __future__ import annotations
@@ -245,9 +248,10 @@ class AttachClient:
 
         One blocking ``recvmsg`` per wait, bounded by SO_RCVTIMEO (set only when the time left differs from what is
         set: a run of calls with one timeout sets it once): a lone pull is two syscalls and no exception, and a
-        hang-up (or our ``close``) ends the read at once. Replies for other calls are read on without blocking and
-        handed over once the socket has no more (a woken caller takes the GIL from the reads otherwise), and before
-        a hang-up fails the rest."""
+        hang-up (or our ``close``) ends the read at once. (A signal whose handler runs meanwhile restarts the wait
+        with the bound set, PEP 475: the deadline is checked again only when the read returns.) Replies for other
+        calls are read on without blocking and handed over once the socket has no more (a woken caller takes the
+        GIL from the reads otherwise), and before a hang-up fails the rest."""
         sock = self._sock
         recvmsg = sock.recvmsg
         others: List[bytes] = []

@@ -517,3 +517,30 @@ def test_requests_of_several_datagrams_among_many_lone_ones_arrive_whole(daemon)
         assert client._pending == {} and client._sending == [] and not client._relay
     finally:
         client.close()
+
+
+def test_a_waiting_caller_that_takes_over_reading_keeps_its_own_deadline(daemon):
+    """A lone caller (30 s) reads; a caller with 0.5 s waits on its mailbox; the lone caller's reply comes, it
+    leaves and the waiting caller takes over reading -- blocking in ``recvmsg`` under its own bound, not the lone
+    caller's 30 s: it times out with LLM_TIMEOUT (the join would outlast the wrong bound), withdrawn, nobody
+    reading after it; its late reply is dropped."""
+    client = AttachClient(daemon.target)
+    try:
+        lone, out_lone = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        first = daemon.take(1)[0]
+        waiting, out_waiting = in_threads(1, lambda i: client.transfer(FRAME, "pull_cache", 0.5))
+        second = daemon.take(1)[0]
+        daemon.answer(first)
+        lone[0].join(10)
+        assert out_lone[0] == (4096, "tcp")
+        waiting[0].join(10)
+        err = out_waiting[0]
+        assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_TIMEOUT, err
+        assert client._pending == {} and not client._reading
+        daemon.answer(second)                     # late: read by the next reader, dropped
+        again, out_again = in_threads(1, lambda i: client.transfer(FRAME, "pull_blocks", 30))
+        daemon.answer(daemon.take(1)[0], nbytes=3)
+        again[0].join(10)
+        assert out_again[0] == (3, "tcp")
+    finally:
+        client.close()

@@ -209,10 +209,10 @@ class AttachClient:
         box.put(data)
 
     def _drain(self) -> bool:
-        """Read every reply that is in, until the socket has none (no bound: the daemon answers only what we
-        asked), then put each in its caller's mailbox: every read before any caller wakes (a woken caller takes
-        the GIL from the reads otherwise); False once the connection is gone (every waiting call failed, after
-        the replies read before)."""
+        """The watcher's read at a hang-up: every reply that is in, until the socket has none (no bound: the daemon
+        answers only what we asked), then handed over (``_hand``): every read before any caller wakes (a woken
+        caller takes the GIL from the reads otherwise); False once the connection is gone (every waiting call
+        failed, after the replies read before)."""
         recvmsg, got = self._sock.recvmsg, []
         with self._recv_lock:
             while True:

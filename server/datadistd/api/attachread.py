@@ -54,7 +54,8 @@ _FAST_FLAGS = 4
 TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
 #: room for the descriptors one message may carry (``recvmsg``'s ancillary buffer)
 _ANCILLARY = socket.CMSG_LEN(MAX_PIECES * 4)
-_Datagram = tuple[bytes, list[tuple[int, int, bytes]], int]
+#: a datagram a turn hands the loop: bytes, ancillary data, flags, and whether the loop tries the fast path first
+_Datagram = tuple[bytes, list[tuple[int, int, bytes]], int, bool]
 
 
 def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
@@ -132,8 +133,9 @@ class ConnReading:
                 except OSError:
                     gone = True
                     break
-                if ancillary or not fast or not self._fast(conn, data, flags, False):
-                    item = (data, ancillary, flags)   # the end of the connection too (an empty datagram)
+                started = fast and not ancillary and self._fast(conn, data, flags, False)
+                if not started:   # None: the loop must start it (a stale view)
+                    item = (data, ancillary, flags, started is None)   # the connection's end too (an empty datagram)
                     break
                 in_flight = conn.in_flight
                 if in_flight <= 1 or in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # alone: most likely nothing queued
@@ -202,8 +204,8 @@ class ConnReading:
         if item is None:
             self._drop(conn)
             return
-        data, ancillary, flags = item
-        if ancillary or not self.fast_pulls or not self._fast(conn, data, flags, True):
+        data, ancillary, flags, fast = item
+        if not fast or not self._fast(conn, data, flags, True):
             self._general(conn, data, ancillary, flags)
         self._rearm(conn)
 

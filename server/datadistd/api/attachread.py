@@ -205,9 +205,11 @@ class ConnReading:
             self._drop(conn)
             return
         data, ancillary, flags, fast = item
-        if not fast or not self._fast(conn, data, flags, True):
-            self._general(conn, data, ancillary, flags)
-        self._rearm(conn)
+        try:
+            if not fast or not self._fast(conn, data, flags, True):
+                self._general(conn, data, ancillary, flags)
+        finally:   # a bug of ours (the loop logs it) leaves the connection read, as a failed callback did
+            self._rearm(conn)
 
     def _rearm(self, conn: AttachConn) -> None:
         """The loop handled what a turn handed it: the reactor reads ``conn`` again (not at back-pressure)."""

@@ -116,7 +116,8 @@ class ConnReading:
         self._reactor.add(conn.fd, functools.partial(self._turn, conn))
 
     def _turn(self, conn: AttachConn) -> bool:
-        """A reactor thread's turn of ``conn``: True to be woken again at its next datagram."""
+        """A reactor thread's turn of ``conn``; it re-arms the connection itself (under ``conn.lock``), so it returns
+        False: the reactor touches the socket no more after it."""
         with conn.lock:
             if conn.turning or conn.dropped:   # another turn runs (it re-arms), or the socket is closed
                 return False
@@ -151,9 +152,12 @@ class ConnReading:
                     discard(fds_of(item[1]))
                 return False
             if item is None and not gone:
+                # re-armed here, under the lock, not by the reactor once it is given: a ``_drop`` in between then
+                # closes a socket no thread touches again
                 if conn.in_flight < MAX_TRANSFERS_IN_FLIGHT:
-                    return True
-                conn.paused = True   # back-pressure: the transfer that ends next re-arms it
+                    self._reactor.rearm(conn.fd)
+                else:
+                    conn.paused = True   # back-pressure: the transfer that ends next re-arms it
                 return False
         loop = self._loop
         assert loop is not None

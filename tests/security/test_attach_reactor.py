@@ -130,9 +130,13 @@ def test_small_pulls_and_pushes_are_served_while_the_event_loop_is_blocked(daemo
         got = decoder.call("rows", "kv")
         assert np.array_equal(got[0][5], want[0][3]) and np.array_equal(got[0][0], want[0][0])
         assert np.array_equal(prompt.call("rows", "kv")[0][7], want[0][3])
-        decoder.call("finalize")
+        assert dd.app.attach is not None
+        conns = list(dd.app.attach._conns.values())   # the decoder worker's, open
+        assert conns
     finally:
         dd.stop()
+    # the daemon's stop shut the connections down; the reactor turn each one's end wakes closed its socket
+    assert _until(lambda: all(c.sock.fileno() < 0 for c in conns)), "a connection stayed open after the stop"
 
 
 # ---- a worker speaking the frames itself -------------------------------------------------------------------------

@@ -11,10 +11,11 @@ and the connection is not read again until the loop has handled it (``_handed``,
 a connection's messages in order and exactly as before, and a fast frame never overtakes a message sent before it.
 
 State under ``AttachConn.lock`` (a turn, the reader threads that end fast transfers, the loop): ``in_flight``;
-``turning`` (a turn runs: no other starts, and only it may close the socket); ``paused`` (back-pressure: with
+``armed`` (in the epoll: one event, one turn); ``turning`` (a turn runs); ``paused`` (back-pressure: with
 ``MAX_TRANSFERS_IN_FLIGHT`` transfers in flight a turn ends without re-arming, and the transfer that ends next
-re-arms it, ``Reactor.rearm``, from whichever thread ends it); ``dropped`` (the loop's ``_drop``: it closes the
-socket when no turn runs, else the turn does as it ends; a turn that starts later reads nothing). The rest of a
+re-arms it, ``Reactor.rearm``, from whichever thread ends it); ``dropped`` (the loop's ``_drop``: a socket out of
+the epoll is closed there; one in it is shut down, and the turn of its last event closes it -- the reactor's rule,
+so no thread holds an event of a descriptor number that a new connection may reuse). The rest of a
 connection (``greeted``, ``partial``, ``skip``) is the loop's: a turn runs only while the loop holds nothing of
 the connection, reads it, and clears ``skip`` after a fast start as the loop would.
 
@@ -69,7 +70,7 @@ def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 class AttachConn:
     __slots__ = ("sock", "fd", "session", "greeted", "tasks", "in_flight", "partial", "deadline", "skip", "lock",
-                 "turning", "paused", "dropped")
+                 "armed", "turning", "paused", "dropped")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
@@ -83,9 +84,10 @@ class AttachConn:
         # under ``lock`` (the module doc): a turn, the reader threads that end fast transfers, the loop
         self.lock = threading.Lock()
         self.in_flight = 0                              # transfers started and not yet answered
+        self.armed = True                               # in the epoll, waiting to be readable (``_watch``)
         self.turning = False                            # a reactor thread reads the connection
         self.paused = False                             # reading stopped by back-pressure
-        self.dropped = False                            # ``_drop``: the socket closed, or closed by the turn running
+        self.dropped = False                            # ``_drop``: the socket closed, or shut down for a turn to close
 
 
 class ConnReading:
@@ -119,7 +121,11 @@ class ConnReading:
         """A reactor thread's turn of ``conn``; it re-arms the connection itself (under ``conn.lock``), so it returns
         False: the reactor touches the socket no more after it."""
         with conn.lock:
-            if conn.turning or conn.dropped:   # another turn runs (it re-arms), or the socket is closed
+            if conn.turning:    # never, but for a reactor's stale event: the turn that runs re-arms
+                return False
+            conn.armed = False  # one-shot: the event that woke this turn was the only one
+            if conn.dropped:    # shut down by ``_release``: closed here, by the turn of its last event
+                self._close(conn)
                 return False
             conn.turning = True
         item: _Datagram | None = None   # a datagram for the loop
@@ -155,6 +161,7 @@ class ConnReading:
                 # re-armed here, under the lock, not by the reactor once it is given: a ``_drop`` in between then
                 # closes a socket no thread touches again
                 if conn.in_flight < MAX_TRANSFERS_IN_FLIGHT:
+                    conn.armed = True
                     self._reactor.rearm(conn.fd)
                 else:
                     conn.paused = True   # back-pressure: the transfer that ends next re-arms it
@@ -223,20 +230,32 @@ class ConnReading:
             if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:
                 conn.paused = True
                 return
+            conn.armed = True
             self._reactor.rearm(conn.fd)
 
     def _close(self, conn: AttachConn) -> None:
-        """Under ``conn.lock``, no turn running: the reactor forgets the socket and it closes."""
-        self._reactor.remove(conn.fd)
-        conn.sock.close()
+        """Under ``conn.lock``, no turn running and no event of it outstanding (the reactor's rule: closed by the
+        turn of its last event, or while it is not in the epoll): the reactor forgets the socket and it closes."""
+        if conn.sock.fileno() >= 0:
+            self._reactor.remove(conn.fd)
+            conn.sock.close()
 
     def _release(self, conn: AttachConn) -> bool:
-        """The loop lets ``conn`` go (``_drop``): closed now, or by the turn that runs (False: gone already)."""
+        """The loop lets ``conn`` go (``_drop``; False: gone already). Out of the epoll (paused, or a datagram at
+        the loop) it is closed here; in it, it is shut down -- the worker sees its end at once -- and the turn its
+        shutdown wakes closes it; a turn that runs closes it as it ends."""
         with conn.lock:
             if conn.dropped:
                 return False
             conn.dropped = True
-            if not conn.turning:
+            if conn.turning:
+                pass
+            elif conn.armed:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            else:
                 self._close(conn)
         return True
 
@@ -246,6 +265,7 @@ class ConnReading:
             conn.in_flight -= 1
             if conn.paused and not conn.dropped:
                 conn.paused = False
+                conn.armed = True
                 self._reactor.rearm(conn.fd)
 
     # ---- a fast transfer's end (``links.fast.FastReply``) --------------------------------------
@@ -262,6 +282,7 @@ class ConnReading:
                 return
             if conn.paused:   # back-pressure released
                 conn.paused = False
+                conn.armed = True
                 self._reactor.rearm(conn.fd)
             try:
                 conn.sock.send(data)

@@ -4,6 +4,8 @@ kind survives the wire, and any number of calls in flight are answered by id, in
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -247,3 +249,60 @@ def test_answering_the_last_call_disarms_the_sweep() -> None:
         hub.calls.close("over")
 
     asyncio.run(main())
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts what other threads ask of it (``call_soon_threadsafe``)."""
+
+    posts = 0
+
+    def call_soon_threadsafe(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        self.posts += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_a_fast_call_registered_off_the_loop_asks_it_for_a_sweep_only_when_none_is_due_by_its_deadline() -> None:
+    """``register_fast`` from another thread (an attach connection's reactor thread): with no sweep due by its
+    deadline it asks the loop for one (once; the loop arms it and the call times out there); a call with a later
+    deadline asks nothing -- the loop is not woken; nor after the calls closed (refused, nothing pending)."""
+    async def main() -> None:
+        calls = Hub().calls
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, CountingLoop)
+        answered: list[tuple[object, object]] = []
+
+        def off_loop(deadline: float, ctx: str, out: list) -> None:
+            try:
+                calls.register_fast(deadline, lambda r, c: answered.append((r, c)), lambda p, c: True, ctx, 0,
+                                    on_loop=False)
+            except DataDistError as exc:
+                out.append(exc)
+
+        def register(deadline: float, ctx: str) -> list:
+            out: list = []
+            t = threading.Thread(target=off_loop, args=(deadline, ctx, out))
+            t.start()
+            t.join(10)
+            return out
+
+        before = loop.posts
+        assert register(time.monotonic() + 0.2, "soon") == [] and loop.posts == before + 1
+        assert not calls.sweep_armed          # asked, not armed yet: the loop arms it when it runs
+        await asyncio.sleep(0)
+        assert calls.sweep_armed
+        assert register(time.monotonic() + 30, "later") == [] and loop.posts == before + 1   # not woken
+        while not answered:
+            await asyncio.sleep(0.01)
+        (error, ctx), = answered
+        assert ctx == "soon" and isinstance(error, DataDistError) and error.code == StatusCode.LLM_TIMEOUT
+        assert calls.pending == 1 and calls.sweep_armed      # "later" is left, its sweep armed by the loop
+        calls.close("over")
+        assert [c for _, c in answered] == ["soon", "later"]
+        refused = register(time.monotonic() + 0.1, "closed")
+        assert len(refused) == 1 and refused[0].code == StatusCode.LLM_LINK_FAILED and calls.pending == 0
+
+    loop = CountingLoop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()

@@ -15,16 +15,19 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   with a fixed-layout reply; block lists past one datagram in continuation frames, assembled here
   within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
   started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
-  in completion order, matched by request id, so a worker may have many in flight; every datagram a
-  worker queued is read per wake-up (until ``EAGAIN``, at most ``_DRAIN``). A small ``pull_blocks`` or
+  in completion order, matched by request id, so a worker may have many in flight (at most
+  ``MAX_TRANSFERS_IN_FLIGHT``: then the connection is not read until one ends). A small ``pull_blocks`` or
   ``push_blocks`` by ``BlocksCacheKey`` skips the order: its ints go to ``links.fast.FastTransfers.start`` from the
-  socket's callback, and the data reader thread that reads the owner's reply answers the worker (``ended_here``;
-  ``ended`` on the loop for anything else); ``fast_pulls=False`` sends every transfer the general way.
+  reactor thread that read the frame, and the data reader thread that reads the owner's reply answers the worker
+  (``ended_here``; ``ended`` on the loop for anything else); ``fast_pulls=False`` sends every transfer the general
+  way.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
-imported memory is closed. Everything runs on the daemon's event loop (non-blocking socket,
-``add_reader``); each message is one datagram of at most ``MAX_MESSAGE`` bytes with at most
-``MAX_PIECES`` descriptors, so a caller cannot make the daemon buffer more.
+imported memory is closed. Connections are read by the process's TCP reactor threads (``api.attachread``: no
+thread per connection, the event loop off a small pull's path); everything but a fast transfer's start and end is
+handed to the daemon's event loop, in order, and handled there (this module); accepting runs on the loop. Each
+message is one datagram of at most ``MAX_MESSAGE`` bytes with at most ``MAX_PIECES`` descriptors, so a caller cannot
+make the daemon buffer more.
 """
 
 from __future__ import annotations
@@ -35,17 +38,11 @@ import logging
 import os
 import socket
 import struct
-import threading
 
 from datadist.fastframe import (
-    KEY_BLOCKS,
-    KIND_BLOCKS,
     MAGIC,
     MAX_DATAGRAM,
-    PULL,
     PUSH,
-    REPLY,
-    REQUEST,
     FrameError,
     Partial,
     TransferFrame,
@@ -62,14 +59,16 @@ from ..guard.sockfiles import OwnedSocket
 from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
-from ..node.sessions import PeerCred, WorkerSession
+from ..node.sessions import PeerCred
 from ..state.metrics import DaemonMetrics, count_error
+from ..transport.tcp.reactor import Reactor, reactor
 from .attachmsgs import PROTOCOL_VERSION, handle
+from .attachread import FAST_PULL_BLOCKS, MAX_TRANSFERS_IN_FLIGHT, TRUNCATED, AttachConn, ConnReading, fds_of
 from .orders import MAX_LIST, order_from_frame
 from .transfers import start_transfer
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MAX_TRANSFER_BLOCKS",
-           "ASSEMBLY_DEADLINE_S", "read_peer_cred"]
+           "ASSEMBLY_DEADLINE_S", "read_peer_cred", "FAST_PULL_BLOCKS", "MAX_TRANSFERS_IN_FLIGHT"]
 
 log = logging.getLogger(__name__)
 
@@ -80,18 +79,9 @@ MAX_TRANSFER_BLOCKS = 2 * MAX_LIST
 #: stands while back-pressure keeps the daemon from reading), or the transfer is refused and its memory freed
 ASSEMBLY_DEADLINE_S = 10.0
 MAX_MESSAGE = MAX_DATAGRAM
-#: datagrams read per wake-up of a connection (the loop's other work gets its turn in between)
-_DRAIN = 64
 _MAGIC_BYTE = bytes([MAGIC])
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
-_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
-#: room for the descriptors one message may carry (``recvmsg``'s ancillary buffer)
-_ANCILLARY = socket.CMSG_LEN(MAX_PIECES * 4)
-#: a pull or push frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)
-_FAST_FLAGS = 4
-#: the most block numbers a fast pull or push names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
-FAST_PULL_BLOCKS = 64
 _CONTINUE_BYTE = 3
 
 
@@ -105,15 +95,6 @@ def read_peer_cred(sock: socket.socket) -> PeerCred:
     return PeerCred(pid, uid, gid)
 
 
-def _fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    """The descriptors of a message's ancillary data (what ``socket.recv_fds`` returns)."""
-    fds: list[int] = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
-    return fds
-
-
 def _peer_pidfd(sock: socket.socket) -> int | None:
     try:
         return struct.unpack("i", sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, 4))[0]
@@ -121,32 +102,13 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
         return None
 
 
-class _Conn:
-    __slots__ = ("sock", "session", "greeted", "tasks", "in_flight", "paused", "partial", "deadline", "skip", "lock")
-
-    def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
-        self.sock = sock
-        self.session = session
-        self.greeted = False
-        self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight (cancelled when the connection goes)
-        # ``in_flight`` and the socket's closing are under ``lock``: fast transfers end on data reader threads,
-        # which answer the worker from there (``AttachServer.ended_here``)
-        self.lock = threading.Lock()
-        self.in_flight = 0                              # transfers started and not yet answered
-        self.paused = False                             # reading stopped by back-pressure
-        self.partial: Partial | None = None             # the transfer whose continuation frames are coming
-        self.deadline: asyncio.TimerHandle | None = None    # ... and when it is refused if they stop
-        self.skip: int | None = None    # request id of a transfer refused mid-assembly: its later frames are dropped
-
-
-#: transfers one connection may have in flight (more wait in the worker's socket buffer)
-MAX_TRANSFERS_IN_FLIGHT = 256
-
-
-class AttachServer:
+class AttachServer(ConnReading):
     def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
-                 assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True) -> None:
+                 assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True,
+                 reader: Reactor | None = None) -> None:
+        """``reader``: the reactor whose threads read the connections (default: the process's, ``reactor()``)."""
         self.node = node
+        self._reactor = reader if reader is not None else reactor()
         #: a small pull_blocks or push_blocks goes ``FastTransfers.start`` first (False: every transfer takes the
         #: general path)
         self.fast_pulls = fast_pulls
@@ -156,7 +118,7 @@ class AttachServer:
         self.metrics = metrics
         self._sock: socket.socket | None = None
         self._owned: OwnedSocket | None = None
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, AttachConn] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refusals = RefusalLog(log, "attach socket: connection refused", _LOG_EVERY_S)
 
@@ -206,134 +168,64 @@ class AttachServer:
                 self._refuse(str(exc))
                 sock.close()
                 continue
-            conn = _Conn(sock, session)
-            self._conns[sock.fileno()] = conn
-            self._loop.add_reader(sock.fileno(), self._on_readable, conn)
+            conn = AttachConn(sock, session)
+            self._conns[conn.fd] = conn
+            self._watch(conn)
             log.debug("worker attached: pid %s uid %s gid %s (session %s)", cred.pid, cred.uid, cred.gid,
                       session.session_id)
 
     def _refuse(self, why: str) -> None:
         self._refusals(why)
 
-    def _drop(self, conn: _Conn, finalize: bool = True) -> None:
+    def _drop(self, conn: AttachConn, finalize: bool = True) -> None:
         assert self._loop is not None
+        if not self._release(conn):   # closed here, or by the reactor thread reading it as its turn ends
+            return
         self._end_assembly(conn)
         for task in conn.tasks:
             task.cancel()
-        fd = conn.sock.fileno()
-        if fd >= 0:
-            self._loop.remove_reader(fd)
-            self._conns.pop(fd, None)
-        with conn.lock:   # a reader thread answering a fast transfer sends under it
-            conn.sock.close()
+        self._conns.pop(conn.fd, None)
         session = conn.session
         self.node.sessions.close(session)
         if finalize and session.engines:
             self._loop.create_task(self.node.end_session(session))
 
-    def _on_readable(self, conn: _Conn) -> None:
-        """Every datagram the worker has queued, until the socket has none (``EAGAIN``) or ``_DRAIN`` were read
-        (the reader fires again while more wait: the loop's other work gets its turn); at
-        ``MAX_TRANSFERS_IN_FLIGHT`` transfers reading stops until one finishes (back-pressure). A small
-        ``pull_blocks`` or ``push_blocks`` frame starts right here (``FastTransfers.start``): decoded with one
-        ``unpack_from``, its engine checked to be the session's; anything else takes ``_on_frame`` /
-        ``_on_message``."""
-        assert self._loop is not None
-        sock, session, engines, fast = conn.sock, conn.session, self.node.engines, self.fast_pulls
-        for _ in range(_DRAIN):
-            if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # back-pressure: read again once some finished
-                self._loop.remove_reader(sock.fileno())
-                conn.paused = True
+    def _general(self, conn: AttachConn, data: bytes, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
+        """A datagram of ``conn`` the fast path did not take, on the loop (``attachread``): a frame, a continuation
+        frame, a protobuf message, or the connection's end."""
+        fds = fds_of(ancillary) if ancillary else []
+        if not data and not fds:
+            self._drop(conn)  # the worker closed the connection (or died)
+            return
+        frame = data[:1] == _MAGIC_BYTE
+        continuation = frame and len(data) >= 2 and data[1] == _CONTINUE_BYTE
+        if conn.partial is not None and not continuation:
+            self._refuse_assembly(conn, "another message came between the frames of one transfer")
+            if conn.session.closed:
+                discard(fds)
                 return
-            try:
-                data, ancillary, flags, _ = sock.recvmsg(MAX_DATAGRAM, _ANCILLARY)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._drop(conn)
-                return
-            if (fast and not ancillary and not flags & _TRUNCATED and len(data) > REQUEST.size and data[0] == MAGIC
-                    and (data[1] == PULL or data[1] == PUSH) and conn.partial is None and conn.greeted):
-                (_, _, kind, key_kind, fl, rid, engine_id, cache_id, cluster, model_id, b, c, _, _, _, _, _, _, _,
-                 timeout_ms, _, _, nr, nl) = REQUEST.unpack_from(data)
-                slot = engines.get(engine_id)
-                if (kind == KIND_BLOCKS and key_kind == KEY_BLOCKS and not fl & ~_FAST_FLAGS and not b and not c
-                        and nr == nl and nr <= FAST_PULL_BLOCKS and len(data) == REQUEST.size + 16 * nr
-                        and slot is not None and slot.session is session and not session.closed):
-                    local = struct.unpack_from(f"<{nl}Q", data, REQUEST.size + 8 * nr)
-                    push = data[1] == PUSH
-                    with conn.lock:   # its reply may come before ``fast_transfer`` returns
-                        conn.in_flight += 1
-                    if slot.links.fast_transfer(push, cluster, model_id, cache_id, data, REQUEST.size, local,
-                                                timeout_ms if fl else 0, self, (conn, rid, "Push" if push else "Pull")):
-                        conn.skip = None
-                        continue
-                    with conn.lock:
-                        conn.in_flight -= 1
-            fds = _fds(ancillary) if ancillary else []
-            if not data and not fds:
-                self._drop(conn)  # the worker closed the connection (or died)
-                return
-            frame = data[:1] == _MAGIC_BYTE
-            continuation = frame and len(data) >= 2 and data[1] == _CONTINUE_BYTE
-            if conn.partial is not None and not continuation:
-                self._refuse_assembly(conn, "another message came between the frames of one transfer")
-                if session.closed:
-                    discard(fds)
-                    return
-            elif conn.skip is not None and not continuation:
-                conn.skip = None
-            if frame:
-                self._on_frame(conn, data, fds, flags)
-            else:
-                self._on_message(conn, data, fds, flags)
-            if session.closed:
-                return
+        elif conn.skip is not None and not continuation:
+            conn.skip = None
+        if frame:
+            self._on_frame(conn, data, fds, flags)
+        else:
+            self._on_message(conn, data, fds, flags)
 
-    # ---- a fast transfer's end (``links.fast.FastReply``) --------------------------------------
+    # ---- a fast transfer's end on the loop (``links.fast.FastReply``; ``ended_here``: ``attachread``) ----------
 
-    def ended_here(self, token: tuple[_Conn, int, str], nbytes: int, transport: str) -> None:
-        """A fast pull or push succeeded, on the data reader thread that read the owner's reply: the worker
-        answered from here (a datagram is sent whole or not at all); when the socket would block, the loop sends it
-        (as it sends every other reply)."""
-        conn, rid, _ = token
-        data = REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16])
-        with conn.lock:
-            conn.in_flight -= 1
-            later = conn.paused
-            if conn.sock.fileno() >= 0:
-                try:
-                    conn.sock.send(data)
-                    data = b""
-                except OSError:   # full (the worker stopped reading) or gone: the loop's ``_send`` says so
-                    later = True
-            else:
-                data = b""
-        if later and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._resend, conn, data)
-            except RuntimeError:   # the loop is closed: the daemon is stopping
-                pass
-
-    def _resend(self, conn: _Conn, data: bytes) -> None:
-        self._resume(conn)
-        if data:
-            self._send(conn, data)
-
-    def ended(self, token: tuple[_Conn, int, str], status: int, nbytes: int, transport: str, message: str) -> None:
+    def ended(self, token: tuple[AttachConn, int, str], status: int, nbytes: int, transport: str,
+              message: str) -> None:
         """A fast pull or push ended on the event loop (a failure: counted as ``start_transfer`` counts one)."""
         conn, rid, method = token
         if status:
             count_error(self.metrics, method, StatusCode(status))
-        with conn.lock:
-            conn.in_flight -= 1
-        self._resume(conn)
+        self._one_ended(conn)
         self._send(conn, encode_reply(rid, status, nbytes, transport, message))
 
-    def _on_frame(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+    def _on_frame(self, conn: AttachConn, data: bytes, fds: list[int], flags: int) -> None:
         """A binary pull/push, or a continuation frame: decoded straight into a ``TransferOrder``, no protobuf."""
         try:
-            require(not flags & _TRUNCATED, f"an attach message is at most {MAX_DATAGRAM} bytes with at most "
+            require(not flags & TRUNCATED, f"an attach message is at most {MAX_DATAGRAM} bytes with at most "
                                             f"{MAX_PIECES} descriptors")
             require(not fds, "a transfer carries no descriptors")
             if is_continuation(data):
@@ -371,7 +263,7 @@ class AttachServer:
 
     # ---- transfers in continuation frames ------------------------------------------------------
 
-    def _assemble(self, conn: _Conn, partial: Partial) -> None:
+    def _assemble(self, conn: AttachConn, partial: Partial) -> None:
         """The first frame of a transfer whose block numbers continue: bounded before any continuation is taken."""
         assert self._loop is not None
         n_local = partial.total - partial.n_remote
@@ -384,7 +276,7 @@ class AttachServer:
         conn.partial = partial
         conn.deadline = self._loop.call_later(self.assembly_deadline_s, self._assembly_late, conn, partial)
 
-    def _on_continuation(self, conn: _Conn, data: bytes) -> None:
+    def _on_continuation(self, conn: AttachConn, data: bytes) -> None:
         rid = request_id_of(data)
         if rid is None:
             raise FrameError(f"a continuation frame is at least 16 bytes, got {len(data)}")
@@ -404,7 +296,7 @@ class AttachServer:
             self._end_assembly(conn)
             self._transfer(conn, partial.request_id, partial.frame())
 
-    def _assembly_late(self, conn: _Conn, partial: Partial) -> None:
+    def _assembly_late(self, conn: AttachConn, partial: Partial) -> None:
         if conn.partial is not partial:
             return
         assert self._loop is not None
@@ -415,7 +307,7 @@ class AttachServer:
                                     f"{self.assembly_deadline_s:g} s ({partial.missing} of {partial.total} block "
                                     "numbers missing)")
 
-    def _refuse_assembly(self, conn: _Conn, why: str) -> None:
+    def _refuse_assembly(self, conn: AttachConn, why: str) -> None:
         """The transfer being assembled is answered LLM_PARAM_INVALID; the rest of its frames are dropped."""
         partial = conn.partial
         assert partial is not None
@@ -423,17 +315,17 @@ class AttachServer:
         conn.skip = partial.request_id
         self._send(conn, encode_reply(partial.request_id, int(StatusCode.LLM_PARAM_INVALID), message=why))
 
-    def _end_assembly(self, conn: _Conn) -> None:
+    def _end_assembly(self, conn: AttachConn) -> None:
         conn.partial = None
         if conn.deadline is not None:
             conn.deadline.cancel()
             conn.deadline = None
 
-    def _on_message(self, conn: _Conn, data: bytes, fds: list[int], flags: int) -> None:
+    def _on_message(self, conn: AttachConn, data: bytes, fds: list[int], flags: int) -> None:
         """A protobuf ``AttachRequest``: hello, memory, pools (``attachmsgs.handle``)."""
         request = attach_pb2.AttachRequest()
         try:
-            require(not flags & _TRUNCATED,
+            require(not flags & TRUNCATED,
                     f"an attach message is at most {MAX_DATAGRAM} bytes with at most {MAX_PIECES} descriptors")
             try:
                 request.ParseFromString(data)
@@ -451,10 +343,10 @@ class AttachServer:
         reply.request_id = request.request_id
         self._reply(conn, reply, out_fd)
 
-    def _reply(self, conn: _Conn, reply: attach_pb2.AttachReply, out_fd: int | None = None) -> None:
+    def _reply(self, conn: AttachConn, reply: attach_pb2.AttachReply, out_fd: int | None = None) -> None:
         self._send(conn, reply.SerializeToString(), out_fd)
 
-    def _send(self, conn: _Conn, data: bytes, out_fd: int | None = None) -> None:
+    def _send(self, conn: AttachConn, data: bytes, out_fd: int | None = None) -> None:
         if conn.session.closed:
             return
         try:
@@ -470,16 +362,14 @@ class AttachServer:
 
     # ---- transfers -----------------------------------------------------------------------------
 
-    def _transfer(self, conn: _Conn, rid: int, frame: TransferFrame) -> None:
+    def _transfer(self, conn: AttachConn, rid: int, frame: TransferFrame) -> None:
         """One pull or push of ``conn`` (``start_transfer``), answered with a reply frame when it ended (nothing when
         the connection went first)."""
         with conn.lock:
             conn.in_flight += 1
 
         def done(status: int, nbytes: int, transport: str, why: str) -> None:
-            with conn.lock:
-                conn.in_flight -= 1
-            self._resume(conn)
+            self._one_ended(conn)
             self._send(conn, encode_reply(rid, status, nbytes, transport, why))
 
         task = start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
@@ -487,9 +377,3 @@ class AttachServer:
         if task is not None and not task.done():
             conn.tasks.add(task)
             task.add_done_callback(conn.tasks.discard)   # cancelled (the connection went): no answer, forgotten
-
-    def _resume(self, conn: _Conn) -> None:
-        if (conn.paused and conn.in_flight < MAX_TRANSFERS_IN_FLIGHT and not conn.session.closed
-                and self._loop is not None and conn.sock.fileno() >= 0):
-            conn.paused = False
-            self._loop.add_reader(conn.sock.fileno(), self._on_readable, conn)   # back-pressure released

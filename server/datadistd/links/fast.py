@@ -1,6 +1,7 @@
 """A worker's small pull or push settled on the data reader thread that reads its reply (docs/daemon.md, "A small
-pull or push ended by the reader thread"): ``FastTransfers.start`` on the event loop with the attach frame's ints,
-``_land`` (a pull: the bytes into the rows) or ``_pushed`` (a push: the owner took them) on the reader thread,
+pull or push ended by the reader thread"): ``FastTransfers.start`` with the attach frame's ints on the reactor thread
+that read the frame (or on the event loop when the loop had to handle it first: ``api.attachread``), ``_land`` (a
+pull: the bytes into the rows) or ``_pushed`` (a push: the owner took them) on the reader thread,
 ``_pull_answer`` / ``_push_answer`` on the loop for every other outcome (the general path's codes: ``Requester``).
 One shape serves both directions: the same checks, the same pending call (``FrameCalls.register_fast``), the same
 send (``try_control``); a pull's frame is a READ whose reply carries the bytes, a push's a WRITE carrying them."""
@@ -88,17 +89,25 @@ class FastTransfers:
         self._channels: dict[int, tuple[Any, Any]] = {}  # peer cluster -> (link, its channel) as last looked up
 
     def start(self, push: bool, cluster: int, model_id: int, cache_id: int, frame: bytes, at: int,
-              local: tuple[int, ...], timeout_ms: int, to: FastReply, token: object) -> bool:
+              local: tuple[int, ...], timeout_ms: int, to: FastReply, token: object, on_loop: bool) -> bool | None:
         """A worker's small ``pull_blocks`` (``push`` False: into blocks ``local`` of cache ``cache_id``) or
         ``push_blocks`` (from those blocks) by ``BlocksCacheKey(cluster, model_id)`` (whole tensors, no layer range,
-        no offset), the remote block numbers the ``len(local)`` u64 words at ``frame[at:]``: started here (the event
-        loop) with nothing but ints, ended on the data reader thread that reads the owner's reply (``_land``: the
+        no offset), the remote block numbers the ``len(local)`` u64 words at ``frame[at:]``: started here with
+        nothing but ints, ended on the data reader thread that reads the owner's reply (``_land``: the
         pulled bytes copied into the rows; ``_pushed``: the owner's success; then ``to.ended_here``) or, for
         anything else, on the loop with the general path's codes and side effects (``_pull_answer`` /
         ``_push_answer``: ``to.ended``). A push's bytes are read from the rows here, into its WRITE frame
         (``_move_rows``). False, with nothing done, when it is not such a transfer or cannot go at once -- an unknown
         or unmapped local cache, a block out of range, too many bytes, no such link, a busy connection: the general
-        path (``Requester.start_pull`` / ``push``) runs it from the start and gives its answer."""
+        path (``Requester.start_pull`` / ``push``) runs it from the start and gives its answer.
+
+        Off the event loop (``on_loop`` False: the attach connection's reactor thread, never two at once for one
+        engine) this only reads what the loop owns -- the link table's dicts, the link's state, the published view
+        -- and returns None, nothing done, when the loop must act first: the view is stale (republished there,
+        ``pullview.publish``); the call's sweep, when none is armed early enough, is asked of the loop
+        (``FrameCalls.register_fast``) without waiting for it. Link counts are taken before the call is registered
+        and given back only by whoever pops it: the sweep or ``close`` may answer it (on the loop) before this
+        returns."""
         table = self.table
         link = table.links.get(cluster) or table.served.get(cluster)
         if (link is None or link.state != LinkState.ESTABLISHED or link.layerwise or type(link) is LocalLink
@@ -107,6 +116,8 @@ class FastTransfers:
         engine = table.engine
         view = self._view
         if view is None or view.generation != engine.registry.generation:
+            if not on_loop:
+                return None
             view = self._view = pullview.publish(engine)
         dest = view.caches.get(cache_id)
         if dest is None:
@@ -136,16 +147,14 @@ class FastTransfers:
             bound = bounds[cluster] = table.node.metrics.bound("push" if push else "pull", str(table.cluster_id),
                                                                str(cluster))
         ctx = (link, dest, local, nbytes, now, to, token, timeout_ms, cache_id, view.generation, bound)
-        if push:   # the reply carries no bytes: ``expected`` 0
-            cid = calls.register_fast(deadline, self._push_answer, self._pushed, ctx, 0)
-        else:
-            cid = calls.register_fast(deadline, self._pull_answer, self._land, ctx, nbytes)
         with link.reader_lock:   # the reader thread that lands the reply ends it (``_land`` / ``_pushed``)
             link.inflight += 1
             if not push:
                 link.pulls += 1
-        try:
-            if push:
+        cid = 0
+        try:   # once registered, the reply, the sweep or ``close`` (off the loop) may end it
+            if push:   # the reply carries no bytes: ``expected`` 0
+                cid = calls.register_fast(deadline, self._push_answer, self._pushed, ctx, 0, on_loop)
                 write = bytearray(_WRITE.size + 8 * n + nbytes)
                 _WRITE.pack_into(write, 0, _TAG, _OP_WRITE, 0, timeout_ms, cid, _BLOCKS_KEY, 0, 0, cluster, 0,
                                  model_id, 0, _BLOCKS, 0, n, -1, 0, 0, 0, nbytes)
@@ -153,14 +162,16 @@ class FastTransfers:
                 sent = (_move_rows(engine, dest, view.generation, local, write, _WRITE.size + 8 * n, False)
                         and channel.try_control(CONTROL_CALL, write, deadline))
             else:
+                cid = calls.register_fast(deadline, self._pull_answer, self._land, ctx, nbytes, on_loop)
                 sent = channel.try_control(CONTROL_CALL, _READ.pack(
                     _TAG, _OP_READ, _INLINE, timeout_ms, cid, 0, _BLOCKS_KEY, 0, 0, cluster, 0, model_id, 0, _BLOCKS, 0,
                     n, -1, 0, 0, 0, nbytes) + frame[at:at + 8 * n], deadline)
-        except DataDistError:   # no live connection: the general path fails it with its code
+        except DataDistError:   # no live connection, or the calls closed: the general path fails it with its code
             sent = False
         if not sent:
             self._channels.pop(cluster, None)
-            calls.forget(cid)
+            if cid and not calls.forget(cid):   # answered meanwhile (the sweep, ``close``): it ended there
+                return True
             with link.reader_lock:
                 link.inflight -= 1
                 if not push:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import threading
 import time
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
@@ -89,7 +91,9 @@ class FrameCalls:
     The calls pending are one dict, command id -> ``(deadline, answer, land, ctx, expected)``; whoever pops an
     entry (the loop's ``on_reply``, a reader thread's ``take_reply``, the sweep, ``close``) answers it, exactly
     once. Deadlines are one sweep timer, armed only while a call is pending at its earliest deadline: an idle
-    link never wakes."""
+    link never wakes. ``register_fast`` may run off the event loop (the attach connection's reactor thread): the
+    entry and the time by which a sweep is promised to run (``_sweep_at``) change together under ``_lock``, and
+    such a thread asks the loop to arm the timer only when no sweep is promised by the call's deadline."""
 
     def __init__(self, remote_cluster: int, send: Callable[[bytes, float], Awaitable[None]],
                  try_send: Callable[[bytes, float], bool] | None = None) -> None:
@@ -99,9 +103,14 @@ class FrameCalls:
         self._pending: dict[int, _Entry] = {}
         self._ids = itertools.count(1)
         self._sends: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sweep: asyncio.TimerHandle | None = None   # armed while calls are pending, at ``_sweep_at``
-        self._sweep_at = 0.0
+        try:   # made on the loop in the daemon: a fast call registered off it arms the sweep through it
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._lock = threading.Lock()   # ``_pending``'s inserts and ``_sweep_at`` together (``register_fast``)
+        self._sweep_at = math.inf       # a sweep runs by then (its timer armed, or its arming asked of the loop)
+        self._sweep: asyncio.TimerHandle | None = None   # the loop's timer, at ``_timer_at``
+        self._timer_at = math.inf
         self.closed = False
         self.reason = ""
 
@@ -125,7 +134,12 @@ class FrameCalls:
             entry[1](_checked(reply), entry[3])
 
     def _disarm(self) -> None:
-        """Nothing pending (the event loop): no sweep (a heartbeat's answered ping leaves no timer behind)."""
+        """Nothing pending (the event loop): no sweep (a heartbeat's answered ping leaves no timer behind) -- unless
+        a fast call was registered off the loop meanwhile."""
+        with self._lock:
+            if self._pending:
+                return
+            self._sweep_at = math.inf
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
@@ -174,18 +188,32 @@ class FrameCalls:
 
     def _arm(self, deadline: float) -> None:
         """The sweep runs by ``deadline`` (the event loop)."""
-        if self._sweep is not None:
+        with self._lock:
             if self._sweep_at <= deadline:
                 return
+            self._sweep_at = deadline
+        self._timer()
+
+    def _timer(self) -> None:
+        """The loop's timer at the sweep promised (``_sweep_at``), if it is not armed by then already."""
+        with self._lock:
+            at = self._sweep_at
+        if at == math.inf or (self._sweep is not None and self._timer_at <= at) or self.closed:
+            return
+        if self._sweep is not None:
             self._sweep.cancel()
         loop = self._loop
         assert loop is not None
-        self._sweep_at = deadline
-        self._sweep = loop.call_later(max(deadline - time.monotonic(), 0.001), self._sweep_now)
+        self._timer_at = at
+        self._sweep = loop.call_later(max(at - time.monotonic(), 0.001), self._sweep_now)
 
     def _sweep_now(self) -> None:
-        """Fail every call past its deadline with ``LLM_TIMEOUT``; armed again at the earliest one left."""
+        """Fail every call past its deadline with ``LLM_TIMEOUT``; armed again at the earliest one left (a call
+        registered off the loop after the promise is dropped here asks for its own sweep: ``register_fast``)."""
         self._sweep = None
+        self._timer_at = math.inf
+        with self._lock:
+            self._sweep_at = math.inf
         now = time.monotonic() + _SLACK
         pending = self._pending
         earliest = None
@@ -204,25 +232,45 @@ class FrameCalls:
 
     # ---- starting calls -------------------------------------------------------------------------------------
 
-    def register_fast(self, deadline: float, answer: FastAnswer, land: Land, ctx: object, expected: int) -> int:
-        """A call this side sends itself (on the event loop): its command id. Its REPLY, when it is the whole,
-        successful answer with ``expected`` bytes of data, goes to ``land(payload, ctx)`` on the reader thread
-        that read it (``take_reply``; ``land`` returns False when the bytes cannot land there); anything else --
-        another reply, a timeout at ``deadline`` (``time.monotonic``), the calls closed -- goes to
-        ``answer(reply or error, ctx)`` on the loop, exactly once. ``forget`` takes it back when it was not sent."""
+    def register_fast(self, deadline: float, answer: FastAnswer, land: Land, ctx: object, expected: int,
+                      on_loop: bool = True) -> int:
+        """A call this side sends itself: its command id. Its REPLY, when it is the whole, successful answer with
+        ``expected`` bytes of data, goes to ``land(payload, ctx)`` on the reader thread that read it
+        (``take_reply``; ``land`` returns False when the bytes cannot land there); anything else -- another reply,
+        a timeout at ``deadline`` (``time.monotonic``), the calls closed -- goes to ``answer(reply or error, ctx)``
+        on the loop, exactly once. ``forget`` takes it back when it was not sent.
+
+        Off the event loop (``on_loop`` False: an attach connection's reactor thread) the sweep is asked of the loop
+        (``call_soon_threadsafe``) only when none is promised by ``deadline``: at steady state, never. The answer
+        may then come (the sweep, ``close``) before this returns: whoever pops the entry answers it."""
         if self.closed:
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
         command_id = next(self._ids)
-        self._pending[command_id] = (deadline, answer, land, ctx, expected)
-        if self._sweep is None or deadline < self._sweep_at:
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            self._arm(deadline)
+        with self._lock:
+            self._pending[command_id] = (deadline, answer, land, ctx, expected)
+            late = deadline < self._sweep_at
+            if late:
+                self._sweep_at = deadline
+        if self.closed and self._pending.pop(command_id, None) is not None:   # closed meanwhile (off the loop)
+            raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
+        if late:
+            if on_loop:
+                if self._loop is None:
+                    self._loop = asyncio.get_running_loop()
+                self._timer()
+            else:
+                loop = self._loop
+                assert loop is not None
+                try:
+                    loop.call_soon_threadsafe(self._timer)
+                except RuntimeError:   # the loop is closed: the daemon is stopping
+                    pass
         return command_id
 
     def forget(self, command_id: int) -> bool:
-        """A registered call that was not sent leaves (the loop); False when it was answered already."""
+        """A registered call that was not sent leaves (any thread); False when it was answered already."""
         return self._pending.pop(command_id, None) is not None
 
     def _start(self, make: Callable[[int, int], OwnerCall], timeout: float, answer: Answer) -> None:

@@ -65,6 +65,12 @@ class Reactor:
         with self._lock:
             self._turns[fd] = turn
 
+    def rearm(self, fd: int) -> None:
+        """Wake a turn of ``fd`` again at its next bytes (at once if some wait): for a connection whose last turn
+        returned False without ``remove`` -- reading paused, not done -- from any thread, never while a turn of it
+        runs (the attach socket's back-pressure and its messages handed to the event loop: ``api.attachread``)."""
+        self._epoll.modify(fd, _MASK)
+
     def remove(self, fd: int) -> None:
         """From a turn of ``fd`` (its last), before its socket is closed: forget it."""
         with self._lock:

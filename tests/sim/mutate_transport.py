@@ -28,8 +28,10 @@ MUTATIONS = [
   ["tests/unit/test_hccl_agent.py::test_registry_deregisters_from_any_thread_once_no_link_binds_it"]),
  ("ipcclose-device", "server/datadist_ascend/acl.py", "        self.set_device(device)\n        self._call(\"aclrtIpcMemClose\"", "        self._call(\"aclrtIpcMemClose\"",
   ["tests/unit/test_hccl_agent.py::test_imported_memory_is_closed_from_a_thread_without_a_device"]),
- ("relink-wait", AG, "if previous is not None and not previous.wait(self._close_wait()):", "if False:",
-  ["tests/unit/test_hccl_agent.py::test_a_relink_waits_for_the_old_communicator_to_go"]),
+ ("comm-per-link", AG, "                name = comm_name((self.name, peer[\"name\"]), entry.link)\n",
+  "                name = comm_name((self.name, peer[\"name\"]), b\"\")\n",
+  ["tests/unit/test_hccl_agent.py::test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_prepare",
+   "tests/integration/test_hccl_cann.py::test_a_relink_after_a_failed_link_meets_only_its_own_communicators[acl-hccl]"]),
  ("teardown-device", AG, "        try:\n            self._acl.set_device(self.device)\n        except AscendError as exc:\n            log.warning(\"hccl: %s\", exc)\n", "",
   ["tests/unit/test_hccl_agent.py::test_unlink_sets_the_engines_device_whatever_the_thread_says"]),
  ("bare-tgid", "server/datadistd/api/attachmsgs.py", "                pid = msg.bare_tgid\n", "                pass\n",
@@ -41,7 +43,7 @@ MUTATIONS = [
   ["tests/security/test_npu.py::test_a_pool_key_names_the_kernels_pid_where_it_is_the_drivers[acl-hccl]"]),
  ("unlink-waits", AG, "        entry.stop = True\n        if entry.opening.acquire(blocking=False):",
   "        entry.stop = True\n        if True:\n            with entry.lock:\n                self._teardown(entry)\n            return\n        if entry.opening.acquire(blocking=False):",
-  ["tests/unit/test_hccl_agent.py::test_a_relink_waits_for_the_old_communicator_to_go"]),
+  ["tests/unit/test_hccl_agent.py::test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_prepare"]),
 ]
 def main(only: list[str]) -> int:
     bad = 0

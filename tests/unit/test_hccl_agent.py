@@ -117,6 +117,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.transport.hccl.agent import HcclAgent
 
 SIZE = 4 << 20
+LINK = os.urandom(32)   # the link's token, which both ends hold (fork: the peer's is the same)
 
 
 def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
@@ -132,7 +133,7 @@ def peer_main(conn, meta_patch):
     a.memcpy(0, buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     meta = ag.metadata()
     conn.send((meta_patch(meta), buf))
-    ag.add_peer(conn.recv())
+    ag.add_peer(conn.recv(), LINK)
     conn.recv()
     ag.close()
 
@@ -144,7 +145,7 @@ def linked(meta_patch=lambda m: m, **identity):
     a, buf, ag = agent("a", **identity)
     meta, other = mine.recv()
     mine.send(ag.metadata())
-    return p, mine, a, buf, ag, ag.add_peer(meta), other
+    return p, mine, a, buf, ag, ag.add_peer(meta, LINK), other
 '''
 
 
@@ -231,22 +232,28 @@ def test_new_memory_where_bound_memory_was_is_refused_until_the_link_goes(sim_ro
     assert out == ["LLM_PARAM_INVALID", "True", "1", "True"]
 
 
-def test_a_relink_waits_for_the_old_communicator_to_go(sim_root, tmp_path) -> None:
+def test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_prepare(sim_root, tmp_path) -> None:
     """Unlinked while its Prepare still waits for the peer, the communicator is torn down when Prepare ends (never
-    under it); a relink to the same peer -- whose communicator has the same name, which HCCL refuses twice on a
-    device -- waits for that, then prepares in its turn (and times out here: the peer never comes)."""
+    under it: HCCL refuses unbind and destroy then). A relink to the same peer makes its own communicator at once:
+    named by its link, never the old one's (HCCL refuses a name twice on a device, and a peer could meet the wrong
+    one); it prepares in its turn (and times out here: the peer never comes). The peer's identity again on a link
+    makes nothing new. Both go with the agent: no communicator and no meeting left in the simulation's directory."""
     out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
-        import json
+        import glob, json
         a, buf, ag = agent("a", timeout=2)
         meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
                            "ranges": []}).encode()
-        ag.add_peer(meta)
+        ag.add_peer(meta, b"link-1")
         ag.drop_peer("b")            # its Prepare runs on (2 s): torn down after
-        ag.add_peer(meta)
+        ag.add_peer(meta, b"link-2")
+        first = ag._comms["b"]
+        ag.add_peer(meta, b"link-2")  # the same link's identity again: the same communicator
+        print(ag._comms["b"] is first)
         try:
             ag.read(np.array([[buf, 64]], np.uint64), np.array([[buf, 64]], np.uint64), "b", time.monotonic() + 30)
         except DataDistError as exc:
             print(exc.code.name)
         ag.close()
+        print(sum(len(glob.glob(os.path.join(os.environ["ASCEND_SIM_DIR"], f))) for f in ("comm-*", "met-*")))
         """))
-    assert out == ["LLM_TIMEOUT"]   # not LLM_PARAM_INVALID: "comm Name exist"
+    assert out == ["True", "LLM_TIMEOUT", "0"]   # not LLM_PARAM_INVALID ("comm Name exist"); nothing left

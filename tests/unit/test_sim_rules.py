@@ -1,6 +1,6 @@
-"""Each rule of CANN's runtime the SIMULATED Ascend runtime enforces (tests/sim/hccl.c R1-R11, R14-R16, ascendcl.c R12-R13;
-the vendor source of each is named there and in docs/ascend.md), called through the ctypes bindings in child
-processes, one test per rule. Each was checked to fail with its rule taken out of the simulation.
+"""Each rule of CANN's runtime the SIMULATED Ascend runtime enforces (tests/sim/hccl.c R1-R11, R14-R16,
+ascendcl.c R12-R13; the vendor source of each is named there and in docs/ascend.md), called through the ctypes
+bindings in child processes, one test per rule. Each was checked to fail with its rule taken out of the simulation.
 
 A two-rank test runs rank 1 in a forked child (``PEER``): it registers and binds 1 MiB of device memory holding
 bytes ``(i * 7 + 1) & 0xff``, prepares, sends its address, and waits for the word to go."""

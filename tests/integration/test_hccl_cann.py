@@ -1,4 +1,4 @@
-"""The hccl transport against the stricter SIMULATED runtime (tests/sim: CANN's rules R1-R13, docs/ascend.md), through
+"""The hccl transport against the stricter SIMULATED runtime (tests/sim: CANN's rules R1-R16, docs/ascend.md), through
 two daemons, with HCCL's descriptor limit at its V2 value (64 per call), and every process in a simulated PID
 namespace (its bare tgid is not its pid):
 

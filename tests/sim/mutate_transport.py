@@ -32,6 +32,8 @@ MUTATIONS = [
   "                name = comm_name((self.name, peer[\"name\"]), b\"\")\n",
   ["tests/unit/test_hccl_agent.py::test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_prepare",
    "tests/integration/test_hccl_cann.py::test_a_relink_after_a_failed_link_meets_only_its_own_communicators[acl-hccl]"]),
+ ("link-one-agent", AG, "            if any(e.link == link for e in self._comms.values()):\n", "            if False:\n",
+  ["tests/unit/test_hccl_agent.py::test_an_identity_of_another_agent_on_a_link_leaves_that_agents_communicator"]),
  ("teardown-device", AG, "        try:\n            self._acl.set_device(self.device)\n        except AscendError as exc:\n            log.warning(\"hccl: %s\", exc)\n", "",
   ["tests/unit/test_hccl_agent.py::test_unlink_sets_the_engines_device_whatever_the_thread_says"]),
  ("bare-tgid", "server/datadistd/api/attachmsgs.py", "                pid = msg.bare_tgid\n", "                pass\n",

@@ -257,3 +257,24 @@ def test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_
         print(sum(len(glob.glob(os.path.join(os.environ["ASCEND_SIM_DIR"], f))) for f in ("comm-*", "met-*")))
         """))
     assert out == ["True", "LLM_TIMEOUT", "0"]   # not LLM_PARAM_INVALID ("comm Name exist"); nothing left
+
+
+def test_an_identity_of_another_agent_on_a_link_leaves_that_agents_communicator(sim_root, tmp_path) -> None:
+    """A peer sends, on its own link, the identity of another agent this one is linked with: refused -- a link is
+    one agent's -- and that agent's communicator is neither replaced nor torn down."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        a, buf, ag = agent("a", timeout=2)
+        ident = lambda n: json.dumps({"name": n, "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                                      "ranges": []}).encode()
+        ag.add_peer(ident("b"), b"link-b")
+        ag.add_peer(ident("c"), b"link-c")
+        first = ag._comms["b"]
+        try:
+            ag.add_peer(ident("b"), b"link-c")
+        except DataDistError as exc:
+            print(exc.code.name)
+        print(ag._comms["b"] is first, first.stop)
+        ag.close()
+        """))
+    assert out == ["LLM_LINK_FAILED", "True", "False"]

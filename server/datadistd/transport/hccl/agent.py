@@ -221,10 +221,8 @@ class HcclAgent:
             raise ValueError("overlapping ranges")
         return ranges
 
-    def add_peer(self, metadata: bytes, link: bytes) -> str:
-        """Start the communicator of the link ``link`` (its token) with the peer that sent ``metadata`` on it (the
-        peer's name, at once; Prepare runs on). A peer's communicator made for another link (an older one, still
-        going) is retired: a new link always gets its own, never one whose other end may be gone."""
+    def _identity_of(self, metadata: bytes) -> tuple[dict[str, str], list[tuple[int, int]]]:
+        """A peer's identity, checked, and the ranges it names."""
         try:
             if len(metadata) > _MAX_META:
                 raise ValueError("too long")
@@ -236,6 +234,18 @@ class HcclAgent:
                 raise ValueError("not an identity")
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
+        return peer, theirs
+
+    def identity_name(self, metadata: bytes) -> str:
+        """The agent a peer's identity names (checked before its communicator retires that agent's older one)."""
+        return self._identity_of(metadata)[0]["name"]
+
+    def add_peer(self, metadata: bytes, link: bytes) -> str:
+        """Start the communicator of the link ``link`` (its token) with the peer that sent ``metadata`` on it (the
+        peer's name, at once; Prepare runs on). A peer's communicator made for another link (an older one, still
+        going) is retired: a new link always gets its own, never one whose other end may be gone. A link is one
+        agent's: an identity of another agent on it is refused, leaving that agent's communicator alone."""
+        peer, theirs = self._identity_of(metadata)
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
@@ -257,6 +267,9 @@ class HcclAgent:
             stale = self._comms.get(name)
             if stale is not None and stale.link == link:
                 return name     # this link's communicator is made already (the identity again, on its link)
+            if any(e.link == link for e in self._comms.values()):
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: an identity of {name} on another "
+                                                                   "agent's link")
             entry = self._comms[name] = _Comm(name, link, theirs)
         if stale is not None:
             self._retire(stale)

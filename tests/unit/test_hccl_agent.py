@@ -278,3 +278,28 @@ def test_an_identity_of_another_agent_on_a_link_leaves_that_agents_communicator(
         ag.close()
         """))
     assert out == ["LLM_LINK_FAILED", "True", "False"]
+
+
+def test_a_meta_whose_identity_names_another_agent_is_refused_before_it_touches_that_agents_link(sim_root,
+                                                                                                  tmp_path) -> None:
+    """A peer's META names it one agent while the identity it carries names another this engine is linked with:
+    refused before any communicator is made -- that agent's stays as it was."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        from datadistd.transport.hccl import HcclTransport
+        from datadistd.transport.onesided import LinkPeer
+        a, buf, _ = agent("unused")
+        t = HcclTransport(device_id=0, device_ip="10.0.0.1", server_id="10.0.0.1", prepare_timeout=2)
+        t.start()
+        ident = json.dumps({"name": "x", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                            "ranges": []}).encode()
+        t._bind_agent(LinkPeer(t, b"x" * 32, outbound=False), "x", ident)
+        first = t._agent()._comms["x"]
+        try:
+            t._bind_agent(LinkPeer(t, b"e" * 32, outbound=False), "evil", ident)
+        except ValueError as exc:
+            print("refused")
+        print(t._agent()._comms["x"] is first, first.stop)
+        t.stop()
+        """))
+    assert out == ["refused", "True", "False"]

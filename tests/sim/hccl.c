@@ -445,28 +445,35 @@ static int read_peer(comm_t *c, uint32_t rank, pub_head *head, pub_entry **out) 
 }
 
 /* R15: who met whom, one file per end in $ASCEND_SIM_DIR: met-<instance>-r<peer rank> holds the peer instance that
-   instance met. Both ends' are written at once, under the directory's lock: a meeting is one connection. */
+   instance met (and its process). Both ends' are written at once, under the directory's lock: a meeting is one
+   connection. */
+typedef struct {
+  uint64_t id;
+  int32_t pid;
+} met_rec;
+
 static void met_path(uint64_t id, uint32_t peer_rank, char *out, size_t n) {
   snprintf(out, n, "%s/met-%016llx-r%u", sim_dir(), (unsigned long long)id, peer_rank);
 }
 
-static uint64_t read_met(uint64_t id, uint32_t peer_rank) {
+static met_rec read_met(uint64_t id, uint32_t peer_rank) {
   char path[400];
-  uint64_t peer = 0;
+  met_rec peer = {0, 0};
   met_path(id, peer_rank, path, sizeof path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  if (read(fd, &peer, sizeof peer) != (ssize_t)sizeof peer) peer = 0;
+  if (fd < 0) return peer;
+  if (read(fd, &peer, sizeof peer) != (ssize_t)sizeof peer) peer.id = 0;
   close(fd);
   return peer;
 }
 
-static int write_met(uint64_t id, uint32_t peer_rank, uint64_t peer) {
+static int write_met(uint64_t id, uint32_t peer_rank, uint64_t peer, int32_t pid) {
   char path[400];
+  met_rec rec = {peer, pid};
   met_path(id, peer_rank, path, sizeof path);
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return -1;
-  int ok = write(fd, &peer, sizeof peer) == (ssize_t)sizeof peer;
+  int ok = write(fd, &rec, sizeof rec) == (ssize_t)sizeof rec;
   close(fd);
   return ok ? 0 : -1;
 }
@@ -492,9 +499,9 @@ static int try_meet(comm_t *c, uint32_t r, int leaving) {
   int dir = lock_dir();
   if (dir < 0) return -1;
   int met = 0;
-  uint64_t peer = read_met(c->id, r);
-  if (peer) { /* the other end made the connection: this instance met that one */
-    c->met[r] = peer;
+  met_rec peer = read_met(c->id, r);
+  if (peer.id && kill(peer.pid, 0) == 0) { /* the other end made the connection (and lives): this one met that */
+    c->met[r] = peer.id;
     met = 1;
   } else if (leaving) {
     pthread_mutex_lock(&c->lock);
@@ -506,8 +513,8 @@ static int try_meet(comm_t *c, uint32_t r, int leaving) {
     if (read_peer(c, r, &h, &e) == 0) {
       free(e);
       /* in its Prepare, alive, and met by nobody at this rank yet: whichever instance of the name it is */
-      if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank)) {
-        met = write_met(c->id, r, h.id) || write_met(h.id, c->rank, c->id) ? -1 : 1;
+      if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank).id) {
+        met = write_met(c->id, r, h.id, h.pid) || write_met(h.id, c->rank, c->id, (int32_t)getpid()) ? -1 : 1;
         if (met == 1) c->met[r] = h.id;
       }
     }

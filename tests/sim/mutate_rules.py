@@ -36,7 +36,7 @@ MUTATIONS = [
     ("r13", A, "  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL; /* R13 */\n", ""),
     ("r14", H, "  if (!__atomic_load_n(&c->preparing, __ATOMIC_SEQ_CST)) return 0;",
      "  if (c || call) return 0;"),
-    ("r15", H, "if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank)) {",
+    ("r15", H, "if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank).id) {",
      "if (h.prepared && kill(h.pid, 0) == 0) {"),
     ("r16", H, "if (h.id != c->met[remoteRank]) { /* R16", "if (0) { /* R16"),
 ]

@@ -303,3 +303,23 @@ def test_a_meta_whose_identity_names_another_agent_is_refused_before_it_touches_
         t.stop()
         """))
     assert out == ["refused", "True", "False"]
+
+
+def test_two_links_made_at_once_reach_both_ends_in_either_order_and_keep_one_communicator(sim_root,
+                                                                                          tmp_path) -> None:
+    """Two links with one peer made at once from both ends (a comm domain: each member links to the other) reach
+    the two agents in opposite orders: both keep the communicator of the smaller link token, whichever came first
+    -- else each end would keep another and neither would ever meet its peer's."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                           "ranges": []}).encode()
+        ends = [agent("a", timeout=1)[2], agent("c", timeout=1)[2]]
+        for ag, order in zip(ends, ((b"link-1", b"link-2"), (b"link-2", b"link-1"))):
+            for link in order:
+                ag.add_peer(meta, link)
+        print(*[ag._comms["b"].link.decode() for ag in ends])
+        for ag in ends:
+            ag.close()
+        """))
+    assert out == ["link-1", "link-1"]

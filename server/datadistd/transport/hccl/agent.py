@@ -242,9 +242,10 @@ class HcclAgent:
 
     def add_peer(self, metadata: bytes, link: bytes) -> str:
         """Start the communicator of the link ``link`` (its token) with the peer that sent ``metadata`` on it (the
-        peer's name, at once; Prepare runs on). A peer's communicator made for another link (an older one, still
-        going) is retired: a new link always gets its own, never one whose other end may be gone. A link is one
-        agent's: an identity of another agent on it is refused, leaving that agent's communicator alone."""
+        peer's name, at once; Prepare runs on). A peer whose communicator (made for a link still up on this side)
+        was named by a smaller token keeps it: two links made at once from both ends (a comm domain) reach the two
+        ends in either order, and both keep the same one; else the new link's replaces it. A link is one agent's:
+        an identity of another agent on it is refused, leaving that agent's communicator alone."""
         peer, theirs = self._identity_of(metadata)
         name = peer["name"]
         if name == self.name:
@@ -270,6 +271,8 @@ class HcclAgent:
             if any(e.link == link for e in self._comms.values()):
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: an identity of {name} on another "
                                                                    "agent's link")
+            if stale is not None and stale.link < link and not (stale.ready.done() and stale.ready.exception()):
+                return name     # the smaller token's is kept (both ends keep it), unless it failed
             entry = self._comms[name] = _Comm(name, link, theirs)
         if stale is not None:
             self._retire(stale)

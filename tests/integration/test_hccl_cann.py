@@ -1,4 +1,4 @@
-"""The hccl transport against the stricter SIMULATED runtime (tests/sim: CANN's rules R1-R13, docs/ascend.md), through
+"""The hccl transport against the stricter SIMULATED runtime (tests/sim: CANN's rules R1-R16, docs/ascend.md), through
 two daemons, with HCCL's descriptor limit at its V2 value (64 per call), and every process in a simulated PID
 namespace (its bare tgid is not its pid):
 
@@ -8,16 +8,22 @@ namespace (its bare tgid is not its pid):
 * an unlink and a relink to the same peer (the old communicator torn down in CANN's order first: its name is
   taken until then);
 * two engines of one daemon link at the same moment (HCCL refuses concurrent communicator creation: one lock);
-* memory registered after a link reaches only links made later: the transfer fails clearly, a relink moves it.
+* memory registered after a link reaches only links made later: the transfer fails clearly, a relink moves it;
+* a relink after a link whose one end failed meets only its own communicators (R15, R16: each link's are named by
+  the link), and every communicator and meeting of both ends goes with the unlink.
 """
 
 from __future__ import annotations
+
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
 from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
+from tests.reliability.common import wait_until
 
 pytestmark = over_planes(ACL_PLANE)
 
@@ -103,3 +109,60 @@ def test_memory_registered_after_the_link_needs_a_relink(two) -> None:
     assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
     decoder.call("pull_blocks", P, "kv", [1, 2], [3, 4])
     np.testing.assert_array_equal(decoder.call("rows", "kv", None, [3, 4]), prompt.call("rows", "kv", None, [1, 2]))
+
+
+#: tests/sim/hccl.c pub_head: pid, prepared (in or past its Prepare), count, traffic class, service level, device, id
+HEAD = struct.Struct("=iiIIIiQ")
+
+
+def _comms(sim_dir: str) -> dict[int, int]:
+    """The simulated HCCL's communicators alive now: instance id -> whether it is in (or past) its Prepare."""
+    out = {}
+    for path in Path(sim_dir).glob("comm-*-r*"):
+        if not path.name.endswith(".tmp"):
+            try:
+                _, prepared, *_, ident = HEAD.unpack_from(path.read_bytes())
+            except (OSError, struct.error):   # destroyed (or replaced) as it was read
+                continue
+            out[ident] = prepared
+    return out
+
+
+def test_a_relink_after_a_failed_link_meets_only_its_own_communicators(daemon_factory, worker_factory) -> None:
+    """The prompt's end of a link fails to make its communicator (a fault the simulation injects) while the
+    decoder's waits for it in its Prepare; the decoder unlinks and links again. HCCL knows a Prepare's peer by the
+    communicator's name and the two addresses only (R15): had the relink's communicators the old link's name, the
+    prompt's new one would meet the decoder's old one -- which then goes with the old link, taking the new one's
+    connection with it (R16): every transfer of the relink would fail. Each link's communicators are named by the
+    link: the relink moves bytes both ways while the old one waits out its Prepare (4 s), and when the relink goes
+    too, nothing of either link is left in HCCL."""
+    dp = daemon_factory("p", env={**SIM, "ASCEND_SIM_FAIL_INITS": "1"})
+    dd = daemon_factory("d", env=SIM)
+    sim = dd.env.get("ASCEND_SIM_DIR")
+    if not sim:
+        pytest.skip("needs the simulated runtime (its fault knob ASCEND_SIM_FAIL_INITS)")
+    port = free_port()
+    prompt, decoder = worker_factory(dp, **SIM), worker_factory(dd, **SIM)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=8 << 20, remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, mem_pool=8 << 20, remote_cache_accessible=True,
+                 extra={"llm.LinkTotalTime": "4"})
+    for w in (prompt, decoder):
+        w.call("allocate", "kv", 2, (64, *BLOCK), "uint8", blocks=True, model_id=0)
+    prompt.call("fill", "kv", 3)
+    decoder.call("fill", "kv", 4)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    with pytest.raises(WorkerError) as info:   # the prompt's end has no communicator: the link is dropped
+        prompt.call("push_blocks", D, "kv", [0], [0])
+    assert info.value.status_code == S.LLM_NOT_YET_LINK and "HCCL_E_INTERNAL" in str(info.value)
+    assert wait_until(lambda: list(_comms(sim).values()) == [1], 30), _comms(sim)   # the decoder's, in Prepare
+    old = set(_comms(sim))
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    assert wait_until(lambda: not old & set(_comms(sim)), 30), _comms(sim)   # the old one went
+    prompt.call("push_blocks", D, "kv", [1, 2], [3, 4])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [3, 4]), prompt.call("rows", "kv", None, [1, 2]))
+    decoder.call("pull_blocks", P, "kv", [5], [6])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [6]), prompt.call("rows", "kv", None, [5]))
+    assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
+    left = lambda: [p.name for p in Path(sim).iterdir() if p.name.startswith(("comm-", "met-"))]  # noqa: E731
+    assert wait_until(lambda: not left(), 30), left()

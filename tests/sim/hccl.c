@@ -44,13 +44,24 @@
  *   R14 bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
  *       bound set; hixl takes the entity's mutex for Finalize, which Initialize holds through Prepare): the
  *       simulation says so loudly (stderr, HCCL_E_INTERNAL).
+ *   R15 a Prepare meets the peer rank's communicator OF THE SAME NAME that is in its own Prepare and has met nobody
+ *       there yet -- whichever instance that is: HCCL tells the two ends of a Prepare's connection apart by its
+ *       socket tag alone, "<server ip>_<port>_<client ip>_<port>_<comm name>" (hcomm hccl_one_sided_conn.cc
+ *       HcclOneSidedConn::Connect), so a new communicator cannot be told from an older one of its name that is still
+ *       waiting. A meeting is one connection, made for both ends at once: each end then has met exactly that
+ *       instance (its Prepare ends, even if the other is destroyed right after), and neither meets another.
+ *   R16 a transfer travels the connection its Prepare made: once the peer instance met there is destroyed, every
+ *       put and get fails (HCCL_E_NETWORK here), even when a new communicator of the same name stands in its place
+ *       (hcomm hccl_one_sided_conn.cc: the data socket and QP made in Connect are the connection's for its life;
+ *       hccl_socket_manager.cc DestroySockets closes a communicator's sockets when it goes).
  *
  * A put or get whose peer dies while it runs stalls -- no byte lands after the peer is gone -- until its
  * stream is aborted or destroyed (RoCE retransmits to a dead peer for HCCL_RDMA_TIMEOUT x
  * HCCL_RDMA_RETRY_CNT, longer than any transfer deadline): the initiator sees its synchronisation time out.
  * Knobs: ASCEND_SIM_WIRE_MBPS (megabits per second, default 0 = no limit) paces the bytes of every put and
  * get like a wire of that rate, so a test can fault a transfer while it is on the wire; ASCEND_SIM_MAX_DESC;
- * ASCEND_SIM_INIT_MS; HCCL_CONNECT_TIMEOUT.
+ * ASCEND_SIM_INIT_MS; HCCL_CONNECT_TIMEOUT; ASCEND_SIM_FAIL_INITS=n: the process's first n communicator
+ * creations fail (HCCL_E_INTERNAL), a fault of one end of a link for a test to inject.
  *
  * Not simulated: the wire (RoCE/HCCS) beyond that pace, traffic class and service level (accepted,
  * recorded only).
@@ -64,7 +75,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -133,12 +146,13 @@ typedef struct { /* one published record of a rank's bound memory */
   char file[200];
 } pub_entry;
 
-typedef struct { /* tests read it too (tests/integration/test_npus.py): keep the layout in step */
+typedef struct { /* tests read it too (tests/integration/test_npus.py, test_hccl_cann.py): keep the layout in step */
   int32_t pid;
-  int32_t prepared;
+  int32_t prepared; /* in its Prepare, or past it */
   uint32_t count;
   uint32_t traffic_class, service_level;
   int32_t device;
+  uint64_t id; /* this instance of the communicator (R15, R16): unique, never reused */
 } pub_head;
 
 typedef struct {
@@ -149,6 +163,8 @@ typedef struct {
 
 typedef struct comm_s {
   char name[128];
+  uint64_t id;           /* this instance (R15, R16) */
+  uint64_t *met;         /* by rank: the peer instance its Prepare met, 0 before (R15, R16) */
   uint32_t rank, nranks;
   int prepared;          /* a Prepare succeeded: the enabled set is fixed (R3, R5) */
   int preparing;         /* a Prepare runs (R14) */
@@ -171,6 +187,7 @@ static mem_handle *g_registry[SIM_NO_DEVICE + 1];
 static uint64_t g_nic_epoch[SIM_NO_DEVICE + 1];
 static comm_t *g_comms;
 static int g_initing;
+static long g_inits; /* communicators this process tried to make (ASCEND_SIM_FAIL_INITS) */
 
 /* R14: a call that changes what Prepare iterates, made while it runs */
 static int during_prepare(comm_t *c, const char *call) {
@@ -207,7 +224,7 @@ static HcclResult publish_locked(comm_t *c) {
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return HCCL_E_INTERNAL;
   pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nenabled, c->traffic_class, c->service_level,
-                c->device};
+                c->device, c->id};
   int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h;
   for (int i = 0; ok && i < c->nenabled; i++) {
     pub_entry e = {0};
@@ -243,12 +260,19 @@ static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConf
   uint32_t nranks = count_ranks(clusterInfo);
   if (nranks < 2 || rank >= nranks) return HCCL_E_PARA;
   if (simacl_current_device() < 0) return HCCL_E_PARA; /* no aclrtSetDevice on this thread */
+  if (__atomic_add_fetch(&g_inits, 1, __ATOMIC_SEQ_CST) <= env_long("ASCEND_SIM_FAIL_INITS", 0))
+    return HCCL_E_INTERNAL; /* the fault a test injected */
   size_t name_len = strnlen(config->hcclCommName, sizeof config->hcclCommName);
   if (name_len == 0 || name_len == sizeof config->hcclCommName || strchr(config->hcclCommName, '/'))
     return HCCL_E_PARA;
   usleep((useconds_t)env_long("ASCEND_SIM_INIT_MS", 20) * 1000u); /* the time a real init takes: R10's window */
   comm_t *c = calloc(1, sizeof *c);
-  if (!c) return HCCL_E_MEMORY;
+  if (c) c->met = calloc(nranks, sizeof *c->met);
+  if (!c || !c->met || getrandom(&c->id, sizeof c->id, 0) != (ssize_t)sizeof c->id || !c->id) {
+    if (c) free(c->met);
+    free(c);
+    return HCCL_E_MEMORY;
+  }
   memcpy(c->name, config->hcclCommName, name_len);
   c->rank = rank;
   c->nranks = nranks;
@@ -261,6 +285,7 @@ static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConf
     if (o->device == c->device && strcmp(o->name, c->name) == 0) { /* R9: "comm Name exist" */
       pthread_mutex_unlock(&g_lock);
       pthread_mutex_destroy(&c->lock);
+      free(c->met);
       free(c);
       return HCCL_E_PARA;
     }
@@ -273,6 +298,7 @@ static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConf
     for (comm_t **pp = &g_comms; *pp; pp = &(*pp)->next)
       if (*pp == c) { *pp = c->next; break; }
     pthread_mutex_unlock(&g_lock);
+    free(c->met);
     free(c);
     return HCCL_E_INTERNAL;
   }
@@ -418,6 +444,85 @@ static int read_peer(comm_t *c, uint32_t rank, pub_head *head, pub_entry **out) 
   return rc;
 }
 
+/* R15: who met whom, one file per end in $ASCEND_SIM_DIR: met-<instance>-r<peer rank> holds the peer instance that
+   instance met (and its process). Both ends' are written at once, under the directory's lock: a meeting is one
+   connection. */
+typedef struct {
+  uint64_t id;
+  int32_t pid;
+} met_rec;
+
+static void met_path(uint64_t id, uint32_t peer_rank, char *out, size_t n) {
+  snprintf(out, n, "%s/met-%016llx-r%u", sim_dir(), (unsigned long long)id, peer_rank);
+}
+
+static met_rec read_met(uint64_t id, uint32_t peer_rank) {
+  char path[400];
+  met_rec peer = {0, 0};
+  met_path(id, peer_rank, path, sizeof path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return peer;
+  if (read(fd, &peer, sizeof peer) != (ssize_t)sizeof peer) peer.id = 0;
+  close(fd);
+  return peer;
+}
+
+static int write_met(uint64_t id, uint32_t peer_rank, uint64_t peer, int32_t pid) {
+  char path[400];
+  met_rec rec = {peer, pid};
+  met_path(id, peer_rank, path, sizeof path);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  int ok = write(fd, &rec, sizeof rec) == (ssize_t)sizeof rec;
+  close(fd);
+  return ok ? 0 : -1;
+}
+
+static int lock_dir(void) {
+  int dir = open(sim_dir(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0 && flock(dir, LOCK_EX)) {
+    close(dir);
+    return -1;
+  }
+  return dir;
+}
+
+static void unlock_dir(int dir) {
+  flock(dir, LOCK_UN);
+  close(dir);
+}
+
+/* R15: meet rank r's communicator of this name if it can be met now: 1 met (c->met[r] set), 0 not yet, -1 error.
+   `leaving`: the Prepare gives up unless the other end met this one meanwhile (then the connection stands); it
+   publishes that it is out of Prepare, so nothing meets it later. */
+static int try_meet(comm_t *c, uint32_t r, int leaving) {
+  int dir = lock_dir();
+  if (dir < 0) return -1;
+  int met = 0;
+  met_rec peer = read_met(c->id, r);
+  if (peer.id && kill(peer.pid, 0) == 0) { /* the other end made the connection (and lives): this one met that */
+    c->met[r] = peer.id;
+    met = 1;
+  } else if (leaving) {
+    pthread_mutex_lock(&c->lock);
+    publish_locked(c); /* prepared 0: out of Prepare */
+    pthread_mutex_unlock(&c->lock);
+  } else {
+    pub_head h;
+    pub_entry *e = NULL;
+    if (read_peer(c, r, &h, &e) == 0) {
+      free(e);
+      /* in its Prepare, alive, and met by nobody at this rank yet: whichever instance of the name it is */
+      if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank).id) {
+        met = write_met(c->id, r, h.id, h.pid) || write_met(h.id, c->rank, c->id, (int32_t)getpid()) ? -1 : 1;
+        if (met == 1) c->met[r] = h.id;
+      }
+    }
+  }
+  unlock_dir(dir);
+  return met;
+}
+
 HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int32_t timeout) {
   comm_t *c = comm;
   if (!c || !prepareConfig) return HCCL_E_PTR;
@@ -442,19 +547,17 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
   if (ret != HCCL_SUCCESS) return ret;
   struct timespec start, now;
   clock_gettime(CLOCK_MONOTONIC, &start);
-  for (uint32_t r = 0; r < c->nranks; r++) { /* every rank meets here */
+  for (uint32_t r = 0; r < c->nranks; r++) { /* every rank meets here (R15) */
     if (r == c->rank) continue;
     for (;;) {
-      pub_head h;
-      pub_entry *e = NULL;
-      int there = read_peer(c, r, &h, &e) == 0;
-      if (there) free(e);
-      if (there && h.prepared && kill(h.pid, 0) == 0) break;
       clock_gettime(CLOCK_MONOTONIC, &now);
       double waited = (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) / 1e9;
-      if (seconds >= 0 && waited >= (double)seconds) {
+      int leaving = seconds >= 0 && waited >= (double)seconds;
+      int met = try_meet(c, r, leaving);
+      if (met == 1) break;
+      if (met < 0 || leaving) {
         __atomic_store_n(&c->preparing, 0, __ATOMIC_SEQ_CST);
-        return HCCL_E_TIMEOUT;
+        return met < 0 ? HCCL_E_INTERNAL : HCCL_E_TIMEOUT;
       }
       usleep(1000);
     }
@@ -481,8 +584,13 @@ HcclResult HcclCommDestroy(HcclComm comm) {
   char path[400];
   pub_path(c, c->rank, path, sizeof path);
   unlink(path);
+  for (uint32_t r = 0; r < c->nranks; r++) { /* this end's meetings go with it (R16: the peer's connection dies) */
+    met_path(c->id, r, path, sizeof path);
+    if (r != c->rank) unlink(path);
+  }
   for (int i = 0; i < c->nmaps; i++) munmap(c->maps[i].base, c->maps[i].size);
   pthread_mutex_destroy(&c->lock);
+  free(c->met);
   free(c);
   return HCCL_SUCCESS;
 }
@@ -594,6 +702,10 @@ static HcclResult one_sided(HcclComm comm, uint32_t remoteRank, HcclOneSideOpDes
   pub_head h;
   pub_entry *entries = NULL;
   if (read_peer(c, remoteRank, &h, &entries)) return HCCL_E_NETWORK;  /* the peer's communicator is gone */
+  if (h.id != c->met[remoteRank]) { /* R16: not the instance its Prepare met: that one is gone */
+    free(entries);
+    return HCCL_E_NETWORK;
+  }
   if (peer_gone(h.pid)) {
     free(entries);
     return HCCL_E_NETWORK;

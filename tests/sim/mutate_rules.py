@@ -15,8 +15,8 @@ from tests.sim.mutate import run_mutated
 H, A = "tests/sim/hccl.c", "tests/sim/ascendcl.c"
 #: (rule, source, the rule's code, the code without it)
 MUTATIONS = [
-    ("r1", H, "if (seconds >= 0 && waited >= (double)seconds)",
-     "if (seconds >= 0 && waited * 1000 >= (double)seconds)"),
+    ("r1", H, "int leaving = seconds >= 0 && waited >= (double)seconds;",
+     "int leaving = seconds >= 0 && waited * 1000 >= (double)seconds;"),
     ("r2", H, 'if (descNum > (uint32_t)env_long("ASCEND_SIM_MAX_DESC", 256)) return HCCL_E_PARA;', ""),
     ("r3", H, "    c->bound[c->nbound++] = h;\n",
      "    c->bound[c->nbound++] = h;\n"
@@ -36,6 +36,9 @@ MUTATIONS = [
     ("r13", A, "  if (t_device < 0) return ACL_ERROR_RT_CONTEXT_NULL; /* R13 */\n", ""),
     ("r14", H, "  if (!__atomic_load_n(&c->preparing, __ATOMIC_SEQ_CST)) return 0;",
      "  if (c || call) return 0;"),
+    ("r15", H, "if (h.prepared && kill(h.pid, 0) == 0 && !read_met(h.id, c->rank).id) {",
+     "if (h.prepared && kill(h.pid, 0) == 0) {"),
+    ("r16", H, "if (h.id != c->met[remoteRank]) { /* R16", "if (0) { /* R16"),
 ]
 def main(only: list[str]) -> int:
     """Take each rule out in turn; the number of rules whose test did not fail with an assertion."""

@@ -117,6 +117,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.transport.hccl.agent import HcclAgent
 
 SIZE = 4 << 20
+LINK = os.urandom(32)   # the link's token, which both ends hold (fork: the peer's is the same)
 
 
 def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
@@ -132,7 +133,7 @@ def peer_main(conn, meta_patch):
     a.memcpy(0, buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     meta = ag.metadata()
     conn.send((meta_patch(meta), buf))
-    ag.add_peer(conn.recv())
+    ag.add_peer(conn.recv(), LINK)
     conn.recv()
     ag.close()
 
@@ -144,7 +145,7 @@ def linked(meta_patch=lambda m: m, **identity):
     a, buf, ag = agent("a", **identity)
     meta, other = mine.recv()
     mine.send(ag.metadata())
-    return p, mine, a, buf, ag, ag.add_peer(meta), other
+    return p, mine, a, buf, ag, ag.add_peer(meta, LINK), other
 '''
 
 
@@ -231,22 +232,94 @@ def test_new_memory_where_bound_memory_was_is_refused_until_the_link_goes(sim_ro
     assert out == ["LLM_PARAM_INVALID", "True", "1", "True"]
 
 
-def test_a_relink_waits_for_the_old_communicator_to_go(sim_root, tmp_path) -> None:
+def test_a_relink_gets_a_communicator_of_its_own_and_the_old_one_goes_after_its_prepare(sim_root, tmp_path) -> None:
     """Unlinked while its Prepare still waits for the peer, the communicator is torn down when Prepare ends (never
-    under it); a relink to the same peer -- whose communicator has the same name, which HCCL refuses twice on a
-    device -- waits for that, then prepares in its turn (and times out here: the peer never comes)."""
+    under it: HCCL refuses unbind and destroy then). A relink to the same peer makes its own communicator at once:
+    named by its link, never the old one's (HCCL refuses a name twice on a device, and a peer could meet the wrong
+    one); it prepares in its turn (and times out here: the peer never comes). The peer's identity again on a link
+    makes nothing new. Both go with the agent: no communicator and no meeting left in the simulation's directory."""
     out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
-        import json
+        import glob, json
         a, buf, ag = agent("a", timeout=2)
         meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
                            "ranges": []}).encode()
-        ag.add_peer(meta)
+        ag.add_peer(meta, b"link-1")
         ag.drop_peer("b")            # its Prepare runs on (2 s): torn down after
-        ag.add_peer(meta)
+        ag.add_peer(meta, b"link-2")
+        first = ag._comms["b"]
+        ag.add_peer(meta, b"link-2")  # the same link's identity again: the same communicator
+        print(ag._comms["b"] is first)
         try:
             ag.read(np.array([[buf, 64]], np.uint64), np.array([[buf, 64]], np.uint64), "b", time.monotonic() + 30)
         except DataDistError as exc:
             print(exc.code.name)
         ag.close()
+        print(sum(len(glob.glob(os.path.join(os.environ["ASCEND_SIM_DIR"], f))) for f in ("comm-*", "met-*")))
         """))
-    assert out == ["LLM_TIMEOUT"]   # not LLM_PARAM_INVALID: "comm Name exist"
+    assert out == ["True", "LLM_TIMEOUT", "0"]   # not LLM_PARAM_INVALID ("comm Name exist"); nothing left
+
+
+def test_an_identity_of_another_agent_on_a_link_leaves_that_agents_communicator(sim_root, tmp_path) -> None:
+    """A peer sends, on its own link, the identity of another agent this one is linked with: refused -- a link is
+    one agent's -- and that agent's communicator is neither replaced nor torn down."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        a, buf, ag = agent("a", timeout=2)
+        ident = lambda n: json.dumps({"name": n, "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                                      "ranges": []}).encode()
+        ag.add_peer(ident("b"), b"link-b")
+        ag.add_peer(ident("c"), b"link-c")
+        first = ag._comms["b"]
+        try:
+            ag.add_peer(ident("b"), b"link-c")
+        except DataDistError as exc:
+            print(exc.code.name)
+        print(ag._comms["b"] is first, first.stop)
+        ag.close()
+        """))
+    assert out == ["LLM_LINK_FAILED", "True", "False"]
+
+
+def test_a_meta_whose_identity_names_another_agent_is_refused_before_it_touches_that_agents_link(sim_root,
+                                                                                                  tmp_path) -> None:
+    """A peer's META names it one agent while the identity it carries names another this engine is linked with:
+    refused before any communicator is made -- that agent's stays as it was."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        from datadistd.transport.hccl import HcclTransport
+        from datadistd.transport.onesided import LinkPeer
+        a, buf, _ = agent("unused")
+        t = HcclTransport(device_id=0, device_ip="10.0.0.1", server_id="10.0.0.1", prepare_timeout=2)
+        t.start()
+        ident = json.dumps({"name": "x", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                            "ranges": []}).encode()
+        t._bind_agent(LinkPeer(t, b"x" * 32, outbound=False), "x", ident)
+        first = t._agent()._comms["x"]
+        try:
+            t._bind_agent(LinkPeer(t, b"e" * 32, outbound=False), "evil", ident)
+        except ValueError as exc:
+            print("refused")
+        print(t._agent()._comms["x"] is first, first.stop)
+        t.stop()
+        """))
+    assert out == ["refused", "True", "False"]
+
+
+def test_two_links_made_at_once_reach_both_ends_in_either_order_and_keep_one_communicator(sim_root,
+                                                                                          tmp_path) -> None:
+    """Two links with one peer made at once from both ends (a comm domain: each member links to the other) reach
+    the two agents in opposite orders: both keep the communicator of the smaller link token, whichever came first
+    -- else each end would keep another and neither would ever meet its peer's."""
+    out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
+        import json
+        meta = json.dumps({"name": "b", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
+                           "ranges": []}).encode()
+        ends = [agent("a", timeout=1)[2], agent("c", timeout=1)[2]]
+        for ag, order in zip(ends, ((b"link-1", b"link-2"), (b"link-2", b"link-1"))):
+            for link in order:
+                ag.add_peer(meta, link)
+        print(*[ag._comms["b"].link.decode() for ag in ends])
+        for ag in ends:
+            ag.close()
+        """))
+    assert out == ["link-1", "link-1"]

@@ -1,6 +1,6 @@
-"""Each rule of CANN's runtime the SIMULATED Ascend runtime enforces (tests/sim/hccl.c R1-R11, ascendcl.c R12-R13;
-the vendor source of each is named there and in docs/ascend.md), called through the ctypes bindings in child
-processes, one test per rule. Each was checked to fail with its rule taken out of the simulation.
+"""Each rule of CANN's runtime the SIMULATED Ascend runtime enforces (tests/sim/hccl.c R1-R11, R14-R16,
+ascendcl.c R12-R13; the vendor source of each is named there and in docs/ascend.md), called through the ctypes
+bindings in child processes, one test per rule. Each was checked to fail with its rule taken out of the simulation.
 
 A two-rank test runs rank 1 in a forked child (``PEER``): it registers and binds 1 MiB of device memory holding
 bytes ``(i * 7 + 1) & 0xff``, prepares, sends its address, and waits for the word to go."""
@@ -306,6 +306,56 @@ def test_r14_no_bind_unbind_or_destroy_while_prepare_runs(sim_root, tmp_path) ->
         print(code(lambda: h.unbind(comm, tok)), code(lambda: h.destroy(comm)))
         """)
     assert out[:6] == ["4", "4", "4", "9", "ok", "ok"] and "while HcclCommPrepare runs" in out[-1]
+
+
+def test_r15_a_prepare_meets_one_instance_of_the_name_once(sim_root, tmp_path) -> None:
+    """HCCL knows the ends of a Prepare's connection by their addresses and the communicator's name only: rank 0's
+    communicator meets rank 1's; destroyed and made anew under the same name, it finds rank 1's still alive -- but
+    that one met its predecessor (one connection), so the new Prepare waits for a peer that never comes."""
+    out = run(sim_root, tmp_path, """
+        p, conn = peer()
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok)
+        print(code(lambda: h.prepare(comm, 30)))
+        h.unbind(comm, tok); h.destroy(comm)
+        again = h.init_comm(TABLE, 0, CommConfig.make("t"))
+        h.bind(again, tok)
+        print(code(lambda: h.prepare(again, 1)))
+        conn.recv(); conn.send("bye"); p.join()
+        """)
+    assert out == ["ok", "9"]   # met, then HCCL_E_TIMEOUT (not met by the instance its predecessor met)
+
+
+def test_r16_a_transfer_goes_to_the_instance_its_prepare_met(sim_root, tmp_path) -> None:
+    """Rank 1 destroys the communicator rank 0's met and makes one of the same name over the same memory, in its
+    Prepare: rank 0's get, which moved bytes before, now fails -- its connection went with the instance it met."""
+    out = run(sim_root, tmp_path, """
+        import struct
+        def swap_main(conn):
+            a, h, buf, tok, comm, s = rank(1)
+            h.bind(comm, tok); h.prepare(comm, 30)
+            conn.send(buf); conn.recv()
+            h.unbind(comm, tok); h.destroy(comm)
+            again = h.init_comm(TABLE, 1, CommConfig.make("t"))
+            h.bind(again, tok)
+            threading.Thread(target=lambda: code(lambda: h.prepare(again, 5)), daemon=True).start()
+            path, end = os.path.join(os.environ["ASCEND_SIM_DIR"], "comm-t-r1"), time.monotonic() + 30
+            while time.monotonic() < end and struct.unpack_from("=ii", open(path, "rb").read())[1] != 1:
+                time.sleep(0.01)   # until the new one's Prepare published its memory
+            conn.send("swapped"); conn.recv()
+        mine, theirs = mp.Pipe()
+        p = mp.get_context("fork").Process(target=swap_main, args=(theirs,), daemon=True)
+        p.start()
+        a, h, buf, tok, comm, s = rank(0)
+        h.bind(comm, tok); h.prepare(comm, 30)
+        other = mine.recv()
+        print(code(lambda: raw(h, False, comm, [buf], [other], [4096], s)))
+        a.synchronize(0, s, 10000)
+        mine.send("swap"); mine.recv()
+        print(code(lambda: raw(h, False, comm, [buf], [other], [4096], s)))
+        mine.send("bye"); p.join()
+        """)
+    assert out == ["ok", "19"]   # HCCL_E_NETWORK
 
 
 def test_every_mutation_finds_its_code() -> None:

@@ -5,10 +5,11 @@ An engine's agent, on the engine's NPU, in CANN's order (LLM-DataDist ``comm_ent
 
 * memory is registered with HCCL per allocation -- a whole DEVICE pool when it is made, a worker's imported cache
   when it arrives (``datadist_ascend.globalmem``) -- never lazily at a transfer;
-* one communicator per peer engine (two ranks), made when the peer's identity arrives, under ONE process-wide
-  lock (HCCL does not support concurrent ``HcclCommInitClusterInfoMemConfig``), then ``HcclCommBindMem`` of every
-  registered range of the device, then ``HcclCommPrepare`` (timeout in seconds, rounded up): what is bound there
-  is all the peer can reach; memory registered later is reachable on links made later;
+* one communicator per link with a peer engine (two ranks), named by the link (``comm_name``), made when the peer's
+  identity arrives on it, under ONE process-wide lock (HCCL does not support concurrent
+  ``HcclCommInitClusterInfoMemConfig``), then ``HcclCommBindMem`` of every registered range of the device, then
+  ``HcclCommPrepare`` (timeout in seconds, rounded up): what is bound there is all the peer can reach; memory
+  registered later is reachable on links made later;
 * the peer's identity names the ranges it had registered; a transfer checks every extent against both sides' bound
   ranges and cuts an extent that spans two of them (HCCL wants each descriptor inside one buffer);
 * a transfer enqueues ``DESCS_PER_CALL`` descriptors per call on the link's stream, synchronises once, and aborts
@@ -43,7 +44,7 @@ from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
 
-__all__ = ["HcclAgent", "DONE", "cluster_table", "split_extents"]
+__all__ = ["HcclAgent", "DONE", "cluster_table", "comm_name", "split_extents"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
@@ -72,6 +73,17 @@ def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
     table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
              "status": "completed"}
     return json.dumps(table, separators=(",", ":")), order
+
+
+def comm_name(names: Sequence[str], link: bytes) -> str:
+    """The communicator of the link ``link`` (its token, which both ends hold) between agents ``names``: both ranks
+    derive the same; a relink's is never an older link's. HCCL tells the ends of a Prepare's connection apart by the
+    communicator's name and the two addresses only (hcomm ``HcclOneSidedConn::Connect``), so a relink's communicator
+    named as the old link's could meet the peer's old one still waiting in its Prepare -- and lose its connection
+    when that one is torn down (docs/ascend.md, "Communicators and relinks"). One-way: the name shows nothing of
+    the token."""
+    digest = hashlib.sha256(b"datadist-hccl-comm|" + link + b"|" + "|".join(sorted(names)).encode()).hexdigest()
+    return "datadist-" + digest[:32]
 
 
 def _loopback(address: str) -> bool:
@@ -138,16 +150,14 @@ def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[in
 class _Comm:
     """A communicator with one peer: made and prepared by a thread of its own (both ranks meet in Prepare)."""
 
-    def __init__(self, peer: str, name: str, theirs: list[tuple[int, int]]) -> None:
+    def __init__(self, peer: str, link: bytes, theirs: list[tuple[int, int]]) -> None:
         self.peer = peer
-        self.name = name                            # the communicator's: both ranks derive the same
-        self.closed = threading.Event()             # torn down (a relink's communicator may take its name)
+        self.link = link                            # the token of the link it was made for
         self.comm = 0
         self.stream = 0
         self.rank = self.remote_rank = 0
         self.bound: list[Range] = []                # ranges bound before Prepare: what the peer reaches
         self.theirs = theirs                        # the peer's registered ranges when it sent its identity
-        self.mine_at_link: list[tuple[int, int]] = []   # this side's then
         self.ready: Future[None] = Future()
         self.lock = threading.Lock()       # one batch at a time on the stream
         self.opening = threading.Lock()    # held while the communicator is made and prepared
@@ -183,8 +193,6 @@ class HcclAgent:
         self._routes: dict[str, Callable[[bytes], None]] = {}
         self._inbox: list[tuple[str, bytes]] = []
         self._closing: list[threading.Thread] = []   # unlinks waiting for a Prepare to end
-        self._closing_names: dict[str, threading.Event] = {}   # communicator name -> set once torn down
-        self._sent: list[tuple[int, int]] = []   # the ranges of the identity sent last
         self._closed = False
 
     # -- identity and peers --
@@ -192,8 +200,6 @@ class HcclAgent:
     def metadata(self) -> bytes:
         """The identity and the ranges registered now (the peer checks and cuts its extents against them)."""
         ranges = [(r.base, r.size) for r in self._mem.ranges(self.device)]
-        with self._lock:
-            self._sent = ranges
         return json.dumps({**self._identity, "ranges": ranges}).encode()
 
     def partial_metadata(self, regs: Sequence[Registration]) -> bytes:
@@ -215,8 +221,8 @@ class HcclAgent:
             raise ValueError("overlapping ranges")
         return ranges
 
-    def add_peer(self, metadata: bytes) -> str:
-        """Start the communicator with the peer that sent ``metadata`` (its name, at once; Prepare runs on)."""
+    def _identity_of(self, metadata: bytes) -> tuple[dict[str, str], list[tuple[int, int]]]:
+        """A peer's identity, checked, and the ranges it names."""
         try:
             if len(metadata) > _MAX_META:
                 raise ValueError("too long")
@@ -228,6 +234,19 @@ class HcclAgent:
                 raise ValueError("not an identity")
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
+        return peer, theirs
+
+    def identity_name(self, metadata: bytes) -> str:
+        """The agent a peer's identity names (checked before its communicator retires that agent's older one)."""
+        return self._identity_of(metadata)[0]["name"]
+
+    def add_peer(self, metadata: bytes, link: bytes) -> str:
+        """Start the communicator of the link ``link`` (its token) with the peer that sent ``metadata`` on it (the
+        peer's name, at once; Prepare runs on). A peer whose communicator (made for a link still up on this side)
+        was named by a smaller token keeps it: two links made at once from both ends (a comm domain) reach the two
+        ends in either order, and both keep the same one; else the new link's replaces it. A link is one agent's:
+        an identity of another agent on it is refused, leaving that agent's communicator alone."""
+        peer, theirs = self._identity_of(metadata)
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
@@ -243,37 +262,31 @@ class HcclAgent:
                                 f"{peer['device_ip']}, this one {self._identity['device_ip']}): HCCL would connect "
                                 "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
                                 "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
+        if not link:
+            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: a communicator is made for a link")
         with self._lock:
-            mine = self._sent   # what this side's identity said (the peer compares the same ranges)
             stale = self._comms.get(name)
-            if stale is not None and stale.theirs == theirs and stale.mine_at_link == mine:
-                return name     # another link to the same agent, nothing registered since: the same communicator
-            # new, or memory was registered on either side since the communicator was prepared: a new one binds it
-            # (both sides see the change: each compares the other's ranges and its own)
-            order = sorted((self.name, name))
-            comm_name = "datadist-" + hashlib.sha256("|".join(order).encode()).hexdigest()[:32]
-            entry = self._comms[name] = _Comm(name, comm_name, theirs)
-            entry.mine_at_link = mine
-            previous = self._closing_names.get(comm_name)
-            self._closing_names[comm_name] = entry.closed
+            if stale is not None and stale.link == link:
+                return name     # this link's communicator is made already (the identity again, on its link)
+            if any(e.link == link for e in self._comms.values()):
+                raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: an identity of {name} on another "
+                                                                   "agent's link")
+            if stale is not None and stale.link < link and not (stale.ready.done() and stale.ready.exception()):
+                return name     # the smaller token's is kept (both ends keep it), unless it failed
+            entry = self._comms[name] = _Comm(name, link, theirs)
         if stale is not None:
             self._retire(stale)
-        threading.Thread(target=self._open, args=(entry, peer, previous), name="datadist-hccl-prepare",
-                         daemon=True).start()
+        threading.Thread(target=self._open, args=(entry, peer), name="datadist-hccl-prepare", daemon=True).start()
         return name
 
-    def _open(self, entry: _Comm, peer: dict[str, str], previous: threading.Event | None) -> None:
+    def _open(self, entry: _Comm, peer: dict[str, str]) -> None:
         table, order = cluster_table([self._identity, peer])
         with entry.opening:
             try:
-                # a relink to the same peer: its communicator's name is the old one's, and HCCL refuses a name in
-                # use on the device ("comm Name exist"): wait for the old one's teardown (after its Prepare)
-                if previous is not None and not previous.wait(self._close_wait()):
-                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "the previous link with this peer is still "
-                                                                       "being torn down")
                 if entry.stop:
                     raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "unlinked while linking")
-                config = CommConfig.make(entry.name, self._traffic_class, self._service_level)
+                name = comm_name((self.name, peer["name"]), entry.link)
+                config = CommConfig.make(name, self._traffic_class, self._service_level)
                 entry.rank, entry.remote_rank = order.index(self.name), order.index(peer["name"])
                 self._acl.set_device(self.device)   # the link's thread takes the engine's context first
                 with _INIT_LOCK:
@@ -307,7 +320,8 @@ class HcclAgent:
     def drop_peer(self, name: str) -> None:
         """Unlink: tear the communicator down in CANN's order once its Prepare has ended -- at once if it has, else
         on a thread of its own when it does (Prepare is bounded by its timeout; HCCL cannot cancel it, and
-        unbinding under a running Prepare races the set it iterates), so a relink does not wait."""
+        unbinding under a running Prepare races the set it iterates). A relink does not wait: its communicator has
+        a name of its own."""
         with self._lock:
             entry = self._comms.pop(name, None)
             self._routes.pop(name, None)
@@ -343,10 +357,6 @@ class HcclAgent:
                 self._teardown(entry)
         finally:
             entry.opening.release()
-            entry.closed.set()
-            with self._lock:
-                if self._closing_names.get(entry.name) is entry.closed:
-                    del self._closing_names[entry.name]
 
     def _teardown(self, entry: _Comm) -> None:
         """CANN's order (LLM-DataDist ``CommEntity::Finalize``): abort the stream, unbind each range, destroy the

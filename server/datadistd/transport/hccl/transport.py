@@ -60,9 +60,11 @@ class HcclTransport(GrantedReads):
         return f"hccl:device{self.device_id}"
 
     def _bind_agent(self, peer: LinkPeer, name: str, metadata: bytes) -> None:
-        super()._bind_agent(peer, name, metadata)
         agent = self._agent()
         assert isinstance(agent, HcclAgent)
+        if agent.identity_name(metadata) != name:   # before its communicator retires that agent's
+            raise ValueError(f"peer metadata is not of agent {name!r}")
+        super()._bind_agent(peer, name, metadata)
         agent.route(name, lambda message: peer.send(DONE + message))
 
     def _on_extra(self, peer: LinkPeer, payload: bytes) -> None:

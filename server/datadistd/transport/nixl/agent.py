@@ -139,8 +139,8 @@ class Agent:
         descs = self._agent.get_reg_descs([(r.base, r.size, 0, "") for r in regs], "DRAM")
         return bytes(self._agent.get_partial_agent_metadata(descs, False, [self.backend]))
 
-    def add_peer(self, metadata: bytes) -> str:
-        """Load a peer's (full or partial) metadata; its agent name."""
+    def add_peer(self, metadata: bytes, link: bytes) -> str:
+        """Load a peer's (full or partial) metadata; its agent name (NIXL's state is per agent, not per link)."""
         try:
             name = self._agent.add_remote_agent(metadata)
         except Exception as exc:  # noqa: BLE001

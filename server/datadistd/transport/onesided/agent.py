@@ -27,8 +27,9 @@ class OneSidedAgent(Protocol):
     def serials(self) -> set[int]:
         """The registrations ``metadata`` describes."""
 
-    def add_peer(self, metadata: bytes) -> str:
-        """Load a peer's metadata; the peer's agent name."""
+    def add_peer(self, metadata: bytes, link: bytes) -> str:
+        """Load a peer's metadata, which came on the link ``link`` (its token; an agent that keeps state per link --
+        HCCL's communicators -- names it by the link); the peer's agent name."""
 
     def drop_peer(self, name: str) -> None: ...
 

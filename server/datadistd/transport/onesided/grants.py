@@ -51,7 +51,7 @@ class GrantedReads(OneSidedTransport):
                                                           f"{peer.what}") from None
         if not peer.ready.wait(max(0.0, deadline - time.monotonic())) or peer.agent_name is None:
             raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer {peer.what} never sent its agent metadata")
-        if size and agent.add_peer(grant[MD_LEN.size:at]) != peer.agent_name:
+        if size and agent.add_peer(grant[MD_LEN.size:at], peer.token) != peer.agent_name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self.name}: the read grant of {peer.what} "
                                                                f"describes another agent")
         remote = np.frombuffer(grant, dtype=np.uint64, offset=at).reshape(-1, 2)

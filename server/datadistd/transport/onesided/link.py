@@ -146,7 +146,7 @@ class LinkPeer:
             (size,) = MD_LEN.unpack_from(payload, ID.size)
             at = ID.size + MD_LEN.size
             if size:
-                if self.transport._agent().add_peer(payload[at:at + size]) != self.agent_name:
+                if self.transport._agent().add_peer(payload[at:at + size], self.token) != self.agent_name:
                     raise ValueError("partial metadata of another agent")
             extents = np.frombuffer(payload, dtype=np.uint64, offset=at + size).reshape(-1, 2)
             with self._cond:

@@ -251,7 +251,7 @@ class PublishedTables(OneSidedTransport):
         entry = RemoteEntry(handle, generation, row_size, rows, bases, info)
         if count:
             agent = self._agent()
-            if metadata and agent.add_peer(metadata) != peer.agent_name:
+            if metadata and agent.add_peer(metadata, peer.token) != peer.agent_name:
                 raise ValueError("a published cache of another agent")
             starts = (bases[:, None] + np.arange(rows, dtype=np.uint64) * np.uint64(row_size)).reshape(-1)
             entry.prepared = agent.prepare_rows(peer.agent_name, np.stack(

@@ -243,7 +243,7 @@ class OneSidedTransport(abc.ABC):
             if any(self._peers.get(t) is not None and t != peer.token for t in users):
                 log.info("%s: agent %s now also serves link token %s", self.name, name, peer.token[:4].hex())
             users.add(peer.token)
-        if agent.add_peer(metadata) != name:
+        if agent.add_peer(metadata, peer.token) != name:
             raise ValueError(f"peer metadata is not of agent {name!r}")
         peer.agent_name = name
 

@@ -199,46 +199,66 @@ class DataConn:
     def turn(self) -> bool:
         """The socket is readable (``reactor.Reactor``): read every frame that is there -- a frame once begun to its
         end, at most ``_TURN_FRAMES`` of them -- and hand each on. True: wake me at the next bytes; False: the
-        connection ended (cleaned up here)."""
+        connection ended (cleaned up here).
+
+        A control frame's payload is read with the next frame's header: one ``recv`` of its length plus
+        ``HEADER.size`` (what came of that header waits in ``self._header``: ``_hgot``), never a byte of the next
+        frame's payload (a DATA frame's lands straight in its destination). A receive that came back short of what
+        it asked drained the socket: the turn ends there, without a probe failing with EAGAIN (an exception); the
+        one-shot re-arm wakes a thread at the next bytes. The turn's last frame reads no further than its own end,
+        so a whole header is never left waiting here for bytes that may not come."""
         reason, clean = "", False
         hv = self._hv
         unpack = HEADER.unpack
+        sock = self.sock
+        size = HEADER.size
         try:
-            for _ in range(_TURN_FRAMES):  # one frame per pass; a header cut short waits for the next turn
+            for left in range(_TURN_FRAMES, 0, -1):  # one frame per pass; a header cut short waits for the next turn
                 got = self._hgot
-                try:
-                    n = self.sock.recv_into(hv[got:], 0, _DONTWAIT)
-                except BlockingIOError:
-                    if self.closed:
-                        raise _Closed() from None
-                    return True
-                if n == 0:
-                    if self.closed:
-                        raise _Closed()
-                    if got == 0:
-                        reason, clean = "the peer closed the connection", True
-                        break
-                    raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
-                got += n
-                if got < HEADER.size:
-                    self._hgot = got
-                    return True
+                if got < size:
+                    try:
+                        n = sock.recv_into(hv[got:], 0, _DONTWAIT)
+                    except BlockingIOError:
+                        if self.closed:
+                            raise _Closed() from None
+                        return True
+                    if n == 0:
+                        if self.closed:
+                            raise _Closed()
+                        if got == 0:
+                            reason, clean = "the peer closed the connection", True
+                            break
+                        raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
+                    got += n
+                    if got < size:
+                        self._hgot = got
+                        return True
                 self._hgot = 0
                 magic, kind, tid, offset, length = unpack(hv)
                 handler = self.handler
                 if (handler is not None and kind in KIND_CONTROL and magic == FRAME_MAGIC and not tid and not offset
                         and length <= MAX_CONTROL):
-                    # the common control frame, flat (C calls and the handler): its payload came with its header
+                    # the common control frame, flat (C calls and the handler): its payload, the next header
                     self._quiet_since = 0.0
+                    want = length + size if left > 1 else length
                     try:
-                        payload = self.sock.recv(length, _DONTWAIT) if length else b""
+                        payload = sock.recv(want, _DONTWAIT) if want else b""
+                        drained = 0 < len(payload) < want   # b"": EOF, which the next header's receive sees again
                     except BlockingIOError:
-                        payload = b""
-                    if len(payload) < length:   # the rest is still on its way: wait for it as any frame does
+                        payload, drained = b"", True
+                    n = len(payload)
+                    if n > length:         # the payload and the next header, or its start
+                        hv[:n - length] = payload[length:]
+                        self._hgot = n - length
+                        payload = payload[:length]
+                    elif n < length:       # the rest is still on its way: wait for it as any frame does
                         payload = self._control_rest(length, payload)
+                        drained = False
                     self.bytes_received += length
                     self.frames_received += 1
                     handler(kind, payload)
+                    if drained:
+                        return True
                 else:
                     self._frame()
             else:

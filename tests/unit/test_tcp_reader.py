@@ -1,13 +1,15 @@
-"""The TCP reader's turn (``DataConn.turn``) against a hand-made peer on loopback: a control frame's payload is read
-with the next frame's header in one receive, so what it read of that header is carried over to the next frame.
-These tests fail when the carry-over is wrong: frames split at every byte, coalesced, a DATA frame right behind a
-control frame (its payload must land whole in its destination), a turn's frame bound, and hostile bytes right
-behind a good frame (each check of the reader still holds: magic, kind, bounds, EOF inside a frame, the stall)."""
+"""The TCP reader's turn (``reader.FrameReader.turn``) against a hand-made peer on loopback. A control frame's payload
+is read with the next frame's header in one receive, and behind control frames in a row a header is read with up to
+``_READ_AHEAD`` bytes: what was read ahead is carried over to whoever reads the stream next. These tests fail when
+the carry-over is wrong: frames split at every byte, coalesced, a DATA frame right behind control frames (its
+payload must land whole: mapped, staged, discarded), a turn's frame bound, and hostile bytes right behind a good
+frame (each check of the reader still holds: magic, kind, bounds, EOF inside a frame, the stall)."""
 
 from __future__ import annotations
 
 import queue
 import socket
+import threading
 import time
 
 import numpy as np
@@ -16,10 +18,11 @@ import pytest
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, CONTROL_TRANSPORT
 from datadistd.transport.tcp import HEADER, MAX_CONTROL
 from datadistd.transport.tcp.channel import TcpChannel
-from datadistd.transport.tcp.wire import _TURN_FRAMES, KIND_DATA, KIND_PING
+from datadistd.transport.tcp.reactor import reactor
+from datadistd.transport.tcp.wire import _READ_AHEAD, _TURN_FRAMES, KIND_DATA, KIND_PING
 from tests.fakes import ArrayHandle
 from tests.reliability.common import wait_until
-from tests.unit.test_transport_tcp import Pair, closed_without_reply, deadline, one, raw_hello
+from tests.unit.test_transport_tcp import CopyHandle, Pair, closed_without_reply, deadline, one, raw_hello
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,3 +165,61 @@ def test_a_peer_stalling_inside_a_handled_control_frame_loses_the_connection(
     assert wait_until(lambda: channel.broken, 5) and "sent nothing of a frame" in channel.reason
     assert [kind for kind, _ in take(got, 1)] == [CONTROL_DOWN]   # and nothing of the frame cut short
     sock.close()
+
+
+def two_in_a_row(sock: socket.socket, channel: TcpChannel, got: queue.Queue) -> None:
+    """Control frames in a row: from now on the reader reads ahead (``_READ_AHEAD`` bytes per header)."""
+    sock.sendall(frame(CONTROL_CALL, b"1") + frame(CONTROL_CALL, b"2"))
+    assert take(got, 2) == [(CONTROL_CALL, b"1"), (CONTROL_CALL, b"2")]
+    assert channel._conns[0]._controls >= 2
+
+
+@pytest.mark.parametrize("size", [100, _READ_AHEAD + 5000])
+@pytest.mark.parametrize("into", ["mapped", "copied", "unknown transfer", "cancelled"])
+def test_a_data_frame_read_ahead_behind_control_frames_lands_whole(pair: Pair, into: str, size: int) -> None:
+    """Behind control frames in a row the reader reads ahead: a DATA frame there (whole, or its start when longer
+    than the read-ahead) gets its bytes read ahead first, then the socket's -- into mapped memory, through the
+    staging buffer (memory without a view), or discarded (no such transfer, a cancelled one) -- and the frames
+    behind it are handed on whole, in order."""
+    sock, channel, got = peer(pair)
+    two_in_a_row(sock, channel, got)
+    payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    dst = CopyHandle(size) if into == "copied" else ArrayHandle(size)
+    receipt = pair.b.expect(one(dst), channel=channel)
+    if into == "cancelled":
+        receipt.cancel()
+    tid = 999_999 if into == "unknown transfer" else receipt.transfer_id
+    discarded = pair.b.stats()["bytes_discarded"]
+    sock.sendall(frame(CONTROL_CALL, b"a") + frame(KIND_DATA, payload, tid=tid) + frame(CONTROL_REPLY, b"b")
+                 + frame(CONTROL_REPLY, b"c" * 40))
+    assert take(got, 3) == [(CONTROL_CALL, b"a"), (CONTROL_REPLY, b"b"), (CONTROL_REPLY, b"c" * 40)]
+    if into in ("mapped", "copied"):
+        receipt.wait(deadline(5))
+        assert dst.arr.tobytes() == payload
+    else:
+        assert pair.b.stats()["bytes_discarded"] == discarded + size and not dst.arr.any()
+    assert not channel.broken
+
+
+def test_a_turn_ends_at_its_frame_bound_when_nothing_is_read_ahead(
+        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control frames longer than the read-ahead, all in the socket: each one's payload is read with the next
+    header, but not past the turn's frame bound -- the turn ends there (the others' turn) and the next one goes on."""
+    from datadistd.transport.tcp import reader
+
+    monkeypatch.setattr(reader, "_TURN_FRAMES", 2)
+    sock, channel, _ = peer(pair)
+    release = threading.Event()
+    got: queue.Queue = queue.Queue()
+
+    def handler(kind: int, payload: bytes) -> None:   # the first frame holds the reader until all are sent
+        release.wait(5)
+        got.put((kind, payload))
+
+    channel.on_control(handler)
+    frames = [(CONTROL_CALL, bytes([n]) * (_READ_AHEAD + 100)) for n in range(12)]
+    wakeups = reactor().wakeups
+    sock.sendall(b"".join(frame(k, p) for k, p in frames))
+    release.set()
+    assert take(got, len(frames)) == frames
+    assert reactor().wakeups - wakeups >= len(frames) // 2

@@ -223,3 +223,41 @@ def test_a_turn_ends_at_its_frame_bound_when_nothing_is_read_ahead(
     release.set()
     assert take(got, len(frames)) == frames
     assert reactor().wakeups - wakeups >= len(frames) // 2
+
+
+def test_connections_sharing_a_reader_thread_keep_their_own_header_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-ahead buffer is the reader thread's, lent to one turn at a time: a turn that ends with the start of a
+    header leaves it with its connection. Two connections on one reader thread, each ending a turn inside a header
+    while the other's turn runs in between: every frame arrives whole, on its own channel."""
+    from datadistd.transport.tcp import reactor as reactor_mod
+
+    monkeypatch.setattr(reactor_mod, "THREAD_PREFIX", "test-one-reader")   # (not counted as the process's pool)
+    monkeypatch.setattr(reactor_mod, "_reactor", reactor_mod.Reactor(size=1))
+    p = Pair(streams=1)
+    try:
+        ends = []
+        for token in (b"1" * 16, b"2" * 16):
+            p.b.allow(token)
+            sock = raw_hello(p.b.endpoint, token)
+            channel = p.b.channel(token)
+            assert channel is not None and channel._conns[0]._reactor.size == 1
+            got: queue.Queue = queue.Queue()
+            channel.on_control(lambda kind, payload, got=got: got.put((kind, bytes(payload))))
+            two_in_a_row(sock, channel, got)
+            ends.append((sock, channel, got))
+        streams = [frame(CONTROL_CALL, b"one") + frame(CONTROL_REPLY, bytes(range(50))),
+                   frame(CONTROL_CALL, b"two" * 9) + frame(CONTROL_TRANSPORT, b"z" * 70)]
+        cuts = [len(streams[0]) - 50 - 20, len(streams[1]) - 70 - 5]   # inside the second frame's header
+        for (sock, _, got), stream, cut in zip(ends, streams, cuts, strict=True):
+            sock.sendall(stream[:cut])
+            assert take(got, 1)[0][0] == CONTROL_CALL
+            time.sleep(0.01)   # its turn ends with the header's start (the test holds either way)
+        for (sock, _, _), stream, cut in zip(ends, streams, cuts, strict=True):
+            sock.sendall(stream[cut:])
+        assert take(ends[0][2], 1) == [(CONTROL_REPLY, bytes(range(50)))]
+        assert take(ends[1][2], 1) == [(CONTROL_TRANSPORT, b"z" * 70)]
+        assert not any(channel.broken for _, channel, _ in ends)
+        for sock, _, _ in ends:
+            sock.close()
+    finally:
+        p.stop()

@@ -23,7 +23,6 @@ from .wire import (
     _IOV_MAX,
     _JOIN,
     _POLL,
-    _READ_AHEAD,
     _RECV_MAX,
     _SEND_FLAGS,
     _SEND_NOWAIT,
@@ -78,10 +77,11 @@ class DataConn(FrameReader):
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
         self._reactor = reactor
-        # what the reader read ahead of the frame it is at (reading thread only; ``turn``): ``_rv[_at:_upto]``, the next
-        # frames' bytes -- a header, a control frame's payload, the start of a DATA frame's -- served before the socket
-        self._rbuf = bytearray(_READ_AHEAD)
-        self._rv = memoryview(self._rbuf)
+        # what the reader read ahead of the frame it is at (reading thread only; ``FrameReader.turn``): in a turn
+        # ``_rv[_at:_upto]``, the next frames' bytes -- a header, a control frame's payload, the start of a DATA
+        # frame's -- served before the socket's; between turns ``_left[:_upto]``, the start of a header
+        self._left = bytearray(HEADER.size)
+        self._rv = memoryview(self._left)
         self._at = self._upto = 0
         self._controls = 0                # control frames read in a row (2 or more: read ahead ``_READ_AHEAD``)
         self._quiet_since = 0.0           # inside a frame: when the last receive that got nothing began

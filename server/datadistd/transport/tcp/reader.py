@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from typing import TYPE_CHECKING, Protocol
 
 from datadist.status import LLMStatusCode
@@ -35,6 +36,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("datadistd.transport.tcp")
 
 
+class _Ahead(threading.local):
+    """A reader thread's read-ahead buffer, lent to the turn it runs: a turn ends with less than a header read ahead,
+    which its connection keeps (``_left``), so a buffer per reactor thread does, not one per connection."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(_READ_AHEAD))
+
+
+_AHEAD = _Ahead()
+
+
 class FrameSink(Protocol):
     """Where a reader's control frames go before the link is ready (the channel's early-frames backlog)."""
 
@@ -52,9 +64,10 @@ class FrameReader:
     closed: bool
     handler: ControlHandler | None
     _receipts: dict[int, TcpReceipt]
-    _rv: memoryview                       # the read-ahead buffer (``_READ_AHEAD`` bytes) ...
+    _rv: memoryview                       # in a turn, its thread's read-ahead buffer (``_AHEAD``) ...
     _at: int                              # ... whose bytes ``[_at, _upto)`` come next in the stream
     _upto: int
+    _left: bytearray                      # between turns: ``_left[:_upto]``, the start of a header (``_at`` 0)
     _controls: int                        # control frames read in a row (2 or more: headers are read ahead)
     _quiet_since: float
     bytes_received: int
@@ -84,7 +97,9 @@ class FrameReader:
         with EAGAIN (an exception); the one-shot re-arm wakes a thread at the next bytes. A turn never ends with a
         whole header read ahead (no wake-up would come for it)."""
         reason, clean = "", False
-        rv = self._rv
+        rv = self._rv = _AHEAD.view
+        if self._upto:   # the start of a header, read by the last turn
+            rv[:self._upto] = self._left[:self._upto]
         unpack = HEADER.unpack_from
         sock = self.sock
         size = HEADER.size
@@ -95,6 +110,8 @@ class FrameReader:
                 at, end = self._at, self._upto
                 if end - at < size:
                     if drained or frames >= _TURN_FRAMES:
+                        if end:
+                            self._keep(at, end)
                         return True
                     if at:                  # what there is of the header to the front (at >= size > end - at)
                         end -= at
@@ -107,6 +124,7 @@ class FrameReader:
                     except BlockingIOError:
                         if self.closed:
                             raise _Closed() from None
+                        self._keep(0, end)
                         return True
                     if n == 0:
                         if self.closed:
@@ -119,6 +137,7 @@ class FrameReader:
                     self._upto = end
                     drained = n < ask
                     if end < size:
+                        self._keep(0, end)
                         return True
                 magic, kind, tid, offset, length = unpack(rv, at)
                 at += size
@@ -156,7 +175,7 @@ class FrameReader:
                     self.frames_received += 1
                     handler(kind, payload)
                 else:
-                    self._at = at
+                    self._at, self._upto = (0, 0) if at == end else (at, end)
                     self._controls = 0
                     self._frame(magic, kind, tid, offset, length)
         except _Closed:
@@ -170,6 +189,11 @@ class FrameReader:
             reason = f"reader failed: {exc!r}"
         self._end(reason, clean)
         return False
+
+    def _keep(self, at: int, end: int) -> None:
+        """The turn ends with ``_rv[at:end]`` read ahead, less than a header: the connection keeps it."""
+        self._left[:end - at] = self._rv[at:end]
+        self._at, self._upto = 0, end - at
 
     def _frame(self, magic: bytes, kind: int, tid: int, offset: int, length: int) -> None:
         """The frame of this header: read its payload and hand it on."""

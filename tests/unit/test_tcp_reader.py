@@ -201,10 +201,25 @@ def test_a_data_frame_read_ahead_behind_control_frames_lands_whole(pair: Pair, i
     assert not channel.broken
 
 
-def test_a_turn_ends_at_its_frame_bound_when_nothing_is_read_ahead(
+def test_control_frames_around_the_read_ahead_size_arrive_whole(pair: Pair) -> None:
+    """Behind control frames in a row, frames a little shorter and longer than the read-ahead, and much longer, all
+    in the socket: each is handed on whole and in order, whether it was read ahead whole, in part (its rest read
+    alone, being too long, or with the next header) or not at all."""
+    sock, channel, got = peer(pair)
+    two_in_a_row(sock, channel, got)
+    sizes = [*range(_READ_AHEAD - 3 * HEADER.size, _READ_AHEAD + 2 * HEADER.size, 7), 3 * _READ_AHEAD, 5, 0]
+    frames = [(CONTROL_REPLY, bytes([n % 251]) * n) for n in sizes]
+    for _ in range(2):   # the second time the reader starts in the read-ahead mode the first left
+        sock.sendall(b"".join(frame(k, p) for k, p in frames))
+        assert take(got, len(frames)) == frames
+    assert not channel.broken
+
+
+def test_a_turn_ends_at_its_frame_bound(
         pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Control frames longer than the read-ahead, all in the socket: each one's payload is read with the next
-    header, but not past the turn's frame bound -- the turn ends there (the others' turn) and the next one goes on."""
+    """Control frames of more than half the read-ahead, all in the socket: what a read-ahead leaves of one is read
+    with the next header, but not past the turn's frame bound -- the turn ends there (the others' turn) and the next
+    one goes on."""
     from datadistd.transport.tcp import reader
 
     monkeypatch.setattr(reader, "_TURN_FRAMES", 2)
@@ -217,7 +232,7 @@ def test_a_turn_ends_at_its_frame_bound_when_nothing_is_read_ahead(
         got.put((kind, payload))
 
     channel.on_control(handler)
-    frames = [(CONTROL_CALL, bytes([n]) * (_READ_AHEAD + 100)) for n in range(12)]
+    frames = [(CONTROL_CALL, bytes([n]) * (_READ_AHEAD // 2 + 1000)) for n in range(12)]
     wakeups = reactor().wakeups
     sock.sendall(b"".join(frame(k, p) for k, p in frames))
     release.set()

@@ -151,11 +151,16 @@ class FrameReader:
                         payload = bytes(rv[at:at + length])
                         at += length
                         self._at, self._upto = (0, 0) if at == end else (at, end)
-                    else:                     # the rest of its payload, and the next header while the turn goes on
+                        self._controls += 1
+                    else:
+                        # the rest of its payload, and the next header while the turn goes on -- but for a frame too
+                        # long for the read-ahead: no copy of it (to cut the next header off), no read-ahead next
                         head = bytes(rv[at:end])
                         self._at = self._upto = 0
                         rest = length - len(head)
-                        want = rest + size if frames < _TURN_FRAMES else rest
+                        small = length + size <= _READ_AHEAD
+                        want = rest + size if small and frames < _TURN_FRAMES else rest
+                        self._controls = self._controls + 1 if small else 0
                         try:
                             data = sock.recv(want, _DONTWAIT)
                             drained = 0 < len(data) < want   # b"": EOF, which the next header's receive sees again
@@ -170,7 +175,6 @@ class FrameReader:
                             data = self._control_rest(rest, data)
                             drained = False
                         payload = head + data if head else data
-                    self._controls += 1
                     self.bytes_received += length
                     self.frames_received += 1
                     handler(kind, payload)

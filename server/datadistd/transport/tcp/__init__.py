@@ -37,11 +37,14 @@ whatever frames already wait -- and its control frames reach the handler in orde
 them; the pool is bounded by the CPU count, not by the connections). An idle connection wakes nobody;
 ``shutdown()`` makes it readable (EOF) at a close. Inside a frame each receive wakes every ``_POLL`` to notice a
 cancelled receipt; a peer that sends nothing of a frame it began for ``_STALL`` seconds loses the connection.
-Readers scatter DATA
-payloads straight into the destination memory with ``recvmsg_into`` (at most ``_RECV_MAX`` bytes
-and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-thread
-staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach,
-``IOV_MAX`` segments per system call; else ``write_from``). Senders split the stream into frames of
+A reader asks one receive call for a control frame's payload and the next header, and reads a header with up to
+``_READ_AHEAD`` bytes behind control frames in a row (so a small frame costs one call, and a short read says the
+socket is drained: no probe that fails with EAGAIN); what it read ahead is served first (``reader``). Readers
+scatter DATA payloads straight into the destination memory (but for what was read ahead) with ``recvmsg_into`` (at
+most ``_RECV_MAX`` bytes and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-
+thread staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach, ``IOV_MAX``
+segments per system call; else ``write_from``).
+Senders split the stream into frames of
 ``chunk_size`` bytes (or ``_FRAME_SEGMENTS`` segments, whichever ends first), stripe frame *k* over
 socket *(base + k) % w* (``w`` = the stripe width, one worker thread per stripe, the caller being
 one of them; ``base`` rotates per transfer, so concurrent transfers use every connection) and
@@ -55,13 +58,14 @@ Memory safety: a reader touches a receipt's destination only between ``_begin_io
 ``_end_io``; once a receipt failed or was cancelled, ``wait``/``cancel`` return only after every
 reader left it, so the caller may reuse the memory at once.
 
-Modules, bottom to top (each imports only modules before it, for the type checker too): ``wire``
-(constants, header structs, small helpers), ``staging`` (``Buffers``, ``SendPlan``, ``write_out``: bytes of
-handles without a mapping), ``receipt`` (``TcpReceipt``), ``conn`` (``DataConn``: a socket, its send lock
-and reader loop; ``ConnOwner``, what it needs of its channel), ``channel`` (``TcpChannel``: sending,
-striping, control frames; ``ChannelOwner``, what it needs of its transport), ``listener``
-(``TcpListener``: accept, admission, hello; it and ``conn`` are read by ``reactor``, the reader threads),
-``transport`` (``TcpTransport``: tokens, the tables of channels and receipts, connect).
+Modules, bottom to top (each imports only modules before it, for the type checker too): ``wire`` (constants, header
+structs, small helpers), ``staging`` (``Buffers``, ``SendPlan``, ``write_out``: bytes of handles without a
+mapping), ``receipt`` (``TcpReceipt``), ``reader`` (``FrameReader``: a connection's reader turn, frames checked and
+handed on, the bytes it read ahead), ``conn`` (``DataConn``: a socket, its send lock and reader; ``ConnOwner``,
+what it needs of its channel), ``channel`` (``TcpChannel``: sending, striping, control frames; ``ChannelOwner``,
+what it needs of its transport), ``listener`` (``TcpListener``: accept, admission, hello; it and ``conn`` are read
+by ``reactor``, the reader threads), ``transport`` (``TcpTransport``: tokens, the tables of channels and receipts,
+connect).
 """
 
 from __future__ import annotations

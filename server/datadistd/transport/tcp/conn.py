@@ -15,11 +15,11 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.segments import cut
-from ..base import Channel, ControlRefused
+from ..base import Channel
 from .lock import FairLock
+from .reader import FrameReader
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
-    _DONTWAIT,
     _IOV_MAX,
     _JOIN,
     _POLL,
@@ -27,20 +27,13 @@ from .wire import (
     _SEND_FLAGS,
     _SEND_NOWAIT,
     _STALL,
-    _TURN_FRAMES,
     _WAITALL,
     ACK,
     FRAME_MAGIC,
     HEADER,
-    KIND_ABORT,
-    KIND_CONTROL,
     KIND_DATA,
-    KIND_PING,
-    MAX_CONTROL,
-    MAX_FRAME,
     ControlHandler,
     _Closed,
-    _decode_code,
     _ProtocolError,
     _SendError,
     _timeval,
@@ -64,8 +57,10 @@ class ConnOwner(Channel, Protocol):
         """The connection's reader ended (``reason`` empty: closed here)."""
 
 
-class DataConn:
-    """One socket of a channel: its reader and its send lock."""
+class DataConn(FrameReader):
+    """One socket of a channel: its reader (``FrameReader``) and its send lock."""
+
+    channel: ConnOwner
 
     def __init__(self, channel: ConnOwner, sock: socket.socket, index: int, peer: str,
                  receipts: dict[int, TcpReceipt], buffers: Buffers, reactor: Reactor) -> None:
@@ -82,9 +77,13 @@ class DataConn:
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
         self._reactor = reactor
-        self._header = bytearray(HEADER.size)
-        self._hv = memoryview(self._header)
-        self._hgot = 0                    # bytes of the next header read so far (reading thread only)
+        # what the reader read ahead of the frame it is at (reading thread only; ``FrameReader.turn``): in a turn
+        # ``_rv[_at:_upto]``, the next frames' bytes -- a header, a control frame's payload, the start of a DATA
+        # frame's -- served before the socket's; between turns ``_left[:_upto]``, the start of a header
+        self._left = bytearray(HEADER.size)
+        self._rv = memoryview(self._left)
+        self._at = self._upto = 0
+        self._controls = 0                # control frames read in a row (2 or more: read ahead ``_READ_AHEAD``)
         self._quiet_since = 0.0           # inside a frame: when the last receive that got nothing began
         self.ended = threading.Event()    # the reading is over and the socket closed (``_end``)
         self.ended_hook: Callable[[], None] | None = None   # then called (an accepted one: its admission ticket)
@@ -194,107 +193,7 @@ class DataConn:
                     sent = 0
         return payload
 
-    # -- receiving (a reactor thread, one turn at a time) --
-
-    def turn(self) -> bool:
-        """The socket is readable (``reactor.Reactor``): read every frame that is there -- a frame once begun to its
-        end, at most ``_TURN_FRAMES`` of them -- and hand each on. True: wake me at the next bytes; False: the
-        connection ended (cleaned up here)."""
-        reason, clean = "", False
-        hv = self._hv
-        unpack = HEADER.unpack
-        try:
-            for _ in range(_TURN_FRAMES):  # one frame per pass; a header cut short waits for the next turn
-                got = self._hgot
-                try:
-                    n = self.sock.recv_into(hv[got:], 0, _DONTWAIT)
-                except BlockingIOError:
-                    if self.closed:
-                        raise _Closed() from None
-                    return True
-                if n == 0:
-                    if self.closed:
-                        raise _Closed()
-                    if got == 0:
-                        reason, clean = "the peer closed the connection", True
-                        break
-                    raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
-                got += n
-                if got < HEADER.size:
-                    self._hgot = got
-                    return True
-                self._hgot = 0
-                magic, kind, tid, offset, length = unpack(hv)
-                handler = self.handler
-                if (handler is not None and kind in KIND_CONTROL and magic == FRAME_MAGIC and not tid and not offset
-                        and length <= MAX_CONTROL):
-                    # the common control frame, flat (C calls and the handler): its payload came with its header
-                    self._quiet_since = 0.0
-                    try:
-                        payload = self.sock.recv(length, _DONTWAIT) if length else b""
-                    except BlockingIOError:
-                        payload = b""
-                    if len(payload) < length:   # the rest is still on its way: wait for it as any frame does
-                        payload = self._control_rest(length, payload)
-                    self.bytes_received += length
-                    self.frames_received += 1
-                    handler(kind, payload)
-                else:
-                    self._frame()
-            else:
-                return True
-        except _Closed:
-            reason = ""
-        except (_ProtocolError, ControlRefused) as exc:
-            reason = f"protocol error: {exc}"
-        except OSError as exc:
-            reason = f"connection lost: {exc}"
-        except Exception as exc:  # noqa: BLE001 - a reader must always report and clean up
-            log.exception("data connection %s#%d: reader failed", self.peer, self.index)
-            reason = f"reader failed: {exc!r}"
-        self._end(reason, clean)
-        return False
-
-    def _frame(self) -> None:
-        """The frame whose header is in ``self._header``: read its payload and hand it on."""
-        magic, kind, tid, offset, length = HEADER.unpack(self._header)
-        if magic != FRAME_MAGIC:
-            raise _ProtocolError(f"bad frame magic {magic!r}")
-        self._quiet_since = 0.0
-        if kind == KIND_DATA:
-            if length > MAX_FRAME:
-                raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
-            self._on_data(tid, offset, length)
-        elif kind == KIND_ABORT:
-            receipt = self._receipts.get(tid)
-            if receipt is not None:
-                code = _decode_code(length)
-                if code == LLMStatusCode.LLM_SUCCESS:
-                    code = LLMStatusCode.LLM_FAILED
-                receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
-        elif kind == KIND_PING:
-            if length or offset:
-                raise _ProtocolError("PING with a payload")
-        elif kind in KIND_CONTROL:
-            if length > MAX_CONTROL or tid or offset:
-                raise _ProtocolError(f"malformed control frame ({length} bytes)")
-            payload = self._control_rest(length, b"")
-            self.bytes_received += length
-            self.channel._on_control(kind, payload)
-        else:
-            raise _ProtocolError(f"unknown frame kind {kind}")
-        self.frames_received += 1
-
-    def _control_rest(self, length: int, head: bytes) -> bytes:
-        """A control frame's payload of ``length`` bytes whose first ``head`` were read already: the rest, read under
-        the stall deadline (``_recv_once``)."""
-        payload = bytearray(length)
-        got = len(head)
-        payload[:got] = head
-        pv = memoryview(payload)
-        while got < length:  # each pass reads >= 1 byte or polls (ends with the connection, or a stall)
-            got += self._recv_once(pv[got:])
-        return bytes(payload)
+    # -- receiving (a reactor thread, one turn at a time: ``FrameReader.turn``) --
 
     def _end(self, reason: str, clean: bool) -> None:
         """The connection's reading is over: tell the channel, leave the reactor, close the socket."""
@@ -333,6 +232,8 @@ class DataConn:
 
     def _recv_once(self, mv: memoryview) -> int:
         """One ``recv_into``: bytes read, 0 on a quiet poll interval; EOF raises."""
+        if self._upto:   # bytes read ahead come first
+            return self._carried([mv])
         try:
             n: int | None = self.sock.recv_into(mv, 0, _WAITALL)
         except BlockingIOError:
@@ -349,6 +250,8 @@ class DataConn:
 
     def _recvmsg_once(self, bufs: list[memoryview]) -> int:
         """One scatter ``recvmsg_into`` (at most ``_IOV_MAX`` buffers): bytes read, 0 on a quiet poll interval."""
+        if self._upto:   # bytes read ahead come first
+            return self._carried(bufs)
         try:
             n: int | None = self.sock.recvmsg_into(bufs, 0, _WAITALL)[0]
         except BlockingIOError:

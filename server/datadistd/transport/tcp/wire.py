@@ -36,6 +36,7 @@ _U64 = (1 << 64) - 1
 _POLL = 0.2                  # receive timeout inside a frame: a reader notices a cancel (mapped memory), a close
 _STALL = 10.0                # a peer that sends nothing of a frame it began for this long loses the connection
 _TURN_FRAMES = 64            # frames one reactor turn reads off a connection before it lets the others have a go
+_READ_AHEAD = 16 << 10       # a reader's read-ahead buffer: small control frames come whole in one receive call
 _QUIESCE = 1.0               # how long wait()/cancel() wait for a reader to leave the memory
 _DISCARD = 256 << 10         # discard buffer of a reader thread
 _STAGING = 4 << 20           # receive staging buffer for handles without a view

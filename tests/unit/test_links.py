@@ -74,15 +74,16 @@ class InProcessPeer:
 class Pair:
     """A serving engine (cluster P) on node ``p`` and a linking engine (cluster D) on node ``d``."""
 
-    def __init__(self, secrets: tuple[str, str] = ("s3cret", "s3cret")) -> None:
+    def __init__(self, secrets: tuple[str, str] = ("s3cret", "s3cret"), pool: str = POOL) -> None:
         self.secrets = secrets
+        self.pool = pool
         self.peers: list[InProcessPeer] = []
 
     async def __aenter__(self) -> "Pair":
         self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}))
         self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}),
                       peer_connector=self._connect)
-        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        opts = {"llm.MemPoolConfig": self.pool, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
         self.ds = await self.d.init_engine(D, Role.DECODER, opts, worker_session(self.d))
         return self
@@ -490,6 +491,57 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
     asyncio.run(main())
 
 
+def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_behind_its_bytes() -> None:
+    """Pulls too big for the event loop's send (the general path's DATA frames), many at once on one link: the owner
+    queues them on the link and one executor job per connection sends them back to back (``Owner._queued``), each
+    owner REPLY right behind its bytes from that thread (``TcpChannel.send``'s ``then``) -- never by the event loop
+    -- and never two threads in ``send`` on the link's one connection at once. Byte-exact, nothing left pinned."""
+    rows, row, per = 64, 64 << 10, 8                       # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
+    async def main() -> None:
+        async with Pair(pool='{"memory_size": 16777216}') as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            desc = CacheDesc(1, (rows, row), DType.DT_UINT8, Placement.DEVICE)
+            src = pair.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
+            dst = pair.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
+            (seg,) = tensors_of(src)
+            pattern = np.random.default_rng(3).integers(0, 256, seg.length, np.uint8)
+            seg.handle.write_from(seg.offset, memoryview(pattern).cast("B"))
+            channel = serving.table.channel_of(serving.table.served[D])
+            inside, most, lock = [0], [0], threading.Lock()
+            send = channel.send
+
+            def counted(*args: Any, **kwargs: Any) -> None:
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                try:
+                    send(*args, **kwargs)
+                finally:
+                    with lock:
+                        inside[0] -= 1
+
+            channel.send = counted  # type: ignore[method-assign]
+            replies: list[Any] = []
+            reply = serving.calls._reply
+            serving.calls._reply = lambda link, r: replies.append(r) or reply(link, r)  # type: ignore[method-assign]
+            remote = [list(range(i, rows, rows // per))[::-1] for i in range(rows // per)]
+            orders = [_order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per)))
+                      for k, r in enumerate(remote)]
+            got = await asyncio.gather(*(pulled(linking, o) for o in orders))
+            assert got == [(per * row, "tcp")] * len(orders)
+            assert most[0] == 1 and replies == []
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            want = pattern.reshape(rows, row)[[b for r in remote for b in r]]
+            assert (buf.reshape(rows, row) == want).all()
+            assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
+            assert not serving.owner._sends   # the queue goes with its last read
+
+    asyncio.run(main())
+
+
 def test_a_node_makes_at_most_a_few_link_attempts_at_once_per_address() -> None:
     """Issue 37, item 1: a node's own start-up burst to one listener stays under a stranger's pre-auth cap."""
     from datadistd.links import AddressSlots
@@ -643,7 +695,7 @@ class Many:
         self.p = Node(Config().with_overrides(cfg))
         self.d = Node(Config().with_overrides(cfg), peer_connector=lambda address: InProcessPeer(self.ps.links,
                                                                                                  address))
-        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        opts = {"llm.MemPoolConfig": self.pool, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
         self.ds = [await self.d.init_engine(100 + k, Role.DECODER, opts, worker_session(self.d)) for k in range(LINKED)]
         if self.linked:

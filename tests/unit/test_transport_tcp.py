@@ -949,3 +949,46 @@ def test_try_control_finishes_a_frame_cut_short_or_breaks_the_channel_at_its_bou
     finally:
         a.stop()
         pit.close()
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_send_then_puts_a_control_frame_behind_every_byte_and_not_after_a_failure(streams: int) -> None:
+    """``send(..., then=(kind, payload))`` (an owner's REPLY to a read, sent by the thread that sent the bytes): the
+    control frame arrives once, after every byte landed -- on one connection behind the last DATA frame, in the same
+    ``sendmsg``; striped, once every share went. A send that fails (its deadline passed) sends no ``then``: a marker
+    sent after it on the same connection is the next control frame to arrive."""
+    p = Pair(streams=streams)
+    try:
+        got: list[tuple[int, bytes, bool]] = []
+        arrived = threading.Event()
+        receipts: list = []
+
+        def handler(kind: int, payload: bytes) -> None:
+            got.append((kind, payload, receipts[-1].done))
+            arrived.set()
+
+        p.inb.on_control(handler)
+        src = ArrayHandle(3 << 20, seed=7)
+        dst = ArrayHandle(3 << 20)
+        segs = [Segment(src, o, 16 << 10) for o in range(0, 3 << 20, 32 << 10)]
+        receipts.append(p.b.expect([Segment(dst, s.offset, s.length) for s in segs], channel=p.inb))
+        sent = p.out.stats()["frames_sent"]
+        p.out.send(receipts[-1].transfer_id, segs, deadline(), then=(CONTROL_REPLY, b"the reply"))
+        assert arrived.wait(10)
+        assert got == [(CONTROL_REPLY, b"the reply", True)]
+        receipts[-1].wait(deadline())
+        assert (dst.arr.reshape(-1, 16 << 10)[::2] == src.arr.reshape(-1, 16 << 10)[::2]).all()
+        if streams == 1:   # the bytes in one frame (chunk_size 4 MiB), the reply behind it: two frames, one sendmsg
+            assert p.out.stats()["frames_sent"] - sent == 2
+        arrived.clear()
+        receipts.append(p.b.expect([Segment(dst, 0, 4096)], channel=p.inb))
+        with pytest.raises(DataDistError) as err:
+            p.out.send(receipts[-1].transfer_id, [Segment(src, 0, 4096)], time.monotonic() - 1,
+                       then=(CONTROL_REPLY, b"never"))
+        assert err.value.code == S.LLM_TIMEOUT
+        p.out._live()[0].send_frame([memoryview(HEADER.pack(b"DDFR", CONTROL_REPLY, 0, 0, 6)), memoryview(b"marker")],
+                                    deadline())
+        assert arrived.wait(10)
+        assert [g[1] for g in got] == [b"the reply", b"marker"]
+    finally:
+        p.stop()

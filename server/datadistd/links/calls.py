@@ -323,7 +323,10 @@ class OwnerCalls:
                 await self._answer_write(link, cmd)
                 return
             elif isinstance(cmd, ReadCmd):
-                nbytes, release = await self.owner.read_for(link, cmd.transfer_id, cmd.spec, cmd.timeout_ms)
+                nbytes, release, replied = await self.owner.read_for(link, cmd.transfer_id, cmd.spec,
+                                                                     cmd.timeout_ms, cmd.command_id)
+                if replied:   # the REPLY went right behind the bytes
+                    return
                 reply = OwnerReply(cmd.command_id, nbytes=nbytes, release_needed=release)
             elif isinstance(cmd, ReleaseCmd):
                 self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)

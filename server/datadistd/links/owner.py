@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
+import threading
 import time
 from typing import Sequence
 
@@ -12,10 +15,11 @@ from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..state import readview
 from ..state.metrics import track_transfer
-from ..transport.base import Receipt
+from ..transport.base import CONTROL_REPLY, Channel, Receipt, SendsThen
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
-from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
+from .wire import ownerwire
+from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL, OwnerReply
 
 
 class Owner:
@@ -24,9 +28,16 @@ class Owner:
     def __init__(self, table: LinkTable) -> None:
         self.table = table
         self._grant_ids = itertools.count(1)
+        self._sends: dict[int, _SendQueue] = {}   # id(link) -> its queued reads, while any is queued or sending
 
-    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
-        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
+    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int,
+                       command_id: int = 0) -> tuple[int, bool, bool]:
+        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel; its bytes,
+        whether the requester must release the key, and whether the success REPLY to call ``command_id`` (0: none)
+        went too. A small read goes out from the event loop on an idle connection; the rest is queued on the link
+        (``_SendQueue``): one executor job sends the link's queued reads back to back, each with its REPLY behind
+        it on the same connection (``TcpChannel.send``'s ``then``), instead of one thread per read waiting its
+        turn for the socket."""
         if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
@@ -40,18 +51,61 @@ class Owner:
         try:
             with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
                 cache_id, src, release = self.table.engine.prepare_read(spec)
+                replied = False
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
-                        await self.table.in_thread_of(link.principal, channel.send, TransferId(transfer_id), src,
-                                                      deadline)
+                        then = None
+                        if command_id and isinstance(channel, SendsThen):
+                            then = (CONTROL_REPLY, ownerwire.encode_reply(OwnerReply(
+                                command_id, nbytes=spec.expected_bytes, release_needed=release)))
+                        await self._queued(link, channel, TransferId(transfer_id), src, deadline, then)
+                        replied = then is not None
                 finally:
                     self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))
         finally:
             link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
-        return spec.expected_bytes, release
+        return spec.expected_bytes, release, replied
+
+    async def _queued(self, link: Link, channel: Channel, transfer_id: TransferId, src: Sequence[Segment],
+                      deadline: float, then: tuple[int, bytes] | None) -> None:
+        """``channel.send`` of one read, queued on ``link`` (``_SendQueue``); returns once it was sent, raises its
+        failure. Cancelled while still queued, it is taken off the queue (never sent)."""
+        loop = asyncio.get_running_loop()
+        queue = self._sends.get(id(link))
+        if queue is None:
+            queue = self._sends[id(link)] = _SendQueue(loop)
+        done: asyncio.Future[None] = loop.create_future()
+        job = (channel, transfer_id, src, deadline, then, done)
+        with queue.lock:
+            queue.jobs.append(job)
+            start = queue.running < max(1, channel.streams)
+            if start:
+                queue.running += 1
+        if start:
+            self.table.spawn(self._drain(link, queue))
+        try:
+            await done
+        except asyncio.CancelledError:
+            with queue.lock:
+                if job in queue.jobs:
+                    queue.jobs.remove(job)
+            raise
+
+    async def _drain(self, link: Link, queue: _SendQueue) -> None:
+        """One sender of ``link``'s queued reads, on the daemon's threads as the link's peer (its share) and counted
+        by the engine's gate (finalize waits for it), as each read's own job was."""
+        turn = [_PENDING]
+        try:
+            await self.table.in_thread_of(link.principal, queue.drain, turn)
+        except BaseException as exc:   # cancelled or refused: a sender that never began gives up (``give_up``)
+            queue.give_up(turn, exc)
+            raise
+        finally:
+            if self._sends.get(id(link)) is queue and queue.idle():
+                del self._sends[id(link)]
 
     async def read_small(self, link: Link, spec: RemoteSpec, view: bool) -> tuple[bytes, bool]:
         """Owner side of a small pull answered in the reply (at most ``INLINE_READ_MAX`` bytes), on the event loop:
@@ -230,3 +284,91 @@ class Owner:
             finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
                 self.table.release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)
+
+
+#: a sender's state (``_SendQueue.drain``): waiting for its turn on the daemon's threads, draining, given up
+_PENDING, _BEGUN, _GAVE_UP = 0, 1, 2
+#: a queued read: channel, transfer id, source, deadline, the control frame behind it, the event loop's future
+_SendJob = tuple[Channel, TransferId, Sequence[Segment], float, "tuple[int, bytes] | None", "asyncio.Future[None]"]
+
+
+class _SendQueue:
+    """One link's reads waiting to be sent (``Owner._queued``), in order, by at most one executor job per connection
+    of its channel (``drain``). The jobs are taken under ``lock``; their ends go back to the event loop in batches:
+    one ``call_soon_threadsafe`` for all that ended since the loop last looked (``_flush``)."""
+
+    __slots__ = ("loop", "lock", "jobs", "running", "ended", "flushing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.jobs: collections.deque[_SendJob] = collections.deque()
+        self.running = 0            # senders (``drain``) started or waiting for a turn on the threads
+        self.ended: list[tuple[asyncio.Future[None], BaseException | None]] = []
+        self.flushing = False       # a ``_flush`` is scheduled on the loop
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.running and not self.jobs
+
+    def drain(self, turn: list[int]) -> None:
+        """A sender (an executor thread): the queued reads, one after the other, until none is left. ``turn``: this
+        sender's state, under ``lock`` (``_PENDING`` until it begins; ``give_up`` marks one that never will)."""
+        with self.lock:
+            if turn[0] != _PENDING:
+                return
+            turn[0] = _BEGUN
+        while True:
+            with self.lock:
+                if not self.jobs:
+                    self.running -= 1
+                    return
+                channel, transfer_id, src, deadline, then, done = self.jobs.popleft()
+            failure: BaseException | None = None
+            try:
+                if then is None:
+                    channel.send(transfer_id, src, deadline)
+                else:
+                    channel.send(transfer_id, src, deadline, then=then)   # type: ignore[call-arg]   # ``SendsThen``
+            except Exception as exc:  # noqa: BLE001 - the read's failure, raised where it is awaited
+                failure = exc
+            self._ended(done, failure)
+
+    def give_up(self, turn: list[int], exc: BaseException) -> None:
+        """On the loop, the sender of ``turn`` was cancelled or refused: if it never began it never will, and when no
+        other sender is left the queued reads fail (nothing of them was sent). One that began drains on."""
+        with self.lock:
+            if turn[0] != _PENDING:
+                return
+            turn[0] = _GAVE_UP
+            self.running -= 1
+            jobs = list(self.jobs) if not self.running else []
+            if jobs:
+                self.jobs.clear()
+        for job in jobs:
+            if not job[5].done():
+                job[5].set_exception(DataDistError(StatusCode.LLM_FAILED, f"the read could not be sent: {exc!r}"))
+
+    def _ended(self, done: asyncio.Future[None], failure: BaseException | None) -> None:
+        with self.lock:
+            self.ended.append((done, failure))
+            if self.flushing:
+                return
+            self.flushing = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:   # the loop is closed: the daemon is stopping, nobody awaits
+            pass
+
+    def _flush(self) -> None:
+        """On the loop: the reads that ended, to their awaiting answers."""
+        with self.lock:
+            ended, self.ended = self.ended, []
+            self.flushing = False
+        for done, failure in ended:
+            if done.done():
+                continue
+            if failure is None:
+                done.set_result(None)
+            else:
+                done.set_exception(failure)

@@ -491,22 +491,33 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
     asyncio.run(main())
 
 
+#: a pool for pulls the event loop does not send itself (``try_send``: at most 256 KiB): 64 rows of 64 KiB a cache
+BIG_POOL, BIG_ROWS, BIG_ROW = '{"memory_size": 16777216}', 64, 64 << 10
+
+
+def big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray]:
+    """A one-tensor blocks cache of ``BIG_ROWS`` x ``BIG_ROW`` at each end (model 0), the prompt's filled with a
+    random pattern (returned, ``BIG_ROWS`` x ``BIG_ROW``)."""
+    desc = CacheDesc(1, (BIG_ROWS, BIG_ROW), DType.DT_UINT8, Placement.DEVICE)
+    src = pair.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
+    dst = pair.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
+    (seg,) = tensors_of(src)
+    pattern = np.random.default_rng(3).integers(0, 256, seg.length, np.uint8)
+    seg.handle.write_from(seg.offset, memoryview(pattern).cast("B"))
+    return src, dst, pattern.reshape(BIG_ROWS, BIG_ROW)
+
+
 def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_behind_its_bytes() -> None:
     """Pulls too big for the event loop's send (the general path's DATA frames), many at once on one link: the owner
     queues them on the link and one executor job per connection sends them back to back (``Owner._queued``), each
     owner REPLY right behind its bytes from that thread (``TcpChannel.send``'s ``then``) -- never by the event loop
     -- and never two threads in ``send`` on the link's one connection at once. Byte-exact, nothing left pinned."""
-    rows, row, per = 64, 64 << 10, 8                       # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
+    rows, row, per = BIG_ROWS, BIG_ROW, 8                 # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
     async def main() -> None:
-        async with Pair(pool='{"memory_size": 16777216}') as pair:
+        async with Pair(pool=BIG_POOL) as pair:
             serving, linking = pair.links
             assert await pair.link() == (0, [0])
-            desc = CacheDesc(1, (rows, row), DType.DT_UINT8, Placement.DEVICE)
-            src = pair.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
-            dst = pair.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
-            (seg,) = tensors_of(src)
-            pattern = np.random.default_rng(3).integers(0, 256, seg.length, np.uint8)
-            seg.handle.write_from(seg.offset, memoryview(pattern).cast("B"))
+            src, dst, pattern = big_caches(pair)
             channel = serving.table.channel_of(serving.table.served[D])
             inside, most, lock = [0], [0], threading.Lock()
             send = channel.send
@@ -534,7 +545,7 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_b
             (out,) = tensors_of(dst)
             buf = np.zeros(out.length, np.uint8)
             out.handle.read_into(out.offset, memoryview(buf).cast("B"))
-            want = pattern.reshape(rows, row)[[b for r in remote for b in r]]
+            want = pattern[[b for r in remote for b in r]]
             assert (buf.reshape(rows, row) == want).all()
             assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
             assert not serving.owner._sends   # the queue goes with its last read
@@ -695,7 +706,7 @@ class Many:
         self.p = Node(Config().with_overrides(cfg))
         self.d = Node(Config().with_overrides(cfg), peer_connector=lambda address: InProcessPeer(self.ps.links,
                                                                                                  address))
-        opts = {"llm.MemPoolConfig": self.pool, "llm.EnableRemoteCacheAccessible": "1"}
+        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
         self.ds = [await self.d.init_engine(100 + k, Role.DECODER, opts, worker_session(self.d)) for k in range(LINKED)]
         if self.linked:

@@ -553,6 +553,37 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_b
     asyncio.run(main())
 
 
+def test_a_pull_sent_as_a_transfer_runs_without_a_task_and_ends_with_the_owners_code() -> None:
+    """A pull whose bytes come as a transfer on the data channel (more than an inline read) is started and ended by
+    callback (``TransferPulls._start_read``): no task per pull at the requester (``LinkTable.spawn`` is not called),
+    byte-exact; one the owner refuses (a block past its cache) ends with the owner's code and message, and leaves
+    nothing pinned or counted at either end."""
+    async def main() -> None:
+        async with Pair(pool=BIG_POOL) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst, pattern = big_caches(pair)
+            spawned: list[Any] = []
+            spawn = linking.table.spawn
+            linking.table.spawn = lambda work: spawned.append(work) or spawn(work)  # type: ignore[method-assign]
+            remote = [[9, 3, 4, 5], [60, 1, 2, 33]]
+            got = await asyncio.gather(*(pulled(linking, _order(P, int(dst.cache_id), r, list(range(4 * k, 4 * k + 4))))
+                                         for k, r in enumerate(remote)))
+            assert got == [(4 * BIG_ROW, "tcp")] * 2 and spawned == []
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            assert (buf.reshape(-1, BIG_ROW)[:8] == pattern[[b for r in remote for b in r]]).all()
+            with pytest.raises(DataDistError) as err:
+                await pulled(linking, _order(P, int(dst.cache_id), [1, 2, 3, BIG_ROWS], [0, 1, 2, 3]))
+            assert err.value.code == S.LLM_PARAM_INVALID and str(BIG_ROWS) in err.value.message
+            link = linking.table.links[P]
+            assert spawned == [] and link.pulls == 0 and link.inflight == 0 and link.state == LinkState.ESTABLISHED
+            assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
+
+    asyncio.run(main())
+
+
 def test_a_node_makes_at_most_a_few_link_attempts_at_once_per_address() -> None:
     """Issue 37, item 1: a node's own start-up burst to one listener stays under a stranger's pre-auth cap."""
     from datadistd.links import AddressSlots

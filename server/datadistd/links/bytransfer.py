@@ -70,18 +70,20 @@ class TransferPulls:
         link = p.link
         assert not isinstance(link, LocalLink)
         self._hold(p)
+        receipt: Receipt | None = None
         try:
             calls, channel = self._calls(link, p.timeout_ms)
             receipt = self.table.transport.expect(p.dst, channel=channel)
-        except DataDistError as exc:
-            self._end(p, False)
-            self._later(done, explained(exc, p.entry, p.spec.tensor_count))
-            return
-        try:
             calls.start_read(receipt.transfer_id, p.spec, p.deadline - time.monotonic(),
                              functools.partial(self._read_answered, p, receipt, calls, done))
-        except DataDistError as exc:   # not sent (the calls closed, the deadline passed)
-            self._read_failed(p, receipt, exc, done, later=True)
+        except DataDistError as exc:
+            if receipt is not None:   # not sent (the calls closed, the deadline passed)
+                self._read_failed(p, receipt, exc, done, later=True)
+                return
+            self._end(p, False)       # refused before a receipt (no channel, bad segments): the code as is
+            self._later(done, explained(exc, p.entry, p.spec.tensor_count))
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the worker still gets an answer, the log the trace
+            self._read_bug(p, receipt, exc, done, later=True)
 
     def _later(self, done: PullDone, result: tuple[int, str] | DataDistError) -> None:
         """``done(result)`` from the event loop's next turn (``start_pull`` answers only refusals before it returns)."""
@@ -141,12 +143,18 @@ class TransferPulls:
         else:
             done(failure)
 
-    def _read_bug(self, p: Pull, receipt: Receipt, exc: Exception, done: PullDone) -> None:
+    def _read_bug(self, p: Pull, receipt: Receipt | None, exc: Exception, done: PullDone,
+                  later: bool = False) -> None:
         log.error("cluster %s: a pull from cluster %s failed", self.table.cluster_id, p.link.remote_cluster,
                   exc_info=exc)
-        receipt.cancel()
+        if receipt is not None:
+            receipt.cancel()
         self._end(p, False)
-        done(DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}"))
+        failure = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
+        if later:
+            self._later(done, failure)
+        else:
+            done(failure)
 
 
 def explained(exc: DataDistError, entry: CacheEntry, tensor_count: int) -> DataDistError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 from typing import Any
@@ -507,11 +508,12 @@ def big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray]:
     return src, dst, pattern.reshape(BIG_ROWS, BIG_ROW)
 
 
-def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_behind_its_bytes() -> None:
+def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_after_the_unpin() -> None:
     """Pulls too big for the event loop's send (the general path's DATA frames), many at once on one link: the owner
-    queues them on the link and one executor job per connection sends them back to back (``Owner._queued``), each
-    owner REPLY right behind its bytes from that thread (``TcpChannel.send``'s ``then``) -- never by the event loop
-    -- and never two threads in ``send`` on the link's one connection at once. Byte-exact, nothing left pinned."""
+    queues them on the link and one executor job per connection sends them back to back (``Owner._queued``) --
+    never two threads in ``send`` on the link's one connection at once -- and each REPLY goes behind them on the
+    same queue once the read's source is unpinned (``queued_control``): when a pull ends at the requester, the
+    owner holds no pin of it. Byte-exact."""
     rows, row, per = BIG_ROWS, BIG_ROW, 8                 # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:
@@ -520,7 +522,8 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_b
             src, dst, pattern = big_caches(pair)
             channel = serving.table.channel_of(serving.table.served[D])
             inside, most, lock = [0], [0], threading.Lock()
-            send = channel.send
+            send, controls = channel.send, []
+            send_control = channel.send_control
 
             def counted(*args: Any, **kwargs: Any) -> None:
                 with lock:
@@ -533,22 +536,28 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_each_reply_b
                         inside[0] -= 1
 
             channel.send = counted  # type: ignore[method-assign]
-            replies: list[Any] = []
-            reply = serving.calls._reply
-            serving.calls._reply = lambda link, r: replies.append(r) or reply(link, r)  # type: ignore[method-assign]
+            channel.send_control = lambda *a: controls.append(a[0]) or send_control(*a)  # type: ignore[method-assign]
             remote = [list(range(i, rows, rows // per))[::-1] for i in range(rows // per)]
-            orders = [_order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per)))
-                      for k, r in enumerate(remote)]
-            got = await asyncio.gather(*(pulled(linking, o) for o in orders))
-            assert got == [(per * row, "tcp")] * len(orders)
-            assert most[0] == 1 and replies == []
+            loop = asyncio.get_running_loop()
+            ends: list[asyncio.Future[Any]] = [loop.create_future() for _ in remote]
+            pins: list[int] = []
+
+            def ended(k: int, result: Any) -> None:
+                pins.append(serving.engine.entry(src.cache_id).pins)   # the owner's pins as the pull ends here
+                ends[k].set_result(result)
+
+            for k, r in enumerate(remote):
+                linking.start_pull(_order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per))),
+                                   functools.partial(ended, k))
+            got = await asyncio.wait_for(asyncio.gather(*ends), 30)
+            assert got == [(per * row, "tcp")] * len(remote)
+            assert most[0] == 1 and pins == [0] * len(remote) and CONTROL_REPLY in controls
             (out,) = tensors_of(dst)
             buf = np.zeros(out.length, np.uint8)
             out.handle.read_into(out.offset, memoryview(buf).cast("B"))
-            want = pattern[[b for r in remote for b in r]]
-            assert (buf.reshape(rows, row) == want).all()
-            assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
-            assert not serving.owner._sends   # the queue goes with its last read
+            assert (buf.reshape(rows, row) == pattern[[b for r in remote for b in r]]).all()
+            assert linking.engine.entry(dst.cache_id).pins == 0
+            assert await _until(lambda: not serving.owner._sends)   # the queue goes with its last send
 
     asyncio.run(main())
 

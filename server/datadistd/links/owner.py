@@ -15,11 +15,10 @@ from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..state import readview
 from ..state.metrics import track_transfer
-from ..transport.base import CONTROL_REPLY, Channel, Receipt, SendsThen
+from ..transport.base import Channel, Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
-from .wire import ownerwire
-from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL, OwnerReply
+from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 
 
 class Owner:
@@ -30,14 +29,13 @@ class Owner:
         self._grant_ids = itertools.count(1)
         self._sends: dict[int, _SendQueue] = {}   # id(link) -> its queued reads, while any is queued or sending
 
-    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int,
-                       command_id: int = 0) -> tuple[int, bool, bool]:
-        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel; its bytes,
-        whether the requester must release the key, and whether the success REPLY to call ``command_id`` (0: none)
-        went too. A small read goes out from the event loop on an idle connection; the rest is queued on the link
-        (``_SendQueue``): one executor job sends the link's queued reads back to back, each with its REPLY behind
-        it on the same connection (``TcpChannel.send``'s ``then``), instead of one thread per read waiting its
-        turn for the socket."""
+    async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
+        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel; its bytes
+        and whether the requester must release the key. A small read goes out from the event loop on an idle
+        connection; the rest is queued on the link (``_SendQueue``): one executor job per connection sends the link's
+        queued reads back to back -- and the REPLYs queued behind them (``queued_control``) -- instead of one thread
+        per read waiting its turn for the socket. The source is unpinned before the REPLY is queued, so the
+        requester never hears of a read whose source is still pinned here."""
         if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
@@ -51,34 +49,43 @@ class Owner:
         try:
             with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
                 cache_id, src, release = self.table.engine.prepare_read(spec)
-                replied = False
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
-                        then = None
-                        if command_id and isinstance(channel, SendsThen):
-                            then = (CONTROL_REPLY, ownerwire.encode_reply(OwnerReply(
-                                command_id, nbytes=spec.expected_bytes, release_needed=release)))
-                        await self._queued(link, channel, TransferId(transfer_id), src, deadline, then)
-                        replied = then is not None
+                        await self._queued(link, channel, (transfer_id, src), deadline)
                 finally:
                     self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))
         finally:
             link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
-        return spec.expected_bytes, release, replied
+        return spec.expected_bytes, release
 
-    async def _queued(self, link: Link, channel: Channel, transfer_id: TransferId, src: Sequence[Segment],
-                      deadline: float, then: tuple[int, bytes] | None) -> None:
-        """``channel.send`` of one read, queued on ``link`` (``_SendQueue``); returns once it was sent, raises its
-        failure. Cancelled while still queued, it is taken off the queue (never sent)."""
+    def queued_control(self, link: Link, channel: Channel, kind: int, payload: bytes,
+                       deadline: float) -> asyncio.Future[None] | None:
+        """While ``link``'s reads are being sent (a sender drains its queue): the control frame queued behind them,
+        sent by that sender in turn (a REPLY to a call of the other end: no executor hop, no wait on a busy socket);
+        its future. None when no sender runs: the caller sends it itself."""
+        queue = self._sends.get(id(link))
+        if queue is None:
+            return None
+        done: asyncio.Future[None] = queue.loop.create_future()
+        with queue.lock:
+            if not queue.running:
+                return None
+            queue.jobs.append((channel, (kind, payload), deadline, done))
+        return done
+
+    async def _queued(self, link: Link, channel: Channel, what: tuple[int, Sequence[Segment]],
+                      deadline: float) -> None:
+        """``channel.send`` of one read (``what``: transfer id and source), queued on ``link`` (``_SendQueue``);
+        returns once it was sent, raises its failure. Cancelled while still queued, it is taken off the queue."""
         loop = asyncio.get_running_loop()
         queue = self._sends.get(id(link))
         if queue is None:
             queue = self._sends[id(link)] = _SendQueue(loop)
         done: asyncio.Future[None] = loop.create_future()
-        job = (channel, transfer_id, src, deadline, then, done)
+        job: _SendJob = (channel, what, deadline, done)
         with queue.lock:
             queue.jobs.append(job)
             start = queue.running < max(1, channel.streams)
@@ -288,8 +295,9 @@ class Owner:
 
 #: a sender's state (``_SendQueue.drain``): waiting for its turn on the daemon's threads, draining, given up
 _PENDING, _BEGUN, _GAVE_UP = 0, 1, 2
-#: a queued read: channel, transfer id, source, deadline, the control frame behind it, the event loop's future
-_SendJob = tuple[Channel, TransferId, Sequence[Segment], float, "tuple[int, bytes] | None", "asyncio.Future[None]"]
+#: a queued send: channel, what (a read: transfer id and source; a control frame: kind and payload), deadline, the
+#: event loop's future
+_SendJob = tuple[Channel, "tuple[int, Sequence[Segment]] | tuple[int, bytes]", float, "asyncio.Future[None]"]
 
 
 class _SendQueue:
@@ -323,14 +331,14 @@ class _SendQueue:
                 if not self.jobs:
                     self.running -= 1
                     return
-                channel, transfer_id, src, deadline, then, done = self.jobs.popleft()
+                channel, (head, body), deadline, done = self.jobs.popleft()
             failure: BaseException | None = None
             try:
-                if then is None:
-                    channel.send(transfer_id, src, deadline)
+                if isinstance(body, (bytes, bytearray)):   # a control frame (``queued_control``), else a read
+                    channel.send_control(head, body, deadline)
                 else:
-                    channel.send(transfer_id, src, deadline, then=then)   # type: ignore[call-arg]   # ``SendsThen``
-            except Exception as exc:  # noqa: BLE001 - the read's failure, raised where it is awaited
+                    channel.send(TransferId(head), body, deadline)
+            except Exception as exc:  # noqa: BLE001 - the send's failure, raised where it is awaited
                 failure = exc
             self._ended(done, failure)
 
@@ -346,8 +354,8 @@ class _SendQueue:
             if jobs:
                 self.jobs.clear()
         for job in jobs:
-            if not job[5].done():
-                job[5].set_exception(DataDistError(StatusCode.LLM_FAILED, f"the read could not be sent: {exc!r}"))
+            if not job[3].done():
+                job[3].set_exception(DataDistError(StatusCode.LLM_FAILED, f"could not be sent: {exc!r}"))
 
     def _ended(self, done: asyncio.Future[None], failure: BaseException | None) -> None:
         with self.lock:

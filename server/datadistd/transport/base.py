@@ -36,9 +36,8 @@ from datadist.status import LLMStatusCode
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "SendsThen", "ReadTables", "ControlHandler",
-           "ControlRefused", "CONTROL_CALL", "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN",
-           "EarlyFrames",
+__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ReadTables", "ControlHandler", "ControlRefused",
+           "CONTROL_CALL", "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN", "EarlyFrames",
            "EARLY_FRAMES_MAX"]
 
 #: control frames: an owner call, and its answer
@@ -202,16 +201,6 @@ class SendsParts(Protocol):
     def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
         """``parts`` as one control frame without blocking, no copy; False, nothing sent, when that is not possible
         now. ``parts`` is emptied and ``unlock`` called exactly once, as soon as the parts are no longer read."""
-
-
-@runtime_checkable
-class SendsThen(Protocol):
-    """A channel whose ``send`` can put a control frame right behind a transfer's bytes (tcp: ``TcpChannel``): an
-    owner's REPLY to a read, sent by the thread that sent the bytes (``links/owner.py``)."""
-
-    def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float,
-             then: tuple[int, bytes] | None = None) -> None:
-        """``Channel.send``, then the control frame ``then`` (kind, payload) once every byte went (not on failure)."""
 
 
 @runtime_checkable

@@ -139,16 +139,10 @@ class TcpChannel(ControlSends):
 
     # -- sending --
 
-    def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float,
-             then: tuple[int, bytes] | None = None) -> None:
-        """``Channel.send``; ``then``: a control frame ``(kind, payload)`` sent once every byte went -- written behind
-        the last DATA frame in the same ``sendmsg`` when one connection carries them all (an owner's REPLY to the
-        read: no second send, no turn of the event loop); not sent when the transfer failed."""
+    def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
         table = _table(segments)
         conns = self._live()
         if table.nbytes == 0:
-            if then is not None:
-                self.send_control(then[0], then[1], deadline)
             return
         plan = SendPlan(table)
         total = plan.total
@@ -162,8 +156,6 @@ class TcpChannel(ControlSends):
         stop = threading.Event()
         buffers = self._transport._buffers
 
-        last = chunks[-1] if workers == 1 else None   # one connection carries it all: ``then`` rides its last frame
-
         def work(conn: DataConn, share: list[tuple[int, int]]) -> None:
             staging: memoryview | None = None
             try:
@@ -173,8 +165,7 @@ class TcpChannel(ControlSends):
                     if staging is None and not plan.all_mapped:
                         staging = buffers.take(size)
                     try:
-                        conn.send_chunk(transfer_id, offset, length, plan, staging, deadline,
-                                        then if (offset, length) == last else None)
+                        conn.send_chunk(transfer_id, offset, length, plan, staging, deadline)
                     except _SendError as exc:
                         if exc.unusable:
                             conn.shutdown()
@@ -218,8 +209,6 @@ class TcpChannel(ControlSends):
             if pool is not None:
                 self._senders_done(pool)
         if not errors:
-            if then is not None and last is None:
-                self.send_control(then[0], then[1], deadline)
             return
         first = errors[0]
         if any(e.unusable for e in errors):

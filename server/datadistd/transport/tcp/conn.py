@@ -128,23 +128,19 @@ class DataConn:
             self.lock.release()
 
     def send_chunk(self, tid: int, offset: int, length: int, plan: SendPlan, staging: memoryview | None,
-                   deadline: float, then: tuple[int, bytes] | None = None) -> None:
+                   deadline: float) -> None:
         """One DATA frame: stream bytes ``[offset, offset + length)`` of ``plan``. Segments of handles without
         a view are first read into ``staging`` (the worker's own buffer, so a slow source never holds the
-        socket): in one batch per handle (``read_raw``) or per segment (``read_into``); then the socket is taken.
-        ``then``: a control frame ``(kind, payload)`` written right behind it, in the same ``sendmsg`` and lock hold
-        (an owner's REPLY to the read this frame ends: ``TcpChannel.send``)."""
+        socket): in one batch per handle (``read_raw``) or per segment (``read_into``); then the socket is taken."""
         bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, tid, offset, length))]
         plan.gather(offset, length, staging, bufs)
-        if then is not None:
-            bufs += (memoryview(HEADER.pack(FRAME_MAGIC, then[0], 0, 0, len(then[1]))), memoryview(then[1]))
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not self.lock.acquire(timeout=remaining):
             raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed while waiting for a data connection",
                              unusable=False)
         try:
             self._write(bufs, deadline)
-            self.frames_sent += 1 if then is None else 2
+            self.frames_sent += 1
             self.bytes_sent += length
         finally:
             self.lock.release()

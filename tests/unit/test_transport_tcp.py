@@ -949,4 +949,3 @@ def test_try_control_finishes_a_frame_cut_short_or_breaks_the_channel_at_its_bou
     finally:
         a.stop()
         pit.close()
-

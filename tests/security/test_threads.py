@@ -15,13 +15,18 @@ the copy waits for a thread until the hog's calls time out, a minute later).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 
+import numpy as np
 import pytest
 
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
 from datadistd.guard.executor import EXECUTOR_THREADS, Threads
 from datadistd.guard.quota import LinkLimits
-from tests.unit.test_links import BLOCK, BLOCKS, Pair, _until
+from datadistd.state.engine import tensors_of
+from tests.fakes import pulled
+from tests.unit.test_links import BIG_POOL, BIG_ROW, BLOCK, BLOCKS, D, Pair, _order, _until, big_caches
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,5 +85,45 @@ def test_a_principal_waits_for_its_turn_in_order_and_is_forgotten_when_idle() ->
         assert order == [0, 1, 3]                       # the waiting jobs ran in the order they came
         assert threads.held("peer a") == (0, 0) and not threads._shares
         threads.shutdown()
+
+    asyncio.run(main())
+
+
+def test_reads_behind_a_stalled_send_hold_one_thread_of_the_peer_not_one_each() -> None:
+    """A peer whose reads are sent slowly (here: its link's one connection stalls in the first send) gets the rest
+    queued on its link, holding no thread: one executor thread per connection of the link sends them in turn
+    (``Owner._queued``), so however many reads it keeps in flight, one peer's link holds one thread -- not one per
+    read up to its whole share. Once the send goes on, every read completes, byte-exact, nothing left queued."""
+    async def main() -> None:
+        async with Pair(pool=BIG_POOL) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst, pattern = big_caches(pair)
+            link = serving.table.served[D]
+            channel = serving.table.channel_of(link)
+            go, send = threading.Event(), channel.send
+
+            def stalled(*args: object, **kwargs: object) -> None:
+                assert go.wait(30)
+                send(*args, **kwargs)
+
+            channel.send = stalled  # type: ignore[method-assign]
+            threads = pair.p.threads
+            # 6 reads of 5 rows of 64 KiB (320 KiB: more than the event loop sends itself) in flight at once
+            remote = [[10 * k + 9 - i for i in range(5)] for k in range(6)]
+            orders = [dataclasses.replace(_order(P, int(dst.cache_id), r, list(range(5 * k, 5 * k + 5))),
+                                          timeout_ms=30_000) for k, r in enumerate(remote)]
+            pulls = [asyncio.ensure_future(pulled(linking, o)) for o in orders]
+            queued = lambda: len(getattr(getattr(serving.owner, "_sends", {}).get(id(link)), "jobs", ()))  # noqa: E731
+            assert await _until(lambda: queued() == 5)   # one is in the stalled send, the rest wait for it
+            assert threads.held(link.principal) == (1, 0)
+            go.set()
+            got = await asyncio.wait_for(asyncio.gather(*pulls), 30)
+            assert got == [(5 * BIG_ROW, "tcp")] * 6
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            assert (buf.reshape(-1, BIG_ROW)[:30] == pattern[[b for r in remote for b in r]]).all()
+            assert await _until(lambda: threads.held(link.principal) == (0, 0) and not serving.owner._sends)
 
     asyncio.run(main())

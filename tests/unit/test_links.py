@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 from typing import Any
@@ -74,15 +75,16 @@ class InProcessPeer:
 class Pair:
     """A serving engine (cluster P) on node ``p`` and a linking engine (cluster D) on node ``d``."""
 
-    def __init__(self, secrets: tuple[str, str] = ("s3cret", "s3cret")) -> None:
+    def __init__(self, secrets: tuple[str, str] = ("s3cret", "s3cret"), pool: str = POOL) -> None:
         self.secrets = secrets
+        self.pool = pool
         self.peers: list[InProcessPeer] = []
 
     async def __aenter__(self) -> "Pair":
         self.p = Node(Config().with_overrides({"peer.secret": self.secrets[0]}))
         self.d = Node(Config().with_overrides({"peer.secret": self.secrets[1]}),
                       peer_connector=self._connect)
-        opts = {"llm.MemPoolConfig": POOL, "llm.EnableRemoteCacheAccessible": "1"}
+        opts = {"llm.MemPoolConfig": self.pool, "llm.EnableRemoteCacheAccessible": "1"}
         self.ps = await self.p.init_engine(P, Role.PROMPT, opts, worker_session(self.p))
         self.ds = await self.d.init_engine(D, Role.DECODER, opts, worker_session(self.d))
         return self
@@ -486,6 +488,107 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
                 blocks = tensor.reshape(BLOCKS, BLOCK)
                 assert (blocks[[0, 2, 7]] == t + 1).all() and (blocks[[1, 3, 4, 5, 6]] == 0).all()
             assert serving.engine.entry(src).pins == 0 and linking.engine.entry(dst).pins == 0
+
+    asyncio.run(main())
+
+
+#: a pool for pulls the event loop does not send itself (``try_send``: at most 256 KiB): 64 rows of 64 KiB a cache
+BIG_POOL, BIG_ROWS, BIG_ROW = '{"memory_size": 16777216}', 64, 64 << 10
+
+
+def big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray]:
+    """A one-tensor blocks cache of ``BIG_ROWS`` x ``BIG_ROW`` at each end (model 0), the prompt's filled with a
+    random pattern (returned, ``BIG_ROWS`` x ``BIG_ROW``)."""
+    desc = CacheDesc(1, (BIG_ROWS, BIG_ROW), DType.DT_UINT8, Placement.DEVICE)
+    src = pair.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
+    dst = pair.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
+    (seg,) = tensors_of(src)
+    pattern = np.random.default_rng(3).integers(0, 256, seg.length, np.uint8)
+    seg.handle.write_from(seg.offset, memoryview(pattern).cast("B"))
+    return src, dst, pattern.reshape(BIG_ROWS, BIG_ROW)
+
+
+def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_after_the_unpin() -> None:
+    """Pulls too big for the event loop's send (the general path's DATA frames), many at once on one link: the owner
+    queues them on the link and one executor job per connection sends them back to back (``Owner._queued``) --
+    never two threads in ``send`` on the link's one connection at once -- and each REPLY goes behind them on the
+    same queue once the read's source is unpinned (``queued_control``): when a pull ends at the requester, the
+    owner holds no pin of it. Byte-exact."""
+    rows, row, per = BIG_ROWS, BIG_ROW, 8                 # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
+    async def main() -> None:
+        async with Pair(pool=BIG_POOL) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst, pattern = big_caches(pair)
+            channel = serving.table.channel_of(serving.table.served[D])
+            inside, most, lock = [0], [0], threading.Lock()
+            send, controls = channel.send, []
+            send_control = channel.send_control
+
+            def counted(*args: Any, **kwargs: Any) -> None:
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                try:
+                    send(*args, **kwargs)
+                finally:
+                    with lock:
+                        inside[0] -= 1
+
+            channel.send = counted  # type: ignore[method-assign]
+            channel.send_control = lambda *a: controls.append(a[0]) or send_control(*a)  # type: ignore[method-assign]
+            remote = [list(range(i, rows, rows // per))[::-1] for i in range(rows // per)]
+            loop = asyncio.get_running_loop()
+            ends: list[asyncio.Future[Any]] = [loop.create_future() for _ in remote]
+            pins: list[int] = []
+
+            def ended(k: int, result: Any) -> None:
+                pins.append(serving.engine.entry(src.cache_id).pins)   # the owner's pins as the pull ends here
+                ends[k].set_result(result)
+
+            for k, r in enumerate(remote):
+                linking.start_pull(_order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per))),
+                                   functools.partial(ended, k))
+            got = await asyncio.wait_for(asyncio.gather(*ends), 30)
+            assert got == [(per * row, "tcp")] * len(remote)
+            assert most[0] == 1 and pins == [0] * len(remote) and CONTROL_REPLY in controls
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            assert (buf.reshape(rows, row) == pattern[[b for r in remote for b in r]]).all()
+            assert linking.engine.entry(dst.cache_id).pins == 0
+            assert await _until(lambda: not serving.owner._sends)   # the queue goes with its last send
+
+    asyncio.run(main())
+
+
+def test_a_pull_sent_as_a_transfer_runs_without_a_task_and_ends_with_the_owners_code() -> None:
+    """A pull whose bytes come as a transfer on the data channel (more than an inline read) is started and ended by
+    callback (``TransferPulls._start_read``): no task per pull at the requester (``LinkTable.spawn`` is not called),
+    byte-exact; one the owner refuses (a block past its cache) ends with the owner's code and message, and leaves
+    nothing pinned or counted at either end."""
+    async def main() -> None:
+        async with Pair(pool=BIG_POOL) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst, pattern = big_caches(pair)
+            spawned: list[Any] = []
+            spawn = linking.table.spawn
+            linking.table.spawn = lambda work: spawned.append(work) or spawn(work)  # type: ignore[method-assign]
+            remote = [[9, 3, 4, 5], [60, 1, 2, 33]]
+            got = await asyncio.gather(*(pulled(linking, _order(P, int(dst.cache_id), r, list(range(4 * k, 4 * k + 4))))
+                                         for k, r in enumerate(remote)))
+            assert got == [(4 * BIG_ROW, "tcp")] * 2 and spawned == []
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            assert (buf.reshape(-1, BIG_ROW)[:8] == pattern[[b for r in remote for b in r]]).all()
+            with pytest.raises(DataDistError) as err:
+                await pulled(linking, _order(P, int(dst.cache_id), [1, 2, 3, BIG_ROWS], [0, 1, 2, 3]))
+            assert err.value.code == S.LLM_PARAM_INVALID and str(BIG_ROWS) in err.value.message
+            link = linking.table.links[P]
+            assert spawned == [] and link.pulls == 0 and link.inflight == 0 and link.state == LinkState.ESTABLISHED
+            assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
 
     asyncio.run(main())
 

@@ -394,10 +394,20 @@ class OwnerCalls:
         return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
 
     async def _reply(self, link: RemoteLink, reply: OwnerReply) -> None:
+        """A REPLY on the link's channel: behind the link's reads being sent when a sender drains them
+        (``Owner.queued_control``), else from the loop on an idle connection or the executor."""
         deadline = time.monotonic() + self._reply_seconds()
+        payload = ownerwire.encode_reply(reply)
         try:
-            await self._control_frame(self.table.channel_of(link), link.remote_cluster, CONTROL_REPLY,
-                                      ownerwire.encode_reply(reply), deadline, link.principal)
+            channel = self.table.channel_of(link)
+            queued = None
+            if channel is not None and not channel.broken:
+                queued = self.owner.queued_control(link, channel, CONTROL_REPLY, payload, deadline)
+            if queued is not None:
+                await queued
+            else:
+                await self._control_frame(channel, link.remote_cluster, CONTROL_REPLY, payload, deadline,
+                                          link.principal)
         except DataDistError as exc:   # a link dropped (its reason logged once) may leave thousands unanswered
             log.log(logging.DEBUG if link.calls.closed else logging.INFO, "cluster %s: cannot answer call %s of "
                     "cluster %s: %s", self.table.cluster_id, reply.command_id, link.remote_cluster, exc)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import itertools
+import threading
 import time
 from typing import Sequence
 
@@ -12,7 +15,7 @@ from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..state import readview
 from ..state.metrics import track_transfer
-from ..transport.base import Receipt
+from ..transport.base import Channel, Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
 from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
@@ -24,9 +27,15 @@ class Owner:
     def __init__(self, table: LinkTable) -> None:
         self.table = table
         self._grant_ids = itertools.count(1)
+        self._sends: dict[int, _SendQueue] = {}   # id(link) -> its queued reads, while any is queued or sending
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
-        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel."""
+        """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel; its bytes
+        and whether the requester must release the key. A small read goes out from the event loop on an idle
+        connection; the rest is queued on the link (``_SendQueue``): one executor job per connection sends the link's
+        queued reads back to back -- and the REPLYs queued behind them (``queued_control``) -- instead of one thread
+        per read waiting its turn for the socket. The source is unpinned before the REPLY is queued, so the
+        requester never hears of a read whose source is still pinned here."""
         if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
@@ -43,8 +52,7 @@ class Owner:
                 try:
                     # a small read goes out from the event loop when a connection is idle (no executor hop)
                     if not channel.try_send(TransferId(transfer_id), src, deadline):
-                        await self.table.in_thread_of(link.principal, channel.send, TransferId(transfer_id), src,
-                                                      deadline)
+                        await self._queued(link, channel, (transfer_id, src), deadline)
                 finally:
                     self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))
@@ -52,6 +60,59 @@ class Owner:
             link.usage.exit_call()
         link.bytes_out += spec.expected_bytes
         return spec.expected_bytes, release
+
+    def queued_control(self, link: Link, channel: Channel, kind: int, payload: bytes,
+                       deadline: float) -> asyncio.Future[None] | None:
+        """While ``link``'s reads are being sent (a sender drains its queue): the control frame queued behind them,
+        sent by that sender in turn (a REPLY to a call of the other end: no executor hop, no wait on a busy socket);
+        its future. None when no sender runs: the caller sends it itself."""
+        queue = self._sends.get(id(link))
+        if queue is None:
+            return None
+        done: asyncio.Future[None] = queue.loop.create_future()
+        with queue.lock:
+            if not queue.running:
+                return None
+            queue.jobs.append((channel, (kind, payload), deadline, done))
+        return done
+
+    async def _queued(self, link: Link, channel: Channel, what: tuple[int, Sequence[Segment]],
+                      deadline: float) -> None:
+        """``channel.send`` of one read (``what``: transfer id and source), queued on ``link`` (``_SendQueue``);
+        returns once it was sent, raises its failure. Cancelled while still queued, it is taken off the queue."""
+        loop = asyncio.get_running_loop()
+        queue = self._sends.get(id(link))
+        if queue is None:
+            queue = self._sends[id(link)] = _SendQueue(loop)
+        done: asyncio.Future[None] = loop.create_future()
+        job: _SendJob = (channel, what, deadline, done)
+        with queue.lock:
+            queue.jobs.append(job)
+            start = queue.running < max(1, channel.streams)
+            if start:
+                queue.running += 1
+        if start:
+            self.table.spawn(self._drain(link, queue))
+        try:
+            await done
+        except asyncio.CancelledError:
+            with queue.lock:
+                if job in queue.jobs:
+                    queue.jobs.remove(job)
+            raise
+
+    async def _drain(self, link: Link, queue: _SendQueue) -> None:
+        """One sender of ``link``'s queued reads, on the daemon's threads as the link's peer (its share) and counted
+        by the engine's gate (finalize waits for it), as each read's own job was."""
+        turn = [_PENDING]
+        try:
+            await self.table.in_thread_of(link.principal, queue.drain, turn)
+        except BaseException as exc:   # cancelled or refused: a sender that never began gives up (``give_up``)
+            queue.give_up(turn, exc)
+            raise
+        finally:
+            if self._sends.get(id(link)) is queue and queue.idle():
+                del self._sends[id(link)]
 
     async def read_small(self, link: Link, spec: RemoteSpec, view: bool) -> tuple[bytes, bool]:
         """Owner side of a small pull answered in the reply (at most ``INLINE_READ_MAX`` bytes), on the event loop:
@@ -230,3 +291,92 @@ class Owner:
             finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
                 self.table.release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)
+
+
+#: a sender's state (``_SendQueue.drain``): waiting for its turn on the daemon's threads, draining, given up
+_PENDING, _BEGUN, _GAVE_UP = 0, 1, 2
+#: a queued send: channel, what (a read: transfer id and source; a control frame: kind and payload), deadline, the
+#: event loop's future
+_SendJob = tuple[Channel, "tuple[int, Sequence[Segment]] | tuple[int, bytes]", float, "asyncio.Future[None]"]
+
+
+class _SendQueue:
+    """One link's reads waiting to be sent (``Owner._queued``), in order, by at most one executor job per connection
+    of its channel (``drain``). The jobs are taken under ``lock``; their ends go back to the event loop in batches:
+    one ``call_soon_threadsafe`` for all that ended since the loop last looked (``_flush``)."""
+
+    __slots__ = ("loop", "lock", "jobs", "running", "ended", "flushing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.jobs: collections.deque[_SendJob] = collections.deque()
+        self.running = 0            # senders (``drain``) started or waiting for a turn on the threads
+        self.ended: list[tuple[asyncio.Future[None], BaseException | None]] = []
+        self.flushing = False       # a ``_flush`` is scheduled on the loop
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.running and not self.jobs
+
+    def drain(self, turn: list[int]) -> None:
+        """A sender (an executor thread): the queued reads, one after the other, until none is left. ``turn``: this
+        sender's state, under ``lock`` (``_PENDING`` until it begins; ``give_up`` marks one that never will)."""
+        with self.lock:
+            if turn[0] != _PENDING:
+                return
+            turn[0] = _BEGUN
+        while True:
+            with self.lock:
+                if not self.jobs:
+                    self.running -= 1
+                    return
+                channel, (head, body), deadline, done = self.jobs.popleft()
+            failure: BaseException | None = None
+            try:
+                if isinstance(body, (bytes, bytearray)):   # a control frame (``queued_control``), else a read
+                    channel.send_control(head, body, deadline)
+                else:
+                    channel.send(TransferId(head), body, deadline)
+            except Exception as exc:  # noqa: BLE001 - the send's failure, raised where it is awaited
+                failure = exc
+            self._ended(done, failure)
+
+    def give_up(self, turn: list[int], exc: BaseException) -> None:
+        """On the loop, the sender of ``turn`` was cancelled or refused: if it never began it never will, and when no
+        other sender is left the queued reads fail (nothing of them was sent). One that began drains on."""
+        with self.lock:
+            if turn[0] != _PENDING:
+                return
+            turn[0] = _GAVE_UP
+            self.running -= 1
+            jobs = list(self.jobs) if not self.running else []
+            if jobs:
+                self.jobs.clear()
+        for job in jobs:
+            if not job[3].done():
+                job[3].set_exception(DataDistError(StatusCode.LLM_FAILED, f"could not be sent: {exc!r}"))
+
+    def _ended(self, done: asyncio.Future[None], failure: BaseException | None) -> None:
+        with self.lock:
+            self.ended.append((done, failure))
+            if self.flushing:
+                return
+            self.flushing = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:   # the loop is closed: the daemon is stopping, nobody awaits
+            pass
+
+    def _flush(self) -> None:
+        """On the loop: the reads that ended, to their awaiting answers."""
+        with self.lock:
+            ended, self.ended = self.ended, []
+            self.flushing = False
+        for done, failure in ended:
+            if done.done():
+                continue
+            if failure is None:
+                done.set_result(None)
+            else:
+                done.set_exception(failure)

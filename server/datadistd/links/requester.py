@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
 from ..core.errors import DataDistError, StatusCode, require
-from ..core.layout import Span, explain_size_mismatch
+from ..core.layout import Span
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
@@ -18,6 +18,7 @@ from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
 from ..state.engine import segments_of, tensors_of
 from ..transport.base import Channel
+from .bytransfer import Pull, PullDone, TransferPulls, explained
 from .model import AnyLink, InboundLink, Link, LinkState, LocalLink, RemoteLink
 from .reads import OneSidedPulls
 from .table import LinkTable
@@ -27,7 +28,7 @@ from .wire.ownercalls import INLINE_READ_MAX, OwnerReply
 log = logging.getLogger("datadistd.links")
 
 
-class Requester(OneSidedPulls):
+class Requester(OneSidedPulls, TransferPulls):
     """The requesting side of transfers at either end of a link: pulls, pushes and staged (layer-wise) pushes."""
 
     def __init__(self, table: LinkTable) -> None:
@@ -63,7 +64,7 @@ class Requester(OneSidedPulls):
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"local cache {cache_id} does not exist")
         return entry
 
-    def _prepare_pull(self, order: TransferOrder) -> _Pull:
+    def _prepare_pull(self, order: TransferOrder) -> Pull:
         """Everything a pull checks before it holds anything: its plan, link, deadline and destination."""
         entry = self._local_entry(order.local_cache_id)
         plan = plan_pull(order, entry.desc, entry.is_blocks, self.table.cluster_id)
@@ -76,15 +77,15 @@ class Requester(OneSidedPulls):
         if order.exclusive and link.pulls:
             raise DataDistError(StatusCode.LLM_LINK_BUSY,
                                 f"another pull is running on the link to cluster {link.remote_cluster}")
-        return _Pull(entry, plan.remote, plan.nbytes, link, deadline, timeout_ms, dst)
+        return Pull(entry, plan.remote, plan.nbytes, link, deadline, timeout_ms, dst)
 
-    def _hold(self, p: _Pull) -> None:
+    def _hold(self, p: Pull) -> None:
         self.table.engine.registry.pin(p.entry.cache_id)
         with p.link.reader_lock:   # fast pulls end on reader threads (``_land``)
             p.link.inflight += 1
             p.link.pulls += 1
 
-    def _end(self, p: _Pull, ok: bool) -> None:
+    def _end(self, p: Pull, ok: bool) -> None:
         with p.link.reader_lock:
             p.link.inflight -= 1
             p.link.pulls -= 1
@@ -97,16 +98,27 @@ class Requester(OneSidedPulls):
 
     def start_pull(self, order: TransferOrder, done: PullDone) -> None:
         """A pull whose end goes to ``done`` -- ``(bytes, transport)`` or the ``DataDistError`` -- exactly once,
-        from the event loop, possibly before this returns (an order refused at once). The general path: it runs
-        ``_pull`` as a task (a worker's small pull over the attach socket takes ``FastTransfers.start`` first)."""
+        from the event loop, possibly before this returns (an order refused at once). The general path (a worker's
+        small pull over the attach socket takes ``FastTransfers.start`` first): a pull whose bytes come as a transfer
+        on the data channel by callback (``TransferPulls._start_read``), any other as a task (``_pull``)."""
         try:
             p = self._prepare_pull(order)
         except DataDistError as exc:
             done(exc)
             return
+        if self._by_transfer(p):
+            self._start_read(p, done)
+            return
         self.table.spawn(self._pull_then(p, done))
 
-    async def _pull_then(self, p: _Pull, done: PullDone) -> None:
+    def _by_transfer(self, p: Pull) -> bool:
+        """Whether the pull's bytes come as a transfer on the link's data channel (tcp, more than an inline read):
+        started by callback (``_start_read``); every other pull runs as a task (``_pull``)."""
+        table = self.table
+        return (not isinstance(p.link, LocalLink) and table.published is None and table.reads is None
+                and not (p.spec.expected_bytes <= INLINE_READ_MAX and table.transport.inline_small_reads))
+
+    async def _pull_then(self, p: Pull, done: PullDone) -> None:
         try:
             result: tuple[int, str] | DataDistError = await self._pull(p)
         except DataDistError as exc:
@@ -116,14 +128,14 @@ class Requester(OneSidedPulls):
             result = DataDistError(StatusCode.LLM_FAILED, f"the pull failed: {exc!r}")
         done(result)
 
-    async def _release_then(self, p: _Pull, link: RemoteLink, calls: FrameCalls, done: PullDone) -> None:
+    async def _release_then(self, p: Pull, link: RemoteLink, calls: FrameCalls, done: PullDone) -> None:
         try:
             await self._release(link, calls, p.spec, p.deadline)
         finally:
             self._end(p, ok=True)
         done((p.nbytes, p.link.transport))
 
-    async def _pull(self, p: _Pull) -> tuple[int, str]:
+    async def _pull(self, p: Pull) -> tuple[int, str]:
         self._hold(p)
         ok = False
         try:
@@ -156,20 +168,17 @@ class Requester(OneSidedPulls):
         if self.table.reads is not None:   # a transport that reads by grants (hccl): the owner grants, this side reads
             await self._read_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
             return
-        if spec.expected_bytes <= INLINE_READ_MAX and self.table.transport.inline_small_reads:
-            # small: the bytes come in the reply (no receipt, no DATA frame)
-            try:
-                reply: OwnerReply = await answered(
-                    lambda done: calls.start_read_inline(spec, deadline - time.monotonic(), done))
-            except DataDistError as exc:
-                raise self._transfer_failure(link, exc, timeout_ms) from None
-            data, release = reply.data, reply.release_needed
-            if all_mapped(dst):
-                write_bytes(dst, data)
-            else:
-                await self.table.in_thread(write_bytes, dst, data)
+        # small: the bytes come in the reply (no receipt, no DATA frame); larger ones are ``_start_read``'s
+        try:
+            reply: OwnerReply = await answered(
+                lambda done: calls.start_read_inline(spec, deadline - time.monotonic(), done))
+        except DataDistError as exc:
+            raise self._transfer_failure(link, exc, timeout_ms) from None
+        data, release = reply.data, reply.release_needed
+        if all_mapped(dst):
+            write_bytes(dst, data)
         else:
-            release = await self._read_over(link, calls, channel, spec, dst, deadline, timeout_ms)
+            await self.table.in_thread(write_bytes, dst, data)
         if release:
             await self._release(link, calls, spec, deadline)
 
@@ -182,24 +191,6 @@ class Requester(OneSidedPulls):
         except DataDistError as exc:
             log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
                         self.table.cluster_id, link.remote_cluster, exc)
-
-    async def _read_over(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
-                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> bool:
-        """A read sent as a transfer on the data channel, straight into ``dst``; whether to release the key."""
-        receipt = self.table.transport.expect(dst, channel=channel)
-        try:
-            _, release = await calls.read(receipt.transfer_id, spec, deadline - time.monotonic())
-            if receipt.done:  # the bytes usually land before the answer: no executor hop
-                receipt.wait(deadline)
-            else:
-                await self.table.in_thread(receipt.wait, deadline)
-        except DataDistError as exc:
-            receipt.cancel()
-            raise self._transfer_failure(link, exc, timeout_ms) from None
-        except BaseException:
-            receipt.cancel()
-            raise
-        return release
 
     def _transfer_failure(self, link: Link, exc: DataDistError, timeout_ms: int) -> DataDistError:
         """What a transfer that failed on ``link`` tells the worker -- CANN's codes (docs/choices.md): the
@@ -411,32 +402,6 @@ class Requester(OneSidedPulls):
 
         self.table.spawn(tell_owner())
 
-
-#: where a started pull's end goes: its bytes and transport, or why it failed
-PullDone = Callable[["tuple[int, str] | DataDistError"], None]
-
-
-def explained(exc: DataDistError, entry: CacheEntry, tensor_count: int) -> DataDistError:
-    """``exc``, or, when it is the owner's refusal of this side's byte count, the whole story: both caches' tensors
-    and layouts, what differs and the option that fixes it (``core.layout.explain_size_mismatch``)."""
-    if exc.code != StatusCode.LLM_PARAM_INVALID:
-        return exc
-    told = explain_size_mismatch(exc.message, entry.desc, entry.is_blocks, entry.cache_id,
-                                 tensor_count or entry.desc.num_tensors, tensor_count != 0)
-    return exc if told is None else DataDistError(StatusCode.LLM_PARAM_INVALID, told)
-
-
-@dataclass(frozen=True)
-class _Pull:
-    """A pull checked and planned: the destination cache, what the owner is asked for, the link, the deadline."""
-
-    entry: CacheEntry
-    spec: RemoteSpec
-    nbytes: int
-    link: AnyLink
-    deadline: float
-    timeout_ms: int
-    dst: Sequence[Segment]
 
 
 #: a part of a push: the local spans and what they become at the owner

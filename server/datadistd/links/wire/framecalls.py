@@ -345,6 +345,11 @@ class FrameCalls:
         self._start(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout,
                     lambda result: answer(self._inline(result, spec)))
 
+    def start_read(self, transfer_id: int, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
+        """A read whose bytes come as transfer ``transfer_id`` on the data channel, by callback (a pull's general
+        path: ``Requester._start_read``): ``answer`` gets the reply or the error, from the event loop."""
+        self._start(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout, answer)
+
     async def write(self, spec: RemoteSpec, data: bytes, timeout: float) -> None:
         """A small push in one call: ``data`` (exactly ``spec.expected_bytes``, at most ``INLINE_READ_MAX``) written
         into what ``spec`` names at the owner."""

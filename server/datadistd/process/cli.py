@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -87,6 +88,11 @@ async def _run(app: DaemonApp) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
+    # what start-up made (modules, protobuf descriptors, grpc, config) lives as long as the daemon: frozen, out of the
+    # cyclic collector's sight, a full collection walks only what serving made (gc_collect_main was ~9% of the
+    # requester loop's samples under 64 x 1 MiB pulls in flight; CPU per MiB ~6% lower A/B, docs/performance.md)
+    gc.collect()
+    gc.freeze()
     notify(f"READY=1\nSTATUS=serving on {app.socket_path}\nMAINPID={os.getpid()}")
     watchdog = watchdog_interval()
     pinger = None

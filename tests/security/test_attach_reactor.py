@@ -207,8 +207,8 @@ def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_le
                                                                                               worker_factory):
     """A worker queues 2,000 fast pulls while reading its replies: every one is answered exactly once, in whatever
     order they end. Another queues 2,000 without reading and closes its connection (or is dropped first, its
-    replies filling its buffer): the daemon drops the session (its socket closed), nothing stays in flight, and it
-    serves on."""
+    replies filling its buffer, the daemon stops reading it): the daemon drops the session (its socket closed),
+    nothing stays in flight, and it serves on."""
     _, _, port = _prompt(daemon_factory, worker_factory)
     dd = daemon_factory("d", args=["--metrics", "127.0.0.1:0"])
     metrics = _metrics(dd)
@@ -230,10 +230,11 @@ def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_le
     baseline = _until(lambda: _sockets(dd.proc.pid) if not _series(
         metrics, "datadist_transfers_in_flight", 'op="pull"') else 0)
     quitter = RawSession(dd, port)
+    quitter.sock.settimeout(2)
     try:
         for rid in range(1, n + 1):
             quitter.sock.send(quitter.pull(rid, rid % BLOCKS, rid % BLOCKS))
-    except ConnectionError:   # it never reads its replies: once they fill its buffer, the daemon drops it
+    except TimeoutError:   # it never reads its replies: the daemon stops reading its requests (back-pressure)
         pass
     quitter.close()
     assert _until(lambda: _series(metrics, "datadist_transfers_in_flight", 'op="pull"') == 0)
@@ -245,6 +246,32 @@ def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_le
         assert [(r.request_id, r.status) for r in again.replies(1)] == [(7, 0)]
     finally:
         again.close()
+
+
+def test_a_worker_that_reads_its_replies_late_gets_every_one(daemon_factory, worker_factory):
+    """A worker pipelines 2,000 fast pulls and reads no reply for a while: the replies its socket cannot take wait
+    in the daemon (counted in flight, so it stops reading requests at ``MAX_TRANSFERS_IN_FLIGHT``) -- the worker is
+    not dropped for reading slowly; once it reads, every pull is answered exactly once."""
+    _, _, port = _prompt(daemon_factory, worker_factory)
+    dd = daemon_factory("d")
+    n = 2000
+    late = RawSession(dd, port)
+    try:
+        sender = threading.Thread(target=lambda: [late.sock.send(late.pull(rid, rid % BLOCKS, (rid * 3) % BLOCKS))
+                                                  for rid in range(1, n + 1)])
+        sender.start()
+        time.sleep(1.5)                       # the replies so far fill the socket; the daemon holds the rest
+        got = late.replies(n)
+        sender.join(30)
+        assert not sender.is_alive()
+        assert sorted(r.request_id for r in got) == list(range(1, n + 1))
+        assert {r.status for r in got} == {0}
+        late.sock.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            late.sock.recv(1 << 16)           # nothing answered twice
+    finally:
+        late.close()
+    assert dd.proc.poll() is None
 
 
 def test_back_pressure_stops_reading_at_the_in_flight_cap_and_resumes(daemon_factory, worker_factory):

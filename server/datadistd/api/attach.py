@@ -219,8 +219,7 @@ class AttachServer(ConnReading):
         conn, rid, method = token
         if status:
             count_error(self.metrics, method, StatusCode(status))
-        self._one_ended(conn)
-        self._send(conn, encode_reply(rid, status, nbytes, transport, message))
+        self._answer(conn, encode_reply(rid, status, nbytes, transport, message), True)
 
     def _on_frame(self, conn: AttachConn, data: bytes, fds: list[int], flags: int) -> None:
         """A binary pull/push, or a continuation frame: decoded straight into a ``TransferOrder``, no protobuf."""
@@ -347,15 +346,16 @@ class AttachServer(ConnReading):
         self._send(conn, reply.SerializeToString(), out_fd)
 
     def _send(self, conn: AttachConn, data: bytes, out_fd: int | None = None) -> None:
+        """A reply that ends no transfer (the loop): through the outbox like any (``_answer``); one carrying a
+        descriptor is sent at once -- its caller waits for it alone -- and a socket that cannot take it is dropped."""
         if conn.session.closed:
             return
+        if out_fd is None:
+            self._answer(conn, data, False)
+            return
         try:
-            if out_fd is None:
-                conn.sock.send(data)
-            else:
-                socket.send_fds(conn.sock, [data], [out_fd])
+            socket.send_fds(conn.sock, [data], [out_fd])
         except OSError as exc:
-            # replies are small and the worker reads them as they come: a full buffer means it stopped reading
             if exc.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET):
                 log.warning("attach reply to pid %s failed: %s", conn.session.cred.pid, os.strerror(exc.errno or 0))
             self._drop(conn)
@@ -369,8 +369,7 @@ class AttachServer(ConnReading):
             conn.in_flight += 1
 
         def done(status: int, nbytes: int, transport: str, why: str) -> None:
-            self._one_ended(conn)
-            self._send(conn, encode_reply(rid, status, nbytes, transport, why))
+            self._answer(conn, encode_reply(rid, status, nbytes, transport, why), True)
 
         task = start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
                               push=frame.op == PUSH, done=done, metrics=self.metrics)

@@ -21,11 +21,19 @@ the connection, reads it, and clears ``skip`` after a fast start as the loop wou
 
 A turn reads one datagram when nothing else of the connection is in flight (the one-at-a-time pull: no ``EAGAIN``
 probe), else up to ``_DRAIN`` until the socket has none (a pipelining worker).
+
+Replies go out from whichever thread ends a transfer (``_answer``). A reply the socket does not take at once (the
+worker reads slower than its transfers end: a caller thread descheduled, a burst of hundreds in flight) waits in
+the connection's ``outbox`` and the loop sends it when the socket drains (``_flush``); a transfer stays counted
+in flight until its reply is sent, so a worker that stops reading holds at most ``MAX_TRANSFERS_IN_FLIGHT``
+replies here while back-pressure stops reading its requests -- it is never dropped for reading slowly. Its
+session ends when it closes the connection (the socket then errs: ``_flush`` drops it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import socket
@@ -70,7 +78,7 @@ def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 class AttachConn:
     __slots__ = ("sock", "fd", "session", "greeted", "tasks", "in_flight", "partial", "deadline", "skip", "lock",
-                 "armed", "turning", "paused", "dropped")
+                 "armed", "turning", "paused", "dropped", "outbox", "writing")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
@@ -88,6 +96,10 @@ class AttachConn:
         self.turning = False                            # a reactor thread reads the connection
         self.paused = False                             # reading stopped by back-pressure
         self.dropped = False                            # ``_drop``: the socket closed, or shut down for a turn to close
+        # replies the socket did not take yet (a worker reading slower than its transfers end), sent in order by the
+        # loop as the socket drains (``_flush``); a transfer's reply stays counted in ``in_flight`` until sent
+        self.outbox: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self.writing = False                            # the loop waits for the socket to take the outbox
 
 
 class ConnReading:
@@ -103,9 +115,6 @@ class ConnReading:
         raise NotImplementedError
 
     def _drop(self, conn: AttachConn, finalize: bool = True) -> None:
-        raise NotImplementedError
-
-    def _send(self, conn: AttachConn, data: bytes, out_fd: int | None = None) -> None:
         raise NotImplementedError
 
     def ended(self, token: tuple[AttachConn, int, str], status: int, nbytes: int, transport: str,
@@ -248,6 +257,10 @@ class ConnReading:
             if conn.dropped:
                 return False
             conn.dropped = True
+            if conn.writing:   # no writer of a socket that closes (``_wait_writable`` sees ``dropped``)
+                conn.writing = False
+                assert self._loop is not None
+                self._loop.remove_writer(conn.fd)
             if conn.turning:
                 pass
             elif conn.armed:
@@ -260,38 +273,82 @@ class ConnReading:
         return True
 
     def _one_ended(self, conn: AttachConn) -> None:
-        """A transfer of ``conn`` ended (any thread): one fewer in flight; reading resumes if back-pressure held it."""
+        """Under ``conn.lock``: a transfer of ``conn`` was answered (any thread): one fewer in flight; reading resumes
+        if back-pressure held it."""
+        conn.in_flight -= 1
+        if conn.paused and not conn.dropped:
+            conn.paused = False
+            conn.armed = True
+            self._reactor.rearm(conn.fd)
+
+    def _answer(self, conn: AttachConn, data: bytes, transfer: bool) -> None:
+        """Send the reply datagram ``data`` to ``conn``'s worker, from any thread (``transfer``: a transfer's reply,
+        counted in flight until it is sent). At once when the socket takes it and no earlier reply waits; else it
+        waits in the outbox for the loop (``_flush``). A socket that failed is dropped by the loop."""
+        gone = False
         with conn.lock:
-            conn.in_flight -= 1
-            if conn.paused and not conn.dropped:
-                conn.paused = False
-                conn.armed = True
-                self._reactor.rearm(conn.fd)
+            if conn.dropped:
+                return
+            if not conn.outbox:
+                try:
+                    conn.sock.send(data)
+                except BlockingIOError:   # full: the worker reads slower than its transfers end
+                    pass
+                except OSError:           # gone (EPIPE, ECONNRESET): its turn sees the end too
+                    gone = True
+                else:
+                    if transfer:
+                        self._one_ended(conn)
+                    return
+            if not gone:
+                conn.outbox.append((data, transfer))
+                if conn.writing:
+                    return
+                conn.writing = True
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._drop if gone else self._wait_writable, conn)
+        except RuntimeError:   # the loop is closed: the daemon is stopping
+            pass
+
+    def _wait_writable(self, conn: AttachConn) -> None:
+        """The loop: send ``conn``'s outbox as its socket drains."""
+        assert self._loop is not None
+        with conn.lock:
+            if conn.dropped or not conn.writing:
+                conn.writing = False
+                return
+        self._loop.add_writer(conn.fd, self._flush, conn)
+
+    def _flush(self, conn: AttachConn) -> None:
+        """The loop, ``conn``'s socket writable (or failed): the outbox's replies in order, until it would block."""
+        assert self._loop is not None
+        gone = False
+        with conn.lock:
+            while conn.outbox and not conn.dropped:
+                data, transfer = conn.outbox[0]
+                try:
+                    conn.sock.send(data)
+                except BlockingIOError:
+                    return                # still full: the writer stays
+                except OSError:
+                    gone = True
+                    break
+                conn.outbox.popleft()
+                if transfer:
+                    self._one_ended(conn)
+            conn.writing = False
+        self._loop.remove_writer(conn.fd)
+        if gone:
+            self._drop(conn)
 
     # ---- a fast transfer's end (``links.fast.FastReply``) --------------------------------------
 
     def ended_here(self, token: tuple[AttachConn, int, str], nbytes: int, transport: str) -> None:
         """A fast pull or push succeeded, on the data reader thread that read the owner's reply: the worker
-        answered from here (a datagram is sent whole or not at all); when the socket would block, the loop sends it
-        (as it sends every other reply: a worker that stopped reading is dropped)."""
+        answered from here (``_answer``: a datagram is sent whole or not at all; the outbox when the socket is
+        full)."""
         conn, rid, _ = token
-        data = REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16])
-        with conn.lock:
-            conn.in_flight -= 1
-            if conn.dropped:
-                return
-            if conn.paused:   # back-pressure released
-                conn.paused = False
-                conn.armed = True
-                self._reactor.rearm(conn.fd)
-            try:
-                conn.sock.send(data)
-                return
-            except OSError:   # full (the worker stopped reading) or gone: the loop's ``_send`` says so
-                pass
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._send, conn, data)
-            except RuntimeError:   # the loop is closed: the daemon is stopping
-                pass
+        self._answer(conn, REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16]), True)

@@ -805,9 +805,11 @@ def test_a_peer_daemon_that_answers_no_heartbeat_breaks_every_link_to_it() -> No
             for link in many.outbound():
                 link.calls.ping = hung   # type: ignore[method-assign]
             passes = many.d.liveness.passes
-            await _passes(many.d, 1)
+            # two passes: the one under way when the pings were replaced may end with a real answer (a slow machine)
+            await _passes(many.d, 2)
             liveness = many.d.liveness
-            assert list(liveness.history)[len(liveness.history) - (liveness.passes - passes):][:1] == [1]
+            recent = list(liveness.history)[len(liveness.history) - (liveness.passes - passes):]
+            assert sum(recent) <= 2, recent   # one ping a pass broke them all (per link: 8, one link a pass)
             assert all(link.state == LinkState.BROKEN and "did not answer" in link.reason for link in many.outbound())
             assert all(link.calls.closed for link in many.outbound())
 

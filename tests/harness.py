@@ -21,7 +21,7 @@ from tests.workerproc import WorkerError, WorkerProcess
 
 __all__ = ["ROOT", "Daemon", "Worker", "WorkerError", "free_port", "fd_targets", "pool_memfds", "DATA_PLANES",
            "NIXL_PLANES", "nixl_installed", "nixl_plane", "ACL_PLANE", "WORKER_ENV",
-           "ALL_PLANES", "DEFAULT_PLANES", "metrics_address", "scrape"]
+           "ALL_PLANES", "DEFAULT_PLANES", "metrics_address", "scrape", "series_sum"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,8 +123,12 @@ class Worker(WorkerProcess):
 def metrics_address(daemon: DaemonProcess, deadline: float = 10.0) -> str:
     """host:port of the daemon's metrics endpoint (it binds port 0 and logs the real one)."""
     end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        found = re.search(r"metrics on http://([^/\s]+)/metrics", daemon.log())
+    while time.monotonic() < end:   # the whole log, not its tail: a DEBUG daemon logs past the start-up line fast
+        try:
+            text = Path(daemon.log_path).read_text(errors="replace")
+        except OSError:
+            text = ""
+        found = re.search(r"metrics on http://([^/\s]+)/metrics", text)
         if found:
             return found.group(1)
         time.sleep(0.05)
@@ -136,3 +140,14 @@ def scrape(address: str, timeout: float = 5.0) -> str:
     with opener.open(f"http://{address}/metrics", timeout=timeout) as resp:
         assert resp.status == 200
         return resp.read().decode()
+
+
+def series_sum(address: str, name: str, labels: str) -> float:
+    """The sum of metric ``name``'s series at ``address`` whose labels include every one of ``labels``
+    (``'op="pull",outcome="success"'``)."""
+    total = 0.0
+    for line in scrape(address).splitlines():
+        m = re.match(rf"{name}{{([^}}]*)}} (\S+)$", line)
+        if m and all(part in m.group(1).split(",") for part in labels.split(",")):
+            total += float(m.group(2))
+    return total

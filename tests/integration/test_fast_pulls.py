@@ -6,7 +6,6 @@ of reused memory."""
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from tests.harness import WorkerError, free_port, scrape
+from tests.harness import WorkerError, free_port, metrics_address, series_sum
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +28,7 @@ GENERAL_PUSH_LINE = f"cluster {D} push peer cluster {P}: cache"
 def _pair(daemon_factory, worker_factory, fast: bool, with_prompt: bool = False):  # noqa: ANN001, ANN202
     env = {"DATADISTD_DAEMON_FAST_PULLS": "true" if fast else "false", "DATADISTD_DAEMON_LOG_LEVEL": "DEBUG"}
     dp, dd = daemon_factory.many(f"p{int(fast)}", f"d{int(fast)}", env=env, args=["--metrics", "127.0.0.1:0"])
-    found = re.search(r"metrics on http://([^/\s]+)/metrics", Path(dd.log_path).read_text())   # logged at start
-    assert found is not None
-    metrics = found.group(1)
+    metrics = metrics_address(dd)
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=3000,
@@ -167,16 +164,6 @@ PUSH_CASES = [
 ]
 
 
-def _series(metrics: str, name: str, labels: str) -> float:
-    """The sum of metric ``name``'s series at ``metrics`` whose labels include every one of ``labels``."""
-    total = 0.0
-    for line in scrape(metrics).splitlines():
-        m = re.match(rf"{name}{{([^}}]*)}} (\S+)$", line)
-        if m and all(part in m.group(1).split(",") for part in labels.split(",")):
-            total += float(m.group(2))
-    return total
-
-
 def _run_push_table(decoder, prompt) -> tuple[list, list]:  # noqa: ANN001
     decoder.call("fill", "kv", 3)
     decoder.call("fill", "three", 4)
@@ -205,9 +192,9 @@ def test_fast_and_general_pushes_give_the_same_bytes_and_status_codes(daemon_fac
     assert Path(fast_dd.log_path).read_text().count(GENERAL_PUSH_LINE) == 0
     # each push answered and counted once: 4 successes, nothing left in flight on the daemon or the link
     for metrics in (fast_metrics, general_metrics):
-        assert _series(metrics, "datadist_transfers_total", 'op="push",outcome="success"') == 4
-        assert _series(metrics, "datadist_transfers_in_flight", 'op="push"') == 0
-        assert _series(metrics, "datadist_link_transfers_in_flight", f'peer_cluster_id="{P}"') == 0
+        assert series_sum(metrics, "datadist_transfers_total", 'op="push",outcome="success"') == 4
+        assert series_sum(metrics, "datadist_transfers_in_flight", 'op="push"') == 0
+        assert series_sum(metrics, "datadist_link_transfers_in_flight", f'peer_cluster_id="{P}"') == 0
 
 
 #: what the source cache holds in the push race, and what the cache allocated in its place is filled with
@@ -284,5 +271,5 @@ def test_a_deallocate_racing_fast_pushes_never_sends_bytes_of_reused_memory(daem
     assert got <= {0, SOURCE_BYTE}, got
     assert set(codes) <= {0, int(S.LLM_PARAM_INVALID)}, set(codes)
     assert codes.count(0) > 0 and SOURCE_BYTE in got and codes[-1] == S.LLM_PARAM_INVALID
-    assert _series(metrics, "datadist_transfers_total", 'op="push",outcome="success"') == codes.count(0)
-    assert _series(metrics, "datadist_transfers_in_flight", 'op="push"') == 0
+    assert series_sum(metrics, "datadist_transfers_total", 'op="push",outcome="success"') == codes.count(0)
+    assert series_sum(metrics, "datadist_transfers_in_flight", 'op="push"') == 0

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import socket
 import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from datadistd.api.attach import MAX_TRANSFERS_IN_FLIGHT
 from datadistd.node.sessions import MAX_SESSIONS_PER_UID
 from datadistd.process.app import DaemonApp
 from datadistd.state.config import load_config
-from tests.harness import fd_targets, free_port, scrape
+from tests.harness import fd_targets, free_port, metrics_address, series_sum
 
 from .test_local import Worker, attach_ask
 
@@ -175,21 +173,6 @@ class RawSession:
         self.grpc.close()
 
 
-def _metrics(daemon: Any) -> str:
-    found = re.search(r"metrics on http://([^/\s]+)/metrics", Path(daemon.log_path).read_text())
-    assert found is not None
-    return found.group(1)
-
-
-def _series(address: str, name: str, labels: str) -> float:
-    total = 0.0
-    for line in scrape(address).splitlines():
-        m = re.match(rf"{name}{{([^}}]*)}} (\S+)$", line)
-        if m and all(part in m.group(1).split(",") for part in labels.split(",")):
-            total += float(m.group(2))
-    return total
-
-
 def _until(what, deadline: float = 30.0):  # noqa: ANN001, ANN202
     end = time.monotonic() + deadline
     while True:
@@ -203,6 +186,23 @@ def _sockets(pid: int) -> int:
     return sum(1 for target in fd_targets(pid) if target.startswith("socket:"))
 
 
+def _each_answered_once(session: RawSession, n: int, step: int, read_after_s: float = 0.0) -> None:
+    """``n`` fast pulls pipelined on ``session`` from a thread (pull ``rid`` into block ``rid * step``), their
+    replies read (from ``read_after_s`` on): every pull answered exactly once, with success."""
+    sender = threading.Thread(target=lambda: [session.sock.send(session.pull(rid, rid % BLOCKS, (rid * step) % BLOCKS))
+                                              for rid in range(1, n + 1)])
+    sender.start()
+    time.sleep(read_after_s)
+    got = session.replies(n)
+    sender.join(30)
+    assert not sender.is_alive()
+    assert sorted(r.request_id for r in got) == list(range(1, n + 1))
+    assert {r.status for r in got} == {0}
+    session.sock.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        session.sock.recv(1 << 16)          # nothing answered twice
+
+
 def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_leaves_nothing(daemon_factory,
                                                                                               worker_factory):
     """A worker queues 2,000 fast pulls while reading its replies: every one is answered exactly once, in whatever
@@ -211,23 +211,14 @@ def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_le
     nothing stays in flight, and it serves on."""
     _, _, port = _prompt(daemon_factory, worker_factory)
     dd = daemon_factory("d", args=["--metrics", "127.0.0.1:0"])
-    metrics = _metrics(dd)
+    metrics = metrics_address(dd)
     n = 2000
     flood = RawSession(dd, port)
     try:
-        sender = threading.Thread(target=lambda: [flood.sock.send(flood.pull(rid, rid % BLOCKS, (rid * 7) % BLOCKS))
-                                                  for rid in range(1, n + 1)])
-        sender.start()
-        got = flood.replies(n)
-        sender.join(30)
-        assert sorted(r.request_id for r in got) == list(range(1, n + 1))
-        assert {r.status for r in got} == {0}
-        flood.sock.settimeout(0.2)
-        with pytest.raises(socket.timeout):
-            flood.sock.recv(1 << 16)          # nothing answered twice
+        _each_answered_once(flood, n, 7)
     finally:
         flood.close()
-    baseline = _until(lambda: _sockets(dd.proc.pid) if not _series(
+    baseline = _until(lambda: _sockets(dd.proc.pid) if not series_sum(
         metrics, "datadist_transfers_in_flight", 'op="pull"') else 0)
     quitter = RawSession(dd, port)
     quitter.sock.settimeout(2)
@@ -237,7 +228,7 @@ def test_a_flood_of_fast_pulls_is_answered_once_each_and_a_close_mid_transfer_le
     except TimeoutError:   # it never reads its replies: the daemon stops reading its requests (back-pressure)
         pass
     quitter.close()
-    assert _until(lambda: _series(metrics, "datadist_transfers_in_flight", 'op="pull"') == 0)
+    assert _until(lambda: series_sum(metrics, "datadist_transfers_in_flight", 'op="pull"') == 0)
     assert _until(lambda: _sockets(dd.proc.pid) <= baseline), "the closed connection's socket stayed open"
     assert dd.proc.poll() is None
     again = RawSession(dd, port)
@@ -257,18 +248,8 @@ def test_a_worker_that_reads_its_replies_late_gets_every_one(daemon_factory, wor
     n = 2000
     late = RawSession(dd, port)
     try:
-        sender = threading.Thread(target=lambda: [late.sock.send(late.pull(rid, rid % BLOCKS, (rid * 3) % BLOCKS))
-                                                  for rid in range(1, n + 1)])
-        sender.start()
-        time.sleep(1.5)                       # the replies so far fill the socket; the daemon holds the rest
-        got = late.replies(n)
-        sender.join(30)
-        assert not sender.is_alive()
-        assert sorted(r.request_id for r in got) == list(range(1, n + 1))
-        assert {r.status for r in got} == {0}
-        late.sock.settimeout(0.2)
-        with pytest.raises(socket.timeout):
-            late.sock.recv(1 << 16)           # nothing answered twice
+        # read late: the replies so far fill the socket; the daemon holds the rest
+        _each_answered_once(late, n, 3, read_after_s=1.5)
     finally:
         late.close()
     assert dd.proc.poll() is None
@@ -279,11 +260,11 @@ def test_back_pressure_stops_reading_at_the_in_flight_cap_and_resumes(daemon_fac
     ``MAX_TRANSFERS_IN_FLIGHT`` of them and reads no more; once the owner runs again every pull is answered once."""
     dp, _, port = _prompt(daemon_factory, worker_factory)
     dd = daemon_factory("d", args=["--metrics", "127.0.0.1:0"])
-    metrics = _metrics(dd)
+    metrics = metrics_address(dd)
     n = MAX_TRANSFERS_IN_FLIGHT + 64
     raw = RawSession(dd, port)
     try:
-        in_flight = lambda: _series(metrics, "datadist_transfers_in_flight", 'op="pull"')  # noqa: E731
+        in_flight = lambda: series_sum(metrics, "datadist_transfers_in_flight", 'op="pull"')  # noqa: E731
         os.kill(dp.proc.pid, signal.SIGSTOP)
         try:
             sender = threading.Thread(target=lambda: [raw.sock.send(raw.pull(rid, rid % BLOCKS, rid % BLOCKS))

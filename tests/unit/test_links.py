@@ -537,6 +537,10 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_afte
 
             channel.send = counted  # type: ignore[method-assign]
             channel.send_control = lambda *a: controls.append(a[0]) or send_control(*a)  # type: ignore[method-assign]
+            # a REPLY made while no sender runs goes out at once (``queued_control`` None): which way each takes
+            # is timing (a slow machine drains the queue first), so both are counted
+            try_control = channel.try_control
+            channel.try_control = lambda *a: controls.append(a[0]) or try_control(*a)  # type: ignore[method-assign]
             remote = [list(range(i, rows, rows // per))[::-1] for i in range(rows // per)]
             loop = asyncio.get_running_loop()
             ends: list[asyncio.Future[Any]] = [loop.create_future() for _ in remote]
@@ -551,7 +555,7 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_afte
                                    functools.partial(ended, k))
             got = await asyncio.wait_for(asyncio.gather(*ends), 30)
             assert got == [(per * row, "tcp")] * len(remote)
-            assert most[0] == 1 and pins == [0] * len(remote) and CONTROL_REPLY in controls
+            assert most[0] == 1 and pins == [0] * len(remote) and controls.count(CONTROL_REPLY) >= len(remote)
             (out,) = tensors_of(dst)
             buf = np.zeros(out.length, np.uint8)
             out.handle.read_into(out.offset, memoryview(buf).cast("B"))

@@ -58,9 +58,8 @@ MIB = 1 << 20
 TENSORS, BLOCKS, BLOCK_SHAPE = 16, 256, (16, 8, 64)
 BLOCK_BYTES = 16 * 8 * 64 * 2
 SYNC_MS = 3000   # a half-cache transfer (32 MiB) takes ~1.35 s on the 200 mbit veth: the deadline is past it
-#: nixl with the network cut: a WRITE that missed its deadline can still land once the network heals while UCX has
-#: not given the connection up -- after the relink, over newer bytes (docs/nixl.md, "Known limits"). With the
-#: network healed ~4 s after the cut it did, once in CI; 5 s keeps the heal past UCX giving up, as before.
+#: nixl with the network cut: a READ abandoned at its deadline can still land once the network heals -- UCX over
+#: TCP keeps the connection for minutes (docs/nixl.md, "Failure behaviour"); 5 s leaves the pull time to be in flight
 NIXL_CUT_SYNC_MS = 5000
 MARGIN_S = 2.5
 HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "0.5"}
@@ -151,6 +150,8 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         # not a timeout) when the connection ends before it (a killed peer) or the heartbeat gives up on the peer
         assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
         assert outcome["seconds"] < sync_ms / 1000 + MARGIN_S, outcome
+        if (fault, plane) == ("cut", "nixl") and outcome["result"] == S.LLM_TIMEOUT:   # the operator is told
+            assert "was abandoned in flight" in db.log()
         # the link is broken, and further transfers say so at once (nothing times out then)
         assert [lk.state for lk in links(db)] == ["broken"]
         with pytest.raises(WorkerError) as info:
@@ -176,8 +177,14 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
             time.sleep(0.25)
         assert result == (0, [0])
         assert [lk.state for lk in links(db)] == ["established"]
-        # the next transfer is byte-exact (and reported success only because it is)
+        # the next transfer is byte-exact (and reported success only because it is). Over tcp its destination
+        # includes blocks the abandoned pull wrote (3, 4): no late byte of it may land. Over nixl with the network
+        # cut, UCX can still deliver the abandoned READ when the network heals (the stated hazard of docs/nixl.md,
+        # "Failure behaviour"): that pull's destination blocks are left out
         src, dst = [7, 200, 201, 13], [130, 3, 4, 250]
+        if (fault, plane) == ("cut", "nixl"):
+            dst = [130, 131, 132, 250]
+            assert not set(dst) & set(half)
         decoder.call("pull_blocks", P, "kv", src, dst)
         np.testing.assert_array_equal(decoder.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
         decoder.call("fill", "kv", 10)

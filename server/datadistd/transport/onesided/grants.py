@@ -63,8 +63,8 @@ class GrantedReads(OneSidedTransport):
         try:
             agent.read(dst, src, peer.agent_name, deadline)
         except DataDistError as exc:
-            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight: nothing more lands once it is gone
-                self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
+            if exc.code == LLMStatusCode.LLM_TIMEOUT:   # may still be in flight
+                self._abandon_read(peer, exc)
             raise
         finally:
             peer.sent(int(tid))

@@ -453,10 +453,10 @@ class PublishedTables(OneSidedTransport):
         plan.peer.reading(plan.tid)    # until this READ ended (``LinkPeer.sent``)
 
     def _failed(self, plan: ReadPlan, exc: DataDistError) -> DataDistError:
-        """What a failed READ of ``plan`` raises; a READ past its deadline may still be in flight: its peer is
-        dropped (nothing more lands once it is gone)."""
+        """What a failed READ of ``plan`` raises; a READ past its deadline may still be in flight: its link is
+        dropped (``_abandon_read``)."""
         if exc.code == LLMStatusCode.LLM_TIMEOUT:
-            self._drop(plan.peer, f"a READ did not complete by its deadline ({exc.message})")
+            self._abandon_read(plan.peer, exc)
         elif plan.entry.gone:
             return DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
                                  f"{self.name}: cache {plan.handle} was withdrawn during the READ ({exc.message})")

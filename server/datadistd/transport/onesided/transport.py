@@ -256,6 +256,17 @@ class OneSidedTransport(abc.ABC):
         self._forget_peer(peer)
         log.debug("%s: link %s dropped: %s", self.name, peer.what, reason)
 
+    def _abandon_read(self, peer: LinkPeer, exc: DataDistError) -> None:
+        """A READ from ``peer`` passed its deadline in flight: the link is dropped, and the operator told that the
+        READ may still land. Nothing here fences it: releasing the request does not cancel a UCX GET, and unloading
+        the peer's agent closes its connection gracefully, after what it carries -- over UCX's TCP, bytes the peer
+        sent before a cut land in the pull's destination when the network heals, for as long as that connection
+        lives (minutes). docs/nixl.md, "Failure behaviour"."""
+        log.warning("%s: a READ from %s was abandoned in flight (%s); its bytes may still land in the pull's "
+                    "destination until the fabric gives the connection up (docs/nixl.md, 'Failure behaviour')",
+                    self.name, peer.what, exc.message)
+        self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
+
     def _forget_peer(self, peer: LinkPeer) -> None:
         """Close ``peer`` and, once no send of it runs any more, unload its agent (the last link using it):
         a posted WRITE keeps its connection until it completed (see ``OneSidedChannel.send``)."""

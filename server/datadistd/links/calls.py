@@ -344,7 +344,7 @@ class OwnerCalls:
                 reply = OwnerReply(cmd.command_id)
         except DataDistError as exc:
             reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)
-        await self._reply(link, reply)
+        await self._reply(link, reply, behind_reads=isinstance(cmd, ReadCmd))   # a read's, after its bytes
         if isinstance(cmd, UnlinkCmd):
             log.info("cluster %s: cluster %s unlinked from its end", self.table.cluster_id, link.remote_cluster)
             await self.table.forget(link)
@@ -393,15 +393,19 @@ class OwnerCalls:
     def _reply_seconds(self) -> float:
         return max(1.0, self.table.engine.options.sync_kv_timeout_ms / 1000)
 
-    async def _reply(self, link: RemoteLink, reply: OwnerReply) -> None:
-        """A REPLY on the link's channel: behind the link's reads being sent when a sender drains them
-        (``Owner.queued_control``), else from the loop on an idle connection or the executor."""
+    async def _reply(self, link: RemoteLink, reply: OwnerReply, behind_reads: bool = False) -> None:
+        """A REPLY on the link's channel: from the loop on an idle connection or the executor (a connection's lock
+        is handed over per frame: it waits for one frame of the link's reads at most) -- but a read's own
+        (``behind_reads``) goes behind the link's reads being sent when a sender drains them
+        (``Owner.queued_control``). Only a read's: any other answer, a heartbeat's ping above all, queued there
+        would wait for every byte of the reads before it (a 256 MB read: seconds; the linking daemon breaks the
+        link after max(interval, 1 s) without an answer, the serving end drops it after 3 intervals silent)."""
         deadline = time.monotonic() + self._reply_seconds()
         payload = ownerwire.encode_reply(reply)
         try:
             channel = self.table.channel_of(link)
             queued = None
-            if channel is not None and not channel.broken:
+            if behind_reads and channel is not None and not channel.broken:
                 queued = self.owner.queued_control(link, channel, CONTROL_REPLY, payload, deadline)
             if queued is not None:
                 await queued

@@ -64,8 +64,9 @@ class Owner:
     def queued_control(self, link: Link, channel: Channel, kind: int, payload: bytes,
                        deadline: float) -> asyncio.Future[None] | None:
         """While ``link``'s reads are being sent (a sender drains its queue): the control frame queued behind them,
-        sent by that sender in turn (a REPLY to a call of the other end: no executor hop, no wait on a busy socket);
-        its future. None when no sender runs: the caller sends it itself."""
+        sent by that sender in turn (a read's REPLY: no executor hop, no wait on a busy socket); its future. None when
+        no sender runs: the caller sends it itself. For a read's REPLY only (``OwnerCalls._reply``): a frame queued
+        here waits for every byte queued before it -- a heartbeat's answer would come too late."""
         queue = self._sends.get(id(link))
         if queue is None:
             return None

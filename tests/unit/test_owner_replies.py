@@ -1,0 +1,61 @@
+"""Which answers of the owner wait behind the link's reads being sent (``Owner.queued_control``): a read's REPLY
+only. Two in-process engines linked over real loopback TCP (``test_links.Pair``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from datadistd.state.engine import tensors_of
+from tests.unit.test_links import BIG_POOL, BIG_ROW, D, P, Pair, _order, _until, big_caches
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_ping_is_answered_while_the_links_read_is_being_sent() -> None:
+    """A read too big for the loop's send is held in its sender (``channel.send`` of the link's queue, released by
+    the test) while the linking end pings: the ping is answered meanwhile -- not queued behind the read's bytes
+    (before: every REPLY of the link went behind the reads being sent, so a 256 MB read held the heartbeat's
+    answer for seconds and the serving end dropped the link as silent; CI: test_z_outsized... under load). Once
+    released the pull ends byte-exact, its REPLY after its source's unpin."""
+    rows = 8                                              # 8 blocks of 64 KiB: past try_send's 256 KiB
+
+    async def main() -> None:
+        async with Pair(pool=BIG_POOL) as pair:
+            serving, linking = pair.links
+            assert await pair.link() == (0, [0])
+            src, dst, pattern = big_caches(pair)
+            channel = serving.table.channel_of(serving.table.served[D])
+            entered, release = threading.Event(), threading.Event()
+            send = channel.send
+
+            def held(*args: Any, **kwargs: Any) -> None:
+                entered.set()
+                release.wait(30)    # bounded: the test releases it at once after the ping
+                send(*args, **kwargs)
+
+            channel.send = held  # type: ignore[method-assign]
+            loop = asyncio.get_running_loop()
+            ended: asyncio.Future[Any] = loop.create_future()
+            remote = list(range(rows))[::-1]
+            linking.start_pull(_order(P, int(dst.cache_id), remote, list(range(rows))), ended.set_result)
+            try:
+                assert await asyncio.to_thread(entered.wait, 10), "the read never reached its sender"
+                assert serving.owner._sends, "the read is not on the link's queue"
+                await linking.links[P].calls.ping(5)       # raises LLM_TIMEOUT when its answer waits for the read
+                assert not ended.done()                     # the read is still held: the answer came around it
+            finally:
+                release.set()
+            assert await asyncio.wait_for(ended, 30) == (rows * BIG_ROW, "tcp")
+            (out,) = tensors_of(dst)
+            buf = np.zeros(out.length, np.uint8)
+            out.handle.read_into(out.offset, memoryview(buf).cast("B"))
+            assert (buf.reshape(-1, BIG_ROW)[:rows] == pattern[remote]).all()
+            assert serving.engine.entry(src.cache_id).pins == 0 and linking.engine.entry(dst.cache_id).pins == 0
+            assert await _until(lambda: not serving.owner._sends)   # the queue goes with its last send
+
+    asyncio.run(main())

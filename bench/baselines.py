@@ -155,7 +155,7 @@ class RawStream:
 def _nixl_agent(name: str, env: dict[str, str]) -> tuple[Any, Any]:
     import os
     os.environ.update(env)
-    from datadistd.transport.nixl.agent import load_api
+    from datadistd.transport.nixl.ucx import load_api
     api = load_api()
     # as the daemons run it: NIXL's progress thread off (it spins a core per agent), progress made by the calls
     return api, api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))

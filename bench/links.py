@@ -65,7 +65,7 @@ def nixl_env(ucx_tls: str) -> dict[str, str]:
 def calls_per_pull(run: Run) -> None:
     """The counts over tcp, then over nixl (UCX shared memory) when NIXL is installed: issue 36 wants a nixl pull
     to make no owner call (one data-plane round trip), which shows as the owner daemon's count."""
-    from datadistd.transport.nixl.agent import MODULES
+    from datadistd.transport.nixl.ucx import MODULES
 
     _calls_per_pull(run, "", ("CP", "CD"), {})
     if any(importlib.util.find_spec(m) for m in MODULES):

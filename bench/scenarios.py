@@ -938,7 +938,7 @@ NIXL_TLS = {"tcp": "tcp", "shm": "shm,tcp"}
 def bulk_nixl(run: Run) -> None:
     """Scenario 1's requests over the nixl transport, against bare NIXL with the same blocks (``BareNixl``),
     once per UCX transport set of ``--nixl-tls``."""
-    from datadistd.transport.nixl.agent import MODULES
+    from datadistd.transport.nixl.ucx import MODULES
 
     cfg = run.cfg
     if not any(importlib.util.find_spec(m) for m in MODULES):

@@ -91,7 +91,7 @@ def nixl_installed() -> bool:
     """NIXL's Python module is importable (``make nixl``)."""
     import importlib.util
 
-    from datadistd.transport.nixl.agent import MODULES
+    from datadistd.transport.nixl.ucx import MODULES
     return any(importlib.util.find_spec(m) is not None for m in MODULES)
 
 

@@ -156,7 +156,7 @@ def test_bench_link_scenarios_count_calls_links_and_a_peer_death(tmp_path: Path)
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     rows = json.loads((tmp_path / "latest.json").read_text())["rows"]
     cases = {(r["scenario"].split()[0], r["case"]): r for r in rows}
-    from datadistd.transport.nixl.agent import MODULES
+    from datadistd.transport.nixl.ucx import MODULES
 
     nixl = any(importlib.util.find_spec(m) for m in MODULES)
     for over in ("", *(["over nixl (UCX shm), "] if nixl else [])):

@@ -81,7 +81,7 @@ def test_ci_has_the_rdma_libraries() -> None:
 
 def test_a_bare_nixl_agent_exits_0() -> None:
     """The smallest case of the report: a process that made one UCX agent through datadist's loader."""
-    code = ("from datadistd.transport.nixl.agent import load_api\n"
+    code = ("from datadistd.transport.nixl.ucx import load_api\n"
             "api = load_api()\n"
             "api.nixl_agent('x', api.nixl_agent_config(enable_prog_thread=False, backends=['UCX']))\n"
             "print('made', flush=True)\n")

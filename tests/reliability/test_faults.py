@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import common_pb2, datadist_pb2
+from datadistd.transport.nixl.ucx import UCX_TCP_USER_TIMEOUT_DEFAULT, fence_seconds
 from tests.conftest import ascend_runtime
 from tests.harness import (
     ACL_PLANE,
@@ -58,9 +59,10 @@ MIB = 1 << 20
 TENSORS, BLOCKS, BLOCK_SHAPE = 16, 256, (16, 8, 64)
 BLOCK_BYTES = 16 * 8 * 64 * 2
 SYNC_MS = 3000   # a half-cache transfer (32 MiB) takes ~1.35 s on the 200 mbit veth: the deadline is past it
-#: nixl with the network cut: a READ abandoned at its deadline can still land once the network heals -- UCX over
-#: TCP keeps the connection for minutes (docs/nixl.md, "Failure behaviour"); 5 s leaves the pull time to be in flight
+#: nixl with the network cut: a pull still in flight at its deadline is waited for up to the fence after it (the
+#: probe makes this side's kernel abort the dead connection: docs/nixl.md, "Failure behaviour"), then answered
 NIXL_CUT_SYNC_MS = 5000
+NIXL_FENCE_S = fence_seconds({"UCX_TCP_USER_TIMEOUT": UCX_TCP_USER_TIMEOUT_DEFAULT})
 MARGIN_S = 2.5
 HEARTBEAT = {"DATADISTD_PEER_HEARTBEAT_SECONDS": "0.5"}
 
@@ -149,9 +151,9 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         # LLM_TIMEOUT when the deadline passes first; LLM_FAILED (CANN's code for a failed communication that is
         # not a timeout) when the connection ends before it (a killed peer) or the heartbeat gives up on the peer
         assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
-        assert outcome["seconds"] < sync_ms / 1000 + MARGIN_S, outcome
-        if (fault, plane) == ("cut", "nixl") and outcome["result"] == S.LLM_TIMEOUT:   # the operator is told
-            assert "was abandoned in flight" in db.log()
+        fence = NIXL_FENCE_S if plane == "nixl" else 0.0
+        assert outcome["seconds"] < sync_ms / 1000 + fence + MARGIN_S, outcome
+        assert "was abandoned in flight" not in db.log()   # it ended in the fence: nothing of it can land
         # the link is broken, and further transfers say so at once (nothing times out then)
         assert [lk.state for lk in links(db)] == ["broken"]
         with pytest.raises(WorkerError) as info:
@@ -177,19 +179,48 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
             time.sleep(0.25)
         assert result == (0, [0])
         assert [lk.state for lk in links(db)] == ["established"]
-        # the next transfer is byte-exact (and reported success only because it is). Over tcp its destination
-        # includes blocks the abandoned pull wrote (3, 4): no late byte of it may land. Over nixl with the network
-        # cut, UCX can still deliver the abandoned READ when the network heals (the stated hazard of docs/nixl.md,
-        # "Failure behaviour"): that pull's destination blocks are left out
+        # the next transfer is byte-exact (and reported success only because it is); its destination includes
+        # blocks the failed one was writing (3, 4): no late byte of it may land
         src, dst = [7, 200, 201, 13], [130, 3, 4, 250]
-        if (fault, plane) == ("cut", "nixl"):
-            dst = [130, 131, 132, 250]
-            assert not set(dst) & set(half)
         decoder.call("pull_blocks", P, "kv", src, dst)
         np.testing.assert_array_equal(decoder.call("rows", "kv", None, dst), prompt.call("rows", "kv", None, src))
         decoder.call("fill", "kv", 10)
         decoder.call("push_blocks", P, "kv", dst, src)
         np.testing.assert_array_equal(prompt.call("rows", "kv", None, src), decoder.call("rows", "kv", None, dst))
+    finally:
+        hosts.remove()
+
+
+@netns
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_a_transfer_cut_off_in_flight_lands_nothing_once_answered(direction: str, daemon_factory, worker_factory,
+                                                                   request) -> None:
+    """nixl over UCX's TCP, the network cut mid-transfer: the transfer fails within its deadline and the fence after
+    it, and from then on nothing of it lands. The network heals at once, the side it was
+    writing into (the decoder for a pull, the prompt for a push) rewrites its blocks, and they stay as written for
+    10 s -- long enough for the sending kernel to retransmit what it had queued (twice, at its backoff), which lands
+    then without the fence (run the daemons with UCX_TCP_USER_TIMEOUT=inf)."""
+    hosts = Hosts(rate="200mbit")
+    try:
+        da, db, prompt, decoder = _linked_hosts(hosts, "nixl", HEARTBEAT, daemon_factory, worker_factory, request,
+                                                NIXL_CUT_SYNC_MS)
+        half = list(range(BLOCKS // 2))
+        thread, outcome = _in_background(decoder.call, f"{direction}_blocks", P, "kv", half, half, timeout=60)
+        _wait_in_flight(db)
+        hosts.cut()
+        thread.join(60)
+        assert not thread.is_alive(), "the transfer hung"
+        # LLM_TIMEOUT at the deadline (and the fence); LLM_FAILED when the kernel aborted the dead connection first
+        assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
+        assert outcome["seconds"] < NIXL_CUT_SYNC_MS / 1000 + NIXL_FENCE_S + MARGIN_S, outcome
+        hosts.mend()
+        written_into = decoder if direction == "pull" else prompt
+        written_into.call("fill", "kv", 11)
+        written = written_into.call("digest", "kv")
+        for _ in range(20):   # 10 s, bounded
+            time.sleep(0.5)
+            assert written_into.call("digest", "kv") == written, "bytes of the failed transfer landed after its answer"
+        assert "was abandoned in flight" not in db.log()
     finally:
         hosts.remove()
 

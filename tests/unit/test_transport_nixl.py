@@ -32,7 +32,7 @@ TOKEN = b"n" * 32
 
 
 def nixl_installed() -> bool:
-    from datadistd.transport.nixl.agent import load_api
+    from datadistd.transport.nixl.ucx import load_api
     try:
         load_api()
     except DataDistError:
@@ -530,19 +530,30 @@ def test_a_peer_claiming_our_own_agent_name_is_refused(pair) -> None:
 def test_missing_wheel_names_the_package(monkeypatch) -> None:
     import builtins
 
-    from datadistd.transport.nixl import agent
+    from datadistd.transport.nixl import ucx
     real = builtins.__import__
 
     def no_nixl(name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        if name.split(".")[0] in agent.MODULES:
+        if name.split(".")[0] in ucx.MODULES:
             raise ImportError(name)
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_nixl)
-    monkeypatch.setattr(agent.importlib, "import_module", lambda name: no_nixl(name))
+    monkeypatch.setattr(ucx.importlib, "import_module", lambda name: no_nixl(name))
     with pytest.raises(DataDistError) as err:
-        agent.load_api()
-    assert err.value.code == S.LLM_FEATURE_NOT_ENABLED and agent.PACKAGE in err.value.message
+        ucx.load_api()
+    assert err.value.code == S.LLM_FEATURE_NOT_ENABLED and ucx.PACKAGE in err.value.message
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("3s", 3.5), ("3", 3.5), (" 4S ", 4.5), ("500ms", 1.0), ("250000us", 0.75), ("2m", 120.5),
+    ("inf", 0.0), ("auto", 0.0), ("", 0.0), ("soon", 0.0), ("-1s", 0.0), ("0s", 0.0), ("2h", 0.0), ("90m", 0.0)])
+def test_the_fence_is_ucx_user_timeout_and_the_kernel_timer(text: str, seconds: float) -> None:
+    """How long a transfer past its deadline is waited for: UCX_TCP_USER_TIMEOUT in UCX's time syntax and half a
+    second; nothing (0: given up at the deadline) when it bounds nothing or cannot be read."""
+    from datadistd.transport.nixl.ucx import fence_seconds
+    assert fence_seconds({"UCX_TCP_USER_TIMEOUT": text}) == pytest.approx(seconds)
+    assert fence_seconds({}) == 0.0
 
 
 # -- pairing extents: property tests (pure arithmetic) --

@@ -472,7 +472,7 @@ def _check(cfg: Config) -> None:
                               "the fabric (UCX_NET_DEVICES; docs/nixl.md)")
         import importlib.util
 
-        from ..transport.nixl.agent import MODULES, PACKAGE
+        from ..transport.nixl.ucx import MODULES, PACKAGE
         if not any(importlib.util.find_spec(m) for m in MODULES):
             raise ConfigError(f"transport.name = 'nixl' needs NIXL: pip install --no-deps {PACKAGE} (or make nixl)")
     try:

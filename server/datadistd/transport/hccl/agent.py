@@ -165,6 +165,9 @@ class _Comm:
 
 
 class HcclAgent:
+    #: nothing here bounds when a batch that missed its deadline ends (``OneSidedAgent.fence``)
+    fence = 0.0
+
     def __init__(self, name: str, device: int, server_id: str, device_ip: str, traffic_class: int | None = None,
                  service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1,
                  physical_id: int | None = None) -> None:
@@ -462,6 +465,9 @@ class HcclAgent:
                 except AscendError as abort_exc:
                     log.warning("hccl: aborting the stream: %s", abort_exc)
                 raise DataDistError(exc.status, f"hccl: {what} {peer}: {exc}") from None
+
+    def probe(self, peer: str) -> None:
+        """Nothing to probe (``OneSidedAgent.probe``): ``fence`` is 0 and a batch is given up at its deadline."""
 
     def notify(self, peer: str, message: bytes) -> None:
         with self._lock:

@@ -23,9 +23,9 @@ calls as control frames, liveness -- but the KV bytes of every pull and push mov
    sender's answer (``F``: nothing was posted; or the notification: the WRITE landed); without one it
    drops the channel and the peer's agent, so no byte lands after the memory is handed back.
 
-Modules: ``agent`` (the only one that imports NIXL), ``transport`` (``NixlTransport``: which agent, which
-label). The link machinery -- steps 1-5 above, extent pairing, the messages, receipts -- is
-``transport.onesided``'s, shared with ``hccl``.
+Modules: ``ucx`` (loads NIXL, with the UCX settings it needs), ``agent`` (an agent: registrations, READs and
+WRITEs), ``transport`` (``NixlTransport``: which agent, which label). The link machinery -- steps 1-5 above, extent
+pairing, the messages, receipts -- is ``transport.onesided``'s, shared with ``hccl``.
 
 One NIXL agent per engine, like the tcp listener: engines of one daemon share no registrations.
 Only memory mapped into the daemon is registered (pools; sealed worker memory); worker memory reached

@@ -1,7 +1,7 @@
-"""The one module that imports NIXL: an agent, its memory registrations, and WRITEs and READs with a deadline.
+"""A NIXL agent: its memory registrations, and WRITEs and READs with a deadline.
 
-NIXL (NVIDIA's inference transfer library, the ``nixl-cu12`` wheel) is loaded lazily, by the first
-``Agent``; without it the transport refuses with ``LLM_FEATURE_NOT_ENABLED`` naming the package.
+NIXL (NVIDIA's inference transfer library, the ``nixl-cu12`` wheel) is loaded lazily (``ucx.load_api``), by the
+first ``Agent``; without it the transport refuses with ``LLM_FEATURE_NOT_ENABLED`` naming the package.
 Only host memory that is mapped into the daemon is registered (``DRAM``): NIXL moves bytes between
 registered ranges of two agents, and a handle without a mapping has no address to give it.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -21,70 +20,19 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.base import MemoryHandle, Segment
+from ..onesided.agent import InFlight
+from ..onesided.wire import PROBE
 from ..registrations import Registration, RegistrationTable
+from .ucx import fence_seconds, load_api, status_of
 
-__all__ = ["Agent", "load_api", "PACKAGE", "MODULES", "UCX_MODULES_DEFAULT", "status_of", "ucx_transports"]
+__all__ = ["Agent"]
 
 log = logging.getLogger("datadistd.transport.nixl")
-
-#: what to install, and the modules its wheels provide (the CUDA 12 wheel runs on CPU-only hosts too)
-PACKAGE = "nixl-cu12"
-MODULES = ("nixl_cu12", "nixl_cu13", "nixl")
 
 _SPIN = 200          # status checks before the first sleep (a small WRITE completes in a few)
 _NAP_MAX = 0.0005    # the longest sleep between status checks
 _LOCAL_ROWS_MAX = 1 << 16   # rows of a destination registration prepared once (a larger one: prepared per READ)
 _LOCAL_LISTS_MAX = 4        # row geometries (row size, phase) prepared per destination registration
-
-
-#: UCX's module filter unless the operator set ``UCX_MODULES``: every module but UCX's EFA transport
-#: (``libuct_ib_efa``). The NIXL wheel bundles its own libibverbs and libnl but not ``libefa.so.1``; on a host
-#: with rdma-core's providers installed that module loads the system's libefa, and with it the system's
-#: libibverbs and libnl beside the bundled copies. Two libnl-route copies in one process crash it in their
-#: destructors at exit (SIGSEGV in ``rtnl_tc_unregister``). EFA is served by the LIBFABRIC backend
-#: (docs/nixl.md, "A clean exit on RDMA hosts").
-UCX_MODULES_DEFAULT = "^efa"
-
-
-def load_api() -> Any:
-    """NIXL's Python API module (``nixl_agent`` & co.); ``LLM_FEATURE_NOT_ENABLED`` naming the package without it.
-
-    Sets ``UCX_MODULES`` (when unset) before UCX is loaded: see ``UCX_MODULES_DEFAULT``."""
-    os.environ.setdefault("UCX_MODULES", UCX_MODULES_DEFAULT)
-    for name in MODULES:
-        try:
-            api = importlib.import_module(f"{name}._api")
-        except ImportError:
-            continue
-        logging.getLogger("nixl").setLevel(logging.WARNING)    # its INFO lines say every agent and backend made
-        return api
-    raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
-                        f"the nixl transport needs NIXL: pip install --no-deps {PACKAGE} (or make nixl); "
-                        f"none of the modules {', '.join(MODULES)} is importable")
-
-
-#: NIXL's exception classes (``_bindings``) -> the status a caller sees
-_STATUS = {
-    "nixlInvalidParamError": LLMStatusCode.LLM_PARAM_INVALID,
-    "nixlNotFoundError": LLMStatusCode.LLM_FAILED,          # a range the peer never registered / shipped
-    "nixlMismatchError": LLMStatusCode.LLM_FAILED,
-    "nixlNotAllowedError": LLMStatusCode.LLM_FAILED,
-    "nixlNotSupportedError": LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
-    "nixlBackendError": LLMStatusCode.LLM_LINK_FAILED,
-    "nixlRemoteDisconnectError": LLMStatusCode.LLM_LINK_FAILED,
-    "nixlCancelledError": LLMStatusCode.LLM_LINK_FAILED,
-}
-
-
-def status_of(exc: BaseException) -> LLMStatusCode:
-    """The status table's code for an exception NIXL raised (``LLM_FAILED`` for any it does not name)."""
-    return _STATUS.get(type(exc).__name__, LLMStatusCode.LLM_FAILED)
-
-
-def ucx_transports() -> str:
-    """The UCX transports this process may use, as UCX_TLS says (``auto``: UCX picks; shared memory and
-    CMA on one host, RDMA verbs where a NIC is present, TCP otherwise)."""
-    return os.environ.get("UCX_TLS", "") or "auto"
 
 
 class Agent:
@@ -111,6 +59,7 @@ class Agent:
                                 f"{', '.join(self._agent.get_plugin_list()) or 'none'}")
         self.name = name
         self.backend = backend
+        self.fence = fence_seconds()   # after load_api: its default counts
         self._bindings = importlib.import_module(api.__name__.rsplit(".", 1)[0] + "._bindings")
         self._regs = RegistrationTable(self._register, self._deregister)
         self._published: dict[int, Any] = {}   # the registrations of published caches, by id (``publish``)
@@ -251,8 +200,8 @@ class Agent:
                 checks += 1
                 if checks > _SPIN:
                     if time.monotonic() >= deadline:
-                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {peer} not done by the "
-                                                                       f"deadline")
+                        ended = self._settle(lambda: self.rows_done(request, peer), deadline, peer)
+                        self._given_up("READ", peer, ended)
                     time.sleep(min(_NAP_MAX, 1e-6 * (checks - _SPIN)))
                 done = self.rows_done(request, peer)
         finally:
@@ -302,6 +251,38 @@ class Agent:
         if status != self._done:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"NIXL READ from {peer} failed (status {status})")
         return True
+
+    def probe(self, peer: str) -> None:
+        """A transfer with ``peer`` passed its deadline: send ``wire.PROBE`` on the connection it runs on, so a dead
+        one is aborted by this side's kernel (``UCX_TCP_USER_TIMEOUT``) and the transfer ends (a live one delivers it,
+        harmlessly)."""
+        try:
+            self._agent.send_notif(peer, PROBE)
+        except Exception as exc:  # noqa: BLE001 - its connection failed already: the transfer ends by itself
+            log.debug("NIXL probe of %s: %s", peer, exc)
+
+    def _settle(self, done: Callable[[], bool], deadline: float, peer: str) -> bool:
+        """A transfer with ``peer`` passed its ``deadline``: probe its connection and wait up to ``fence`` more for
+        it to end (``done()`` true, or raising: it failed); whether it ended -- if not, it may still land."""
+        until = deadline + self.fence
+        self.probe(peer)
+        while True:
+            try:
+                if done():
+                    return True
+            except Exception:  # noqa: BLE001 - NIXL's own classes too: it ended, failed
+                return True
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.002)
+
+    @staticmethod
+    def _given_up(op: str, peer: str, ended: bool) -> None:
+        """Raise the ``LLM_TIMEOUT`` of a transfer that passed its deadline: ``InFlight`` if it had not ``ended``."""
+        if ended:
+            raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL {op} with {peer} not done by the deadline")
+        raise InFlight(LLMStatusCode.LLM_TIMEOUT, f"NIXL {op} with {peer} not done by the deadline, nor ended within "
+                                                  f"the fabric's fence after it")
 
     def end_rows(self, request: int | None, made: Any, peer: str) -> None:
         """Release a READ's request (in flight: NIXL aborts it) and its per-READ destination list."""
@@ -394,8 +375,8 @@ class Agent:
                 checks += 1
                 if checks > _SPIN:
                     if time.monotonic() >= deadline:
-                        raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL {op} with {peer} not done by the "
-                                                                       f"deadline")
+                        self._given_up(op, peer, self._settle(lambda: self._agent.check_xfer_state(handle) != "PROC",
+                                                              deadline, peer))
                     reason = stop()
                     if reason is not None:
                         raise reason

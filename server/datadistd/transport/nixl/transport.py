@@ -8,7 +8,8 @@ from typing import Any
 
 from ...guard.admission import AdmissionLimits
 from ..onesided import PublishedTables
-from .agent import Agent, load_api, ucx_transports
+from .agent import Agent
+from .ucx import load_api, ucx_transports
 
 __all__ = ["NixlTransport", "SCHEME"]
 

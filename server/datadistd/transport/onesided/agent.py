@@ -12,11 +12,20 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..registrations import Registration
 
-__all__ = ["OneSidedAgent", "TableAgent"]
+__all__ = ["InFlight", "OneSidedAgent", "TableAgent"]
+
+
+class InFlight(DataDistError):
+    """``LLM_TIMEOUT`` of a transfer that had not ended by its deadline plus its agent's ``fence``: its bytes may
+    still land (the fabric may deliver what it carries); see ``OneSidedTransport._abandon_read``."""
 
 
 class OneSidedAgent(Protocol):
     name: str
+    #: seconds past a transfer's deadline within which it ends if it is ever going to land: a transfer that passed
+    #: its deadline is waited for that long, and only one still running then may land later (``InFlight``); 0 when
+    #: the fabric bounds nothing (the transfer is given up at its deadline)
+    fence: float
 
     def metadata(self) -> bytes:
         """Everything a peer needs to load this agent (every registration so far)."""
@@ -46,6 +55,10 @@ class OneSidedAgent(Protocol):
         returning once every byte is in local memory; ``LLM_TIMEOUT`` at ``deadline``."""
 
     def notify(self, peer: str, message: bytes) -> None: ...
+
+    def probe(self, peer: str) -> None:
+        """A transfer with ``peer`` passed its deadline, or its receiver gave up on it: make the connection it runs
+        on end it if that connection is dead (NIXL: ``wire.PROBE``); nothing when the agent has no such connection."""
 
     def notifications(self) -> list[tuple[str, bytes]]:
         """``(peer name, message)`` of the notifications that arrived since the last call."""

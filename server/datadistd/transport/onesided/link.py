@@ -21,7 +21,7 @@ from ...core.types import TransferId
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, ControlHandler, EarlyFrames
 from ..tcp import TcpChannel, TcpTransport
-from .agent import OneSidedAgent
+from .agent import InFlight, OneSidedAgent
 from .pairing import pair_extents
 from .receipt import POLL, QUIESCE, OneSidedReceipt
 from .wire import CANCEL, CODE, DESCS, FIN, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
@@ -246,14 +246,24 @@ class LinkPeer:
 
     def quiesce(self, receipt: OneSidedReceipt) -> None:
         """Ask the sender to stop ``receipt``'s transfer and wait (bounded) until nothing more of it can land:
-        its FIN (nothing was posted) or the notification of the WRITE it had posted."""
+        its FIN (nothing was posted) or the notification of the WRITE it had posted. The fabric's connection is
+        probed meanwhile and the wait lasts the agent's fence at least: a dead connection is aborted by this side's
+        kernel by then (``OneSidedAgent.probe``), so bytes the sender had queued never land after it."""
         tid = int(receipt.transfer_id)
         if not self.broken:
             try:
                 self.send(ID.pack(CANCEL, tid), time.monotonic() + QUIESCE)
             except DataDistError as exc:
                 log.warning("%s: could not cancel transfer %d at %s: %s", self.transport.name, tid, self.what, exc)
-        if receipt._settle(time.monotonic() + QUIESCE) and receipt._confirmed:
+        wait = QUIESCE
+        try:
+            agent = self.transport._agent()
+        except DataDistError:   # the transport stopped: its agent, and every connection of it, are gone
+            agent = None
+        if agent is not None and self.agent_name is not None:
+            agent.probe(self.agent_name)
+            wait = max(QUIESCE, agent.fence)
+        if receipt._settle(time.monotonic() + wait) and receipt._confirmed:
             return
         log.warning("%s: the sender of transfer %d (%s) did not confirm it stopped; dropping the channel "
                     "and its agent's connection", self.transport.name, tid, self.what)
@@ -316,6 +326,9 @@ class OneSidedChannel:
             self._transport.bytes_sent += int(src[:, 1].sum()) if len(src) else 0
         except DataDistError as exc:
             failure = exc
+            if isinstance(exc, InFlight):   # it had not ended in the fence (``Agent._settle``): it may land yet
+                log.warning("%s: a WRITE to %s was abandoned in flight (%s); its bytes may still land in the peer's "
+                            "memory (docs/nixl.md, 'Failure behaviour')", self._transport.name, peer.what, exc.message)
             if peer.broken and exc.code != LLMStatusCode.LLM_TIMEOUT:   # the link went: say so, not why NIXL failed
                 failure = DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"transfer {tid}: data channel {peer.what} "
                                                                        f"closed ({exc.message})")

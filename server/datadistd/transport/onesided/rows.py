@@ -59,6 +59,7 @@ class ReadPlan:
     deadline: float = 0.0
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
+    probed: bool = False          # past its deadline, the fabric's connection was probed (``wire.PROBE``)
 
 
 

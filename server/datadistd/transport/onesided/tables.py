@@ -42,7 +42,7 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel
 from ..registrations import Registration
-from .agent import TableAgent
+from .agent import InFlight, TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
 from .rows import ReadPlan, RemoteEntry, by_rows, row_indices, tensor_ranges
 from .transport import OneSidedTransport, _peer_of
@@ -373,6 +373,14 @@ class PublishedTables(OneSidedTransport):
                     elif not agent.rows_done(read.request, read.peer.agent_name or ""):
                         if now < read.deadline:
                             continue
+                        if not read.probed:   # past its deadline: a dead connection is made to end it
+                            read.probed = True
+                            agent.probe(read.peer.agent_name or "")
+                        if now < read.deadline + agent.fence:   # and it is waited for as long as it may end
+                            continue
+                        error = InFlight(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {read.peer.what} not done by "
+                                                                    f"the deadline, nor ended in the fence after it")
+                    elif now >= read.deadline:   # it ended in the fence: given up all the same, nothing more lands
                         error = DataDistError(LLMStatusCode.LLM_TIMEOUT, f"NIXL READ from {read.peer.what} not "
                                                                          f"done by the deadline")
                 except DataDistError as exc:

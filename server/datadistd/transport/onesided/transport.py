@@ -22,7 +22,7 @@ from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel, ControlHandler
 from ..registrations import Registration
 from ..tcp import TcpTransport
-from .agent import OneSidedAgent
+from .agent import InFlight, OneSidedAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer, OneSidedChannel
 from .pairing import pair_extents
 from .receipt import OneSidedReceipt
@@ -257,14 +257,14 @@ class OneSidedTransport(abc.ABC):
         log.debug("%s: link %s dropped: %s", self.name, peer.what, reason)
 
     def _abandon_read(self, peer: LinkPeer, exc: DataDistError) -> None:
-        """A READ from ``peer`` passed its deadline in flight: the link is dropped, and the operator told that the
-        READ may still land. Nothing here fences it: releasing the request does not cancel a UCX GET, and unloading
-        the peer's agent closes its connection gracefully, after what it carries -- over UCX's TCP, bytes the peer
-        sent before a cut land in the pull's destination when the network heals, for as long as that connection
-        lives (minutes). docs/nixl.md, "Failure behaviour"."""
-        log.warning("%s: a READ from %s was abandoned in flight (%s); its bytes may still land in the pull's "
-                    "destination until the fabric gives the connection up (docs/nixl.md, 'Failure behaviour')",
-                    self.name, peer.what, exc.message)
+        """A READ from ``peer`` passed its deadline: the link is dropped. One that had not ended within the agent's
+        fence after it (``InFlight``) may still land in the pull's destination -- releasing the request and unloading
+        the peer's agent do not stop it -- and the operator is told, naming the link (docs/nixl.md, "Failure
+        behaviour")."""
+        if isinstance(exc, InFlight):
+            log.warning("%s: a READ from %s was abandoned in flight (%s); its bytes may still land in the pull's "
+                        "destination until the fabric gives the connection up (docs/nixl.md, 'Failure behaviour')",
+                        self.name, peer.what, exc.message)
         self._drop(peer, f"a READ did not complete by its deadline ({exc.message})")
 
     def _forget_peer(self, peer: LinkPeer) -> None:

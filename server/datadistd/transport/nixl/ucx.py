@@ -35,10 +35,11 @@ UCX_MODULES_DEFAULT = "^efa"
 #: flight: neither releasing a NIXL request (``ucp_request_cancel`` cancels tag receives only) nor unloading the
 #: peer's agent (NIXL 1.5.1 closes the connection gracefully, after what it carries) stops a GET or PUT already
 #: posted, and without it the kernel retransmits across a cut for ~15 minutes -- then delivers, when the network
-#: heals, into memory the application reused. With it, the owner's connection that carries a READ's bytes is gone
-#: within this long of the cut, so a READ still running this long past its deadline is the only one that may land
-#: (``fence_seconds``; docs/nixl.md, "Failure behaviour"). 3 s without one acknowledgement (or with the peer's window
-#: shut: a peer process stalled that long) is an outage, not load; shorter cuts are ridden through as before.
+#: heals, into memory the application reused. With it, a transfer past its deadline probes its connection
+#: (``onesided.wire.PROBE``): a dead one leaves the probe unacknowledged and this side's kernel aborts it within this
+#: long, which ends the transfer; only one still running a fence (``fence_seconds``) past its deadline may land
+#: (docs/nixl.md, "Failure behaviour"). 3 s without one acknowledgement (or with the peer's window shut: a peer
+#: process stalled that long) is an outage, not load; shorter cuts are ridden through as before.
 UCX_TCP_USER_TIMEOUT_DEFAULT = "3s"
 
 _UCX_TIME_UNITS = {"m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}

@@ -65,6 +65,7 @@ MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches on
 MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 _READ_NAP = 0.00002           # progress thread: the nap between two rounds of checks of the READs in flight
+_FENCE_NAP = 0.002            # the same when every READ in flight is past its deadline, waited for in its fence
 
 
 @dataclass
@@ -365,7 +366,9 @@ class PublishedTables(OneSidedTransport):
             if not reads:
                 return
             now = time.monotonic()
+            live = False   # a READ not past its deadline: checked every _READ_NAP; in their fence only, _FENCE_NAP
             for read in reads:
+                live = live or now < read.deadline
                 error: DataDistError | None = None
                 try:
                     if agent is None:
@@ -388,7 +391,7 @@ class PublishedTables(OneSidedTransport):
                 self._settle(read, agent, error)
             if time.monotonic() >= until:
                 return
-            time.sleep(_READ_NAP)
+            time.sleep(_READ_NAP if live else _FENCE_NAP)
 
     def _settle(self, plan: ReadPlan, agent: TableAgent | None, error: DataDistError | None) -> None:
         """A READ of ``start_rows`` ended: released, its future settled on its loop (once: the first caller)."""

@@ -210,6 +210,9 @@ def test_a_transfer_cut_off_in_flight_lands_nothing_once_answered(direction: str
         hosts.cut()
         thread.join(60)
         assert not thread.is_alive(), "the transfer hung"
+        got = outcome["result"]
+        print(f"\ncut mid-{direction}: {S(got).name if isinstance(got, int) else got} after {outcome['seconds']:.2f}s "
+              f"(deadline {NIXL_CUT_SYNC_MS / 1000:.0f}s, fence {NIXL_FENCE_S:.1f}s)")
         # LLM_TIMEOUT at the deadline (and the fence); LLM_FAILED when the kernel aborted the dead connection first
         assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
         assert outcome["seconds"] < NIXL_CUT_SYNC_MS / 1000 + NIXL_FENCE_S + MARGIN_S, outcome

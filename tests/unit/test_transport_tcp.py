@@ -949,3 +949,92 @@ def test_try_control_finishes_a_frame_cut_short_or_breaks_the_channel_at_its_bou
     finally:
         a.stop()
         pit.close()
+
+
+def test_try_send_soon_sends_a_frame_from_the_loop_and_finishes_what_the_socket_took_in_part() -> None:
+    """``try_send_soon`` (the event loop's path for a read of one frame): a frame larger than the sockets hold
+    goes out in part at once and the rest from the loop as the receiver drains it (``LoopFinish``) -- the loop
+    keeps running meanwhile -- byte-exact; declined, with no side effect, past ``chunk_size``, for memory without
+    a mapping and when every connection is busy."""
+    import asyncio
+
+    from datadistd.transport.tcp.loopsend import LoopFinish
+
+    p = Pair(streams=1, chunk_size=8 << 20, sndbuf=64 << 10, rcvbuf=64 << 10)
+    try:
+        src, dst = ArrayHandle(6 << 20, seed=41), ArrayHandle(6 << 20)
+        r = p.b.expect(one(dst), channel=p.inb)
+
+        async def run() -> tuple[object, int]:
+            sent = p.out.try_send_soon(r.transfer_id, one(src), deadline())
+            ticks = 0
+            if isinstance(sent, LoopFinish):
+                waiting = asyncio.ensure_future(sent.wait())
+                while not waiting.done():   # the loop is not blocked by the frame's rest
+                    ticks += 1
+                    await asyncio.sleep(0)
+                await waiting
+            return sent, ticks
+
+        sent, ticks = asyncio.run(run())
+        assert isinstance(sent, LoopFinish) and ticks > 0
+        r.wait(deadline())
+        np.testing.assert_array_equal(dst.arr, src.arr)
+        conn = p.out._live()[0]
+        assert not conn.lock.locked and conn.frames_sent == 1 and conn.bytes_sent == 6 << 20
+
+        async def declined() -> list[object]:
+            out = [p.out.try_send_soon(12345, one(ArrayHandle((8 << 20) + 1)), deadline()),
+                   p.out.try_send_soon(12345, one(CopyHandle(1 << 20)), deadline())]
+            assert conn.lock.acquire(timeout=1)
+            try:
+                out.append(p.out.try_send_soon(12345, one(ArrayHandle(1 << 20)), deadline()))
+            finally:
+                conn.lock.release()
+            return out
+
+        assert asyncio.run(declined()) == [False, False, False]
+        assert p.out.stats()["bytes_sent"] == 6 << 20 and not p.out.broken
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("how", ["deadline", "cancelled"])
+def test_try_send_soon_to_a_stalled_peer_gives_the_frame_up_and_breaks_the_channel(how: str) -> None:
+    """The rest of a frame a stalled peer never takes: at its deadline (``LLM_TIMEOUT``) or when its waiter is
+    cancelled, the frame is given up before ``wait`` returns -- the connection is shut (its stream is cut mid-frame),
+    the channel broken and the send lock given back -- so the caller may let the source go."""
+    import asyncio
+
+    from datadistd.transport.tcp.loopsend import LoopFinish
+
+    pit = Tarpit()
+    a = TcpTransport(LOOPBACK, sndbuf=64 << 10)
+    a.start()
+    try:
+        ch = a.connect(pit.endpoint, TOKEN, 1, deadline(5))
+
+        async def run() -> BaseException:
+            sent = ch.try_send_soon(7, one(ArrayHandle(2 << 20)), time.monotonic() + 0.3)
+            assert isinstance(sent, LoopFinish)
+            waiting = asyncio.ensure_future(sent.wait())
+            if how == "cancelled":
+                await asyncio.sleep(0.05)
+                waiting.cancel()
+            try:
+                await waiting
+            except BaseException as exc:  # noqa: BLE001 - what the wait ended with
+                return exc
+            raise AssertionError("a frame nobody reads went out")
+
+        exc = asyncio.run(run())
+        if how == "deadline":
+            assert isinstance(exc, DataDistError) and exc.code == S.LLM_TIMEOUT
+        else:
+            assert isinstance(exc, asyncio.CancelledError)
+        conn = ch._conns[0]
+        assert ch.broken and conn.closed
+        assert conn.ended.wait(5) and not conn.lock.locked   # its reader closed it: the lock was given back
+    finally:
+        a.stop()
+        pit.close()

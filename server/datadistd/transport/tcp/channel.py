@@ -16,10 +16,11 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
+from ...memory.segments import byte_view
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
 from .control import ControlSends
-from .loopsend import LoopFinish
+from .loopsend import LoopFinish, drop_sent
 from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
     _ABORT_TIMEOUT,
@@ -287,13 +288,21 @@ class TcpChannel(ControlSends):
         if table.nbytes > self._transport.chunk_size:
             return False
         conns = self._live()
-        plan = SendPlan(table)
+        table = table.nonempty()
+        views = [byte_view(h, writable=False) for h in table.handles]
         try:
-            if not plan.all_mapped:
+            if any(v is None for v in views):
                 return False
-            total = plan.total
+            total = table.nbytes
             bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, transfer_id, 0, total))]
-            plan.gather(0, total, None, bufs)
+            starts = table.offsets.tolist()
+            ends = (table.offsets + table.lengths).tolist()
+            if len(views) == 1:   # the whole table, views of its memory (no cut, no plan: one frame)
+                v = views[0]
+                bufs += [v[a:b] for a, b in zip(starts, ends, strict=True)]  # type: ignore[index]
+            else:
+                bufs += [views[h][a:b] for h, a, b in zip(table.which.tolist(), starts, ends,
+                                                          strict=True)]
             n = len(conns)
             base = next(self._rr)
             for k in range(n):  # the first idle connection whose socket takes a byte, from where striping would
@@ -324,7 +333,7 @@ class TcpChannel(ControlSends):
             return False
         finally:
             bufs = []
-            plan.release()
+            views = []
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
@@ -451,11 +460,7 @@ class TcpChannel(ControlSends):
 
 
 def _after(bufs: list[memoryview], sent: int) -> list[memoryview]:
-    """What of ``bufs`` is left once their first ``sent`` bytes went out."""
-    i = 0
-    while sent >= len(bufs[i]):
-        sent -= len(bufs[i])
-        i += 1
-    rest = bufs[i:]
-    rest[0] = rest[0][sent:]
+    """What of ``bufs`` is left once their first ``sent`` bytes went out (fewer than all of them)."""
+    rest = list(bufs)
+    drop_sent(rest, sent)
     return rest

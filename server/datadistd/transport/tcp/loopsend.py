@@ -20,7 +20,7 @@ from ...core.errors import DataDistError
 from .conn import DataConn
 from .wire import _IOV_MAX, _SEND_NOWAIT
 
-__all__ = ["LoopFinish"]
+__all__ = ["LoopFinish", "drop_sent"]
 
 
 class LoopFinish:
@@ -68,16 +68,7 @@ class LoopFinish:
         except OSError as exc:
             self._end(DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"{self._what}: send failed: {exc}"))
             return
-        i = 0
-        while sent > 0:   # drop what went out
-            head = len(bufs[i])
-            if sent >= head:
-                sent -= head
-                i += 1
-            else:
-                bufs[i] = bufs[i][sent:]
-                sent = 0
-        del bufs[:i]
+        drop_sent(bufs, sent)
         if not bufs:
             self._end(None)
 
@@ -104,3 +95,14 @@ class LoopFinish:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(failure)
+
+
+def drop_sent(bufs: list[memoryview], sent: int) -> None:
+    """Drop from ``bufs`` (in place) the first ``sent`` bytes, which went out -- and any empty buffer they reach."""
+    i = 0
+    while i < len(bufs) and sent >= len(bufs[i]):
+        sent -= len(bufs[i])
+        i += 1
+    if sent:
+        bufs[i] = bufs[i][sent:]
+    del bufs[:i]

@@ -999,6 +999,30 @@ def test_try_send_soon_sends_a_frame_from_the_loop_and_finishes_what_the_socket_
         p.stop()
 
 
+def test_try_send_soon_declines_a_frame_of_more_buffers_than_one_sendmsg_takes() -> None:
+    """A read of one frame whose blocks lie apart needs a buffer each: past the iovec limit (1,024 with the header)
+    ``try_send_soon`` declines with no side effect -- ``sendmsg`` would fail with EMSGSIZE and, taken for a socket
+    error, break the channel -- and the thread's ``send`` moves it byte-exact."""
+    import asyncio
+
+    p = Pair(streams=1, chunk_size=8 << 20)
+    try:
+        src, dst = ArrayHandle(1100 * 1024, seed=43), ArrayHandle(1100 * 512)
+        scattered = [Segment(src, i * 1024, 512) for i in range(1100)]   # 550 KB in 1,100 pieces, none adjacent
+        r = p.b.expect(one(dst), channel=p.inb)
+
+        async def soon() -> object:
+            return p.out.try_send_soon(r.transfer_id, scattered, deadline())
+
+        assert asyncio.run(soon()) is False
+        assert not p.out.broken and p.out.stats()["bytes_sent"] == 0
+        p.out.send(r.transfer_id, scattered, deadline())
+        r.wait(deadline())
+        np.testing.assert_array_equal(dst.arr, src.arr.reshape(1100, 1024)[:, :512].reshape(-1))
+    finally:
+        p.stop()
+
+
 @pytest.mark.parametrize("how", ["deadline", "cancelled"])
 def test_try_send_soon_to_a_stalled_peer_gives_the_frame_up_and_breaks_the_channel(how: str) -> None:
     """The rest of a frame a stalled peer never takes: at its deadline (``LLM_TIMEOUT``) or when its waiter is

@@ -26,6 +26,7 @@ from .wire import (
     _ABORT_TIMEOUT,
     _INLINE_FINISH,
     _INLINE_MAX,
+    _IOV_MAX,
     _JOIN,
     _SEND_NOWAIT,
     FRAME_MAGIC,
@@ -287,8 +288,10 @@ class TcpChannel(ControlSends):
             return self.try_send(transfer_id, segments, deadline)
         if table.nbytes > self._transport.chunk_size:
             return False
-        conns = self._live()
         table = table.nonempty()
+        if len(table.offsets) >= _IOV_MAX:   # its header and buffers would pass one sendmsg's iovec limit
+            return False
+        conns = self._live()
         views = [byte_view(h, writable=False) for h in table.handles]
         try:
             if any(v is None for v in views):

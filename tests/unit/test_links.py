@@ -492,13 +492,17 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
     asyncio.run(main())
 
 
-#: a pool for pulls the event loop does not send itself (``try_send``: at most 256 KiB): 64 rows of 64 KiB a cache
+#: a pool for pulls the event loop does not send itself (``big_caches``): 64 rows of 64 KiB a cache
 BIG_POOL, BIG_ROWS, BIG_ROW = '{"memory_size": 16777216}', 64, 64 << 10
+#: the prompt's DATA frames in ``big_caches``: a pull of more than this is several frames, which the event loop
+#: does not send itself (``try_send_soon``: one frame at most) -- it goes by the link's queue (``Owner._queued``)
+BIG_FRAME = 128 << 10
 
 
 def big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray]:
     """A one-tensor blocks cache of ``BIG_ROWS`` x ``BIG_ROW`` at each end (model 0), the prompt's filled with a
-    random pattern (returned, ``BIG_ROWS`` x ``BIG_ROW``)."""
+    random pattern (returned, ``BIG_ROWS`` x ``BIG_ROW``); the prompt sends frames of ``BIG_FRAME``."""
+    pair.ps.links.table.transport.chunk_size = BIG_FRAME
     desc = CacheDesc(1, (BIG_ROWS, BIG_ROW), DType.DT_UINT8, Placement.DEVICE)
     src = pair.ps.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0))
     dst = pair.ds.engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
@@ -514,7 +518,7 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_afte
     never two threads in ``send`` on the link's one connection at once -- and each REPLY goes behind them on the
     same queue once the read's source is unpinned (``queued_control``): when a pull ends at the requester, the
     owner holds no pin of it. Byte-exact."""
-    rows, row, per = BIG_ROWS, BIG_ROW, 8                 # 8 blocks of 64 KiB: 512 KiB a pull, past try_send's 256
+    rows, row, per = BIG_ROWS, BIG_ROW, 8                 # 8 blocks of 64 KiB: 512 KiB a pull, 4 frames
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:
             serving, linking = pair.links

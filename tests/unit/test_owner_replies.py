@@ -22,7 +22,7 @@ def test_a_ping_is_answered_while_the_links_read_is_being_sent() -> None:
     (before: every REPLY of the link went behind the reads being sent, so a 256 MB read held the heartbeat's
     answer for seconds and the serving end dropped the link as silent; CI: test_z_outsized... under load). Once
     released the pull ends byte-exact, its REPLY after its source's unpin."""
-    rows = 8                                              # 8 blocks of 64 KiB: past try_send's 256 KiB
+    rows = 8                                              # 8 blocks of 64 KiB: 4 frames (``BIG_FRAME``)
 
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:

@@ -949,3 +949,130 @@ def test_try_control_finishes_a_frame_cut_short_or_breaks_the_channel_at_its_bou
     finally:
         a.stop()
         pit.close()
+
+
+def test_try_send_soon_sends_a_frame_from_the_loop_and_finishes_what_the_socket_took_in_part() -> None:
+    """``try_send_soon`` (the event loop's path for a read of one frame): a frame larger than the sockets hold
+    goes out in part at once and the rest from the loop as the receiver drains it (``LoopFinish``) -- the loop
+    keeps running meanwhile -- byte-exact; declined, with no side effect, past ``chunk_size``, for memory without
+    a mapping and when every connection is busy."""
+    import asyncio
+
+    from datadistd.transport.tcp.loopsend import LoopFinish
+
+    p = Pair(streams=1, chunk_size=8 << 20, sndbuf=64 << 10, rcvbuf=64 << 10)
+    try:
+        src, dst = ArrayHandle(6 << 20, seed=41), ArrayHandle(6 << 20)
+        r = p.b.expect(one(dst), channel=p.inb)
+
+        async def run() -> tuple[object, int]:
+            sent = p.out.try_send_soon(r.transfer_id, one(src), deadline())
+            ticks = 0
+            if isinstance(sent, LoopFinish):
+                waiting = asyncio.ensure_future(sent.wait())
+                while not waiting.done():   # the loop is not blocked by the frame's rest
+                    ticks += 1
+                    await asyncio.sleep(0)
+                await waiting
+            return sent, ticks
+
+        sent, ticks = asyncio.run(run())
+        assert isinstance(sent, LoopFinish) and ticks > 0
+        r.wait(deadline())
+        np.testing.assert_array_equal(dst.arr, src.arr)
+        conn = p.out._live()[0]
+        assert not conn.lock.locked and conn.frames_sent == 1 and conn.bytes_sent == 6 << 20
+
+        async def declined() -> list[object]:
+            out = [p.out.try_send_soon(12345, one(ArrayHandle((8 << 20) + 1)), deadline()),
+                   p.out.try_send_soon(12345, one(CopyHandle(1 << 20)), deadline())]
+            assert conn.lock.acquire(timeout=1)
+            try:
+                out.append(p.out.try_send_soon(12345, one(ArrayHandle(1 << 20)), deadline()))
+            finally:
+                conn.lock.release()
+            return out
+
+        assert asyncio.run(declined()) == [False, False, False]
+        assert p.out.stats()["bytes_sent"] == 6 << 20 and not p.out.broken
+    finally:
+        p.stop()
+
+
+def test_try_send_soon_declines_a_frame_of_more_buffers_than_one_sendmsg_takes() -> None:
+    """A read of one frame whose blocks lie apart needs a buffer each: past the iovec limit (1,024 with the header)
+    ``try_send_soon`` declines with no side effect -- ``sendmsg`` would fail with EMSGSIZE and, taken for a socket
+    error, break the channel -- and the thread's ``send`` moves it byte-exact."""
+    import asyncio
+
+    p = Pair(streams=1, chunk_size=8 << 20)
+    try:
+        src, dst = ArrayHandle(1100 * 1024, seed=43), ArrayHandle(1100 * 512)
+        scattered = [Segment(src, i * 1024, 512) for i in range(1100)]   # 550 KB in 1,100 pieces, none adjacent
+        r = p.b.expect(one(dst), channel=p.inb)
+
+        async def soon() -> object:
+            return p.out.try_send_soon(r.transfer_id, scattered, deadline())
+
+        assert asyncio.run(soon()) is False
+        assert not p.out.broken and p.out.stats()["bytes_sent"] == 0
+        p.out.send(r.transfer_id, scattered, deadline())
+        r.wait(deadline())
+        np.testing.assert_array_equal(dst.arr, src.arr.reshape(1100, 1024)[:, :512].reshape(-1))
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("how", ["deadline", "cancelled"])
+def test_try_send_soon_to_a_stalled_peer_gives_the_frame_up_and_breaks_the_channel(how: str) -> None:
+    """The rest of a frame a stalled peer never takes: at its deadline (``LLM_TIMEOUT``) or when its waiter is
+    cancelled, the frame is given up before ``wait`` returns -- the connection is shut (its stream is cut mid-frame),
+    the channel broken and the send lock given back -- so the caller may let the source go."""
+    import asyncio
+
+    from datadistd.transport.tcp.loopsend import LoopFinish
+
+    pit = Tarpit()
+    a = TcpTransport(LOOPBACK, sndbuf=64 << 10)
+    a.start()
+    try:
+        ch = a.connect(pit.endpoint, TOKEN, 1, deadline(5))
+
+        async def run() -> BaseException:
+            sent = ch.try_send_soon(7, one(ArrayHandle(2 << 20)), time.monotonic() + 0.3)
+            assert isinstance(sent, LoopFinish)
+            waiting = asyncio.ensure_future(sent.wait())
+            if how == "cancelled":
+                await asyncio.sleep(0.05)
+                waiting.cancel()
+            try:
+                await waiting
+            except BaseException as exc:  # noqa: BLE001 - what the wait ended with
+                return exc
+            raise AssertionError("a frame nobody reads went out")
+
+        exc = asyncio.run(run())
+        if how == "deadline":
+            assert isinstance(exc, DataDistError) and exc.code == S.LLM_TIMEOUT
+        else:
+            assert isinstance(exc, asyncio.CancelledError)
+        conn = ch._conns[0]
+        assert ch.broken and conn.closed
+        assert conn.ended.wait(5) and not conn.lock.locked   # its reader closed it: the lock was given back
+    finally:
+        a.stop()
+        pit.close()
+
+
+@pytest.mark.parametrize("sent", range(0, 10))
+def test_drop_sent_leaves_exactly_the_bytes_not_yet_sent(sent: int) -> None:
+    """``drop_sent`` (what a partial ``sendmsg`` of a frame leaves): at a buffer's boundary, inside one, and across
+    empty buffers -- what is left is the frame's bytes from ``sent`` on, with no empty buffer in front."""
+    from datadistd.transport.tcp.loopsend import drop_sent
+
+    frame = b"abcdefghi"
+    bufs = [memoryview(b"abc"), memoryview(b""), memoryview(b"def"), memoryview(b""), memoryview(b"ghi"),
+            memoryview(b"")]
+    drop_sent(bufs, sent)
+    assert b"".join(bufs) == frame[sent:]
+    assert not bufs or len(bufs[0]) > 0

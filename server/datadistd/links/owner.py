@@ -31,11 +31,13 @@ class Owner:
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
         """Owner side of a pull at either end of ``link``: send what ``spec`` names over its data channel; its bytes
-        and whether the requester must release the key. A small read goes out from the event loop on an idle
-        connection; the rest is queued on the link (``_SendQueue``): one executor job per connection sends the link's
-        queued reads back to back -- and the REPLYs queued behind them (``queued_control``) -- instead of one thread
-        per read waiting its turn for the socket. The source is unpinned before the REPLY is queued, so the
-        requester never hears of a read whose source is still pinned here."""
+        and whether the requester must release the key. A read of one frame goes out from the event loop on an idle
+        connection whose socket takes it (``Channel.try_send_soon``; what it took only in part is finished from the
+        loop as the socket drains); the rest is queued on the link (``_SendQueue``): one executor job per
+        connection sends the link's queued reads back to back -- and the REPLYs queued behind them
+        (``queued_control``) -- instead of one thread per read waiting its turn for the socket. The source is
+        unpinned before the REPLY is queued, so the requester never hears of a read whose source is still pinned
+        here."""
         if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
@@ -50,9 +52,13 @@ class Owner:
             with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
                 cache_id, src, release = self.table.engine.prepare_read(spec)
                 try:
-                    # a small read goes out from the event loop when a connection is idle (no executor hop)
-                    if not channel.try_send(TransferId(transfer_id), src, deadline):
+                    # a read of one frame goes out from the event loop when a connection is idle and its socket
+                    # takes it (no executor hop); what the socket took only in part is finished from the loop
+                    sent = channel.try_send_soon(TransferId(transfer_id), src, deadline)
+                    if sent is False:
                         await self._queued(link, channel, (transfer_id, src), deadline)
+                    elif sent is not True:
+                        await sent.wait()
                 finally:
                     self.table.engine.unpin(cache_id)
                 tracked.done(spec.expected_bytes, len(spec.blocks))

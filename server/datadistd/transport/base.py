@@ -120,6 +120,13 @@ class Receipt(Protocol):
         """Forget the transfer; late bytes for it are read and discarded."""
 
 
+class SendFinish(Protocol):
+    """The rest of a send finishing from the event loop (``Channel.try_send_soon``)."""
+
+    async def wait(self) -> None:
+        """Until every byte is out; raises the send's failure. Cancelled, it gives the send up first."""
+
+
 class Channel(Protocol):
     @property
     def token(self) -> bytes: ...
@@ -137,6 +144,12 @@ class Channel(Protocol):
     def try_send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
         """Send a small transfer from the calling thread (the event loop) without blocking, or decline with
         ``False`` and no side effect (then the caller uses ``send`` from a thread). Declining is always allowed."""
+
+    def try_send_soon(self, transfer_id: TransferId, segments: Sequence[Segment],
+                      deadline: float) -> "bool | SendFinish":
+        """``try_send`` for a larger transfer, from the event loop: True (sent), False (declined, no side effect:
+        ``send`` it from a thread), or -- the connection took only part -- what finishes it from the event loop:
+        await its ``wait()`` before the source may go (it raises the send's failure)."""
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Tell the receiver that ``transfer_id`` failed with ``code`` (best effort)."""

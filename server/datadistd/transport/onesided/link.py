@@ -340,6 +340,9 @@ class OneSidedChannel:
     def try_send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
         return False   # a WRITE waits for its completion: always from a thread (declining is allowed)
 
+    def try_send_soon(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> bool:
+        return False   # as ``try_send``
+
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         if self._peer.channel().broken:
             return

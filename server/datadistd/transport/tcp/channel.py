@@ -16,15 +16,19 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...core.types import TransferId
 from ...memory.base import Segment
+from ...memory.segments import byte_view
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
 from .control import ControlSends
+from .loopsend import LoopFinish, drop_sent
 from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
     _ABORT_TIMEOUT,
     _INLINE_FINISH,
     _INLINE_MAX,
+    _IOV_MAX,
     _JOIN,
+    _SEND_NOWAIT,
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
@@ -271,6 +275,69 @@ class TcpChannel(ControlSends):
             if staging is not None:
                 self._transport._buffers.give(staging)
 
+    def try_send_soon(self, transfer_id: TransferId, segments: Sequence[Segment],
+                      deadline: float) -> bool | LoopFinish:
+        """From the event loop, a transfer of one frame (at most ``chunk_size`` bytes) of mapped memory: one
+        non-blocking ``sendmsg`` on an idle connection -- no executor hop, no thread switch. True: it went out whole;
+        False, no side effect: declined (more than one frame, a handle without a mapping, every connection busy or
+        its socket full) -- ``send`` it from a thread; a ``LoopFinish`` when the socket took only part: the rest
+        goes from the event loop as the socket drains (``LoopFinish.wait``), the loop never blocks on it. Up to
+        ``_INLINE_MAX`` bytes this is ``try_send``."""
+        table = _table(segments)
+        if table.nbytes <= _INLINE_MAX:
+            return self.try_send(transfer_id, segments, deadline)
+        if table.nbytes > self._transport.chunk_size:
+            return False
+        table = table.nonempty()
+        if len(table.offsets) >= _IOV_MAX:   # its header and buffers would pass one sendmsg's iovec limit
+            return False
+        conns = self._live()
+        views = [byte_view(h, writable=False) for h in table.handles]
+        try:
+            if any(v is None for v in views):
+                return False
+            total = table.nbytes
+            bufs = [memoryview(HEADER.pack(FRAME_MAGIC, KIND_DATA, transfer_id, 0, total))]
+            starts = table.offsets.tolist()
+            ends = (table.offsets + table.lengths).tolist()
+            if len(views) == 1:   # the whole table, views of its memory (no cut, no plan: one frame)
+                v = views[0]
+                bufs += [v[a:b] for a, b in zip(starts, ends, strict=True)]  # type: ignore[index]
+            else:
+                bufs += [views[h][a:b] for h, a, b in zip(table.which.tolist(), starts, ends,
+                                                          strict=True)]
+            n = len(conns)
+            base = next(self._rr)
+            for k in range(n):  # the first idle connection whose socket takes a byte, from where striping would
+                conn = conns[(base + k) % n]
+                if not conn.lock.acquire(timeout=0):
+                    continue
+                try:
+                    sent = -1 if conn.closed else conn.sock.sendmsg(bufs, [], _SEND_NOWAIT)
+                except BlockingIOError:
+                    sent = -1
+                except OSError as exc:
+                    conn.shutdown()
+                    conn.lock.release()
+                    self._break(f"sending transfer {transfer_id} failed: send failed: {exc}")
+                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"sending transfer {transfer_id} ({total} "
+                                                                       f"bytes) to {self._peer}: {exc}") from None
+                if sent < 0:
+                    conn.lock.release()
+                    continue
+                if sent == HEADER.size + total:
+                    conn.frames_sent += 1
+                    conn.bytes_sent += total
+                    conn.lock.release()
+                    return True
+                rest = _after(bufs, sent)
+                return LoopFinish(conn, rest, total, deadline, self._break,
+                                  f"sending transfer {transfer_id} ({total} bytes) to {self._peer}")
+            return False
+        finally:
+            bufs = []
+            views = []
+
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
         try:
@@ -393,3 +460,10 @@ class TcpChannel(ControlSends):
             log.exception("data channel %s %s: the control handler failed on the channel's end",
                           "to" if self._outbound else "from", self._peer)
 
+
+
+def _after(bufs: list[memoryview], sent: int) -> list[memoryview]:
+    """What of ``bufs`` is left once their first ``sent`` bytes went out (fewer than all of them)."""
+    rest = list(bufs)
+    drop_sent(rest, sent)
+    return rest

@@ -93,6 +93,24 @@ def _wait_in_flight(daemon, min_seconds: float = 0.4) -> None:  # noqa: ANN001
     time.sleep(min_seconds)
 
 
+def _lost_mid_transfer(decoder, db, op: str, blocks: list[int], lose, seconds: float, what: str) -> dict:  # noqa: ANN001
+    """The decoder's ``op`` of ``blocks`` (to the same blocks) in the background, ``lose()`` (a peer killed, the
+    network cut) once it is in flight: it ends -- no hang -- within ``seconds``, with LLM_TIMEOUT when its deadline
+    passes first or LLM_FAILED (CANN's code for a failed communication that is not a timeout) when the connection
+    ends before it (a killed peer, a kernel aborting a dead connection) or the heartbeat gives up on the peer.
+    Printed with ``what``; returns the outcome."""
+    thread, outcome = _in_background(decoder.call, op, P, "kv", blocks, blocks, timeout=60)
+    _wait_in_flight(db)
+    lose()
+    thread.join(60)
+    assert not thread.is_alive(), "the transfer hung"
+    got = outcome["result"]
+    print(f"\n{what}: {S(got).name if isinstance(got, int) else got} after {outcome['seconds']:.2f}s")
+    assert got in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
+    assert outcome["seconds"] < seconds, outcome
+    return outcome
+
+
 def _linked_hosts(hosts: Hosts, plane: str, env: dict[str, str], daemon_factory, worker_factory,  # noqa: ANN001, ANN202
                   request=None, sync_ms: int = SYNC_MS):  # noqa: ANN001
     """Daemon a (prompt, listening) and b (decoder) in ``hosts``, over ``plane`` (nixl: UCX TCP on the veth;
@@ -137,22 +155,10 @@ def test_peer_lost_mid_transfer(fault: str, direction: str, plane: str, daemon_f
         untouched = list(range(BLOCKS // 2, BLOCKS))
         before = decoder.call("rows", "kv", None, untouched)
         op = "pull_blocks" if direction == "pull" else "push_blocks"
-        thread, outcome = _in_background(decoder.call, op, P, "kv", half, half, timeout=60)
-        _wait_in_flight(db)
-        if fault == "kill":
-            da.kill()
-        else:
-            hosts.cut()
-        thread.join(60)
-        assert not thread.is_alive(), "the transfer hung"
-        got = outcome["result"]
-        print(f"\n{fault} mid-{direction}: {S(got).name if isinstance(got, int) else got} after "
-              f"{outcome['seconds']:.2f}s (sync_kv_timeout {sync_ms / 1000:.0f}s)")
-        # LLM_TIMEOUT when the deadline passes first; LLM_FAILED (CANN's code for a failed communication that is
-        # not a timeout) when the connection ends before it (a killed peer) or the heartbeat gives up on the peer
-        assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
         fence = NIXL_FENCE_S if plane == "nixl" else 0.0
-        assert outcome["seconds"] < sync_ms / 1000 + fence + MARGIN_S, outcome
+        _lost_mid_transfer(decoder, db, op, half, da.kill if fault == "kill" else hosts.cut,
+                           sync_ms / 1000 + fence + MARGIN_S,
+                           f"{fault} mid-{direction} (sync_kv_timeout {sync_ms / 1000:.0f}s)")
         assert "was abandoned in flight" not in db.log()   # it ended in the fence: nothing of it can land
         # the link is broken, and further transfers say so at once (nothing times out then)
         assert [lk.state for lk in links(db)] == ["broken"]
@@ -205,17 +211,9 @@ def test_a_transfer_cut_off_in_flight_lands_nothing_once_answered(direction: str
         da, db, prompt, decoder = _linked_hosts(hosts, "nixl", HEARTBEAT, daemon_factory, worker_factory, request,
                                                 NIXL_CUT_SYNC_MS)
         half = list(range(BLOCKS // 2))
-        thread, outcome = _in_background(decoder.call, f"{direction}_blocks", P, "kv", half, half, timeout=60)
-        _wait_in_flight(db)
-        hosts.cut()
-        thread.join(60)
-        assert not thread.is_alive(), "the transfer hung"
-        got = outcome["result"]
-        print(f"\ncut mid-{direction}: {S(got).name if isinstance(got, int) else got} after {outcome['seconds']:.2f}s "
-              f"(deadline {NIXL_CUT_SYNC_MS / 1000:.0f}s, fence {NIXL_FENCE_S:.1f}s)")
-        # LLM_TIMEOUT at the deadline (and the fence); LLM_FAILED when the kernel aborted the dead connection first
-        assert outcome["result"] in (S.LLM_TIMEOUT, S.LLM_FAILED), outcome
-        assert outcome["seconds"] < NIXL_CUT_SYNC_MS / 1000 + NIXL_FENCE_S + MARGIN_S, outcome
+        _lost_mid_transfer(decoder, db, f"{direction}_blocks", half, hosts.cut,
+                           NIXL_CUT_SYNC_MS / 1000 + NIXL_FENCE_S + MARGIN_S,
+                           f"cut mid-{direction} (deadline {NIXL_CUT_SYNC_MS / 1000:.0f}s, fence {NIXL_FENCE_S:.1f}s)")
         hosts.mend()
         written_into = decoder if direction == "pull" else prompt
         written_into.call("fill", "kv", 11)

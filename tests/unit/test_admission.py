@@ -82,13 +82,17 @@ def test_authenticated_connections_leave_the_pre_auth_books_and_the_deadline() -
 def test_silent_connections_expire_oldest_first() -> None:
     clock = Clock()
     adm = Admission("t", AdmissionLimits(10, per_source=8, preauth_total=8, max_connections=8), clock=clock)
+    assert adm.next_deadline() is None                 # nothing due: the accept loop sleeps until a newcomer
     early = admit(adm, "a")
     clock.now += 6
     late = admit(adm, "b")
+    assert adm.next_deadline() == early[1].deadline    # the oldest is the first due
     clock.now += 5
     assert adm.expire() == 1 and early[0].closed and not late[0].closed
+    assert adm.next_deadline() == late[1].deadline
     clock.now += 5
     assert adm.expire() == 1 and late[0].closed
+    assert adm.next_deadline() is None
     adm.release(late[1])                               # the listener notices the close: nothing more to do
     assert adm.stats()["preauth"] == 0
 

@@ -721,6 +721,39 @@ def test_idle_connections_wake_no_reader_and_a_close_still_ends_them(pair: Pair)
     assert all(c.ended.is_set() for c in conns)
 
 
+def _runs(thread: threading.Thread) -> int:
+    """How many times the kernel has run ``thread`` (``/proc/self/task/<tid>/schedstat``: its third field)."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+def test_an_idle_listener_sleeps_until_a_newcomer_or_a_hellos_deadline() -> None:
+    """The accept loop has nothing periodic: with no newcomer its thread sleeps in ``accept`` (before, it woke
+    five times a second, in every engine that listens); a newcomer wakes it, and it then wakes again at that
+    hello's deadline to close it -- and after it, sleeps again."""
+    t = TcpTransport(LOOPBACK, connect_timeout=0.5)
+    t.start()
+    try:
+        accept = next(th for th in threading.enumerate() if th.name == f"datadist-tcp-accept:{t.port}")
+        time.sleep(0.2)   # the loop reached accept
+        before = _runs(accept)
+        time.sleep(1.0)
+        assert _runs(accept) - before <= 1
+        stranger = socket.create_connection((LOOPBACK, t.port))
+        try:
+            stranger.settimeout(10)
+            assert stranger.recv(1) == b""   # closed at its deadline: the loop woke for it
+        finally:
+            stranger.close()
+        time.sleep(0.2)
+        before = _runs(accept)
+        time.sleep(1.0)
+        assert _runs(accept) - before <= 1
+    finally:
+        t.stop()
+    assert not accept.is_alive()
+
+
 def test_strangers_hold_no_thread_and_leave_at_their_deadline() -> None:
     """Pre-auth connections are read by the reactor too: 40 strangers that send nothing, or half a hello, add no
     thread (before: a thread each until its deadline); the accept loop closes each at its deadline."""

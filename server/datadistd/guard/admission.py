@@ -320,6 +320,14 @@ class Admission:
             self._forget(ticket)
             self.expired += 1
 
+    def next_deadline(self) -> float | None:
+        """When the oldest pre-auth connection's deadline falls (``expire`` then closes it), or None when there is
+        none: tickets are admitted in order with one ``preauth_seconds`` each, so the oldest is the first due."""
+        with self._lock:
+            for ticket in self._preauth:
+                return ticket.deadline
+        return None
+
     def expire(self) -> int:
         """Close every pre-auth connection past its deadline; how many."""
         now = self._clock()

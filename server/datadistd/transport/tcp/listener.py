@@ -91,6 +91,14 @@ class TcpListener:
         self._admission = Admission(f"tcp data plane {self._owner.endpoint}", self.admission_limits, log)
         self._owner._spawn(self._accept_loop, f"datadist-tcp-accept:{self.port}")
 
+    def stop_accepting(self) -> None:
+        """Wake the accept loop, which may be blocked in ``accept`` with no deadline to keep (stopping: it ends)."""
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RD)   # Linux: a blocked accept returns EINVAL
+            except OSError:
+                pass
+
     def shut_hellos(self) -> None:
         """End every hello still being read (stopping)."""
         with self._lock:
@@ -125,7 +133,6 @@ class TcpListener:
                     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
                 listener.bind((self.host, port))
                 listener.listen(128)
-                listener.settimeout(_POLL)
                 return listener
             except OSError as exc:
                 listener.close()
@@ -140,8 +147,9 @@ class TcpListener:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        while not self._owner._stopping:  # ends at stop(); each pass waits at most _POLL
-            self._expire()
+        while not self._owner._stopping:  # ends at stop() (``stop_accepting`` wakes it)
+            # nothing periodic: a pass waits for a newcomer, or for the next hello's deadline when one is due
+            self._listener.settimeout(self._expire())
             try:
                 sock, addr = self._listener.accept()
             except TimeoutError:
@@ -168,19 +176,32 @@ class TcpListener:
                 self._refuse(peer, str(exc))
                 hello.close()
 
-    def _expire(self) -> None:
-        """Every pass of the accept loop (at most ``_POLL`` apart): close the hellos past their deadline (their
-        reader then finds the end) -- the admission's, and this listener's ``connect_timeout``."""
+    def _expire(self) -> float | None:
+        """Every pass of the accept loop: close the hellos past their deadline (their reader then finds the end)
+        -- the admission's, and this listener's ``connect_timeout``; how long the next pass may wait in ``accept``
+        (None: no hello is due, so wait for a newcomer alone). Only this loop admits, so no deadline can come
+        sooner than the one it computes here."""
         assert self._admission is not None
         now = time.monotonic()
+        due: float | None = None
         with self._lock:
-            late = [h for h in self._hellos.values() if h.deadline <= now and not h.late]
-            for hello in late:
-                hello.late = True
+            late = []
+            for hello in self._hellos.values():
+                if hello.late:
+                    continue
+                if hello.deadline <= now:
+                    hello.late = True
+                    late.append(hello)
+                elif due is None or hello.deadline < due:
+                    due = hello.deadline
         for hello in late:
             self._admission.timed_out(hello.ticket)
             _shut(hello.sock)
         self._admission.expire()
+        oldest = self._admission.next_deadline()
+        if oldest is not None and (due is None or oldest < due):
+            due = oldest
+        return None if due is None else max(0.001, due - time.monotonic())
 
     def _refuse(self, peer: str, why: str) -> None:
         """A rate-limited warning naming the remote address (never the token); quiet while stopping."""

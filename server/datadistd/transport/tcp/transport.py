@@ -120,6 +120,7 @@ class TcpTransport:
             self._stopping = True
             channels = list(self._inbound.values()) + list(self._outbound)
         if self._listener is not None:
+            self._listener.stop_accepting()
             self._listener.shut_hellos()
         for ch in channels:
             ch.close()

@@ -6,9 +6,10 @@
   less those of an idle window as long (heartbeat, sweeper). Deterministic up to that background. Over tcp, then
   over nixl (UCX shared memory; skipped without NIXL), where the owner daemon's count is the owner's work per
   pull (issue 36: none, no owner call).
-* 13, links at rest: threads (``/proc/<pid>/status``), fds (``/proc/<pid>/fd``) and idle CPU (``/proc/<pid>/stat``
-  utime + stime over an idle window, scaled to a minute) of both daemons at 1, 16, 64, 256 links between them,
-  less the same with the engines made and no link; per link, at each end.
+* 13, links at rest: threads (``/proc/<pid>/status``), fds (``/proc/<pid>/fd``) and idle CPU
+  (``/proc/<pid>/task/<tid>/schedstat``: nanoseconds each thread ran, over an idle window, scaled to a minute) of
+  both daemons at 1, 16, 64, 256 links between them, less the same with the engines made and no link; per link, at
+  each end.
 * 14, a peer's death: the owner daemon is stopped (SIGSTOP) with a 1-block pull on its way, then killed (SIGKILL:
   its kernel ends the connections at once); the time from the kill to the pull's failure at the worker.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import callcount
-from .procs import Daemon, cpu_seconds, free_port
+from .procs import Daemon, cpu_between, free_port, thread_cpu
 from .stats import Figure, Row, Target, figure
 
 if TYPE_CHECKING:
@@ -139,9 +140,9 @@ def _fds(pid: int) -> int:
 
 def _at_rest(pids: list[int], seconds: float) -> list[tuple[int, int, float]]:
     """(threads, fds, CPU seconds over ``seconds`` of rest) of each process."""
-    before = cpu_seconds(pids)
+    before = [thread_cpu(pid) for pid in pids]
     time.sleep(seconds)
-    used = [b - a for a, b in zip(before, cpu_seconds(pids), strict=True)]
+    used = [cpu_between(b, thread_cpu(pid)) for pid, b in zip(pids, before, strict=True)]
     return [(_threads(pid), _fds(pid), cpu) for pid, cpu in zip(pids, used, strict=True)]
 
 
@@ -189,9 +190,9 @@ def links_at_rest(run: Run) -> None:
                 run.add(Row(scenario, f"{what}: idle CPU per link", Figure(values["cpu"], values["cpu"], values["cpu"],
                                                                            1, "CPU-ms/min/link"),
                             target=Target("<=", 2.0, on="figure"),
-                            note=f"/proc/<pid>/stat utime+stime over {cfg.rest_seconds:g} s of rest, scaled to a "
-                                 f"minute, less the same with no link (a 10 ms tick: ±{10 * per_min / n:.1f} per "
-                                 f"link); heartbeat [peer] heartbeat_seconds = 2; the issue's 27-30 before"))
+                            note=f"CPU over {cfg.rest_seconds:g} s of rest, scaled to a minute, less the same "
+                                 f"with no link (per thread, /proc/<pid>/task/<tid>/schedstat: nanoseconds, not "
+                                 f"ticks); heartbeat [peer] heartbeat_seconds = 2; the issue's 27-30 before"))
             run.step(f"{scenario}: {n} links")
         run.series[scenario] = series
     finally:

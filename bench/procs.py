@@ -16,7 +16,8 @@ from pathlib import Path
 from tests.daemonproc import DaemonProcess, free_port
 from tests.workerproc import WorkerError, WorkerProcess
 
-__all__ = ["Daemon", "Worker", "WorkerError", "Pinned", "TICKS", "cpu_seconds", "free_port", "main_thread_cpu_seconds"]
+__all__ = ["Daemon", "Worker", "WorkerError", "Pinned", "TICKS", "cpu_between", "cpu_seconds", "free_port",
+           "main_thread_cpu_seconds", "thread_cpu"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,6 +69,25 @@ def main_thread_cpu_seconds(pids: list[int]) -> list[float]:
         with open(f"/proc/{pid}/schedstat") as f:
             out.append(int(f.read().split()[0]) / 1e9)
     return out
+
+
+def thread_cpu(pid: int) -> dict[int, int]:
+    """Nanoseconds each live thread of ``pid`` has run (``/proc/<pid>/task/<tid>/schedstat``: exact, where
+    ``cpu_seconds`` counts 10 ms ticks); ``cpu_between`` turns two of these into the CPU used between them."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):   # the thread ended meanwhile
+            continue
+    return out
+
+
+def cpu_between(before: dict[int, int], after: dict[int, int]) -> float:
+    """CPU seconds run between two ``thread_cpu`` snapshots by the threads alive at the second (a thread that
+    ended between them is left out: an idle window's threads live on)."""
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
 
 
 class Pinned:

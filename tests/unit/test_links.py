@@ -365,6 +365,29 @@ async def _until(condition: Any, seconds: float = 5.0) -> bool:
     return condition()
 
 
+def test_an_engine_with_nothing_to_look_after_is_not_swept_until_a_link_is_served() -> None:
+    """The link table's sweeper (linking daemons gone silent, abandoned writes and grants) runs only while there is
+    something of that kind: an engine with no served link, write or grant sleeps until one comes (before: a round a
+    second in every engine, linked or not); a link served wakes it, and once that link is gone it sleeps again."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            await asyncio.sleep(1.5)
+            assert serving.table.sweeps == linking.table.sweeps == 0
+            await pair.link()
+            assert await _until(lambda: serving.table.sweeps >= 2)
+            assert linking.table.sweeps == 0     # it serves nothing: a linking daemon's liveness is its pings
+            code, _ = await linking.unlink_clusters([ClusterSpec(P, "127.0.0.1", 1)], 3000, False)
+            assert code == 0
+            assert await _until(lambda: not serving.table.served)
+            await asyncio.sleep(1.2)             # a round under way ends
+            rounds = serving.table.sweeps
+            await asyncio.sleep(1.5)
+            assert serving.table.sweeps == rounds
+
+    asyncio.run(main())
+
+
 def test_a_layer_wise_push_ended_early_releases_the_owner() -> None:
     """A task closed after its first layer: the owner's opened transfers are aborted and its cache unpinned
     (not held until the transfers' hold time)."""

@@ -206,6 +206,7 @@ class Owner:
             raise
         grant_id = next(self._grant_ids)
         self.table.grants[grant_id] = _Grant(cache_id, time.monotonic() + hold / 1000, link, spec, release)
+        self.table.watch()
         return grant_id, grant, release
 
     def done_read_for(self, link: Link, grant_id: int, consume: bool) -> None:
@@ -258,6 +259,7 @@ class Owner:
         for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
             self.table.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link,
                                                                    len(spec.blocks), spec.expected_bytes)
+        self.table.watch()
         return [receipt.transfer_id for receipt in receipts]
 
     async def commit_write_for(self, link: Link, transfer_ids: Sequence[int], timeout_ms: int) -> None:

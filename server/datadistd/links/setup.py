@@ -250,6 +250,7 @@ class Linker:
                            calls=self.calls.frame_calls(offer.client_cluster_id, lambda: transport.channel(token)))
         transport.on_control(token, self.calls.control_handler(link))
         self.table.served[offer.client_cluster_id] = link
+        self.table.watch()   # its sweeper looks after it from now on (a linking daemon that vanishes)
         log.info("cluster %s accepted a link from cluster %s", self.table.cluster_id, offer.client_cluster_id)
         endpoint = self.table.transport.endpoint
         node = self.table.node

@@ -87,6 +87,8 @@ class LinkTable:
         self.published: Published | None = None
         self._publish_on(transport)
         self._sweeper: asyncio.Task[None] | None = None
+        self._to_sweep: asyncio.Event | None = None   # set when a served link, write or grant comes (``watch``)
+        self.sweeps = 0                                # rounds the sweeper made (tests: an idle engine makes none)
         self.closed = False
         self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``spawn``), running
 
@@ -107,14 +109,34 @@ class LinkTable:
         return await self.engine.gate.run(self.engine.lane.of(principal), fn, *args)
 
     def start(self) -> None:
+        self._to_sweep = asyncio.Event()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
+    def watch(self) -> None:
+        """Something the sweeper looks after came (a served link, an opened write, a read grant; on the event loop):
+        wake it if it was idle."""
+        if self._to_sweep is not None:
+            self._to_sweep.set()
+
+    def _idle(self) -> bool:
+        """Nothing to sweep: no link served for another daemon, no opened write, no read grant."""
+        return not self.writes and not self.grants and not any(isinstance(s, InboundLink)
+                                                                for s in self.served.values())
+
     async def _sweep(self) -> None:
-        """Drop serving links whose linking daemon vanished; expire abandoned writes."""
+        """Drop serving links whose linking daemon vanished; expire abandoned writes and grants. An engine with
+        none of those sleeps until one comes (``watch``), not once a second: an idle daemon of many engines
+        wakes for none of them."""
         interval = max(0.2, min(1.0, self.node.heartbeat_seconds / 2))
         stale_after = max(3 * self.node.heartbeat_seconds, 2.0)
+        assert self._to_sweep is not None
         while not self.closed:
+            if self._idle():
+                self._to_sweep.clear()
+                await self._to_sweep.wait()
+                continue
             await asyncio.sleep(interval)
+            self.sweeps += 1
             now = time.monotonic()
             inbound = [served for served in self.served.values() if isinstance(served, InboundLink)]
             seen = self.node.liveness.seen   # a frame on any link of a linking daemon: all of them alive

@@ -3,10 +3,10 @@
 Each accepted socket is admitted (``admission.Admission``: caps per address and in all before
 authentication) and must send the hello (magic, version, token, stream index) by its pre-auth deadline; the
 process's reader threads (``reactor``) read it as its bytes come -- no thread of its own, so a stranger holds
-none -- and the accept loop closes it at its deadline. Nothing of the accept loop is periodic: its thread sleeps in
-``accept`` until a newcomer or the next such deadline, and ``stop_accepting`` wakes it. A good token makes it a connection of its token's
-inbound channel (the transport's table, ``ListenerOwner``), read by the same threads. Refusals are
-rate-limited warnings naming the remote address, never the token.
+none -- and the accept loop closes it at its deadline. Nothing of the accept loop is periodic: its thread sleeps
+in ``accept`` until a newcomer or the next such deadline, and ``stop_accepting`` wakes it. A good token makes it a
+connection of its token's inbound channel (the transport's table, ``ListenerOwner``), read by the same threads.
+Refusals are rate-limited warnings naming the remote address, never the token.
 """
 
 from __future__ import annotations

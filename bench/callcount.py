@@ -6,10 +6,10 @@ hook's ``"call"`` events (a Python function entered, a generator or coroutine re
 of every thread while a window is open. ``SIGUSR1`` opens a window (the count starts at 0; ``on-<pid>`` appears in
 ``DATADIST_BENCH_CALLS_DIR`` once it is open), ``SIGUSR2`` closes it and writes the count to ``calls-<pid>`` there.
 With ``DATADIST_BENCH_CALLS_TOP`` set to a path prefix, the window also tallies which functions were called and
-``SIGUSR2`` writes them, most called first, to ``<prefix>-<pid>.txt`` (where a count goes:
-``DATADIST_BENCH_CALLS_TOP=/tmp/top make bench BENCH_ARGS="--scenarios 12"``). The hook runs for every event of the
-daemon's life, window open or not: such a daemon is slower and is used for counting only, never timed. Nothing of
-the daemon's package is touched.
+``SIGUSR2`` writes them, most called first, to ``<prefix>-<pid>-<window>.txt`` (windows counted from 1; where a
+count goes: ``DATADIST_BENCH_CALLS_TOP=/tmp/top make bench BENCH_ARGS="--scenarios 12"``). The hook runs for
+every event of the daemon's life, window open or not: such a daemon is slower and is used for counting only, never
+timed. Nothing of the daemon's package is touched.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _open = False
 _count = itertools.count()
 _top: collections.Counter[tuple[str, str, int]] | None = None   # (file, function, line) -> calls, with TOP_ENV
+_windows = itertools.count(1)
 
 
 def _hook(frame: Any, event: str, arg: Any) -> None:
@@ -64,7 +65,7 @@ def _stop(signum: int, frame: Any) -> None:
     _write(f"calls-{os.getpid()}", str(next(_count)))
     if _top is not None:
         lines = [f"{n:8d}  {name}  {file}:{line}" for (file, name, line), n in _top.most_common()]
-        Path(f"{os.environ[TOP_ENV]}-{os.getpid()}.txt").write_text("\n".join(lines) + "\n")
+        Path(f"{os.environ[TOP_ENV]}-{os.getpid()}-{next(_windows)}.txt").write_text("\n".join(lines) + "\n")
 
 
 def install() -> None:

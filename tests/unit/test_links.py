@@ -863,12 +863,16 @@ def test_a_link_whose_own_channel_failed_is_broken_alone_and_the_next_one_asked(
 
             first.calls.ping = lost   # type: ignore[method-assign]
             passes = many.d.liveness.passes
-            await _passes(many.d, 2)
+            # three passes: the one under way when the ping was replaced may have pinged the first link already
+            # and ended with its real answer (a slow machine), so the failing pass is the first or the second
+            await _passes(many.d, 3)
             assert first.state == LinkState.BROKEN
             assert all(link.state == LinkState.ESTABLISHED for link in many.outbound()[1:])
             liveness = many.d.liveness
             since = list(liveness.history)[len(liveness.history) - (liveness.passes - passes):]
-            assert since[:2] == [2, 1]   # the failed link and the next one, then one
+            at = 0 if since[0] == 2 else 1
+            assert since[at:at + 2] == [2, 1], since   # the failed link and the next one, then one
+            assert since[:at] in ([], [1]), since
 
     asyncio.run(main())
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 from ...core.errors import DataDistError, StatusCode
 from ...guard.admission import Admission, AdmissionLimits, Ticket
@@ -33,7 +34,6 @@ __all__ = ["PeerFront"]
 log = logging.getLogger(__name__)
 
 _HIGH_WATER = 4 << 20      # bytes buffered towards one side before the other side's reading pauses
-_SWEEP_S = 1.0             # how often pre-auth deadlines are checked
 
 
 class _Relay:
@@ -68,6 +68,7 @@ class _Outer(asyncio.Protocol):
         if relay.ticket is None:
             transport.abort()
             return
+        self.front._admitted.set()      # a pre-auth deadline to keep: the sweeper wakes for it
         transport.set_write_buffer_limits(_HIGH_WATER)
         transport.pause_reading()       # until the private side is connected
         self.front._pending.add(asyncio.get_running_loop().create_task(self.front._connect_inner(relay)))
@@ -133,6 +134,8 @@ class PeerFront:
         self._pending: set[asyncio.Task] = set()
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
+        self._admitted = asyncio.Event()   # set when a connection is admitted (the sweeper may be asleep)
+        self.sweeps = 0                    # the sweeper's rounds (tests: none while no connection waits)
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port``; returns the bound port."""
@@ -233,6 +236,14 @@ class PeerFront:
             del self._by_port[relay.inner_port]
 
     async def _sweep(self) -> None:
+        """Close the pre-auth connections past their deadline, at that deadline: asleep until the oldest one's
+        (``Admission.next_deadline``), or, with none waiting, until a connection is admitted -- nothing periodic."""
         while True:
-            await asyncio.sleep(_SWEEP_S)
+            due = self.admission.next_deadline()
+            if due is None:
+                self._admitted.clear()
+                await self._admitted.wait()
+                continue
+            await asyncio.sleep(max(0.0, due - time.monotonic()) + 0.001)
+            self.sweeps += 1
             self.admission.expire()

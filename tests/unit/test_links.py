@@ -535,6 +535,14 @@ def big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray]:
     return src, dst, pattern.reshape(BIG_ROWS, BIG_ROW)
 
 
+async def linked_big_caches(pair: Pair) -> tuple[Any, Any, np.ndarray, Any]:
+    """``pair`` linked, ``big_caches`` at each end, and the serving end's data channel of the link."""
+    assert await pair.link() == (0, [0])
+    src, dst, pattern = big_caches(pair)
+    serving = pair.ps.links
+    return src, dst, pattern, serving.table.channel_of(serving.table.served[D])
+
+
 def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_after_the_unpin() -> None:
     """Pulls too big for the event loop's send (the general path's DATA frames), many at once on one link: the owner
     queues them on the link and one executor job per connection sends them back to back (``Owner._queued``) --
@@ -545,9 +553,7 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_afte
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:
             serving, linking = pair.links
-            assert await pair.link() == (0, [0])
-            src, dst, pattern = big_caches(pair)
-            channel = serving.table.channel_of(serving.table.served[D])
+            src, dst, pattern, channel = await linked_big_caches(pair)
             inside, most, lock = [0], [0], threading.Lock()
             send, controls = channel.send, []
             send_control = channel.send_control
@@ -605,8 +611,7 @@ def test_a_pull_sent_as_a_transfer_runs_without_a_task_and_ends_with_the_owners_
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:
             serving, linking = pair.links
-            assert await pair.link() == (0, [0])
-            src, dst, pattern = big_caches(pair)
+            src, dst, pattern, _ = await linked_big_caches(pair)
             spawned: list[Any] = []
             spawn = linking.table.spawn
             linking.table.spawn = lambda work: spawned.append(work) or spawn(work)  # type: ignore[method-assign]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from datadistd.state.engine import tensors_of
-from tests.unit.test_links import BIG_POOL, BIG_ROW, D, P, Pair, _order, _until, big_caches
+from tests.unit.test_links import BIG_POOL, BIG_ROW, P, Pair, _order, _until, linked_big_caches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,9 +27,7 @@ def test_a_ping_is_answered_while_the_links_read_is_being_sent() -> None:
     async def main() -> None:
         async with Pair(pool=BIG_POOL) as pair:
             serving, linking = pair.links
-            assert await pair.link() == (0, [0])
-            src, dst, pattern = big_caches(pair)
-            channel = serving.table.channel_of(serving.table.served[D])
+            src, dst, pattern, channel = await linked_big_caches(pair)
             entered, release = threading.Event(), threading.Event()
             send = channel.send
 

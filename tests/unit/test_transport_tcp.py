@@ -1101,7 +1101,7 @@ def test_try_send_soon_to_a_stalled_peer_gives_the_frame_up_and_breaks_the_chann
 def test_drop_sent_leaves_exactly_the_bytes_not_yet_sent(sent: int) -> None:
     """``drop_sent`` (what a partial ``sendmsg`` of a frame leaves): at a buffer's boundary, inside one, and across
     empty buffers -- what is left is the frame's bytes from ``sent`` on, with no empty buffer in front."""
-    from datadistd.transport.tcp.loopsend import drop_sent
+    from datadistd.transport.tcp.wire import drop_sent
 
     frame = b"abcdefghi"
     bufs = [memoryview(b"abc"), memoryview(b""), memoryview(b"def"), memoryview(b""), memoryview(b"ghi"),

@@ -20,7 +20,7 @@ from ...memory.segments import byte_view
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
 from .control import ControlSends
-from .loopsend import LoopFinish, drop_sent
+from .loopsend import LoopFinish
 from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
     _ABORT_TIMEOUT,
@@ -38,6 +38,7 @@ from .wire import (
     _ProtocolError,
     _SendError,
     _table,
+    drop_sent,
 )
 
 if TYPE_CHECKING:
@@ -330,8 +331,8 @@ class TcpChannel(ControlSends):
                     conn.bytes_sent += total
                     conn.lock.release()
                     return True
-                rest = _after(bufs, sent)
-                return LoopFinish(conn, rest, total, deadline, self._break,
+                drop_sent(bufs, sent)   # the rest: this list is LoopFinish's from here (``bufs`` is rebound below)
+                return LoopFinish(conn, bufs, total, deadline, self._break,
                                   f"sending transfer {transfer_id} ({total} bytes) to {self._peer}")
             return False
         finally:
@@ -460,10 +461,3 @@ class TcpChannel(ControlSends):
             log.exception("data channel %s %s: the control handler failed on the channel's end",
                           "to" if self._outbound else "from", self._peer)
 
-
-
-def _after(bufs: list[memoryview], sent: int) -> list[memoryview]:
-    """What of ``bufs`` is left once their first ``sent`` bytes went out (fewer than all of them)."""
-    rest = list(bufs)
-    drop_sent(rest, sent)
-    return rest

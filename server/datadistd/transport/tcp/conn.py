@@ -37,6 +37,7 @@ from .wire import (
     _ProtocolError,
     _SendError,
     _timeval,
+    drop_sent,
 )
 
 if TYPE_CHECKING:
@@ -167,30 +168,22 @@ class DataConn(FrameReader):
             raise _SendError(LLMStatusCode.LLM_LINK_FAILED, "data connection is closed", unusable=True)
         payload = sum(len(b) for b in bufs) - HEADER.size
         written = 0
-        i = 0
         bufs = [b for b in bufs if len(b)]
-        while i < len(bufs):  # each pass writes >= 1 byte or raises
+        while bufs:  # each pass writes >= 1 byte or raises
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _SendError(LLMStatusCode.LLM_TIMEOUT, "deadline passed in the middle of a frame",
                                  unusable=written > 0 or partial)
             try:
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(remaining))
-                sent = self.sock.sendmsg(bufs[i:i + _IOV_MAX], [], _SEND_FLAGS)
+                sent = self.sock.sendmsg(bufs[:_IOV_MAX], [], _SEND_FLAGS)
             except BlockingIOError:  # SO_SNDTIMEO expired before a byte went out
                 raise _SendError(LLMStatusCode.LLM_TIMEOUT, "the peer did not take the bytes before the deadline",
                                  unusable=written > 0 or partial) from None
             except OSError as exc:
                 raise _SendError(LLMStatusCode.LLM_LINK_FAILED, f"send failed: {exc}", unusable=True) from None
             written += sent
-            while sent > 0:  # drop what went out
-                head = len(bufs[i])
-                if sent >= head:
-                    sent -= head
-                    i += 1
-                else:
-                    bufs[i] = bufs[i][sent:]
-                    sent = 0
+            drop_sent(bufs, sent)
         return payload
 
     # -- receiving (a reactor thread, one turn at a time: ``FrameReader.turn``) --

@@ -18,9 +18,9 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from .conn import DataConn
-from .wire import _IOV_MAX, _SEND_NOWAIT
+from .wire import _IOV_MAX, _SEND_NOWAIT, drop_sent
 
-__all__ = ["LoopFinish", "drop_sent"]
+__all__ = ["LoopFinish"]
 
 
 class LoopFinish:
@@ -96,13 +96,3 @@ class LoopFinish:
             else:
                 self.done.set_exception(failure)
 
-
-def drop_sent(bufs: list[memoryview], sent: int) -> None:
-    """Drop from ``bufs`` (in place) the first ``sent`` bytes, which went out -- and any empty buffer they reach."""
-    i = 0
-    while i < len(bufs) and sent >= len(bufs[i]):
-        sent -= len(bufs[i])
-        i += 1
-    if sent:
-        bufs[i] = bufs[i][sent:]
-    del bufs[:i]

@@ -106,6 +106,18 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes | None:
     return bytes(buf)
 
 
+def drop_sent(bufs: list[memoryview], sent: int) -> None:
+    """Drop from ``bufs`` (in place) the first ``sent`` bytes, which went out -- and any empty buffer they reach:
+    what a partial ``sendmsg`` of a frame leaves to send."""
+    i = 0
+    while i < len(bufs) and sent >= len(bufs[i]):
+        sent -= len(bufs[i])
+        i += 1
+    if sent:
+        bufs[i] = bufs[i][sent:]
+    del bufs[:i]
+
+
 def _parse_endpoint(endpoint: str) -> tuple[str, int]:
     scheme, sep, rest = endpoint.partition("://")
     host, _, port = rest.rpartition(":")

@@ -20,7 +20,8 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from datadistd.links.wire.peering import PROTOCOL_VERSION
 from tests.daemonproc import free_port
 
-from .test_users import as_user, daemon, users  # noqa: F401 - the throwaway-users fixtures
+from .test_users import daemon, users  # noqa: F401 - the throwaway-users fixtures
+from .users import as_user, ids
 
 pytestmark = pytest.mark.integration
 
@@ -143,15 +144,13 @@ def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
     import tempfile
     import time
 
-    from .test_users import _ids
-
-    uid, gid = _ids("ddtest-daemon")
+    uid, gid = ids("ddtest-daemon")
     d = tempfile.mkdtemp(prefix="datadist-quota-")
     os.chown(d, uid, gid)
     os.chmod(d, 0o750)
     sock = os.path.join(d, "datadistd.sock")
     proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock],
-                   env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "256"},
+                   env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "256", "XDG_RUNTIME_DIR": d},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     hog = None
     try:

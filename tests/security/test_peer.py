@@ -42,10 +42,13 @@ pytestmark = pytest.mark.integration
 P, D = 1, 2
 
 
-#: the two ways a daemon is left with the public development secret (``datadistd.state.peersecret``)
-PUBLIC = {"explicit": {"DATADISTD_PEER_SECRET": "datadist-development-secret"},
-          "no per-user place": {"XDG_RUNTIME_DIR": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
-                                "HOME": "/proc/datadist-none"}}
+#: the two ways a one-user daemon (sockets 0600) is left with the public development secret
+#: (``datadistd.state.peersecret``): set, or fallen back to where asked for
+ONE_USER = {"DATADISTD_DAEMON_SOCKET_MODE": "0o600"}
+NO_PLACE = {"XDG_RUNTIME_DIR": "", "STATE_DIRECTORY": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
+            "HOME": "/proc/datadist-none"}
+PUBLIC = {"explicit": {"DATADISTD_PEER_SECRET": "datadist-development-secret", **ONE_USER},
+          "no per-user place": {**NO_PLACE, "DATADISTD_PEER_DEV_SECRET_FALLBACK": "true", **ONE_USER}}
 
 
 @pytest.fixture(params=sorted(PUBLIC))
@@ -120,6 +123,18 @@ def test_8_a_public_data_plane_without_a_secret_does_not_start(tmp_path):
         assert done.returncode == 2 and "secret_file" in done.stderr, (name, done.stderr[-500:])
         assert "public development secret" in done.stderr, (name, done.stderr[-500:])
     assert load_config(env={"DATADISTD_TRANSPORT_HOST": "0.0.0.0", "DATADISTD_PEER_SECRET": "s3cret"})
+
+
+def test_8_the_public_secret_never_serves_other_users(tmp_path):
+    """A daemon whose sockets its group may use (the default 0660: it serves other users) does not start on the
+    public secret, set or fallen back to; nor does one with no place for a secret that did not ask for it."""
+    cases = {name: {**env, "DATADISTD_DAEMON_SOCKET_MODE": "0o660"} for name, env in PUBLIC.items()}
+    cases["no place, no fallback"] = {**NO_PLACE, **ONE_USER}
+    for name, env in cases.items():
+        done = subprocess.run([sys.executable, "-m", "datadistd", "--socket", str(tmp_path / "d" / "x.sock")],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (name, done.stderr[-500:])
+        assert "StateDirectory=datadist" in done.stderr and "secret_file" in done.stderr, (name, done.stderr[-500:])
 
 
 def test_8_a_secret_file_others_may_read_stops_a_daemon_and_an_embedded_worker_alike(tmp_path):

@@ -27,7 +27,8 @@ from tests.daemonproc import DaemonProcess
 from tests.harness import free_port
 
 from .test_local import Worker, attach_ask, refused
-from .test_users import _ids, as_user, users  # noqa: F401 - users: the throwaway-users fixture
+from .test_users import users  # noqa: F401 - users: the throwaway-users fixture
+from .users import as_user, ids
 
 pytestmark = pytest.mark.integration
 
@@ -204,7 +205,7 @@ def test_5_embedded_workers_link_within_one_user_only():
     for name in ("ddtest-alice", "ddtest-bob"):
         d = os.path.join(base, name)
         os.mkdir(d, 0o700)
-        os.chown(d, *_ids(name))
+        os.chown(d, *ids(name))
         runtime[name] = {"XDG_RUNTIME_DIR": d}
     port = free_port()
     prompt = as_user("ddtest-alice", ["-c", EMBEDDED, "prompt", str(port)], env=runtime["ddtest-alice"],
@@ -223,7 +224,7 @@ def test_5_embedded_workers_link_within_one_user_only():
         bob = decoder("ddtest-bob")                                                      # another user does not
         assert bob["link"] != 0 and "pulled" not in bob, bob
         secret = os.path.join(base, "ddtest-alice", "datadist", "peer.secret")
-        assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600 and os.stat(secret).st_uid == _ids("ddtest-alice")[0]
+        assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600 and os.stat(secret).st_uid == ids("ddtest-alice")[0]
     finally:
         prompt.stdin.close()
         prompt.wait(60)

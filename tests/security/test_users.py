@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -21,71 +20,34 @@ import pytest
 
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
-from tests.harness import ROOT
+
+from .users import as_user, hold, ids, why_not
 
 pytestmark = pytest.mark.integration
-
-GROUP = "ddtest"
-USERS = ("ddtest-daemon", "ddtest-alice", "ddtest-bob")
-PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-SITE = next(p for p in sys.path if p.endswith("site-packages"))
-PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("client", "server", "proto")) + os.pathsep + SITE
-
-
-def _have_tools() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create throwaway users and run processes as them"
-    for tool in ("setpriv", "useradd", "groupadd", "userdel", "groupdel"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
-    if not os.access(PYTHON, os.X_OK):
-        return f"needs {PYTHON} (an interpreter other users can run; the venv's may live under /root)"
-    return None
-
-
-def _ids(name: str) -> tuple[int, int]:
-    import pwd
-
-    pw = pwd.getpwnam(name)
-    return pw.pw_uid, pw.pw_gid
-
-
-def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
-    uid, gid = _ids(name)
-    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--inh-caps=-all",
-           "--bounding-set=-all", "--no-new-privs", PYTHON, *args]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "HOME": "/tmp", **kw.pop("env", {})}
-    return subprocess.Popen(cmd, env=env, **kw)
 
 
 @pytest.fixture(scope="module")
 def users():
-    why = _have_tools()
+    why = why_not()
     if why:
         pytest.skip(why)
-    subprocess.run(["groupadd", "-f", GROUP], check=True)
-    for name in USERS:
-        if subprocess.run(["id", name], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "--system", "-M", "-N", "-g", GROUP, "-s", "/usr/sbin/nologin", name],
-                           check=True)
-    probe = as_user("ddtest-alice", ["-c", "import grpc, numpy, llm_datadist"], stderr=subprocess.PIPE)
-    if probe.wait(60) != 0:
-        pytest.skip(f"another user cannot import the project: {probe.stderr.read().decode()[-300:]}")
-    yield
-    for name in USERS:
-        subprocess.run(["userdel", name], capture_output=True)
-    subprocess.run(["groupdel", GROUP], capture_output=True)
+    with hold():
+        probe = as_user("ddtest-alice", ["-c", "import grpc, numpy, llm_datadist"], stderr=subprocess.PIPE)
+        if probe.wait(60) != 0:
+            pytest.skip(f"another user cannot import the project: {probe.stderr.read().decode()[-300:]}")
+        yield
 
 
 @pytest.fixture
 def daemon(users):
-    uid, gid = _ids("ddtest-daemon")
+    uid, gid = ids("ddtest-daemon")
     d = tempfile.mkdtemp(prefix="datadist-users-")
     os.chown(d, uid, gid)
     os.chmod(d, 0o750)
     sock = os.path.join(d, "datadistd.sock")
     log = open(os.path.join(d, "daemon.log"), "wb")  # noqa: SIM115 - closed below
-    proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock], stdout=log, stderr=log)
+    proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock], env={"XDG_RUNTIME_DIR": d}, stdout=log,
+                   stderr=log)
     try:
         deadline = time.monotonic() + 30
         while not os.path.exists(sock + ".admin"):
@@ -186,7 +148,7 @@ def test_two_users_one_daemon_without_capabilities(daemon):
         finalized, invalid, disabled = int(S.LLM_ENGINE_FINALIZED), int(S.LLM_PARAM_INVALID), \
             int(S.LLM_FEATURE_NOT_ENABLED)
         assert first["engine"] not in seen["sees"] and len(seen["sees"]) == 1
-        assert seen["uid"] == _ids("ddtest-bob")[0]
+        assert seen["uid"] == ids("ddtest-bob")[0]
         for name in ("Finalize", "GetStatus", "ListCaches", "CopyBlocks", "DeallocateCache", "export_pool"):
             assert seen["refused"][name] == finalized, (name, seen)
         assert seen["refused"]["prove_daemon_pid"] == disabled
@@ -202,7 +164,7 @@ def test_two_users_one_daemon_without_capabilities(daemon):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             engines = stub.GetStatus(datadist_pb2.StatusRequest(), timeout=10).engines
-        assert [(e.engine_id, e.uid) for e in engines] == [(first["engine"], _ids("ddtest-alice")[0])]
+        assert [(e.engine_id, e.uid) for e in engines] == [(first["engine"], ids("ddtest-alice")[0])]
         alice.stdin.write(b"go\n")
         alice.stdin.flush()
         assert json.loads(alice.stdout.readline() or b"{}") == {"ok": True}, alice.stderr.read().decode()[-2000:]

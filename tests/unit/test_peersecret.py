@@ -11,7 +11,13 @@ import threading
 import pytest
 
 from datadistd.state.config import DEV_SECRET, PeerSection
-from datadistd.state.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
+from datadistd.state.peersecret import (
+    PeerSecret,
+    UnsafeSecret,
+    peer_secret,
+    refuse_public_when_shared,
+    user_secret_file,
+)
 
 
 def test_made_once_private_and_shared(tmp_path):
@@ -105,13 +111,51 @@ def test_nothing_configured_is_the_per_user_secret_in_both_modes(tmp_path):
     assert daemon.source == f"the per-user secret {tmp_path / 'datadist' / 'peer.secret'}"
 
 
-def test_without_a_place_for_it_a_daemon_falls_back_to_the_public_secret_and_an_embedded_one_stops():
+def test_without_a_place_for_it_only_an_opted_in_daemon_falls_back_to_the_public_secret():
     env = {"XDG_CONFIG_HOME": "/proc/datadist-none", "HOME": "/proc/datadist-none"}
-    secret = peer_secret(PeerSection(), env=env)
+    secret = peer_secret(PeerSection(dev_secret_fallback=True), env=env)
     assert secret.value == DEV_SECRET.encode() and not secret.real and "public development secret" in secret.source
-    with pytest.raises(UnsafeSecret, match="DATADISTD_PEER_SECRET_FILE"):
-        peer_secret(PeerSection(dev_secret_fallback=False), env=env)
+    for peer in (PeerSection(), PeerSection(dev_secret_fallback=False)):   # the default: refuse, naming the fixes
+        with pytest.raises(UnsafeSecret, match="DATADISTD_PEER_SECRET_FILE.*StateDirectory=datadist"):
+            peer_secret(peer, env=env)
     assert not peer_secret(PeerSection(secret=DEV_SECRET)).real
+
+
+def test_a_missing_home_is_never_made(tmp_path):
+    home = tmp_path / "gone" / "home"
+    with pytest.raises(UnsafeSecret, match=f"{home} does not exist"):
+        peer_secret(PeerSection(), env={"HOME": str(home)})
+    assert not (tmp_path / "gone").exists()
+    home.mkdir(parents=True)          # an existing home gets its ~/.config/datadist
+    secret = peer_secret(PeerSection(), env={"HOME": str(home)})
+    assert secret.real and secret.source == f"the per-user secret {home / '.config' / 'datadist' / 'peer.secret'}"
+
+
+def test_under_systemd_the_node_secret_is_made_in_the_state_directory(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = {"STATE_DIRECTORY": f"{state}:{tmp_path / 'other'}", "XDG_RUNTIME_DIR": str(tmp_path)}
+    first = peer_secret(PeerSection(), env=env)
+    path = state / "peer.secret"
+    assert first.real and first.source == f"the node secret {path}"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and os.stat(path).st_uid == os.geteuid()
+    assert len(first.value) == 64 and peer_secret(PeerSection(), env=env) == first    # made once, then read
+    assert not (tmp_path / "datadist").exists()                                        # not the per-user one
+    assert peer_secret(PeerSection(secret="configured"), env=env).value == b"configured"   # configuration first
+    state.chmod(0o750)
+    with pytest.raises(UnsafeSecret, match=f"chmod 700 {state}"):
+        peer_secret(PeerSection(), env=env)
+    with pytest.raises(UnsafeSecret, match="StateDirectory="):
+        peer_secret(PeerSection(), env={"STATE_DIRECTORY": str(tmp_path / "missing")})
+
+
+def test_the_public_secret_never_serves_other_users():
+    public = PeerSecret(DEV_SECRET.encode(), "the public development secret", False)
+    for mode in (0o660, 0o640, 0o620):
+        with pytest.raises(UnsafeSecret, match="serves other users.*secret_file"):
+            refuse_public_when_shared(public, mode)
+    refuse_public_when_shared(public, 0o600)                                   # a one-user daemon may
+    refuse_public_when_shared(PeerSecret(b"real", "a file", True), 0o660)   # a real secret serves anyone
 
 
 def test_a_secret_is_named_by_source_and_fingerprint_never_by_itself():

@@ -33,7 +33,7 @@ from ..memory.base import DeviceBackend
 from ..state.config import SECRET_FIX, Config, ConfigError, is_loopback
 from ..state.engine import Engine
 from ..state.metrics import DaemonMetrics
-from ..state.peersecret import PeerSecret
+from ..state.peersecret import PeerSecret, refuse_public_when_shared
 from ..state.peersecret import peer_secret as _peer_secret
 from ..state.snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from ..transport import Transport, get_transport
@@ -97,8 +97,10 @@ class Node:
                  peer_connector: Callable[[str], PeerClient] | None = None,
                  listener_factory: ListenerFactory | None = None, peer_secret: PeerSecret | None = None) -> None:
         """``peer_secret``: what peers must prove (default: ``peersecret.peer_secret`` of ``config``, as a
-        standalone daemon reads it); ConfigError when ``[transport] host`` is off loopback without a real one."""
+        standalone daemon reads it); ConfigError when ``[transport] host`` is off loopback without a real one, or when
+        the public one would serve other users (``refuse_public_when_shared``)."""
         self.peer_secret = peer_secret or _peer_secret(config.peer)
+        refuse_public_when_shared(self.peer_secret, config.daemon.socket_mode)
         if not self.peer_secret.real:
             if not is_loopback(config.transport.host):
                 raise ConfigError(f"transport.host = {config.transport.host!r} would serve the data plane to other "

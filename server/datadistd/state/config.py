@@ -133,16 +133,16 @@ class MemorySection:
 @dataclass
 class PeerSection:
     secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. Empty (and no "
-                       "secret_file) = this user's own, made on first use (datadistd/state/peersecret.py): the "
-                       "daemons of one user on one host link, embedded or not; a system service without a home "
-                       "falls back to the public development secret and listens on loopback only.", default="")
+                       "secret_file) = under systemd the node secret made in $STATE_DIRECTORY, else this user's own, "
+                       "made on first use (datadistd/state/peersecret.py): the daemons of one user on one host link, "
+                       "embedded or not.", default="")
     secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
                             "(or root's) and closed to group and others (chmod 600), or the start stops.",
                             default="")
-    dev_secret_fallback: bool = _doc("With no secret configured and no place to make this user's own (no home), "
-                                     "use the public development secret (loopback only). false: refuse to start "
-                                     "instead, as a worker's embedded daemon and the C++ library's private one do.",
-                                     default=True)
+    dev_secret_fallback: bool = _doc("With no secret configured and no place to make one (no state directory, no "
+                                     "home), use the public development secret: loopback only, and only for a "
+                                     "one-user daemon (socket_mode 0o600). false (the default): refuse to start "
+                                     "instead.", default=False)
     max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
                                          "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)

@@ -5,21 +5,28 @@ Where it comes from, the first that applies (embedded and standalone daemons ali
 
 1. ``[peer] secret_file`` (``DATADISTD_PEER_SECRET_FILE``): the file's first line;
 2. ``[peer] secret`` (``DATADISTD_PEER_SECRET``); set to ``DEV_SECRET`` it is the public development secret;
-3. nothing configured: **this user's own**, ``<dir>/datadist/peer.secret``, made on first use with 256 random bits,
-   where ``<dir>`` is ``$XDG_RUNTIME_DIR``, else ``$XDG_CONFIG_HOME``, else ``~/.config``. Every daemon of one user on
-   one host -- one behind a worker, one inside it -- reads the same file, so their workers link without any
-   configuration; another user cannot read it, so its handshakes fail. When the user has no place to make it (a
-   system service without a home, ``ProtectHome=``), a standalone daemon falls back to the development secret, as
-   before: public, so it listens on loopback only; a daemon of one worker process (embedded, or the C++ library's
-   private one: ``[peer] dev_secret_fallback = false``) refuses to start instead.
+3. nothing configured, under systemd with a state directory (``StateDirectory=datadist``, which sets
+   ``$STATE_DIRECTORY``): **the node secret**, ``$STATE_DIRECTORY/peer.secret``, made on first use with 256 random
+   bits. Only the daemon's user (and root) can read it, so no local user can prove it; a second node links once it
+   is given the same secret (``secret_file``, docs/operations.md "Two hosts");
+4. nothing configured otherwise: **this user's own**, ``<dir>/datadist/peer.secret``, made on first use, where
+   ``<dir>`` is ``$XDG_RUNTIME_DIR``, else ``$XDG_CONFIG_HOME``, else ``~/.config`` (never made when the home itself
+   is missing). Every daemon of one user on one host -- one behind a worker, one inside it -- reads the same file, so
+   their workers link without any configuration; another user cannot read it, so its handshakes fail;
+5. no place for either: with ``[peer] dev_secret_fallback = true`` the public development secret, else the start
+   stops (exit 2) naming the fix. ``deploy/`` ships ``false``, and so do a worker's embedded daemon and the C++
+   library's private one.
 
-A secret only its user knows is a real secret: a daemon may listen off loopback with it (only holders link). The
-development secret never is (``Node.check_listen_host``).
+The public development secret -- configured or fallen back to -- serves **one user only**: any local user can prove
+it, so a daemon whose sockets are open to its group (``[daemon] socket_mode`` with group bits, a daemon serving other
+users) refuses to start with it (``refuse_public_when_shared``), and a daemon on it listens on loopback only
+(``Node.check_listen_host``). A secret only its holders know is a real secret: a daemon may listen off loopback with it.
 
-One rule for every secret file, configured or per-user: a regular file, owned by the daemon's uid (or, configured,
-by root), that neither group nor others may read or write, not empty. Anything else stops the start (exit 2)
-naming the path and the ``chmod``/``chown`` that fixes it -- a secret others could read is no secret, one they
-could write is theirs. The per-user file and its directory are, besides, opened without following symbolic links.
+One rule for every secret file, configured, per-node or per-user: a regular file, owned by the daemon's uid (or,
+configured, by root), that neither group nor others may read or write, not empty. Anything else stops the start
+(exit 2) naming the path and the ``chmod``/``chown`` that fixes it -- a secret others could read is no secret, one
+they could write is theirs. A file this module makes, and its directory, are besides opened without following
+symbolic links.
 
 Which secret a side uses is said by its source (kind and path) and a fingerprint: 32 bits of a slow, salted hash
 (PBKDF2, 100,000 rounds), enough to tell two secrets apart, too little and too slow to test guesses of a weak one.
@@ -40,7 +47,7 @@ from typing import Mapping
 from .config import DEV_SECRET, ConfigError, PeerSection
 
 __all__ = ["PeerSecret", "peer_secret", "read_secret_file", "user_secret_file", "UnsafeSecret", "NoUserSecret",
-           "SAME_SECRET_FIX"]
+           "SAME_SECRET_FIX", "PUBLIC_FIX", "refuse_public_when_shared"]
 
 FILE_NAME = "peer.secret"
 
@@ -120,35 +127,45 @@ def read_secret_file(path: str | Path, *, owners: tuple[int, ...] | None = None,
     return value
 
 
-def _base(env: Mapping[str, str]) -> Path:
+def _user_place(env: Mapping[str, str]) -> tuple[Path, str]:
+    """Where this user's secret lives: an existing directory and the path below it that may be made."""
     runtime = env.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isabs(runtime):
-        return Path(runtime)
+        return Path(runtime), "datadist"
     config = env.get("XDG_CONFIG_HOME")
     if config and os.path.isabs(config):
-        return Path(config)
-    return Path(env.get("HOME") or os.path.expanduser("~")) / ".config"
+        return Path(config), "datadist"
+    return Path(env.get("HOME") or os.path.expanduser("~")), os.path.join(".config", "datadist")
 
 
 def user_secret_file(env: Mapping[str, str] | None = None) -> str:
     """The path of this user's peer secret, made (mode 0600, in a 0700 directory) if missing and checked; see the
     module doc. NoUserSecret when there is no place to make it."""
     path = _made_user_secret(os.environ if env is None else env)
-    _read_user_secret(path)
+    _read_made(path)
     return str(path)
 
 
-def _read_user_secret(path: Path) -> bytes:
-    return read_secret_file(path, owners=(os.getuid(),), follow=False, what="per-user peer secret")
+def _read_made(path: Path) -> bytes:
+    """A secret file this module makes: the daemon user's alone, never through a symbolic link."""
+    return read_secret_file(path, owners=(os.getuid(),), follow=False, what="peer secret")
 
 
 def _made_user_secret(env: Mapping[str, str]) -> Path:
-    directory = _base(env) / "datadist"
+    anchor, below = _user_place(env)
+    if not anchor.is_dir():   # never made: a missing $HOME (or runtime dir) is not this daemon's to create
+        raise NoUserSecret(f"{anchor} does not exist")
+    directory = anchor / below
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise NoUserSecret(f"cannot create {directory} for this user's peer secret: "
                            f"{os.strerror(exc.errno or 0)}") from None
+    return _made_secret(directory)
+
+
+def _made_secret(directory: Path) -> Path:
+    """``directory/peer.secret``, made with 256 random bits if missing; ``directory`` must be this uid's alone."""
     _refuse_mode(os.lstat(directory), directory, (os.getuid(),), "directory")
     path = directory / FILE_NAME
     if not os.path.lexists(path):   # written aside, then linked in: nobody ever reads a half-written secret
@@ -156,8 +173,7 @@ def _made_user_secret(env: Mapping[str, str]) -> Path:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise NoUserSecret(f"cannot make this user's peer secret in {directory}: "
-                               f"{os.strerror(exc.errno or 0)}") from None
+            raise NoUserSecret(f"cannot make a peer secret in {directory}: {os.strerror(exc.errno or 0)}") from None
         try:
             os.write(fd, secrets.token_hex(32).encode() + b"\n")
         finally:
@@ -171,10 +187,39 @@ def _made_user_secret(env: Mapping[str, str]) -> Path:
     return path
 
 
+def _node_secret(state: str) -> PeerSecret:
+    """The node secret in systemd's state directory (``$STATE_DIRECTORY``, the first of its paths)."""
+    directory = Path(state.split(":")[0])
+    if not directory.is_absolute() or not directory.is_dir():
+        raise UnsafeSecret(f"STATE_DIRECTORY={state!r} is not an existing directory: the unit's StateDirectory= "
+                           f"makes it (deploy/datadistd.service)")
+    path = _made_secret(directory)
+    return PeerSecret(_read_made(path), f"the node secret {path}", True)
+
+
+#: what to do when a daemon serving other users would run on the public secret
+PUBLIC_FIX = ("set [peer] secret_file (DATADISTD_PEER_SECRET_FILE) to a file of the daemon user's (mode 0600), or run "
+              "it under systemd with StateDirectory=datadist as deploy/datadistd.service does (the node secret is "
+              "made there); the public development secret ([peer] dev_secret_fallback = true) serves only a one-user "
+              "daemon on loopback ([daemon] socket_mode = 0o600)")
+
+
 def peer_secret(peer: PeerSection, *, env: Mapping[str, str] | None = None) -> PeerSecret:
     """The secret a daemon configured with ``peer`` proves (module doc: where it comes from); UnsafeSecret (a
-    ConfigError: exit 2) when a file breaks the rule, or, without ``peer.dev_secret_fallback``, when there is no
-    per-user secret."""
+    ConfigError: exit 2) when a file breaks the rule or when there is no secret to use."""
+    return _configured_or_made(peer, os.environ if env is None else env)
+
+
+def refuse_public_when_shared(secret: PeerSecret, socket_mode: int) -> None:
+    """The public secret serves one user only: UnsafeSecret when the daemon's sockets (``socket_mode``) are open to
+    its group, i.e. it serves other users, any of whom could prove the secret and link to the others' engines."""
+    if not secret.real and socket_mode & 0o070:
+        raise UnsafeSecret(f"this daemon's sockets are open to its group (socket_mode {socket_mode:#o}: it serves "
+                           f"other users) and its peers would authenticate with {secret.source}, which is public: any "
+                           f"local user could link to its engines; {PUBLIC_FIX}")
+
+
+def _configured_or_made(peer: PeerSection, env: Mapping[str, str]) -> PeerSecret:
     if peer.secret_file:
         value = read_secret_file(peer.secret_file)
         return PeerSecret(value, f"the secret file {peer.secret_file}", value != DEV_SECRET.encode())
@@ -182,11 +227,13 @@ def peer_secret(peer: PeerSection, *, env: Mapping[str, str] | None = None) -> P
         return PeerSecret(DEV_SECRET.encode(), "the public development secret (set as [peer] secret)", False)
     if peer.secret:
         return PeerSecret(peer.secret.encode(), "the [peer] secret (DATADISTD_PEER_SECRET or the config file)", True)
+    if env.get("STATE_DIRECTORY"):
+        return _node_secret(env["STATE_DIRECTORY"])
     try:
-        path = _made_user_secret(os.environ if env is None else env)
+        path = _made_user_secret(env)
     except NoUserSecret as exc:
-        if not peer.dev_secret_fallback:   # a worker's own daemon: never the public secret, any local user could link
-            raise UnsafeSecret(f"{exc}; set DATADISTD_PEER_SECRET_FILE to a file of your own (mode 0600)") from None
+        if not peer.dev_secret_fallback:   # never the public secret unless asked for: any local user could link
+            raise UnsafeSecret(f"no peer secret is set and this user has none ({exc}); {PUBLIC_FIX}") from None
         return PeerSecret(DEV_SECRET.encode(), f"the public development secret (no [peer] secret is set and {exc})",
                           False)
-    return PeerSecret(_read_user_secret(path), f"the per-user secret {path}", True)
+    return PeerSecret(_read_made(path), f"the per-user secret {path}", True)

@@ -1,0 +1,92 @@
+"""Throwaway local users for the tests that run the daemon and its workers as real, different uids.
+
+Needs root (to make the users and drop to them) and ``setpriv``; ``why_not()`` says why a test must skip otherwise.
+The users are made on first use and removed by the last user of them: test modules run in several pytest-xdist
+processes at once, so each ``hold()`` counts itself in a file under an exclusive lock, and only the last release
+deletes them (a module's teardown used to delete users another module was still running as).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from typing import Iterator
+
+from tests.harness import ROOT
+
+#: the group the daemon's user and its workers share (as ``datadist`` in ``deploy/datadist.sysusers.conf``)
+GROUP = "ddtest"
+#: each throwaway user and its primary group: ``ddtest-eve`` is outside the daemon's group, a stranger to its sockets
+USERS = {"ddtest-daemon": GROUP, "ddtest-alice": GROUP, "ddtest-bob": GROUP, "ddtest-eve": "nogroup"}
+PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+SITE = next(p for p in sys.path if p.endswith("site-packages"))
+PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("client", "server", "proto")) + os.pathsep + SITE
+_COUNT = "/run/datadist-test-users.json"   # root's alone: /run is not world-writable
+
+
+def why_not() -> str | None:
+    """Why throwaway users cannot be had here, or None."""
+    if os.geteuid() != 0:
+        return "needs root to create throwaway users and run processes as them"
+    for tool in ("setpriv", "useradd", "groupadd", "userdel", "groupdel"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    if not os.access(PYTHON, os.X_OK):
+        return f"needs {PYTHON} (an interpreter other users can run; the venv's may live under /root)"
+    return None
+
+
+def ids(name: str) -> tuple[int, int]:
+    pw = pwd.getpwnam(name)
+    return pw.pw_uid, pw.pw_gid
+
+
+def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
+    """``python args`` as ``name`` (its own uid, gid and groups, no capability), with the project importable."""
+    uid, gid = ids(name)
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--inh-caps=-all",
+           "--bounding-set=-all", "--no-new-privs", PYTHON, *args]
+    # no home (as a system user's): a daemon or embedded worker needs its secret's place given (XDG_RUNTIME_DIR)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "HOME": "/nonexistent", **kw.pop("env", {})}
+    return subprocess.Popen(cmd, env=env, **kw)
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[dict]:
+    with open(_COUNT + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(_COUNT) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = {"holders": 0}
+        yield state
+        with open(_COUNT, "w") as f:
+            json.dump(state, f)
+
+
+@contextlib.contextmanager
+def hold() -> Iterator[None]:
+    """The throwaway users exist while this is held, in this process or any other."""
+    with _counted() as state:   # made whatever the count says: a killed run may have left it stale
+        subprocess.run(["groupadd", "-f", GROUP], check=True)
+        for name, group in USERS.items():
+            if subprocess.run(["id", name], capture_output=True).returncode != 0:
+                subprocess.run(["useradd", "--system", "-M", "-N", "-g", group, "-s", "/usr/sbin/nologin", name],
+                               check=True)
+        state["holders"] += 1
+    try:
+        yield
+    finally:
+        with _counted() as state:
+            state["holders"] = max(0, state["holders"] - 1)
+            if state["holders"] == 0:
+                for name in USERS:
+                    subprocess.run(["userdel", name], capture_output=True)
+                subprocess.run(["groupdel", GROUP], capture_output=True)

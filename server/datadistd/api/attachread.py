@@ -79,8 +79,7 @@ def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 class AttachConn:
     __slots__ = ("sock", "fd", "session", "greeted", "tasks", "in_flight", "partial", "assembly", "deadline", "skip",
-                 "lock",
-                 "armed", "turning", "paused", "dropped", "outbox", "writing")
+                 "lock", "armed", "turning", "paused", "dropped", "outbox", "writing")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock

@@ -24,6 +24,7 @@ from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, datadist_pb2
 from datadistd.api.attach import MAX_TRANSFER_BLOCKS, AttachServer
 from datadistd.api.orders import MAX_LIST
+from datadistd.core.types import Role
 from datadistd.node.node import Node
 from datadistd.state.config import Config
 from llm_datadist._attach import AttachClient
@@ -44,6 +45,17 @@ def raw_attach(daemon, hello: bool = True) -> socket.socket:  # noqa: ANN001
         assert attach_ask(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
             protocol_version=4)).SerializeToString(), []).welcome.protocol_version == 4
     return s
+
+
+def owning_attach(daemon) -> tuple[socket.socket, int, Worker]:  # noqa: ANN001
+    """A raw attach connection and an engine of its session (made over gRPC with its capability)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(daemon.socket + ".attach")
+    welcome = attach_ask(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
+        protocol_version=4)).SerializeToString(), []).welcome
+    grpc_side = Worker(daemon, capability=welcome.capability)
+    return s, grpc_side.init(1), grpc_side
 
 
 def ask(s: socket.socket, payload: bytes, fds: list[int] = ()) -> ff.FrameReply:  # noqa: B006
@@ -207,6 +219,10 @@ def test_protocol_2_transfers_and_hellos_are_refused(daemon):
         victim.close()
 
 
+#: what a transfer of an engine of the caller's own that has no cache 1 is answered: it got past the owner's check
+NO_CACHE = "local cache 1 does not exist"
+
+
 def _first_and_rest(rid: int, engine: int, n: int = 9000, op: int = ff.PULL) -> list[bytes]:
     out = ff.encode_frames(rid, frame(engine, tuple(range(n)), tuple(range(n)), op))
     assert len(out) >= 3
@@ -229,11 +245,10 @@ def _nothing_waiting(s: socket.socket) -> bool:
 def test_continuation_frames_out_of_place_are_refused_and_the_connection_serves_on(daemon):
     """A continuation of no transfer, another request's continuation while one is assembled, a message between
     one transfer's frames, more numbers than announced: LLM_PARAM_INVALID with the request id, once per transfer
-    (the rest of a refused transfer's frames are dropped unanswered); then a whole transfer still assembles."""
-    victim = Worker(daemon)
+    (the rest of a refused transfer's frames are dropped unanswered); then a whole transfer still assembles. The
+    engine is the connection's own (another's is refused at the first frame: ``test_attach_assembly.py``)."""
+    s, engine, grpc_side = owning_attach(daemon)
     try:
-        engine = victim.init(1)
-        s = raw_attach(daemon)
         try:
             first, second, *rest = _first_and_rest(5, engine)
             # a continuation of no transfer
@@ -253,7 +268,7 @@ def test_continuation_frames_out_of_place_are_refused_and_the_connection_serves_
             replies = {r.request_id: r for r in (ask(s, ff.encode_request(8, frame(engine))),
                                                  ff.decode_reply(s.recv(1 << 16)))}
             assert replies[7].status == LLMStatusCode.LLM_PARAM_INVALID and "between" in replies[7].message
-            assert replies[8].status == LLMStatusCode.LLM_ENGINE_FINALIZED     # this session does not own it
+            assert replies[8].message == NO_CACHE           # served: past the owner, to the cache
             # more numbers than the first frame announced
             first9, *rest9 = _first_and_rest(9, engine)
             s.send(first9)
@@ -263,18 +278,18 @@ def test_continuation_frames_out_of_place_are_refused_and_the_connection_serves_
             reply = ask(s, overflow)
             assert (reply.request_id, reply.status) == (9, LLMStatusCode.LLM_PARAM_INVALID)
             assert "more than" in reply.message
-            # a whole transfer in continuation frames still assembles: its one answer is the ownership check's
+            # a whole transfer in continuation frames still assembles: its one answer is the transfer's own
             *head, last = _first_and_rest(10, engine)
             for more in head:
                 s.send(more)
             reply = ask(s, last)
-            assert (reply.request_id, reply.status) == (10, LLMStatusCode.LLM_ENGINE_FINALIZED)
+            assert (reply.request_id, reply.message) == (10, NO_CACHE)
             assert _nothing_waiting(s)
         finally:
             s.close()
         assert daemon.proc.poll() is None
     finally:
-        victim.close()
+        grpc_side.close()
 
 
 def test_a_transfer_past_the_block_cap_is_refused_at_its_first_frame(daemon):
@@ -317,17 +332,18 @@ def test_a_transfer_whose_frames_stop_is_refused_at_its_deadline_and_freed(tmp_p
             await loop.sock_sendall(s, attach_pb2.AttachRequest(hello=attach_pb2.AttachHello(
                 protocol_version=4)).SerializeToString())
             assert attach_pb2.AttachReply.FromString(await loop.sock_recv(s, 1 << 16)).welcome.capability
-            first, second, _ = _first_and_rest(13, 1)
+            (conn,) = server._conns.values()
+            engine = int((await node.init_engine(1, Role.DECODER, {}, conn.session)).engine.engine_id)
+            first, second, _ = _first_and_rest(13, engine)
             await loop.sock_sendall(s, first)
             reply = ff.decode_reply(await asyncio.wait_for(loop.sock_recv(s, 1 << 16), 30))
             assert (reply.request_id, reply.status) == (13, LLMStatusCode.LLM_PARAM_INVALID)
             assert "did not all come within" in reply.message
-            (conn,) = server._conns.values()
             assert conn.partial is None and conn.deadline is None
             await loop.sock_sendall(s, second)          # the rest of the refused transfer: dropped
-            await loop.sock_sendall(s, ff.encode_request(14, frame(1)))
+            await loop.sock_sendall(s, ff.encode_request(14, frame(engine)))
             reply = ff.decode_reply(await asyncio.wait_for(loop.sock_recv(s, 1 << 16), 30))
-            assert (reply.request_id, reply.status) == (14, LLMStatusCode.LLM_ENGINE_FINALIZED)
+            assert (reply.request_id, reply.message) == (14, NO_CACHE)
         finally:
             s.close()
             await server.stop()

@@ -1,9 +1,9 @@
 """Strangers without the secret flood and churn a peer port (issue 27, attack 9); a legitimate link still gets in.
 
-Challenges are limited per connection and per source, and the engine's challenge store evicts fairly across
-sources, so a flood from a few addresses evicts only its own challenges. The connection churn half (100 sources,
-~4,000 connections/s) is proven on the admission books (``tests/unit/test_admission.py``), where the rate
-is not at the mercy of a loaded test machine.
+Challenges are limited per connection and per source, and the engine's challenge store keeps each live
+connection's challenges (``peering.ChallengeStore``), so a flood from a few addresses evicts only its own. The
+connection churn half (100 sources, ~4,000 connections/s) is proven on the admission books
+(``tests/unit/test_admission.py``), where the rate is not at the mercy of a loaded test machine.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def test_9_a_stranger_asking_the_wrong_cluster_learns_no_cluster_id(pair):  # no
 
 def test_9_a_challenge_over_the_budget_is_a_retry_later_the_linking_side_knows(pair):  # noqa: F811
     """Issue 37, item 1: past an address's challenge budget the front answers "retry later", and the linking
-    daemon's peer client marks exactly that failure retryable (``links/setup.py`` retries it within its timeout)."""
+    daemon's peer client marks exactly that failure retryable (``links/setup.py`` retries it within its timeout).
+    A connection's first challenge is outside the budget (``test_shared_address.py``): each asks two."""
     import asyncio
 
     from datadistd.api.grpc.peer_client import GrpcPeerClient
@@ -141,7 +142,8 @@ def test_9_a_challenge_over_the_budget_is_a_retry_later_the_linking_side_knows(p
     async def one() -> DataDistError | None:
         peer = GrpcPeerClient(relay.address)   # a connection of its own, as a linking daemon asks
         try:
-            await peer.challenge(77, P, 10)
+            await peer.challenge(77, P, 10)    # a connection's first is served outside the address's budget ...
+            await peer.challenge(77, P, 10)    # ... its second counts against it
             return None
         except DataDistError as exc:
             return exc

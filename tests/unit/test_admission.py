@@ -211,10 +211,12 @@ def test_challenges_are_limited_per_connection_and_per_source() -> None:
     assert [adm.allow_challenge(a) for _ in range(6)] == [True] * 4 + [False] * 2
     tickets = [admit(adm, "10.0.0.2")[1] for _ in range(8)]
     granted = sum(adm.allow_challenge(t) for t in tickets for _ in range(4) if t is not None)
-    assert granted == 20                             # the source's burst, however many connections it opens
-    clock.now += 1.0
+    assert granted == 8 + 20     # each connection's first (outside the bucket), then the source's burst of 20
     _, b = admit(adm, "10.0.0.2")
-    assert b is not None and adm.allow_challenge(b)  # refilled
+    assert b is not None and adm.allow_challenge(b)  # a new connection's first, with the bucket empty ...
+    assert not adm.allow_challenge(b)                # ... but not its second
+    clock.now += 1.0
+    assert adm.allow_challenge(b)                    # refilled
     _, c = admit(adm, "10.0.0.3")
     assert c is not None and adm.allow_challenge(c)  # another source is not limited by these
     adm.authenticate(a)
@@ -237,13 +239,17 @@ def test_a_proven_source_gets_a_start_up_budget_and_strangers_keep_theirs() -> N
     held = [t for c, t in first + burst if not c.closed and t is not None and not t.authenticated]
     assert len(held) == lim.proven_per_source
     granted = sum(adm.allow_challenge(t) for t in held for _ in range(4))
-    assert granted == 2 * lim.proven_challenges_per_second    # the proven bucket's burst: 256 ...
-    assert not adm.allow_challenge(admit(adm, "10.0.0.1")[1])  # ... and no more at once
+    assert granted == 4 * len(held)       # 256: each one's first outside the proven bucket, 192 from its 256 ...
+    linked = first[-1][1]                  # (authenticated: every challenge it asks comes from the bucket)
+    assert sum(adm.allow_challenge(linked) for _ in range(100)) == 2 * lim.proven_challenges_per_second - 192
+    extra = admit(adm, "10.0.0.1")[1]
+    assert adm.allow_challenge(extra) and not adm.allow_challenge(extra)  # ... and past a first no more at once
     strangers = [admit(adm, "10.0.0.9") for _ in range(16)]     # the listener is full: a stranger is evicted first,
     assert sum(c.closed for c, _ in strangers) == 16 - 1        # its own oldest, down to one each time
     # the proven source lost two more: one to its own 65th, one to the stranger's first (it then held them all)
     assert sum(c.closed for c, _ in first + burst) == 16 - lim.per_source + 2
-    stranger_granted = sum(adm.allow_challenge(admit(adm, "10.0.0.8")[1]) for _ in range(40))
-    assert stranger_granted == 2 * lim.challenges_per_second   # 20: a stranger's bucket as before
+    late = [admit(adm, "10.0.0.8")[1] for _ in range(40)]
+    stranger_granted = sum(adm.allow_challenge(t) for t in late for _ in range(2))
+    assert stranger_granted == 40 + 2 * lim.challenges_per_second   # firsts, then 20: a stranger's bucket as before
     clock.now += lim.proven_seconds + 1                        # proven only lately: then a stranger again
     assert not adm.proven("10.0.0.1")

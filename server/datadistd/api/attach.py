@@ -13,7 +13,8 @@ so this small protocol does the two things only the kernel can vouch for (``atta
 * pulls and pushes of one of the session's engines without a gRPC call, the local hot path: binary
   frames (``datadist.fastframe``: a fixed layout decoded straight into a ``TransferOrder``, answered
   with a fixed-layout reply; block lists past one datagram in continuation frames, assembled here
-  within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``),
+  within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``, the
+  numbers booked to the uid's quota and the engine's owner checked at the first frame),
   started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
   in completion order, matched by request id, so a worker may have many in flight (at most
   ``MAX_TRANSFERS_IN_FLIGHT``: then the connection is not read until one ends). A small ``pull_blocks`` or
@@ -73,7 +74,8 @@ __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MA
 log = logging.getLogger(__name__)
 
 #: block numbers one transfer's frames may announce: each list at most ``MAX_LIST`` (what ``order_from_frame`` and
-#: the gRPC Pull/Push accept), so at most 16 MiB assembled
+#: the gRPC Pull/Push accept), so at most 16 MiB assembled per connection, and per uid what its
+#: ``[quota] assembly_bytes_per_uid`` allows (booked at the first frame)
 MAX_TRANSFER_BLOCKS = 2 * MAX_LIST
 #: a transfer's continuation frames come back to back: its last one is in within this of its first (the clock
 #: stands while back-pressure keeps the daemon from reading), or the transfer is refused and its memory freed
@@ -263,16 +265,25 @@ class AttachServer(ConnReading):
     # ---- transfers in continuation frames ------------------------------------------------------
 
     def _assemble(self, conn: AttachConn, partial: Partial) -> None:
-        """The first frame of a transfer whose block numbers continue: bounded before any continuation is taken."""
+        """The first frame of a transfer whose block numbers continue: bounded, its engine's owner checked (the
+        refusal ``start_transfer`` gives a whole frame) and its numbers booked to the caller's uid
+        (``[quota] assembly_bytes_per_uid``) before any continuation is taken; a refusal is answered now and the
+        rest of the transfer's frames are dropped."""
         assert self._loop is not None
         n_local = partial.total - partial.n_remote
-        if partial.n_remote > MAX_LIST or n_local > MAX_LIST:
+        try:
+            require(partial.n_remote <= MAX_LIST and n_local <= MAX_LIST,
+                    f"a transfer of {partial.n_remote} remote and {n_local} local blocks: at most {MAX_LIST} each per "
+                    "call")
+            self.node.owned_slot(conn.session, partial.head.engine_id)
+            charge = self.node.quota.take(conn.session.cred.uid, assembly_bytes=8 * partial.total)
+        except DataDistError as exc:
             conn.skip = partial.request_id
-            self._send(conn, encode_reply(partial.request_id, int(StatusCode.LLM_PARAM_INVALID), message=(
-                f"a transfer of {partial.n_remote} remote and {n_local} local blocks: at most {MAX_LIST} each per "
-                "call")))
+            count_error(self.metrics, "Push" if partial.head.op == PUSH else "Pull", exc.code)
+            self._send(conn, encode_reply(partial.request_id, int(exc.code), message=exc.message))
             return
         conn.partial = partial
+        conn.assembly = charge
         conn.deadline = self._loop.call_later(self.assembly_deadline_s, self._assembly_late, conn, partial)
 
     def _on_continuation(self, conn: AttachConn, data: bytes) -> None:
@@ -315,7 +326,11 @@ class AttachServer(ConnReading):
         self._send(conn, encode_reply(partial.request_id, int(StatusCode.LLM_PARAM_INVALID), message=why))
 
     def _end_assembly(self, conn: AttachConn) -> None:
+        """No transfer being assembled any more (whole, refused, or the connection went): its booking given back."""
         conn.partial = None
+        if conn.assembly is not None:
+            conn.assembly.release()
+            conn.assembly = None
         if conn.deadline is not None:
             conn.deadline.cancel()
             conn.deadline = None

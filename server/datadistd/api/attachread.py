@@ -42,6 +42,7 @@ import threading
 
 from datadist.fastframe import KEY_BLOCKS, KIND_BLOCKS, MAGIC, MAX_DATAGRAM, PULL, PUSH, REPLY, REQUEST, Partial
 
+from ..guard.quota import Charge
 from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
@@ -77,8 +78,8 @@ def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 class AttachConn:
-    __slots__ = ("sock", "fd", "session", "greeted", "tasks", "in_flight", "partial", "deadline", "skip", "lock",
-                 "armed", "turning", "paused", "dropped", "outbox", "writing")
+    __slots__ = ("sock", "fd", "session", "greeted", "tasks", "in_flight", "partial", "assembly", "deadline", "skip",
+                 "lock", "armed", "turning", "paused", "dropped", "outbox", "writing")
 
     def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
         self.sock = sock
@@ -87,6 +88,7 @@ class AttachConn:
         self.greeted = False
         self.tasks: set[asyncio.Task[None]] = set()     # pushes in flight (cancelled when the connection goes)
         self.partial: Partial | None = None             # the transfer whose continuation frames are coming
+        self.assembly: Charge | None = None             # ... its numbers booked to the uid (``assembly_bytes``)
         self.deadline: asyncio.TimerHandle | None = None    # ... and when it is refused if they stop
         self.skip: int | None = None    # request id of a transfer refused mid-assembly: its later frames are dropped
         # under ``lock`` (the module doc): a turn, the reader threads that end fast transfers, the loop

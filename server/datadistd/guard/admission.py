@@ -34,7 +34,10 @@ token bucket of admissions (``SourceRate``): it does not refuse anything by itse
 cap makes a victim necessary and several sources hold the most, the one that connected most recently
 (the emptiest bucket: the churner) loses, not a peer that opened one connection. Challenges
 (``Peer/Challenge``) are rate-limited too, per connection (``challenges_per_connection`` on a pre-auth
-one) and per source (a bucket of ``challenges_per_second``): ``allow_challenge``.
+one) and per source (a bucket of ``challenges_per_second``): ``allow_challenge``. A pre-auth connection's
+first challenge is served outside its source's bucket: a linking daemon asks one per connection, and a stranger
+flooding from its address (a shared host, a NAT) would otherwise keep that bucket empty for it; what a
+connection costs stays bounded by the pre-auth caps above (a new connection over them closes an older one).
 
 Refusals and evictions are logged through ``RefusalLog``: the first at once, then one summary line
 per interval with the count -- a flood of strangers costs the log a line every few seconds.
@@ -277,12 +280,15 @@ class Admission:
 
     def allow_challenge(self, ticket: Ticket) -> bool:
         """May this connection ask for another challenge (per pre-auth connection, and per source per second:
-        a proven source from a bucket of its own)?"""
+        a proven source from a bucket of its own)? A pre-auth connection's first is served outside the source's
+        bucket: a flood from the address drains that, and a linking peer asks one per connection."""
         with self._lock:
             if not ticket.authenticated:
                 if ticket.challenges >= self.limits.challenges_per_connection:
                     return False
                 ticket.challenges += 1
+                if ticket.challenges == 1:
+                    return True
             proven = self._is_proven(ticket.source, self._clock())
         return (self._proven_rate if proven else self._challenge_rate).take(ticket.source)
 

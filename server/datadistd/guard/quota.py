@@ -1,4 +1,5 @@
-"""What one local principal (a uid) may make the daemon hold: imported bytes and mappings, engines, pools.
+"""What one local principal (a uid) may make the daemon hold: imported bytes and mappings, engines, pools, block
+numbers of transfers being assembled from continuation frames.
 
 A ``QuotaBook`` counts, per uid, what that uid's workers hold now; ``take`` either books an amount and
 returns a ``Charge`` (released exactly once, when the thing it paid for goes) or refuses with
@@ -25,6 +26,7 @@ RESOURCES = {
     "imported_mappings": "imported_mappings_per_uid",
     "engines": "engines_per_uid",
     "pools": "pools_per_uid",
+    "assembly_bytes": "assembly_bytes_per_uid",
 }
 
 
@@ -34,10 +36,12 @@ class QuotaLimits:
     imported_mappings_per_uid: int = 8192
     engines_per_uid: int = 64
     pools_per_uid: int = 128
+    assembly_bytes_per_uid: int = 64 << 20
 
     def limit(self, resource: str) -> int:
         return {"imported_bytes": self.imported_bytes_per_uid, "imported_mappings": self.imported_mappings_per_uid,
-                "engines": self.engines_per_uid, "pools": self.pools_per_uid}[resource]
+                "engines": self.engines_per_uid, "pools": self.pools_per_uid,
+                "assembly_bytes": self.assembly_bytes_per_uid}[resource]
 
 
 class Charge:

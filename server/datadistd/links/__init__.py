@@ -45,7 +45,7 @@ from .owner import Owner
 from .requester import PullDone, PushPart, Requester, StagedPush
 from .setup import Linker
 from .table import LinkTable, NodeContext
-from .wire.peering import HandshakeAnswer, HandshakeOffer
+from .wire.peering import Asker, HandshakeAnswer, HandshakeOffer
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
            "NodeContext", "MAX_CLUSTERS_PER_CALL", "refuse_too_many", "AddressSlots",
@@ -123,8 +123,8 @@ class LinkManager:
     async def check_link(self, cluster: int, timeout_ms: int | None = None) -> None:
         await self.setup.check_link(cluster, timeout_ms)
 
-    def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
-        return self.setup.serve_challenge(client, server, source)
+    def serve_challenge(self, client: int, server: int, asker: Asker | None = None) -> bytes:
+        return self.setup.serve_challenge(client, server, asker)
 
     async def serve_handshake(self, offer: HandshakeOffer, source: str = "") -> HandshakeAnswer:
         return await self.setup.serve_handshake(offer, source)

@@ -33,6 +33,7 @@ from .table import LinkTable
 from .wire.peering import (
     AUTH_FAILED,
     PROTOCOL_VERSION,
+    Asker,
     ChallengeStore,
     HandshakeAnswer,
     HandshakeOffer,
@@ -199,15 +200,15 @@ class Linker:
         log.info("cluster %s linked to cluster %s at %s: transport=local (same daemon)", self.table.cluster_id,
                  spec.remote_cluster_id, spec.address)
 
-    def serve_challenge(self, client: int, server: int, source: str = "") -> bytes:
+    def serve_challenge(self, client: int, server: int, asker: Asker | None = None) -> bytes:
         """Serving side, first step of a link: a single-use challenge for the handshake that follows
-        (``source``: who asked, ``admission.source_key``, for the store's fair share)."""
+        (``asker``: the connection it was asked on, the front's admission ticket: ``ChallengeStore``)."""
         require(not self.table.closed, "engine is finalized", StatusCode.LLM_ENGINE_FINALIZED)
         if server != self.table.cluster_id:   # the caller is unauthenticated: this engine's cluster id is not said
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"cluster id mismatch: the linking side expects cluster {server}, which is not "
                                 "the cluster of the engine at this address")
-        return self._challenges.issue(source)
+        return self._challenges.issue(asker)
 
     async def serve_handshake(self, offer: HandshakeOffer, source: str = "") -> HandshakeAnswer:
         """Serving side of ``link_clusters``: authenticate, record the link, open the data plane (``source``:

@@ -282,6 +282,12 @@ class QuotaSection:
     engines_per_uid: int = _doc("Engines (Init) one uid may have at once. 0 = no limit.", default=64)
     pools_per_uid: int = _doc("Memory pools (MemPoolConfig / HostMemPoolConfig) of one uid's engines at once. "
                               "0 = no limit.", default=128)
+    assembly_bytes_per_uid: int = _doc("Bytes of block numbers one uid's transfers being assembled from attach "
+                                       "continuation frames may announce at once (8 per number, booked at a "
+                                       "transfer's first frame, given back when it is whole, refused or its "
+                                       "connection closes); over it LLM_OUT_OF_MEMORY. A transfer announces at "
+                                       "most 16 MiB, so the default is four of the largest at once. 0 = no limit.",
+                                       default=64 << 20)
     link_calls_in_flight: int = _doc("Owner calls (reads, commits) the other end of one link may have running at "
                                      "this daemon at once (each may hold an executor thread); more wait for a "
                                      "turn until their deadline, more than 1024 waiting get LLM_LINK_BUSY. "
@@ -300,7 +306,7 @@ class QuotaSection:
 
     def limits(self) -> QuotaLimits:
         return QuotaLimits(self.imported_bytes_per_uid, self.imported_mappings_per_uid, self.engines_per_uid,
-                           self.pools_per_uid)
+                           self.pools_per_uid, self.assembly_bytes_per_uid)
 
     def link_limits(self) -> LinkLimits:
         return LinkLimits(self.link_calls_in_flight, self.link_open_writes, self.link_pinned_bytes,

@@ -167,17 +167,17 @@ class PeerFront:
         relay = self._relay(grpc_peer)
         return relay.ticket.source if relay is not None and relay.ticket is not None else ""
 
-    def admit_challenge(self, grpc_peer: str) -> str:
-        """The source a ``Peer/Challenge`` counts against (``admission.source_key``), or ``LLM_LINK_FAILED``
-        when its connection or its source asked for too many (``Admission.allow_challenge``)."""
+    def admit_challenge(self, grpc_peer: str) -> Ticket | None:
+        """The connection a ``Peer/Challenge`` came on (its ticket: the challenge is its own, ``ChallengeStore``), or
+        ``LLM_LINK_FAILED`` when it or its source asked for too many (``Admission.allow_challenge``)."""
         relay = self._relay(grpc_peer)
         if relay is None or relay.ticket is None:
-            return ""
+            return None
         if not self.admission.allow_challenge(relay.ticket):
             self.admission.refusals(f"{relay.ticket.source}: too many challenges")
             raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                 f"too many challenges from this connection or address; {RETRY_LATER}")
-        return relay.ticket.source
+        return relay.ticket
 
     def stats(self) -> dict[str, int]:
         return {**self.admission.stats(), "relays": len(self._by_port)}

@@ -37,8 +37,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     async def Challenge(self, request, context):  # noqa: N802, ANN001, ANN201
         _refuse_oversized(request, peer_pb2.ChallengeRequest)
         check_version(request.protocol_version, "the linking peer")
-        source = self.front.admit_challenge(context.peer()) if self.front is not None else ""
-        challenge = self.links.serve_challenge(request.client_cluster_id, request.server_cluster_id, source)
+        asker = self.front.admit_challenge(context.peer()) if self.front is not None else None
+        challenge = self.links.serve_challenge(request.client_cluster_id, request.server_cluster_id, asker)
         return peer_pb2.ChallengeResponse(protocol_version=PROTOCOL_VERSION, challenge=challenge)
 
     @guarded

@@ -21,7 +21,7 @@ from typing import Protocol
 from ...core.errors import DataDistError, StatusCode
 
 __all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient", "make_offer", "check_version",
-           "offer_mac", "answer_mac", "data_token", "ChallengeStore", "CHALLENGE_BYTES", "CHALLENGE_TTL_S",
+           "offer_mac", "answer_mac", "data_token", "ChallengeStore", "Asker", "CHALLENGE_BYTES", "CHALLENGE_TTL_S",
            "AUTH_FAILED"]
 
 #: how a serving daemon's refusal of a wrong secret begins (the linking daemon adds which secret it used)
@@ -43,10 +43,11 @@ CHALLENGE_BYTES = 32
 RETRY_LATER = "retry later"
 #: how long an issued challenge may be answered (a handshake answers it within milliseconds)
 CHALLENGE_TTL_S = 30.0
-#: challenges outstanding per serving engine; past it the oldest is forgotten
+#: challenges outstanding per serving engine; past it those of closed connections are forgotten, else the oldest
 MAX_CHALLENGES = 1024
-#: outstanding challenges one source (an address, an IPv6 /64) may hold; its oldest goes first
-MAX_CHALLENGES_PER_SOURCE = 16
+#: outstanding challenges one connection may hold (what a pre-auth one may ask: ``challenges_per_connection``); its
+#: oldest goes first
+MAX_CHALLENGES_PER_ASKER = 4
 
 
 @dataclass(frozen=True)
@@ -109,46 +110,57 @@ def make_offer(secret: bytes, client: int, server: int, challenge: bytes, versio
                           daemon_id)
 
 
-class ChallengeStore:
-    """The challenges one serving engine issued: each good once, for ``ttl`` seconds; at most ``cap`` in all
-    and ``per_source`` per source (``admission.source_key``: an address, an IPv6 /64).
+class Asker(Protocol):
+    """The connection a challenge was asked on (``admission.Ticket``): ``closed`` once it is gone."""
 
-    Fair across sources: a source over its share loses its own oldest challenge; over the total, the
-    source holding most loses its oldest (among equals, the one that asked last: the busy one). So a
-    flood only ever evicts the flooders' own, and a legitimate peer's challenge -- one, redeemed
-    within milliseconds -- survives it.
+    closed: bool
+
+
+class ChallengeStore:
+    """The challenges one serving engine issued: each good once, for ``ttl`` seconds; at most ``per_asker``
+    outstanding per connection that asked (its own oldest goes first) and ``cap`` in all.
+
+    A challenge belongs to the connection it was asked on (``issue(asker)``: the front's admission ticket), and a
+    linking daemon sends its handshake on that same connection, within milliseconds. So when the store is full,
+    the challenges of connections that are gone go first -- every one of them, oldest to newest -- and only with none
+    the oldest challenge. A flood, even from the honest peer's own address, evicts its own challenges and never the
+    one of a live connection: live connections are what admission bounds (``max_preauth`` pre-auth connections of 4
+    challenges at most each, well under ``cap``), and to take one away an attacker must have admission close it,
+    by opening a source's ``proven_per_source`` newer connections within that peer's round trip, continuously.
+    (An age floor alone would not do: an attacker asking challenges faster than the floor lets them age keeps the
+    store full of fresh ones, and then a peer's next challenge is refused instead.) ``asker`` None (no front: a
+    test) is nobody's connection, never gone.
 
     Nothing here survives the process, which is the point: an offer made over a challenge of an
     earlier daemon (or an earlier handshake) finds nothing to redeem. ``clock`` is injectable."""
 
     def __init__(self, ttl: float = CHALLENGE_TTL_S, cap: int = MAX_CHALLENGES,
-                 per_source: int = MAX_CHALLENGES_PER_SOURCE, clock=time.monotonic) -> None:  # noqa: ANN001
+                 per_asker: int = MAX_CHALLENGES_PER_ASKER, clock=time.monotonic) -> None:  # noqa: ANN001
         self.ttl = ttl
         self.cap = cap
-        self.per_source = per_source
+        self.per_asker = per_asker
         self._clock = clock
-        self._issued: OrderedDict[bytes, tuple[float, str, int]] = OrderedDict()  # challenge -> (expiry, source, n)
-        self._count = 0
-        self._by_source: dict[str, OrderedDict[bytes, None]] = {}
+        self._issued: OrderedDict[bytes, tuple[float, Asker | None]] = OrderedDict()  # challenge -> (expiry, asker)
+        self._by_asker: dict[Asker, OrderedDict[bytes, None]] = {}
 
     def __len__(self) -> int:
         return len(self._issued)
 
-    def issue(self, source: str = "") -> bytes:
+    def issue(self, asker: Asker | None = None) -> bytes:
         now = self._clock()
         while self._issued and next(iter(self._issued.values()))[0] <= now:
             self._drop(next(iter(self._issued)))
-        mine = self._by_source.get(source)
-        if mine is not None and len(mine) >= self.per_source:
+        mine = self._by_asker.get(asker) if asker is not None else None
+        if mine is not None and len(mine) >= self.per_asker:
             self._drop(next(iter(mine)))
         elif len(self._issued) >= self.cap:
-            heaviest = max(self._by_source.values(),
-                           key=lambda mine: (len(mine), self._issued[next(reversed(mine))][2]))
-            self._drop(next(iter(heaviest)))
+            gone = [c for c, (_, who) in self._issued.items() if who is not None and who.closed]
+            for c in gone or [next(iter(self._issued))]:
+                self._drop(c)
         challenge = os.urandom(CHALLENGE_BYTES)
-        self._count += 1
-        self._issued[challenge] = (now + self.ttl, source, self._count)
-        self._by_source.setdefault(source, OrderedDict())[challenge] = None
+        self._issued[challenge] = (now + self.ttl, asker)
+        if asker is not None:
+            self._by_asker.setdefault(asker, OrderedDict())[challenge] = None
         return challenge
 
     def redeem(self, challenge: bytes) -> bool:
@@ -160,11 +172,13 @@ class ChallengeStore:
         return entry[0] > self._clock()
 
     def _drop(self, challenge: bytes) -> None:
-        _, source, _ = self._issued.pop(challenge)
-        mine = self._by_source[source]
+        _, asker = self._issued.pop(challenge)
+        if asker is None:
+            return
+        mine = self._by_asker[asker]
         del mine[challenge]
         if not mine:
-            del self._by_source[source]
+            del self._by_asker[asker]
 
 
 class PeerClient(Protocol):

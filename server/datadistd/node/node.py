@@ -128,6 +128,7 @@ class Node:
         self.heartbeat_seconds = config.peer.heartbeat_seconds
         self.liveness = Liveness(self.heartbeat_seconds)   # one heartbeat per peer daemon, for every engine's links
         self.started = time.monotonic()
+        self._told_data_ports = False   # ``_note_data_host`` logs its warning once
 
     # ---- NodeContext -------------------------------------------------------------------------
 
@@ -263,7 +264,19 @@ class Node:
         log.info("engine %s up: cluster %s role %s pid %s uid %s listen=%s pools=%s", engine_id, cluster_id,
                  opts.role.name, slot.pid, slot.uid, slot.listen_address or "-",
                  {p.name: c.memory_size for p, c in opts.pools})
+        self._note_data_host(engine_id, host)
         return slot
+
+    def _note_data_host(self, engine_id: int, host: str) -> None:
+        """Warn, once per daemon, that an engine serves its data plane to other hosts with ``[transport] data_ports``
+        unset: on a port the kernel picks, which a firewall between the nodes drops (docs/operations.md "Ports")."""
+        if self._told_data_ports or is_loopback(host) or self.config.transport.data_port_range() is not None:
+            return
+        self._told_data_ports = True
+        log.warning("engine %s serves its data plane on %s, off loopback, at a port the kernel picks: [transport] "
+                    "data_ports is unset, so no firewall rule can name it and a firewall between the nodes stops "
+                    "every link at its data connection; set data_ports and open them (docs/operations.md \"Ports\"; "
+                    "said once)", engine_id, host)
 
     def check_listen_host(self, host: str) -> None:
         """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
@@ -394,6 +407,7 @@ class Node:
         slot.links.table.use_transport(transport)
         await slot.links.table.in_thread_of(UNMETERED, old.stop)
         log.info("engine %s: the data plane moved to %s with the listen address", slot.engine_id, host)
+        self._note_data_host(slot.engine_id, host)
 
     async def close(self) -> None:
         for engine_id in list(self.engines):

@@ -106,6 +106,25 @@ def test_no_finalize_error_after_the_daemon_released_the_engine(restart: bool, d
     assert "failed" not in logged, logged
 
 
+def test_a_host_cache_not_remote_accessible_names_the_fix(daemon_factory, worker_factory) -> None:
+    """Issue 44, trip 10: a HOST cache registered without remote_accessible (its default is False) was refused to a
+    pull and a push with no hint of the fix; the refusal names it: remote_accessible=True, before linking."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0, placement="HOST")
+    decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    for op in ("pull_blocks", "push_blocks"):
+        with pytest.raises(WorkerError) as info:
+            decoder.call(op, P, "kv", [0, 1], [0, 1])
+        assert info.value.status_code == S.LLM_KV_CACHE_NOT_EXIST, info.value
+        assert "is not remotely accessible" in str(info.value) and "remote_accessible=True" in str(info.value), \
+            info.value
+
+
 def test_a_killed_daemon_is_gone_and_link_calls_still_return_codes(daemon_factory, worker_factory) -> None:
     """Issue 44, trips 9 and 10: after a SIGKILL the worker was told its daemon "is stopping", and unlink_clusters
     raised where CANN returns codes (so do both link calls: LLM_UNLINK_FAILED / LLM_LINK_FAILED per cluster)."""

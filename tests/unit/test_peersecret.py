@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from datadistd.state.config import DEV_SECRET, PeerSection
-from datadistd.state.peersecret import PeerSecret, UnsafeSecret, peer_secret, user_secret_file
+from datadistd.state.peersecret import NoUserSecret, PeerSecret, UnsafeSecret, peer_secret, user_secret_file
 
 
 def test_made_once_private_and_shared(tmp_path):
@@ -103,6 +103,19 @@ def test_nothing_configured_is_the_per_user_secret_in_both_modes(tmp_path):
     embedded = peer_secret(PeerSection(dev_secret_fallback=False), env=env)
     assert daemon == embedded and daemon.real
     assert daemon.source == f"the per-user secret {tmp_path / 'datadist' / 'peer.secret'}"
+
+
+def test_a_missing_home_is_never_made(tmp_path):
+    """Issue 44, trip 10: a daemon run as root with a $HOME that does not exist made that path (and its .config);
+    only ``.config/datadist`` under an existing home is made, else there is no per-user secret (the fallbacks)."""
+    home = tmp_path / "gone" / "home"
+    with pytest.raises(NoUserSecret, match="does not exist"):
+        user_secret_file({"HOME": str(home)})
+    assert not (tmp_path / "gone").exists()
+    assert not peer_secret(PeerSection(), env={"HOME": str(home)}).real   # a daemon: the public secret, loopback only
+    assert not (tmp_path / "gone").exists()
+    home.mkdir(parents=True)                                           # an existing home gets .config/datadist
+    assert user_secret_file({"HOME": str(home)}) == str(home / ".config" / "datadist" / "peer.secret")
 
 
 def test_without_a_place_for_it_a_daemon_falls_back_to_the_public_secret_and_an_embedded_one_stops():

@@ -27,6 +27,7 @@ Which secret a side uses is said by its source (kind and path) and a fingerprint
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -143,9 +144,15 @@ def _read_user_secret(path: Path) -> bytes:
 
 
 def _made_user_secret(env: Mapping[str, str]) -> Path:
-    directory = _base(env) / "datadist"
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+    base = _base(env)
+    directory = base / "datadist"
+    try:   # only the last two components are ours to make: never a missing home (a root daemon's stale $HOME)
+        if not os.path.isdir(base.parent):
+            raise NoUserSecret(f"cannot create {directory} for this user's peer secret: {base.parent} does not "
+                               f"exist (a missing home is not made)")
+        for made, mode in ((base, 0o777), (directory, 0o700)):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(made, mode)
     except OSError as exc:
         raise NoUserSecret(f"cannot create {directory} for this user's peer secret: "
                            f"{os.strerror(exc.errno or 0)}") from None

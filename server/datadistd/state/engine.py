@@ -29,7 +29,7 @@ from ..core.layout import (
 )
 from ..core.options import EngineOptions
 from ..core.plan import AddrRef
-from ..core.registry import CacheEntry, CacheRegistry
+from ..core.registry import CacheEntry, CacheRegistry, not_remotely_accessible
 from ..core.types import (
     BlocksKeyRef,
     CacheDesc,
@@ -443,9 +443,7 @@ class Engine:
             return entry, spans, None, sorted({s.tensor for s in spans})
         entry, batch, owner_key = self._resolve(spec)
         if not entry.remote_accessible:
-            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
-                                f"cache {entry.cache_id} of cluster {self.cluster_id} is not remotely accessible: "
-                                f"{_NOT_REMOTE_FIX[entry.desc.placement == Placement.HOST]}")
+            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST, not_remotely_accessible(entry, self.cluster_id))
         spans, indices = owner_spans(entry.desc, entry.is_blocks, entry.cache_id, batch, spec, side, self.cluster_id)
         return entry, spans, owner_key, indices
 
@@ -497,12 +495,3 @@ class Engine:
     def pool_usage(self) -> list[tuple[Placement, int, int]]:
         return [(p, pool.capacity, pool.used) for p, pool in self.pools.items()]
 
-
-#: why a cache is not remotely accessible and the fix, for a HOST cache (True) and a DEVICE one (False): the owner's
-#: refusal of a peer's pull or push says it (docs/spec.md, register_cache: remote_accessible's defaults)
-_NOT_REMOTE_FIX = {
-    True: "a HOST cache is not unless registered with remote_accessible=True (register_cache / "
-          "register_blocks_cache of the owner, before it links)",
-    False: "it was registered with remote_accessible=False, or after link() (whose later registrations default to "
-           "False); register it with remote_accessible=True before linking",
-}

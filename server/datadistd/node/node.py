@@ -268,15 +268,13 @@ class Node:
         return slot
 
     def _note_data_host(self, engine_id: int, host: str) -> None:
-        """Warn, once per daemon, that an engine serves its data plane to other hosts with ``[transport] data_ports``
-        unset: on a port the kernel picks, which a firewall between the nodes drops (docs/operations.md "Ports")."""
+        """Warn once per daemon: an engine serves its data plane off loopback with ``[transport] data_ports`` unset."""
         if self._told_data_ports or is_loopback(host) or self.config.transport.data_port_range() is not None:
             return
         self._told_data_ports = True
-        log.warning("engine %s serves its data plane on %s, off loopback, at a port the kernel picks: [transport] "
-                    "data_ports is unset, so no firewall rule can name it and a firewall between the nodes stops "
-                    "every link at its data connection; set data_ports and open them (docs/operations.md \"Ports\"; "
-                    "said once)", engine_id, host)
+        log.warning("engine %s serves its data plane on %s at a port the kernel picks: [transport] data_ports is unset"
+                    ", so no firewall rule can name it and a firewall between the nodes stops every link at its data "
+                    "connection; set and open them (docs/operations.md \"Ports\"; said once)", engine_id, host)
 
     def check_listen_host(self, host: str) -> None:
         """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
@@ -450,17 +448,15 @@ def v1_engine_pool(opts: EngineOptions, options: Mapping[str, str]) -> EngineOpt
 
 
 def _unlistenable(listen: tuple[str, int], why: str) -> DataDistError:
-    """The one refusal of a listen address (``llm.listenIpInfo``, at init or switch_role) the engine cannot listen
-    on, whether its peer listener or its data plane could not bind there: ``LLM_PARAM_INVALID`` naming the address
-    and the cause."""
+    """The one refusal of a listen address (``llm.listenIpInfo``: init, switch_role) its peer listener or its data
+    plane cannot bind: ``LLM_PARAM_INVALID`` naming the address and the cause."""
     address = _host_port(*listen)
     hint = f"; is {listen[0]} an address of this host?" if "assign requested address" in why else ""
     return DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {address} (llm.listenIpInfo): {why}{hint}")
 
 
 def _start_data_plane(transport: Transport, listen: tuple[str, int] | None) -> None:
-    """``transport.start()``; its listener's bind failure on an engine's listen host is the listen address's
-    refusal (``_unlistenable``), as the peer listener's is."""
+    """``transport.start()``; a bind failure on the engine's listen host refuses that address (``_unlistenable``)."""
     try:
         transport.start()
     except DataDistError as exc:

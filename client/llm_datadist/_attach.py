@@ -382,9 +382,9 @@ class AttachClient:
             pending, self._pending = self._pending, {}
             for box in pending.values():
                 box.put(why)
-        if first and not closing:   # the daemon ended our lease (it stops: SIGTERM, or it died)
-            log.warning("datadistd at %s is stopping: this engine and its caches are released (%s); finalize and "
-                        "init again once it is back", self.path, why)
+        if first and not closing:   # the daemon ended our lease (it stopped, or died: the same hang-up)
+            log.warning("datadistd at %s is gone (it stopped or died): this engine and its caches are released "
+                        "(%s); finalize and init again once it is back", self.path, why)
 
     def _watch(self) -> None:
         """The watcher thread: asleep until the daemon hangs up (POLLRDHUP / POLLHUP; replies do not wake it), then

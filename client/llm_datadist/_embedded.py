@@ -5,6 +5,10 @@ client still talks gRPC to it, through the same code path as to a system daemon.
 environment variables configure it like the system daemon (except the socket); without a peer secret
 it uses this user's own, as a daemon of this user does (``datadistd.state.peersecret``), and never falls back to
 the public development secret.
+
+What goes wrong at its start reaches ``init``'s caller as an ``LLMException``, never as one of the daemon's own
+exceptions: a bad ``DATADISTD_*`` variable or secret file (the daemon's ``ConfigError``, ``UnsafeSecret``) is
+``LLM_PARAM_INVALID``, a socket or file it cannot make (``OSError``) ``LLM_FAILED``; the message names the cause.
 """
 
 from __future__ import annotations
@@ -17,11 +21,16 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from .status import LLMException, LLMStatusCode
+
+#: how long ``init`` waits for the embedded daemon's start
+START_TIMEOUT_S = 30
+
 
 class EmbeddedDaemon:
     def __init__(self) -> None:
         from datadistd.process.app import DaemonApp  # the daemon package, loaded only in embedded mode
-        from datadistd.state.config import load_config
+        from datadistd.state.config import ConfigError, load_config
         from datadistd.state.peersecret import peer_secret
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
@@ -32,6 +41,9 @@ class EmbeddedDaemon:
         try:   # a bad DATADISTD_* variable or secret file: ConfigError naming it, and no directory left behind
             config = load_config(overrides=overrides)
             self.app = DaemonApp(config, peer_secret=peer_secret(config.peer))
+        except (ConfigError, OSError) as exc:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise _refused(exc, isinstance(exc, ConfigError)) from exc
         except BaseException:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
@@ -50,7 +62,16 @@ class EmbeddedDaemon:
 
         self._thread = threading.Thread(target=run, name="datadist-embedded-daemon", daemon=True)
         self._thread.start()
-        started.result(timeout=30)
+        try:
+            started.result(timeout=START_TIMEOUT_S)
+        except TimeoutError:   # (an OSError too) the start still runs: nothing here is ours to remove
+            raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, the embedded datadistd did "
+                               f"not start within {START_TIMEOUT_S} s.", status_code=LLMStatusCode.LLM_FAILED) from None
+        except (ConfigError, OSError) as exc:   # its start ended: its thread with it
+            self._thread.join(timeout=5)
+            self._loop.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise _refused(exc, isinstance(exc, ConfigError)) from exc
 
     @property
     def target(self) -> str:
@@ -66,3 +87,11 @@ class EmbeddedDaemon:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _refused(exc: BaseException, bad_config: bool) -> LLMException:
+    """``init``'s exception for the embedded daemon's failed start (``exc``: a ``ConfigError`` when ``bad_config``):
+    see the module doc."""
+    code = LLMStatusCode.LLM_PARAM_INVALID if bad_config else LLMStatusCode.LLM_FAILED
+    return LLMException(f"[init] failed, error code is {code}, the embedded datadistd did not start: {exc}.",
+                        status_code=code)

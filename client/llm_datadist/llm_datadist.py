@@ -144,6 +144,18 @@ def _say_why(call: str, msgs: List[datadist_pb2.ClusterLink], resp: datadist_pb2
     return code_2_status(resp.status), codes
 
 
+def _unanswered(call: str, msgs: List[datadist_pb2.ClusterLink], exc: LLMException, failed: LLMStatusCode
+                ) -> Tuple[LLMStatusCode, List[LLMStatusCode]]:
+    """The codes of a ``link_clusters`` / ``unlink_clusters`` call the daemon refused whole or never answered (it
+    died, restarted, or did not answer in time): CANN returns link failures as codes, so every cluster gets
+    ``LLM_TIMEOUT`` or ``failed`` and the reason is logged; a bad argument (``LLM_PARAM_INVALID``) is raised."""
+    if exc.status_code == LLMStatusCode.LLM_PARAM_INVALID:
+        raise exc
+    code = LLMStatusCode.LLM_TIMEOUT if exc.status_code == LLMStatusCode.LLM_TIMEOUT else failed
+    log.warning("%s: %d clusters: %s: %s", call, len(msgs), code.name, exc)
+    return code, [code] * len(msgs)
+
+
 class LLMDataDist:
     """``LLMDataDist(role, cluster_id)``; call ``init(options)`` before anything else."""
 
@@ -317,7 +329,8 @@ class LLMDataDist:
 
         Returns:
             The overall ``LLMStatusCode`` (``LLM_SUCCESS`` only when every link succeeded) and one code per cluster
-            (``LLM_ALREADY_LINK``, ``LLM_LINK_FAILED``, ``LLM_TIMEOUT``, ...): link failures are returned, not raised.
+            (``LLM_ALREADY_LINK``, ``LLM_LINK_FAILED``, ``LLM_TIMEOUT``, ...; ``LLM_LINK_FAILED`` for every cluster
+            when this worker's daemon is gone): link failures are returned, not raised.
 
         Raises:
             RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
@@ -332,9 +345,12 @@ class LLMDataDist:
             for c in clusters:
                 v.raise_if_false(len(c.local_ip_info_list) > 0 or "llm.LocalCommRes" in self._options,
                                  f"cluster {c.remote_cluster_id} needs local_ip_info")
-        resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
-            engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
-            timeout / 1000 + RPC_MARGIN_S)
+        try:
+            resp = self._call("LinkClusters", datadist_pb2.LinkClustersRequest(
+                engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout), "link_clusters",
+                timeout / 1000 + RPC_MARGIN_S)
+        except LLMException as exc:
+            return _unanswered("link_clusters", msgs, exc, LLMStatusCode.LLM_LINK_FAILED)
         return _say_why("link_clusters", msgs, resp)
 
     def unlink_clusters(self, clusters: Union[List[LLMClusterInfo], Tuple[LLMClusterInfo, ...]],
@@ -347,8 +363,9 @@ class LLMDataDist:
             force: True: drop only this end (call it on both); False: tear down both ends.
 
         Returns:
-            The overall ``LLMStatusCode`` and one code per cluster (``LLM_NOT_YET_LINK`` for a cluster not linked):
-            failures are returned, not raised.
+            The overall ``LLMStatusCode`` and one code per cluster (``LLM_NOT_YET_LINK`` for a cluster not linked;
+            ``LLM_UNLINK_FAILED`` for every cluster when this worker's daemon is gone): failures are returned, not
+            raised.
 
         Raises:
             RuntimeError: before ``init`` or after ``finalize`` ("llm datadist is not initialized").
@@ -360,9 +377,12 @@ class LLMDataDist:
         v.raise_if_false(timeout > 0, f"timeout must be > 0, got {timeout}")
         v.check_isinstance("force", force, [bool], allow_none=False)
         msgs = self._clusters(clusters)
-        resp = self._call("UnlinkClusters", datadist_pb2.UnlinkClustersRequest(
-            engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout, force=force), "unlink_clusters",
-            timeout / 1000 + RPC_MARGIN_S)
+        try:
+            resp = self._call("UnlinkClusters", datadist_pb2.UnlinkClustersRequest(
+                engine_id=self._engine_id, clusters=msgs, timeout_ms=timeout, force=force), "unlink_clusters",
+                timeout / 1000 + RPC_MARGIN_S)
+        except LLMException as exc:
+            return _unanswered("unlink_clusters", msgs, exc, LLMStatusCode.LLM_UNLINK_FAILED)
         return _say_why("unlink_clusters", msgs, resp)
 
     def switch_role(self, role: LLMRole, switch_options: Optional[Dict[str, str]] = None) -> None:

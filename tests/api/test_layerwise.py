@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.harness import ACL_PLANE, WorkerError, free_port, over_planes
+from tests.harness import ACL_PLANE, WorkerError, free_port, metrics_address, over_planes, series_sum
 
 #: transfers run over tcp, nixl (UCX over TCP and over shared memory) and acl-hccl, see ``over_planes``;
 #: tests of errors and limits over tcp, one nixl plane and acl-hccl (the simulated Ascend runtime)
@@ -31,7 +31,7 @@ def run(worker, op: str, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN201
 @pytest.fixture
 def v2_pair(daemon_factory, worker_factory):
     """Prompt listens, decoder links to it (one-sided link_clusters): the prompt pushes over the reverse path."""
-    dp, dd = daemon_factory.many("p", "d")
+    dp, dd = daemon_factory.many("p", "d", args=["--metrics", "127.0.0.1:0"])
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True, sync_kv_timeout=5000,
@@ -52,7 +52,7 @@ def _layer(t: int) -> list:
 
 
 @over_planes()
-def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair) -> None:
+def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair, daemon_factory) -> None:
     prompt, decoder, _ = v2_pair
     src_blocks, dst_blocks = [3, 4, 5, 9], [10, 0, 1, 7]
     src = prompt.call("rows", "kv", None, src_blocks)
@@ -67,6 +67,12 @@ def test_layers_arrive_one_by_one_while_the_prompt_computes(v2_pair) -> None:
     assert run(prompt, "tca_results") == ("LLM_SUCCESS", ["LLM_SUCCESS"])
     untouched = [b for b in range(BLOCKS) if b not in dst_blocks]
     assert not decoder.call("rows", "kv", None, untouched).any()
+    # the sending daemon's metrics count the push as any push (issue 44, trip 6: they had none of it)
+    at, mine = metrics_address(daemon_factory.daemons[0]), f'cluster_id="{P}",peer_cluster_id="{D}"'
+    assert series_sum(at, "datadist_transfers_total", f'op="push",{mine},outcome="success"') == 1
+    assert series_sum(at, "datadist_transfer_bytes_total", f'direction="out",{mine}') == src.nbytes
+    assert series_sum(at, "datadist_transfer_blocks_total", f'direction="out",{mine}') == len(dst_blocks)
+    assert series_sum(at, "datadist_transfers_in_flight", f'op="push",cluster_id="{P}"') == 0
 
 
 def test_abort_midway_and_never_sent_configs(v2_pair) -> None:
@@ -137,7 +143,7 @@ def test_blocks_key_without_indices_takes_the_cache_to_cache_path(v2_pair) -> No
 @pytest.fixture
 def v1_pair(daemon_factory, worker_factory):
     """KvCacheManager mode: the prompt listens and pushes with raw remote addresses (TransferConfig)."""
-    dp, dd = daemon_factory.many("p", "d")
+    dp, dd = daemon_factory.many("p", "d", args=["--metrics", "127.0.0.1:0"])
     port = free_port()
     prompt, decoder = worker_factory(dp), worker_factory(dd)
     run(prompt, "init_v1", "PROMPT", P, listen=f"127.0.0.1:{port}")

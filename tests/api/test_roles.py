@@ -3,6 +3,8 @@ links exist; v1 needs ``enable_switch_role`` and a different role, and PROMPT ne
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,26 @@ def test_v2_listener_starts_moves_and_stops(local_dd) -> None:
         dd.switch_role("PROMPT")
     with pytest.raises(TypeError):
         dd.switch_role(LLMRole.PROMPT, {"llm.listenIpInfo": 1})
+
+
+def test_a_listen_address_that_cannot_be_served_is_refused_alike(local_dd) -> None:
+    """Issue 44, trip 10: a port in use was LLM_PARAM_INVALID, an address not on this host LLM_LINK_FAILED naming
+    port :0 (the data plane's); both are LLM_PARAM_INVALID naming the address:port asked for, and the cause."""
+    dd = local_dd("DECODER")
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        for address, cause in ((f"127.0.0.1:{taken.getsockname()[1]}", "in use"),
+                               (f"192.0.2.1:{free_port()}", "is 192.0.2.1 an address of this host?")):   # TEST-NET-1
+            with pytest.raises(LLMException) as info:
+                dd.switch_role(LLMRole.PROMPT, {"llm.listenIpInfo": address})
+            assert info.value.status_code is S.LLM_PARAM_INVALID, info.value
+            assert f"cannot listen on {address} (llm.listenIpInfo): " in str(info.value), info.value
+            assert cause in str(info.value) and ":0" not in str(info.value), info.value
+            assert listen_address(dd) == ""
+    finally:
+        taken.close()
 
 
 def test_v1_rules(local_dd) -> None:

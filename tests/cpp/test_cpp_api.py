@@ -57,7 +57,10 @@ def test_transfers_between_two_daemons(api_test, daemon_factory) -> None:
     assert "ok pull_20000_blocks_bytes" in r.stdout and "attached to datadistd" in r.stderr
     assert "40000 block numbers as the gRPC" not in r.stderr
     # the library's log says why, and so does the daemon's
-    assert "[PullKvBlocks] failed, error code is LLM_KV_CACHE_NOT_EXIST" in r.stderr
+    # ... naming the CacheIndex the caller passed, not the blocks twin's key it never used (issue 44, trip 10)
+    assert ("[PullKvBlocks] failed, error code is LLM_KV_CACHE_NOT_EXIST(0x5010B002), no cache is bound to "
+            "CacheIndex(cluster_id=1, cache_id=9999)") in r.stderr
+    assert "BlocksCacheKey(model_id=9999)" not in r.stderr
     assert "[PullKvBlocks] failed, error code is LLM_PARAM_INVALID(0x5010B005), src_blocks[0] = 8 out of range" \
         in r.stderr
     owner_log, requester_log = Path(dp.log_path).read_text(), Path(dd.log_path).read_text()

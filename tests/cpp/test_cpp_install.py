@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cpp import compile_program
+
 
 def test_install_layout(cpp_install: Path) -> None:
-    for rel in ("include/llm_datadist/llm_datadist.h", "lib/libllm_datadist.so", "lib/pkgconfig/llm_datadist.pc",
+    for rel in ("include/llm_datadist/llm_datadist.h", "include/llm_datadist/llm_error_codes.h",
+                "lib/libllm_datadist.so", "lib/pkgconfig/llm_datadist.pc",
                 "lib/cmake/llm_datadist/llm_datadistConfig.cmake",
                 "lib/cmake/llm_datadist/llm_datadistConfigVersion.cmake",
                 "lib/cmake/llm_datadist/llm_datadistTargets.cmake"):
@@ -58,3 +61,72 @@ def test_status_and_data_type_tables_match_the_one_table() -> None:
     assert known == {int(m): CPP_NAMES.get(m.name, m.name) for m in LLMStatusCode if int(m) >= 0}
     types = dict(re.findall(r"\n  (DT_\w+) = (\d+),", header))
     assert {m.name: m.value for m in DataType} == {n: int(types[n]) for n in (m.name for m in DataType)}
+
+
+#: CANN's code numbers of the ge::LLM_* codes its llm_error_codes.h declares (value: 0x5010B000 + the number)
+CANN_ERROR_CODES = {
+    "LLM_WAIT_PROC_TIMEOUT": 1, "LLM_KV_CACHE_NOT_EXIST": 2, "LLM_REPEAT_REQUEST": 3,
+    "LLM_REQUEST_ALREADY_COMPLETED": 4, "LLM_PARAM_INVALID": 5, "LLM_ENGINE_FINALIZED": 6, "LLM_NOT_YET_LINK": 7,
+    "LLM_ALREADY_LINK": 8, "LLM_LINK_FAILED": 9, "LLM_UNLINK_FAILED": 10, "LLM_NOTIFY_PROMPT_UNLINK_FAILED": 11,
+    "LLM_CLUSTER_NUM_EXCEED_LIMIT": 12, "LLM_PROCESSING_LINK": 13, "LLM_DEVICE_OUT_OF_MEMORY": 14,
+    "LLM_PREFIX_ALREADY_EXIST": 15, "LLM_PREFIX_NOT_EXIST": 16, "LLM_SEQ_LEN_OVER_LIMIT": 17, "LLM_NO_FREE_BLOCK": 18,
+    "LLM_BLOCKS_OUT_OF_MEMORY": 19, "LLM_CACHE_INCOMPATIBLE": 20, "LLM_CACHE_KEY_ALREADY_EXIST": 21,
+    "LLM_COPY_CACHE_FAILED": 22, "LLM_CACHE_ID_ALREADY_EXIST": 23, "LLM_EXIST_LINK": 24,
+    "LLM_FEATURE_NOT_ENABLED": 25, "LLM_TIMEOUT": 26, "LLM_LINK_BUSY": 27, "LLM_OUT_OF_MEMORY": 28}
+
+
+def test_error_codes_header_has_canns_names_and_the_one_tables_values() -> None:
+    """llm_error_codes.h declares every ge::LLM_* code of CANN's header, with CANN's value, and where datadist.status
+    has the code, the same value."""
+    import re
+
+    from datadist.status import LLMStatusCode
+
+    header = (CPP / "include" / "llm_datadist" / "llm_error_codes.h").read_text()
+    declared = {m[0]: int(m[1], 16) for m in re.findall(r"constexpr Status (LLM_\w+) = (0x[0-9A-F]+)U;", header)}
+    assert declared == {name: 0x5010B000 + n for name, n in CANN_ERROR_CODES.items()}
+    python = {CPP_NAMES.get(m.name, m.name): int(m) for m in LLMStatusCode}
+    assert {n: v for n, v in declared.items() if n in python} == {n: python[n] for n in declared if n in python}
+
+
+#: CANN code that includes llm_error_codes.h (alone, and beside llm_datadist.h in either order) and uses ge::LLM_*
+ERROR_CODES_PROGRAM = r"""
+#include "llm_datadist/llm_error_codes.h"
+#include "llm_datadist/llm_datadist.h"
+#include "llm_datadist/llm_error_codes.h"
+#include <cstdio>
+
+static_assert(ge::LLM_PARAM_INVALID == llm_datadist::LLM_PARAM_INVALID, "one value");
+static_assert(ge::LLM_TIMEOUT == 0x5010B01AU, "CANN's value");
+
+static const char *Name(ge::Status ret) {
+  switch (ret) {
+    case ge::SUCCESS: return "SUCCESS";
+    case ge::LLM_PARAM_INVALID: return "LLM_PARAM_INVALID";
+    case ge::LLM_NOT_YET_LINK: return "LLM_NOT_YET_LINK";
+    case ge::LLM_KV_CACHE_NOT_EXIST: return "LLM_KV_CACHE_NOT_EXIST";
+    case ge::LLM_CACHE_ID_ALREADY_EXIST: return "LLM_CACHE_ID_ALREADY_EXIST";
+    default: return "other";
+  }
+}
+
+int main() {
+  llm_datadist::LlmDataDist datadist(1U, llm_datadist::LlmRole::kDecoder);
+  // no Initialize: CANN refuses a call before it, and so does the library
+  ge::Status ret = datadist.DeallocateCache(1);
+  std::printf("%s %s %s\n", Name(ge::LLM_PARAM_INVALID), Name(ge::LLM_KV_CACHE_NOT_EXIST),
+              ret == ge::SUCCESS ? "ok" : "refused");
+  return 0;
+}
+"""
+
+
+def test_a_program_using_canns_error_codes_header_builds_and_runs(cpp_install: Path, tmp_path: Path) -> None:
+    """Issue 44, trip 8: code that includes CANN's public llm_datadist/llm_error_codes.h did not compile (it was not
+    installed)."""
+    source = tmp_path / "error_codes.cc"
+    source.write_text(ERROR_CODES_PROGRAM)
+    program = compile_program(source, tmp_path / "error_codes")
+    done = subprocess.run([str(program)], capture_output=True, text=True, timeout=60)   # pkg-config's rpath
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("LLM_PARAM_INVALID LLM_KV_CACHE_NOT_EXIST "), done.stdout

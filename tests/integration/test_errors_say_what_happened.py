@@ -97,13 +97,72 @@ def test_no_finalize_error_after_the_daemon_released_the_engine(restart: bool, d
     worker.call("init", "DECODER", D)
     worker.call("capture_logs")
     assert d.stop() == 0
-    worker.call("logs", "is stopping")
+    worker.call("logs", "is gone")
     if restart:
         d.start()
     worker.call("finalize")
     logged = worker.call("logs", "finalize")
     assert "already released by datadistd" in logged, logged
     assert "failed" not in logged, logged
+
+
+def test_a_host_cache_not_remote_accessible_names_the_fix(daemon_factory, worker_factory) -> None:
+    """Issue 44, trip 10: a HOST cache registered without remote_accessible (its default is False) was refused to a
+    pull and a push with no hint of the fix; the refusal names it: remote_accessible=True, before linking."""
+    dp, dd = daemon_factory.many("p", "d")
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0, placement="HOST")
+    decoder.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    for op in ("pull_blocks", "push_blocks"):
+        with pytest.raises(WorkerError) as info:
+            decoder.call(op, P, "kv", [0, 1], [0, 1])
+        assert info.value.status_code == S.LLM_KV_CACHE_NOT_EXIST, info.value
+        assert "is not remotely accessible" in str(info.value) and "remote_accessible=True" in str(info.value), \
+            info.value
+
+
+def test_a_killed_daemon_is_gone_and_link_calls_still_return_codes(daemon_factory, worker_factory) -> None:
+    """Issue 44, trips 9 and 10: after a SIGKILL the worker was told its daemon "is stopping", and unlink_clusters
+    raised where CANN returns codes (so do both link calls: LLM_UNLINK_FAILED / LLM_LINK_FAILED per cluster)."""
+    d = daemon_factory("d")
+    worker = worker_factory(d)
+    worker.call("init", "DECODER", D)
+    worker.call("capture_logs")
+    d.kill()
+    logged = worker.call("logs", "is gone")
+    assert "is gone (it stopped or died)" in logged and "is stopping" not in logged, logged
+    assert worker.call("unlink", P, "127.0.0.1", free_port(), 1000) == (S.LLM_UNLINK_FAILED, [S.LLM_UNLINK_FAILED])
+    assert worker.call("link", P, "127.0.0.1", free_port(), 1000) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+    assert "unlink_clusters: 1 clusters: LLM_UNLINK_FAILED" in worker.call("logs", "unlink_clusters: 1 clusters")
+
+
+@pytest.mark.parametrize("bad", ["data_ports", "secret_file"])
+def test_embedded_init_refuses_bad_config_with_llm_exception(bad: str, monkeypatch, tmp_path) -> None:
+    """Issue 44, trip 9: an embedded init with a bad DATADISTD_* variable raised the daemon's ConfigError (a
+    ValueError), one with a secret file others may read its UnsafeSecret: both are LLM_PARAM_INVALID, naming it."""
+    import llm_datadist as ld
+
+    if bad == "data_ports":
+        monkeypatch.setenv("DATADISTD_TRANSPORT_DATA_PORTS", "26100-high")
+        named = "transport.data_ports"
+    else:
+        secret = tmp_path / "peer.secret"
+        secret.write_text("a-secret\n")
+        secret.chmod(0o644)
+        monkeypatch.setenv("DATADISTD_PEER_SECRET_FILE", str(secret))
+        named = str(secret)
+    cfg = ld.LLMConfig()
+    cfg.device_id = 0
+    dd = ld.LLMDataDist(ld.LLMRole.DECODER, D)
+    with pytest.raises(ld.LLMException) as info:
+        dd.init(cfg.generate_options())
+    assert info.value.status_code == S.LLM_PARAM_INVALID
+    assert "embedded datadistd did not start" in str(info.value) and named in str(info.value), info.value
+    dd.finalize()
 
 
 # ---- mismatches name tensors, layers, block shapes and the option that fixes them (issue 37, item 7) ----------

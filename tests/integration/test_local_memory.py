@@ -168,7 +168,7 @@ def test_sigterm_drains_frees_and_removes_segments(daemon_factory, worker_factor
     assert not glob.glob(os.path.join(d.shm_dir, "datadist-*"))
     w.call("capture_logs")
     assert d.stop(signal.SIGTERM, timeout=30) == 0
-    assert "is stopping: this engine and its caches are released" in w.call("logs", "is stopping")
+    assert "is gone (it stopped or died): this engine and its caches are released" in w.call("logs", "is gone")
     assert not os.path.exists(d.socket)
     assert not os.path.exists(d.socket + ".attach") and not os.path.exists(d.socket + ".admin")
 

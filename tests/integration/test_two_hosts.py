@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_two_hosts_behind_firewalls_from_the_checklist(hosts) -> None:
 
 def test_without_data_ports_the_firewall_stops_the_data_plane(hosts) -> None:
     """The default (a data port the kernel picks) behind the same firewall: the handshake on the listen port
-    passes, the data connections do not, and the decoder's log says so."""
+    passes, the data connections do not, and the decoder's reason says why and what to set."""
     da, db = daemons(hosts, "")
     try:
         listen = f"{hosts.ip_a}:{LISTEN_PORT}"
@@ -111,6 +112,9 @@ def test_without_data_ports_the_firewall_stops_the_data_plane(hosts) -> None:
         finally:
             prompt.kill()
         assert code == 1 and "link_clusters to" in out and "LLM_LINK_FAILED" in out, out
+        # the reason names the fix and where it was tried, and the prompt host had warned (issue 44, trip 7)
+        assert f"TCP to {hosts.ip_a}:" in out and "[transport] data_ports" in out and "firewall" in out, out
+        assert Path(da.log_path).read_text().count("data_ports is unset") == 1, da.log()
     finally:
         for d in (da, db):
             d.discard()

@@ -151,7 +151,8 @@ def test_8_a_secret_file_others_may_read_stops_a_daemon_and_an_embedded_worker_a
     try:
         with pytest.raises(WorkerError) as info:
             w.call("init", "DECODER", D)
-        assert info.value.kind == "UnsafeSecret" and f"chmod 600 {secret}" in info.value.message
+        assert info.value.kind == "LLMException" and info.value.status_code == LLMStatusCode.LLM_PARAM_INVALID
+        assert f"chmod 600 {secret}" in info.value.message
     finally:
         w.close()
 

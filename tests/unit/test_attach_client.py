@@ -156,7 +156,7 @@ def test_a_daemon_that_stops_is_logged_with_nobody_calling(daemon, caplog):
             daemon.hang_up()
             client._watcher.join(10)       # the watcher saw the hang-up, logged it and ended
             assert not client._watcher.is_alive()
-        assert "is stopping: this engine and its caches are released" in caplog.text
+        assert "is gone (it stopped or died): this engine and its caches are released" in caplog.text
         with pytest.raises(LLMException) as info:
             client.transfer(FRAME, "pull_blocks", 30)
         assert info.value.status_code == LLMStatusCode.LLM_FAILED
@@ -179,7 +179,7 @@ def test_callers_waiting_when_the_daemon_stops_fail_with_llm_failed(daemon, capl
         failed = [r for r in out.values() if isinstance(r, LLMException)]
         assert len(answered) == 1 and len(failed) == 7
         assert {e.status_code for e in failed} == {LLMStatusCode.LLM_FAILED}
-        assert caplog.text.count("is stopping") == 1
+        assert caplog.text.count("is gone") == 1
     finally:
         client.close()
 
@@ -189,7 +189,7 @@ def test_close_logs_nothing_and_fails_nobody_twice(daemon, caplog):
     with caplog.at_level(logging.WARNING, logger="llm_datadist._attach"):
         client.close()
     assert not client._watcher.is_alive()
-    assert "is stopping" not in caplog.text
+    assert "is gone" not in caplog.text
 
 
 def test_block_lists_past_one_datagram_go_as_a_first_frame_and_continuations(daemon):
@@ -258,7 +258,7 @@ def test_a_lone_caller_fails_with_llm_failed_when_the_daemon_hangs_up(daemon, ca
         err = out[0]
         assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_FAILED
         assert "[pull_blocks] failed" in str(err)
-        assert caplog.text.count("is stopping") == 1 and not client._reading
+        assert caplog.text.count("is gone") == 1 and not client._reading
         with pytest.raises(LLMException) as info:              # and every later call fails at once
             client.transfer(FRAME, "pull_blocks", 30)
         assert info.value.status_code == LLMStatusCode.LLM_FAILED
@@ -340,7 +340,7 @@ def test_closing_the_connection_mid_flight_fails_every_waiter_at_once(daemon, ca
     assert not any(t.is_alive() for t in (*lone, *threads, *export))
     for err in (out_lone[0], *out.values(), out_export[0]):
         assert isinstance(err, LLMException) and err.status_code == LLMStatusCode.LLM_FAILED, err
-    assert len(out) == 15 and "is stopping" not in caplog.text
+    assert len(out) == 15 and "is gone" not in caplog.text
     assert client._pending == {} and not client._reading and not client._watcher.is_alive()
 
 

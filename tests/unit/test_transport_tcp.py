@@ -346,6 +346,27 @@ def test_revoked_token_closes_the_channel_and_refuses_reconnects(pair: Pair) -> 
     assert err.value.code == S.LLM_LINK_FAILED
 
 
+def test_a_data_port_that_never_answers_names_data_ports_the_address_and_the_firewall() -> None:
+    """Issue 44, trip 7: a data port behind a firewall that drops (here: a listener that never accepts nor answers
+    the hello) failed with "not established by the deadline" and no word of the fix."""
+    a = TcpTransport(LOOPBACK, connect_timeout=0.2)
+    a.start()
+    silent = socket.socket()
+    try:
+        silent.bind((LOOPBACK, 0))
+        silent.listen(1)
+        address = f"{LOOPBACK}:{silent.getsockname()[1]}"
+        for seconds, code in ((10, S.LLM_LINK_FAILED), (0.2, S.LLM_TIMEOUT)):   # the connect timeout, the deadline
+            with pytest.raises(DataDistError) as err:
+                a.connect(f"tcp://{address}", TOKEN, 1, deadline(seconds))
+            assert err.value.code == code
+            for part in (address, "[transport] data_ports", "firewall", 'docs/operations.md "Ports"'):
+                assert part in err.value.message, err.value.message
+    finally:
+        silent.close()
+        a.stop()
+
+
 def test_garbage_on_the_data_port_does_not_break_the_listener() -> None:
     b = TcpTransport(LOOPBACK, connect_timeout=0.5)
     a = TcpTransport(LOOPBACK)

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 namespace datadist_cpp {
 namespace {
@@ -93,10 +94,31 @@ void Log(LogLevel level, const std::string &message) {
   std::fflush(stderr);
 }
 
+namespace {
+thread_local const FailWording *g_wording = nullptr;  // the thread's newest FailWording
+}  // namespace
+
+FailWording::FailWording(std::string internal, std::string caller)
+    : internal_(std::move(internal)), caller_(std::move(caller)), outer_(g_wording) {
+  g_wording = this;
+}
+
+FailWording::~FailWording() { g_wording = outer_; }
+
+std::string FailWording::Apply(const std::string &why) const {
+  if (internal_.empty()) return why;
+  std::string out = why;
+  for (size_t at = out.find(internal_); at != std::string::npos; at = out.find(internal_, at + caller_.size())) {
+    out.replace(at, internal_.size(), caller_);
+  }
+  return out;
+}
+
 Status Fail(const char *func, Status status, const std::string &why) {
   char code[64];
   std::snprintf(code, sizeof(code), "%s(0x%X)", StatusName(status), status);
-  Log(LogLevel::kError, std::string("[") + func + "] failed, error code is " + code + ", " + why);
+  Log(LogLevel::kError, std::string("[") + func + "] failed, error code is " + code + ", " +
+                            (g_wording != nullptr ? g_wording->Apply(why) : why));
   return status;
 }
 }  // namespace datadist_cpp

@@ -24,6 +24,23 @@ void Log(LogLevel level, const std::string &message);
 // "[func] failed, error code is NAME(value), why": logged as an error; returns status.
 Status Fail(const char *func, Status status, const std::string &why);
 
+// While one lives, Fail on its thread says `caller` where a daemon's message says `internal`: a name the caller
+// never used (the blocks twin's BlocksCacheKey of a cache id) becomes the one it did. An empty `internal` does
+// nothing. Not nested: the newest one holds until it goes.
+class FailWording {
+ public:
+  FailWording(std::string internal, std::string caller);
+  ~FailWording();
+  FailWording(const FailWording &) = delete;
+  FailWording &operator=(const FailWording &) = delete;
+  std::string Apply(const std::string &why) const;
+
+ private:
+  const std::string internal_;
+  const std::string caller_;
+  const FailWording *outer_;
+};
+
 using Clock = std::chrono::steady_clock;
 }  // namespace datadist_cpp
 

@@ -812,6 +812,13 @@ Status LlmDataDist::LlmDataDistImpl::Transfer(const char *func, bool push, bool 
     for (uint64_t b : remote_blocks) req.add_remote_blocks(b);
     for (uint64_t b : local_blocks) req.add_local_blocks(b);
   }
+  // the daemon names a remote blocks cache by its twin's key, one the caller never used: its answers name the
+  // CacheIndex the caller passed instead
+  const datadist_cpp::FailWording wording(
+      req.remote().has_blocks_key() ? "BlocksCacheKey(model_id=" + std::to_string(remote.cache_id) + ")"
+                                    : std::string(),
+      "CacheIndex(cluster_id=" + std::to_string(remote.cluster_id) + ", cache_id=" +
+          std::to_string(remote.cache_id) + ")");
   const int timeout = sync_timeout_ms_ + kRpcMarginMs;
   if (attach_.TryTransfer(push, req, func, timeout, &st)) return st;
   Log(LogLevel::kDebug, std::string(func) + ": " + std::to_string(req.remote_blocks_size() + req.local_blocks_size()) +

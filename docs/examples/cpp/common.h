@@ -2,11 +2,12 @@
 #ifndef DATADIST_EXAMPLES_CPP_COMMON_H_
 #define DATADIST_EXAMPLES_CPP_COMMON_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "llm_datadist/llm_datadist.h"
@@ -20,6 +21,8 @@ constexpr uint32_t kLayers = 2U;
 constexpr uint32_t kTensors = 2U * kLayers;  // K and V per layer
 constexpr int64_t kBlocks = 8;               // shape[0]: the batch size of PullKvCache, the blocks of PullKvBlocks
 constexpr int64_t kBlockInts = 16;
+// the first cache an engine registers is cache 1: each side names the other's by it (or by its third argument)
+constexpr int64_t kFirstCacheId = 1;
 
 // One engine's KV cache in host memory, registered with RegisterKvCache.
 struct KvCache {
@@ -97,17 +100,38 @@ inline ClusterInfo Remote(uint64_t cluster_id, const std::string &ip_port) {
   return cluster;
 }
 
-// The two processes step in turn: each prints what it did and waits for a line on stdin before its next step
-// (here the test relays; in a deployment, your own control channel -- CANN's samples use a TCP socket).
-inline std::string WaitLine(const char *what) {
+// The two processes need no control channel of their own: each step waits, up to kStepSeconds, for what the other
+// does to show -- pushed bytes in our own registered memory, a link that went (SetRole refuses LLM_EXIST_LINK while
+// one exists), a listener that came up (LinkLlmClusters succeeds). Either may start first.
+constexpr int kStepSeconds = 60;
+
+// `step` until it returns LLM_SUCCESS (or `done` says so), every 100 ms, for at most kStepSeconds; exits on failure.
+template <typename Step>
+inline void Retry(const char *what, Step step) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kStepSeconds);
+  Status ret = step();
+  while (ret != LLM_SUCCESS && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ret = step();
+  }
+  CheckStatus(ret, what);
+}
+
+// Wait, up to kStepSeconds, until `ready()` holds (what the other side wrote into our memory); exits if it never does.
+template <typename Ready>
+inline void WaitFor(const char *what, Ready ready) {
   std::printf("[INFO] waiting: %s\n", what);
   std::fflush(stdout);
-  std::string line;
-  if (!std::getline(std::cin, line)) {
-    std::printf("[ERROR] stdin closed while waiting: %s\n", what);
-    std::exit(1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kStepSeconds);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::printf("[ERROR] not within %d s: %s\n", kStepSeconds, what);
+      std::exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return line;
+  std::printf("[INFO] %s\n", what);
+  std::fflush(stdout);
 }
 }  // namespace example
 

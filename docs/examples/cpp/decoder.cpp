@@ -1,18 +1,19 @@
 // The decoder side (docs/cpp.md): links to the prompt, pulls a batch and blocks, pushes blocks and a batch back,
 // unlinks, then switches to prompt and serves its cache.
-//   decoder <prompt ip:port> <prompt cache_id> <listen ip:port after the switch>
-// DATADIST_DAEMON names the local datadistd (unset: the library starts a private one).
+//   decoder <prompt ip:port> <listen ip:port after the switch> [the prompt's cache_id, default 1]
+// DATADIST_DAEMON names the local datadistd (unset: the library starts a private one). Start it and the prompt in
+// either order: each step waits (bounded) for what the other does, nothing is relayed between them.
 #include "common.h"
 
 using namespace example;
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    std::printf("usage: decoder <prompt ip:port> <prompt cache_id> <listen ip:port>\n");
+  if (argc != 3 && argc != 4) {
+    std::printf("usage: decoder <prompt ip:port> <listen ip:port> [prompt cache_id]\n");
     return 2;
   }
   const std::string prompt_addr = argv[1];
-  const int64_t prompt_cache = std::atoll(argv[2]);
+  const int64_t prompt_cache = argc == 4 ? std::atoll(argv[3]) : kFirstCacheId;
   LlmDataDist dd(kDecoderCluster, LlmRole::kDecoder);
   std::map<AscendString, AscendString> options;
   options[OPTION_DEVICE_ID] = "0";
@@ -22,9 +23,8 @@ int main(int argc, char **argv) {
   kv.Fill(kDecoderCluster);
   CheckStatus(kv.Register(dd), "RegisterKvCache");  // before linking: registered caches are remotely accessible
 
-  std::vector<Status> rets;
-  const Status linked = dd.LinkLlmClusters({Remote(kPromptCluster, prompt_addr)}, rets, 5000);
-  CheckStatus(linked, "LinkLlmClusters");  // rets[i]: the result of clusters[i]
+  std::vector<Status> rets;  // rets[i]: the result of clusters[i]; tried until the prompt listens
+  Retry("LinkLlmClusters", [&] { return dd.LinkLlmClusters({Remote(kPromptCluster, prompt_addr)}, rets, 5000); });
 
   CacheIndex prompt{};
   prompt.cluster_id = kPromptCluster;
@@ -51,10 +51,13 @@ int main(int argc, char **argv) {
 
   // roles switch: we listen, the prompt pulls from us
   std::map<AscendString, AscendString> listen;
-  listen[OPTION_LISTEN_IP_INFO] = argv[3];
+  listen[OPTION_LISTEN_IP_INFO] = argv[2];
   CheckStatus(dd.SetRole(LlmRole::kPrompt, listen), "SetRole(kPrompt)");
   std::printf("[INFO] cache_id = %lld\n", static_cast<long long>(kv.cache_id));
-  WaitLine("the prompt pulled from us");
+  // the prompt pulls our block 7 and pushes it back into our block 0, then unlinks (SetRole: LLM_EXIST_LINK until
+  // then; back to decoder, the listener closes)
+  WaitFor("the prompt pulled our block 7 and pushed it back", [&] { return kv.Holds(0, kDecoderCluster, 7); });
+  Retry("SetRole(kDecoder)", [&] { return dd.SetRole(LlmRole::kDecoder); });
   CheckStatus(dd.UnregisterKvCache(kv.cache_id), "UnregisterKvCache");
   dd.Finalize();
   std::printf("[INFO] Decoder end\n");

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import DataDistError, StatusCode, require
-from .types import CacheDesc, CacheId, KeyKind, OwnerKey
+from .types import CacheDesc, CacheId, KeyKind, OwnerKey, Placement
 
-__all__ = ["CacheEntry", "CacheRegistry", "describe_key"]
+__all__ = ["CacheEntry", "CacheRegistry", "describe_key", "not_remotely_accessible"]
 
 
 @dataclass(eq=False)
@@ -48,6 +48,15 @@ def describe_key(key: OwnerKey) -> str:
         return f"BlocksCacheKey(model_id={key.model_id})"
     name = "req_id" if key.kind == KeyKind.REQ else "prefix_id"
     return f"CacheKey({name}={key.ident}, model_id={key.model_id})"
+
+
+def not_remotely_accessible(entry: CacheEntry, cluster: int) -> str:
+    """The owner's refusal of a peer's pull or push of ``entry``: why it is not remotely accessible, and the fix
+    (remote_accessible's defaults, docs/spec.md ``register_cache``)."""
+    why = ("a HOST cache is not by default" if entry.desc.placement == Placement.HOST else
+           "it was registered with remote_accessible=False, or after link() (then False by default)")
+    return (f"cache {entry.cache_id} of cluster {cluster} is not remotely accessible: {why}; its owner registers it "
+            f"with remote_accessible=True, before linking")
 
 
 class CacheRegistry:

@@ -16,10 +16,15 @@ call (``Requester.stage_push``), each later layer is only its bytes on the data 
 last layer ends with one commit: two owner calls per target and task, none per layer. A layer's event
 says its bytes were sent; the target's final event says the owner has them all. A task that ends early
 tells the owners in the background (``abandon_staged``), so their caches are not held.
+
+Each target is one transfer in the daemon's metrics (``track_transfer``, op ``push``, as a ``push_blocks``): begun
+at its first layer, ended by its commit (bytes, and destination blocks when it writes blocks), its failure, the
+abort of a layer it holds, or the stream's end (``cancelled``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, replace
 
@@ -28,6 +33,7 @@ from datadist.status import LLMStatusCode
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import LayerTask, check_layer_task, plan_layer
 from ..core.types import CacheId, Placement
+from ..state.metrics import TransferTracker, track_transfer
 from . import Link, LinkManager
 from .requester import PushPart, StagedPush
 
@@ -60,6 +66,7 @@ class LayerPush:
         self.done = False
         self._staged: dict[int, tuple[StagedPush, dict[int, list[int]]]] = {}
         self._marked: list[Link] = []
+        self._tracked: dict[int, TransferTracker] = {}   # target -> its transfer in the metrics, while it runs
         for cluster in {t.dst_cluster for t in self.task.targets}:
             link = links.links_to(cluster)
             if link is not None:
@@ -85,14 +92,32 @@ class LayerPush:
             staged = self._staged[i] = (push, by_layer)
         return staged
 
+    def _track(self, i: int) -> TransferTracker:
+        """Target ``i``'s transfer in the metrics, begun at its first layer."""
+        tracked = self._tracked.get(i)
+        if tracked is None:
+            tracked = self._tracked[i] = track_transfer(self.links.table.node.metrics, "push", self.links.cluster_id,
+                                                        self.task.targets[i].dst_cluster, self.cache_id)
+            tracked.__enter__()
+        return tracked
+
+    def _untrack(self, i: int, exc: BaseException | None) -> None:
+        """Target ``i``'s transfer ended: a success if ``done`` was called, else with ``exc``'s outcome."""
+        tracked = self._tracked.pop(i, None)
+        if tracked is not None:
+            tracked.__exit__(None if exc is None else type(exc), exc, None)
+
     async def _send_layer(self, i: int, layer: int) -> bool:
         """Send ``layer`` to target ``i``; True when that was the target's last layer (and it is committed)."""
+        tracked = self._track(i)
         push, by_layer = await self._stage(i)
-        await self.links.send_staged(push, by_layer[layer], self.timeout_ms)
+        tracked.nbytes += await self.links.send_staged(push, by_layer[layer], self.timeout_ms)
         self.remaining[i].discard(layer)
         if self.remaining[i]:
             return False
         await self.links.commit_staged(push, self.timeout_ms)
+        tracked.done(tracked.nbytes, len(self.task.dst_blocks))
+        self._untrack(i, None)
         return True
 
     async def ready(self, layer: int) -> list[LayerEvent]:
@@ -109,6 +134,7 @@ class LayerPush:
                 log.warning("cluster %s: transfer_cache_async layer %d to cluster %s failed: %s",
                             self.links.cluster_id, layer, target.dst_cluster, exc)
                 self.final.add(i)
+                self._untrack(i, exc)
                 self.done = True  # CANN ends the whole task at its first failure
                 events.append(LayerEvent(i, layer, int(exc.code), True, exc.message))
                 return events
@@ -125,11 +151,15 @@ class LayerPush:
                              f"synchronize_layer({layer}) returned False")
                   for i, t in enumerate(self.task.targets) if i not in self.final and t.holds(layer)]
         self.final.update(e.target for e in events)
+        for e in events:
+            self._untrack(e.target, DataDistError(StatusCode.LLM_PARAM_INVALID, e.message))
         self.done = True
         return events
 
     def close(self) -> None:
         """The task's stream ended: owners of targets not committed are told (in the background)."""
+        for i in list(self._tracked):
+            self._untrack(i, asyncio.CancelledError())
         for push, _ in self._staged.values():
             self.links.abandon_staged(push, LLMStatusCode.LLM_FAILED)
         self._staged = {}

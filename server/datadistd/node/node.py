@@ -130,6 +130,7 @@ class Node:
         self.heartbeat_seconds = config.peer.heartbeat_seconds
         self.liveness = Liveness(self.heartbeat_seconds)   # one heartbeat per peer daemon, for every engine's links
         self.started = time.monotonic()
+        self._told_data_ports = False   # ``_note_data_host`` logs its warning once
 
     # ---- NodeContext -------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Node:
             charge.release()
             raise
         try:
-            transport.start()
+            _start_data_plane(transport, opts.listen)
             links = LinkManager(engine, transport, self)
             slot = EngineSlot(engine, links, transport, session, options=dict(options), device=device, charge=charge,
                               data_host=host)
@@ -265,7 +266,17 @@ class Node:
         log.info("engine %s up: cluster %s role %s pid %s uid %s listen=%s pools=%s", engine_id, cluster_id,
                  opts.role.name, slot.pid, slot.uid, slot.listen_address or "-",
                  {p.name: c.memory_size for p, c in opts.pools})
+        self._note_data_host(engine_id, host)
         return slot
+
+    def _note_data_host(self, engine_id: int, host: str) -> None:
+        """Warn once per daemon: an engine serves its data plane off loopback with ``[transport] data_ports`` unset."""
+        if self._told_data_ports or is_loopback(host) or self.config.transport.data_port_range() is not None:
+            return
+        self._told_data_ports = True
+        log.warning("engine %s serves its data plane on %s at a port the kernel picks: [transport] data_ports is unset"
+                    ", so no firewall rule can name it and a firewall between the nodes stops every link at its data "
+                    "connection; set and open them (docs/operations.md \"Ports\"; said once)", engine_id, host)
 
     def check_listen_host(self, host: str) -> None:
         """Refuse a peer or data-plane listener other hosts can reach while the secret is the public one."""
@@ -285,7 +296,7 @@ class Node:
         except DataDistError:
             raise
         except Exception as exc:  # bind errors and the like
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {host}:{port}: {exc}") from None
+            raise _unlistenable((host, port), str(exc)) from None
 
     async def _retired_address(self, address: str, timeout: float = RETIRING_WAIT_SECONDS) -> None:
         """Wait (at most ``timeout`` seconds) until no engine being finalized listens at ``address``: a worker
@@ -376,12 +387,12 @@ class Node:
             slot.listener = None
         if new is not None and slot.listener is None:
             self.check_listen_host(new[0])
-            await self._serve_data_on(slot, new[0])
+            await self._serve_data_on(slot, *new)
             await self._listen(slot, *new)
         slot.engine.role = Role(role)
         log.info("engine %s switched role to %s listen=%s", engine_id, Role(role).name, slot.listen_address or "-")
 
-    async def _serve_data_on(self, slot: EngineSlot, host: str) -> None:
+    async def _serve_data_on(self, slot: EngineSlot, host: str, port: int) -> None:
         """switch_role listens on ``host``: the tcp data plane moves there when it serves elsewhere (an engine made
         without a listen address serves it on ``[transport] host``, loopback by default), so peers reach it where
         they reach the listener, through the ``[transport] data_ports`` a firewall opens. switch_role has checked
@@ -391,11 +402,12 @@ class Node:
             return
         settings = self.config.transport.settings(host, slot.device, slot.engine.options)
         transport = get_transport(self.config.transport.name, **settings, admission=self.config.peer.admission())
-        transport.start()
+        _start_data_plane(transport, (host, port))
         old, slot.transport, slot.data_host = slot.transport, transport, host
         slot.links.table.use_transport(transport)
         await slot.links.table.in_thread_of(UNMETERED, old.stop)
         log.info("engine %s: the data plane moved to %s with the listen address", slot.engine_id, host)
+        self._note_data_host(slot.engine_id, host)
 
     async def close(self) -> None:
         for engine_id in list(self.engines):
@@ -435,6 +447,24 @@ def v1_engine_pool(opts: EngineOptions, options: Mapping[str, str]) -> EngineOpt
     require(size >> V1_PAGE_SHIFT > 0, f"the v1 memory pool of {size} bytes (ge.flowGraphMemMaxSize x "
                                        f"llm.MemoryUtilization) is too small")
     return replace(opts, pools=(*opts.pools, (Placement.DEVICE, PoolConfig(size, V1_PAGE_SHIFT))))
+
+
+def _unlistenable(listen: tuple[str, int], why: str) -> DataDistError:
+    """The one refusal of a listen address (``llm.listenIpInfo``: init, switch_role) its peer listener or its data
+    plane cannot bind: ``LLM_PARAM_INVALID`` naming the address and the cause."""
+    address = _host_port(*listen)
+    hint = f"; is {listen[0]} an address of this host?" if "assign requested address" in why else ""
+    return DataDistError(StatusCode.LLM_PARAM_INVALID, f"cannot listen on {address} (llm.listenIpInfo): {why}{hint}")
+
+
+def _start_data_plane(transport: Transport, listen: tuple[str, int] | None) -> None:
+    """``transport.start()``; a bind failure on the engine's listen host refuses that address (``_unlistenable``)."""
+    try:
+        transport.start()
+    except DataDistError as exc:
+        if listen is None or exc.code != StatusCode.LLM_LINK_FAILED:
+            raise
+        raise _unlistenable(listen, exc.message) from None
 
 
 def _host_port(host: str, port: int) -> str:

@@ -29,7 +29,7 @@ from ..core.layout import (
 )
 from ..core.options import EngineOptions
 from ..core.plan import AddrRef
-from ..core.registry import CacheEntry, CacheRegistry
+from ..core.registry import CacheEntry, CacheRegistry, not_remotely_accessible
 from ..core.types import (
     BlocksKeyRef,
     CacheDesc,
@@ -443,8 +443,7 @@ class Engine:
             return entry, spans, None, sorted({s.tensor for s in spans})
         entry, batch, owner_key = self._resolve(spec)
         if not entry.remote_accessible:
-            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
-                                f"cache {entry.cache_id} of cluster {self.cluster_id} is not remotely accessible")
+            raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST, not_remotely_accessible(entry, self.cluster_id))
         spans, indices = owner_spans(entry.desc, entry.is_blocks, entry.cache_id, batch, spec, side, self.cluster_id)
         return entry, spans, owner_key, indices
 
@@ -495,3 +494,4 @@ class Engine:
 
     def pool_usage(self) -> list[tuple[Placement, int, int]]:
         return [(p, pool.capacity, pool.used) for p, pool in self.pools.items()]
+

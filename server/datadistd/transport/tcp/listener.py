@@ -139,8 +139,9 @@ class TcpListener:
                 listener.close()
                 if self.ports and exc.errno == errno.EADDRINUSE:
                     continue
+                where = f"{self.host}:{port}" if port else f"{self.host} (at a port the kernel picks)"
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                    f"cannot listen for data connections on {self.host}:{port}: {exc}") from None
+                                    f"cannot listen for data connections on {where}: {exc}") from None
         assert self.ports is not None
         raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                             f"cannot listen for data connections on {self.host}: every port of [transport] data_ports "

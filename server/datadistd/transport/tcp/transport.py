@@ -221,15 +221,17 @@ class TcpTransport:
                 sock.close()
             if time.monotonic() >= deadline:
                 raise DataDistError(LLMStatusCode.LLM_TIMEOUT,
-                                    f"data connection {index} to {endpoint} not established by the deadline") from None
+                                    f"data connection {index} to {endpoint} not established by the deadline; "
+                                    f"{_unreached(endpoint)}") from None
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                 f"data connection {index} to {endpoint} not established within "
-                                f"{self.connect_timeout}s") from None
+                                f"{self.connect_timeout}s; {_unreached(endpoint)}") from None
         except OSError as exc:
             if sock is not None:
                 sock.close()
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                f"cannot open data connection {index} to {endpoint}: {exc}") from None
+                                f"cannot open data connection {index} to {endpoint}: {exc}; "
+                                f"{_unreached(endpoint)}") from None
         if ack != ACK:
             sock.close()
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
@@ -332,6 +334,13 @@ class TcpTransport:
                 if handler is not None:   # before its first frame is read
                     channel.on_control(handler)
             return channel
+
+
+def _unreached(endpoint: str) -> str:
+    """What a data connection the peer's listener never answered most likely met, and the fix."""
+    return (f"is a firewall dropping TCP to {endpoint.partition('://')[2]}? The serving node's data plane listens "
+            f"on its [transport] data_ports (unset: a port the kernel picks, which no firewall rule can name); set "
+            f"them and open them to this node (docs/operations.md \"Ports\")")
 
 
 def _auto_stripe() -> int:

@@ -132,10 +132,24 @@ def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int
     return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 
+#: a pool is mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS)
+#: at the next touch of a page past its new end (the daemon's pools are sealed so: ``memory/host.py``)
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
 def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:
+    """Map a pool descriptor the daemon handed over (closed here); ValueError saying why when it is not a pool
+    of ``size`` bytes sealed against shrinking and growing."""
     try:
         if size <= 0 or os.fstat(fd).st_size < size:
-            raise ValueError(f"pool descriptor does not hold {size} bytes")
+            raise ValueError(f"the pool descriptor does not hold {size} bytes")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0         # not a memfd: nothing can be sealed
+        if seals & _SIZE_SEALS != _SIZE_SEALS:
+            raise ValueError("the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
+                             f"F_SEAL_GROW; seals {seals:#x}): its size could change under the mapping")
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, _RW)
     finally:
         os.close(fd)

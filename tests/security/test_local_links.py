@@ -140,15 +140,11 @@ def _run_tenant(user: str, target: str, mode: str) -> subprocess.Popen:
 def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
     import os
     import shutil
-    import tempfile
     import time
 
-    from .test_users import _ids
+    from .test_users import runtime_dir
 
-    uid, gid = _ids("ddtest-daemon")
-    d = tempfile.mkdtemp(prefix="datadist-quota-")
-    os.chown(d, uid, gid)
-    os.chmod(d, 0o750)
+    base, d = runtime_dir("datadist-quota-")
     sock = os.path.join(d, "datadistd.sock")
     proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock],
                    env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "256"},
@@ -174,4 +170,4 @@ def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
             hog.wait(60)
         proc.terminate()
         proc.wait(30)
-        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

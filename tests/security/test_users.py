@@ -77,12 +77,21 @@ def users():
     subprocess.run(["groupdel", GROUP], capture_output=True)
 
 
+def runtime_dir(prefix: str) -> tuple[str, str]:
+    """A socket directory of the daemon's user that root made for it, as systemd's ``RuntimeDirectory=`` does:
+    ``(the root-owned directory to remove afterwards, the daemon's directory inside it)``. Workers trust a daemon of
+    another uid only in such a directory (``datadist.sockdir``: not one that uid could have made in ``/tmp``)."""
+    base = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(base, 0o755)
+    d = os.path.join(base, "run")
+    os.mkdir(d, 0o750)
+    os.chown(d, *_ids("ddtest-daemon"))
+    return base, d
+
+
 @pytest.fixture
 def daemon(users):
-    uid, gid = _ids("ddtest-daemon")
-    d = tempfile.mkdtemp(prefix="datadist-users-")
-    os.chown(d, uid, gid)
-    os.chmod(d, 0o750)
+    base, d = runtime_dir("datadist-users-")
     sock = os.path.join(d, "datadistd.sock")
     log = open(os.path.join(d, "daemon.log"), "wb")  # noqa: SIM115 - closed below
     proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock], stdout=log, stderr=log)
@@ -96,7 +105,7 @@ def daemon(users):
         proc.terminate()
         proc.wait(30)
         log.close()
-        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 ALICE = """

@@ -10,6 +10,8 @@ the attach protocol (``datadist/v1/attach.proto``) on ``S.attach``, well enough 
 * ``past_end``: a tensor whose offset and length run past the pool's end;
 * ``short``: the last tensor ends at the pool's end but is one page where the description makes more: a worker that
   trusts it hands the daemon the memory beside the pool (the cache's blocks twin, C++) or writes past the pool.
+* ``--attach-to A``: no attach socket of its own but a symlink to a real daemon's ``A``: the worker's memory would go
+  to the real daemon, its gRPC calls (and the capability they carry) to the fake;
 
 Every request it gets is a line of JSON in ``R`` (``{"event": ..., ...}``): ``hello``, ``export_pool``,
 ``import_memory`` (with how many descriptors and bytes came), ``grpc`` (the method). It prints ``READY`` when both
@@ -187,6 +189,11 @@ def serve_attach(path: str, mode: str, pool: Pool, report: Report) -> socket.soc
     return listener
 
 
+def argv(socket_path: str, mode: str, report: str, *more: str) -> List[str]:
+    """The fake's arguments after its script's path (``more``: e.g. ``--attach-to``)."""
+    return ["--socket", socket_path, "--mode", mode, "--report", report, *more]
+
+
 def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """Until the fake started as ``proc`` (stdout a pipe) says READY; RuntimeError with its output when it exits
     first or ``timeout`` passes."""
@@ -206,7 +213,7 @@ def wait_ready(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
 
 def start(socket_path: str, mode: str, report: str) -> subprocess.Popen[bytes]:
     """The fake as a process of this user, serving once this returns; ``stop`` it."""
-    proc = subprocess.Popen([sys.executable, __file__, "--socket", socket_path, "--mode", mode, "--report", report],
+    proc = subprocess.Popen([sys.executable, __file__, *argv(socket_path, mode, report)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     wait_ready(proc)
     return proc
@@ -238,6 +245,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--mode", choices=MODES, default="honest")
     parser.add_argument("--report", required=True)
     parser.add_argument("--pool-size", type=int, default=1 << 20)
+    parser.add_argument("--attach-to", help="no attach socket of its own: S.attach is a symlink to this one (a real "
+                        "daemon's), and the fake gets only the worker's gRPC calls")
     args = parser.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.socket)), mode=0o755, exist_ok=True)
     report = Report(args.report)
@@ -247,12 +256,17 @@ def main(argv: List[str]) -> int:
     server.add_insecure_port(f"unix:{args.socket}")
     server.start()
     os.chmod(args.socket, 0o666)
-    listener = serve_attach(args.socket + ".attach", args.mode, pool, report)
+    if args.attach_to:
+        os.symlink(args.attach_to, args.socket + ".attach")
+        listener = None
+    else:
+        listener = serve_attach(args.socket + ".attach", args.mode, pool, report)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print("READY", flush=True)
     stop.wait()
-    listener.close()
+    if listener is not None:
+        listener.close()
     server.stop(0)
     return 0
 

@@ -85,27 +85,26 @@ _UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid (SO_PEERCRED)
 
 
 def _check_daemon_uid(path: str, uid: int) -> None:
-    """Refuse (LLM_FAILED) a daemon socket served by a uid that is neither ours, root, nor the one a directory root
-    gave it says it is (``datadist.sockdir``: the daemon's own rule, and no name another user could take in
-    ``/tmp``): another user who created ``/tmp/datadist-<our uid>/`` first would get our memory otherwise."""
+    """Refuse (LLM_FAILED) a daemon socket unless the directory it is in is one only the uid serving it (the kernel's
+    word) and root could have made (``datadist.sockdir``): the daemon's own rule for a daemon of our uid or root's,
+    and for any other uid no directory of its own where every user may create names (``/tmp``). Another user who
+    created ``/tmp/datadist-<our uid>/`` first gets neither our memory nor our calls."""
     me = os.geteuid()
-    if uid in (me, 0):
-        return
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        why = sockdir.culprit(directory, uid, given=True)
+        why = sockdir.culprit(directory, uid, given=uid not in (me, 0))
     except OSError as exc:
         why = f"{exc.filename or directory} cannot be looked at ({exc.strerror or exc})"
     if why is None:
         return
     code = LLMStatusCode.LLM_FAILED
     raise LLMException(
-        f"[init] failed, error code is {code}, refusing the daemon socket {path}: it is served by uid {uid}, which is "
-        f"neither this process's uid {me}, root, nor the owner of a socket directory that only it and root can "
-        f"change and that root gave it ({why}); another user may have made that directory to receive this "
-        "worker's memory, so nothing was sent. Fix: remove the directory (as root or its owner) and start the "
-        "daemon again, or run a shared daemon with a socket directory root made for it (systemd's "
-        "RuntimeDirectory=, /run/datadist) and point DATADIST_DAEMON at it", status_code=code)
+        f"[init] failed, error code is {code}, refusing the daemon socket {path}: it is served by uid {uid} (this "
+        f"process is uid {me}) and its directory is not one only that uid and root could have made ({why}); another "
+        "user may have made it to receive this worker's memory and calls, so nothing was sent. Fix: remove the "
+        "directory (as root or its owner) and start the daemon again, or run a shared daemon with a socket directory "
+        "root made for it (systemd's RuntimeDirectory=, /run/datadist) and point DATADIST_DAEMON at it",
+        status_code=code)
 
 
 #: what a caller's mailbox gets: its reply (a binary transfer reply as read, or ``(reply, fd)``: a protobuf

@@ -134,27 +134,31 @@ def squat_users():
         subprocess.run(["groupdel", name], capture_output=True)
 
 
-@pytest.fixture
-def squatted(squat_users):
-    """The squatter's fake daemon on the victim's default socket, in the directory it made: (socket, report)."""
-    squatter_uid, victim_uid = squat_users
+def _squat(victim_uid: int, *more: str):  # noqa: ANN202 - a generator of (socket, report)
     directory = f"/tmp/datadist-{victim_uid}"
     shutil.rmtree(directory, ignore_errors=True)          # a directory an earlier run left
     sock, report = f"{directory}/datadistd.sock", f"{directory}/report.jsonl"
-    proc = as_user(SQUATTER, [str(ROOT / "tests" / "hostile_daemon.py"), "--socket", sock, "--mode", "honest",
-                              "--report", report], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    proc = as_user(SQUATTER, [str(ROOT / "tests" / "hostile_daemon.py"),
+                              *hostile_daemon.argv(sock, "honest", report, *more)],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
         hostile_daemon.wait_ready(proc)
-        assert os.stat(directory).st_uid == squatter_uid
+        assert os.stat(directory).st_uid == _ids(SQUATTER)[0]
         yield sock, report
     finally:
         hostile_daemon.stop(proc)
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _refused(out: str, sock: str, squatter_uid: int) -> None:
-    assert f"refusing the daemon socket {sock}.attach: it is served by uid {squatter_uid}" in out, out
-    assert "where every user may create names" in out and "Fix: remove the directory" in out, out
+@pytest.fixture
+def squatted(squat_users):
+    """The squatter's fake daemon on the victim's default socket, in the directory it made: (socket, report)."""
+    yield from _squat(squat_users[1])
+
+
+def _refused(out: str, sock: str, daemon_uid: int, why: str = "where every user may create names") -> None:
+    assert f"refusing the daemon socket {sock}.attach: it is served by uid {daemon_uid}" in out, out
+    assert why in out and "Fix: remove the directory" in out, out
 
 
 def test_python_worker_refuses_a_squatted_socket_directory(squat_users, squatted) -> None:
@@ -191,3 +195,20 @@ def test_cpp_worker_refuses_a_squatted_socket_directory(squat_users, squatted) -
     _refused(r.stderr, sock, squatter_uid)
     assert hostile_daemon.events(report) == []
 
+
+
+def test_a_squatted_directory_linking_to_a_real_daemon_gets_no_calls(squat_users, daemon_factory) -> None:
+    """The squatter's ``datadistd.sock.attach`` is a link to a real daemon's (run by root, here the worker's own
+    uid): the kernel's uid is root's, but the directory is the squatter's, so the worker refuses before its gRPC
+    calls -- and the capability they carry -- reach the squatter's listener beside the link."""
+    real = daemon_factory("d")
+    squatter_uid, victim_uid = squat_users
+    squat = _squat(victim_uid, "--attach-to", real.socket + ".attach")
+    sock, report = next(squat)
+    try:
+        r = _worker(f"unix://{sock}")
+        assert r.returncode == 0 and r.stdout.startswith(f"init {int(S.LLM_FAILED)} "), r.stdout + r.stderr[-3000:]
+        _refused(r.stdout, sock, 0, f"/tmp/datadist-{victim_uid} is owned by uid {squatter_uid}")
+        assert hostile_daemon.events(report) == []
+    finally:
+        squat.close()

@@ -122,10 +122,10 @@ int RemainingMs(Clock::time_point deadline) {
   return left <= 0 ? 0 : static_cast<int>(left);
 }
 
-// Why `directory` is not safe for the sockets of `uid`, "" when it is: proto/datadist/sockdir.py `culprit` with
-// given=True (the daemon's own rule for its socket directory, and no name another user could take where every user
-// may create names, such as /tmp). One place in C++: the Python client and the daemon share the Python one.
-std::string DirectoryCulprit(const std::string &directory, uid_t uid) {
+// Why `directory` is not safe for the sockets of `uid`, "" when it is: proto/datadist/sockdir.py `culprit` (the
+// daemon's own rule for its socket directory; with `given`, also no directory of `uid` right inside one every user
+// may create names in, such as /tmp). One place in C++: the Python client and the daemon share the Python one.
+std::string DirectoryCulprit(const std::string &directory, uid_t uid, bool given) {
   char *resolved = realpath(directory.c_str(), nullptr);
   if (resolved == nullptr) {
     return directory + " cannot be looked at (" + std::strerror(errno) + ")";
@@ -146,7 +146,7 @@ std::string DirectoryCulprit(const std::string &directory, uid_t uid) {
       std::snprintf(mode, sizeof(mode), "%#o", static_cast<unsigned>(st.st_mode & 07777));
       return d + " is owned by uid " + std::to_string(st.st_uid) + " with mode " + mode;
     }
-    if (writable_by_others && below_uid != 0) {
+    if (given && writable_by_others && below_uid != 0) {
       const std::string what = below.empty() ? "the socket" : below + " of uid " + std::to_string(below_uid);
       return what + " is inside " + d + ", where every user may create names";
     }
@@ -160,27 +160,25 @@ std::string DirectoryCulprit(const std::string &directory, uid_t uid) {
   }
 }
 
-// LLM_FAILED, saying why and what to do, unless the attach socket `path` is served by this process's uid, root,
-// or the uid a directory root gave it says it is (DirectoryCulprit): before a byte is sent.
+// LLM_FAILED, saying why and what to do, unless the attach socket `path` is in a directory only the uid serving it
+// (the kernel's word) and root could have made (DirectoryCulprit; `given` for a uid neither ours nor root's): checked
+// before a byte is sent.
 Status CheckDaemonUid(const std::string &path, uid_t uid) {
   const uid_t me = geteuid();
-  if (uid == me || uid == 0) {
-    return llm_datadist::LLM_SUCCESS;
-  }
   const size_t slash = path.rfind('/');
   const std::string directory = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string why = DirectoryCulprit(directory, uid);
+  const std::string why = DirectoryCulprit(directory, uid, uid != me && uid != 0);
   if (why.empty()) {
     return llm_datadist::LLM_SUCCESS;
   }
   return Fail("Initialize", llm_datadist::LLM_FAILED,
               "refusing the daemon socket " + path + ": it is served by uid " + std::to_string(uid) +
-                  ", which is neither this process's uid " + std::to_string(me) +
-                  ", root, nor the owner of a socket directory that only it and root can change and that root gave "
-                  "it (" + why + "); another user may have made that directory to receive this worker's memory, so "
-                  "nothing was sent. Fix: remove the directory (as root or its owner) and start the daemon again, or "
-                  "run a shared daemon with a socket directory root made for it (systemd's RuntimeDirectory=, "
-                  "/run/datadist) and point DATADIST_DAEMON at it");
+                  " (this process is uid " + std::to_string(me) +
+                  ") and its directory is not one only that uid and root could have made (" + why +
+                  "); another user may have made it to receive this worker's memory and calls, so nothing was sent. "
+                  "Fix: remove the directory (as root or its owner) and start the daemon again, or run a shared "
+                  "daemon with a socket directory root made for it (systemd's RuntimeDirectory=, /run/datadist) and "
+                  "point DATADIST_DAEMON at it");
 }
 
 std::string Hex(const std::string &bytes) {

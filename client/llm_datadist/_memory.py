@@ -86,11 +86,14 @@ class Mapper:
             entry = self._maps.get(pool)
             if entry is None:
                 fd, size, key, device = self._fetch(pool)
+                if file_offset + length > size:       # checked before anything is mapped
+                    if fd >= 0:
+                        os.close(fd)
+                    raise ValueError(_outside(pool, file_offset, length, size))
                 entry = self._maps[pool] = _import_device(key, device, size) if key else _map_fd(fd, size)
             mm, base = entry
             if file_offset + length > len(mm):
-                raise ValueError(f"range [{file_offset}, {file_offset + length}) is outside pool {pool!r} "
-                                 f"({len(mm)} bytes)")
+                raise ValueError(_outside(pool, file_offset, length, len(mm)))
             return base + file_offset
 
     def mapped_pools(self) -> List[str]:
@@ -106,6 +109,10 @@ class Mapper:
                 mm.close()
             except BufferError:  # a Python buffer still exports it; it goes when that is released
                 pass
+
+
+def _outside(pool: str, file_offset: int, length: int, size: int) -> str:
+    return f"range [{file_offset}, {file_offset + length}) is outside pool {pool!r} ({size} bytes)"
 
 
 class _DeviceImport:

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv nixl demo test test-ascend bench bench-check bench-ascend proto proto-check lint run clean deploy-check cpp cpp-check
+.PHONY: venv nixl demo test test-ascend bench bench-check bench-ascend proto proto-check lint run clean deploy-check cpp cpp-asan cpp-check
 
 venv: $(STAMP)
 
@@ -42,10 +42,17 @@ CPP_JOBS    ?= 2
 cpp:
 	@for t in $(CPP_TOOLS); do command -v $$t >/dev/null || { echo "make cpp: $$t is missing (Debian: apt-get install $(CPP_PACKAGES))"; exit 2; }; done
 	@pkg-config --exists grpc++ protobuf || { echo "make cpp: gRPC C++ / protobuf not found by pkg-config (Debian: apt-get install $(CPP_PACKAGES))"; exit 2; }
-	cmake -S client/cpp -B $(CPP_BUILD) -DCMAKE_INSTALL_PREFIX=$(CPP_INSTALL) >/dev/null
+	cmake -S client/cpp -B $(CPP_BUILD) -DCMAKE_INSTALL_PREFIX=$(CPP_INSTALL) $(CPP_CMAKE_ARGS) >/dev/null
 	cmake --build $(CPP_BUILD) -j $(CPP_JOBS)
 	cmake --install $(CPP_BUILD) >/dev/null
 	@echo "make cpp: installed into $(CPP_INSTALL)"
+
+## make cpp-asan: the same library under AddressSanitizer and UndefinedBehaviorSanitizer, installed into
+## build/cpp-asan/install; make test runs the C++ client's programs against it once (tests/cpp/test_cpp_hostile.py),
+## against a real daemon and a hostile fake one
+cpp-asan:
+	@$(MAKE) --no-print-directory cpp CPP_BUILD=build/cpp-asan/build CPP_INSTALL=$(abspath build/cpp-asan/install) \
+		CPP_CMAKE_ARGS=-DDATADIST_SANITIZE=address,undefined
 
 ## cpp-check: say up front whether make test builds and runs the C++ client's tests (tests/cpp) or skips them
 cpp-check:

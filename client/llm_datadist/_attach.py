@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
-from datadist import fastframe
+from datadist import fastframe, sockdir
 from datadist.address import socket_path
 from datadist.status import LLMStatusCode, code_2_status
 from datadist.v1 import attach_pb2
@@ -81,6 +81,32 @@ def attach_path(target: str) -> str:
     return unix_path(target) + ".attach"
 
 
+_UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid (SO_PEERCRED)
+
+
+def _check_daemon_uid(path: str, uid: int) -> None:
+    """Refuse (LLM_FAILED) a daemon socket unless the directory it is in is one only the uid serving it (the kernel's
+    word) and root could have made (``datadist.sockdir``): the daemon's own rule for a daemon of our uid or root's,
+    and for any other uid no directory of its own where every user may create names (``/tmp``). Another user who
+    created ``/tmp/datadist-<our uid>/`` first gets neither our memory nor our calls."""
+    me = os.geteuid()
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        why = sockdir.culprit(directory, uid, given=uid not in (me, 0))
+    except OSError as exc:
+        why = f"{exc.filename or directory} cannot be looked at ({exc.strerror or exc})"
+    if why is None:
+        return
+    code = LLMStatusCode.LLM_FAILED
+    raise LLMException(
+        f"[init] failed, error code is {code}, refusing the daemon socket {path}: it is served by uid {uid} (this "
+        f"process is uid {me}) and its directory is not one only that uid and root could have made ({why}); another "
+        "user may have made it to receive this worker's memory and calls, so nothing was sent. Fix: remove the "
+        "directory (as root or its owner) and start the daemon again, or run a shared daemon with a socket directory "
+        "root made for it (systemd's RuntimeDirectory=, /run/datadist) and point DATADIST_DAEMON at it",
+        status_code=code)
+
+
 #: what a caller's mailbox gets: its reply (a binary transfer reply as read, or ``(reply, fd)``: a protobuf
 #: AttachReply or a binary reply with the descriptor it carried, -1 for none), why the connection failed (str), or
 #: ``_LEAD``: nobody reads the connection now, the caller should
@@ -122,6 +148,10 @@ class AttachClient:
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(self.path)
+            # the kernel's word on who serves the socket, checked before a byte -- let alone memory -- is sent
+            self.daemon_pid, daemon_uid, _ = _UCRED.unpack(
+                self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            _check_daemon_uid(self.path, daemon_uid)
             self._sock.settimeout(None)         # the reader blocks in recvmsg bounded by SO_RCVTIMEO (``_read``);
             # a send the daemon does not take within `timeout` fails (SO_SNDTIMEO) instead of hanging
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
@@ -143,10 +173,8 @@ class AttachClient:
         self.protocol = welcome.protocol_version
         self.memory_backend = welcome.memory_backend or "host"
         self.device_id = int(welcome.device_id)
-        # the daemon's pid as the kernel reports it for this connection (never what a message says): the one
-        # process this worker's exported device memory may be imported by
-        self.daemon_pid = struct.unpack("3i", self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                    struct.calcsize("3i")))[0]
+        # self.daemon_pid (read at connect): the daemon's pid as the kernel reports it for this connection (never
+        # what a message says), the one process this worker's exported device memory may be imported by;
         # ... as the NPU driver knows it, for the allow list of NPU memory this worker hands over (the daemon's
         # word where PID namespaces differ; the kernel's where the daemon sends none)
         self.daemon_tgid = int(welcome.bare_tgid) or self.daemon_pid

@@ -242,11 +242,30 @@ class CacheOps:
         if blocks_key is not None:
             req.blocks_key.CopyFrom(blocks_key_pb(blocks_key))
         info = self._call("AllocateCache", req, func)
-        addrs = [self._mapper.map(t.pool, t.file_offset, t.length) for t in info.tensors]
+        try:
+            addrs = self._map_tensors(desc, info.tensors)
+        except ValueError as exc:
+            try:
+                self._deallocate_rpc(func, info.cache_id, is_blocks)
+            except LLMException:
+                pass    # refused as it is: the cache goes with the engine
+            raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, the daemon's answer "
+                               f"is refused: {exc}.", status_code=LLMStatusCode.LLM_FAILED) from None
         # so that peers can name these tensors by raw address (TransferConfig.dst_addrs)
         self._call("SetWorkerAddrs", datadist_pb2.WorkerAddrsRequest(engine_id=self._engine_id,
                                                                      cache_id=info.cache_id, addrs=addrs), func)
         return info, addrs
+
+    def _map_tensors(self, desc: CacheDesc, tensors: Sequence[Any]) -> List[int]:
+        """The addresses here of an allocated cache's tensors, each checked against the cache's description before
+        its pool is mapped: ``num_tensors`` of them, each ``desc.size`` bytes (what views of the cache cover) inside
+        its pool (the mapper checks that). ValueError saying what does not fit."""
+        if len(tensors) != desc.num_tensors:
+            raise ValueError(f"{len(tensors)} tensors for a description of {desc.num_tensors}")
+        for i, t in enumerate(tensors):
+            if t.length != desc.size:
+                raise ValueError(f"tensor {i} is {t.length} bytes where the description makes {desc.size}")
+        return [self._mapper.map(t.pool, t.file_offset, t.length) for t in tensors]
 
     def _register_rpc(self, func: str, desc: CacheDesc, addrs: Sequence[int], is_blocks: bool,
                       keys: Sequence[CacheKey] = (), blocks_key: Optional[BlocksCacheKey] = None,

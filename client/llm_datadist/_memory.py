@@ -86,11 +86,14 @@ class Mapper:
             entry = self._maps.get(pool)
             if entry is None:
                 fd, size, key, device = self._fetch(pool)
+                if file_offset + length > size:       # checked before anything is mapped
+                    if fd >= 0:
+                        os.close(fd)
+                    raise ValueError(_outside(pool, file_offset, length, size))
                 entry = self._maps[pool] = _import_device(key, device, size) if key else _map_fd(fd, size)
             mm, base = entry
             if file_offset + length > len(mm):
-                raise ValueError(f"range [{file_offset}, {file_offset + length}) is outside pool {pool!r} "
-                                 f"({len(mm)} bytes)")
+                raise ValueError(_outside(pool, file_offset, length, len(mm)))
             return base + file_offset
 
     def mapped_pools(self) -> List[str]:
@@ -106,6 +109,10 @@ class Mapper:
                 mm.close()
             except BufferError:  # a Python buffer still exports it; it goes when that is released
                 pass
+
+
+def _outside(pool: str, file_offset: int, length: int, size: int) -> str:
+    return f"range [{file_offset}, {file_offset + length}) is outside pool {pool!r} ({size} bytes)"
 
 
 class _DeviceImport:
@@ -132,10 +139,24 @@ def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int
     return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 
+#: a pool is mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS)
+#: at the next touch of a page past its new end (the daemon's pools are sealed so: ``memory/host.py``)
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
 def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:
+    """Map a pool descriptor the daemon handed over (closed here); ValueError saying why when it is not a pool
+    of ``size`` bytes sealed against shrinking and growing."""
     try:
         if size <= 0 or os.fstat(fd).st_size < size:
-            raise ValueError(f"pool descriptor does not hold {size} bytes")
+            raise ValueError(f"the pool descriptor does not hold {size} bytes")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            seals = 0         # not a memfd: nothing can be sealed
+        if seals & _SIZE_SEALS != _SIZE_SEALS:
+            raise ValueError("the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
+                             f"F_SEAL_GROW; seals {seals:#x}): its size could change under the mapping")
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, _RW)
     finally:
         os.close(fd)

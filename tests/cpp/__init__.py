@@ -12,13 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["ROOT", "INSTALL", "toolchain_missing", "make_cpp", "start_make_cpp", "stop_make_cpp",
-           "compile_program", "cmake_project"]
+__all__ = ["ROOT", "INSTALL", "ASAN_INSTALL", "SANITIZE", "toolchain_missing", "make_cpp", "start_make_cpp",
+           "stop_make_cpp", "compile_program", "cmake_project"]
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "build" / "cpp" / "install"
+#: ``make cpp-asan``: the library under AddressSanitizer and UndefinedBehaviorSanitizer; programs linking it are
+#: compiled with ``SANITIZE`` too
+ASAN_INSTALL = ROOT / "build" / "cpp-asan" / "install"
+SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer")
+#: the install tree of each make target the tests build
+INSTALLS = {"cpp": INSTALL, "cpp-asan": ASAN_INSTALL}
 #: held by whoever runs ``make cpp`` from the tests: a second build (another test process, or the fixture while the
-#: background build of ``start_make_cpp`` runs) waits for the first and then finds nothing left to do
+#: background build of ``start_make_cpp`` runs) waits for the first and then finds nothing left to do (one lock per
+#: target: ``make cpp-asan`` beside it)
 LOCK = ROOT / "build" / "cpp" / "make.lock"
 #: the background build's output
 BACKGROUND_LOG = ROOT / "build" / "cpp" / "background.log"
@@ -36,37 +43,41 @@ def toolchain_missing() -> str:
     return ""
 
 
-def make_cpp(timeout: float = 1200.0) -> Path:
-    """``make cpp`` (incremental) under ``LOCK``, the wait for the lock and the build ``timeout`` seconds in all:
-    the install tree. RuntimeError with make's output when it fails, TimeoutError past the deadline."""
+def make_cpp(timeout: float = 1200.0, target: str = "cpp") -> Path:
+    """``make <target>`` (``cpp`` or ``cpp-asan``, incremental) under its lock, the wait for the lock and the build
+    ``timeout`` seconds in all: the install tree. RuntimeError with make's output when it fails, TimeoutError past
+    the deadline."""
     deadline = time.monotonic() + timeout
-    LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOCK, "a") as lock:
+    path = LOCK if target == "cpp" else INSTALLS[target].parent / "make.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
         while True:   # polls every 0.2 s until the lock is free or the deadline
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"make cpp: another build held {LOCK} for {timeout:.0f} s") from None
+                    raise TimeoutError(f"make {target}: another build held {path} for {timeout:.0f} s") from None
                 time.sleep(0.2)
         try:
-            r = subprocess.run(["make", "-s", "-C", str(ROOT), "cpp"], capture_output=True, text=True,
+            r = subprocess.run(["make", "-s", "-C", str(ROOT), target], capture_output=True, text=True,
                                timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"make cpp did not finish within {timeout:.0f} s") from None
+            raise TimeoutError(f"make {target} did not finish within {timeout:.0f} s") from None
     if r.returncode != 0:
-        raise RuntimeError(f"make cpp failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    return INSTALL
+        raise RuntimeError(f"make {target} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return INSTALLS[target]
 
 
-def start_make_cpp() -> subprocess.Popen[bytes]:
-    """``make_cpp`` in a background process (niced: the tests that run meanwhile come first), output in
-    ``BACKGROUND_LOG``; ``make_cpp`` joins it (``LOCK``) and reports a failure with make's own output."""
+def start_make_cpp(targets: tuple[str, ...] = ("cpp",)) -> subprocess.Popen[bytes]:
+    """``make_cpp`` of each of ``targets`` in turn in a background process (niced: the tests that run meanwhile come
+    first), output in ``BACKGROUND_LOG``; ``make_cpp`` joins it (the target's lock) and reports a failure with make's
+    own output."""
     BACKGROUND_LOG.parent.mkdir(parents=True, exist_ok=True)
     with open(BACKGROUND_LOG, "wb") as log:
-        return subprocess.Popen([sys.executable, "-c", "import os; os.nice(10); from tests.cpp import make_cpp; "
-                                 "make_cpp()"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
+        return subprocess.Popen([sys.executable, "-c", "import os, sys; os.nice(10); from tests.cpp import make_cpp; "
+                                 "[make_cpp(target=t) for t in sys.argv[1:]]", *targets], cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -85,14 +96,15 @@ def stop_make_cpp(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             continue
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PKG_CONFIG_PATH": str(INSTALL / "lib" / "pkgconfig")}
+def _env(install: Path = INSTALL) -> dict[str, str]:
+    return {**os.environ, "PKG_CONFIG_PATH": str(install / "lib" / "pkgconfig")}
 
 
-def compile_program(source: Path, out: Path, *flags: str) -> Path:
-    """``g++ source $(pkg-config --cflags --libs llm_datadist)`` with ``flags`` (e.g. the old libstdc++ ABI)."""
+def compile_program(source: Path, out: Path, *flags: str, install: Path = INSTALL) -> Path:
+    """``g++ source $(pkg-config --cflags --libs llm_datadist)`` with ``flags`` (e.g. the old libstdc++ ABI), against
+    the library in ``install`` (``ASAN_INSTALL``: add ``SANITIZE`` to ``flags``)."""
     pc = subprocess.run(["pkg-config", "--cflags", "--libs", "llm_datadist"], capture_output=True, text=True,
-                        env=_env(), check=True).stdout.split()
+                        env=_env(install), check=True).stdout.split()
     r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(out), *pc,
                         *flags], capture_output=True, text=True, timeout=300)
     if r.returncode != 0:

@@ -18,15 +18,17 @@ HERE = Path(__file__).resolve().parent
 _background: list[subprocess.Popen[bytes]] = []
 
 
-def _needs_library(item: pytest.Item) -> bool:
-    return Path(str(item.fspath)).resolve().parent == HERE and "cpp_install" in getattr(item, "fixturenames", ())
+def _needs_library(item: pytest.Item, fixture: str = "cpp_install") -> bool:
+    return Path(str(item.fspath)).resolve().parent == HERE and fixture in getattr(item, "fixturenames", ())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if session.config.option.collectonly or not any(_needs_library(i) for i in session.items):
+    targets = tuple(target for target, fixture in (("cpp", "cpp_install"), ("cpp-asan", "cpp_asan_install"))
+                    if any(_needs_library(i, fixture) for i in session.items))
+    if session.config.option.collectonly or not targets:
         return
     if not toolchain_missing():
-        _background.append(start_make_cpp())
+        _background.append(start_make_cpp(targets))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -44,6 +46,18 @@ def cpp_install() -> Path:
             pytest.fail(f"the C++ client cannot be built: {why}")
         pytest.skip(f"the C++ client's toolchain is not installed: {why}")
     return make_cpp(timeout=BUILD_TIMEOUT_S - 60)
+
+
+@pytest.fixture(scope="session")
+def cpp_asan_install() -> Path:
+    """The C++ client built under AddressSanitizer and UndefinedBehaviorSanitizer (``make cpp-asan``, joining the
+    background build); skipped or failed as ``cpp_install``."""
+    why = toolchain_missing()
+    if why:
+        if os.environ.get(CI_ENV) == "1":
+            pytest.fail(f"the C++ client cannot be built: {why}")
+        pytest.skip(f"the C++ client's toolchain is not installed: {why}")
+    return make_cpp(timeout=BUILD_TIMEOUT_S - 60, target="cpp-asan")
 
 
 #: the first test that needs the library waits for the build (make cpp: about a minute on two idle cores, several

@@ -21,7 +21,7 @@ from datadistd.links.wire.peering import PROTOCOL_VERSION
 from tests.daemonproc import free_port
 
 from .test_users import daemon, users  # noqa: F401 - the throwaway-users fixtures
-from .users import as_user, ids
+from .users import as_user, runtime_dir
 
 pytestmark = pytest.mark.integration
 
@@ -141,13 +141,9 @@ def _run_tenant(user: str, target: str, mode: str) -> subprocess.Popen:
 def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
     import os
     import shutil
-    import tempfile
     import time
 
-    uid, gid = ids("ddtest-daemon")
-    d = tempfile.mkdtemp(prefix="datadist-quota-")
-    os.chown(d, uid, gid)
-    os.chmod(d, 0o750)
+    base, d = runtime_dir("datadist-quota-")
     sock = os.path.join(d, "datadistd.sock")
     proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock],
                    env={"DATADISTD_QUOTA_IMPORTED_MAPPINGS_PER_UID": "256", "XDG_RUNTIME_DIR": d},
@@ -173,4 +169,4 @@ def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
             hog.wait(60)
         proc.terminate()
         proc.wait(30)
-        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 
 import grpc
@@ -21,7 +20,7 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
-from .users import as_user, hold, ids, why_not
+from .users import as_user, hold, ids, runtime_dir, why_not
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +39,7 @@ def users():
 
 @pytest.fixture
 def daemon(users):
-    uid, gid = ids("ddtest-daemon")
-    d = tempfile.mkdtemp(prefix="datadist-users-")
-    os.chown(d, uid, gid)
-    os.chmod(d, 0o750)
+    base, d = runtime_dir("datadist-users-")
     sock = os.path.join(d, "datadistd.sock")
     log = open(os.path.join(d, "daemon.log"), "wb")  # noqa: SIM115 - closed below
     proc = as_user("ddtest-daemon", ["-m", "datadistd", "--socket", sock], env={"XDG_RUNTIME_DIR": d}, stdout=log,
@@ -58,7 +54,7 @@ def daemon(users):
         proc.terminate()
         proc.wait(30)
         log.close()
-        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 ALICE = """

@@ -16,14 +16,17 @@ import pwd
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Iterator
 
 from tests.harness import ROOT
 
 #: the group the daemon's user and its workers share (as ``datadist`` in ``deploy/datadist.sysusers.conf``)
 GROUP = "ddtest"
-#: each throwaway user and its primary group: ``ddtest-eve`` is outside the daemon's group, a stranger to its sockets
-USERS = {"ddtest-daemon": GROUP, "ddtest-alice": GROUP, "ddtest-bob": GROUP, "ddtest-eve": "nogroup"}
+#: each throwaway user and its primary group (None: a group of its own): ``ddtest-eve`` is outside the daemon's
+#: group, a stranger to its sockets; the squatter and its victim share nothing with anyone (test_client_trust.py)
+USERS = {"ddtest-daemon": GROUP, "ddtest-alice": GROUP, "ddtest-bob": GROUP, "ddtest-eve": "nogroup",
+         "ddtest-squat": None, "ddtest-squatvic": None}
 PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 SITE = next(p for p in sys.path if p.endswith("site-packages"))
 PYTHONPATH = os.pathsep.join(str(ROOT / d) for d in ("client", "server", "proto")) + os.pathsep + SITE
@@ -57,6 +60,18 @@ def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
     return subprocess.Popen(cmd, env=env, **kw)
 
 
+def runtime_dir(prefix: str) -> tuple[str, str]:
+    """A socket directory of the daemon's user that root made for it, as systemd's ``RuntimeDirectory=`` does:
+    ``(the root-owned directory to remove afterwards, the daemon's directory inside it)``. Workers trust a daemon of
+    another uid only in such a directory (``datadist.sockdir``: not one that uid could have made in ``/tmp``)."""
+    base = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(base, 0o755)
+    d = os.path.join(base, "run")
+    os.mkdir(d, 0o750)
+    os.chown(d, *ids("ddtest-daemon"))
+    return base, d
+
+
 @contextlib.contextmanager
 def _counted() -> Iterator[dict]:
     with open(_COUNT + ".lock", "a") as lock:
@@ -78,8 +93,8 @@ def hold() -> Iterator[None]:
         subprocess.run(["groupadd", "-f", GROUP], check=True)
         for name, group in USERS.items():
             if subprocess.run(["id", name], capture_output=True).returncode != 0:
-                subprocess.run(["useradd", "--system", "-M", "-N", "-g", group, "-s", "/usr/sbin/nologin", name],
-                               check=True)
+                grouping = ["-U"] if group is None else ["-N", "-g", group]
+                subprocess.run(["useradd", "--system", "-M", *grouping, "-s", "/usr/sbin/nologin", name], check=True)
         state["holders"] += 1
     try:
         yield
@@ -87,6 +102,8 @@ def hold() -> Iterator[None]:
         with _counted() as state:
             state["holders"] = max(0, state["holders"] - 1)
             if state["holders"] == 0:
-                for name in USERS:
+                for name, group in USERS.items():
                     subprocess.run(["userdel", name], capture_output=True)
+                    if group is None:
+                        subprocess.run(["groupdel", name], capture_output=True)
                 subprocess.run(["groupdel", GROUP], capture_output=True)

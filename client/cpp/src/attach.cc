@@ -3,10 +3,13 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace datadist_cpp {
@@ -119,6 +122,65 @@ int RemainingMs(Clock::time_point deadline) {
   return left <= 0 ? 0 : static_cast<int>(left);
 }
 
+// Why `directory` is not safe for the sockets of `uid`, "" when it is: proto/datadist/sockdir.py `culprit` (the
+// daemon's own rule for its socket directory; with `given`, also no directory of `uid` right inside one every user
+// may create names in, such as /tmp). One place in C++: the Python client and the daemon share the Python one.
+std::string DirectoryCulprit(const std::string &directory, uid_t uid, bool given) {
+  char *resolved = realpath(directory.c_str(), nullptr);
+  if (resolved == nullptr) {
+    return directory + " cannot be looked at (" + std::strerror(errno) + ")";
+  }
+  std::string d = resolved;
+  free(resolved);
+  std::string below;  // the directory just below d on the way up ("": the socket itself)
+  uid_t below_uid = uid;
+  for (;;) {
+    struct stat st {};
+    if (stat(d.c_str(), &st) != 0) {
+      return d + " cannot be looked at (" + std::strerror(errno) + ")";
+    }
+    const bool writable_by_others = (st.st_mode & 0022) != 0;
+    const bool sticky_root = st.st_uid == 0 && (st.st_mode & 01000) != 0;
+    if ((st.st_uid != uid && st.st_uid != 0) || (writable_by_others && !sticky_root)) {
+      char mode[16];
+      std::snprintf(mode, sizeof(mode), "%#o", static_cast<unsigned>(st.st_mode & 07777));
+      return d + " is owned by uid " + std::to_string(st.st_uid) + " with mode " + mode;
+    }
+    if (given && writable_by_others && below_uid != 0) {
+      const std::string what = below.empty() ? "the socket" : below + " of uid " + std::to_string(below_uid);
+      return what + " is inside " + d + ", where every user may create names";
+    }
+    if (d == "/") {
+      return "";
+    }
+    below = d;
+    below_uid = st.st_uid;
+    const size_t slash = d.rfind('/');
+    d = slash == 0 ? "/" : d.substr(0, slash);
+  }
+}
+
+// LLM_FAILED, saying why and what to do, unless the attach socket `path` is in a directory only the uid serving it
+// (the kernel's word) and root could have made (DirectoryCulprit; `given` for a uid neither ours nor root's): checked
+// before a byte is sent.
+Status CheckDaemonUid(const std::string &path, uid_t uid) {
+  const uid_t me = geteuid();
+  const size_t slash = path.rfind('/');
+  const std::string directory = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string why = DirectoryCulprit(directory, uid, uid != me && uid != 0);
+  if (why.empty()) {
+    return llm_datadist::LLM_SUCCESS;
+  }
+  return Fail("Initialize", llm_datadist::LLM_FAILED,
+              "refusing the daemon socket " + path + ": it is served by uid " + std::to_string(uid) +
+                  " (this process is uid " + std::to_string(me) +
+                  ") and its directory is not one only that uid and root could have made (" + why +
+                  "); another user may have made it to receive this worker's memory and calls, so nothing was sent. "
+                  "Fix: remove the directory (as root or its owner) and start the daemon again, or run a shared "
+                  "daemon with a socket directory root made for it (systemd's RuntimeDirectory=, /run/datadist) and "
+                  "point DATADIST_DAEMON at it");
+}
+
 std::string Hex(const std::string &bytes) {
   static const char kDigits[] = "0123456789abcdef";
   std::string out;
@@ -169,6 +231,21 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
                 "cannot attach to datadistd at " + path + ": " + std::strerror(err) +
                     "; is it running, and is this user in its group?");
   }
+  // the kernel's word on who serves the socket, checked before a byte -- let alone memory -- is sent
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    const int err = errno;
+    (void)close(fd);
+    return Fail("Initialize", llm_datadist::LLM_FAILED,
+                "cannot tell who serves " + path + " (SO_PEERCRED: " + std::strerror(err) + ")");
+  }
+  const Status trusted = CheckDaemonUid(path, cred.uid);
+  if (trusted != llm_datadist::LLM_SUCCESS) {
+    (void)close(fd);
+    return trusted;
+  }
+  daemon_pid_ = cred.pid;
   timeval tv{};
   tv.tv_sec = timeout_ms / 1000;
   tv.tv_usec = (timeout_ms % 1000) * 1000;
@@ -196,11 +273,6 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
   }
   capability_ = reply.welcome().capability();
   capability_hex_ = Hex(capability_);
-  ucred cred{};
-  socklen_t cred_len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0) {
-    daemon_pid_ = cred.pid;
-  }
   // ... as the NPU driver knows it (its word where PID namespaces differ; the kernel's where it sends none)
   daemon_tgid_ = reply.welcome().bare_tgid() > 0 ? reply.welcome().bare_tgid() : daemon_pid_;
   protocol_ = reply.welcome().protocol_version();

@@ -10,6 +10,7 @@
 #include "llm_datadist/llm_datadist.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -644,6 +645,19 @@ Status LlmDataDist::LlmDataDistImpl::MapPool(const char *func, const pb::SharedE
       (void)close(fd);
       return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
     }
+    // mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS) at the
+    // next touch of a page past its new end (the daemon's pools are sealed so: server/datadistd/memory/host.py)
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+      (void)close(fd);
+      return Fail(func, LLM_FAILED, "the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
+                                    "F_SEAL_GROW; seals " + std::to_string(seals) +
+                                    "): its size could change under the mapping");
+    }
+    if (t.file_offset() + t.length() > size || t.file_offset() + t.length() < t.file_offset()) {
+      (void)close(fd);
+      return Fail(func, LLM_FAILED, "a tensor lies outside its pool");
+    }
     void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
       (void)close(fd);
@@ -677,7 +691,21 @@ Status LlmDataDist::LlmDataDistImpl::AllocateCache(const CacheDesc &desc, Cache 
   if (st != LLM_SUCCESS) return st;
   const int64_t id = info.cache_id();
   std::vector<uint64_t> addrs;
+  // every tensor checked against the description before its pool is mapped: as many as it has, each `size` bytes
+  // (what the blocks twin hands back, and what the caller's views cover) -- inside its pool (MapPool)
+  if (static_cast<uint64_t>(info.tensors_size()) != desc.num_tensors) {
+    st = Fail(kFunc, LLM_FAILED, "the daemon's answer is refused: " + std::to_string(info.tensors_size()) +
+                                     " tensors for a description of " + std::to_string(desc.num_tensors));
+  }
+  for (int i = 0; st == LLM_SUCCESS && i < info.tensors_size(); ++i) {
+    if (info.tensors(i).length() != size) {
+      st = Fail(kFunc, LLM_FAILED, "the daemon's answer is refused: tensor " + std::to_string(i) + " is " +
+                                       std::to_string(info.tensors(i).length()) +
+                                       " bytes where the description makes " + std::to_string(size));
+    }
+  }
   for (const auto &t : info.tensors()) {
+    if (st != LLM_SUCCESS) break;
     uint64_t a = 0U;
     st = MapPool(kFunc, t, &a);
     if (st != LLM_SUCCESS) break;

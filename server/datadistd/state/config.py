@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from datadist import sockdir
+
 from ..guard.quota import LinkLimits, QuotaLimits
 
 if TYPE_CHECKING:
@@ -82,17 +84,12 @@ def secure_socket_dir(socket_path: str, mode: int = 0o750) -> Path:
         except OSError as exc:
             raise ConfigError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
     me = os.geteuid()
-    here = Path(os.path.realpath(directory))
-    for d in (here, *here.parents):
-        st = d.stat()
-        writable_by_others = st.st_mode & 0o022
-        sticky_root = st.st_uid == 0 and st.st_mode & 0o1000
-        if st.st_uid not in (me, 0) or (writable_by_others and not sticky_root):
-            raise ConfigError(
-                f"socket directory {directory} is not safe: {d} is owned by uid {st.st_uid} with mode "
-                f"{st.st_mode & 0o7777:#o}; another user could replace the daemon's sockets there. Use a "
-                f"directory owned by uid {me} that only it can write (e.g. systemd's RuntimeDirectory=, or "
-                "set [daemon] socket / --socket)")
+    why = sockdir.culprit(str(directory), me)   # the rule the clients check the daemon's directory by, too
+    if why:
+        raise ConfigError(
+            f"socket directory {directory} is not safe: {why}; another user could replace the daemon's sockets "
+            f"there. Use a directory owned by uid {me} that only it can write (e.g. systemd's RuntimeDirectory=, "
+            "or set [daemon] socket / --socket)")
     return directory
 
 

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence, overload
 
 import numpy as np
 
+from ..core.types import BlockList
 from .base import MemoryHandle, Segment
 
 __all__ = ["SegmentTable", "cut", "byte_view"]
@@ -87,7 +88,8 @@ class SegmentTable(Sequence[Segment]):
     def _blocks_large(cls, tensors: Sequence[Segment], tensor_indices: Sequence[int], blocks: Sequence[int],
                       row: int) -> "SegmentTable":
         """``blocks`` with numpy: a few array operations whatever the block count."""
-        b = np.asarray(blocks, dtype=np.int64)
+        # a peer's long list carries its numbers as an array already (``core.types.BlockList``): no pass over ints
+        b = np.asarray(blocks.values if isinstance(blocks, BlockList) else blocks, dtype=np.int64)
         if b.size == 0 or len(tensor_indices) == 0:
             return cls((), _EMPTY_I, _EMPTY_Q, _EMPTY_Q)
         if b.size > 1:

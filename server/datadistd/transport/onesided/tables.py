@@ -7,8 +7,14 @@ rows of ``row_size`` bytes per tensor, each tensor's address), the registration'
 manager's description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P``
 again with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer,
 then its registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the
-cache's memory goes back to its pool. A peer whose ``P`` or ``W`` cannot be sent (its channel broke, or it was
-full for ``_CONTROL_TIMEOUT``) is dropped: a peer never holds a row it was not told is gone.
+cache's memory goes back to its pool. These run on the event loop, which answers every link and tenant, so
+they never wait for a peer: each message goes out at once (``try_control_first``: the first connection idle and
+its socket taking the frame; a frame taken only in part is finished within 50 ms, else the connection breaks),
+and a peer it cannot go to at once (its channel broke, its socket full, its first connection held by another
+thread's frame for more than ``_BUSY_GRACE``) is dropped with its channel -- a peer never holds a row it was not
+told is gone, and a peer that stops reading stalls nobody. (Before, each send could wait 5 s per peer, on the
+loop.) Only a new peer's catch-up (``_ready``, on its reader thread, holding no lock the loop takes) waits for its
+socket, up to ``_CONTROL_TIMEOUT`` per message.
 
 Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
 first connection (``TcpChannel.send_control_first``): one reader thread applies a ``P`` or ``W`` before it hands
@@ -65,6 +71,9 @@ MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches on
 MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 _READ_NAP = 0.00002           # progress thread: the nap between two rounds of checks of the READs in flight
+#: how long the event loop waits for a peer's first connection that another thread's frame holds, before its table
+#: change is given up and the peer dropped (``_to_peers``); never for a socket that does not take the frame
+_BUSY_GRACE = 0.05
 _FENCE_NAP = 0.002            # the same when every READ in flight is past its deadline, waited for in its fence
 
 
@@ -95,7 +104,7 @@ class PublishedTables(OneSidedTransport):
         self._published: dict[int, _Published] = {}
         self._infos: dict[int, bytes] = {}        # the link manager's description of each published handle
         self._spans = (np.empty(0, np.uint64), np.empty(0, np.uint64))   # published tensors: starts, ends (sorted)
-        self._table_lock = threading.RLock()   # publish/update/withdraw and a new peer's table go out in order
+        self._table_lock = threading.RLock()   # publish/update/withdraw go out in order; a new peer's snapshot
         self.bytes_read_by_peers = 0           # counted from the peers' READ notifications
 
     def _agent(self) -> TableAgent:
@@ -171,31 +180,42 @@ class PublishedTables(OneSidedTransport):
                 return extents, b"", []
         return super()._describe(peer, segments)
 
-    def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None) -> None:
-        """Send ``message`` to every ready peer (under ``_table_lock``); a peer it cannot reach at once is dropped."""
+    def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None, wait: bool = False) -> None:
+        """Send ``message`` to every ready peer (under ``_table_lock``, but a new peer's catch-up): from the event loop
+        at once (``_BUSY_GRACE`` at most for a connection another frame holds, 50 ms to finish a frame the socket
+        took in part), or (``wait``: a new peer's catch-up, on its reader thread) waiting up to ``_CONTROL_TIMEOUT``
+        for its socket. A peer it cannot go to is dropped with its channel: it never reads a row it was not told is
+        gone."""
         if peers is None:
             with self._lock:
                 peers = [peer for peer in self._peers.values() if peer.ready.is_set() and not peer.broken]
         for peer in peers:
-            try:   # waits only for a connection another frame holds: a peer never misses a change
-                peer.channel().send_control_first(CONTROL_TRANSPORT, message, time.monotonic() + _CONTROL_TIMEOUT)
-                sent = True
+            deadline = time.monotonic() + _CONTROL_TIMEOUT
+            try:   # at once: a peer whose socket is full, or that holds its connection, waits for nobody
+                if wait:
+                    peer.channel().send_control_first(CONTROL_TRANSPORT, message, deadline)
+                    sent = True
+                else:
+                    sent = peer.channel().try_control_first(CONTROL_TRANSPORT, message, deadline, _BUSY_GRACE)
             except DataDistError:
                 sent = False
             if not sent:
-                log.warning("%s: the table of link %s could not be updated; dropping its channel", self.name,
+                log.warning("%s: the table of link %s could not be updated at once; dropping its channel", self.name,
                             peer.what)
                 self._drop(peer, "its table could not be updated")
 
     def _ready(self, peer: LinkPeer) -> None:
-        """``peer`` loaded this agent: it gets every published entry (in order with later changes)."""
+        """``peer`` loaded this agent (on its reader thread): it gets every entry published when it was ready, sent
+        outside ``_table_lock`` -- the event loop's changes meanwhile never wait for this peer's socket. A change that
+        overtakes its entry is safe at the peer: a ``P`` of a handle already withdrawn, or older than the entry it
+        has, is ignored there (``_on_publish``); and a change the loop cannot send at once drops the peer."""
         with self._table_lock:
             messages = [entry.message + _LEN.pack(len(self._infos[handle])) + self._infos[handle]
                         for handle, entry in self._published.items()]
-            for message in messages:
-                if peer.broken:
-                    return
-                self._to_peers(message, [peer])
+        for message in messages:
+            if peer.broken:
+                return
+            self._to_peers(message, [peer], wait=True)
 
     # -- the requester's side --
 

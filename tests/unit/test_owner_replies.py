@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from datadistd.state.engine import tensors_of
-from tests.unit.test_links import BIG_POOL, BIG_ROW, P, Pair, _order, _until, linked_big_caches
+from tests.unit.test_links import BIG_POOL, BIG_ROW, BLOCK, BLOCKS, P, Pair, _order, _until, linked_big_caches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,3 +57,42 @@ def test_a_ping_is_answered_while_the_links_read_is_being_sent() -> None:
             assert await _until(lambda: not serving.owner._sends)   # the queue goes with its last send
 
     asyncio.run(main())
+
+
+def test_a_call_with_a_long_block_list_is_decoded_off_the_loop_and_a_small_one_on_it(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 44: a call frame whose decode reads over ``_OFF_LOOP`` bytes (here a read of 1,000 blocks) is decoded on
+    the daemon's threads as the link's peer, never on the event loop; a small one (a ping) on the loop, no thread
+    hop. The long list's refusal names its first bad block, as the plain check does."""
+    from datadist.status import LLMStatusCode as S
+    from datadistd.core.errors import DataDistError
+    from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
+    from datadistd.links import calls
+    from datadistd.links.wire import ownerwire
+    from tests.fakes import read_inline
+
+    decoded: list[tuple[str, int]] = []
+    decode = ownerwire.decode_call
+
+    def watched(data: bytes) -> Any:
+        decoded.append((threading.current_thread().name, len(data)))
+        return decode(data)
+
+    monkeypatch.setattr(ownerwire, "decode_call", watched)
+
+    async def main() -> None:
+        async with Pair() as pair:
+            assert await pair.link() == (0, [0])
+            pair.caches()
+            out = pair.links[1].links[P]
+            await out.calls.ping(5)
+            blocks = tuple([1, 2] * 450 + [3] * 99 + [BLOCKS])   # the last one past the cache's end
+            spec = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, blocks, -1, 0, 0, 0, 2 * BLOCK)
+            with pytest.raises(DataDistError) as info:
+                await read_inline(out.calls, spec, 5.0)
+            assert info.value.code == S.LLM_PARAM_INVALID and f"src_blocks[999] = {BLOCKS}" in info.value.message
+
+    asyncio.run(main())
+    small = [name for name, size in decoded if size <= calls._OFF_LOOP]
+    large = [name for name, size in decoded if size > calls._OFF_LOOP]
+    assert small and all(name == "MainThread" for name in small), decoded
+    assert len(large) == 1 and large[0].startswith("datadist-io"), decoded

@@ -11,7 +11,19 @@ import numpy as np
 import pytest
 
 from datadistd.state.engine import tensors_of
-from tests.unit.test_links import BIG_POOL, BIG_ROW, BLOCK, BLOCKS, P, Pair, _order, _until, linked_big_caches
+from tests.fakes import pulled
+from tests.unit.test_links import (
+    BIG_POOL,
+    BIG_ROW,
+    BLOCK,
+    BLOCKS,
+    P,
+    Pair,
+    _bytes,
+    _order,
+    _until,
+    linked_big_caches,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,3 +108,33 @@ def test_a_call_with_a_long_block_list_is_decoded_off_the_loop_and_a_small_one_o
     large = [name for name, size in decoded if size > calls._OFF_LOOP]
     assert small and all(name == "MainThread" for name in small), decoded
     assert len(large) == 1 and large[0].startswith("datadist-io"), decoded
+
+
+def test_the_segments_of_a_read_of_a_long_block_list_are_worked_out_off_the_loop(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 44: a valid read of 2^20 blocks costs tens of ms of array arithmetic (``segments_of``); over
+    ``owner._LOOP_BLOCKS`` blocks it runs on the link's peer's threads, not the event loop. The pull is byte-exact."""
+    from datadistd.links import owner
+
+    seen: list[tuple[str, int]] = []
+    real = owner.segments_of
+
+    def watched(tensors: Any, spans: Any) -> Any:
+        seen.append((threading.current_thread().name, len(spans.blocks)))
+        return real(tensors, spans)
+
+    monkeypatch.setattr(owner, "segments_of", watched)
+
+    async def main() -> None:
+        async with Pair() as pair:
+            assert await pair.link() == (0, [0])
+            src, dst = pair.caches()
+            serving, linking = pair.links
+            for remote, local in (([1, 2], [3, 4]), ([1, 2] * 2100 + [5], [3, 4] * 2100 + [6])):
+                await pulled(linking, _order(P, dst, remote, local))
+                got, want = _bytes(pair.ds, dst), _bytes(pair.ps, src)
+                for t in range(2):
+                    assert (got[t][local[-2:]] == want[t][remote[-2:]]).all()
+
+    asyncio.run(main())
+    assert len(seen) == 1 and seen[0][1] == 4201 and seen[0][0].startswith("datadist-io"), seen   # a small one:
+    # answered inline (``readview``), no segments of a general read

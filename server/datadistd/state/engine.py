@@ -450,10 +450,17 @@ class Engine:
 
     def prepare_read(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment], bool]:
         """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
+        cache_id, tensors, spans, release = self.pin_read(spec)
+        return cache_id, segments_of(tensors, spans), release
+
+    def pin_read(self, spec: RemoteSpec) -> tuple[int, tuple[Segment, ...], Sequence[Span], bool]:
+        """``prepare_read`` but its segments: (cache_id, the cache's tensors, the spans read, release_needed). The
+        segments are ``segments_of(tensors, spans)``, array arithmetic whose cost grows with the block count (a read
+        of 2^20 blocks: tens of ms), which ``Owner.read_for`` does off the event loop for a long list."""
         entry, spans, owner_key, _ = self._owner_spans(spec, "src")   # a pull reads the source
         release = (owner_key is not None and owner_key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks)
         self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(memory_of(entry).tensors, spans), release
+        return entry.cache_id, memory_of(entry).tensors, spans, release
 
     def prepare_write(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment]]:
         """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""

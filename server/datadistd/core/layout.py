@@ -127,12 +127,8 @@ def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "")
             return
         i = bisect.bisect_left(rows.peaks, n)   # the first item whose running maximum reaches n: that item is >= n
     else:
-        try:
-            low, high = min(rows), max(rows)
-        except TypeError:
-            low = high = None
         plain = set(map(type, rows)) == {int}   # the types found by a C loop
-        if plain and low >= 0 and high < n:     # type: ignore[operator]
+        if plain and min(rows) >= 0 and max(rows) < n:
             return
         i = _first_bad(rows, n, plain)
     b = rows[i]

@@ -166,7 +166,7 @@ class ReadMode(enum.IntEnum):
     SLOT = 1     # bytes from the start (+offset) of a batch slot of a contiguous cache
 
 
-class BlockList(tuple):  # type: ignore[type-arg]
+class BlockList(tuple[int, ...]):
     """Block numbers a peer's frame named (``links.wire.ownerwire`` decodes long lists into one, off the event loop),
     with what their bound check needs worked out there: every number is an int >= 0, ``high`` the largest, ``peaks``
     a non-decreasing sequence whose item ``i`` is the largest of the first ``i + 1`` numbers -- so the first number
@@ -174,10 +174,10 @@ class BlockList(tuple):  # type: ignore[type-arg]
     and ``values`` the same numbers as an array the memory layer reads at once (opaque here: core has no numpy)."""
 
     high: int
-    peaks: Sequence[int]
+    peaks: Any      # a Sequence[int] (numpy's array, bisected by ``core.layout``)
     values: Any
 
-    def __new__(cls, numbers: Sequence[int], high: int, peaks: Sequence[int], values: Any) -> "BlockList":
+    def __new__(cls, numbers: Sequence[int], high: int, peaks: Any, values: Any) -> "BlockList":
         self = super().__new__(cls, numbers)
         self.high, self.peaks, self.values = high, peaks, values
         return self

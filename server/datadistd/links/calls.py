@@ -1,6 +1,7 @@
 """Owner calls to and from the other end of a link, as frames on its data channel (``ownercalls``): sending
 one (``_frame_calls``), handing an incoming frame from a reader thread to the event loop
-(``_control_handler``), and the one place that runs a call of the other end (``_answer``)."""
+(``_control_handler``; a call with a long block list is decoded on the peer's threads, ``_decode_aside``), and
+the one place that runs a call of the other end (``_answer``)."""
 
 from __future__ import annotations
 

@@ -138,3 +138,38 @@ def test_the_segments_of_a_read_of_a_long_block_list_are_worked_out_off_the_loop
     asyncio.run(main())
     assert len(seen) == 1 and seen[0][1] == 4201 and seen[0][0].startswith("datadist-io"), seen   # a small one:
     # answered inline (``readview``), no segments of a general read
+
+
+def test_the_segments_of_an_open_write_of_many_blocks_are_worked_out_off_the_loop(monkeypatch) -> None:  # noqa: ANN001
+    """As a read's: an open write whose parts name more than ``owner._LOOP_BLOCKS`` blocks in all has their segments
+    worked out on the link's peer's threads (a refused or maximal one cost ~0.16 s of loop per frame: 2,048 parts of
+    1,000 blocks); a small one on the loop. All or none as before: the pins and caps come back when the writes go."""
+    from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
+    from datadistd.links import owner
+
+    seen: list[str] = []
+    real = owner.segments_of
+
+    def watched(tensors: Any, spans: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(tensors, spans)
+
+    monkeypatch.setattr(owner, "segments_of", watched)
+
+    async def main() -> None:
+        async with Pair() as pair:
+            assert await pair.link() == (0, [0])
+            src, _ = pair.caches()
+            serving, _ = pair.links
+            (link,) = serving.served.values()
+            small = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1, 2), -1, 0, 0, 0, 2 * 2 * BLOCK)
+            large = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1, 2) * 1100, -1, 0, 0, 0, 2 * 2200 * BLOCK)
+            assert len(await serving.owner.open_write_for(link, [small], 1000)) == 1
+            assert seen == ["MainThread"]
+            assert len(await serving.owner.open_write_for(link, [large, large], 1000)) == 2
+            assert len(seen) == 3 and all(name.startswith("datadist-io") for name in seen[1:]), seen
+            assert serving.engine.entry(src).pins == 3 and link.usage.writes == 3
+            serving.table.drop_writes(list(serving.table.writes))
+            assert await _until(lambda: serving.engine.entry(src).pins == 0) and link.usage.writes == 0
+
+    asyncio.run(main())

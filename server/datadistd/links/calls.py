@@ -355,7 +355,7 @@ class OwnerCalls:
         """Run one owner call of the other end (any number run at once) and answer it with a REPLY frame."""
         try:
             if isinstance(cmd, OpenWriteCmd):
-                tids = self.owner.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
+                tids = await self.owner.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
                 reply = OwnerReply(cmd.command_id, transfer_ids=tuple(tids))
             elif isinstance(cmd, CommitWriteCmd):
                 await self.owner.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)

@@ -464,9 +464,15 @@ class Engine:
 
     def prepare_write(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment]]:
         """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""
+        cache_id, tensors, spans = self.pin_write(spec)
+        return cache_id, segments_of(tensors, spans)
+
+    def pin_write(self, spec: RemoteSpec) -> tuple[int, tuple[Segment, ...], Sequence[Span]]:
+        """``prepare_write`` but its segments (``pin_read``'s counterpart): (cache_id, the cache's tensors, the
+        spans written)."""
         entry, spans, _, _ = self._owner_spans(spec, "dst")   # a push writes the destination
         self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(memory_of(entry).tensors, spans)
+        return entry.cache_id, memory_of(entry).tensors, spans
 
     def unpin(self, cache_id: int) -> None:
         if not self.closed:

@@ -14,16 +14,16 @@ from ..core.layout import Span
 from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
+from ..memory.segments import segments_of
 from ..state import readview
-from ..state.engine import segments_of
 from ..state.metrics import track_transfer
 from ..transport.base import Channel, Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
 from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 
-#: the most blocks of a read whose segments (``engine.segments_of``: array arithmetic, ~40 ms for 2^20 blocks) are
-#: worked out on the event loop; a longer list's, on the daemon's threads as the link's peer (``Owner.read_for``)
+#: the most blocks of a read (an open write: of its parts in all) whose segments (``segments_of``: array arithmetic,
+#: ~40 ms for 2^20 blocks) are worked out on the event loop; more, on the daemon's threads as the link's peer
 _LOOP_BLOCKS = 4096
 
 
@@ -57,7 +57,7 @@ class Owner:
         await link.usage.enter_call(limits, deadline)   # a per-link cap: one peer cannot fill the daemon's executor
         try:
             with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
-                cache_id, tensors, spans, release = self.table.engine.pin_read(spec)
+                cache_id, tensors, spans, release = self.table.engine.pin(spec, "src")
                 try:
                     src = segments_of(tensors, spans) if len(spec.blocks) <= _LOOP_BLOCKS else \
                         await self.table.in_thread_of(link.principal, segments_of, tensors, spans)
@@ -255,7 +255,7 @@ class Owner:
         booked = False
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
-                pinned.append(self.table.engine.pin_write(spec))
+                pinned.append(self.table.engine.pin(spec, "dst")[:3])
             # the caps booked once the parts are valid (so a bad byte count is LLM_PARAM_INVALID, not a cap), before
             # any receipt exists; no await since the pins above, so nothing ran with them over the cap
             link.usage.open_writes(limits, len(specs), nbytes)
@@ -318,7 +318,7 @@ class Owner:
 
 
 def _segments_of_parts(pinned: Sequence[tuple[int, tuple[Segment, ...], Sequence[Span]]]) -> list[Sequence[Segment]]:
-    """The segments of each part an open write pinned (``Engine.pin_write``), in order."""
+    """The segments of each part an open write pinned (``Engine.pin``), in order."""
     return [segments_of(tensors, spans) for _, tensors, spans in pinned]
 
 

@@ -7,14 +7,8 @@ rows of ``row_size`` bytes per tensor, each tensor's address), the registration'
 manager's description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P``
 again with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer,
 then its registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the
-cache's memory goes back to its pool. These run on the event loop, which answers every link and tenant, so
-they never wait for a peer: each message goes out at once (``try_control_first``: the first connection idle and
-its socket taking the frame; a frame taken only in part is finished within 50 ms, else the connection breaks),
-and a peer it cannot go to at once (its channel broke, its socket full, its first connection held by another
-thread's frame for more than ``_BUSY_GRACE``) is dropped with its channel -- a peer never holds a row it was not
-told is gone, and a peer that stops reading stalls nobody. (Before, each send could wait 5 s per peer, on the
-loop.) Only a new peer's catch-up (``_ready``, on its reader thread, holding no lock the loop takes) waits for its
-socket, up to ``_CONTROL_TIMEOUT`` per message.
+cache's memory goes back to its pool. A peer a ``P`` or ``W`` cannot go to at once (``_to_peers``: the event loop
+waits for no peer) is dropped with its channel: a peer never holds a row it was not told is gone.
 
 Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
 first connection (``TcpChannel.send_control_first``): one reader thread applies a ``P`` or ``W`` before it hands
@@ -71,10 +65,8 @@ MAX_ROWS_LINK = 1 << 23       # rows (prepared descriptors) of all the caches on
 MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 _READ_NAP = 0.00002           # progress thread: the nap between two rounds of checks of the READs in flight
-#: how long the event loop waits for a peer's first connection that another thread's frame holds, before its table
-#: change is given up and the peer dropped (``_to_peers``); never for a socket that does not take the frame
-_BUSY_GRACE = 0.05
 _FENCE_NAP = 0.002            # the same when every READ in flight is past its deadline, waited for in its fence
+_BUSY_GRACE = 0.05            # the loop's wait for a peer's first connection another thread's frame holds (not socket)
 
 
 @dataclass
@@ -181,22 +173,17 @@ class PublishedTables(OneSidedTransport):
         return super()._describe(peer, segments)
 
     def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None, wait: bool = False) -> None:
-        """Send ``message`` to every ready peer (under ``_table_lock``, but a new peer's catch-up): from the event loop
-        at once (``_BUSY_GRACE`` at most for a connection another frame holds, 50 ms to finish a frame the socket
-        took in part), or (``wait``: a new peer's catch-up, on its reader thread) waiting up to ``_CONTROL_TIMEOUT``
-        for its socket. A peer it cannot go to is dropped with its channel: it never reads a row it was not told is
-        gone."""
+        """``message`` to every ready peer: at once from the loop (``try_control_first``, ``_BUSY_GRACE``), or
+        (``wait``: a new peer's catch-up, its reader thread) within ``_CONTROL_TIMEOUT``. One it misses is dropped."""
         if peers is None:
             with self._lock:
                 peers = [peer for peer in self._peers.values() if peer.ready.is_set() and not peer.broken]
         for peer in peers:
             deadline = time.monotonic() + _CONTROL_TIMEOUT
-            try:   # at once: a peer whose socket is full, or that holds its connection, waits for nobody
+            try:
                 if wait:
                     peer.channel().send_control_first(CONTROL_TRANSPORT, message, deadline)
-                    sent = True
-                else:
-                    sent = peer.channel().try_control_first(CONTROL_TRANSPORT, message, deadline, _BUSY_GRACE)
+                sent = wait or peer.channel().try_control_first(CONTROL_TRANSPORT, message, deadline, _BUSY_GRACE)
             except DataDistError:
                 sent = False
             if not sent:
@@ -205,10 +192,8 @@ class PublishedTables(OneSidedTransport):
                 self._drop(peer, "its table could not be updated")
 
     def _ready(self, peer: LinkPeer) -> None:
-        """``peer`` loaded this agent (on its reader thread): it gets every entry published when it was ready, sent
-        outside ``_table_lock`` -- the event loop's changes meanwhile never wait for this peer's socket. A change that
-        overtakes its entry is safe at the peer: a ``P`` of a handle already withdrawn, or older than the entry it
-        has, is ignored there (``_on_publish``); and a change the loop cannot send at once drops the peer."""
+        """``peer`` loaded this agent (its reader thread): every entry, sent outside ``_table_lock`` (the loop never
+        waits for this socket); a change overtaking one is safe (``_on_publish`` ignores a stale ``P``)."""
         with self._table_lock:
             messages = [entry.message + _LEN.pack(len(self._infos[handle])) + self._infos[handle]
                         for handle, entry in self._published.items()]

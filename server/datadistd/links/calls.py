@@ -329,6 +329,8 @@ class OwnerCalls:
         that answers every link's heartbeat and every tenant -- then answered as ``_on_control`` answers a call
         (its lists' bounds known: the owner's check is O(log n), ``core.layout``). ``decoded`` once it is."""
         try:
+            if self.table.closed:   # as ``_on_control``: a finalizing engine answers no call
+                return
             cmd = await self.table.in_thread_of(link.principal, ownerwire.decode_call, payload)
         except DataDistError as exc:
             self._undecodable(link, exc)

@@ -41,7 +41,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
             opened, refused = [], 0
             for _ in range(150):
                 try:
-                    opened.append(serving.owner.open_write_for(link, [part] * 2048, HUGE, HUGE))
+                    opened.append(await serving.owner.open_write_for(link, [part] * 2048, HUGE, HUGE))
                 except DataDistError as exc:
                     assert exc.code == S.LLM_LINK_BUSY and "link_open_writes" in exc.message
                     refused += 1
@@ -75,7 +75,7 @@ def test_8_one_peer_is_held_to_its_links_caps():
             serving.table.drop_writes(list(serving.table.writes))
             assert link.usage.writes == 0 and link.usage.pinned == 0 and link.usage.calls == 0
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            assert serving.owner.open_write_for(link, [part], 1000)     # the legitimate use goes on
+            assert await serving.owner.open_write_for(link, [part], 1000)     # the legitimate use goes on
 
     asyncio.run(main())
 

@@ -333,3 +333,56 @@ def test_a_pull_by_raw_worker_address_reads_only_published_caches() -> None:
 
     asyncio.run(main())
 
+
+
+def test_a_peer_whose_socket_is_full_is_dropped_at_a_withdrawal_not_waited_for() -> None:
+    """Issue 44, attack 3: the owner withdraws a cache on its event loop, before the cache's memory goes back to the
+    pool. A peer that stopped reading (its first connection's socket full) used to hold that loop -- and every
+    tenant and link it answers -- for 5 s per peer; now the ``W`` that cannot go out at once drops the peer with its
+    channel, so it never reads a row it was not told is gone, and the withdrawal goes on at once."""
+    import socket
+    import threading
+
+    from datadistd.transport.base import CONTROL_TRANSPORT
+    from datadistd.transport.onesided.link import _CONTROL_TIMEOUT
+
+    async def main() -> None:
+        async with NixlPair() as pair:
+            serving, linking, src, dst, channel = await _linked(pair)
+            await pulled(linking, _order(P, dst, [1], [1]))
+            (owner_peer,) = serving.table.transport._peers.values()
+            (puller_peer,) = linking.table.transport._peers.values()
+            # the puller stops reading its first connection: its reader thread held in the frame "Z" (bounded)
+            stalled, resume = threading.Event(), threading.Event()
+            real = puller_peer._on_message
+
+            def on_message(payload: bytes) -> None:
+                if payload[:1] == b"Z":
+                    stalled.set()
+                    resume.wait(4 * _CONTROL_TIMEOUT)
+                    return
+                real(payload)
+
+            puller_peer._on_message = on_message
+            tcp = owner_peer.channel()
+            assert tcp.try_control_first(CONTROL_TRANSPORT, b"Z", time.monotonic() + 5)
+            assert await asyncio.to_thread(stalled.wait, 10)
+            sock = tcp._conns[0].sock
+            try:   # ... and the owner's socket to it fills up
+                for _ in range(100_000):
+                    sock.send(b"\0" * 65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
+            try:
+                began = time.monotonic()
+                pair.ps.engine.deallocate_cache(src, is_blocks=True)   # on the loop: withdraws the cache
+                took = time.monotonic() - began
+                assert owner_peer.broken and not serving.table.transport._peers   # that peer is dropped
+                assert serving.table.transport._agent().published() == 0         # and the cache deregistered
+                # it was not waited for: the loop went on before a send to that socket could even time out
+                assert took < _CONTROL_TIMEOUT, took
+                print(f"\nthe withdrawal took {took * 1000:.1f} ms with a peer whose socket is full")
+            finally:
+                resume.set()
+
+    asyncio.run(main())

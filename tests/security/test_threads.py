@@ -47,7 +47,7 @@ def test_8_one_peer_at_its_thread_share_leaves_a_local_copy_alone() -> None:
             src, _ = pair.caches()
             (link,) = serving.served.values()
             piece = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
-            tids = serving.owner.open_write_for(link, [piece] * HOG, 60_000, 60_000)
+            tids = await serving.owner.open_write_for(link, [piece] * HOG, 60_000, 60_000)
             hog = [asyncio.ensure_future(serving.owner.commit_write_for(link, [tid], 60_000)) for tid in tids]
             share = threads.share
             assert await _until(lambda: threads.held(link.principal) == (share, HOG - share))

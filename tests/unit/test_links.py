@@ -308,9 +308,9 @@ class OwnerCallCounter:
         self.committed: list[int] = []   # transfers per commit_write call
         real_open, real_commit = owner.owner.open_write_for, owner.owner.commit_write_for
 
-        def open_write_for(link: Any, specs: Any, timeout_ms: int, hold_ms: int = 0) -> list[int]:
+        async def open_write_for(link: Any, specs: Any, timeout_ms: int, hold_ms: int = 0) -> list[int]:
             self.opened.append(len(specs))
-            return real_open(link, specs, timeout_ms, hold_ms)
+            return await real_open(link, specs, timeout_ms, hold_ms)
 
         async def commit_write_for(link: Any, transfer_ids: Any, timeout_ms: int) -> None:
             self.committed.append(len(transfer_ids))
@@ -432,11 +432,11 @@ def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -
             good = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (1,), -1, 0, 0, 0, 2 * BLOCK)
             bad = RemoteSpec(BlocksKeyRef(P, 0), ReadMode.BLOCKS, (BLOCKS,), -1, 0, 0, 0, 2 * BLOCK)
             with pytest.raises(DataDistError) as info:
-                serving.owner.open_write_for(link, [good, good, bad], 1000)
+                await serving.owner.open_write_for(link, [good, good, bad], 1000)
             assert info.value.code == S.LLM_PARAM_INVALID
             assert not serving.table.writes
             assert await _until(lambda: serving.engine.entry(src).pins == 0)
-            tids = serving.owner.open_write_for(link, [good, good], 1000)
+            tids = await serving.owner.open_write_for(link, [good, good], 1000)
             assert len(serving.table.writes) == 2 and serving.engine.entry(src).pins == 2
             for ids in ([tids[0], tids[0]], [tids[0], 12345], []):
                 with pytest.raises(DataDistError) as info:

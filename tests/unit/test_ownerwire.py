@@ -218,3 +218,33 @@ def test_decoding_any_reply_bytes_raises_only_the_codecs_error(data: bytes) -> N
         ownerwire.decode_reply(data)
     except DataDistError as exc:
         assert exc.code == S.LLM_PARAM_INVALID
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=ownerwire.SMALL_READ_BLOCKS + 1, max_size=400),
+       st.integers(1, 45), st.sampled_from([ownerwire.OP_READ, ownerwire.OP_OPEN_WRITE]))
+def test_a_long_block_list_decodes_with_its_bounds_and_is_checked_as_the_plain_list(blocks: list[int], rows: int,
+                                                                                   op: int) -> None:
+    """A spec's long block list (past ``SMALL_READ_BLOCKS``) decodes into a ``BlockList``: equal to the plain tuple,
+    its bounds known, so the owner refuses it by bisection (issue 44) -- with the same answer, the same first bad
+    block named, as the element-by-element check of the plain list."""
+    from datadistd.core.layout import block_spans
+    from datadistd.core.types import BlockList, CacheDesc, DType
+
+    spec = RemoteSpec(BlocksKeyRef(1, 0), ReadMode.BLOCKS, tuple(blocks), -1, 0, 0, 0, 0)
+    cmd = ReadCmd(3, 0, spec, 0) if op == ownerwire.OP_READ else OpenWriteCmd(3, (spec,), 0)
+    decoded = ownerwire.decode_call(ownerwire.encode_call(cmd))
+    got = decoded.spec.blocks if isinstance(decoded, ReadCmd) else decoded.specs[0].blocks
+    assert isinstance(got, BlockList) and got == tuple(blocks) and got.high == max(blocks)
+    desc = CacheDesc(1, (rows, 4), DType.DT_UINT8)
+    answers = []
+    for listed in (got, tuple(blocks)):
+        try:
+            answers.append(block_spans(desc, [0], listed, "src").nbytes)
+        except DataDistError as exc:
+            answers.append(exc.message)
+    assert answers[0] == answers[1]
+    bad = next((i for i, b in enumerate(blocks) if b >= rows), None)
+    assert (bad is None) == isinstance(answers[0], int)
+    if bad is not None:
+        assert f"src_blocks[{bad}] = {blocks[bad]} out of range" in answers[0]

@@ -16,12 +16,15 @@ anything is returned. Pure Python, no numpy: the daemon core imports no array li
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count, islice, repeat
+from operator import is_not, not_
 
 from .errors import DataDistError, StatusCode, require
-from .types import CacheDesc, ReadMode, RemoteSpec
+from .types import BlockList, CacheDesc, ReadMode, RemoteSpec
 
 __all__ = [
     "address_spans",
@@ -112,23 +115,41 @@ SIDES = {"src": ("src_blocks", "source"), "dst": ("dst_blocks", "destination")}
 
 
 def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "") -> None:
+    """Every item of ``rows`` an int in ``[0, desc.rows)``, else ``LLM_PARAM_INVALID`` naming the first that is not.
+    No Python loop over the items, whatever their count: a peer's long list (``BlockList``) is checked by its
+    ``high`` and its first bad item found by bisection of its ``peaks``; any other list by C passes (``min``,
+    ``max``, ``map``) that stop at the first bad item (``_first_bad``)."""
     n = desc.rows
     if not rows:
         return
-    try:
-        ok = min(rows) >= 0 and max(rows) < n
-    except TypeError:
-        ok = False
-    if ok and set(map(type, rows)) == {int}:  # fast path for plain ints (the types found by a C loop)
-        return
-    for i, b in enumerate(rows):
-        if not (_is_int(b) and 0 <= b < n):
-            if side:
-                arg, whose = SIDES[side]
-                raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                    f"{arg}[{i}] = {b!r} out of range [0, {n}): the {whose} cache has {n} {what}s")
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
-                                f"{what} {b!r} (position {i}) out of range [0, {n}) for a cache of {n} {what}s")
+    if isinstance(rows, BlockList):
+        if rows.high < n:
+            return
+        i = bisect.bisect_left(rows.peaks, n)   # the first item whose running maximum reaches n: that item is >= n
+    else:
+        plain = set(map(type, rows)) == {int}   # the types found by a C loop
+        if plain and min(rows) >= 0 and max(rows) < n:
+            return
+        i = _first_bad(rows, n, plain)
+    b = rows[i]
+    if side:
+        arg, whose = SIDES[side]
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"{arg}[{i}] = {b!r} out of range [0, {n}): the {whose} cache has {n} {what}s")
+    raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                        f"{what} {b!r} (position {i}) out of range [0, {n}) for a cache of {n} {what}s")
+
+
+def _first_bad(rows: Sequence[int], n: int, plain: bool) -> int:
+    """The position of the first item of ``rows`` that is not a plain int in ``[0, n)`` (one exists), found by C
+    iterators that stop there. ``plain``: every item is an int (``n.__le__``, ``(0).__gt__`` find the first one out
+    of range); else the first item of another type, and the first int before it outside ``range(n)``
+    (``range.__contains__`` is O(1) on an int, and only ints reach it)."""
+    if plain:
+        return min(next(compress(count(), map(n.__le__, rows)), len(rows)),
+                   next(compress(count(), map((0).__gt__, rows)), len(rows)))
+    typed = next(compress(count(), map(is_not, map(type, rows), repeat(int))), len(rows))
+    return next(compress(count(), map(not_, map(range(n).__contains__, islice(rows, typed)))), typed)
 
 
 def block_runs(blocks: Sequence[int]) -> list[tuple[int, int]]:

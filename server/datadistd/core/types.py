@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import NewType, Union
+from typing import Any, NewType, Sequence, Union
 
 from datadist.dtypes import ITEMSIZE, DataType
 
@@ -14,7 +14,7 @@ from .errors import DataDistError, StatusCode, require
 __all__ = [
     "UINT64_MAX", "ClusterId", "CacheId", "CommId", "EngineId", "TransferId",
     "Role", "Placement", "DType", "CacheDesc", "KeyKind", "OwnerKey",
-    "CacheKeyRef", "IdIndexRef", "BlocksKeyRef", "KeyRef", "ReadMode", "RemoteSpec",
+    "CacheKeyRef", "IdIndexRef", "BlocksKeyRef", "KeyRef", "ReadMode", "RemoteSpec", "BlockList",
 ]
 
 UINT64_MAX = 2**64 - 1
@@ -164,6 +164,23 @@ KeyRef = Union[CacheKeyRef, IdIndexRef, BlocksKeyRef]
 class ReadMode(enum.IntEnum):
     BLOCKS = 0   # blocks of a blocks cache
     SLOT = 1     # bytes from the start (+offset) of a batch slot of a contiguous cache
+
+
+class BlockList(tuple[int, ...]):
+    """Block numbers a peer's frame named (``links.wire.ownerwire`` decodes long lists into one, off the event loop),
+    with what their bound check needs worked out there: every number is an int >= 0, ``high`` the largest, ``peaks``
+    a non-decreasing sequence whose item ``i`` is the largest of the first ``i + 1`` numbers -- so the first number
+    at or past a bound is found by bisection (``core.layout``), never by a loop over a million of them on the loop --
+    and ``values`` the same numbers as an array the memory layer reads at once (opaque here: core has no numpy)."""
+
+    high: int
+    peaks: Any      # a Sequence[int] (numpy's array, bisected by ``core.layout``)
+    values: Any
+
+    def __new__(cls, numbers: Sequence[int], high: int, peaks: Any, values: Any) -> "BlockList":
+        self = super().__new__(cls, numbers)
+        self.high, self.peaks, self.values = high, peaks, values
+        return self
 
 
 @dataclass(frozen=True)

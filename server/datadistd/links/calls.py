@@ -1,6 +1,7 @@
 """Owner calls to and from the other end of a link, as frames on its data channel (``ownercalls``): sending
 one (``_frame_calls``), handing an incoming frame from a reader thread to the event loop
-(``_control_handler``), and the one place that runs a call of the other end (``_answer``)."""
+(``_control_handler``; a call with a long block list is decoded on the peer's threads, ``_decode_aside``), and
+the one place that runs a call of the other end (``_answer``)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,15 @@ log = logging.getLogger("datadistd.links")
 
 #: a WRITE call's op byte (``ownerwire``): ``_write_here``'s, every other call ``_read_here``'s
 _WRITE_OP = bytes((ownerwire.OP_WRITE,))
-#: control frames one wake-up of the event loop handles before it lets other work run
+#: control frames one wake-up of the event loop handles before it lets other work run ...
 _CONTROL_DRAIN = 64
+#: ... and bytes of the frames it decodes itself (a frame at least): a turn ends at whichever comes first
+_DRAIN_BYTES = 256 << 10
+#: a CALL frame whose decode reads more bytes than this (``ownerwire.parsed_size``: a block list of more than ~500
+#: numbers) is decoded -- its lists turned into ints and their bounds worked out (``core.types.BlockList``) -- on the
+#: daemon's threads as the link's peer (its share, ``guard.executor``), never on the event loop; the rest (a small
+#: pull's or push's frame, a ping, a reply) is decoded on the loop, no thread hop
+_OFF_LOOP = 4 << 10
 #: what one link's other end may have waiting here: control frames its connections' readers handed over
 #: that the event loop has not taken yet, plus its calls being answered -- at most ``_QUEUED_FRAMES`` of those and
 #: ``_QUEUED_BYTES`` of frames. A peer past either bound sends faster than it is answered (an honest one has no
@@ -89,7 +97,8 @@ class OwnerCalls:
 
     def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
         """What the data channel's reader threads call with a control frame: queue it for the event loop, which
-        drains every queued frame per wake-up (``_CONTROL_DRAIN`` at most per turn): many replies and calls in
+        drains every queued frame per wake-up (``_CONTROL_DRAIN`` frames and ``_DRAIN_BYTES`` decoded at most per
+        turn; a call with a long list is decoded off the loop, ``_decode_aside``): many replies and calls in
         flight cost one wake-up, not one each. The queue is bounded with the answers running (``_QUEUED_FRAMES``,
         ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
         (``CONTROL_DOWN``) is always queued."""
@@ -100,14 +109,29 @@ class OwnerCalls:
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
 
+        def decoded(size: int) -> None:   # a frame decoded off the loop no longer counts in ``held``
+            with lock:
+                held[0] -= size
+
         def drain() -> None:
+            budget = _DRAIN_BYTES
             for _ in range(_CONTROL_DRAIN):
                 with lock:
                     if not inbox:
                         return
                     kind, payload = inbox.popleft()
-                    held[0] -= len(payload)
+                    size = len(payload)
+                    aside = kind == CONTROL_CALL and size > _OFF_LOOP and ownerwire.parsed_size(payload) > _OFF_LOOP
+                    if not aside:   # else it counts until decoded (``decoded``)
+                        held[0] -= size
+                if aside:
+                    link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
+                    self._answering(link, self._decode_aside(link, payload, functools.partial(decoded, size)))
+                    continue
                 self._on_control(link, kind, payload, read_here, write_here)
+                budget -= size
+                if budget <= 0:
+                    break
             if inbox:   # more than a turn's worth: the rest after the loop's other work
                 loop.call_soon(drain)
 
@@ -271,12 +295,8 @@ class OwnerCalls:
             if self.table.closed:
                 return
             cmd = ownerwire.decode_call(payload)
-        except RefusedCall as exc:
-            self._answering(link, self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
-            return
         except DataDistError as exc:
-            log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
-                        link.remote_cluster, exc.message)
+            self._undecodable(link, exc)
             return
         if isinstance(cmd, UnlinkCmd):
             # in frame order: the channel's end queued after this call (``CONTROL_DOWN``) is the unlink's, not a
@@ -293,6 +313,32 @@ class OwnerCalls:
             if write_here(payload):
                 return
         self._answering(link, self._answer(link, cmd))
+
+    def _undecodable(self, link: RemoteLink, exc: DataDistError) -> None:
+        """A frame of the other end that did not decode: a call that named its id is answered with the code
+        (``RefusedCall``), anything else is dropped, logged."""
+        if isinstance(exc, RefusedCall):
+            self._answering(link, self._reply(link, OwnerReply(exc.command_id, int(exc.code), exc.message)))
+        else:
+            log.warning("cluster %s: dropped a control frame of cluster %s: %s", self.table.cluster_id,
+                        link.remote_cluster, exc.message)
+
+    async def _decode_aside(self, link: RemoteLink, payload: bytes, decoded: Callable[[], None]) -> None:
+        """A call frame over ``_OFF_LOOP`` (a long block list: up to 2^20 numbers, 8 MiB), decoded on the daemon's
+        threads as the link's peer -- so a peer's maximal frames cost its own thread share, not the event loop
+        that answers every link's heartbeat and every tenant -- then answered as ``_on_control`` answers a call
+        (its lists' bounds known: the owner's check is O(log n), ``core.layout``). ``decoded`` once it is."""
+        try:
+            if self.table.closed:   # as ``_on_control``: a finalizing engine answers no call
+                return
+            cmd = await self.table.in_thread_of(link.principal, ownerwire.decode_call, payload)
+        except DataDistError as exc:
+            self._undecodable(link, exc)
+            return
+        finally:
+            decoded()
+        if not self.table.closed:
+            await self._answer(link, cmd)
 
     def _answering(self, link: RemoteLink, work: Coroutine[Any, Any, None]) -> None:
         """``work`` -- the answer to a call of the other end -- as a task, counted in ``link.usage.answering`` until
@@ -311,7 +357,7 @@ class OwnerCalls:
         """Run one owner call of the other end (any number run at once) and answer it with a REPLY frame."""
         try:
             if isinstance(cmd, OpenWriteCmd):
-                tids = self.owner.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
+                tids = await self.owner.open_write_for(link, cmd.specs, cmd.timeout_ms, cmd.hold_ms)
                 reply = OwnerReply(cmd.command_id, transfer_ids=tuple(tids))
             elif isinstance(cmd, CommitWriteCmd):
                 await self.owner.commit_write_for(link, cmd.transfer_ids, cmd.timeout_ms)

@@ -10,15 +10,21 @@ import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
+from ..core.layout import Span
 from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
+from ..memory.segments import segments_of
 from ..state import readview
 from ..state.metrics import track_transfer
 from ..transport.base import Channel, Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable
 from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
+
+#: the most blocks of a read (an open write: of its parts in all) whose segments (``segments_of``: array arithmetic,
+#: ~40 ms for 2^20 blocks) are worked out on the event loop; more, on the daemon's threads as the link's peer
+_LOOP_BLOCKS = 4096
 
 
 class Owner:
@@ -35,9 +41,10 @@ class Owner:
         connection whose socket takes it (``Channel.try_send_soon``; what it took only in part is finished from the
         loop as the socket drains); the rest is queued on the link (``_SendQueue``): one executor job per
         connection sends the link's queued reads back to back -- and the REPLYs queued behind them
-        (``queued_control``) -- instead of one thread per read waiting its turn for the socket. The source is
-        unpinned before the REPLY is queued, so the requester never hears of a read whose source is still pinned
-        here."""
+        (``queued_control``) -- instead of one thread per read waiting its turn for the socket. The segments of a
+        read of more than ``_LOOP_BLOCKS`` blocks are worked out on the link's peer's threads, not the loop. The
+        source is unpinned before the REPLY is queued, so the requester never hears of a read whose source is still
+        pinned here."""
         if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
@@ -50,8 +57,10 @@ class Owner:
         await link.usage.enter_call(limits, deadline)   # a per-link cap: one peer cannot fill the daemon's executor
         try:
             with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
-                cache_id, src, release = self.table.engine.prepare_read(spec)
+                cache_id, tensors, spans, release = self.table.engine.pin(spec, "src")
                 try:
+                    src = segments_of(tensors, spans) if len(spec.blocks) <= _LOOP_BLOCKS else \
+                        await self.table.in_thread_of(link.principal, segments_of, tensors, spans)
                     # a read of one frame goes out from the event loop when a connection is idle and its socket
                     # takes it (no executor hop); what the socket took only in part is finished from the loop
                     sent = channel.try_send_soon(TransferId(transfer_id), src, deadline)
@@ -226,9 +235,11 @@ class Owner:
                 assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
                 self.table.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
 
-    def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int, hold_ms: int = 0) -> list[int]:
+    async def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int,
+                             hold_ms: int = 0) -> list[int]:
         """Owner side of a push: one incoming transfer per spec, all or none; each waits ``hold_ms`` (else
-        ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile."""
+        ``timeout_ms``) for its bytes and commit, pinning its cache meanwhile. The segments of parts of more than
+        ``_LOOP_BLOCKS`` blocks in all are worked out on the link's peer's threads, not the event loop."""
         require(0 < len(specs) <= MAX_OPEN_PER_CALL,
                 f"an open write of {len(specs)} parts; 1 to {MAX_OPEN_PER_CALL} per call")
         channel = self.table.channel_of(link)
@@ -239,24 +250,28 @@ class Owner:
         deadline = time.monotonic() + hold / 1000
         nbytes = sum(spec.expected_bytes for spec in specs)
         link.usage.check_writes(limits, len(specs))   # over the count cap: refused before any part is looked at
-        prepared: list[tuple[int, Sequence[Segment]]] = []
+        pinned: list[tuple[int, tuple[Segment, ...], Sequence[Span]]] = []
         receipts: list[Receipt] = []
         booked = False
         try:   # every destination checked (and pinned) before any receipt exists
             for spec in specs:
-                prepared.append(self.table.engine.prepare_write(spec))
+                pinned.append(self.table.engine.pin(spec, "dst")[:3])
             # the caps booked once the parts are valid (so a bad byte count is LLM_PARAM_INVALID, not a cap), before
             # any receipt exists; no await since the pins above, so nothing ran with them over the cap
             link.usage.open_writes(limits, len(specs), nbytes)
             booked = True
-            for _, dst in prepared:
+            if sum(len(spec.blocks) for spec in specs) <= _LOOP_BLOCKS:
+                dsts = _segments_of_parts(pinned)
+            else:
+                dsts = await self.table.in_thread_of(link.principal, _segments_of_parts, pinned)
+            for dst in dsts:
                 receipts.append(self.table.transport.expect(dst, channel=channel))
         except BaseException:
             if booked:
                 link.usage.close_writes(len(specs), nbytes)
-            self.table.release_later(receipts, [cache_id for cache_id, _ in prepared])
+            self.table.release_later(receipts, [cache_id for cache_id, _, _ in pinned])
             raise
-        for (cache_id, _), receipt, spec in zip(prepared, receipts, specs, strict=True):
+        for (cache_id, _, _), receipt, spec in zip(pinned, receipts, specs, strict=True):
             self.table.writes[receipt.transfer_id] = _PendingWrite(receipt, cache_id, deadline, link,
                                                                    len(spec.blocks), spec.expected_bytes)
         self.table.watch()
@@ -300,6 +315,11 @@ class Owner:
             finally:   # a failure ends the rest too (cancelled off the event loop, then unpinned)
                 self.table.release_later([pw.receipt for pw in pending], [pw.cache_id for pw in pending])
             tracked.done(nbytes, blocks)
+
+
+def _segments_of_parts(pinned: Sequence[tuple[int, tuple[Segment, ...], Sequence[Span]]]) -> list[Sequence[Segment]]:
+    """The segments of each part an open write pinned (``Engine.pin``), in order."""
+    return [segments_of(tensors, spans) for _, tensors, spans in pinned]
 
 
 #: a sender's state (``_SendQueue.drain``): waiting for its turn on the daemon's threads, draining, given up

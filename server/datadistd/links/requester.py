@@ -16,7 +16,8 @@ from ..core.registry import CacheEntry
 from ..core.types import CacheId, CacheKeyRef, IdIndexRef, RemoteSpec, TransferId
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
-from ..state.engine import segments_of, tensors_of
+from ..memory.segments import segments_of
+from ..state.engine import tensors_of
 from ..transport.base import Channel
 from .bytransfer import Pull, PullDone, TransferPulls, explained
 from .model import AnyLink, InboundLink, Link, LinkState, LocalLink, RemoteLink

@@ -19,9 +19,11 @@ from typing import Any, Iterator, Sequence, overload
 
 import numpy as np
 
+from ..core.layout import BlockSpans, Span
+from ..core.types import BlockList
 from .base import MemoryHandle, Segment
 
-__all__ = ["SegmentTable", "cut", "byte_view"]
+__all__ = ["SegmentTable", "cut", "byte_view", "segments_of"]
 
 _SMALL = 64                      # up to this many items, plain Python beats numpy's per-call overhead
 _CHECK = 1 << 16                 # bounds-check slice (bounded temporaries for huge tables)
@@ -87,7 +89,8 @@ class SegmentTable(Sequence[Segment]):
     def _blocks_large(cls, tensors: Sequence[Segment], tensor_indices: Sequence[int], blocks: Sequence[int],
                       row: int) -> "SegmentTable":
         """``blocks`` with numpy: a few array operations whatever the block count."""
-        b = np.asarray(blocks, dtype=np.int64)
+        # a peer's long list carries its numbers as an array already (``core.types.BlockList``): no pass over ints
+        b = np.asarray(blocks.values if isinstance(blocks, BlockList) else blocks, dtype=np.int64)
         if b.size == 0 or len(tensor_indices) == 0:
             return cls((), _EMPTY_I, _EMPTY_Q, _EMPTY_Q)
         if b.size > 1:
@@ -292,3 +295,16 @@ def byte_view(handle: Any, writable: bool) -> memoryview | None:
     if view.format != "B" or view.ndim != 1:
         return view.cast("B")
     return view[:]
+
+
+def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[Segment]:
+    """Turn byte spans inside tensors into segments of the tensors' memory.
+
+    Block spans become a ``SegmentTable`` (arrays, no object per span)."""
+    if isinstance(spans, BlockSpans):
+        return SegmentTable.blocks(tensors, spans.tensors, spans.blocks, spans.row)
+    out = []
+    for span in spans:
+        base = tensors[span.tensor]
+        out.append(Segment(base.handle, base.offset + span.offset, span.length))
+    return out

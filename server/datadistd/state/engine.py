@@ -16,7 +16,6 @@ from typing import Callable, Protocol, Sequence, cast
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import (
-    BlockSpans,
     Span,
     address_spans,
     block_copy_pairs,
@@ -46,9 +45,9 @@ from ..core.types import (
 from ..guard.executor import Gate, Lane
 from ..memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from ..memory.copy import copy_segments
-from ..memory.segments import SegmentTable
+from ..memory.segments import segments_of
 
-__all__ = ["Engine", "CacheMemory", "Operand", "segments_of", "MAX_REGISTERED_ADDRS"]
+__all__ = ["Engine", "CacheMemory", "Operand", "MAX_REGISTERED_ADDRS"]
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +102,6 @@ def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
     memory = entry.memory
     assert isinstance(memory, CacheMemory)
     return memory.tensors
-
-
-def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[Segment]:
-    """Turn byte spans inside tensors into segments of the tensors' memory.
-
-    Block spans become a ``SegmentTable`` (arrays, no object per span: see ``memory.segments``)."""
-    if isinstance(spans, BlockSpans):
-        return SegmentTable.blocks(tensors, spans.tensors, spans.blocks, spans.row)
-    out = []
-    for span in spans:
-        base = tensors[span.tensor]
-        out.append(Segment(base.handle, base.offset + span.offset, span.length))
-    return out
 
 
 class PublishedView(Protocol):
@@ -449,16 +435,22 @@ class Engine:
 
     def prepare_read(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment], bool]:
         """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
-        entry, spans, owner_key, _ = self._owner_spans(spec, "src")   # a pull reads the source
-        release = (owner_key is not None and owner_key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks)
-        self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(memory_of(entry).tensors, spans), release
+        cache_id, tensors, spans, release = self.pin(spec, "src")   # a pull reads the source
+        return cache_id, segments_of(tensors, spans), release
 
     def prepare_write(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment]]:
         """Validate a peer's write (push); pin the cache. Returns (cache_id, segments)."""
-        entry, spans, _, _ = self._owner_spans(spec, "dst")   # a push writes the destination
+        cache_id, tensors, spans, _ = self.pin(spec, "dst")   # a push writes the destination
+        return cache_id, segments_of(tensors, spans)
+
+    def pin(self, spec: RemoteSpec, side: str) -> tuple[int, tuple[Segment, ...], Sequence[Span], bool]:
+        """``prepare_read`` (``side`` "src") or ``prepare_write`` ("dst") but the segments: (cache_id, tensors, spans,
+        release_needed). ``segments_of`` grows with the blocks (2^20: tens of ms): ``links.owner`` runs it off the
+        loop for a long list."""
+        entry, spans, key, _ = self._owner_spans(spec, side)
+        release = side == "src" and key is not None and key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks
         self.registry.pin(entry.cache_id)
-        return entry.cache_id, segments_of(memory_of(entry).tensors, spans)
+        return entry.cache_id, memory_of(entry).tensors, spans, release
 
     def unpin(self, cache_id: int) -> None:
         if not self.closed:

@@ -45,11 +45,11 @@ import numpy as np
 
 from ...core.errors import DataDistError, StatusCode
 from ...core.plan import AddrRef
-from ...core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
+from ...core.types import BlockList, BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
 __all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "small_read",
-           "small_write", "encode_call", "decode_call", "encode_reply", "decode_reply"]
+           "small_write", "encode_call", "decode_call", "parsed_size", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
 (OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ,
@@ -233,6 +233,27 @@ def _u64s(data: bytes, count: int, at: int) -> tuple[int, ...]:
     return tuple(np.frombuffer(data, _U64, count, at).tolist()) if count else ()
 
 
+#: block lists longer than this decode into a ``BlockList`` (their bounds worked out here, ``_block_numbers``)
+_LONG_LIST = SMALL_READ_BLOCKS
+#: numbers turned into ints per C call of a long list (``_block_numbers``): the GIL is free between two
+_TO_INTS = 1 << 16
+
+
+def _block_numbers(data: bytes, count: int, at: int) -> tuple[int, ...]:
+    """A spec's ``count`` block numbers at ``at``. A long list is a ``core.types.BlockList``: its running maxima and
+    largest number worked out here, so the owner's bound check (``core.layout``) is O(log n) on the event loop; made
+    ``_TO_INTS`` numbers at a time, so a decoding thread (a list of 2^20: ``links.calls`` decodes it off the loop)
+    never holds the GIL for long."""
+    if count <= _LONG_LIST:
+        return _u64s(data, count, at)
+    values = np.frombuffer(data, _U64, count, at)
+    numbers: list[int] = []
+    for start in range(0, count, _TO_INTS):
+        numbers += values[start:start + _TO_INTS].tolist()
+    peaks = np.maximum.accumulate(values)
+    return BlockList(numbers, int(peaks[-1]), peaks, values)
+
+
 def _exact(data: bytes, end: int) -> None:
     if len(data) != end:
         raise _Bad(f"a frame of {len(data)} bytes; its fields say {end}")
@@ -253,7 +274,7 @@ def _read(data: bytes, op: int) -> oc.ReadCmd | oc.GrantReadCmd:
         raise _Bad(f"a frame of {len(data)} bytes; its fields say {READ.size + 8 * nblocks}")
     if flags & ~(_INLINE if op == OP_READ else 0) or (op == OP_GRANT_READ and tid):
         raise _Bad(f"flags {flags:#x}, transfer {tid} of a {'read' if op == OP_READ else 'grant read'}")
-    spec = _spec(fields[6:], tuple(np.frombuffer(data, _U64, nblocks, READ.size).tolist()) if nblocks else ())
+    spec = _spec(fields[6:], _block_numbers(data, nblocks, READ.size))
     if op == OP_READ:
         return oc.ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
     return oc.GrantReadCmd(cid, spec, timeout_ms)
@@ -270,7 +291,7 @@ def _write(data: bytes) -> oc.WriteCmd:
     if expected > oc.INLINE_READ_MAX or len(data) - at != expected:
         raise _Bad(f"a write carrying {len(data) - at} bytes for a spec of {expected} (they must agree, at most "
                    f"{oc.INLINE_READ_MAX}; more is pushed by OpenWrite)")
-    return oc.WriteCmd(cid, _spec(fields[5:], _u64s(data, nblocks, WRITE.size)), timeout_ms, bytes(data[at:]))
+    return oc.WriteCmd(cid, _spec(fields[5:], _block_numbers(data, nblocks, WRITE.size)), timeout_ms, bytes(data[at:]))
 
 
 def _open_write(data: bytes) -> oc.OpenWriteCmd:
@@ -286,7 +307,7 @@ def _open_write(data: bytes) -> oc.OpenWriteCmd:
     _exact(data, at + 8 * sum(sizes))
     specs = []
     for head, n in zip(heads, sizes, strict=True):
-        specs.append(_spec(head, _u64s(data, n, at)))
+        specs.append(_spec(head, _block_numbers(data, n, at)))
         at += 8 * n
     return oc.OpenWriteCmd(cid, tuple(specs), timeout_ms, hold_ms)
 
@@ -328,6 +349,14 @@ def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
 _SMALLEST = {OP_READ: READ.size, OP_GRANT_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size,
              OP_RELEASE: RELEASE.size, OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_DONE_READ: DONE.size,
              OP_WRITE: WRITE.size}
+
+
+def parsed_size(data: bytes) -> int:
+    """The bytes of a CALL frame that ``decode_call`` reads number by number: all of it but what a WRITE carries
+    (copied whole). What decides where a frame is decoded (``links.calls``: a long block list off the event loop)."""
+    if len(data) >= WRITE.size and data[0] == TAG and data[1] == OP_WRITE:
+        return WRITE.size + 8 * WRITE.unpack_from(data)[14]
+    return len(data)
 
 
 def decode_call(data: bytes) -> oc.OwnerCall:

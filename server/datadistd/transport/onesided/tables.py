@@ -7,8 +7,8 @@ rows of ``row_size`` bytes per tensor, each tensor's address), the registration'
 manager's description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P``
 again with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer,
 then its registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the
-cache's memory goes back to its pool. A peer whose ``P`` or ``W`` cannot be sent (its channel broke, or it was
-full for ``_CONTROL_TIMEOUT``) is dropped: a peer never holds a row it was not told is gone.
+cache's memory goes back to its pool. A peer a ``P`` or ``W`` cannot go to at once (``_to_peers``: the event loop
+waits for no peer) is dropped with its channel: a peer never holds a row it was not told is gone.
 
 Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
 first connection (``TcpChannel.send_control_first``): one reader thread applies a ``P`` or ``W`` before it hands
@@ -66,6 +66,7 @@ MAX_INFO = 1 << 20
 MAX_WITHDRAWN = 1 << 16       # withdrawn handles remembered per link (a P that overtook its W is ignored)
 _READ_NAP = 0.00002           # progress thread: the nap between two rounds of checks of the READs in flight
 _FENCE_NAP = 0.002            # the same when every READ in flight is past its deadline, waited for in its fence
+_BUSY_GRACE = 0.05            # the loop's wait for a peer's first connection another thread's frame holds (not socket)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class PublishedTables(OneSidedTransport):
         self._published: dict[int, _Published] = {}
         self._infos: dict[int, bytes] = {}        # the link manager's description of each published handle
         self._spans = (np.empty(0, np.uint64), np.empty(0, np.uint64))   # published tensors: starts, ends (sorted)
-        self._table_lock = threading.RLock()   # publish/update/withdraw and a new peer's table go out in order
+        self._table_lock = threading.RLock()   # publish/update/withdraw go out in order; a new peer's snapshot
         self.bytes_read_by_peers = 0           # counted from the peers' READ notifications
 
     def _agent(self) -> TableAgent:
@@ -171,31 +172,35 @@ class PublishedTables(OneSidedTransport):
                 return extents, b"", []
         return super()._describe(peer, segments)
 
-    def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None) -> None:
-        """Send ``message`` to every ready peer (under ``_table_lock``); a peer it cannot reach at once is dropped."""
+    def _to_peers(self, message: bytes, peers: Sequence[LinkPeer] | None = None, wait: bool = False) -> None:
+        """``message`` to every ready peer: at once from the loop (``try_control_first``, ``_BUSY_GRACE``), or
+        (``wait``: a new peer's catch-up, its reader thread) within ``_CONTROL_TIMEOUT``. One it misses is dropped."""
         if peers is None:
             with self._lock:
                 peers = [peer for peer in self._peers.values() if peer.ready.is_set() and not peer.broken]
         for peer in peers:
-            try:   # waits only for a connection another frame holds: a peer never misses a change
-                peer.channel().send_control_first(CONTROL_TRANSPORT, message, time.monotonic() + _CONTROL_TIMEOUT)
-                sent = True
+            deadline = time.monotonic() + _CONTROL_TIMEOUT
+            try:
+                if wait:
+                    peer.channel().send_control_first(CONTROL_TRANSPORT, message, deadline)
+                sent = wait or peer.channel().try_control_first(CONTROL_TRANSPORT, message, deadline, _BUSY_GRACE)
             except DataDistError:
                 sent = False
             if not sent:
-                log.warning("%s: the table of link %s could not be updated; dropping its channel", self.name,
+                log.warning("%s: the table of link %s could not be updated at once; dropping its channel", self.name,
                             peer.what)
                 self._drop(peer, "its table could not be updated")
 
     def _ready(self, peer: LinkPeer) -> None:
-        """``peer`` loaded this agent: it gets every published entry (in order with later changes)."""
+        """``peer`` loaded this agent (its reader thread): every entry, sent outside ``_table_lock`` (the loop never
+        waits for this socket); a change overtaking one is safe (``_on_publish`` ignores a stale ``P``)."""
         with self._table_lock:
             messages = [entry.message + _LEN.pack(len(self._infos[handle])) + self._infos[handle]
                         for handle, entry in self._published.items()]
-            for message in messages:
-                if peer.broken:
-                    return
-                self._to_peers(message, [peer])
+        for message in messages:
+            if peer.broken:
+                return
+            self._to_peers(message, [peer], wait=True)
 
     # -- the requester's side --
 

@@ -150,16 +150,18 @@ class ControlSends:
         """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
         self._control_frame(kind, payload, deadline, wait=True)
 
-    def try_control_first(self, kind: int, payload: bytes, deadline: float) -> bool:
+    def try_control_first(self, kind: int, payload: bytes, deadline: float, grace: float = 0.0) -> bool:
         """``try_control`` on the channel's first connection only: frames sent this way (and by
-        ``send_control_first``) arrive, and are handed over by one reader thread, in the order they were sent."""
-        return self._control_frame(kind, payload, deadline, wait=False, first=True)
+        ``send_control_first``) arrive, and are handed over by one reader thread, in the order they were sent.
+        ``grace``: how long to wait for the connection while another thread's frame holds it (not for its socket)."""
+        return self._control_frame(kind, payload, deadline, wait=False, first=True, grace=grace)
 
     def send_control_first(self, kind: int, payload: bytes, deadline: float) -> None:
         """``send_control`` on the channel's first connection only (see ``try_control_first``)."""
         self._control_frame(kind, payload, deadline, wait=True, first=True)
 
-    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool, first: bool = False) -> bool:
+    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool, first: bool = False,
+                       grace: float = 0.0) -> bool:
         if kind not in KIND_CONTROL or len(payload) > MAX_CONTROL:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
                                                                  f"{len(payload)} bytes")
@@ -168,7 +170,7 @@ class ControlSends:
         base = 0 if first else next(self._rr)
         order = [conns[(base + k) % len(conns)] for k in range(1 if first else len(conns))]
         for conn in order if not wait else order[:1]:
-            if not wait and not conn.lock.acquire(timeout=0):
+            if not wait and not conn.lock.acquire(timeout=grace):
                 continue
             try:
                 if wait:

@@ -17,7 +17,7 @@ from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, CacheKeyRef, DType, Placement, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
-from datadistd.links.wire.ownercalls import INLINE_READ_MAX, WriteCmd
+from datadistd.links.wire.ownercalls import INLINE_READ_MAX, OwnerReply, WriteCmd
 from datadistd.memory.copy import BufferHandle
 from datadistd.state import readview
 from datadistd.state.engine import tensors_of
@@ -64,10 +64,11 @@ def test_the_wire_carries_a_write_and_refuses_one_whose_bytes_are_not_its_spec()
     cmd = WriteCmd(9, spec, 700, _pattern(1, 4 * BLOCK))
     frame = ownerwire.encode_call(cmd)
     assert ownerwire.decode_call(frame) == cmd
-    assert ownerwire.small_write(frame, P) == (9, 4, 0, 0, (3, 1), ownerwire.WRITE.size + 16)
-    assert ownerwire.small_write(frame, D) is None   # another cluster's key: the general path refuses it
+    reply = ownerwire.encode_reply(OwnerReply(9, nbytes=4 * BLOCK))
+    assert ownerwire.small_call(frame, P) == (True, 9, 4, 0, 0, (3, 1), 4 * BLOCK, ownerwire.WRITE.size + 16, reply)
+    assert ownerwire.small_call(frame, D) is None   # another cluster's key: the general path refuses it
     for bad in (frame[:-1], frame + b"\0", _frame(spec, cmd.data, 9, expected=INLINE_READ_MAX + 1)):
-        assert ownerwire.small_write(bad, P) is None
+        assert ownerwire.small_call(bad, P) is None
         with pytest.raises(DataDistError) as info:
             ownerwire.decode_call(bad)
         assert info.value.code == S.LLM_PARAM_INVALID and getattr(info.value, "command_id", None) == 9

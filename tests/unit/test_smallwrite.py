@@ -193,13 +193,13 @@ def test_the_view_and_the_general_path_answer_every_write_alike() -> None:
     """Each write of a table -- good ones, and refusals a hostile peer can send: out of range, a byte count the
     blocks do not hold, bytes carried that are not the spec's, a key of another cluster, caches it may not write,
     reserved bits, a block count the frame does not hold -- answered by an owner whose small writes go by the
-    published view (``OwnerCalls(reader_reads=True)``) and by one whose go by the general path only
-    (``reader_reads=False``): the same status and message, and the same bytes in the destination (the good writes',
+    published view (``OwnerCalls(by_view=True)``) and by one whose go by the general path only
+    (``by_view=False``): the same status and message, and the same bytes in the destination (the good writes',
     nothing of the bad ones'). The view wrote the good ones from the reader threads, and none of the bad ones."""
-    async def answers(reader_reads: bool) -> tuple[dict[str, tuple[int, str]], int, list[np.ndarray]]:
+    async def answers(by_view: bool) -> tuple[dict[str, tuple[int, str]], int, list[np.ndarray]]:
         async with Pair() as pair:
             serving, linking = pair.links
-            if not reader_reads:
+            if not by_view:
                 general_reads_only(serving)
             await pair.link()
             src, dst = pair.caches()
@@ -214,7 +214,7 @@ def test_the_view_and_the_general_path_answer_every_write_alike() -> None:
             for n, (name, (spec, fields)) in enumerate(_GOOD.items()):
                 out[name] = (await _answer(link, _frame(spec, _pattern(n, spec.expected_bytes), _CID + n, **fields),
                                            _CID + n))[:2]
-            good = _written(serving, before + (_BY_VIEW if reader_reads else 0)) - before
+            good = _written(serving, before + (_BY_VIEW if by_view else 0)) - before
             for n, (name, (spec, fields, carried, _)) in enumerate(_BAD.items()):
                 cid = _CID + 100 + n
                 out[name] = (await _answer(link, _frame(spec, b"\xee" * carried, cid, **fields), cid))[:2]

@@ -60,12 +60,13 @@ class OwnerCalls:
     """Both directions of a link's owner calls: this end's calls on the other (``frame_calls``) and the other
     end's calls on this one (``control_handler`` -> ``_answer`` -> ``owner``)."""
 
-    def __init__(self, table: LinkTable, owner: Owner, reader_reads: bool = True) -> None:
+    def __init__(self, table: LinkTable, owner: Owner, by_view: bool = True) -> None:
         self.table = table
         self.owner = owner
-        #: small reads by the engine's published read view (``_read_here``, ``readview``); off: every small read
-        #: takes the general path (``Owner.read_small`` by ``prepare_read``), the reference the fast one must equal
-        self.reader_reads = reader_reads
+        #: small reads and writes answered by the engine's published view (``_read_here``, ``_write_here``,
+        #: ``readview``); off: every one takes the general path (``Owner.read_small`` by ``prepare_read``,
+        #: ``Owner.write_small`` by ``prepare_write``), the reference the view's answers must equal
+        self.by_view = by_view
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -101,8 +102,8 @@ class OwnerCalls:
         ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
         (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
-        read_here = self._read_here(link) if self.reader_reads else None
-        write_here = self._write_here(link, loop) if self.reader_reads else None
+        read_here = self._read_here(link) if self.by_view else None
+        write_here = self._write_here(link, loop) if self.by_view else None
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
@@ -396,7 +397,7 @@ class OwnerCalls:
             return
         try:
             try:
-                data, release = await self.owner.read_small(link, cmd.spec, self.reader_reads)
+                data, release = await self.owner.read_small(link, cmd.spec, self.by_view)
                 reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)

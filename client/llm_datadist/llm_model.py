@@ -53,6 +53,20 @@ class LLMReq:
 
     def __init__(self, req_id: int = _INVALID_ID, prompt_length: int = 0, prompt_cluster_id: int = 0,
                  decoder_cluster_id: int = 0, prefix_id: int = _INVALID_ID) -> None:
+        """A request; ``sequence_length`` starts at 0 (C++ ``LLMReq``'s field).
+
+        Args:
+            req_id: the request's id, the ``req_id`` of its ``CacheKey``; 2**64-1 (the default): none -- an idle slot
+                of a DECODER batch.
+            prompt_length: the prompt's tokens (``check_capacity`` takes it as ``seq_len``).
+            prompt_cluster_id: the PROMPT node's cluster id (a DECODER pulls the KV from it).
+            decoder_cluster_id: the DECODER node's cluster id.
+            prefix_id: the common prefix the request starts with (``preload_prompt_prefix``); 2**64-1: none.
+
+        Raises:
+            TypeError, ValueError: a field that is not an int in the uint64 range (here and on every later
+                assignment).
+        """
         self.req_id = req_id
         self.prompt_length = prompt_length
         self.prompt_cluster_id = prompt_cluster_id
@@ -76,20 +90,28 @@ class CapacityState:
     """What ``check_capacity`` answers: ``is_available`` False means ``predict`` would run out of memory."""
 
     def __init__(self, is_available: bool, free_tokens_num: int, total_tokens_num: int) -> None:
+        """Args:
+            is_available: whether ``predict`` of the sequence length asked about fits in the free memory.
+            free_tokens_num: tokens the free device memory holds, for every model added.
+            total_tokens_num: tokens the whole device memory pool holds.
+        """
         self._is_available = bool(is_available)
         self._free_tokens_num = int(free_tokens_num)
         self._total_tokens_num = int(total_tokens_num)
 
     @property
     def is_available(self) -> bool:
+        """False: ``predict`` of the sequence length asked about would run out of memory."""
         return self._is_available
 
     @property
     def free_tokens_num(self) -> int:
+        """Tokens the free device memory holds (for every model added: its KV bytes per token summed)."""
         return self._free_tokens_num
 
     @property
     def total_tokens_num(self) -> int:
+        """Tokens the whole device memory pool holds, counted as ``free_tokens_num``."""
         return self._total_tokens_num
 
     def __repr__(self) -> str:
@@ -112,6 +134,8 @@ class ModelConfig:
 
     @property
     def kv_shapes(self) -> List[str]:
+        """One shape per KV tensor, ``"d0,d1,..."`` (e.g. ``["1,1024"] * 80``); set: a list or tuple of such strings
+        (``LLMException`` ``LLM_PARAM_INVALID`` for one that is not comma-separated integers)."""
         return self._kv_shapes
 
     @kv_shapes.setter
@@ -125,6 +149,7 @@ class ModelConfig:
 
     @property
     def kv_dtypes(self) -> List[DataType]:
+        """One ``DataType`` per KV tensor; set: a list or tuple of ``DataType`` (``TypeError`` otherwise)."""
         return self._kv_dtypes
 
     @kv_dtypes.setter
@@ -134,6 +159,7 @@ class ModelConfig:
 
     @property
     def kv_seq_len_dim_index(self) -> Optional[int]:
+        """The dimension of a KV shape that is the sequence length (None: not set); set: an int32."""
         return self._kv_seq_len_dim_index
 
     @kv_seq_len_dim_index.setter
@@ -142,6 +168,13 @@ class ModelConfig:
         self._kv_seq_len_dim_index = index
 
     def generate_options(self) -> Dict[str, str]:
+        """The options ``LLMDataDist.add_model`` takes (``gen_options`` is the same method).
+
+        Returns:
+            ``llm.RefInputShapes`` (shapes joined by ``;``, their dims by ``,``), ``llm.RefInputDtypes`` (the
+            ``DataType`` values joined by ``;``) and ``llm.RefInputSeqLenDimIndex``, each only once set -- the same
+            dict on every call, updated.
+        """
         if self._kv_shapes:
             self._options["llm.RefInputShapes"] = ";".join(s.replace(" ", "") for s in self._kv_shapes)
         if self._kv_dtypes:
@@ -162,6 +195,21 @@ class ModelRunner:
     """
 
     def run_model(self, kv_cache: KvCache, input_tensors: Any, **kwargs: Any) -> Any:
+        """Run the model over ``kv_cache``: what a subclass implements (``predict``, ``preload_prompt_prefix``).
+
+        Args:
+            kv_cache: the KV cache to read and fill: a PROMPT's request cache (one slot per request), its one-slot
+                prefix cache, or a DECODER's batch cache.
+            input_tensors: the ``inputs`` given to ``predict`` (a list or tuple of ``Tensor``).
+            **kwargs: those given to ``predict``.
+
+        Returns:
+            What ``predict`` returns: the subclass's outputs.
+
+        Raises:
+            TypeError: ``input_tensors`` not a list or tuple of ``Tensor``.
+            LLMException: ``LLM_FEATURE_NOT_ENABLED`` always, here: CANN's offline model is not part of datadist.
+        """
         from .tensor import Tensor
 
         v.check_isinstance("inputs", input_tensors, [list, tuple], inner_class=Tensor, allow_none=False)
@@ -170,10 +218,24 @@ class ModelRunner:
                            status_code=LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
 
     def on_cache_allocated(self, kv_cache: KvCache) -> None:
-        """DECODER: the model's batch cache was allocated (by ``add_model``)."""
+        """DECODER: the model's batch cache was allocated (by ``add_model``); here nothing is done.
+
+        Args:
+            kv_cache: the batch cache.
+
+        Raises:
+            Nothing here; what a subclass's hook raises leaves ``add_model`` (the model is not added).
+        """
 
     def on_cache_deallocated(self, kv_cache: KvCache) -> None:
-        """DECODER: the model's batch cache is about to be freed (``LLMDataDist.finalize``)."""
+        """DECODER: the model's batch cache is about to be freed (``LLMDataDist.finalize``); here nothing is done.
+
+        Args:
+            kv_cache: the batch cache.
+
+        Raises:
+            Nothing here; what a subclass's hook raises is logged and ``finalize`` goes on.
+        """
 
 
 def _parse_desc(options: Dict[str, str]) -> CacheDesc:
@@ -220,6 +282,14 @@ class LLMModel:
     """Returned by ``LLMDataDist.add_model``; what it does depends on the node's role (module docstring)."""
 
     def __init__(self, owner: EngineView, model_id: int, desc: CacheDesc, runner: ModelRunner) -> None:
+        """Made by ``LLMDataDist.add_model``, not by hand; a DECODER's allocates its batch cache here.
+
+        Args:
+            owner: the ``LLMDataDist`` it belongs to.
+            model_id: its number among that ``LLMDataDist``'s models, from 0: the ``model_id`` of its keys.
+            desc: the KV layout its options gave (``ModelConfig.generate_options``).
+            runner: what runs the model (``ModelRunner.run_model``).
+        """
         self._owner = owner
         self._model_id = model_id
         self._desc = desc
@@ -234,6 +304,7 @@ class LLMModel:
 
     @property
     def model_id(self) -> int:
+        """Its number among its ``LLMDataDist``'s models, from 0: the ``model_id`` of every key it makes."""
         return self._model_id
 
     @property
@@ -251,6 +322,28 @@ class LLMModel:
     # ---- both roles ----------------------------------------------------------------------------
 
     def predict(self, llm_req: Union[LLMReq, List[LLMReq], Tuple[LLMReq, ...]], inputs: Any, **kwargs: Any) -> Any:
+        """Run the model (``ModelRunner.run_model``) for a batch of requests.
+
+        PROMPT: a request cache of the model's layout is allocated, each request's ``CacheKey(this cluster,
+        req_id, model_id)`` bound to its slot, a preloaded prefix copied into the slot of a request naming one; the
+        KV stays under those keys until a DECODER pulls it or ``complete_request`` releases it (nothing stays when
+        ``run_model`` raises). DECODER: ``run_model`` runs on the batch cache.
+
+        Args:
+            llm_req: one ``LLMReq`` or a list or tuple of them: a DECODER's, exactly the batch size (idle slots are
+                ``LLMReq()``, ``req_id`` 2**64-1); a PROMPT's, 1 to the batch size.
+            inputs: handed to ``run_model`` as ``input_tensors``.
+            **kwargs: handed to ``run_model``.
+
+        Returns:
+            What ``run_model`` returns.
+
+        Raises:
+            TypeError: ``llm_req`` is not an ``LLMReq`` or a list or tuple of them.
+            LLMException: ``LLM_PARAM_INVALID`` (a request count the role does not take), ``LLM_PREFIX_NOT_EXIST``
+                (a PROMPT request naming a prefix not preloaded), ``LLM_OUT_OF_MEMORY`` (no memory for the
+                request cache), or what ``run_model`` raises.
+        """
         reqs = _req_list(llm_req)
         batch = self._desc.shape[0]
         if self._role == LLMRole.DECODER:
@@ -281,6 +374,20 @@ class LLMModel:
     # ---- PROMPT: prefixes ----------------------------------------------------------------------
 
     def preload_prompt_prefix(self, llm_req: LLMReq, inputs: Any, **kwargs: Any) -> None:
+        """PROMPT: compute a common prefix's KV (``run_model`` on a one-slot cache) and keep it under
+        ``CacheKey(prefix_id=llm_req.prefix_id)`` for the requests that name it (``predict``).
+
+        Args:
+            llm_req: a request whose ``prefix_id`` is set.
+            inputs: handed to ``run_model`` as ``input_tensors``.
+            **kwargs: handed to ``run_model``.
+
+        Raises:
+            TypeError: ``llm_req`` is not an ``LLMReq``.
+            LLMException: ``LLM_PARAM_INVALID`` (a DECODER, or no ``prefix_id``), ``LLM_PREFIX_ALREADY_EXIST`` (that
+                prefix is preloaded already), ``LLM_OUT_OF_MEMORY`` (no memory for it), or what ``run_model``
+                raises (then nothing is kept).
+        """
         v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
         self._require_role("[preload_prompt_prefix]", decoder=False)
         v.raise_if_false(_valid(llm_req.prefix_id), "llm_req.prefix_id must be set to preload a prefix")
@@ -297,6 +404,15 @@ class LLMModel:
         self._prefixes[llm_req.prefix_id] = cache
 
     def release_prompt_prefix(self, llm_req: LLMReq) -> None:
+        """PROMPT: free the prefix ``preload_prompt_prefix`` kept under ``llm_req.prefix_id``, and its key.
+
+        Args:
+            llm_req: a request naming the prefix (``prefix_id``).
+
+        Raises:
+            TypeError: ``llm_req`` is not an ``LLMReq``.
+            LLMException: ``LLM_PARAM_INVALID`` (a DECODER), ``LLM_PREFIX_NOT_EXIST`` (no such prefix preloaded).
+        """
         v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
         self._require_role("[release_prompt_prefix]", decoder=False)
         cache = self._prefixes.pop(llm_req.prefix_id, None)
@@ -308,6 +424,18 @@ class LLMModel:
     # ---- DECODER: pulls ------------------------------------------------------------------------
 
     def pull_kv(self, llm_req: LLMReq) -> None:
+        """DECODER: pull the request's KV (``CacheKey(prompt_cluster_id, req_id, model_id)``) from the PROMPT node
+        into a one-slot cache of its own, held until ``merge_kv`` or ``complete_request``.
+
+        Args:
+            llm_req: the request (``req_id`` and ``prompt_cluster_id`` set).
+
+        Raises:
+            TypeError: ``llm_req`` is not an ``LLMReq``.
+            LLMException: ``LLM_PARAM_INVALID`` (a PROMPT, or no ``req_id``), ``LLM_REPEAT_REQUEST`` (its KV is pulled
+                already and not merged), ``LLM_OUT_OF_MEMORY``, and ``KvCacheManager.pull_cache``'s:
+                ``LLM_NOT_YET_LINK``, ``LLM_KV_CACHE_NOT_EXIST``, ``LLM_TIMEOUT``, ``LLM_LINK_FAILED``.
+        """
         v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
         self._require_role("[pull_kv]", decoder=True)
         v.raise_if_false(_valid(llm_req.req_id), "llm_req.req_id must be set to pull its KV")
@@ -323,6 +451,19 @@ class LLMModel:
         self._staged[llm_req.req_id] = staged
 
     def merge_kv(self, llm_req: LLMReq, batch_index: int, batch_id: int = 0) -> None:
+        """DECODER: copy the request's KV ``pull_kv`` pulled into slot ``batch_index`` of the batch cache, and free
+        the one-slot cache it was pulled into.
+
+        Args:
+            llm_req: the request ``pull_kv`` pulled.
+            batch_index: the batch cache's slot (uint32, below the batch size).
+            batch_id: the batch (uint32); the model has one: 0.
+
+        Raises:
+            TypeError, ValueError: an argument of the wrong type or out of its integer range.
+            LLMException: ``LLM_PARAM_INVALID`` (a PROMPT, ``batch_id`` not 0, ``batch_index`` out of range),
+                ``LLM_KV_CACHE_NOT_EXIST`` (no KV of that request pulled).
+        """
         v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
         v.check_uint32("batch_index", batch_index)
         v.check_uint32("batch_id", batch_id)
@@ -340,10 +481,21 @@ class LLMModel:
 
     def pull_blocks(self, llm_req: LLMReq, prompt_blocks: Sequence[int] = (), decoder_blocks: Sequence[int] = ()
                     ) -> None:
-        """PagedAttention: pull the request's KV into blocks (rows) of the batch cache.
+        """DECODER, PagedAttention: pull the request's KV into blocks (rows) of the batch cache.
 
         Empty ``prompt_blocks``: the prompt's contiguous request KV (``CacheKey``) fills ``decoder_blocks``
         in order; otherwise blocks of the prompt's blocks cache bound to ``BlocksCacheKey(model_id)``.
+
+        Args:
+            llm_req: the request (``prompt_cluster_id``; ``req_id`` when ``prompt_blocks`` is empty).
+            prompt_blocks: the PROMPT's block numbers, or empty: its contiguous request KV.
+            decoder_blocks: the batch cache's rows to fill (not empty; as many as ``prompt_blocks`` when it is not).
+
+        Raises:
+            TypeError: an argument of the wrong type.
+            LLMException: ``LLM_PARAM_INVALID`` (a PROMPT, no ``decoder_blocks``, lists of different lengths, a block
+                out of range), and ``KvCacheManager.pull_blocks``'s: ``LLM_NOT_YET_LINK``, ``LLM_KV_CACHE_NOT_EXIST``,
+                ``LLM_TIMEOUT``, ``LLM_LINK_FAILED``.
         """
         v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
         v.check_isinstance("prompt_blocks", prompt_blocks, [list, tuple], inner_class=int, allow_none=False)

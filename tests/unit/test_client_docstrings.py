@@ -1,6 +1,7 @@
 """Every public method of the CANN-compatible client says what it takes, returns and raises (its docstring:
 ``Args:``, ``Returns:``, ``Raises:`` naming the ``LLMStatusCode`` of an ``LLMException``), and every public
-property says what it holds. The model API's classes (not in ``__all__``, as in CANN) are not held to it."""
+property says what it holds -- the model API's classes too (``llm_model``: importable, not in ``__all__``, as in
+CANN)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import inspect
 from typing import Any, Iterator
 
 import llm_datadist as ld
+from llm_datadist import llm_model
 from llm_datadist.cache_manager import CacheManager
 
 
 def _public() -> dict[str, type]:
     names = {name: getattr(ld, name) for name in ld.__all__}
     names["CacheManager"] = CacheManager
+    names.update((name, getattr(ld, name)) for name in llm_model.__all__)   # through the package, as a user does
     return {name: cls for name, cls in names.items() if inspect.isclass(cls)}
 
 
@@ -59,5 +62,6 @@ def test_the_check_sees_the_methods_it_is_about() -> None:
     """The test above looks at the real surface: the transfer methods of both managers are among them."""
     seen = {f"{c}.{n}" for c, cls in _public().items() for n, _ in _members(cls)}
     assert {"CacheManager.pull_blocks", "KvCacheManager.pull_blocks", "LLMDataDist.link_clusters",
-            "CacheTask.synchronize", "CacheKey.req_id"} <= seen
+            "CacheTask.synchronize", "CacheKey.req_id", "LLMModel.pull_kv", "CapacityState.is_available",
+            "ModelConfig.generate_options", "ModelRunner.run_model", "LLMReq.__init__"} <= seen
     assert len(seen) > 150

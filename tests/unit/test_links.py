@@ -116,9 +116,9 @@ class Pair:
 
 
 def general_reads_only(manager: LinkManager) -> None:
-    """Before it links: ``manager`` answers every small read by the general path (``OwnerCalls(reader_reads=
+    """Before it links: ``manager`` answers every small read by the general path (``OwnerCalls(by_view=
     False)``: ``Owner.read_small``), never by the engine's published read view."""
-    manager.calls = manager.setup.calls = OwnerCalls(manager.table, manager.owner, reader_reads=False)
+    manager.calls = manager.setup.calls = OwnerCalls(manager.table, manager.owner, by_view=False)
 
 
 def _bytes(slot: Any, cache_id: int) -> list[np.ndarray]:

@@ -414,3 +414,15 @@ def test_import_accepts_exactly_the_ranges_inside(backend, pages, sealed, offset
         finally:
             h.close()
     assert len(os.listdir("/proc/self/fd")) <= before                 # every descriptor taken over was closed
+
+
+def test_a_pool_backend_must_say_what_a_handle_is() -> None:
+    """``PoolBase`` is an abstract base: a backend's pool that does not define ``_handle`` cannot be made (at its
+    construction, not at its first allocation); ``_release`` is optional."""
+    from datadistd.memory.pool import PoolBase
+
+    class NoHandle(PoolBase[MemoryHandle]):  # type: ignore[type-var]
+        pass
+
+    with pytest.raises(TypeError, match="_handle"):
+        NoHandle("half", Placement.HOST, 64 * KiB, 12)  # type: ignore[abstract]

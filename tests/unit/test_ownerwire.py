@@ -248,3 +248,79 @@ def test_a_long_block_list_decodes_with_its_bounds_and_is_checked_as_the_plain_l
     assert (bad is None) == isinstance(answers[0], int)
     if bad is not None:
         assert f"src_blocks[{bad}] = {blocks[bad]} out of range" in answers[0]
+
+
+# ---- a small pull's and push's frames: what ``links.fast`` sends, ``links.calls`` and ``take_reply`` read ----------
+
+_CID, _TIMEOUT, _CLUSTER, _MODEL = 0x1122334455, 1500, 7, 9
+_BLOCKS = (3, 0x0102030405060708)
+_WORDS = struct.pack("<2Q", *_BLOCKS)   # as the attach frame carries them
+_DATA = bytes(range(1, 65))
+#: the bytes ``links/fast.py`` packed by hand before ``ownerwire`` wrote them: the wire must not change
+_READ_BYTES = bytes.fromhex(
+    "ff010100dc050000554433221100000000000000000000000300000007000000000000000000000000000000090000000000000000000000"
+    "00000000000002000000ffffffffffffffff0000000000000000000000000000000040000000000000000300000000000000080706050403"
+    "0201")
+_WRITE_BYTES = bytes.fromhex(
+    "ff090000dc050000554433221100000003000000070000000000000000000000000000000900000000000000000000000000000000000200"
+    "0000ffffffffffffffff00000000000000000000000000000000400000000000000003000000000000000807060504030201") + _DATA
+_SPEC = RemoteSpec(BlocksKeyRef(_CLUSTER, _MODEL), ReadMode.BLOCKS, _BLOCKS, -1, 0, 0, 0, len(_DATA))
+
+
+def _small(**kw: object) -> dict[str, object]:
+    return {"command_id": _CID, "timeout_ms": _TIMEOUT, "cluster_id": _CLUSTER, "model_id": _MODEL,
+            "blocks": _WORDS, "nbytes": len(_DATA), **kw}
+
+
+def test_a_small_pulls_read_is_the_pinned_bytes_and_round_trips() -> None:
+    frame = ownerwire.small_read_call(**_small())  # type: ignore[arg-type]
+    assert frame == _READ_BYTES
+    cmd = ReadCmd(_CID, 0, _SPEC, _TIMEOUT, inline=True)
+    assert ownerwire.decode_call(frame) == cmd and ownerwire.encode_call(cmd) == frame
+    answer = ownerwire.encode_reply(OwnerReply(_CID, nbytes=len(_DATA), data=_DATA))
+    assert ownerwire.small_call(frame, _CLUSTER) == (False, _CID, _MODEL, 0, 0, _BLOCKS, len(_DATA), 0,
+                                                     answer[:ownerwire.REPLY_DATA])
+    assert ownerwire.small_reply(answer) == (_CID, len(_DATA)) and answer[ownerwire.REPLY_DATA:] == _DATA
+
+
+def test_a_small_pushs_write_is_the_pinned_bytes_and_round_trips() -> None:
+    frame, at = ownerwire.small_write_call(**_small())  # type: ignore[arg-type]
+    frame[at:] = _DATA
+    assert bytes(frame) == _WRITE_BYTES
+    cmd = WriteCmd(_CID, _SPEC, _TIMEOUT, _DATA)
+    assert ownerwire.decode_call(bytes(frame)) == cmd and ownerwire.encode_call(cmd) == frame
+    answer = ownerwire.encode_reply(OwnerReply(_CID, nbytes=len(_DATA)))
+    assert ownerwire.small_call(bytes(frame), _CLUSTER) == (True, _CID, _MODEL, 0, 0, _BLOCKS, len(_DATA), at, answer)
+    assert ownerwire.small_reply(answer) == (_CID, 0)
+
+
+@given(U64, U32, U64, U64, st.lists(U64, max_size=ownerwire.SMALL_READ_BLOCKS).map(tuple), st.integers(0, 4096),
+       st.booleans())
+def test_the_small_frames_are_the_general_encoders_and_read_back(cid: int, timeout_ms: int, cluster: int,
+                                                                 model: int, blocks: tuple[int, ...], nbytes: int,
+                                                                 push: bool) -> None:
+    kw = {"command_id": cid, "timeout_ms": timeout_ms, "cluster_id": cluster, "model_id": model,
+          "blocks": struct.pack(f"<{len(blocks)}Q", *blocks), "nbytes": nbytes}
+    spec = RemoteSpec(BlocksKeyRef(cluster, model), ReadMode.BLOCKS, blocks, -1, 0, 0, 0, nbytes)
+    if push:
+        frame, at = ownerwire.small_write_call(**kw)  # type: ignore[arg-type]
+        frame[at:] = b"\x5a" * nbytes
+        cmd: ReadCmd | WriteCmd = WriteCmd(cid, spec, timeout_ms, b"\x5a" * nbytes)
+        reply = ownerwire.encode_reply(OwnerReply(cid, nbytes=nbytes))
+    else:
+        frame, at = bytearray(ownerwire.small_read_call(**kw)), 0  # type: ignore[arg-type]
+        cmd = ReadCmd(cid, 0, spec, timeout_ms, inline=True)
+        reply = ownerwire.encode_reply(OwnerReply(cid, nbytes=nbytes, data=bytes(nbytes)))[:ownerwire.REPLY_DATA]
+    assert ownerwire.encode_call(cmd) == frame and ownerwire.decode_call(bytes(frame)) == cmd
+    assert ownerwire.small_call(bytes(frame), cluster) == (push, cid, model, 0, 0, blocks, nbytes, at, reply)
+    assert ownerwire.small_call(bytes(frame), cluster ^ 1) is None   # another cluster's key: the general path
+
+
+@pytest.mark.parametrize("reply", [
+    OwnerReply(_CID, int(S.LLM_KV_CACHE_NOT_EXIST), "gone"), OwnerReply(_CID, message="a message"),
+    OwnerReply(_CID, transfer_ids=(1,)), OwnerReply(_CID, grant=b"g"), OwnerReply(_CID, release_needed=True)])
+def test_only_a_plain_success_is_a_small_reply(reply: OwnerReply) -> None:
+    """Anything but a success carrying data alone is the event loop's (``decode_reply``, the general path's codes)."""
+    frame = ownerwire.encode_reply(reply)
+    assert ownerwire.small_reply(frame) is None
+    assert ownerwire.small_reply(ownerwire.encode_reply(OwnerReply(_CID, data=b"ab"))[:-1]) is None

@@ -341,13 +341,13 @@ _BAD = {   # request -> (spec, frame fields, status): refused
 def test_the_view_and_the_general_path_answer_every_request_alike() -> None:
     """Each request of a table -- good ones, and refusals a hostile peer can send: out of range, huge counts, a
     key of another cluster, caches it may not read, reserved bits, a block count the frame does not hold --
-    answered by an owner whose small reads go by the published view (``OwnerCalls(reader_reads=True)``, the
-    default) and by one whose go by the general path only (``reader_reads=False``): the same status, message and
+    answered by an owner whose small reads go by the published view (``OwnerCalls(by_view=True)``, the
+    default) and by one whose go by the general path only (``by_view=False``): the same status, message and
     bytes. The view answered the good ones from the reader threads, and none of the bad ones."""
-    async def answers(reader_reads: bool) -> tuple[dict[str, tuple[int, str, bytes, bool]], int]:
+    async def answers(by_view: bool) -> tuple[dict[str, tuple[int, str, bytes, bool]], int]:
         async with Pair() as pair:
             serving, linking = pair.links
-            if not reader_reads:
+            if not by_view:
                 general_reads_only(serving)
             await pair.link()
             _, dst = pair.caches()
@@ -361,7 +361,7 @@ def test_the_view_and_the_general_path_answer_every_request_alike() -> None:
             before = _reads(serving)
             for n, (name, (spec, fields)) in enumerate(_GOOD.items()):
                 out[name] = await _answer(link, _frame(spec, _CID + n, **fields), _CID + n)
-            good = _reads(serving, before + (_BY_VIEW if reader_reads else 0)) - before
+            good = _reads(serving, before + (_BY_VIEW if by_view else 0)) - before
             for n, (name, (spec, fields, _)) in enumerate(_BAD.items()):
                 out[name] = await _answer(link, _frame(spec, _CID + 100 + n, **fields), _CID + 100 + n)
             assert _reads(serving) - before == good   # no refusal is ever the view's

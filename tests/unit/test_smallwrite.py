@@ -17,7 +17,7 @@ from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, CacheKeyRef, DType, Placement, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
-from datadistd.links.wire.ownercalls import INLINE_READ_MAX, WriteCmd
+from datadistd.links.wire.ownercalls import INLINE_READ_MAX, OwnerReply, WriteCmd
 from datadistd.memory.copy import BufferHandle
 from datadistd.state import readview
 from datadistd.state.engine import tensors_of
@@ -64,10 +64,11 @@ def test_the_wire_carries_a_write_and_refuses_one_whose_bytes_are_not_its_spec()
     cmd = WriteCmd(9, spec, 700, _pattern(1, 4 * BLOCK))
     frame = ownerwire.encode_call(cmd)
     assert ownerwire.decode_call(frame) == cmd
-    assert ownerwire.small_write(frame, P) == (9, 4, 0, 0, (3, 1), ownerwire.WRITE.size + 16)
-    assert ownerwire.small_write(frame, D) is None   # another cluster's key: the general path refuses it
+    reply = ownerwire.encode_reply(OwnerReply(9, nbytes=4 * BLOCK))
+    assert ownerwire.small_call(frame, P) == (True, 9, 4, 0, 0, (3, 1), 4 * BLOCK, ownerwire.WRITE.size + 16, reply)
+    assert ownerwire.small_call(frame, D) is None   # another cluster's key: the general path refuses it
     for bad in (frame[:-1], frame + b"\0", _frame(spec, cmd.data, 9, expected=INLINE_READ_MAX + 1)):
-        assert ownerwire.small_write(bad, P) is None
+        assert ownerwire.small_call(bad, P) is None
         with pytest.raises(DataDistError) as info:
             ownerwire.decode_call(bad)
         assert info.value.code == S.LLM_PARAM_INVALID and getattr(info.value, "command_id", None) == 9
@@ -192,13 +193,13 @@ def test_the_view_and_the_general_path_answer_every_write_alike() -> None:
     """Each write of a table -- good ones, and refusals a hostile peer can send: out of range, a byte count the
     blocks do not hold, bytes carried that are not the spec's, a key of another cluster, caches it may not write,
     reserved bits, a block count the frame does not hold -- answered by an owner whose small writes go by the
-    published view (``OwnerCalls(reader_reads=True)``) and by one whose go by the general path only
-    (``reader_reads=False``): the same status and message, and the same bytes in the destination (the good writes',
+    published view (``OwnerCalls(by_view=True)``) and by one whose go by the general path only
+    (``by_view=False``): the same status and message, and the same bytes in the destination (the good writes',
     nothing of the bad ones'). The view wrote the good ones from the reader threads, and none of the bad ones."""
-    async def answers(reader_reads: bool) -> tuple[dict[str, tuple[int, str]], int, list[np.ndarray]]:
+    async def answers(by_view: bool) -> tuple[dict[str, tuple[int, str]], int, list[np.ndarray]]:
         async with Pair() as pair:
             serving, linking = pair.links
-            if not reader_reads:
+            if not by_view:
                 general_reads_only(serving)
             await pair.link()
             src, dst = pair.caches()
@@ -213,7 +214,7 @@ def test_the_view_and_the_general_path_answer_every_write_alike() -> None:
             for n, (name, (spec, fields)) in enumerate(_GOOD.items()):
                 out[name] = (await _answer(link, _frame(spec, _pattern(n, spec.expected_bytes), _CID + n, **fields),
                                            _CID + n))[:2]
-            good = _written(serving, before + (_BY_VIEW if reader_reads else 0)) - before
+            good = _written(serving, before + (_BY_VIEW if by_view else 0)) - before
             for n, (name, (spec, fields, carried, _)) in enumerate(_BAD.items()):
                 cid = _CID + 100 + n
                 out[name] = (await _answer(link, _frame(spec, b"\xee" * carried, cid, **fields), cid))[:2]

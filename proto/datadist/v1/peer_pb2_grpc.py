@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class PeerStub:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
     (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
@@ -54,7 +54,7 @@ class PeerStub:
 
 
 class PeerServicer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
     (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
@@ -101,7 +101,7 @@ def add_PeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Peer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (protocol 6).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
     (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return

@@ -274,11 +274,11 @@ class ConnReading:
                 self._close(conn)
         return True
 
-    def _one_ended(self, conn: AttachConn) -> None:
-        """Under ``conn.lock``: a transfer of ``conn`` was answered (any thread): one fewer in flight; reading resumes
-        if back-pressure held it."""
-        conn.in_flight -= 1
-        if conn.paused and not conn.dropped:
+    def _resume(self, conn: AttachConn) -> None:
+        """Under ``conn.lock``, a transfer of ``conn`` answered (any thread: ``in_flight`` one fewer) while
+        back-pressure held its reading (``paused``; checked by the caller: no call per reply, bench scenario 12):
+        reading resumes."""
+        if not conn.dropped:
             conn.paused = False
             conn.armed = True
             self._reactor.rearm(conn.fd)
@@ -299,8 +299,10 @@ class ConnReading:
                 except OSError:           # gone (EPIPE, ECONNRESET): its turn sees the end too
                     gone = True
                 else:
-                    if transfer:
-                        self._one_ended(conn)
+                    if transfer:   # one fewer in flight; reading resumes if back-pressure held it
+                        conn.in_flight -= 1
+                        if conn.paused:
+                            self._resume(conn)
                     return
             if not gone:
                 conn.outbox.append((data, transfer))
@@ -340,7 +342,9 @@ class ConnReading:
                     break
                 conn.outbox.popleft()
                 if transfer:
-                    self._one_ended(conn)
+                    conn.in_flight -= 1
+                    if conn.paused:
+                        self._resume(conn)
             conn.writing = False
         self._loop.remove_writer(conn.fd)
         if gone:

@@ -38,8 +38,6 @@ from .wire.ownercalls import (
 
 log = logging.getLogger("datadistd.links")
 
-#: a WRITE call's op byte (``ownerwire``): ``_write_here``'s, every other call ``_read_here``'s
-_WRITE_OP = bytes((ownerwire.OP_WRITE,))
 #: control frames one wake-up of the event loop handles before it lets other work run ...
 _CONTROL_DRAIN = 64
 #: ... and bytes of the frames it decodes itself (a frame at least): a turn ends at whichever comes first
@@ -62,12 +60,13 @@ class OwnerCalls:
     """Both directions of a link's owner calls: this end's calls on the other (``frame_calls``) and the other
     end's calls on this one (``control_handler`` -> ``_answer`` -> ``owner``)."""
 
-    def __init__(self, table: LinkTable, owner: Owner, reader_reads: bool = True) -> None:
+    def __init__(self, table: LinkTable, owner: Owner, by_view: bool = True) -> None:
         self.table = table
         self.owner = owner
-        #: small reads by the engine's published read view (``_read_here``, ``readview``); off: every small read
-        #: takes the general path (``Owner.read_small`` by ``prepare_read``), the reference the fast one must equal
-        self.reader_reads = reader_reads
+        #: small reads and writes answered by the engine's published view (``_read_here``, ``_write_here``,
+        #: ``readview``); off: every one takes the general path (``Owner.read_small`` by ``prepare_read``,
+        #: ``Owner.write_small`` by ``prepare_write``), the reference the view's answers must equal
+        self.by_view = by_view
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -103,8 +102,8 @@ class OwnerCalls:
         ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
         (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
-        read_here = self._read_here(link) if self.reader_reads else None
-        write_here = self._write_here(link, loop) if self.reader_reads else None
+        read_here = self._read_here(link) if self.by_view else None
+        write_here = self._write_here(link, loop) if self.by_view else None
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
@@ -136,14 +135,16 @@ class OwnerCalls:
                 loop.call_soon(drain)
 
         take_reply = link.calls.take_reply
+        small_call, cluster = ownerwire.small_call, self.table.cluster_id
 
         def handler(kind: int, payload: bytes) -> None:
             if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's or push's reply, landed here (``fast``)
                 link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                 return
             if kind == CONTROL_CALL and read_here is not None and write_here is not None:
-                # one small read or write that the reader thread settles (by the op byte: no call for the other)
-                if write_here(payload) if payload[1:2] == _WRITE_OP else read_here(payload):
+                # one small read or write that the reader thread settles (``small_call`` tells which)
+                got = small_call(payload, cluster)
+                if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
                     return
             first = False
             with lock:
@@ -167,16 +168,16 @@ class OwnerCalls:
 
         return handler
 
-    def _read_here(self, link: RemoteLink) -> Callable[[bytes], bool]:
+    def _read_here(self, link: RemoteLink) -> Callable[[ownerwire.SmallCall], bool]:
         """The link's answer to a small read by ``BlocksCacheKey`` that the engine's published read view settles
         (``readview.read``), from whichever thread has the frame -- the data reader thread that read it, or the
-        event loop after republishing a stale view: the frame read with one ``unpack_from``
-        (``ownerwire.small_read``), the blocks resolved by the view's geometry, and the REPLY's headers and the
-        cache's bytes sent as one ``sendmsg`` straight from its memory on an idle connection (the channel's
+        event loop after republishing a stale view: the frame as ``ownerwire.small_call`` read it (one
+        ``unpack_from``), the blocks resolved by the view's geometry, and the REPLY's head and the cache's bytes
+        sent as one ``sendmsg`` straight from its memory on an idle connection (the channel's
         ``try_control_parts``, under the engine's ``read_lock``). It returns False, with nothing sent and nothing
-        counted, for anything else -- another call, key or mode, a stale view, a refusal, memory not mapped here, a
-        busy connection, the link's call cap reached, any error: the event loop answers it (``_on_control``), with
-        its status code. One frame at a time per thread, so this holds at most one reply per connection."""
+        counted, for anything else -- a stale view, a refusal, memory not mapped here, a busy connection, the link's
+        call cap reached, any error: the event loop answers it (``_on_control``), with its status code. One frame
+        at a time per thread, so this holds at most one reply per connection."""
         table = self.table
         engine = table.engine
         cluster = table.cluster_id
@@ -185,25 +186,21 @@ class OwnerCalls:
         metrics = table.node.metrics
         bound = metrics.bound("serve_read", str(cluster), str(link.remote_cluster)) if metrics is not None else None
         sends: list[readview.Send] = []   # the link's channel's ``try_control_parts`` for a REPLY, once found
-        small_read, pack, read, now = ownerwire.small_read, ownerwire.REPLY.pack, readview.read, time.monotonic
+        read, now = readview.read, time.monotonic
 
-        def read_here(payload: bytes) -> bool:
+        def read_here(got: ownerwire.SmallCall) -> bool:
             if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):   # at its call cap: the loop queues or refuses
                 return False
-            got = small_read(payload, cluster)
-            if got is None:
-                return False
             started = link.last_seen = now()   # as ``_on_control``: the sweeper must hear of this frame
-            cid, model_id, tensor_start, tensor_count, blocks, nbytes = got
+            _, _, model_id, tensor_start, tensor_count, blocks, nbytes, _, reply = got
             if not sends:
                 channel = table.channel_of(link)
                 if not isinstance(channel, SendsParts):
                     return False
                 sends.append(functools.partial(channel.try_control_parts, CONTROL_REPLY))
             try:
-                if read(engine, model_id, tensor_start, tensor_count, blocks, nbytes, sends[0],
-                        pack(ownerwire.TAG, 0, 0, 0, 0, cid, nbytes, 0, 0, nbytes)) != readview.SENT:
+                if read(engine, model_id, tensor_start, tensor_count, blocks, nbytes, sends[0], reply) != readview.SENT:
                     return False
             except Exception:   # noqa: BLE001 - anything unusual is the event loop's to answer
                 return False
@@ -216,16 +213,16 @@ class OwnerCalls:
 
         return read_here
 
-    def _write_here(self, link: RemoteLink, loop: asyncio.AbstractEventLoop) -> Callable[[bytes], bool]:
+    def _write_here(self, link: RemoteLink,
+                    loop: asyncio.AbstractEventLoop) -> Callable[[ownerwire.SmallCall, bytes], bool]:
         """The link's answer to a small push by ``BlocksCacheKey`` carrying its bytes (``WriteCmd``) that the
         engine's published view settles (``readview.write``), from whichever thread has the frame, as
-        ``_read_here``: the frame read with one ``unpack_from`` (``ownerwire.small_write``: the byte count it
-        carries is its spec's), every block range-checked by the view's geometry, the bytes copied into the rows
-        under the engine's ``read_lock`` once the view is checked current, then the REPLY (status 0) sent on an idle
-        connection -- or, the connections busy, by the event loop. False, nothing written or counted, for anything
-        else (another call, key or mode, a stale view, memory not mapped writable here, the link's call cap reached,
-        any error): the event loop answers it (``_on_control`` -> ``Owner.write_small``, ``prepare_write``'s status
-        codes)."""
+        ``_read_here``: the frame as ``ownerwire.small_call`` read it (the byte count it carries is its spec's),
+        every block range-checked by the view's geometry, the bytes copied into the rows under the engine's
+        ``read_lock`` once the view is checked current, then the REPLY (status 0) sent on an idle connection -- or,
+        the connections busy, by the event loop. False, nothing written or counted, for anything else (a stale view,
+        memory not mapped writable here, the link's call cap reached, any error): the event loop answers it
+        (``_on_control`` -> ``Owner.write_small``, ``prepare_write``'s status codes)."""
         table = self.table
         engine = table.engine
         cluster = table.cluster_id
@@ -234,18 +231,14 @@ class OwnerCalls:
         metrics = table.node.metrics
         bound = metrics.bound("serve_write", str(cluster), str(link.remote_cluster)) if metrics is not None else None
         sends: list[Callable[[list], bool]] = []
-        small_write, pack, write, now = ownerwire.small_write, ownerwire.REPLY.pack, readview.write, time.monotonic
+        write, now = readview.write, time.monotonic
 
-        def write_here(payload: bytes) -> bool:
+        def write_here(got: ownerwire.SmallCall, payload: bytes) -> bool:
             if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):
                 return False
-            got = small_write(payload, cluster)
-            if got is None:
-                return False
             started = link.last_seen = now()
-            cid, model_id, tensor_start, tensor_count, blocks, at = got
-            nbytes = len(payload) - at
+            _, cid, model_id, tensor_start, tensor_count, blocks, nbytes, at, reply = got
             if not sends:
                 channel = table.channel_of(link)
                 if not isinstance(channel, SendsParts):
@@ -263,7 +256,6 @@ class OwnerCalls:
                 bound.end("success", now() - started, nbytes, len(blocks))
             with link.reader_lock:
                 link.reader_bytes_in += nbytes
-            reply = pack(ownerwire.TAG, 0, 0, 0, 0, cid, nbytes, 0, 0, 0)
             try:
                 sent = sends[0]([reply])
             except Exception:   # noqa: BLE001 - the connection broke: the loop's reply finds out and logs it
@@ -282,8 +274,8 @@ class OwnerCalls:
         self.table.spawn(self._reply(link, reply))
 
     def _on_control(self, link: RemoteLink, kind: int, payload: bytes,
-                    read_here: Callable[[bytes], bool] | None = None,
-                    write_here: Callable[[bytes], bool] | None = None) -> None:
+                    read_here: Callable[[ownerwire.SmallCall], bool] | None = None,
+                    write_here: Callable[[ownerwire.SmallCall, bytes], bool] | None = None) -> None:
         if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
             self.table.channel_went(link, payload.decode(errors="replace"))
             return
@@ -302,15 +294,12 @@ class OwnerCalls:
             # in frame order: the channel's end queued after this call (``CONTROL_DOWN``) is the unlink's, not a
             # fault, even when it is handled before the task answering the call has run
             link.unlinked_by_peer = True
-        if isinstance(cmd, ReadCmd) and cmd.inline and read_here is not None:
+        small = isinstance(cmd, WriteCmd) or isinstance(cmd, ReadCmd) and cmd.inline
+        if small and read_here is not None and write_here is not None:
             if self.table.reads is None and not readview.current(self.table.engine):
-                readview.publish(self.table.engine)   # what this read and the reader threads' next ones read by
-            if read_here(payload):
-                return
-        if isinstance(cmd, WriteCmd) and write_here is not None:
-            if self.table.reads is None and not readview.current(self.table.engine):
-                readview.publish(self.table.engine)
-            if write_here(payload):
+                readview.publish(self.table.engine)   # what this call and the reader threads' next ones read by
+            got = ownerwire.small_call(payload, self.table.cluster_id)
+            if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
                 return
         self._answering(link, self._answer(link, cmd))
 
@@ -408,7 +397,7 @@ class OwnerCalls:
             return
         try:
             try:
-                data, release = await self.owner.read_small(link, cmd.spec, self.reader_reads)
+                data, release = await self.owner.read_small(link, cmd.spec, self.by_view)
                 reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)

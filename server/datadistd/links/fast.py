@@ -13,7 +13,6 @@ import time
 from typing import Any, Protocol, Sequence
 
 from ..core.errors import DataDistError, StatusCode
-from ..core.types import ReadMode
 from ..state import pullview
 from ..state.engine import Engine
 from ..state.metrics import transfer_log
@@ -43,11 +42,8 @@ class FastReply(Protocol):
 #: target and token, timeout_ms, local cache id, the pull view's generation, metrics (the pending call's context:
 #: ``FrameCalls.register_fast``)
 _FastCtx = tuple[Any, pullview.Dest, tuple[int, ...], int, float, FastReply, Any, int, int, int, Any]
-_READ, _WRITE, _TAG, _OP_READ, _OP_WRITE, _INLINE, _BLOCKS_KEY = (
-    ownerwire.READ, ownerwire.WRITE, ownerwire.TAG, ownerwire.OP_READ, ownerwire.OP_WRITE, ownerwire.INLINE,
-    ownerwire.BLOCKS_KEY)
-_BLOCKS = int(ReadMode.BLOCKS)
-_REPLY_HEAD = ownerwire.REPLY.size
+_read_call, _write_call = ownerwire.small_read_call, ownerwire.small_write_call
+_REPLY_DATA = ownerwire.REPLY_DATA
 
 
 def _move_rows(engine: Engine, rows: pullview.Dest, generation: int, local: Sequence[int], buf: bytes | bytearray,
@@ -155,17 +151,15 @@ class FastTransfers:
         try:   # once registered, the reply, the sweep or ``close`` (off the loop) may end it
             if push:   # the reply carries no bytes: ``expected`` 0
                 cid = calls.register_fast(deadline, self._push_answer, self._pushed, ctx, 0, on_loop)
-                write = bytearray(_WRITE.size + 8 * n + nbytes)
-                _WRITE.pack_into(write, 0, _TAG, _OP_WRITE, 0, timeout_ms, cid, _BLOCKS_KEY, 0, 0, cluster, 0,
-                                 model_id, 0, _BLOCKS, 0, n, -1, 0, 0, 0, nbytes)
-                write[_WRITE.size:_WRITE.size + 8 * n] = frame[at:at + 8 * n]
-                sent = (_move_rows(engine, dest, view.generation, local, write, _WRITE.size + 8 * n, False)
+                write, into = _write_call(command_id=cid, timeout_ms=timeout_ms, cluster_id=cluster,
+                                          model_id=model_id, blocks=frame[at:at + 8 * n], nbytes=nbytes)
+                sent = (_move_rows(engine, dest, view.generation, local, write, into, False)
                         and channel.try_control(CONTROL_CALL, write, deadline))
             else:
                 cid = calls.register_fast(deadline, self._pull_answer, self._land, ctx, nbytes, on_loop)
-                sent = channel.try_control(CONTROL_CALL, _READ.pack(
-                    _TAG, _OP_READ, _INLINE, timeout_ms, cid, 0, _BLOCKS_KEY, 0, 0, cluster, 0, model_id, 0, _BLOCKS, 0,
-                    n, -1, 0, 0, 0, nbytes) + frame[at:at + 8 * n], deadline)
+                sent = channel.try_control(CONTROL_CALL, _read_call(
+                    command_id=cid, timeout_ms=timeout_ms, cluster_id=cluster, model_id=model_id,
+                    blocks=frame[at:at + 8 * n], nbytes=nbytes), deadline)
         except DataDistError:   # no live connection, or the calls closed: the general path fails it with its code
             sent = False
         if not sent:
@@ -188,7 +182,7 @@ class FastTransfers:
         link, dest, local, nbytes, started, to, token, _, _, generation, bound = ctx
         engine = self.table.engine
         data = memoryview(payload)
-        at = _REPLY_HEAD
+        at = _REPLY_DATA
         row = dest.row
         with engine.read_lock:
             if engine.closed or generation != engine.registry.generation:

@@ -9,6 +9,7 @@ Thread-safe; never over-commits (``LLM_OUT_OF_MEMORY`` from the allocator).
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from typing import Generic, Protocol, TypeVar
 
 from ..core.allocator import PageAllocator
@@ -26,7 +27,7 @@ class _Closable(MemoryHandle, Protocol):
 H = TypeVar("H", bound=_Closable)
 
 
-class PoolBase(Generic[H]):
+class PoolBase(ABC, Generic[H]):
     def __init__(self, name: str, placement: Placement, capacity: int, page_shift: int) -> None:
         require(isinstance(capacity, int) and capacity > 0, f"pool capacity must be > 0 bytes, got {capacity!r}")
         self._name = name
@@ -39,9 +40,9 @@ class PoolBase(Generic[H]):
 
     # ---- what a backend's pool says ------------------------------------------------------------
 
+    @abstractmethod
     def _handle(self, offset: int, size: int) -> H:
         """A handle on ``size`` bytes at ``offset`` of the region (called under the lock)."""
-        raise NotImplementedError
 
     def _release(self) -> None:
         """Give the region back: once, after every live handle was closed, outside the lock (every other

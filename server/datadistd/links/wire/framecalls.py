@@ -149,12 +149,12 @@ class FrameCalls:
         of a call ``register_fast`` registered and its ``land`` took the bytes (or it was answered already: the
         sweep or ``close`` popped it first); else False, nothing done: the loop handles the frame (``on_reply``),
         its checks and messages the general path's."""
-        if len(payload) < ownerwire.REPLY.size:
+        got = ownerwire.small_reply(payload)
+        if got is None:
             return False
-        tag, flags, _, mlen, status, cid, _, nids, glen, dlen = ownerwire.REPLY.unpack_from(payload)
+        cid, dlen = got
         peek = self._pending.get(cid)
-        if (peek is None or peek[2] is None or tag != ownerwire.TAG or flags or mlen or status or nids or glen
-                or dlen != peek[4] or len(payload) != ownerwire.REPLY.size + dlen):
+        if peek is None or peek[2] is None or dlen != peek[4]:
             return False
         entry = self._pending.pop(cid, None)
         if entry is None:

@@ -1,7 +1,7 @@
 """Owner calls between the two ends of a link: their records.
 
 After the Peer handshake the link's authenticated data channel is the only conversation between two
-daemons (peer protocol 7). Either end may pull and push over a link (CANN's links have two ends; client
+daemons (since peer protocol 3). Either end may pull and push over a link (CANN's links have two ends; client
 and server say nothing about prompt and decoder), so either end makes *owner calls* on the other: ``read``
 / ``release`` for a pull (``grant_read`` / ``done_read`` over hccl, which reads by grants), ``open_write`` /
 ``commit_write`` for a push, ``unlink``, and ``ping`` (the linking end's heartbeat and ``check_link_status``).

@@ -1,5 +1,5 @@
 """The one wire encoding of owner calls: fixed-layout little-endian frames, a CALL per call, a REPLY per answer
-(peer protocol 7).
+(every owner call so since peer protocol 6; the protocol spoken today is ``peering.PROTOCOL_VERSION``).
 
 Every CALL frame starts with the same 16 bytes, then what its call needs (one ``struct`` layout per call kind,
 read with one ``unpack_from``; lists after it)::
@@ -48,8 +48,9 @@ from ...core.plan import AddrRef
 from ...core.types import BlockList, BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
-__all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "OP_READ", "INLINE", "BLOCKS_KEY", "small_read",
-           "small_write", "encode_call", "decode_call", "parsed_size", "encode_reply", "decode_reply"]
+__all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "REPLY_DATA", "OP_READ", "SmallCall",
+           "small_read_call", "small_write_call", "small_call", "small_reply", "encode_call", "decode_call",
+           "parsed_size", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
 (OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ,
@@ -67,36 +68,77 @@ RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tenso
 DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 WRITE = struct.Struct(_HEAD + _SPEC_BODY)               # then blocks, then the bytes
 _REPLY = struct.Struct("<BBHI qQQ III")
-#: a REPLY's fixed head: ``REPLY.pack(TAG, 0, 0, 0, 0, command_id, n, 0, 0, n)`` then ``n`` bytes is a small read's
-#: answer (what ``encode_reply`` makes of ``OwnerReply(command_id, nbytes=n, data=...)``); a data reader thread
-#: matches a small pull's reply by it (``FrameCalls.take_reply``)
+#: a REPLY's fixed head (a small pull's or push's: ``small_call``, ``small_reply``)
 REPLY = _REPLY
 
 _INLINE = _RELEASE_NEEDED = _CONSUME = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY, _ADDRESS = 1, 2, 3, 4
-#: a READ frame's op and flags as the requester's small pull packs them itself (``READ.pack``)
-INLINE = _INLINE
-#: the key kind of a ``BlocksCacheKey`` in a SPEC
-BLOCKS_KEY = _BLOCKS_KEY
 #: most block numbers one spec may name (as a worker's transfer: ``api.orders.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
 _U64 = np.dtype("<u8")
 _MASK = (1 << 64) - 1
 
 
-#: the most block numbers of a read ``small_read`` takes (more: ``decode_call``)
+#: the most block numbers of a small pull or push (``small_call``; more: ``decode_call``)
 SMALL_READ_BLOCKS = 64
 _BLOCK_LISTS = tuple(struct.Struct(f"<{n}Q") for n in range(SMALL_READ_BLOCKS + 1))
 _BLOCKS_MODE = int(ReadMode.BLOCKS)
 
 
-def small_read(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
-    """An inline READ by ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most
-    ``SMALL_READ_BLOCKS`` blocks and ``INLINE_READ_MAX`` bytes, with every reserved field, flag and length as
-    ``decode_call`` accepts them (transfer id, key fields b and d 0): ``(command_id, model_id, tensor_start,
-    tensor_count, blocks, expected_bytes)``, read with one ``unpack_from`` (and one for the blocks). None for
+# ---- a small pull's and push's frames (``links.fast``, ``links.calls``, ``FrameCalls.take_reply``) -------------
+# What ``encode_call``/``decode_call``/``encode_reply`` make of the same calls, byte for byte, with no record per
+# frame: keyword-only ints in, tuples out, one ``pack``/``unpack_from`` each (the hot path: bench scenario 12).
+
+#: where a small read's bytes start in its REPLY (``small_reply``)
+REPLY_DATA = _REPLY.size
+#: ``small_call``: ``(write, command_id, model_id, tensor_start, tensor_count, blocks, nbytes, at, reply)``
+SmallCall = tuple[bool, int, int, int, int, tuple[int, ...], int, int, bytes]
+
+
+def small_read_call(*, command_id: int, timeout_ms: int, cluster_id: int, model_id: int, blocks: bytes,
+                    nbytes: int) -> bytes:
+    """A small pull's CALL frame: the inline READ of the blocks whose u64 little-endian numbers are ``blocks`` (as
+    the attach frame carries them) of ``BlocksCacheKey(cluster_id, model_id)``, whole tensors, ``nbytes`` expected
+    -- ``encode_call(ReadCmd(command_id, 0, RemoteSpec(key, BLOCKS, numbers, -1, 0, 0, 0, nbytes), timeout_ms,
+    inline=True))``."""
+    return READ.pack(TAG, OP_READ, _INLINE, timeout_ms, command_id, 0, _BLOCKS_KEY, 0, 0, cluster_id, 0, model_id, 0,
+                     _BLOCKS_MODE, 0, len(blocks) >> 3, -1, 0, 0, 0, nbytes) + blocks
+
+
+def small_write_call(*, command_id: int, timeout_ms: int, cluster_id: int, model_id: int, blocks: bytes,
+                     nbytes: int) -> tuple[bytearray, int]:
+    """A small push's CALL frame, as ``small_read_call`` names its blocks: the WRITE with room for its ``nbytes``
+    bytes, and where they go (the caller copies them in, straight from the rows) -- then it is ``encode_call`` of
+    ``WriteCmd(command_id, RemoteSpec(key, BLOCKS, numbers, -1, 0, 0, 0, nbytes), timeout_ms, those bytes)``."""
+    at = WRITE.size + len(blocks)
+    frame = bytearray(at + nbytes)
+    WRITE.pack_into(frame, 0, TAG, OP_WRITE, 0, timeout_ms, command_id, _BLOCKS_KEY, 0, 0, cluster_id, 0, model_id, 0,
+                    _BLOCKS_MODE, 0, len(blocks) >> 3, -1, 0, 0, 0, nbytes)
+    frame[WRITE.size:at] = blocks
+    return frame, at
+
+
+def small_call(data: bytes, cluster_id: int) -> SmallCall | None:
+    """A small pull's READ (inline) or a small push's WRITE (carrying exactly its ``expected_bytes``) by
+    ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most ``SMALL_READ_BLOCKS`` blocks and
+    ``INLINE_READ_MAX`` bytes, with every reserved field, flag and length as ``decode_call`` accepts them (transfer
+    id, key fields b and d 0): ``(write, command_id, model_id, tensor_start, tensor_count, blocks, nbytes, at,
+    reply)`` -- a WRITE's bytes are ``data[at:]`` (a READ's ``at`` is 0) and ``reply`` is the head of the call's
+    REPLY of success (``encode_reply(OwnerReply(command_id, nbytes=nbytes, data=...))`` less the data: a read's
+    ``nbytes`` bytes follow it, a write's none) -- read with one ``unpack_from`` (and one for the blocks). None for
     anything else, well formed or not: ``decode_call`` then decides (the data reader thread's path,
     ``links/calls.py``)."""
+    if len(data) < WRITE.size:   # the smaller of the two
+        return None
+    if data[1] == OP_WRITE:
+        (tag, _, flags, _, cid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
+         expected) = WRITE.unpack_from(data)
+        at = WRITE.size + 8 * n
+        if (flags or kind != _BLOCKS_KEY or r1 or r2 or r3 or b or d or mode != _BLOCKS_MODE or a != cluster_id
+                or n > SMALL_READ_BLOCKS or expected > oc.INLINE_READ_MAX or len(data) != at + expected or tag != TAG):
+            return None
+        return (True, cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, WRITE.size), expected, at,
+                _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, 0, 0))
     if len(data) < READ.size:
         return None
     (tag, op, flags, _, cid, tid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
@@ -105,25 +147,20 @@ def small_read(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[
             or mode != _BLOCKS_MODE or a != cluster_id or n > SMALL_READ_BLOCKS or len(data) != READ.size + 8 * n
             or expected > oc.INLINE_READ_MAX):
         return None
-    return cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected
+    return (False, cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected, 0,
+            _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, 0, expected))
 
 
-def small_write(data: bytes, cluster_id: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
-    """A WRITE by ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most ``SMALL_READ_BLOCKS``
-    blocks, carrying exactly its ``expected_bytes`` (at most ``INLINE_READ_MAX``), every reserved field and flag as
-    ``decode_call`` accepts them (key fields b and d 0): ``(command_id, model_id, tensor_start, tensor_count, blocks,
-    at)`` -- the bytes are ``data[at:]`` -- read with one ``unpack_from`` (and one for the blocks). None for anything
-    else: ``decode_call`` then decides (the data reader thread's path, ``links/calls.py``)."""
-    if len(data) < WRITE.size:
+def small_reply(data: bytes) -> tuple[int, int] | None:
+    """``(command_id, data length)`` of a REPLY that is a whole success carrying nothing but data (no flag, message,
+    transfer id or grant): a small pull's or push's answer (its data at ``REPLY_DATA``), read with one
+    ``unpack_from``. None for any other: ``decode_reply`` then decides (``FrameCalls.take_reply``)."""
+    if len(data) < _REPLY.size:
         return None
-    (tag, op, flags, _, cid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
-     expected) = WRITE.unpack_from(data)
-    at = WRITE.size + 8 * n
-    if (tag != TAG or op != OP_WRITE or flags or kind != _BLOCKS_KEY or r1 or r2 or r3 or b or d
-            or mode != _BLOCKS_MODE or a != cluster_id or n > SMALL_READ_BLOCKS or expected > oc.INLINE_READ_MAX
-            or len(data) != at + expected):
+    tag, flags, _, mlen, status, cid, _, nids, glen, dlen = _REPLY.unpack_from(data)
+    if tag != TAG or flags or mlen or status or nids or glen or len(data) != _REPLY.size + dlen:
         return None
-    return cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, WRITE.size), at
+    return cid, dlen
 
 
 # ---- encoding ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ threads; nothing to stop): the connections of every transport of the daemon shar
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import select
@@ -50,6 +51,12 @@ class Reactor:
         self._lock = threading.Lock()
         self._turns: dict[int, Turn] = {}
         self.wakeups = 0          # turns run (each one a thread woken for a readable connection)
+        #: ``rearm(fd)``: wake a turn of ``fd`` again at its next bytes (at once if some wait) -- for a connection
+        #: whose last turn returned False without ``remove``, reading paused, not done -- from any thread, never while
+        #: a turn of it runs (the attach socket's back-pressure and its messages handed to the event loop:
+        #: ``api.attachread``). The epoll's own ``modify`` with the mask bound: no Python frame per re-arm (a small
+        #: pull re-arms its attach socket once: bench scenario 12)
+        self.rearm: Callable[[int], None] = functools.partial(self._epoll.modify, eventmask=_MASK)
         for n in range(self.size):
             threading.Thread(target=self._run, name=f"{THREAD_PREFIX}#{n + 1}", daemon=True).start()
 
@@ -64,12 +71,6 @@ class Reactor:
         turn returns True to re-arm."""
         with self._lock:
             self._turns[fd] = turn
-
-    def rearm(self, fd: int) -> None:
-        """Wake a turn of ``fd`` again at its next bytes (at once if some wait): for a connection whose last turn
-        returned False without ``remove`` -- reading paused, not done -- from any thread, never while a turn of it
-        runs (the attach socket's back-pressure and its messages handed to the event loop: ``api.attachread``)."""
-        self._epoll.modify(fd, _MASK)
 
     def remove(self, fd: int) -> None:
         """From a turn of ``fd`` (its last), before its socket is closed: forget it."""

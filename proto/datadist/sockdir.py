@@ -11,11 +11,16 @@ the name itself. An entry of ``uid`` right inside a directory every user may cre
 nothing: another user can create ``/tmp/datadist-<victim uid>/`` before the victim's daemon does and listen there.
 So there a root-owned sticky directory vouches only for root's own entries: ``uid``'s directory must have been
 given to it by root (systemd's ``RuntimeDirectory=``: ``/run/datadist``) or lie inside one such.
+
+Both the path as named and the path it resolves to are walked: a symbolic link is a name too, and one another user
+made in ``/tmp`` (``/tmp/datadist-<victim uid>`` -> a directory of that user's own) must not pass because its target
+would. A link's own mode means nothing (always 0777); its owner and the directory holding it do.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 __all__ = ["culprit"]
@@ -25,12 +30,19 @@ def culprit(directory: str, uid: int, given: bool = False) -> str | None:
     """Why ``directory`` is not safe for the sockets of ``uid`` ("<dir> is owned by uid N with mode M", or for
     ``given`` "<dir> of uid N is inside <parent>, where every user may create names"), None when it is.
     OSError when a directory on the way cannot be looked at."""
-    here = Path(os.path.realpath(directory))
+    named = Path(os.path.abspath(directory))
+    real = Path(os.path.realpath(directory))
+    why = _walk(named, uid, given) if named != real else None
+    return why or _walk(real, uid, given)
+
+
+def _walk(here: Path, uid: int, given: bool) -> str | None:
+    """``culprit`` along ``here`` and its parents as named (lstat: a link is judged by its owner and its place)."""
     below: Path | None = None      # the directory just below ``d`` on the way up (None: the socket itself)
     below_uid = uid
     for d in (here, *here.parents):
-        st = d.stat()
-        writable_by_others = st.st_mode & 0o022
+        st = d.lstat()
+        writable_by_others = st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
         sticky_root = st.st_uid == 0 and st.st_mode & 0o1000
         if st.st_uid not in (uid, 0) or (writable_by_others and not sticky_root):
             return f"{d} is owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:#o}"

@@ -118,6 +118,34 @@ def test_a_directory_in_tmp_vouches_only_for_roots_entries(tmp_path) -> None:
         shutil.rmtree(given)
 
 
+def test_a_link_in_tmp_does_not_pass_for_its_target(tmp_path) -> None:
+    """A link another uid made in /tmp is a name it took there, whatever its target: the rule walks the path as
+    named as well as the one it resolves to (without that, ``/tmp/datadist-<victim>`` -> a directory of the
+    squatter's own inside one root made passed)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make directories and links of another uid")
+    other = 65534
+    given = Path(tempfile.mkdtemp(prefix="datadist-rule-root-"))
+    link = Path(tempfile.mkdtemp(prefix="datadist-rule-link-"))
+    try:
+        os.chmod(given, 0o755)
+        (given / "run").mkdir(mode=0o750)
+        os.chown(given / "run", other, other)
+        link.rmdir()
+        link.symlink_to(given / "run")
+        os.lchown(link, other, other)
+        assert sockdir.culprit(str(given / "run"), other, given=True) is None     # the target alone passes
+        why = sockdir.culprit(str(link), other, given=True)
+        assert why == f"{link} of uid {other} is inside {link.parent}, where every user may create names"
+        assert "is owned by uid 65534" in (sockdir.culprit(str(link), 1234) or "")  # nor for the daemon's own check
+        os.lchown(link, 0, 0)                                  # root's link (as /var/run -> /run) vouches as root
+        assert sockdir.culprit(str(link), other, given=True) is None
+    finally:
+        if link.is_symlink():
+            link.unlink()
+        shutil.rmtree(given)
+
+
 # ---- another user squats the victim's socket directory (root only) ----------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -129,9 +157,20 @@ def squat_users():
         yield ids(SQUATTER)[0], ids(VICTIM)[0]
 
 
-def _squat(victim_uid: int, *more: str):  # noqa: ANN202 - a generator of (socket, report)
+def _squat(victim_uid: int, *more: str, linked: bool = False):  # noqa: ANN202 - a generator of (socket, report)
+    """``linked``: /tmp/datadist-<victim> is the squatter's link to a directory of its own inside one root made."""
     directory = f"/tmp/datadist-{victim_uid}"
+    if os.path.islink(directory):
+        os.unlink(directory)
     shutil.rmtree(directory, ignore_errors=True)          # a directory an earlier run left
+    base = None
+    if linked:
+        base = tempfile.mkdtemp(prefix="datadist-squat-own-")
+        os.chmod(base, 0o755)
+        os.mkdir(os.path.join(base, "run"), 0o755)
+        os.chown(os.path.join(base, "run"), *ids(SQUATTER))
+        os.symlink(os.path.join(base, "run"), directory)
+        os.lchown(directory, *ids(SQUATTER))
     sock, report = f"{directory}/datadistd.sock", f"{directory}/report.jsonl"
     proc = as_user(SQUATTER, [str(ROOT / "tests" / "hostile_daemon.py"),
                               *hostile_daemon.argv(sock, "honest", report, *more)],
@@ -142,13 +181,18 @@ def _squat(victim_uid: int, *more: str):  # noqa: ANN202 - a generator of (socke
         yield sock, report
     finally:
         hostile_daemon.stop(proc)
+        if os.path.islink(directory):
+            os.unlink(directory)
         shutil.rmtree(directory, ignore_errors=True)
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-def squatted(squat_users):
-    """The squatter's fake daemon on the victim's default socket, in the directory it made: (socket, report)."""
-    yield from _squat(squat_users[1])
+@pytest.fixture(params=["directory", "link"])
+def squatted(squat_users, request):
+    """The squatter's fake daemon on the victim's default socket, in the directory it made (or behind the link it
+    made there to a directory of its own): (socket, report)."""
+    yield from _squat(squat_users[1], linked=request.param == "link")
 
 
 def _refused(out: str, sock: str, daemon_uid: int, why: str = "where every user may create names") -> None:

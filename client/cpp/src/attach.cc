@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace datadist_cpp {
 namespace {
@@ -122,24 +123,17 @@ int RemainingMs(Clock::time_point deadline) {
   return left <= 0 ? 0 : static_cast<int>(left);
 }
 
-// Why `directory` is not safe for the sockets of `uid`, "" when it is: proto/datadist/sockdir.py `culprit` (the
-// daemon's own rule for its socket directory; with `given`, also no directory of `uid` right inside one every user
-// may create names in, such as /tmp). One place in C++: the Python client and the daemon share the Python one.
-std::string DirectoryCulprit(const std::string &directory, uid_t uid, bool given) {
-  char *resolved = realpath(directory.c_str(), nullptr);
-  if (resolved == nullptr) {
-    return directory + " cannot be looked at (" + std::strerror(errno) + ")";
-  }
-  std::string d = resolved;
-  free(resolved);
+// DirectoryCulprit along `d` and its parents as named (lstat: a symbolic link is judged by its owner and its place,
+// its mode -- always 0777 -- means nothing).
+std::string WalkCulprit(std::string d, uid_t uid, bool given) {
   std::string below;  // the directory just below d on the way up ("": the socket itself)
   uid_t below_uid = uid;
   for (;;) {
     struct stat st {};
-    if (stat(d.c_str(), &st) != 0) {
+    if (lstat(d.c_str(), &st) != 0) {
       return d + " cannot be looked at (" + std::strerror(errno) + ")";
     }
-    const bool writable_by_others = (st.st_mode & 0022) != 0;
+    const bool writable_by_others = (st.st_mode & 0022) != 0 && !S_ISLNK(st.st_mode);
     const bool sticky_root = st.st_uid == 0 && (st.st_mode & 01000) != 0;
     if ((st.st_uid != uid && st.st_uid != 0) || (writable_by_others && !sticky_root)) {
       char mode[16];
@@ -158,6 +152,49 @@ std::string DirectoryCulprit(const std::string &directory, uid_t uid, bool given
     const size_t slash = d.rfind('/');
     d = slash == 0 ? "/" : d.substr(0, slash);
   }
+}
+
+// `path` made absolute and normalised without looking at the file system (os.path.abspath).
+std::string AbsPath(const std::string &path) {
+  std::string whole = path;
+  if (whole.empty() || whole[0] != '/') {
+    char *cwd = getcwd(nullptr, 0);
+    whole = std::string(cwd != nullptr ? cwd : "") + "/" + whole;
+    free(cwd);
+  }
+  std::vector<std::string> parts;
+  size_t at = 0;
+  while (at <= whole.size()) {
+    size_t next = whole.find('/', at);
+    if (next == std::string::npos) next = whole.size();
+    const std::string part = whole.substr(at, next - at);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    at = next + 1;
+  }
+  std::string out;
+  for (const std::string &part : parts) out += "/" + part;
+  return out.empty() ? "/" : out;
+}
+
+// Why `directory` is not safe for the sockets of `uid`, "" when it is: proto/datadist/sockdir.py `culprit` (the
+// daemon's own rule for its socket directory; with `given`, also no directory of `uid` right inside one every user
+// may create names in, such as /tmp), along the path as named and the path it resolves to: a link another user made
+// in /tmp does not pass because its target would. One place in C++: the Python client and the daemon share the
+// Python one.
+std::string DirectoryCulprit(const std::string &directory, uid_t uid, bool given) {
+  char *resolved = realpath(directory.c_str(), nullptr);
+  if (resolved == nullptr) {
+    return directory + " cannot be looked at (" + std::strerror(errno) + ")";
+  }
+  const std::string real = resolved;
+  free(resolved);
+  const std::string named = AbsPath(directory);
+  const std::string why = named != real ? WalkCulprit(named, uid, given) : "";
+  return why.empty() ? WalkCulprit(real, uid, given) : why;
 }
 
 // LLM_FAILED, saying why and what to do, unless the attach socket `path` is in a directory only the uid serving it

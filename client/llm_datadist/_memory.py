@@ -148,8 +148,8 @@ def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:
     """Map a pool descriptor the daemon handed over (closed here); ValueError saying why when it is not a pool
     of ``size`` bytes sealed against shrinking and growing."""
     try:
-        if size <= 0 or os.fstat(fd).st_size < size:
-            raise ValueError(f"the pool descriptor does not hold {size} bytes")
+        # the seals first: only once the size can change no more does the size read next stay true (the sender
+        # may still hold the descriptor, shrink it after a size check and seal it then)
         try:
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         except OSError:
@@ -157,6 +157,8 @@ def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:
         if seals & _SIZE_SEALS != _SIZE_SEALS:
             raise ValueError("the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
                              f"F_SEAL_GROW; seals {seals:#x}): its size could change under the mapping")
+        if size <= 0 or os.fstat(fd).st_size < size:
+            raise ValueError(f"the pool descriptor does not hold {size} bytes")
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, _RW)
     finally:
         os.close(fd)

@@ -302,3 +302,28 @@ def test_numpy_view_and_address_of():
         assert _memory.numpy_view(_memory.address_of(m), (3,), np.uint8).tobytes() == b"abc"
     with pytest.raises(ValueError):
         _memory.numpy_view(0, (4,), np.uint8)
+
+
+def test_a_pool_shrunk_and_sealed_after_its_size_is_read_is_never_mapped(monkeypatch) -> None:
+    """The sender of a pool descriptor keeps its own copy: it may shrink the pool right after the client read its
+    size and seal it then. The seals are read first, so that size read is one that cannot change any more: the pool
+    is refused as unsealed. (Read in the other order, the shrunk pool was mapped at its old size: SIGBUS at the
+    first touch past its new end.)"""
+    fd = os.memfd_create("hostile-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4 * PAGE)
+    theirs = os.dup(fd)                                  # the sender's own copy
+    real_fstat = os.fstat
+
+    def fstat_then_shrink(f: int) -> os.stat_result:     # the sender acts the moment the size has been read
+        st = real_fstat(f)
+        if f == fd:
+            os.ftruncate(theirs, PAGE)
+            fcntl.fcntl(theirs, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        return st
+
+    monkeypatch.setattr(_memory.os, "fstat", fstat_then_shrink)
+    try:
+        with pytest.raises(ValueError, match="not sealed against shrinking and growing"):
+            _memory._map_fd(fd, 4 * PAGE)                 # closes fd
+    finally:
+        os.close(theirs)

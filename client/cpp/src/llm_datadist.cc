@@ -640,19 +640,21 @@ Status LlmDataDist::LlmDataDistImpl::MapPool(const char *func, const pb::SharedE
     uint64_t size = 0U;
     const Status st = attach_.ExportPool(engine_id_, t.pool(), func, &fd, &size);
     if (st != LLM_SUCCESS) return st;
-    struct stat sb {};
-    if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
-    }
     // mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS) at the
-    // next touch of a page past its new end (the daemon's pools are sealed so: server/datadistd/memory/host.py)
+    // next touch of a page past its new end (the daemon's pools are sealed so: server/datadistd/memory/host.py).
+    // The seals before the size: a size read stays true only once it can change no more (the sender may still hold
+    // the descriptor, shrink it after a size check and seal it then)
     const int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
       (void)close(fd);
       return Fail(func, LLM_FAILED, "the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
                                     "F_SEAL_GROW; seals " + std::to_string(seals) +
                                     "): its size could change under the mapping");
+    }
+    struct stat sb {};
+    if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
+      (void)close(fd);
+      return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
     }
     if (t.file_offset() + t.length() > size || t.file_offset() + t.length() < t.file_offset()) {
       (void)close(fd);

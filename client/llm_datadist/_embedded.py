@@ -40,7 +40,10 @@ class EmbeddedDaemon:
                                      "peer.dev_secret_fallback": False}
         try:   # a bad DATADISTD_* variable or secret file: ConfigError naming it, and no directory left behind
             config = load_config(overrides=overrides)
-            self.app = DaemonApp(config, peer_secret=peer_secret(config.peer))
+            # $STATE_DIRECTORY is the worker's own unit's (systemd's StateDirectory= of the inference service), not
+            # a datadist node's: this daemon uses this user's secret, as every embedded one of the user does
+            env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
+            self.app = DaemonApp(config, peer_secret=peer_secret(config.peer, env=env))
         except (ConfigError, OSError) as exc:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise _refused(exc, isinstance(exc, ConfigError)) from exc

@@ -238,3 +238,28 @@ def test_a_swap_between_mismatched_caches_names_both_layouts(daemon_factory, wor
     assert f"swap_blocks: tensor counts differ: the source cache {dev} has 2 tensors (block shape [16, 16] of " \
            f"DT_FLOAT16, 512 bytes per tensor and block), the destination cache {host} has 4 tensors" in said, said
     assert "swap between caches of the same CacheDesc num_tensors and block size" in said, said
+
+
+def test_embedded_init_under_a_service_with_a_state_directory_uses_the_users_secret(monkeypatch, tmp_path) -> None:
+    """A worker run by a systemd unit of its own with ``StateDirectory=`` (mode 0755 by default) inherits
+    ``$STATE_DIRECTORY``: its embedded daemon took it for a datadist node's state directory, refused to start (the
+    directory is not 0700) or wrote a peer secret into the service's directory, where the user's other workers
+    would not find it. It uses this user's own secret, as every embedded daemon does."""
+    import llm_datadist as ld
+
+    service_state = tmp_path / "vllm-state"
+    service_state.mkdir(mode=0o755)
+    service_state.chmod(0o755)
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(service_state))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    cfg = ld.LLMConfig()
+    cfg.device_id = 0
+    dd = ld.LLMDataDist(ld.LLMRole.DECODER, D)
+    try:
+        dd.init(cfg.generate_options())
+    finally:
+        dd.finalize()
+    assert list(service_state.iterdir()) == []
+    assert (runtime / "datadist" / "peer.secret").is_file()

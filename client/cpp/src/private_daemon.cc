@@ -84,7 +84,10 @@ Status PrivateDaemon::Start(int timeout_ms) {
   socket_ = dir_ + "/datadistd.sock";
   std::vector<std::string> env;
   for (char **e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "DATADISTD_DAEMON_SOCKET=", 24) != 0 && std::strncmp(*e, "DATADIST_DIE_WITH_PARENT=", 25) != 0) {
+    // STATE_DIRECTORY: the worker's own unit's (systemd's StateDirectory=), not a datadist node's; the private
+    // daemon uses this user's secret (below), as every embedded daemon of the user does
+    if (std::strncmp(*e, "DATADISTD_DAEMON_SOCKET=", 24) != 0 && std::strncmp(*e, "DATADIST_DIE_WITH_PARENT=", 25) != 0 &&
+        std::strncmp(*e, "STATE_DIRECTORY=", 16) != 0) {
       env.emplace_back(*e);
     }
   }

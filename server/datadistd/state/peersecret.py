@@ -8,7 +8,8 @@ Where it comes from, the first that applies (embedded and standalone daemons ali
 3. nothing configured, under systemd with a state directory (``StateDirectory=datadist``, which sets
    ``$STATE_DIRECTORY``): **the node secret**, ``$STATE_DIRECTORY/peer.secret``, made on first use with 256 random
    bits. Only the daemon's user (and root) can read it, so no local user can prove it; a second node links once it
-   is given the same secret (``secret_file``, docs/operations.md "Two hosts");
+   is given the same secret (``secret_file``, docs/operations.md "Two hosts"). A worker's embedded daemon and the
+   C++ library's private one are not given it: a worker's ``$STATE_DIRECTORY`` is its own service's;
 4. nothing configured otherwise: **this user's own**, ``<dir>/datadist/peer.secret``, made on first use, where
    ``<dir>`` is ``$XDG_RUNTIME_DIR``, else ``$XDG_CONFIG_HOME``, else ``~/.config`` (never made when the home itself
    is missing). Every daemon of one user on one host -- one behind a worker, one inside it -- reads the same file, so

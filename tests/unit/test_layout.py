@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
 
 import numpy as np
@@ -132,6 +133,24 @@ def test_block_out_of_range_is_param_invalid_and_named(blocks: list) -> None:
     err = invalid(block_spans, DESC, [0], blocks)
     bad = next(b for b in blocks if not (type(b) is int and 0 <= b < 10))
     assert repr(bad) in err.message and "10" in err.message
+
+
+class _Block(enum.IntEnum):
+    TWO = 2
+    TEN = 10
+
+
+def test_int_subclasses_are_ints_and_checked_by_value() -> None:
+    """An IntEnum is an int (``_is_int``): in range it is taken, out of range it is named; a bool is not an int.
+    (The C-speed check of a list that is not all plain ints refused the first one as "out of range" whatever its
+    value.)"""
+    assert block_spans(DESC, [0], [1, _Block.TWO, 3]) == block_spans(DESC, [0], [1, 2, 3])
+    err = invalid(block_spans, DESC, [0], [1, _Block.TWO, 12, _Block.TEN])
+    assert "12 (position 2)" in err.message, err.message
+    err = invalid(block_spans, DESC, [0], [_Block.TWO, _Block.TEN])
+    assert "(position 1)" in err.message, err.message
+    err = invalid(block_spans, DESC, [0], [_Block.TWO, True, 1])
+    assert "True (position 1)" in err.message, err.message
 
 
 @pytest.mark.parametrize("tensors", [[3], [0, -1], [0, 1, 2, 3], range(2, 4)])

@@ -130,7 +130,10 @@ def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "")
         plain = set(map(type, rows)) == {int}   # the types found by a C loop
         if plain and min(rows) >= 0 and max(rows) < n:
             return
-        i = _first_bad(rows, n, plain)
+        found = _first_bad(rows, n, plain)
+        if found is None:   # ints of a subclass (an IntEnum), every one in range
+            return
+        i = found
     b = rows[i]
     if side:
         arg, whose = SIDES[side]
@@ -140,16 +143,29 @@ def _check_rows(desc: CacheDesc, rows: Sequence[int], what: str, side: str = "")
                         f"{what} {b!r} (position {i}) out of range [0, {n}) for a cache of {n} {what}s")
 
 
-def _first_bad(rows: Sequence[int], n: int, plain: bool) -> int:
-    """The position of the first item of ``rows`` that is not a plain int in ``[0, n)`` (one exists), found by C
-    iterators that stop there. ``plain``: every item is an int (``n.__le__``, ``(0).__gt__`` find the first one out
-    of range); else the first item of another type, and the first int before it outside ``range(n)``
-    (``range.__contains__`` is O(1) on an int, and only ints reach it)."""
+def _first_bad(rows: Sequence[int], n: int, plain: bool) -> int | None:
+    """The position of the first item of ``rows`` that is not an int (a bool is not) in ``[0, n)``, None when
+    there is none, found by C iterators that stop there. ``plain``: every item is an int (``n.__le__``,
+    ``(0).__gt__`` find the first one out of range); else the first item of another type, and the first int before
+    it outside ``range(n)`` (``range.__contains__`` is O(1) on an int, and only ints reach it) -- that item itself
+    when it is no int in range, else the same from the item after it (an int subclass such as an IntEnum is an
+    int, as everywhere in this module: ``_is_int``)."""
     if plain:
         return min(next(compress(count(), map(n.__le__, rows)), len(rows)),
                    next(compress(count(), map((0).__gt__, rows)), len(rows)))
-    typed = next(compress(count(), map(is_not, map(type, rows), repeat(int))), len(rows))
-    return next(compress(count(), map(not_, map(range(n).__contains__, islice(rows, typed)))), typed)
+    start, end = 0, len(rows)
+    while start < end:
+        typed = next(compress(count(start), map(is_not, map(type, islice(rows, start, None)), repeat(int))), end)
+        bad = next(compress(count(start), map(not_, map(range(n).__contains__, islice(rows, start, typed)))), typed)
+        if bad < typed:
+            return bad
+        if typed == end:
+            return None
+        b = rows[typed]
+        if not (_is_int(b) and 0 <= b < n):
+            return typed
+        start = typed + 1
+    return None
 
 
 def block_runs(blocks: Sequence[int]) -> list[tuple[int, int]]:

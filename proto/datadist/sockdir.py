@@ -37,17 +37,21 @@ def culprit(directory: str, uid: int, given: bool = False) -> str | None:
 
 
 def _walk(here: Path, uid: int, given: bool) -> str | None:
-    """``culprit`` along ``here`` and its parents as named (lstat: a link is judged by its owner and its place)."""
+    """``culprit`` along ``here`` and its parents as named: each entry judged by who made it (lstat: a link's
+    owner) and by the directory it names (stat: a link's target, where the names below it are made)."""
     below: Path | None = None      # the directory just below ``d`` on the way up (None: the socket itself)
     below_uid = uid
     for d in (here, *here.parents):
-        st = d.lstat()
-        writable_by_others = st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)
+        entry = d.lstat()
+        st = d.stat() if stat.S_ISLNK(entry.st_mode) else entry
+        writable_by_others = st.st_mode & 0o022
         sticky_root = st.st_uid == 0 and st.st_mode & 0o1000
+        if entry is not st and entry.st_uid not in (uid, 0):
+            return f"{d} is a link owned by uid {entry.st_uid}"
         if st.st_uid not in (uid, 0) or (writable_by_others and not sticky_root):
             return f"{d} is owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:#o}"
         if given and writable_by_others and below_uid != 0:
             what = f"{below} of uid {below_uid}" if below is not None else "the socket"
             return f"{what} is inside {d}, where every user may create names"
-        below, below_uid = d, st.st_uid
+        below, below_uid = d, entry.st_uid
     return None

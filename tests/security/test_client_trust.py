@@ -137,9 +137,20 @@ def test_a_link_in_tmp_does_not_pass_for_its_target(tmp_path) -> None:
         assert sockdir.culprit(str(given / "run"), other, given=True) is None     # the target alone passes
         why = sockdir.culprit(str(link), other, given=True)
         assert why == f"{link} of uid {other} is inside {link.parent}, where every user may create names"
-        assert "is owned by uid 65534" in (sockdir.culprit(str(link), 1234) or "")  # nor for the daemon's own check
+        assert f"{link} is a link owned by uid {other}" == sockdir.culprit(str(link), 1234)   # nor for the daemon
         os.lchown(link, 0, 0)                                  # root's link (as /var/run -> /run) vouches as root
         assert sockdir.culprit(str(link), other, given=True) is None
+        # /tmp itself a (root's) link to a sticky directory every user may create names in: the squatter's link is
+        # inside the directory it names, not inside a link
+        shared = given / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        (given / "tmp").symlink_to(shared)
+        (shared / "squat").symlink_to(given / "run")
+        os.lchown(shared / "squat", other, other)
+        why = sockdir.culprit(str(given / "tmp" / "squat"), other, given=True)
+        assert why == f"{given / 'tmp' / 'squat'} of uid {other} is inside {given / 'tmp'}, where every user may " \
+                      "create names", why
     finally:
         if link.is_symlink():
             link.unlink()

@@ -123,17 +123,21 @@ int RemainingMs(Clock::time_point deadline) {
   return left <= 0 ? 0 : static_cast<int>(left);
 }
 
-// DirectoryCulprit along `d` and its parents as named (lstat: a symbolic link is judged by its owner and its place,
-// its mode -- always 0777 -- means nothing).
+// DirectoryCulprit along `d` and its parents as named: each entry judged by who made it (lstat: a symbolic link's
+// owner) and by the directory it names (stat: a link's target, where the names below it are made).
 std::string WalkCulprit(std::string d, uid_t uid, bool given) {
   std::string below;  // the directory just below d on the way up ("": the socket itself)
   uid_t below_uid = uid;
   for (;;) {
+    struct stat entry {};
     struct stat st {};
-    if (lstat(d.c_str(), &st) != 0) {
+    if (lstat(d.c_str(), &entry) != 0 || (S_ISLNK(entry.st_mode) ? stat(d.c_str(), &st) : (st = entry, 0)) != 0) {
       return d + " cannot be looked at (" + std::strerror(errno) + ")";
     }
-    const bool writable_by_others = (st.st_mode & 0022) != 0 && !S_ISLNK(st.st_mode);
+    if (S_ISLNK(entry.st_mode) && entry.st_uid != uid && entry.st_uid != 0) {
+      return d + " is a link owned by uid " + std::to_string(entry.st_uid);
+    }
+    const bool writable_by_others = (st.st_mode & 0022) != 0;
     const bool sticky_root = st.st_uid == 0 && (st.st_mode & 01000) != 0;
     if ((st.st_uid != uid && st.st_uid != 0) || (writable_by_others && !sticky_root)) {
       char mode[16];
@@ -148,7 +152,7 @@ std::string WalkCulprit(std::string d, uid_t uid, bool given) {
       return "";
     }
     below = d;
-    below_uid = st.st_uid;
+    below_uid = entry.st_uid;
     const size_t slash = d.rfind('/');
     d = slash == 0 ? "/" : d.substr(0, slash);
   }

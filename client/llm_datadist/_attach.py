@@ -81,7 +81,7 @@ def attach_path(target: str) -> str:
     return unix_path(target) + ".attach"
 
 
-_UCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid (SO_PEERCRED)
+_UCRED = struct.Struct("iII")   # struct ucred: pid_t pid, uid_t uid, gid_t gid (SO_PEERCRED; ids unsigned)
 
 
 def _check_daemon_uid(path: str, uid: int) -> None:

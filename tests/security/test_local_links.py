@@ -21,7 +21,7 @@ from datadistd.links.wire.peering import PROTOCOL_VERSION
 from tests.daemonproc import free_port
 
 from .test_users import daemon, users  # noqa: F401 - the throwaway-users fixtures
-from .users import as_user, runtime_dir
+from .users import as_user, end, runtime_dir
 
 pytestmark = pytest.mark.integration
 
@@ -167,6 +167,5 @@ def test_4_one_uid_at_its_quota_leaves_another_uid_alone(users):  # noqa: F811
         if hog is not None:
             hog.stdin.close()
             hog.wait(60)
-        proc.terminate()
-        proc.wait(30)
+        end(proc)
         shutil.rmtree(base, ignore_errors=True)

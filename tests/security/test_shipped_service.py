@@ -33,7 +33,7 @@ from tests.harness import ROOT
 
 from .test_local_links import WORKER, _line
 from .test_users import users  # noqa: F401 - the throwaway-users fixture
-from .users import GROUP, as_user, ids
+from .users import GROUP, as_user, end, ids
 
 pytestmark = pytest.mark.integration
 
@@ -92,12 +92,7 @@ def shipped(users):  # noqa: F811
             time.sleep(0.1)
         yield log_path, sock, dirs["StateDirectory"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end(proc)
         shutil.rmtree(base, ignore_errors=True)
 
 

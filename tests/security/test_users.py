@@ -20,7 +20,7 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadist.v1 import datadist_pb2, datadist_pb2_grpc
 
-from .users import as_user, hold, ids, runtime_dir, why_not
+from .users import as_user, end, hold, ids, runtime_dir, why_not
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +51,7 @@ def daemon(users):
             time.sleep(0.1)
         yield proc, sock
     finally:
-        proc.terminate()
-        proc.wait(30)
+        end(proc)
         log.close()
         shutil.rmtree(base, ignore_errors=True)
 

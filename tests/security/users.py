@@ -60,6 +60,16 @@ def as_user(name: str, args: list[str], **kw):  # noqa: ANN003, ANN201
     return subprocess.Popen(cmd, env=env, **kw)
 
 
+def end(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """End a process started by ``as_user``: SIGTERM, and SIGKILL if it has not exited within ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def runtime_dir(prefix: str) -> tuple[str, str]:
     """A socket directory of the daemon's user that root made for it, as systemd's ``RuntimeDirectory=`` does:
     ``(the root-owned directory to remove afterwards, the daemon's directory inside it)``. Workers trust a daemon of

@@ -26,7 +26,7 @@ Status Fail(const char *func, Status status, const std::string &why);
 
 // While one lives, Fail on its thread says `caller` where a daemon's message says `internal`: a name the caller
 // never used (the blocks twin's BlocksCacheKey of a cache id) becomes the one it did. An empty `internal` does
-// nothing. Not nested: the newest one holds until it goes.
+// nothing. Nested ones stack: the newest one holds until it goes, then the one it hid holds again.
 class FailWording {
  public:
   FailWording(std::string internal, std::string caller);

@@ -125,10 +125,15 @@ class _DeviceImport:
         acl().ipc_close(self.device, self.key)
 
 
-def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int]:
-    """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist_ascend``)."""
+def _import_device(key: str, physical: int, size: int) -> Tuple[_DeviceImport, int]:
+    """This process's address of an NPU pool the daemon exported for it on physical NPU ``physical`` (CANN's
+    runtime: ``datadist_ascend``), imported on this process's logical id of that NPU."""
     from datadist_ascend.acl import acl
 
+    device = acl().logical_id(physical)
+    if device is None:
+        raise ValueError(f"datadistd exported the pool on NPU {physical} (physical id), which this process does not "
+                         "see (ASCEND_RT_VISIBLE_DEVICES)")
     return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 

@@ -53,7 +53,14 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtIpcMemImportByKey": [POINTER(c_void_p), c_char_p, c_uint64],
     "aclrtIpcMemClose": [c_char_p],
     "aclrtDeviceGetBareTgid": [POINTER(c_int32)],
+    "aclrtGetDeviceInfo": [c_uint32, c_int, POINTER(ctypes.c_int64)],
 }
+#: aclrtDevAttr (acl_rt.h): an A3's super pod, and the NPU's id within it (hixl rank_table_generator_v2.cc)
+DEV_ATTR_SUPER_POD_DEVICE_ID = 403
+DEV_ATTR_SUPER_POD_ID = 405
+#: the Atlas A3 SoCs, whose rank table is version 1.2 (hixl rank_table_generator.cc kV2Version, hixl_utils.cc kSocV3)
+A3_SOCS = frozenset({"Ascend910_9391", "Ascend910_9381", "Ascend910_9392", "Ascend910_9382", "Ascend910_9372",
+                     "Ascend910_9362", "Ascend910_9363"})
 
 
 class Acl:
@@ -70,6 +77,12 @@ class Acl:
             fn.argtypes = args
             fn.restype = c_int   # aclError
             self._fn[name] = fn
+        try:
+            self._soc = lib.aclrtGetSocName
+        except AttributeError:
+            raise AscendError("aclrtGetSocName", -1, acl_status(-1), f"{LIBRARY} has no aclrtGetSocName") from None
+        self._soc.argtypes = []
+        self._soc.restype = c_char_p
         self._local = threading.local()
         self._call("aclInit", None, ok=(ACL_ERROR_REPEAT_INITIALIZE,))
 
@@ -104,9 +117,35 @@ class Acl:
         return n.value
 
     def physical_id(self, device: int) -> int:
+        """The physical NPU of this process's logical ``device`` (``ASCEND_RT_VISIBLE_DEVICES`` maps them)."""
         phy = c_int32()
         self._call("aclrtGetPhyDevIdByLogicDevId", device, ctypes.byref(phy))
         return phy.value
+
+    def logical_id(self, physical: int) -> int | None:
+        """This process's logical id of physical NPU ``physical``; ``None`` when this process does not see it."""
+        for device in range(self.device_count()):
+            if self.physical_id(device) == physical:
+                return device
+        return None
+
+    def physical_ids(self) -> list[int]:
+        """The physical NPUs this process sees, by logical id."""
+        return [self.physical_id(d) for d in range(self.device_count())]
+
+    def soc_name(self) -> str:
+        """``aclrtGetSocName``: "Ascend910B1" (an A2), "Ascend910_9391" (an A3), ..."""
+        name = self._soc()
+        return name.decode() if name else ""
+
+    def is_a3(self) -> bool:
+        return self.soc_name() in A3_SOCS
+
+    def device_info(self, device: int, attr: int) -> int:
+        """``aclrtGetDeviceInfo(device, attr)`` of logical ``device``."""
+        value = ctypes.c_int64()
+        self._call("aclrtGetDeviceInfo", device, attr, ctypes.byref(value))
+        return value.value
 
     # -- memory --
 

@@ -101,8 +101,8 @@ def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_
         from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
         from datadistd.transport.hccl.agent import cluster_table
         a, h = acl(), hccl()
-        table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": "10.0.0.1"}
-                                      for n in ("b", "a")])
+        table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": ip}
+                                      for n, ip in (("b", "192.168.100.102"), ("a", "192.168.100.101"))])
         print(order)
         try:   # a communicator is made in a context: the thread's device (CANN sets it before the call)
             h.init_comm(table, 0, CommConfig.make("t"))

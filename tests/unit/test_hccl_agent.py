@@ -120,7 +120,8 @@ SIZE = 4 << 20
 LINK = os.urandom(32)   # the link's token, which both ends hold (fork: the peer's is the same)
 
 
-def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
+def agent(name, server="10.0.0.1", ip="192.168.100.101", timeout=20):
+    """An agent on NPU 0 of server ``server`` (its NIC address: the generated hccn.conf's)."""
     a = acl()
     buf = a.malloc(0, SIZE)
     global_mem().announce(0, buf, SIZE)
@@ -128,7 +129,9 @@ def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
 
 
 def peer_main(conn, meta_patch):
-    a, buf, ag = agent("b")
+    from tests.sim import write_hccn_conf   # the peer is another server: its NPU 0 has a NIC of its own
+    os.environ["ASCEND_SIM_HCCN_CONF"] = write_hccn_conf(os.path.join(os.environ["ASCEND_SIM_DIR"], "b.conf"), 101)
+    a, buf, ag = agent("b", server="10.0.0.2", ip="192.168.101.101")
     data = ((np.arange(SIZE) * 7 + 1) & 0xFF).astype(np.uint8)
     a.memcpy(0, buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     meta = ag.metadata()
@@ -177,15 +180,25 @@ def test_a_batch_that_fails_half_way_is_aborted(sim_root, tmp_path) -> None:
     assert out == ["LLM_FAILED", "False"]
 
 
-def test_no_loopback_device_ip_towards_another_server(sim_root, tmp_path) -> None:
-    """Two servers, one of them with the loopback default for its NPU's address: refused, saying what to set."""
+def test_a_device_ip_hccl_could_only_fail_on_is_refused_before_hccl(sim_root, tmp_path) -> None:
+    """No address, a loopback one, one of this host's own (a host NIC's, not an NPU's) or the peer's: refused at
+    link time, before any communicator, naming the address, where it came from and how to set it."""
     out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
-        try:
-            linked(server="10.0.0.2", ip="127.0.0.1")
-        except DataDistError as exc:
-            print(exc.code.name, "device_ip" in exc.message)
+        import json
+        for ip in ("", "127.0.0.1", "0.0.0.0", "192.168.101.101"):
+            a, buf, ag = agent("a" + ip, ip=ip)
+            ag._ip_source = "a test"
+            meta = json.dumps({"name": "b", "server_id": "10.0.0.2", "device_ip": "192.168.101.101",
+                               "device_id": "0", "ranges": []}).encode()
+            try:
+                ag.add_peer(meta, b"link")
+                print("linked")
+            except DataDistError as exc:
+                print(exc.code.name, ip in exc.message, "from a test" in exc.message, "hccn_tool -i 0" in exc.message,
+                      len(ag._comms))
+            ag.close()
         """))
-    assert out == ["LLM_LINK_FAILED", "True"]
+    assert out == ["LLM_LINK_FAILED", "True", "True", "True", "0"] * 4
 
 
 def test_unlink_sets_the_engines_device_whatever_the_thread_says(sim_root, tmp_path) -> None:
@@ -289,7 +302,7 @@ def test_a_meta_whose_identity_names_another_agent_is_refused_before_it_touches_
         from datadistd.transport.hccl import HcclTransport
         from datadistd.transport.onesided import LinkPeer
         a, buf, _ = agent("unused")
-        t = HcclTransport(device_id=0, device_ip="10.0.0.1", server_id="10.0.0.1", prepare_timeout=2)
+        t = HcclTransport(device_id=0, device_ip="192.168.100.101", server_id="10.0.0.1", prepare_timeout=2)
         t.start()
         ident = json.dumps({"name": "x", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
                             "ranges": []}).encode()

@@ -341,14 +341,29 @@ Status LlmDataDist::LlmDataDistImpl::Initialize(const std::map<AscendString, Asc
   req.set_cluster_id(cluster_id_);
   req.set_role(static_cast<pb::Role>(static_cast<int32_t>(role_)));
   for (const auto &kv : opts) (*req.mutable_options())[kv.first] = kv.second;
+  const bool npu = attach_.memory_backend() == "acl";
+  auto device_opt = req.mutable_options()->find("ge.exec.deviceId");
+  if (npu && device_opt != req.mutable_options()->end()) {  // the daemon names NPUs by physical id
+    std::string physical;
+    st = datadist_cpp::PhysicalNpus(device_opt->second, kFunc, &physical);
+    if (st != LLM_SUCCESS) {
+      Finalize();
+      return st;
+    }
+    device_opt->second = physical;
+  }
   pb::InitResponse resp;
   st = Rpc(&pb::DataDist::Stub::Init, req, &resp, kFunc);
+  if (st == LLM_SUCCESS && npu) {  // this process's logical id of the engine's NPU
+    st = datadist_cpp::LogicalNpu(static_cast<int32_t>(resp.device_id()), kFunc, &device_id_);
+  } else if (st == LLM_SUCCESS) {
+    device_id_ = static_cast<int32_t>(resp.device_id());
+  }
   if (st != LLM_SUCCESS) {
     Finalize();
     return st;
   }
   engine_id_ = resp.engine_id();
-  device_id_ = static_cast<int32_t>(resp.device_id());
   initialized_ = true;
   Log(LogLevel::kInfo, "initialized: cluster " + std::to_string(cluster_id_) + ", engine " +
                            std::to_string(engine_id_) + " via " + target);

@@ -27,6 +27,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -36,7 +37,7 @@ import numpy as np
 
 from datadist.status import LLMStatusCode
 from datadist_ascend import AscendError
-from datadist_ascend.acl import acl
+from datadist_ascend.acl import DEV_ATTR_SUPER_POD_DEVICE_ID, DEV_ATTR_SUPER_POD_ID, acl
 from datadist_ascend.globalmem import Range, global_mem
 from datadist_ascend.hccl import CommConfig, hccl, prepare_seconds
 
@@ -44,35 +45,91 @@ from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
 
-__all__ = ["HcclAgent", "DONE", "cluster_table", "comm_name", "split_extents"]
+__all__ = ["HcclAgent", "DONE", "check_device_ip", "cluster_table", "comm_name", "host_address", "split_extents"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
 DONE = b"H"         # control message: u8 'H', then the notification of a completed put
 _MAX_META = 65536
 _MAX_RANGES = 1024  # ranges a peer may name (HCCL binds at most so many per communicator here)
+#: identity fields that may be empty: HCCL's default port; no super pod (an A2)
+_OPTIONAL = frozenset({"device_port", "super_pod_id", "super_device_id"})
 #: one process-wide lock around communicator creation (LLM-DataDist ``comm_entity.cc`` ``g_mutex_``)
 _INIT_LOCK = threading.Lock()
 
 
 def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
-    """The rank table (CANN's version 1.0 format, as LLM-DataDist generates it) of ``members`` -- each
-    ``{"name", "server_id", "device_id", "device_ip"}`` -- and the agent names in rank order: servers sorted
-    by id, devices in name order within a server, ranks counted in that order. Both daemons build the same."""
+    """The rank table of ``members`` -- each ``{"name", "server_id", "device_id", "device_ip"}``, with
+    ``"device_port"``, ``"super_pod_id"`` and ``"super_device_id"`` where known -- and the agent names in rank order:
+    servers sorted by id, devices in name order within a server, ranks counted in that order. Both daemons build the
+    same. Version "1.2" with each device's ``super_device_id`` and the ``super_pod_list`` when every member names its
+    super pod (an Atlas A3: hixl ``rank_table_generator_v2.cc``; the lower of two versions otherwise, as
+    ``RankTableGeneratorFactory`` takes), else "1.0" (``rank_table_generator_v1.cc``)."""
+    v12 = all(m.get("super_device_id") and m.get("super_pod_id") for m in members)
     servers: dict[str, list[dict[str, str]]] = {}
     for m in sorted(members, key=lambda m: m["name"]):
         servers.setdefault(m["server_id"], []).append(m)
     server_list: list[dict[str, object]] = []
+    pods: dict[str, list[str]] = {}
     order: list[str] = []
     for server_id in sorted(servers):
         devices = []
         for m in servers[server_id]:
-            devices.append({"device_id": m["device_id"], "device_ip": m["device_ip"], "rank_id": str(len(order))})
+            device = {"device_id": m["device_id"], "device_ip": m["device_ip"]}
+            if m.get("device_port"):
+                device["device_port"] = m["device_port"]
+            if v12:
+                device["super_device_id"] = m["super_device_id"]
+                if server_id not in pods.setdefault(m["super_pod_id"], []):
+                    pods[m["super_pod_id"]].append(server_id)
+            device["rank_id"] = str(len(order))
+            devices.append(device)
             order.append(m["name"])
         server_list.append({"server_id": server_id, "device": devices})
-    table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
-             "status": "completed"}
+    table: dict[str, object] = {"version": "1.2" if v12 else "1.0", "server_count": str(len(server_list)),
+                                "server_list": server_list, "status": "completed"}
+    if v12:
+        table["super_pod_list"] = [{"super_pod_id": pod, "server_list": [{"server_id": s} for s in ids]}
+                                   for pod, ids in sorted(pods.items())]
     return json.dumps(table, separators=(",", ":")), order
+
+
+def host_address(address: str) -> bool:
+    """``address`` is one of this host's own (its network stack can bind it): a host NIC's, never an NPU's -- an
+    NPU's RoCE port is not a host interface."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((address, 0))
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def check_device_ip(ip: str, source: str, physical: int, peer_ip: str | None = None) -> None:
+    """Refuse, before HCCL sees it, a device ip HCCL could only fail on (a duplicate at init, the rest after
+    Prepare's whole timeout): none, not an address, loopback, one of this host's own, or the peer's. The message
+    names the address, where it came from and how to set it."""
+    how = (f"set the NPU's own NIC address (hccn_tool -i {physical} -ip -g; /etc/hccn.conf address_{physical}=): "
+           "[transport] hccl_hccn_conf / hccl_device_ip (by physical id) or the engine's llm.LocalCommRes device_ip")
+    why = ""
+    try:
+        addr = ipaddress.ip_address(ip) if ip else None
+    except ValueError:
+        addr = None
+    if not ip:
+        why = "has no NIC address"
+    elif addr is None:
+        why = f"has device ip {ip!r}, which is not an address"
+    elif addr.is_loopback:
+        why = f"has device ip {ip}, a loopback address"
+    elif peer_ip is not None and ip == peer_ip:
+        why = f"has device ip {ip}, the peer's too (HCCL refuses a rank table naming one device ip twice)"
+    elif host_address(ip):
+        why = f"has device ip {ip}, an address of this host's network, not an NPU NIC's"
+    if why:
+        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                            f"hccl: the engine's NPU (physical {physical}) {why} (from {source}); {how}")
 
 
 def comm_name(names: Sequence[str], link: bytes) -> str:
@@ -84,13 +141,6 @@ def comm_name(names: Sequence[str], link: bytes) -> str:
     the token."""
     digest = hashlib.sha256(b"datadist-hccl-comm|" + link + b"|" + "|".join(sorted(names)).encode()).hexdigest()
     return "datadist-" + digest[:32]
-
-
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -170,7 +220,8 @@ class HcclAgent:
 
     def __init__(self, name: str, device: int, server_id: str, device_ip: str, traffic_class: int | None = None,
                  service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1,
-                 physical_id: int | None = None) -> None:
+                 physical_id: int | None = None, device_ip_source: str = "the caller",
+                 device_port: int = 0) -> None:
         self.name = name
         self.device = device
         self._acl = acl()
@@ -185,7 +236,17 @@ class HcclAgent:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
                                 f"llm.LocalCommRes names device_id {physical_id}, but the engine's NPU (logical "
                                 f"{device}) is physical device {physical}")
-        self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip, "device_id": str(physical)}
+        try:   # an A3 names its super pod and its NPU there (rank table 1.2: hixl rank_table_generator_v2.cc)
+            a3 = self._acl.is_a3()
+            pod = str(self._acl.device_info(device, DEV_ATTR_SUPER_POD_ID)) if a3 else ""
+            super_device = str(self._acl.device_info(device, DEV_ATTR_SUPER_POD_DEVICE_ID)) if a3 else ""
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"hccl: device {device}: {exc}") from None
+        self.physical = physical
+        self._ip_source = device_ip_source
+        self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip, "device_id": str(physical),
+                          "device_port": str(device_port) if device_port else "", "super_pod_id": pod,
+                          "super_device_id": super_device}
         self._traffic_class = traffic_class
         self._service_level = service_level
         self._prepare_timeout = prepare_timeout
@@ -230,10 +291,12 @@ class HcclAgent:
             if len(metadata) > _MAX_META:
                 raise ValueError("too long")
             peer = json.loads(metadata)
-            if not isinstance(peer, dict) or set(peer) != {*self._identity, "ranges"}:
+            if not isinstance(peer, dict) or not set(self._identity) - _OPTIONAL <= set(peer) - {"ranges"} <= \
+                    set(self._identity):
                 raise ValueError("not an identity")
+            peer = {**dict.fromkeys(_OPTIONAL, ""), **peer}
             theirs = self._ranges(peer.pop("ranges"))
-            if not all(isinstance(v, str) and v for v in peer.values()):
+            if not all(isinstance(v, str) and (v or k in _OPTIONAL) for k, v in peer.items()):
                 raise ValueError("not an identity")
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
@@ -253,18 +316,7 @@ class HcclAgent:
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
-        servers = (peer["server_id"], self._identity["server_id"])
-        if servers[0] != servers[1] and not any(map(_loopback, servers)) and \
-                any(_loopback(m["device_ip"]) for m in (peer, self._identity)):
-            # two servers named by real addresses, one NPU address the loopback default: HCCL cannot reach it.
-            # (An engine with no listen address and no llm.LocalCommRes names its server 127.0.0.1 too: whether
-            # its peer is on another host is not known here -- docs/ascend.md, "Limits".)
-            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                f"hccl: the peer {name} is on another server ({peer['server_id']}, this one "
-                                f"{self._identity['server_id']}) but a device ip is a loopback address (peer "
-                                f"{peer['device_ip']}, this one {self._identity['device_ip']}): HCCL would connect "
-                                "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
-                                "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
+        check_device_ip(self._identity["device_ip"], self._ip_source, self.physical, peer["device_ip"])
         if not link:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: a communicator is made for a link")
         with self._lock:

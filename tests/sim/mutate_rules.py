@@ -42,7 +42,7 @@ MUTATIONS = [
 ]
 #: the node's rules (R17-R25)
 MUTATIONS += [
-    ("r17", H, "if (!v10 && !v12) return HCCL_E_PARA; /* R17 */", ""),
+    ("r17", H, "if (!v10 && !v12) return HCCL_E_PARA; /* R17 */", "(void)v10;"),
     ("r18", H, "if (devs[i].ip[0] && strcmp(devs[i].ip, devs[j].ip) == 0) {", "if (0) {"),
     ("r19", H, 'if (v12 && !devs[i].sdid[0]) return HCCL_E_PARA; /* R19: "super_device_id" is required */', ""),
     ("r20", H, "if (simacl_nic_address(c->device, nic, sizeof nic) || strcmp(nic, c->own_ip) != 0) { /* R20 */",

@@ -86,6 +86,7 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
 
     While the daemon imports it, the memory's first 16 bytes hold this connection's proof of possession
     (``datadist_ascend.proof``); they are restored before this returns, whatever the answer."""
+    import contextlib
     import ctypes
 
     from datadist_ascend import AscendError
@@ -98,24 +99,27 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
                            status_code=LLMStatusCode.LLM_PARAM_INVALID)
     attach = client.attach()
     saved = ctypes.create_string_buffer(PROOF_LEN)
-    try:
-        runtime = acl()
-        key = runtime.ipc_export(device, address, length)
-        runtime.ipc_allow(device, key, [attach.daemon_tgid])
-        proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
-        physical = runtime.physical_id(device)   # how the daemon, which has logical ids of its own, knows the NPU
-        runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
-        runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
-    except AscendError as exc:
-        raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
-    try:
-        memory_id = attach.import_device_memory(key, physical, length, func)
-    finally:
+    with contextlib.ExitStack() as stack:
         try:
-            runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
+            runtime = acl()
+            stack.enter_context(runtime.on_device(device))   # the caller's thread keeps its own device afterwards
+            key = runtime.ipc_export(device, address, length)
+            runtime.ipc_allow(device, key, [attach.daemon_tgid])
+            proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
+            physical = runtime.physical_id(device)   # how the daemon, which has logical ids of its own, knows the NPU
+            runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
+            runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
         except AscendError as exc:
-            raise LLMException(f"[{func}] failed, error code is {exc.status}, could not restore the first "
-                               f"{PROOF_LEN} bytes of the NPU memory: {exc}", status_code=exc.status) from None
+            raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}",
+                               status_code=exc.status) from None
+        try:
+            memory_id = attach.import_device_memory(key, physical, length, func)
+        finally:
+            try:
+                runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
+            except AscendError as exc:
+                raise LLMException(f"[{func}] failed, error code is {exc.status}, could not restore the first "
+                                   f"{PROOF_LEN} bytes of the NPU memory: {exc}", status_code=exc.status) from None
     return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
 
 
@@ -127,8 +131,8 @@ def device_to_host(address: int, shape: Tuple[int, ...], dtype: Any, func: str, 
 
     out = np.empty(shape, dtype)
     try:
-        acl().memcpy(device, out.ctypes.data, out.nbytes, address, out.nbytes,
-                     MEMCPY_DEVICE_TO_HOST)
+        with acl().on_device(device):
+            acl().memcpy(device, out.ctypes.data, out.nbytes, address, out.nbytes, MEMCPY_DEVICE_TO_HOST)
     except AscendError as exc:
         raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
     return out

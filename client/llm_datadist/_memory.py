@@ -122,7 +122,8 @@ class _DeviceImport:
     def close(self) -> None:
         from datadist_ascend.acl import acl
 
-        acl().ipc_close(self.device, self.key)
+        with acl().on_device(self.device):   # the caller's thread keeps its own device
+            acl().ipc_close(self.device, self.key)
 
 
 def _import_device(key: str, physical: int, size: int) -> Tuple[_DeviceImport, int]:
@@ -134,7 +135,8 @@ def _import_device(key: str, physical: int, size: int) -> Tuple[_DeviceImport, i
     if device is None:
         raise ValueError(f"datadistd exported the pool on NPU {physical} (physical id), which this process does not "
                          "see (ASCEND_RT_VISIBLE_DEVICES)")
-    return _DeviceImport(key, size, device), acl().ipc_import(device, key)
+    with acl().on_device(device):   # the caller's thread keeps its own device
+        return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 
 def _map_fd(fd: int, size: int) -> Tuple[mmap.mmap, int]:

@@ -7,10 +7,11 @@ addresses; nothing here dereferences one (on an NPU the host cannot).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .errors import AscendError, acl_status
 from .loader import find_library, once
@@ -37,6 +38,7 @@ ASYNC_D2D_ALIGN = 64
 _PROTOTYPES: dict[str, list] = {
     "aclInit": [c_char_p],
     "aclrtSetDevice": [c_int32],
+    "aclrtGetDevice": [POINTER(c_int32)],
     "aclrtGetDeviceCount": [POINTER(c_uint32)],
     "aclrtGetPhyDevIdByLogicDevId": [c_int32, POINTER(c_int32)],
     "aclrtMalloc": [POINTER(c_void_p), c_size_t, c_int],
@@ -91,18 +93,33 @@ class Acl:
         if code != 0 and code not in ok:
             raise AscendError(name, code, acl_status(code))
 
-    def use(self, device: int) -> None:
-        """Make ``device`` current in the calling thread (ACL contexts are per thread), once per thread: for the
-        daemon's own copies, whose threads run no user code."""
-        if getattr(self._local, "device", None) != device:
-            self.set_device(device)
+    def current(self) -> int | None:
+        """The calling thread's device (``aclrtGetDevice``), ``None`` when it has none."""
+        dev = c_int32()
+        return dev.value if self._fn["aclrtGetDevice"](ctypes.byref(dev)) == 0 else None
 
     def set_device(self, device: int) -> None:
-        """``aclrtSetDevice(device)`` now, whatever this thread's cache says: the top of every path that touches
-        HCCL state or IPC keys (HCCL's registry is the current device's; user code such as ``torch_npu`` may have
-        changed the thread's device behind the cache)."""
-        self._call("aclrtSetDevice", device)
-        self._local.device = device
+        """Make ``device`` current in the calling thread (ACL contexts are per thread): ``aclrtSetDevice`` only when
+        the thread's current device -- asked of the runtime, never a cache: user code such as ``torch_npu`` may
+        change it -- is another (each call takes a reference on the device's primary context; CANN sets a thread's
+        context once). The top of every path that touches HCCL state or IPC keys (HCCL's registry is the current
+        device's)."""
+        if self.current() != device:
+            self._call("aclrtSetDevice", device)
+
+    use = set_device
+
+    @contextlib.contextmanager
+    def on_device(self, device: int) -> Iterator[None]:
+        """``device`` current in the calling thread for the block, the caller's device current again after it: for
+        a worker's own threads, which may drive other NPUs (a thread without a device keeps ``device``)."""
+        before = self.current()
+        self.set_device(device)
+        try:
+            yield
+        finally:
+            if before is not None and before != device:
+                self._call("aclrtSetDevice", before)
 
     def bare_tgid(self) -> int:
         """This process's pid as the device driver sees it (``aclrtDeviceGetBareTgid``): what an IPC allow list

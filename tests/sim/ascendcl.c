@@ -229,7 +229,20 @@ aclError aclrtSetDevice(int32_t deviceId) {
   int phys = physical_of(deviceId);
   if (phys < 0) return ACL_ERROR_RT_INVALID_DEVICEID;
   t_device = phys;
+  ledger("aclrtSetDevice", phys, NULL, 0, NULL); /* each call takes a reference on the primary context */
   return ACL_SUCCESS;
+}
+
+/* the calling thread's device, as this process's logical id; ACL_ERROR_RT_CONTEXT_NULL without one */
+aclError aclrtGetDevice(int32_t *deviceId) {
+  if (!deviceId) return ACL_ERROR_INVALID_PARAM;
+  int phys[64], n = visible(phys);
+  for (int i = 0; t_device >= 0 && i < n; i++)
+    if (phys[i] == t_device) {
+      *deviceId = i;
+      return ACL_SUCCESS;
+    }
+  return ACL_ERROR_RT_CONTEXT_NULL;
 }
 
 aclError aclrtResetDevice(int32_t deviceId) {

@@ -85,6 +85,43 @@ def test_registry_deregisters_from_any_thread_once_no_link_binds_it(sim_root, tm
     assert out == ["registered", "free", "[]"]
 
 
+def test_memory_is_freed_only_once_hccl_let_it_go_and_by_its_last_user(sim_root, tmp_path) -> None:
+    """Two imports the runtime mapped at one address are one registration with two users: retiring the first keeps
+    it (issue 45, finding 9: the second was dropped and the first's retirement took both). Memory a communicator
+    still binds is freed after the last unbind, never under it (finding 6: an unlink that outlived its wait for
+    Prepare had the pool freed under HCCL's registration). A range over 64 GiB is refused when announced on a
+    device whose hccl transport runs (finding 10: HCCL refuses it at every Prepare)."""
+    out = run(sim_root, tmp_path, """
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadist_ascend.globalmem import global_mem
+        a, g, freed = acl(), global_mem(), []
+        buf = a.malloc(0, 1 << 20)
+        g.activate(0)
+        g.announce(0, buf, 1 << 20)
+        g.announce(0, buf, 1 << 20)                      # the same memory again
+        g.retire(0, buf, lambda: freed.append("first"))
+        print(len(g.ranges(0)), freed)                   # still registered: the second import uses it
+        (rng,) = g.ranges(0)
+        g.bound(rng, 1)
+        g.retire(0, buf, lambda: freed.append("second"))
+        print(len(g.ranges(0)), freed)                   # bound: deregistered and freed at the unbind
+        g.unbound(rng, 1)
+        print(len(g.ranges(0)), freed)
+        try:
+            g.announce(0, 1 << 40, (64 << 30) + 1)
+        except AscendError as exc:
+            print(exc.status.name, "64 GiB" in str(exc))
+        """)
+    assert out == ["1", "[]", "0", "[]", "0", "['first',", "'second']", "LLM_PARAM_INVALID", "True"]
+
+
+def test_an_unlink_waits_for_every_phase_of_prepare() -> None:
+    """A Prepare runs three phases (connect, exchange, enable), each with the whole timeout, per try."""
+    from datadistd.transport.hccl.agent import close_wait
+    assert close_wait(10.0, 1) == 3 * 10 + 5.0 and close_wait(10.0, 2) == 3 * 2 * 5 + 5.0
+
+
 def test_imported_memory_is_closed_from_a_thread_without_a_device(sim_root, tmp_path) -> None:
     """``aclrtIpcMemClose`` needs a context: a handle closed by whatever thread frees it sets its device first."""
     out = run(sim_root, tmp_path, """

@@ -24,7 +24,10 @@ struct Acl {
   int (*memcpy)(void *, size_t, const void *, size_t, int) = nullptr;
   int (*physical_id)(int32_t, int32_t *) = nullptr;
   int (*device_count)(uint32_t *) = nullptr;
-  bool ok() const { return set_device && export_key && set_import_pid && memcpy && physical_id && device_count; }
+  int (*get_device)(int32_t *) = nullptr;
+  bool ok() const {
+    return set_device && export_key && set_import_pid && memcpy && physical_id && device_count && get_device;
+  }
 };
 
 template <typename F>
@@ -50,6 +53,7 @@ const Acl &Runtime() {
     Resolve(lib, "aclrtMemcpy", &acl.memcpy);
     Resolve(lib, "aclrtGetPhyDevIdByLogicDevId", &acl.physical_id);
     Resolve(lib, "aclrtGetDeviceCount", &acl.device_count);
+    Resolve(lib, "aclrtGetDevice", &acl.get_device);
   });
   return acl;
 }
@@ -112,6 +116,29 @@ Status PhysicalNpus(const std::string &logical_ids, const char *func, std::strin
   return llm_datadist::LLM_SUCCESS;
 }
 
+namespace {
+// `device` current in the calling thread while it lives (aclrtSetDevice only when it is not: each call takes a
+// reference on the device's primary context), the caller's device current again after: a worker's thread may drive
+// other NPUs.
+class OnDevice {
+ public:
+  OnDevice(const Acl &acl, int32_t device) : acl_(acl), device_(device) {
+    if (acl_.get_device(&before_) != 0) before_ = -1;
+    err_ = before_ == device_ ? 0 : acl_.set_device(device_);
+  }
+  ~OnDevice() {
+    if (before_ >= 0 && before_ != device_) (void)acl_.set_device(before_);
+  }
+  int err() const { return err_; }
+
+ private:
+  const Acl &acl_;
+  int32_t device_;
+  int32_t before_ = -1;
+  int err_ = 0;
+};
+}  // namespace
+
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
                             const char *func, uint64_t *memory_id) {
   const Acl &acl = Runtime();
@@ -121,7 +148,8 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
   }
   if (attach.daemon_tgid() <= 0) return Fail(func, llm_datadist::LLM_FAILED, "the daemon's pid is unknown");
   void *ptr = reinterpret_cast<void *>(address);
-  int err = acl.set_device(device);
+  const OnDevice on_device(acl, device);
+  int err = on_device.err();
   char key[kIpcKeyLen] = {0};
   if (err == 0) err = acl.export_key(ptr, length, key, sizeof(key), 0U);
   int32_t pid = attach.daemon_tgid();

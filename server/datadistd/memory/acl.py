@@ -141,12 +141,14 @@ class DeviceHandle:
             return
         self._closed = True
         key, self._key = self._key, None
-        if key is not None:
-            global_mem().retire(self.device, self.address)   # deregistered from HCCL once no link binds it
-            try:
-                self._acl.ipc_close(self.device, key)
-            except AscendError as exc:
-                log.warning("closing imported device memory: %s", exc)
+        if key is not None:   # closed once HCCL let it go: deregistered when no link binds it
+            global_mem().retire(self.device, self.address, lambda: self._close_key(key))
+
+    def _close_key(self, key: str) -> None:
+        try:
+            self._acl.ipc_close(self.device, key)
+        except AscendError as exc:
+            log.warning("closing imported device memory: %s", exc)
 
     def __repr__(self) -> str:
         return f"DeviceHandle(device={self.device}, address={self.address:#x}, size={self._size})"
@@ -205,7 +207,9 @@ class AclPool(PoolBase[DeviceHandle]):
                 self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("pool %s: %s", self._name, exc)
-        global_mem().retire(self.device, self.address)
+        global_mem().retire(self.device, self.address, self._free)   # freed once HCCL let it go
+
+    def _free(self) -> None:
         try:
             self._acl.free(self.device, self.address)
         except AscendError as exc:

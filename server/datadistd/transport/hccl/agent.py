@@ -45,7 +45,8 @@ from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
 
-__all__ = ["HcclAgent", "DONE", "check_device_ip", "cluster_table", "comm_name", "host_address", "split_extents"]
+__all__ = ["HcclAgent", "DONE", "check_device_ip", "close_wait", "cluster_table", "comm_name", "host_address",
+           "split_extents"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
@@ -195,6 +196,16 @@ def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[in
     out_l.extend(map(tuple, local[start:].tolist()))
     out_r.extend(map(tuple, remote[start:].tolist()))
     return np.array(out_l, dtype=np.uint64), np.array(out_r, dtype=np.uint64), None
+
+
+#: the phases of one HcclCommPrepare, each with the whole timeout: connect, exchange, enable (hcomm's one-sided
+#: service, as issue 45 reads it)
+PREPARE_PHASES = 3
+
+
+def close_wait(prepare_timeout: float, retries: int) -> float:
+    """The longest an unlink waits for a Prepare to end: every try's timeout in each of its phases, and a margin."""
+    return prepare_seconds(prepare_timeout * 1000, retries) * retries * PREPARE_PHASES + 5.0
 
 
 class _Comm:
@@ -394,14 +405,14 @@ class HcclAgent:
         thread.start()
 
     def _close_wait(self) -> float:
-        """The longest a Prepare can run: every try's timeout, and a margin."""
-        return prepare_seconds(self._prepare_timeout * 1000, self._retries) * self._retries + 5.0
+        return close_wait(self._prepare_timeout, self._retries)
 
     def _close_later(self, entry: _Comm) -> None:
         wait = self._close_wait()
         if not entry.opening.acquire(timeout=wait):
-            log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is",
-                      entry.peer, wait)
+            # its ranges stay bound: their memory is not freed under HCCL (globalmem frees after the last unbind)
+            log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is, with the "
+                      "memory it binds", entry.peer, wait)
             return
         self._close_entry(entry)
 

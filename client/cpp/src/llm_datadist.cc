@@ -130,6 +130,8 @@ struct PoolMap {
   void *base = nullptr;
   uint64_t size = 0U;
   int fd = -1;
+  std::string device_key;  // an NPU pool imported by IPC key (closed at Finalize), on logical NPU `device`
+  int32_t device = -1;
 };
 
 struct CacheRecord {
@@ -386,6 +388,10 @@ void LlmDataDist::LlmDataDistImpl::Finalize() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto &kv : pools_) {
+      if (!kv.second.device_key.empty()) {
+        datadist_cpp::CloseDevicePool(kv.second.device_key, kv.second.device);
+        continue;
+      }
       if (kv.second.base != nullptr) (void)munmap(kv.second.base, kv.second.size);
       if (kv.second.fd >= 0) (void)close(kv.second.fd);
     }
@@ -652,22 +658,33 @@ Status LlmDataDist::LlmDataDistImpl::MapPool(const char *func, const pb::SharedE
   if (it == pools_.end()) {
     int fd = -1;
     uint64_t size = 0U;
-    const Status st = attach_.ExportPool(engine_id_, t.pool(), func, &fd, &size);
+    std::string key;
+    int32_t physical = -1;
+    const int32_t tgid = attach_.memory_backend() == "acl" ? datadist_cpp::BareTgid() : 0;
+    Status st = attach_.ExportPool(engine_id_, t.pool(), func, tgid, &fd, &size, &key, &physical);
     if (st != LLM_SUCCESS) return st;
-    struct stat sb {};
-    if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
-    }
-    void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, std::string("mmap of the pool failed: ") + std::strerror(errno));
-    }
     PoolMap m;
-    m.base = base;
     m.size = size;
-    m.fd = fd;  // kept: the blocks twin of an allocated cache hands the same file back
+    if (!key.empty()) {  // NPU memory (memory backend acl): imported by the key only this process may import
+      uint64_t base = 0U;
+      st = datadist_cpp::ImportDevicePool(key, physical, func, &base, &m.device);
+      if (st != LLM_SUCCESS) return st;
+      m.base = reinterpret_cast<void *>(base);
+      m.device_key = key;
+    } else {
+      struct stat sb {};
+      if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
+      }
+      void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED, std::string("mmap of the pool failed: ") + std::strerror(errno));
+      }
+      m.base = base;
+      m.fd = fd;  // kept: the blocks twin of an allocated cache hands the same file back
+    }
     it = pools_.emplace(t.pool(), m).first;
   }
   if (t.file_offset() + t.length() > it->second.size || t.file_offset() + t.length() < t.file_offset()) {

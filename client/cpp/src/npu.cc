@@ -25,8 +25,12 @@ struct Acl {
   int (*physical_id)(int32_t, int32_t *) = nullptr;
   int (*device_count)(uint32_t *) = nullptr;
   int (*get_device)(int32_t *) = nullptr;
+  int (*import_key)(void **, const char *, uint64_t) = nullptr;
+  int (*ipc_close)(const char *) = nullptr;
+  int (*bare_tgid)(int32_t *) = nullptr;
   bool ok() const {
-    return set_device && export_key && set_import_pid && memcpy && physical_id && device_count && get_device;
+    return set_device && export_key && set_import_pid && memcpy && physical_id && device_count && get_device &&
+           import_key && ipc_close && bare_tgid;
   }
 };
 
@@ -54,9 +58,33 @@ const Acl &Runtime() {
     Resolve(lib, "aclrtGetPhyDevIdByLogicDevId", &acl.physical_id);
     Resolve(lib, "aclrtGetDeviceCount", &acl.device_count);
     Resolve(lib, "aclrtGetDevice", &acl.get_device);
+    Resolve(lib, "aclrtIpcMemImportByKey", &acl.import_key);
+    Resolve(lib, "aclrtIpcMemClose", &acl.ipc_close);
+    Resolve(lib, "aclrtDeviceGetBareTgid", &acl.bare_tgid);
   });
   return acl;
 }
+
+// `device` current in the calling thread while it lives (aclrtSetDevice only when it is not: each call takes a
+// reference on the device's primary context), the caller's device current again after: a worker's thread may drive
+// other NPUs.
+class OnDevice {
+ public:
+  OnDevice(const Acl &acl, int32_t device) : acl_(acl), device_(device) {
+    if (acl_.get_device(&before_) != 0) before_ = -1;
+    err_ = before_ == device_ ? 0 : acl_.set_device(device_);
+  }
+  ~OnDevice() {
+    if (before_ >= 0 && before_ != device_) (void)acl_.set_device(before_);
+  }
+  int err() const { return err_; }
+
+ private:
+  const Acl &acl_;
+  int32_t device_;
+  int32_t before_ = -1;
+  int err_ = 0;
+};
 
 Status NoRuntime(const char *func) {
   return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
@@ -95,6 +123,38 @@ Status LogicalNpu(int32_t physical, const char *func, int32_t *logical) {
                                                          "(ASCEND_RT_VISIBLE_DEVICES)");
 }
 
+int32_t BareTgid() {
+  const Acl &acl = Runtime();
+  int32_t pid = 0;
+  if (!acl.ok() || acl.bare_tgid(&pid) != 0) return 0;
+  return pid;
+}
+
+Status ImportDevicePool(const std::string &key, int32_t physical, const char *func, uint64_t *addr,
+                        int32_t *device) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return NoRuntime(func);
+  Status st = LogicalNpu(physical, func, device);
+  if (st != llm_datadist::LLM_SUCCESS) return st;
+  const OnDevice on_device(acl, *device);
+  void *ptr = nullptr;
+  int err = on_device.err();
+  if (err == 0) err = acl.import_key(&ptr, key.c_str(), 0U);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_FAILED, "importing the NPU pool by IPC key failed: aclError " +
+                                                    std::to_string(err));
+  }
+  *addr = reinterpret_cast<uint64_t>(ptr);
+  return llm_datadist::LLM_SUCCESS;
+}
+
+void CloseDevicePool(const std::string &key, int32_t device) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return;
+  const OnDevice on_device(acl, device);
+  if (on_device.err() == 0) (void)acl.ipc_close(key.c_str());
+}
+
 Status PhysicalNpus(const std::string &logical_ids, const char *func, std::string *physical_ids) {
   std::string out;
   size_t start = 0U;
@@ -116,28 +176,6 @@ Status PhysicalNpus(const std::string &logical_ids, const char *func, std::strin
   return llm_datadist::LLM_SUCCESS;
 }
 
-namespace {
-// `device` current in the calling thread while it lives (aclrtSetDevice only when it is not: each call takes a
-// reference on the device's primary context), the caller's device current again after: a worker's thread may drive
-// other NPUs.
-class OnDevice {
- public:
-  OnDevice(const Acl &acl, int32_t device) : acl_(acl), device_(device) {
-    if (acl_.get_device(&before_) != 0) before_ = -1;
-    err_ = before_ == device_ ? 0 : acl_.set_device(device_);
-  }
-  ~OnDevice() {
-    if (before_ >= 0 && before_ != device_) (void)acl_.set_device(before_);
-  }
-  int err() const { return err_; }
-
- private:
-  const Acl &acl_;
-  int32_t device_;
-  int32_t before_ = -1;
-  int err_ = 0;
-};
-}  // namespace
 
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
                             const char *func, uint64_t *memory_id) {

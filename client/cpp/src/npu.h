@@ -23,6 +23,13 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
 Status PhysicalNpu(int32_t logical, const char *func, int32_t *physical);
 // This process's logical id of physical NPU `physical` (LLM_PARAM_INVALID when this process does not see it).
 Status LogicalNpu(int32_t physical, const char *func, int32_t *logical);
+// This process's pid as the NPU driver knows it (aclrtDeviceGetBareTgid); 0 without a runtime.
+int32_t BareTgid();
+// This process's address of an NPU pool the daemon exported for it on physical NPU `physical`, imported on this
+// process's logical id of it (*device); the caller's thread keeps its own device.
+Status ImportDevicePool(const std::string &key, int32_t physical, const char *func, uint64_t *addr, int32_t *device);
+// aclrtIpcMemClose of an imported pool (logical NPU `device`).
+void CloseDevicePool(const std::string &key, int32_t device);
 // ge.exec.deviceId ("0", or "0;1") with each logical id replaced by its physical id.
 Status PhysicalNpus(const std::string &logical_ids, const char *func, std::string *physical_ids);
 

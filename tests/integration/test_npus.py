@@ -230,3 +230,23 @@ def test_an_a3_pair_links_with_a_1_2_rank_table(daemon_factory, worker_factory) 
     np.testing.assert_array_equal(decoder.call("rows", "kv")[:, [0, 1]], prompt.call("rows", "kv")[:, [2, 3]])
     decoder.call("push_blocks", 1, "kv", [7], [8])
     np.testing.assert_array_equal(prompt.call("rows", "kv")[:, 8], decoder.call("rows", "kv")[:, 7])
+
+
+def test_a_device_ip_claimed_twice_is_refused_naming_it(daemon_factory, worker_factory, tmp_path) -> None:
+    """Two daemons that read one hccn.conf (one node's NIC addresses) with an engine each on NPU 0: both would put
+    192.168.150.101 in the rank table, which HCCL refuses at init. The link is refused before HCCL, and the linking
+    worker hears why (LLM_LINK_FAILED, not a timeout): the refusing side says so on the channel."""
+    from tests.sim import write_hccn_conf
+
+    sim = daemon_factory.data_plane.get("ASCEND_SIM_DIR")
+    if sim is None:
+        pytest.skip("needs the simulated runtime (one hccn.conf for two daemons)")
+    conf = write_hccn_conf(Path(sim) / "hccn-150.conf", 150)
+    node = {"ASCEND_SIM_HCCN_CONF": conf, "DATADISTD_TRANSPORT_HCCL_HCCN_CONF": conf}
+    dp, dd = daemon_factory.many("p", "d", env=node)
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", **_device_init("PROMPT", 1, 0, f"127.0.0.1:{port}"))
+    decoder.call("init", **_device_init("DECODER", 2, 0))
+    assert decoder.call("link", 1, "127.0.0.1", port) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+    assert "192.168.150.101" in Path(dp.log_path).read_text() + Path(dd.log_path).read_text()

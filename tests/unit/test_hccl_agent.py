@@ -373,3 +373,21 @@ def test_two_links_made_at_once_reach_both_ends_in_either_order_and_keep_one_com
             ag.close()
         """))
     assert out == ["link-1", "link-1"]
+
+
+def test_npu_addresses_are_derived_as_cann_derives_them(tmp_path, monkeypatch) -> None:
+    """By physical id: ``hccl_device_ip`` (one, or a list) overrides; else hccn.conf's address_<id>; only when that
+    file does not exist, ``hccn_tool -i <id> -ip -g`` (hixl hixl_utils.cc GetDeviceIp); none: "" and why."""
+    from datadistd.transport.hccl.transport import npu_address
+    from tests.sim import HERE, write_hccn_conf
+
+    conf = write_hccn_conf(tmp_path / "hccn.conf", 7)
+    assert npu_address(5, "10.0.0.9", conf) == ("10.0.0.9", "[transport] hccl_device_ip")
+    assert npu_address(1, "10.0.0.1,10.0.0.2", conf)[0] == "10.0.0.2"
+    assert npu_address(5, "", conf) == ("192.168.7.106", f"{conf} address_5")
+    assert npu_address(9, "", conf) == ("", f"{conf}, which has no address_9")
+    monkeypatch.setenv("ASCEND_SIM_HCCN_CONF", conf)   # what the simulated hccn_tool answers from
+    missing = str(tmp_path / "absent.conf")
+    assert npu_address(3, "", missing, str(HERE / "hccn_tool")) == ("192.168.7.104", "`hccn_tool -i 3 -ip -g`")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert npu_address(3, "", missing, str(tmp_path / "no-tool"))[0] == ""

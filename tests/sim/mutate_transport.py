@@ -62,7 +62,7 @@ MUTATIONS += [
   ["tests/integration/test_npus.py::test_visible_devices_pair_linked_inside_one_daemon[acl-hccl]"]),
  ("device-ip-check", AG, '        check_device_ip(self._identity["device_ip"], self._ip_source, self.physical, peer["device_ip"])\n', "",
   ["tests/unit/test_hccl_agent.py::test_a_device_ip_hccl_could_only_fail_on_is_refused_before_hccl"]),
- ("table-1.2", AG, '    v12 = all(m.get("super_device_id") and m.get("super_pod_id") for m in members)', "    v12 = False",
+ ("table-1.2", "server/datadistd/transport/hccl/identity.py", '    v12 = all(m.get("super_device_id") and m.get("super_pod_id") for m in members)', "    v12 = False",
   ["tests/integration/test_npus.py::test_an_a3_pair_links_with_a_1_2_rank_table[acl-hccl]"]),
  ("range-users", "server/datadist_ascend/globalmem.py", "                rng.users += 1", "                pass",
   ["tests/unit/test_hccl_agent.py::test_memory_is_freed_only_once_hccl_let_it_go_and_by_its_last_user"]),

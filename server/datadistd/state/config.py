@@ -211,12 +211,9 @@ class TransportSection:
     hccl_hccn_conf: str = _doc("hccl: the node's NPU NIC addresses, address_<physical id>=<ip> (CANN reads "
                                "/etc/hccn.conf; hixl hixl_utils.cc GetDeviceIp).", default="/etc/hccn.conf")
     hccl_hccn_tool: str = _doc("hccl: hccn_tool, asked `-i <physical id> -ip -g` when hccl_hccn_conf does not exist "
-                               "(\"hccn_tool\" on PATH when this path does not exist either).",
-                               default="/usr/local/Ascend/driver/tools/hccn_tool")
-    hccl_device_port: int = _doc("hccl: the port each engine's communicators listen on at its NPU's NIC (the rank "
-                                 "table's device_port). HCCL listens on 16666 when a table names none, and so does a "
-                                 "worker's own HCCL (tensor/expert parallel) on the same NIC: the daemon uses another "
-                                 "one. 0 = HCCL's default (16666).", default=16667)
+                               "(else hccn_tool on PATH).", default="/usr/local/Ascend/driver/tools/hccn_tool")
+    hccl_device_port: int = _doc("hccl: the rank table's device_port, where the engines' communicators listen on their "
+                                 "NPU's NIC; a worker's own HCCL listens on 16666 there. 0 = 16666.", default=16667)
     hccl_rdma_traffic_class: int = _doc("hccl: RDMA traffic class of the links' communicators of engines that do "
                                         "not set llm.RdmaTrafficClass; -1 = HCCL's default.", default=-1)
     hccl_rdma_service_level: int = _doc("hccl: RDMA service level of engines that do not set llm.RdmaServiceLevel; "

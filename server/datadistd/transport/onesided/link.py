@@ -129,7 +129,8 @@ class LinkPeer:
             log.warning("%s: bad message from %s (%s); closing the channel", self.transport.name, self.what, exc)
             if payload[:1] == META and not self.ready.is_set():   # the linking side learns why, not just a timeout
                 try:
-                    self.send(REFUSED + str(getattr(exc, "message", exc)).encode()[:MAX_REFUSAL])
+                    why = exc.message if isinstance(exc, DataDistError) else str(exc)
+                    self.send(REFUSED + why.encode()[:MAX_REFUSAL])
                 except DataDistError:
                     pass
             self.transport._drop(self, f"bad {self.transport.name} message: {exc}")

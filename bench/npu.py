@@ -85,12 +85,14 @@ def runtime(mode: str = "auto", log: Callable[[str], None] = print) -> tuple[dic
 
 
 def _device_ip(device: int) -> str:
-    """The RoCE address of logical NPU ``device`` as the daemons read ``DATADISTD_TRANSPORT_HCCL_DEVICE_IP``
-    (one address, or one per logical id); loopback without it (the simulation's wire ignores it)."""
-    ips = [ip.strip() for ip in os.environ.get("DATADISTD_TRANSPORT_HCCL_DEVICE_IP", "").split(",") if ip.strip()]
-    if len(ips) == 1:
-        return ips[0]
-    return ips[device] if device < len(ips) else "127.0.0.1"
+    """The NIC address of this process's NPU ``device``, derived as the daemons derive it (``npu_address``: by
+    physical id, ``DATADISTD_TRANSPORT_HCCL_DEVICE_IP``, else the node's hccn.conf, else hccn_tool)."""
+    from datadist_ascend.acl import acl
+    from datadistd.transport.hccl.transport import npu_address
+
+    return npu_address(acl().physical_id(device), os.environ.get("DATADISTD_TRANSPORT_HCCL_DEVICE_IP", ""),
+                       os.environ.get("DATADISTD_TRANSPORT_HCCL_HCCN_CONF", "/etc/hccn.conf"),
+                       os.environ.get("DATADISTD_TRANSPORT_HCCL_HCCN_TOOL", ""))[0]
 
 
 def _rank(conn: Any, rank: int, env: dict[str, str], tensors: int, num_blocks: int, block: int, n: int,

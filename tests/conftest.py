@@ -64,10 +64,28 @@ class DaemonFactory:
     def __init__(self, data_plane: dict[str, str]) -> None:
         self.data_plane = data_plane
         self.daemons: list[Daemon] = []
+        self._servers = 0
 
     def _new(self, name: str, kwargs: dict) -> Daemon:
-        kwargs["env"] = {**self.data_plane, **(kwargs.get("env") or {})}
+        own = kwargs.get("env") or {}
+        env = {**self.data_plane, **own}
+        named = own.get("ASCEND_SIM_HCCN_CONF")   # a node the test chose (not the runtime's generated default)
+        chosen = named is not None and named != os.path.join(env.get("ASCEND_SIM_DIR", ""), "hccn-100.conf")
+        kwargs["env"] = {**env, **({} if chosen else self._server(env))}
         return Daemon(name, **kwargs)
+
+    def _server(self, env: dict[str, str]) -> dict[str, str]:
+        """On the simulated Ascend runtime each daemon is a server of its own: eight NPUs whose NIC addresses
+        (its hccn.conf) are no other daemon's -- two daemons on one NPU number would otherwise claim one device ip,
+        which HCCL refuses (tests/sim/hccl.c R18, R20). A test names a daemon's node in its ``env``."""
+        sim = env.get("ASCEND_SIM_DIR")
+        if not sim:
+            return {}
+        from tests.sim import write_hccn_conf
+        subnet = 100 + self._servers
+        self._servers += 1
+        conf = write_hccn_conf(os.path.join(sim, f"hccn-{subnet}.conf"), subnet)
+        return {"ASCEND_SIM_HCCN_CONF": conf, "DATADISTD_TRANSPORT_HCCL_HCCN_CONF": conf}
 
     def __call__(self, name: str = "d", **kwargs) -> Daemon:  # noqa: ANN003
         d = self._new(name, kwargs).start()

@@ -39,6 +39,45 @@ _INTS = {int}
 LOCAL_TRANSFERS_ENV = "DATADIST_LOCAL_TRANSFERS"
 
 
+def _npu_error(func: str, message: str) -> LLMException:
+    return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {message}",
+                        status_code=LLMStatusCode.LLM_PARAM_INVALID)
+
+
+def physical_npus(device_ids: str, func: str) -> str:
+    """``ge.exec.deviceId`` ("0", or "0;1" in v1) as the daemon is told it: each of this process's logical NPU ids
+    as its PHYSICAL id (``aclrtGetPhyDevIdByLogicDevId`` in this process, as CANN's LLM-DataDist converts:
+    ``ASCEND_RT_VISIBLE_DEVICES`` and container mounts make logical ids per process); the node daemon maps it to
+    its own."""
+    from datadist_ascend import AscendError
+    from datadist_ascend.acl import acl
+
+    out = []
+    for dev in str(device_ids).split(";"):
+        if not dev.strip().isdigit():
+            return device_ids   # the daemon refuses it, naming the option
+        try:
+            out.append(str(acl().physical_id(int(dev))))
+        except AscendError as exc:
+            raise _npu_error(func, f"ge.exec.deviceId {dev} is not an NPU of this process ({exc})") from None
+    return ";".join(out)
+
+
+def local_npu(physical: int, func: str) -> int:
+    """This process's logical id of physical NPU ``physical`` (as the daemon names NPUs)."""
+    from datadist_ascend import AscendError
+    from datadist_ascend.acl import acl
+
+    try:
+        device = acl().logical_id(physical)
+    except AscendError as exc:
+        raise _npu_error(func, f"the NPUs of this process: {exc}") from None
+    if device is None:
+        raise _npu_error(func, f"datadistd names NPU {physical} (physical id), which this process does not see "
+                               "(ASCEND_RT_VISIBLE_DEVICES)")
+    return device
+
+
 def device_memory(client: DaemonClient, address: int, length: int, func: str,
                   device: int) -> datadist_pb2.WorkerMemory:
     """Hand NPU memory over (daemon backend ``acl``): an IPC key that only the daemon's pid -- as the kernel
@@ -47,6 +86,7 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
 
     While the daemon imports it, the memory's first 16 bytes hold this connection's proof of possession
     (``datadist_ascend.proof``); they are restored before this returns, whatever the answer."""
+    import contextlib
     import ctypes
 
     from datadist_ascend import AscendError
@@ -59,23 +99,27 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
                            status_code=LLMStatusCode.LLM_PARAM_INVALID)
     attach = client.attach()
     saved = ctypes.create_string_buffer(PROOF_LEN)
-    try:
-        runtime = acl()
-        key = runtime.ipc_export(device, address, length)
-        runtime.ipc_allow(device, key, [attach.daemon_tgid])
-        proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
-        runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
-        runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
-    except AscendError as exc:
-        raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
-    try:
-        memory_id = attach.import_device_memory(key, device, length, func)
-    finally:
+    with contextlib.ExitStack() as stack:
         try:
-            runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
+            runtime = acl()
+            stack.enter_context(runtime.on_device(device))   # the caller's thread keeps its own device afterwards
+            key = runtime.ipc_export(device, address, length)
+            runtime.ipc_allow(device, key, [attach.daemon_tgid])
+            proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
+            physical = runtime.physical_id(device)   # how the daemon, which has logical ids of its own, knows the NPU
+            runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
+            runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(proof), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
         except AscendError as exc:
-            raise LLMException(f"[{func}] failed, error code is {exc.status}, could not restore the first "
-                               f"{PROOF_LEN} bytes of the NPU memory: {exc}", status_code=exc.status) from None
+            raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}",
+                               status_code=exc.status) from None
+        try:
+            memory_id = attach.import_device_memory(key, physical, length, func)
+        finally:
+            try:
+                runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
+            except AscendError as exc:
+                raise LLMException(f"[{func}] failed, error code is {exc.status}, could not restore the first "
+                                   f"{PROOF_LEN} bytes of the NPU memory: {exc}", status_code=exc.status) from None
     return datadist_pb2.WorkerMemory(attached=datadist_pb2.AttachedMemory(memory_id=memory_id))
 
 
@@ -87,8 +131,8 @@ def device_to_host(address: int, shape: Tuple[int, ...], dtype: Any, func: str, 
 
     out = np.empty(shape, dtype)
     try:
-        acl().memcpy(device, out.ctypes.data, out.nbytes, address, out.nbytes,
-                     MEMCPY_DEVICE_TO_HOST)
+        with acl().on_device(device):
+            acl().memcpy(device, out.ctypes.data, out.nbytes, address, out.nbytes, MEMCPY_DEVICE_TO_HOST)
     except AscendError as exc:
         raise LLMException(f"[{func}] failed, error code is {exc.status}, {exc}", status_code=exc.status) from None
     return out

@@ -129,14 +129,21 @@ class _DeviceImport:
     def close(self) -> None:
         from datadist_ascend.acl import acl
 
-        acl().ipc_close(self.device, self.key)
+        with acl().on_device(self.device):   # the caller's thread keeps its own device
+            acl().ipc_close(self.device, self.key)
 
 
-def _import_device(key: str, device: int, size: int) -> Tuple[_DeviceImport, int]:
-    """This process's address of an NPU pool the daemon exported for it (CANN's runtime: ``datadist_ascend``)."""
+def _import_device(key: str, physical: int, size: int) -> Tuple[_DeviceImport, int]:
+    """This process's address of an NPU pool the daemon exported for it on physical NPU ``physical`` (CANN's
+    runtime: ``datadist_ascend``), imported on this process's logical id of that NPU."""
     from datadist_ascend.acl import acl
 
-    return _DeviceImport(key, size, device), acl().ipc_import(device, key)
+    device = acl().logical_id(physical)
+    if device is None:
+        raise ValueError(f"datadistd exported the pool on NPU {physical} (physical id), which this process does not "
+                         "see (ASCEND_RT_VISIBLE_DEVICES)")
+    with acl().on_device(device):   # the caller's thread keeps its own device
+        return _DeviceImport(key, size, device), acl().ipc_import(device, key)
 
 
 #: a pool is mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS)

@@ -229,16 +229,22 @@ class LLMDataDist:
             client = DaemonClient(target, embedded=embedded is not None)
             try:
                 client.wait_ready(timeout=10.0, source=source)
-                client.attach()
+                from ._cache_ops import local_npu, physical_npus
+
+                npu = client.attach().memory_backend == "acl"
+                sent = dict(opts)
+                if npu and "ge.exec.deviceId" in sent:   # the daemon names NPUs by physical id (its own are its own)
+                    sent["ge.exec.deviceId"] = physical_npus(sent["ge.exec.deviceId"], "init")
                 resp = client.call("Init", datadist_pb2.InitRequest(
-                    cluster_id=self._cluster_id, role=int(self._role), options=opts), "init")
+                    cluster_id=self._cluster_id, role=int(self._role), options=sent), "init")
+                device = local_npu(int(resp.device_id), "init") if npu else int(resp.device_id)
             except BaseException:
                 client.close()
                 if embedded is not None:
                     embedded.stop()
                 raise
             self._client, self._embedded, self._engine_id, self._options = client, embedded, resp.engine_id, opts
-            self._device_id = int(resp.device_id)
+            self._device_id = device   # this process's logical id of the engine's NPU
             self._enable_cache_manager = opts.get("llm.EnableCacheManager") == "1"
             if self._enable_cache_manager:
                 from .cache_manager import CacheManager

@@ -7,10 +7,11 @@ addresses; nothing here dereferences one (on an NPU the host cannot).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .errors import AscendError, acl_status
 from .loader import find_library, once
@@ -37,6 +38,7 @@ ASYNC_D2D_ALIGN = 64
 _PROTOTYPES: dict[str, list] = {
     "aclInit": [c_char_p],
     "aclrtSetDevice": [c_int32],
+    "aclrtGetDevice": [POINTER(c_int32)],
     "aclrtGetDeviceCount": [POINTER(c_uint32)],
     "aclrtGetPhyDevIdByLogicDevId": [c_int32, POINTER(c_int32)],
     "aclrtMalloc": [POINTER(c_void_p), c_size_t, c_int],
@@ -53,7 +55,14 @@ _PROTOTYPES: dict[str, list] = {
     "aclrtIpcMemImportByKey": [POINTER(c_void_p), c_char_p, c_uint64],
     "aclrtIpcMemClose": [c_char_p],
     "aclrtDeviceGetBareTgid": [POINTER(c_int32)],
+    "aclrtGetDeviceInfo": [c_uint32, c_int, POINTER(ctypes.c_int64)],
 }
+#: aclrtDevAttr (acl_rt.h): an A3's super pod, and the NPU's id within it (hixl rank_table_generator_v2.cc)
+DEV_ATTR_SUPER_POD_DEVICE_ID = 403
+DEV_ATTR_SUPER_POD_ID = 405
+#: the Atlas A3 SoCs, whose rank table is version 1.2 (hixl rank_table_generator.cc kV2Version, hixl_utils.cc kSocV3)
+A3_SOCS = frozenset({"Ascend910_9391", "Ascend910_9381", "Ascend910_9392", "Ascend910_9382", "Ascend910_9372",
+                     "Ascend910_9362", "Ascend910_9363"})
 
 
 class Acl:
@@ -70,6 +79,12 @@ class Acl:
             fn.argtypes = args
             fn.restype = c_int   # aclError
             self._fn[name] = fn
+        try:
+            self._soc = lib.aclrtGetSocName
+        except AttributeError:
+            raise AscendError("aclrtGetSocName", -1, acl_status(-1), f"{LIBRARY} has no aclrtGetSocName") from None
+        self._soc.argtypes = []
+        self._soc.restype = c_char_p
         self._local = threading.local()
         self._call("aclInit", None, ok=(ACL_ERROR_REPEAT_INITIALIZE,))
 
@@ -78,18 +93,33 @@ class Acl:
         if code != 0 and code not in ok:
             raise AscendError(name, code, acl_status(code))
 
-    def use(self, device: int) -> None:
-        """Make ``device`` current in the calling thread (ACL contexts are per thread), once per thread: for the
-        daemon's own copies, whose threads run no user code."""
-        if getattr(self._local, "device", None) != device:
-            self.set_device(device)
+    def current(self) -> int | None:
+        """The calling thread's device (``aclrtGetDevice``), ``None`` when it has none."""
+        dev = c_int32()
+        return dev.value if self._fn["aclrtGetDevice"](ctypes.byref(dev)) == 0 else None
 
     def set_device(self, device: int) -> None:
-        """``aclrtSetDevice(device)`` now, whatever this thread's cache says: the top of every path that touches
-        HCCL state or IPC keys (HCCL's registry is the current device's; user code such as ``torch_npu`` may have
-        changed the thread's device behind the cache)."""
-        self._call("aclrtSetDevice", device)
-        self._local.device = device
+        """Make ``device`` current in the calling thread (ACL contexts are per thread): ``aclrtSetDevice`` only when
+        the thread's current device -- asked of the runtime, never a cache: user code such as ``torch_npu`` may
+        change it -- is another (each call takes a reference on the device's primary context; CANN sets a thread's
+        context once). The top of every path that touches HCCL state or IPC keys (HCCL's registry is the current
+        device's)."""
+        if self.current() != device:
+            self._call("aclrtSetDevice", device)
+
+    use = set_device
+
+    @contextlib.contextmanager
+    def on_device(self, device: int) -> Iterator[None]:
+        """``device`` current in the calling thread for the block, the caller's device current again after it: for
+        a worker's own threads, which may drive other NPUs (a thread without a device keeps ``device``)."""
+        before = self.current()
+        self.set_device(device)
+        try:
+            yield
+        finally:
+            if before is not None and before != device:
+                self._call("aclrtSetDevice", before)
 
     def bare_tgid(self) -> int:
         """This process's pid as the device driver sees it (``aclrtDeviceGetBareTgid``): what an IPC allow list
@@ -104,9 +134,35 @@ class Acl:
         return n.value
 
     def physical_id(self, device: int) -> int:
+        """The physical NPU of this process's logical ``device`` (``ASCEND_RT_VISIBLE_DEVICES`` maps them)."""
         phy = c_int32()
         self._call("aclrtGetPhyDevIdByLogicDevId", device, ctypes.byref(phy))
         return phy.value
+
+    def logical_id(self, physical: int) -> int | None:
+        """This process's logical id of physical NPU ``physical``; ``None`` when this process does not see it."""
+        for device in range(self.device_count()):
+            if self.physical_id(device) == physical:
+                return device
+        return None
+
+    def physical_ids(self) -> list[int]:
+        """The physical NPUs this process sees, by logical id."""
+        return [self.physical_id(d) for d in range(self.device_count())]
+
+    def soc_name(self) -> str:
+        """``aclrtGetSocName``: "Ascend910B1" (an A2), "Ascend910_9391" (an A3), ..."""
+        name = self._soc()
+        return name.decode() if name else ""
+
+    def is_a3(self) -> bool:
+        return self.soc_name() in A3_SOCS
+
+    def device_info(self, device: int, attr: int) -> int:
+        """``aclrtGetDeviceInfo(device, attr)`` of logical ``device``."""
+        value = ctypes.c_int64()
+        self._call("aclrtGetDeviceInfo", device, attr, ctypes.byref(value))
+        return value.value
 
     # -- memory --
 

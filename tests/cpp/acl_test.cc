@@ -73,7 +73,8 @@ int main(int argc, char **argv) {
   LlmDataDist prompt(1U, LlmRole::kPrompt), decoder(2U, LlmRole::kDecoder);
   std::map<AscendString, AscendString> po{{OPTION_DEVICE_ID, "0"}, {"datadist.daemon", argv[1]},
                                           {OPTION_LISTEN_IP_INFO, listen.c_str()}};
-  std::map<AscendString, AscendString> dopt{{OPTION_DEVICE_ID, "1"}, {"datadist.daemon", argv[2]}};
+  std::map<AscendString, AscendString> dopt{{OPTION_DEVICE_ID, "1"}, {"datadist.daemon", argv[2]},
+                                            {"llm.MemPoolConfig", "{\"memory_size\": 4194304}"}};
   Expect("prompt_initialize", prompt.Initialize(po), LLM_SUCCESS);
   Npu p(0, 1);
   int64_t pid = -1;
@@ -112,6 +113,19 @@ int main(int argc, char **argv) {
   ok = true;
   for (uint32_t t = 0; t < kTensors; ++t) ok = ok && p.Row(t, 6) == d.Row(t, 1);
   Check("push_kv_blocks_bytes", ok);
+  // a DEVICE cache in the acl daemon's pool: imported by IPC key on this process's NPU 1 (issue 45, finding 11)
+  Cache pooled{};
+  Expect("allocate_device_cache", decoder.AllocateCache(Desc(), pooled), LLM_SUCCESS);
+  Check("allocate_device_cache_addrs", pooled.tensor_addrs.size() == kTensors);
+  if (pooled.tensor_addrs.size() == kTensors) {
+    std::vector<int32_t> row(kCols, 7), back(kCols, 0);
+    aclrtSetDevice(1);
+    void *at = reinterpret_cast<void *>(pooled.tensor_addrs[1]);
+    Check("device_cache_write", aclrtMemcpy(at, kCols * sizeof(int32_t), row.data(), kCols * sizeof(int32_t),
+                                            ACL_MEMCPY_HOST_TO_DEVICE) == ACL_SUCCESS);
+    aclrtMemcpy(back.data(), kCols * sizeof(int32_t), at, kCols * sizeof(int32_t), ACL_MEMCPY_DEVICE_TO_HOST);
+    Check("device_cache_bytes", back == row);
+  }
   Expect("unlink", decoder.UnlinkLlmClusters({c}, rets, 5000), LLM_SUCCESS);
   decoder.Finalize();
   prompt.Finalize();

@@ -29,3 +29,4 @@ def test_npu_memory_by_acl_ipc(cpp_install, data_plane, daemon_factory, tmp_path
     env = {**{k: v for k, v in data_plane.items() if k.startswith("ASCEND_")}, **namespace}
     r = run(binary, dp.target, dd.target, str(free_port()), env=env)
     assert "ok pull_kv_blocks_bytes" in r.stdout and "ok push_kv_blocks_bytes" in r.stdout
+    assert "ok allocate_device_cache" in r.stdout and "ok device_cache_bytes" in r.stdout

@@ -8,8 +8,11 @@ DIFFERENT line on hardware: send the line, and HCCL's plog lines of that minute 
 
     python -m tests.hw.first_hour [check ...]      # all of them by default; exit status: how many differed
 
-Ranks are processes on NPUs 0 and 1 of this host (``DATADIST_HW_DEVICES=a,b`` to choose); their RoCE addresses
-come from ``DATADISTD_TRANSPORT_HCCL_DEVICE_IP`` (a comma-separated list by logical id, as for the test suite).
+Ranks are processes on NPUs 0 and 1 of this host (``DATADIST_HW_DEVICES=a,b`` to choose); their NIC addresses are
+derived as the daemon derives them (``datadistd.transport.hccl.transport.npu_address``, by physical id:
+``DATADISTD_TRANSPORT_HCCL_DEVICE_IP``, else ``/etc/hccn.conf`` -- ``DATADISTD_TRANSPORT_HCCL_HCCN_CONF`` names
+another --, else ``hccn_tool``). A line ending ``recorded`` is a rule the simulation keeps as a guard stricter
+than CANN: what hardware shows is the answer, either is right.
 Not here: two hosts without device IPs (run two daemons on two hosts with no ``hccl_device_ip``: the link must be
 refused naming ``device_ip``) and the same checks inside a container with its own PID namespace (run this module
 there too: ``bare tgid`` and ``unaligned export`` are the ones that change).
@@ -36,17 +39,29 @@ def _devices() -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _table() -> str:
-    from datadist_ascend.acl import acl
+def _table(servers: tuple[str, str] = ("first-hour", "first-hour"), same_ip: bool = False) -> str:
+    from datadist_ascend.acl import DEV_ATTR_SUPER_POD_DEVICE_ID, DEV_ATTR_SUPER_POD_ID, acl
     from datadistd.transport.hccl.agent import cluster_table
 
-    ips = (os.environ.get("DATADISTD_TRANSPORT_HCCL_DEVICE_IP") or "").split(",")
     members = []
-    for name, dev in zip("ab", _devices(), strict=True):
-        ip = ips[dev] if dev < len(ips) and ips[dev] else f"10.255.0.{dev + 1}"
-        members.append({"name": name, "server_id": "first-hour", "device_id": str(acl().physical_id(dev)),
-                        "device_ip": ip})
+    a3 = acl().is_a3()
+    for name, dev, server in zip("ab", _devices(), servers, strict=True):
+        physical = acl().physical_id(dev)
+        ip = _address(_devices()[0] if same_ip else dev)
+        members.append({"name": name, "server_id": server, "device_id": str(physical), "device_ip": ip,
+                        "super_pod_id": str(acl().device_info(dev, DEV_ATTR_SUPER_POD_ID)) if a3 else "",
+                        "super_device_id": str(acl().device_info(dev, DEV_ATTR_SUPER_POD_DEVICE_ID)) if a3 else ""})
     return cluster_table(members)[0]
+
+
+def _address(dev: int) -> str:
+    """The NIC address of this process's NPU ``dev``, derived as the daemon derives it."""
+    from datadist_ascend.acl import acl
+    from datadistd.transport.hccl.transport import npu_address
+
+    return npu_address(acl().physical_id(dev), os.environ.get("DATADISTD_TRANSPORT_HCCL_DEVICE_IP", ""),
+                       os.environ.get("DATADISTD_TRANSPORT_HCCL_HCCN_CONF", "/etc/hccn.conf"),
+                       os.environ.get("DATADISTD_TRANSPORT_HCCL_HCCN_TOOL", ""))[0]
 
 
 def _code(fn: Callable[[], Any]) -> str:
@@ -62,7 +77,7 @@ def _code(fn: Callable[[], Any]) -> str:
 class Rank:
     """One rank: ``SIZE`` bytes of device memory (holding ``PATTERN`` on rank 1), registered; a communicator."""
 
-    def __init__(self, r: int, name: str) -> None:
+    def __init__(self, r: int, name: str, table: str = "") -> None:
         from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
         from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
 
@@ -73,7 +88,7 @@ class Rank:
         data = PATTERN if r else np.zeros(SIZE, np.uint8)
         self.a.memcpy(self.dev, self.buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
         self.tok = self.h.register(MEM_DEVICE, self.buf, SIZE)
-        self.comm = self.h.init_comm(_table(), r, CommConfig.make(name))
+        self.comm = self.h.init_comm(table or _table(), r, CommConfig.make(name))
         self.stream = self.a.create_stream(self.dev)
 
     def raw(self, local: Any, remote: Any, lengths: Any) -> None:
@@ -92,8 +107,12 @@ class Rank:
         return bool((got == PATTERN[offset:offset + n]).all())
 
 
-def _peer(conn: Any, name: str, late: bool, delay: float) -> None:
-    me = Rank(1, name)
+def _peer(conn: Any, name: str, late: bool, delay: float, table: str = "", exported: bool = False) -> None:
+    if "roce" in name:
+        os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
+    me = Rank(1, name, table)
+    if exported:   # the range is IPC-exported already (a pool its worker imports) when HCCL's Prepare exports it
+        me.a.ipc_export(me.dev, me.buf, SIZE)
     me.h.bind(me.comm, me.tok)
     extra = 0
     time.sleep(delay)
@@ -107,11 +126,25 @@ def _peer(conn: Any, name: str, late: bool, delay: float) -> None:
     conn.recv()
 
 
-def _with_peer(name: str, late: bool = False, delay: float = 0.0) -> tuple[Any, Any, Rank]:
+def _with_peer(name: str, late: bool = False, delay: float = 0.0, table: str = "",
+               exported: bool = False) -> tuple[Any, Any, Rank]:
     mine, theirs = mp.get_context("spawn").Pipe()
-    p = mp.get_context("spawn").Process(target=_peer, args=(theirs, name, late, delay), daemon=True)
+    p = mp.get_context("spawn").Process(target=_peer, args=(theirs, name, late, delay, table, exported), daemon=True)
     p.start()
-    return p, mine, Rank(0, name)
+    return p, mine, Rank(0, name, table)
+
+
+def _get_from_peer(name: str, table: str = "", exported: bool = False) -> str:
+    """A linked pair; rank 0 gets 4 KiB of rank 1's pattern: ``ok`` when the bytes landed, else the code."""
+    p, conn, me = _with_peer(name, table=table, exported=exported)
+    me.h.bind(me.comm, me.tok)
+    got = _code(lambda: me.h.prepare(me.comm, 60))
+    if got == "ok":
+        other, _ = conn.recv()
+        got = _code(lambda: (me.raw([me.buf], [other], [4096]), me.a.synchronize(me.dev, me.stream, 30_000)))
+        got = "ok" if got == "ok" and me.landed(0, 4096) else got if got != "ok" else "bytes differ"
+    _end(p, conn)
+    return got
 
 
 def _end(p: Any, conn: Any) -> None:
@@ -184,17 +217,29 @@ def check_failing_descriptor_mid_batch() -> tuple[str, str]:
 
 
 def check_last_deregistration_under_a_live_comm() -> tuple[str, str]:
-    """Deregistering the device's last registration tears its NIC down: the live communicator's next get fails."""
+    """Deregistering the device's last registration tears its NIC down: the live communicator's next get fails.
+    Isolated from the deregistration of the get's own memory: with another registration left on the device the get
+    (over memory exchanged at Prepare, unbound and deregistered since) still moves; once that other one -- the
+    last -- goes, it fails."""
+    from datadist_ascend.hccl import MEM_DEVICE
+
     p, conn, me = _with_peer("fh-nic")
+    spare = me.a.malloc(me.dev, 4096)
+    spare_tok = me.h.register(MEM_DEVICE, spare, 4096)
     me.h.bind(me.comm, me.tok)
     me.h.prepare(me.comm, 60)
     other, _ = conn.recv()
     me.h.unbind(me.comm, me.tok)
     me.h.deregister(me.tok)
-    got = _code(lambda: (me.raw([me.buf], [other], [64]), me.a.synchronize(me.dev, me.stream, 10_000)))
+
+    def get() -> str:
+        return _code(lambda: (me.raw([me.buf], [other], [64]), me.a.synchronize(me.dev, me.stream, 10_000)))
+    before = get()
+    me.h.deregister(spare_tok)
+    after = get()
     _end(p, conn)
-    return f"get after the last deregistration: {'ok' if got == 'ok' else 'fails'}", \
-        "get after the last deregistration: fails"
+    return f"get with another registration left: {before}, after the last one: {'ok' if after == 'ok' else 'fails'}", \
+        "get with another registration left: ok, after the last one: fails"
 
 
 def check_thread_without_device() -> tuple[str, str]:
@@ -218,12 +263,20 @@ def check_thread_without_device() -> tuple[str, str]:
     t = threading.Thread(target=bare)
     t.start()
     t.join()
-    return f"set pid {got[0]}, close {got[1]}, deregister {got[2]}", "set pid 107002, close 107002, deregister 6"
+    # HCCL_E_PARA for a handle unknown to the thread's (absent) device (hcomm HcclMemHandleParamCheck)
+    return f"set pid {got[0]}, close {got[1]}, deregister {got[2]}", "set pid 107002, close 107002, deregister 1"
+
+
+#: an expectation that starts so is recorded, not judged: a guard of the simulation stricter than CANN
+RECORDED = "recorded: "
+#: an expectation that starts so is what datadist assumes where CANN's source does not settle it (judged)
+ASSUMED = "assumed: "
 
 
 def check_parallel_link_creation() -> tuple[str, str]:
-    """Two threads in HcclCommInitClusterInfoMemConfig at once (CANN: unsupported; LLM-DataDist holds a lock).
-    On hardware this may crash the process: it runs last, in a process of its own."""
+    """Two threads in HcclCommInitClusterInfoMemConfig at once. hcomm has no check (LLM-DataDist's mutex is the
+    rule; the simulation's R10 is a guard): whatever hardware shows is recorded, nothing is expected. On hardware
+    this may crash the process: it runs last, in a process of its own."""
     from datadist_ascend.acl import acl
     from datadist_ascend.hccl import CommConfig, hccl
 
@@ -236,7 +289,7 @@ def check_parallel_link_creation() -> tuple[str, str]:
     threads = [threading.Thread(target=make, args=(n,)) for n in ("fh-par-x", "fh-par-y")]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    return f"both ok: {got == ['ok', 'ok']}", "both ok: False"
+    return f"both ok: {got == ['ok', 'ok']}", RECORDED + "no rule in hcomm (LLM-DataDist holds a lock)"
 
 
 def check_unaligned_export() -> tuple[str, str]:
@@ -259,7 +312,193 @@ def check_unaligned_export() -> tuple[str, str]:
     p.join(30)
     ok = result == bytes(PATTERN[off:off + 64])
     return f"the importer reads the exported bytes: {ok if isinstance(result, bytes) else result}", \
-        "the importer reads the exported bytes: True"
+        ASSUMED + "the importer reads the exported bytes: True"
+
+
+def check_roce_pair() -> tuple[str, str]:
+    """The production path between nodes: two server ids, the NPUs' own NIC addresses, HCCL_INTRA_ROCE_ENABLE=1
+    (hixl hixl_utils.cc IsIntraRoceEnabled): a get over RoCE."""
+    os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
+    return f"RoCE get {_get_from_peer('fh-roce', _table(('fh-node-a', 'fh-node-b')))}", "RoCE get ok"
+
+
+def check_device_ip_defaults() -> tuple[str, str]:
+    """Both NPUs' addresses as the daemon derives them (hccn.conf, else hccn_tool, by physical id): addresses,
+    neither loopback nor the host's, distinct; a table naming one address twice: HCCL_E_PARA at init (hcomm
+    topoinfo_ranktableParser.cc "is repeate")."""
+    import ipaddress
+
+    from datadist_ascend.acl import acl
+    from datadist_ascend.hccl import CommConfig, hccl
+    from datadistd.transport.hccl.agent import host_address
+
+    ips = [_address(d) for d in _devices()]
+    ok = all(ip and not ipaddress.ip_address(ip).is_loopback and not host_address(ip) for ip in ips)
+    acl().set_device(_devices()[0])
+    dup = _code(lambda: hccl().init_comm(_table(same_ip=True), 0, CommConfig.make("fh-dup")))
+    return f"addresses ok {ok}, distinct {len(set(ips)) == 2}, one address twice {dup}", \
+        "addresses ok True, distinct True, one address twice 1"
+
+
+def check_logical_vs_physical() -> tuple[str, str]:
+    """A process with ASCEND_RT_VISIBLE_DEVICES naming the second NPU only: its logical 0 is that physical NPU."""
+    from datadist_ascend.acl import acl
+
+    want = acl().physical_id(_devices()[1])
+    mine, theirs = mp.get_context("spawn").Pipe()
+    os.environ["ASCEND_RT_VISIBLE_DEVICES"] = str(want)
+    p = mp.get_context("spawn").Process(target=_visible, args=(theirs,), daemon=True)
+    p.start()
+    del os.environ["ASCEND_RT_VISIBLE_DEVICES"]
+    count, phys = mine.recv() if mine.poll(60) else (-1, -1)
+    p.join(30)
+    return f"{count} device, logical 0 is physical {phys}", f"1 device, logical 0 is physical {want}"
+
+
+def _visible(conn: Any) -> None:
+    from datadist_ascend.acl import acl
+
+    conn.send((acl().device_count(), acl().physical_id(0)))
+
+
+def check_address_range_of_an_import() -> tuple[str, str]:
+    """aclrtMemGetAddressRange of an IPC-imported pointer (8 KiB exported 4 KiB into 1 MiB): the daemon checks a
+    worker's length against it -- the exported extent, or the whole allocation?"""
+    result = _import_in_child(4096, 8192, "range")
+    return f"imported range {result}", ASSUMED + "imported range (0, 8192)"
+
+
+def check_export_twice() -> tuple[str, str]:
+    """One range exported twice (two keys), both imported by a second process: both read the bytes."""
+    from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+
+    a, dev = acl(), _devices()[0]
+    a.set_device(dev)
+    mem = a.malloc(dev, SIZE)
+    a.memcpy(dev, mem, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
+    keys = [a.ipc_export(dev, mem, 8192), a.ipc_export(dev, mem, 8192)]
+    got = [_import_key_in_child(a, key, dev) for key in keys]
+    both = all(g == bytes(PATTERN[:64]) for g in got)
+    return f"keys {len(set(keys))}, both read {both}", ASSUMED + "keys 2, both read True"
+
+
+def check_exporter_closes_first() -> tuple[str, str]:
+    """The exporter closes its key while a second process holds its import: does the importer still read?"""
+    return f"the importer reads after the exporter closed: {_import_in_child(0, 8192, 'close_first')}", \
+        ASSUMED + "the importer reads after the exporter closed: True"
+
+
+def _import_in_child(offset: int, length: int, what: str) -> Any:
+    from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+
+    a, dev = acl(), _devices()[0]
+    a.set_device(dev)
+    mem = a.malloc(dev, SIZE)
+    a.memcpy(dev, mem, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
+    key = a.ipc_export(dev, mem + offset, length)
+    mine, theirs = mp.get_context("spawn").Pipe()
+    p = mp.get_context("spawn").Process(target=_holder, args=(theirs, key, dev, what), daemon=True)
+    p.start()
+    a.ipc_allow(dev, key, [mine.recv()])
+    mine.send("go")
+    if what == "close_first":
+        mine.recv()
+        a.ipc_close(dev, key)
+        mine.send("closed")
+    result = mine.recv()
+    p.join(30)
+    return result
+
+
+def _holder(conn: Any, key: str, dev: int, what: str) -> None:
+    from datadist_ascend.acl import MEMCPY_DEVICE_TO_HOST, acl
+
+    a = acl()
+    a.set_device(dev)
+    conn.send(a.bare_tgid())
+    conn.recv()
+    try:
+        ptr = a.ipc_import(dev, key)
+        if what == "range":
+            base, size = a.address_range(dev, ptr)
+            conn.send((base - ptr, size))
+            return
+        conn.send("imported")
+        conn.recv()
+        got = np.zeros(64, np.uint8)
+        a.memcpy(dev, got.ctypes.data, 64, ptr, 64, MEMCPY_DEVICE_TO_HOST)
+        conn.send(bool((got == PATTERN[:64]).all()))
+    except Exception as exc:  # noqa: BLE001 - what it saw is the result
+        conn.send(f"failed: {exc}")
+
+
+def _import_key_in_child(a: Any, key: str, dev: int) -> Any:
+    mine, theirs = mp.get_context("spawn").Pipe()
+    p = mp.get_context("spawn").Process(target=_importer, args=(theirs, key, dev), daemon=True)
+    p.start()
+    a.ipc_allow(dev, key, [mine.recv()])
+    mine.send("go")
+    result = mine.recv()
+    p.join(30)
+    return result
+
+
+def check_bind_an_exported_range() -> tuple[str, str]:
+    """Issue 45, finding 5: on one server (A2: HCCS) Prepare IPC-exports every bound range -- here one the process
+    had exported already, as a DEVICE pool exported to its worker is. Does the get still land?"""
+    return f"get from an exported range {_get_from_peer('fh-exported', exported=True)}", \
+        ASSUMED + "get from an exported range ok"
+
+
+def check_two_ranks_in_one_process() -> tuple[str, str]:
+    """One process, two communicators (ranks 0 and 1 on the two NPUs), prepared from two threads at once."""
+    got: list[str] = []
+    ranks: list[Rank] = []
+    init = threading.Lock()   # LLM-DataDist's: one HcclCommInitClusterInfoMemConfig at a time
+
+    def rank(r: int) -> None:
+        with init:
+            me = Rank(r, "fh-self")
+        ranks.append(me)
+        me.h.bind(me.comm, me.tok)
+        got.append(_code(lambda: me.h.prepare(me.comm, 60)))
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return f"both prepared {got == ['ok', 'ok']}", "both prepared True"
+
+
+def check_second_hccl_process() -> tuple[str, str]:
+    """Issue 45, finding 4: a second process whose communicator listens on the same NPU NIC and port (HCCL's
+    16666: a worker's own HCCL and a node daemon) -- recorded: what hccp does is not settled from the source; the
+    simulation refuses it (R24), and datadist's tables name device_port 16667."""
+    first = _with_peer("fh-port-a")
+    first[2].h.bind(first[2].comm, first[2].tok)
+    holder = threading.Thread(target=lambda: _code(lambda: first[2].h.prepare(first[2].comm, 60)), daemon=True)
+    holder.start()
+    first[1].recv()
+    mine, theirs = mp.get_context("spawn").Pipe()
+    p = mp.get_context("spawn").Process(target=_second, args=(theirs,), daemon=True)
+    p.start()
+    got = mine.recv() if mine.poll(120) else "no answer"
+    p.join(30)
+    _end(first[0], first[1])
+    return f"a second process on the same NIC and port: {got}", RECORDED + "not settled (hccp)"
+
+
+def _second(conn: Any) -> None:
+    me = Rank(0, "fh-port-b")
+    me.h.bind(me.comm, me.tok)
+    conn.send(_code(lambda: me.h.prepare(me.comm, 5)))
+
+
+def check_a3_table() -> tuple[str, str]:
+    """On an A3 (Ascend910_93xx) the 1.2 table (super_device_id, super_pod_list) links; elsewhere: not an A3."""
+    from datadist_ascend.acl import acl
+
+    if not acl().is_a3():
+        return f"not an A3 ({acl().soc_name()})", f"not an A3 ({acl().soc_name()})"
+    return f"1.2 table get {_get_from_peer('fh-a3')}", "1.2 table get ok"
 
 
 def _importer(conn: Any, key: str, dev: int) -> None:
@@ -281,8 +520,10 @@ def _importer(conn: Any, key: str, dev: int) -> None:
 
 CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
 ORDER = ["abi", "prepare_units", "descriptor_limit", "bind_after_prepare", "failing_descriptor_mid_batch",
-         "last_deregistration_under_a_live_comm", "thread_without_device", "unaligned_export",
-         "parallel_link_creation"]
+         "last_deregistration_under_a_live_comm", "thread_without_device", "unaligned_export", "roce_pair",
+         "device_ip_defaults", "logical_vs_physical", "address_range_of_an_import", "export_twice",
+         "exporter_closes_first", "bind_an_exported_range", "two_ranks_in_one_process", "a3_table",
+         "second_hccl_process", "parallel_link_creation"]
 
 
 def _one(name: str, conn: Any) -> None:
@@ -302,10 +543,15 @@ def main(names: list[str]) -> int:
         p.join(30)
         if p.exitcode not in (0, None):
             saw += f" (exit {p.exitcode})"
+        if expect.startswith(RECORDED):
+            print(f"{name}: saw [{saw}] CANN's source says [{expect[len(RECORDED):]}] recorded", flush=True)
+            continue
+        says = "CANN's source says"
+        if expect.startswith(ASSUMED):
+            says, expect = "datadist assumes (not settled in CANN's source)", expect[len(ASSUMED):]
         same = saw == expect
         differed += not same
-        print(f"{name}: saw [{saw}] CANN's source says [{expect}] {'as expected' if same else 'DIFFERENT'}",
-              flush=True)
+        print(f"{name}: saw [{saw}] {says} [{expect}] {'as expected' if same else 'DIFFERENT'}", flush=True)
     return differed
 
 

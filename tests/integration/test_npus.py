@@ -156,3 +156,97 @@ def test_local_comm_res_names_the_engines_device(daemon_factory, worker_factory)
         with pytest.raises(WorkerError) as info:
             w.call("init", **_device_init("PROMPT", 2, 2, **{"llm.LocalCommRes": bad_res}))
         assert info.value.status_code == S.LLM_PARAM_INVALID, bad_res
+
+
+def _ledger(sim_dir: str, pid: int, call: str) -> list[int]:
+    """The physical NPUs on which process ``pid`` made ``call`` (the simulated runtime's ledger)."""
+    out = []
+    for line in Path(sim_dir, "ledger").read_text().splitlines():
+        owner, what, npu = line.split()[:3]
+        if int(owner) == pid and what == call:
+            out.append(int(npu[len("npu"):]))
+    return out
+
+
+def _pid(state: dict) -> int:
+    import os
+    return os.getpid()
+
+
+def test_visible_devices_pair_linked_inside_one_daemon(daemon_factory, worker_factory) -> None:
+    """vllm-ascend's P/D example on one node: the prefill worker with ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 and the
+    decode worker with 4,5,6,7, each on its logical NPU 0, one node daemon that sees all eight -- and its two engines
+    linked to each other (one process: the daemon copies between its two NPUs, no communicator). Each worker names
+    its NPU by physical id: the decoder's pool and the daemon's import of its cache are on physical NPU 4, the
+    prompt's on 0; byte-exact both ways. A worker whose NPU the daemon does not see is refused, naming it."""
+    d = daemon_factory("d")
+    port = free_port()
+    prompt = worker_factory(d, ASCEND_RT_VISIBLE_DEVICES="0,1,2,3")
+    decoder = worker_factory(d, ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
+    prompt.call("init", **_device_init("PROMPT", 1, 0, f"127.0.0.1:{port}"))
+    decoder.call("init", **_device_init("DECODER", 2, 0))
+    for w in (prompt, decoder):
+        w.call("register_blocks", "kv", 2, BLOCKS, (4, 64), dtype="uint8", model_id=0)   # the worker's NPU memory
+        w.call("allocate", "pool", 1, (BLOCKS, 256), dtype="uint8", blocks=True, model_id=1)   # the daemon's pool
+    prompt.call("fill", "kv", 11)
+    decoder.call("fill", "pool", 17)
+    assert decoder.call("link", 1, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", 1, "kv", [0, 5], [0, 1])
+    np.testing.assert_array_equal(decoder.call("rows", "kv")[:, [0, 1]], prompt.call("rows", "kv")[:, [0, 5]])
+    decoder.call("push_blocks", 1, "pool", [3], [4], model_id=1)
+    np.testing.assert_array_equal(prompt.call("rows", "pool")[:, 4], decoder.call("rows", "pool")[:, 3])
+
+    sim = d.env.get("ASCEND_SIM_DIR")
+    if sim is not None:   # make test-ascend: the real runtime keeps no ledger
+        assert sorted(set(_ledger(sim, d.pid, "aclrtMalloc"))) == [0, 4]               # the two engines' pools
+        assert sorted(set(_ledger(sim, d.pid, "aclrtIpcMemImportByKey"))) == [0, 4]   # the workers' caches
+        assert _comms(sim, d.pid) == []   # a link inside one daemon is its own copy (memory/copy.py), no HCCL
+        assert set(_ledger(sim, decoder.call("run", __name__, "_pid"), "aclrtMalloc")) == {4}
+        assert set(_ledger(sim, prompt.call("run", __name__, "_pid"), "aclrtMalloc")) == {0}
+
+    narrow = daemon_factory("narrow", env={"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"})
+    w = worker_factory(narrow, ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
+    with pytest.raises(WorkerError) as info:
+        w.call("init", **_device_init("DECODER", 3, 0))
+    assert info.value.status_code == S.LLM_PARAM_INVALID and "NPU 4 (physical id) is not visible" in str(info.value)
+
+
+def test_an_a3_pair_links_with_a_1_2_rank_table(daemon_factory, worker_factory) -> None:
+    """Two Atlas A3 nodes of one super pod: the rank table is version 1.2 with each NPU's super device id (the
+    simulated A3 fails Prepare on a 1.0 table, R21); byte-exact both ways."""
+    a3 = {"ASCEND_SIM_SOC_VERSION": "Ascend910_9391", "ASCEND_SIM_SUPER_POD_ID": "7"}
+    dp = daemon_factory("p", env={**a3, "ASCEND_SIM_SUPER_DEVICE_BASE": "0"})
+    dd = daemon_factory("d", env={**a3, "ASCEND_SIM_SUPER_DEVICE_BASE": "16"})
+    port = free_port()
+    prompt, decoder = worker_factory(dp, **a3), worker_factory(dd, **a3)
+    prompt.call("init", **_device_init("PROMPT", 1, 0, f"127.0.0.1:{port}"))
+    decoder.call("init", **_device_init("DECODER", 2, 1))
+    for w in (prompt, decoder):
+        w.call("register_blocks", "kv", 2, BLOCKS, (4, 64), dtype="uint8", model_id=0)
+    prompt.call("fill", "kv", 5)
+    decoder.call("fill", "kv", 9)
+    assert decoder.call("link", 1, "127.0.0.1", port) == (0, [0])
+    decoder.call("pull_blocks", 1, "kv", [2, 3], [0, 1])
+    np.testing.assert_array_equal(decoder.call("rows", "kv")[:, [0, 1]], prompt.call("rows", "kv")[:, [2, 3]])
+    decoder.call("push_blocks", 1, "kv", [7], [8])
+    np.testing.assert_array_equal(prompt.call("rows", "kv")[:, 8], decoder.call("rows", "kv")[:, 7])
+
+
+def test_a_device_ip_claimed_twice_is_refused_naming_it(daemon_factory, worker_factory, tmp_path) -> None:
+    """Two daemons that read one hccn.conf (one node's NIC addresses) with an engine each on NPU 0: both would put
+    192.168.150.101 in the rank table, which HCCL refuses at init. The link is refused before HCCL, and the linking
+    worker hears why (LLM_LINK_FAILED, not a timeout): the refusing side says so on the channel."""
+    from tests.sim import write_hccn_conf
+
+    sim = daemon_factory.data_plane.get("ASCEND_SIM_DIR")
+    if sim is None:
+        pytest.skip("needs the simulated runtime (one hccn.conf for two daemons)")
+    conf = write_hccn_conf(Path(sim) / "hccn-150.conf", 150)
+    node = {"ASCEND_SIM_HCCN_CONF": conf, "DATADISTD_TRANSPORT_HCCL_HCCN_CONF": conf}
+    dp, dd = daemon_factory.many("p", "d", env=node)
+    port = free_port()
+    prompt, decoder = worker_factory(dp), worker_factory(dd)
+    prompt.call("init", **_device_init("PROMPT", 1, 0, f"127.0.0.1:{port}"))
+    decoder.call("init", **_device_init("DECODER", 2, 0))
+    assert decoder.call("link", 1, "127.0.0.1", port) == (S.LLM_LINK_FAILED, [S.LLM_LINK_FAILED])
+    assert "192.168.150.101" in Path(dp.log_path).read_text() + Path(dd.log_path).read_text()

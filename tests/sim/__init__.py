@@ -13,10 +13,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["build", "sim_env", "SOURCES"]
+__all__ = ["build", "sim_env", "write_hccn_conf", "SOURCES"]
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("sim.h", "ascendcl.c", "hccl.c", "acl_errmsg.c", "include/acl/acl.h")
+SOURCES = ("sim.h", "ascendcl.c", "hccl.c", "acl_errmsg.c", "include/acl/acl.h", "hccn_tool")
 
 
 def _compiler() -> str | None:
@@ -42,6 +42,9 @@ def build(root: Path | None = None) -> Path | None:
                         str(HERE / "acl_errmsg.c")], check=True, capture_output=True, timeout=120)
         # the header C/C++ code written for an NPU includes (acl/acl.h), declaring what the library exports
         shutil.copytree(HERE / "include", work / "include")
+        (work / "bin").mkdir()   # the node's hccn_tool, answering from ASCEND_SIM_HCCN_CONF as the real one does
+        shutil.copy(HERE / "hccn_tool", work / "bin" / "hccn_tool")
+        (work / "bin" / "hccn_tool").chmod(0o755)
         subprocess.run([cc, *flags, "-o", str(work / "lib64" / "libhccl.so"), str(HERE / "hccl.c"),
                         f"-L{work / 'lib64'}", "-lascendcl", "-Wl,-rpath,$ORIGIN"],
                        check=True, capture_output=True, timeout=120)
@@ -55,6 +58,21 @@ def build(root: Path | None = None) -> Path | None:
     return root
 
 
-def sim_env(root: Path, state_dir: str) -> dict[str, str]:
-    """Environment of a process that uses the simulated runtime: CANN's variable, and where its memory lives."""
-    return {"ASCEND_HOME_PATH": str(root), "ASCEND_SIM_DIR": state_dir}
+def write_hccn_conf(path: Path | str, subnet: int = 100, devices: int = 8) -> str:
+    """An ``/etc/hccn.conf`` of a simulated server (``address_<physical id>=192.168.<subnet>.<101 + id>``, real
+    looking NIC addresses, one subnet per server); its path."""
+    lines = [f"address_{i}=192.168.{subnet}.{101 + i}\nnetmask_{i}=255.255.255.0\n" for i in range(devices)]
+    Path(path).write_text("".join(lines))
+    return str(path)
+
+
+def sim_env(root: Path, state_dir: str, subnet: int = 100) -> dict[str, str]:
+    """Environment of a process that uses the simulated runtime: CANN's variable, where its memory lives, and the
+    node it runs on -- eight NPUs whose NIC addresses are in a generated hccn.conf (``write_hccn_conf``; a daemon
+    reads it as it would read ``/etc/hccn.conf``, ``[transport] hccl_hccn_conf``)."""
+    conf = Path(state_dir) / f"hccn-{subnet}.conf"
+    if not conf.exists():
+        write_hccn_conf(conf, subnet)
+    return {"ASCEND_HOME_PATH": str(root), "ASCEND_SIM_DIR": state_dir, "ASCEND_SIM_HCCN_CONF": str(conf),
+            "DATADISTD_TRANSPORT_HCCL_HCCN_CONF": str(conf),
+            "DATADISTD_TRANSPORT_HCCL_HCCN_TOOL": str(Path(root) / "bin" / "hccn_tool")}

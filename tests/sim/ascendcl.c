@@ -20,10 +20,22 @@
  *     aclrtStreamAbort stops the running task (at its next check) and discards the queued ones, and returns
  *     when they are gone -- the stream is usable again, a synchronisation it interrupted fails.
  *
- * Knobs (environment): ASCEND_SIM_DIR (required: where memory files live), ASCEND_SIM_DEVICES
- * (device count, default 8), ASCEND_SIM_HBM_MB (per device and process, default 4096),
- * ASCEND_SIM_TGID_OFFSET (a simulated PID namespace, default 0); libhccl's
- * ASCEND_SIM_WIRE_MBPS (hccl.c).
+ * The node (one simulated server), described once, named as CANN names things:
+ *   - ASCEND_SIM_DEVICES physical NPUs (default 8); ASCEND_RT_VISIBLE_DEVICES as the runtime honours it: a
+ *     comma-separated list of physical ids, the process's logical id i is the i-th (an id that is not a physical
+ *     NPU ends the list); aclrtGetDeviceCount, aclrtSetDevice and aclrtGetPhyDevIdByLogicDevId follow it. Every
+ *     allocation, IPC export and import and stream belongs to a PHYSICAL NPU (a thread's context is its logical
+ *     device's physical one), and is written to $ASCEND_SIM_DIR/ledger ("<pid> <call> npu<physical> ...") so a test
+ *     can tell where a pool or an import landed;
+ *   - ASCEND_SIM_SOC_VERSION: what aclrtGetSocName says (default "Ascend910B1", an A2; "Ascend910_9391" is an A3);
+ *     on an A3 aclrtGetDeviceInfo answers ACL_DEV_ATTR_SUPER_POD_ID (405) with ASCEND_SIM_SUPER_POD_ID (default 0)
+ *     and ACL_DEV_ATTR_SUPER_POD_DEVICE_ID (403) with ASCEND_SIM_SUPER_DEVICE_BASE + physical id (hixl
+ *     rank_table_generator_v2.cc reads both for the 1.2 rank table); on an A2 both are ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+ *   - ASCEND_SIM_HCCN_CONF: the node's /etc/hccn.conf (address_<physical id>=<ip>, each NPU's NIC address); the
+ *     simulated hccn_tool (bin/hccn_tool of the built tree) answers `-i <physical id> -ip -g` from it, and libhccl
+ *     opens an NPU's NIC only by that address (hccl.c R20).
+ * Other knobs: ASCEND_SIM_DIR (required: where memory files live), ASCEND_SIM_HBM_MB (per device and process,
+ * default 4096), ASCEND_SIM_TGID_OFFSET (a simulated PID namespace, default 0); libhccl's ASCEND_SIM_WIRE_MBPS (hccl.c).
  * libhccl.so (hccl.c) links to this library and reaches device memory through simacl_* below.
  */
 #define _GNU_SOURCE
@@ -51,6 +63,7 @@ typedef void *aclrtStream;
 #define ACL_ERROR_RT_INVALID_DEVICEID 107001
 #define ACL_ERROR_RT_CONTEXT_NULL 107002
 #define ACL_ERROR_RT_STREAM_ABORT 107023
+#define ACL_ERROR_RT_FEATURE_NOT_SUPPORT 207000
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
 #define ACL_ERROR_RT_NO_PERMISSION 207006
 #define ACL_ERROR_RT_STREAM_SYNC_TIMEOUT 507046
@@ -71,10 +84,56 @@ static const char *sim_dir(void) {
   return d && *d ? d : NULL;
 }
 
-static int device_count(void) {
+/* the node's physical NPUs */
+static int physical_count(void) {
   const char *s = getenv("ASCEND_SIM_DEVICES");
   int n = s ? atoi(s) : 8;
   return n > 0 && n <= 64 ? n : 8;
+}
+
+/* this process's logical devices: phys[i] is logical i's physical NPU (ASCEND_RT_VISIBLE_DEVICES, else all) */
+static int visible(int *phys) {
+  int total = physical_count(), n = 0;
+  const char *s = getenv("ASCEND_RT_VISIBLE_DEVICES");
+  if (!s) {
+    for (; n < total; n++) phys[n] = n;
+    return n;
+  }
+  while (*s && n < 64) {
+    char *end;
+    long id = strtol(s, &end, 10);
+    if (end == s || id < 0 || id >= total) break; /* not a physical NPU: the list ends here */
+    phys[n++] = (int)id;
+    s = *end == ',' ? end + 1 : end;
+    if (*end != ',' && *end) break;
+  }
+  return n;
+}
+
+static int device_count(void) {
+  int phys[64];
+  return visible(phys);
+}
+
+/* the physical NPU of logical device `d` of this process, -1 if there is none */
+static int physical_of(int d) {
+  int phys[64], n = visible(phys);
+  return d >= 0 && d < n ? phys[d] : -1;
+}
+
+
+/* one line of $ASCEND_SIM_DIR/ledger: what this process did on which physical NPU */
+static void ledger(const char *call, int phys, const void *addr, uint64_t size, const char *key) {
+  const char *dir = getenv("ASCEND_SIM_DIR");
+  if (!dir) return;
+  char path[300], line[300];
+  snprintf(path, sizeof path, "%s/ledger", dir);
+  int n = snprintf(line, sizeof line, "%d %s npu%d %#llx %llu %s\n", (int)getpid(), call, phys,
+                   (unsigned long long)(uintptr_t)addr, (unsigned long long)size, key ? key : "-");
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  if (write(fd, line, (size_t)n) != n) { /* best effort: a test reading it fails on the missing line */ }
+  close(fd);
 }
 
 static uint64_t hbm_bytes(void) {
@@ -164,22 +223,80 @@ aclError aclrtGetDeviceCount(uint32_t *count) {
   return ACL_SUCCESS;
 }
 
+/* a thread's context is that of its logical device's PHYSICAL NPU: t_device holds the physical id, and so does
+   every region, export and stream (what two processes with different visible devices must agree on) */
 aclError aclrtSetDevice(int32_t deviceId) {
-  if (deviceId < 0 || deviceId >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
-  t_device = deviceId;
+  int phys = physical_of(deviceId);
+  if (phys < 0) return ACL_ERROR_RT_INVALID_DEVICEID;
+  t_device = phys;
+  ledger("aclrtSetDevice", phys, NULL, 0, NULL); /* each call takes a reference on the primary context */
   return ACL_SUCCESS;
 }
 
+/* the calling thread's device, as this process's logical id; ACL_ERROR_RT_CONTEXT_NULL without one */
+aclError aclrtGetDevice(int32_t *deviceId) {
+  if (!deviceId) return ACL_ERROR_INVALID_PARAM;
+  int phys[64], n = visible(phys);
+  for (int i = 0; t_device >= 0 && i < n; i++)
+    if (phys[i] == t_device) {
+      *deviceId = i;
+      return ACL_SUCCESS;
+    }
+  return ACL_ERROR_RT_CONTEXT_NULL;
+}
+
 aclError aclrtResetDevice(int32_t deviceId) {
-  if (deviceId < 0 || deviceId >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
-  if (t_device == deviceId) t_device = -1;
+  int phys = physical_of(deviceId);
+  if (phys < 0) return ACL_ERROR_RT_INVALID_DEVICEID;
+  if (t_device == phys) t_device = -1;
   return ACL_SUCCESS;
 }
 
 aclError aclrtGetPhyDevIdByLogicDevId(const int32_t logicDevId, int32_t *const phyDevId) {
   if (!phyDevId) return ACL_ERROR_INVALID_PARAM;
-  if (logicDevId < 0 || logicDevId >= device_count()) return ACL_ERROR_RT_INVALID_DEVICEID;
-  *phyDevId = logicDevId;
+  int phys = physical_of(logicDevId);
+  if (phys < 0) return ACL_ERROR_RT_INVALID_DEVICEID;
+  *phyDevId = phys;
+  return ACL_SUCCESS;
+}
+
+static const char *soc_name(void) {
+  const char *s = getenv("ASCEND_SIM_SOC_VERSION");
+  return s && *s ? s : "Ascend910B1";
+}
+
+const char *aclrtGetSocName(void) { return soc_name(); }
+
+/* an A3 (Ascend910_93xx: hixl hixl_utils.cc kSocV3) */
+int simacl_is_a3(void) { return strncmp(soc_name(), "Ascend910_93", 12) == 0; }
+
+int simacl_nic_address(int phys, char *out, size_t n) {
+  const char *path = getenv("ASCEND_SIM_HCCN_CONF");
+  FILE *f = path && *path ? fopen(path, "re") : NULL;
+  if (!f) return -1;
+  char line[256], want[32];
+  int len = snprintf(want, sizeof want, "address_%d=", phys), found = -1;
+  while (found < 0 && fgets(line, sizeof line, f)) {
+    if (strncmp(line, want, (size_t)len) != 0) continue;
+    line[strcspn(line, "\r\n")] = 0;
+    snprintf(out, n, "%s", line + len);
+    found = 0;
+  }
+  fclose(f);
+  return found;
+}
+
+#define ATTR_SUPER_POD_DEVICE_ID 403
+#define ATTR_SUPER_POD_ID 405
+
+aclError aclrtGetDeviceInfo(uint32_t deviceId, int attr, int64_t *value) {
+  if (!value) return ACL_ERROR_INVALID_PARAM;
+  int phys = physical_of((int)deviceId);
+  if (phys < 0) return ACL_ERROR_RT_INVALID_DEVICEID;
+  if (attr != ATTR_SUPER_POD_DEVICE_ID && attr != ATTR_SUPER_POD_ID) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+  if (!simacl_is_a3()) return ACL_ERROR_RT_FEATURE_NOT_SUPPORT; /* no super pod on an A2 */
+  const char *s = getenv(attr == ATTR_SUPER_POD_ID ? "ASCEND_SIM_SUPER_POD_ID" : "ASCEND_SIM_SUPER_DEVICE_BASE");
+  *value = (s && *s ? atoll(s) : 0) + (attr == ATTR_SUPER_POD_ID ? 0 : phys);
   return ACL_SUCCESS;
 }
 
@@ -224,7 +341,10 @@ aclError aclrtMalloc(void **devPtr, size_t size, int policy) {
       r.device = t_device;
       r.owned = 1;
       err = add_region(&r);
-      if (err == ACL_SUCCESS) *devPtr = va;
+      if (err == ACL_SUCCESS) {
+        *devPtr = va;
+        ledger("aclrtMalloc", t_device, va, size, NULL);
+      }
     }
   }
   if (err != ACL_SUCCESS) {
@@ -246,6 +366,7 @@ static aclError free_region(void *p, int kind) {
   drop_region_locked(r);
   if (kind == SIM_DEVICE) g_used[copy.device] -= copy.size;
   pthread_mutex_unlock(&g_lock);
+  if (kind == SIM_DEVICE) ledger("aclrtFree", copy.device, p, copy.size, NULL);
   if (copy.backing != (void *)copy.addr) munmap(copy.backing, copy.size);
   munmap((void *)copy.addr, copy.size);
   unlink(copy.file);
@@ -428,6 +549,7 @@ aclError aclrtIpcMemGetExportKey(void *devPtr, size_t size, char *key, size_t le
            rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
   if (write_record(k, &rec, 1)) return ACL_ERROR_RT_MEMORY_ALLOCATION;
   snprintf(key, len, "%s", k);
+  ledger("aclrtIpcMemGetExportKey", t_device, devPtr, size, k);
   return ACL_SUCCESS;
 }
 
@@ -482,6 +604,7 @@ aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flags) 
     return err;
   }
   *devPtr = (void *)r.addr;
+  ledger("aclrtIpcMemImportByKey", t_device, *devPtr, rec.size, key);
   return ACL_SUCCESS;
 }
 
@@ -571,6 +694,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
     return ACL_ERROR_RT_MEMORY_ALLOCATION;
   }
   *stream = s;
+  ledger("aclrtCreateStream", t_device, s, 0, NULL);
   return ACL_SUCCESS;
 }
 

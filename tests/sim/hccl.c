@@ -26,7 +26,7 @@
  *       the finding cites it).
  *   R6  the global-memory registry is per device, chosen by the CALLING THREAD's current device
  *       (hcomm global_mem_manager.cc GlobalMemRegMgr::GetInstance, hrtGetDeviceRefresh): deregistering (or
- *       unbinding) a handle from a thread on another device does not find it (HCCL_E_NOT_FOUND); the same range
+ *       unbinding) a handle from a thread on another device does not find it (HCCL_E_PARA, R23); the same range
  *       twice gives the same handle, an overlapping one HCCL_E_PARA (CheckOverlapAndInsert); deregistering a
  *       bound handle HCCL_E_PARA (DeReg: "still bound to comm(s)").
  *   R7  deregistering the LAST registration of a device tears its NIC down (DeReg -> Destroy -> DeInitNic):
@@ -35,13 +35,13 @@
  *       (hcomm's one-sided service as the finding cites it; hixl unbinds each before destroying).
  *   R9  communicator names are unique per device (hcomm InitOneSidedHcomInfo: a name already in the device's
  *       one-sided map is "comm Name exist", HCCL_E_PARA).
- *   R10 HcclCommInitClusterInfoMemConfig must not run concurrently in a process (hixl comm_entity.cc: "the
+ *   R10 GUARD: HcclCommInitClusterInfoMemConfig must not run concurrently in a process (hixl comm_entity.cc: "the
  *       underlying hccl library does not support parallel HcclCommInitClusterInfoMemConfig calls"): a second
  *       call while one runs fails loudly (stderr, HCCL_E_INTERNAL). Each call takes ASCEND_SIM_INIT_MS (20).
  *   R11 a batch call that fails on descriptor i has ENQUEUED descriptors 0..i-1 on the stream (they run unless
  *       the stream is aborted: hixl aborts on any failure, LLM_DISMISSABLE_GUARD -> aclrtStreamAbort; the enqueue
  *       order as the finding cites hcomm).
- *   R14 bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
+ *   R14 GUARD: bind, unbind and destroy must not run while HcclCommPrepare runs on the communicator (Prepare iterates the
  *       bound set; hixl takes the entity's mutex for Finalize, which Initialize holds through Prepare): the
  *       simulation says so loudly (stderr, HCCL_E_INTERNAL).
  *   R15 a Prepare meets the peer rank's communicator OF THE SAME NAME that is in its own Prepare and has met nobody
@@ -54,6 +54,30 @@
  *       put and get fails (HCCL_E_NETWORK here), even when a new communicator of the same name stands in its place
  *       (hcomm hccl_one_sided_conn.cc: the data socket and QP made in Connect are the connection's for its life;
  *       hccl_socket_manager.cc DestroySockets closes a communicator's sockets when it goes).
+ *   R17 the rank table's version is "1.0" or "1.2" (hixl rank_table_generator.cc: "only support 1.0 and 1.2"; hcomm
+ *       topoinfo_ranktableParser.cc as the finding cites it), else HCCL_E_PARA at init.
+ *   R18 no two devices of a rank table share a device_ip (hcomm topoinfo_ranktableParser.cc "[IP] is repeate", as the
+ *       finding cites it): HCCL_E_PARA at HcclCommInitClusterInfoMemConfig.
+ *   R19 a 1.2 table names each device's super_device_id (hixl rank_table_generator_v2.cc from_json: at
+ *       "super_device_id") and a super_pod_list: else HCCL_E_PARA at init.
+ *   R20 HCCL opens this rank's NPU NIC by the table's device_ip (hcomm global_mem_manager.cc HcclNetOpenDev, as the
+ *       finding cites it): an address that is not the NIC address of the communicator's PHYSICAL NPU on this node
+ *       (ASCEND_SIM_HCCN_CONF, /etc/hccn.conf's address_<physical id>) is not found -- the Prepare waits its whole
+ *       timeout, as hccp does, and fails HCCL_E_TIMEOUT. On an A3 a 1.2 table's super_device_id must be the NPU's
+ *       (aclrtGetDeviceInfo SUPER_POD_DEVICE_ID): vNIC addresses are looked up by it (HCCL_E_INTERNAL at Prepare).
+ *   R21 a 1.0 table on an A3 SoC fails Prepare (HCCL_E_INTERNAL): hcomm treats every pair as one super pod and
+ *       looks vNIC addresses up by an invalid super device id (hccl_one_sided_service.cc IsUsedRdma, as the finding
+ *       cites it); LLM-DataDist writes 1.2 on Ascend910_93xx (hixl rank_table_generator.cc kV2Version, read).
+ *   R22 a range bound to a communicator is at most 64 GiB: a larger one fails Prepare (HCCL_E_PARA), not its
+ *       registration (hcomm's one-sided service, as the finding cites it).
+ *   R23 a handle unknown in the calling thread's device's registry, or a thread with no device, is HCCL_E_PARA (1)
+ *       (hcomm HcclMemHandleParamCheck, as the finding cites it) -- never HCCL_E_NOT_FOUND.
+ *   R24 one listener per (NIC address, device port) on a node: a second PROCESS whose communicator listens on the
+ *       same NPU NIC address and port (the table's device_port, HCCL's 16666 when it names none) fails its Prepare
+ *       (HCCL_E_NETWORK). Not settled from the source (what hccp does with a second listener): the first-hour check
+ *       `second_hccl_process` decides; a model, so that a daemon never shares a worker's port.
+ * Guards stricter than CANN (they say so when they fire; CANN has no check): R10 (hcomm has no check; the rule is
+ * LLM-DataDist's own mutex) and R14 (undefined in hcomm).
  *
  * A put or get whose peer dies while it runs stalls -- no byte lands after the peer is gone -- until its
  * stream is aborted or destroyed (RoCE retransmits to a dead peer for HCCL_RDMA_TIMEOUT x
@@ -170,7 +194,11 @@ typedef struct comm_s {
   int preparing;         /* a Prepare runs (R14) */
   uint64_t nic_epoch;    /* the device's NIC generation at Prepare (R7) */
   uint32_t traffic_class, service_level;
-  int device; /* the thread's device when the communicator was made: its memory must be there */
+  int device; /* the thread's PHYSICAL device when the communicator was made: its memory must be there */
+  char own_ip[64];       /* this rank's device_ip in the table: the NIC it opens (R20) */
+  char own_sdid[24];     /* this rank's super_device_id (1.2), "" otherwise (R20) */
+  int own_port;          /* this rank's device_port, 16666 by default (R24) */
+  int v12;               /* the table is version 1.2 (R21) */
   mem_handle *bound[MAX_BOUND];  /* recorded by HcclCommBindMem */
   int nbound;
   sim_region enabled[MAX_BOUND]; /* what was bound at Prepare: all a transfer may touch (R3, R4) */
@@ -250,6 +278,78 @@ static uint32_t count_ranks(const char *table) {
   return n;
 }
 
+/* the string value of "key" in [p, end): 0 and its text in out, -1 if absent */
+static int field(const char *p, const char *end, const char *key, char *out, size_t n) {
+  char pat[48];
+  snprintf(pat, sizeof pat, "\"%s\"", key);
+  for (const char *q = p; (q = strstr(q, pat)) != NULL && q < end; q += strlen(pat)) {
+    const char *v = q + strlen(pat);
+    while (*v == ' ' || *v == ':') v++;
+    if (*v != '"') continue;
+    const char *close = strchr(++v, '"');
+    if (!close || close > end || (size_t)(close - v) >= n) return -1;
+    memcpy(out, v, (size_t)(close - v));
+    out[close - v] = 0;
+    return 0;
+  }
+  return -1;
+}
+
+typedef struct {
+  char ip[64], id[16], sdid[24], port[16];
+  uint32_t rank;
+} table_dev;
+
+#define MAX_TABLE_DEVS 64
+
+/* the rank table's version and devices (the flat objects holding "rank_id"); HCCL_E_PARA when it is not one */
+static HcclResult parse_table(const char *t, char *version, size_t vn, table_dev *devs, uint32_t *ndevs) {
+  if (field(t, t + strlen(t), "version", version, vn)) return HCCL_E_PARA;
+  *ndevs = 0;
+  for (const char *p = t; (p = strstr(p, "\"rank_id\"")) != NULL; p += 9) {
+    const char *open = p, *close = strchr(p, '}');
+    while (open > t && *open != '{') open--;
+    if (*open != '{' || !close || *ndevs == MAX_TABLE_DEVS) return HCCL_E_PARA;
+    table_dev *d = &devs[(*ndevs)++];
+    char rank[16];
+    memset(d, 0, sizeof *d);
+    if (field(open, close, "rank_id", rank, sizeof rank) || field(open, close, "device_id", d->id, sizeof d->id))
+      return HCCL_E_PARA;
+    d->rank = (uint32_t)atol(rank);
+    field(open, close, "device_ip", d->ip, sizeof d->ip);
+    field(open, close, "super_device_id", d->sdid, sizeof d->sdid);
+    field(open, close, "device_port", d->port, sizeof d->port);
+  }
+  return HCCL_SUCCESS;
+}
+
+/* the rank table's rules at init (R17, R18, R19); this rank's device in *own */
+static HcclResult check_table(const char *t, uint32_t rank, comm_t *c) {
+  char version[16];
+  table_dev devs[MAX_TABLE_DEVS];
+  uint32_t n = 0;
+  if (parse_table(t, version, sizeof version, devs, &n) != HCCL_SUCCESS) return HCCL_E_PARA;
+  int v10 = strcmp(version, "1.0") == 0, v12 = strcmp(version, "1.2") == 0;
+  if (!v10 && !v12) return HCCL_E_PARA; /* R17 */
+  if (v12 && !strstr(t, "\"super_pod_list\"")) return HCCL_E_PARA; /* R19 */
+  for (uint32_t i = 0; i < n; i++) {
+    if (v12 && !devs[i].sdid[0]) return HCCL_E_PARA; /* R19: "super_device_id" is required */
+    for (uint32_t j = 0; j < i; j++)
+      if (devs[i].ip[0] && strcmp(devs[i].ip, devs[j].ip) == 0) {
+        fprintf(stderr, "SIMULATED HCCL: rank table: device ip %s is repeated (ranks %u and %u)\n", devs[i].ip,
+                devs[j].rank, devs[i].rank);
+        return HCCL_E_PARA; /* R18: "[IP] is repeate" */
+      }
+    if (devs[i].rank == rank) {
+      memcpy(c->own_ip, devs[i].ip, sizeof c->own_ip);
+      memcpy(c->own_sdid, devs[i].sdid, sizeof c->own_sdid);
+      c->own_port = devs[i].port[0] ? atoi(devs[i].port) : 16666;
+    }
+  }
+  c->v12 = v12;
+  return HCCL_SUCCESS;
+}
+
 static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConfig *config, HcclComm *comm) {
   uint64_t size;
   uint32_t magic;
@@ -274,6 +374,12 @@ static HcclResult init_comm(const char *clusterInfo, uint32_t rank, HcclCommConf
     return HCCL_E_MEMORY;
   }
   memcpy(c->name, config->hcclCommName, name_len);
+  HcclResult table = check_table(clusterInfo, rank, c);
+  if (table != HCCL_SUCCESS) {
+    free(c->met);
+    free(c);
+    return table;
+  }
   c->rank = rank;
   c->nranks = nranks;
   c->traffic_class = config->hcclRdmaTrafficClass;
@@ -374,7 +480,7 @@ HcclResult HcclDeregisterGlobalMem(void *memHandle) {
   pthread_mutex_lock(&g_lock);
   mem_handle **pp = find_registered_locked(h);
   HcclResult ret = HCCL_SUCCESS;
-  if (!pp) ret = HCCL_E_NOT_FOUND; /* R6: not in this thread's device's registry */
+  if (!pp) ret = HCCL_E_PARA; /* R6, R23: not in this thread's device's registry (HcclMemHandleParamCheck) */
   else if (__atomic_load_n(&h->binds, __ATOMIC_SEQ_CST)) ret = HCCL_E_PARA; /* R6: still bound to a communicator */
   if (ret == HCCL_SUCCESS) {
     *pp = h->next;
@@ -411,7 +517,7 @@ HcclResult HcclCommUnbindMem(HcclComm comm, void *memHandle) {
   pthread_mutex_lock(&g_lock);
   int known = find_registered_locked(h) != NULL;
   pthread_mutex_unlock(&g_lock);
-  if (!known) return HCCL_E_NOT_FOUND; /* R6: the handle is looked up in the calling thread's device's registry */
+  if (!known) return HCCL_E_PARA; /* R6, R23: looked up in the calling thread's device's registry */
   if (during_prepare(c, "HcclCommUnbindMem")) return HCCL_E_INTERNAL;
   pthread_mutex_lock(&c->lock);
   HcclResult ret = HCCL_E_NOT_FOUND;
@@ -523,6 +629,52 @@ static int try_meet(comm_t *c, uint32_t r, int leaving) {
   return met;
 }
 
+/* R24: this process listens on (NIC address, port) unless another live process does: 0, or -1 */
+static int take_listener(const comm_t *c) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/listen-%s-%d", sim_dir(), c->own_ip, c->own_port);
+  int dir = lock_dir();
+  if (dir < 0) return -1;
+  int32_t owner = 0, me = (int32_t)getpid(), rc = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (read(fd, &owner, sizeof owner) != (ssize_t)sizeof owner) owner = 0;
+    close(fd);
+  }
+  if (owner && owner != me && kill(owner, 0) == 0) {
+    fprintf(stderr, "SIMULATED HCCL: %s:%d is listened on by process %d already (one HCCL listener per NIC address "
+                    "and device port)\n", c->own_ip, c->own_port, (int)owner);
+    rc = -1;
+  } else if (owner != me) {
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, &me, sizeof me) != (ssize_t)sizeof me) rc = -1;
+    if (fd >= 0) close(fd);
+  }
+  unlock_dir(dir);
+  return rc;
+}
+
+/* the checks of Prepare before it connects (R20-R22, R24): HCCL_SUCCESS or the code it fails with */
+static HcclResult open_nic(comm_t *c, long seconds) {
+  if (simacl_is_a3() && !c->v12) return HCCL_E_INTERNAL; /* R21: a 1.0 table on an A3 */
+  for (int i = 0; i < c->nbound; i++)
+    if (c->bound[i]->region.size > (64ull << 30)) return HCCL_E_PARA; /* R22: 64 GiB per range */
+  char nic[64];
+  if (simacl_nic_address(c->device, nic, sizeof nic) || strcmp(nic, c->own_ip) != 0) { /* R20 */
+    fprintf(stderr, "SIMULATED HCCL: no NIC of NPU %d has address %s (its hccn.conf address: %s); waiting the "
+                    "timeout, as hccp does\n", c->device, c->own_ip,
+            simacl_nic_address(c->device, nic, sizeof nic) ? "none" : nic);
+    sleep((unsigned)(seconds >= 0 ? seconds : env_long("HCCL_CONNECT_TIMEOUT", 120)));
+    return HCCL_E_TIMEOUT;
+  }
+  if (c->v12 && simacl_is_a3()) { /* R20: vNIC addresses by super device id */
+    const char *base = getenv("ASCEND_SIM_SUPER_DEVICE_BASE");
+    if (atoll(c->own_sdid) != (base && *base ? atoll(base) : 0) + c->device) return HCCL_E_INTERNAL;
+  }
+  if (take_listener(c)) return HCCL_E_NETWORK; /* R24 */
+  return HCCL_SUCCESS;
+}
+
 HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int32_t timeout) {
   comm_t *c = comm;
   if (!c || !prepareConfig) return HCCL_E_PTR;
@@ -533,6 +685,11 @@ HcclResult HcclCommPrepare(HcclComm comm, HcclPrepareConfig *prepareConfig, int3
   if (c->prepared) { /* R5: prepared already: nothing new is exchanged */
     pthread_mutex_unlock(&c->lock);
     return HCCL_SUCCESS;
+  }
+  HcclResult nic = open_nic(c, seconds);
+  if (nic != HCCL_SUCCESS) {
+    pthread_mutex_unlock(&c->lock);
+    return nic;
   }
   c->nenabled = 0; /* R3: what is bound now is what the peer will reach */
   for (int i = 0; i < c->nbound; i++) c->enabled[c->nenabled++] = c->bound[i]->region;

@@ -40,6 +40,22 @@ MUTATIONS = [
      "if (h.prepared && kill(h.pid, 0) == 0) {"),
     ("r16", H, "if (h.id != c->met[remoteRank]) { /* R16", "if (0) { /* R16"),
 ]
+#: the node's rules (R17-R25)
+MUTATIONS += [
+    ("r17", H, "if (!v10 && !v12) return HCCL_E_PARA; /* R17 */", "(void)v10;"),
+    ("r18", H, "if (devs[i].ip[0] && strcmp(devs[i].ip, devs[j].ip) == 0) {", "if (0) {"),
+    ("r19", H, 'if (v12 && !devs[i].sdid[0]) return HCCL_E_PARA; /* R19: "super_device_id" is required */', ""),
+    ("r20", H, "if (simacl_nic_address(c->device, nic, sizeof nic) || strcmp(nic, c->own_ip) != 0) { /* R20 */",
+     "if (0) { /* R20 */"),
+    ("r21", H, "if (simacl_is_a3() && !c->v12) return HCCL_E_INTERNAL; /* R21: a 1.0 table on an A3 */", ""),
+    ("r22", H, "if (c->bound[i]->region.size > (64ull << 30)) return HCCL_E_PARA; /* R22: 64 GiB per range */",
+     "continue;"),
+    ("r23", H, "if (!pp) ret = HCCL_E_PARA; /* R6, R23", "if (!pp) ret = HCCL_E_NOT_FOUND; /* R6, R23"),
+    ("r24", H, "if (owner && owner != me && kill(owner, 0) == 0) {", "if (0) {"),
+    ("r25", A, 'const char *s = getenv("ASCEND_RT_VISIBLE_DEVICES");', "const char *s = NULL;"),
+]
+
+
 def main(only: list[str]) -> int:
     """Take each rule out in turn; the number of rules whose test did not fail with an assertion."""
     bad = 0

@@ -101,8 +101,8 @@ def test_hccl_refuses_unregistered_memory_and_puts_before_prepare(sim_root, tmp_
         from datadist_ascend.hccl import MEM_DEVICE, CommConfig, hccl
         from datadistd.transport.hccl.agent import cluster_table
         a, h = acl(), hccl()
-        table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": "10.0.0.1"}
-                                      for n in ("b", "a")])
+        table, order = cluster_table([{"name": n, "server_id": "10.0.0.1", "device_id": "0", "device_ip": ip}
+                                      for n, ip in (("b", "192.168.100.102"), ("a", "192.168.100.101"))])
         print(order)
         try:   # a communicator is made in a context: the thread's device (CANN sets it before the call)
             h.init_comm(table, 0, CommConfig.make("t"))
@@ -236,3 +236,29 @@ def test_libraries_come_from_ascend_home_before_the_system_search(sim_root, tmp_
         print(find_library("libfirst.so", "libsecond.so")._name)
         """, {"ASCEND_HOME_PATH": str(home), "LD_LIBRARY_PATH": str(other)})
     assert out == str(home / "lib64" / "libsecond.so")
+
+
+def test_a_thread_sets_its_device_once_and_a_workers_thread_keeps_its_own(sim_root, tmp_path) -> None:
+    """``aclrtSetDevice`` takes a reference on the device's primary context at every call: a thread sets its device
+    once, not per operation (issue 45, finding 8). A worker's call on the engine's NPU leaves the caller's thread on
+    the device it had (a worker may drive several NPUs), as the client's hand-over does."""
+    env = sim_env(sim_root, str(tmp_path))
+    out = run("""
+        import os
+        from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+        a = acl()
+        mem = a.malloc(0, 4096)
+        for _ in range(10):
+            a.memcpy(0, mem, 16, id(a), 16, MEMCPY_HOST_TO_DEVICE)
+            key = a.ipc_export(0, mem, 4096)
+            a.ipc_allow(0, key, [a.bare_tgid()])
+            a.ipc_close(0, key)
+        ledger = open(os.path.join(os.environ["ASCEND_SIM_DIR"], "ledger")).read().split()
+        print(ledger.count("aclrtSetDevice"))
+        a.set_device(1)
+        with a.on_device(0):
+            key = a.ipc_export(0, mem, 4096)
+            a.ipc_allow(0, key, [a.bare_tgid()])
+        print(a.current())
+        """, env)
+    assert out.split() == ["1", "1"]

@@ -114,7 +114,8 @@ def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -
 
 def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
     """Per engine: its NPU, its llm.LocalCommRes address, traffic class, service level, retries and link time;
-    the daemon's [transport] hccl_* fill what the engine leaves unset (device IPs listed by logical id)."""
+    the daemon's [transport] hccl_* fill what the engine leaves unset (device IPs listed by physical id, picked by the
+    transport, which knows the NPU's physical id)."""
     from datadistd.core.options import parse_options
     from datadistd.core.types import Role
     from datadistd.state.config import load_config
@@ -123,7 +124,10 @@ def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
                            "10.0.0.1, 10.0.0.2,10.0.0.3", "DATADISTD_TRANSPORT_HCCL_RDMA_TRAFFIC_CLASS": "100"})
     plain = cfg.transport.settings("127.0.0.1", 1, parse_options(Role.PROMPT, 1, {"ge.exec.deviceId": "1"}))
     assert (plain["device_id"], plain["device_ip"], plain["traffic_class"], plain["service_level"],
-            plain["retries"], plain["prepare_timeout"], plain["physical_id"]) == (1, "10.0.0.2", 100, -1, 1, 10.0, -1)
+            plain["retries"], plain["prepare_timeout"], plain["physical_id"]) == (1, "", 100, -1, 1, 10.0, -1)
+    assert (plain["device_ips"], plain["hccn_conf"], plain["device_port"]) == \
+        ("10.0.0.1, 10.0.0.2,10.0.0.3", "/etc/hccn.conf", 16667)
+    assert cfg.transport.device_ip(1) == "10.0.0.2"
     table = ('{"version": "1.0", "server_list": [{"server_id": "n1", "device": [{"device_id": "6", '
              '"device_ip": "10.9.9.9"}]}]}')
     own = cfg.transport.settings("127.0.0.1", 2, parse_options(Role.PROMPT, 1, {

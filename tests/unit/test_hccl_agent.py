@@ -85,6 +85,43 @@ def test_registry_deregisters_from_any_thread_once_no_link_binds_it(sim_root, tm
     assert out == ["registered", "free", "[]"]
 
 
+def test_memory_is_freed_only_once_hccl_let_it_go_and_by_its_last_user(sim_root, tmp_path) -> None:
+    """Two imports the runtime mapped at one address are one registration with two users: retiring the first keeps
+    it (issue 45, finding 9: the second was dropped and the first's retirement took both). Memory a communicator
+    still binds is freed after the last unbind, never under it (finding 6: an unlink that outlived its wait for
+    Prepare had the pool freed under HCCL's registration). A range over 64 GiB is refused when announced on a
+    device whose hccl transport runs (finding 10: HCCL refuses it at every Prepare)."""
+    out = run(sim_root, tmp_path, """
+        from datadist_ascend import AscendError
+        from datadist_ascend.acl import acl
+        from datadist_ascend.globalmem import global_mem
+        a, g, freed = acl(), global_mem(), []
+        buf = a.malloc(0, 1 << 20)
+        g.activate(0)
+        g.announce(0, buf, 1 << 20)
+        g.announce(0, buf, 1 << 20)                      # the same memory again
+        g.retire(0, buf, lambda: freed.append("first"))
+        print(len(g.ranges(0)), freed)                   # still registered: the second import uses it
+        (rng,) = g.ranges(0)
+        g.bound(rng, 1)
+        g.retire(0, buf, lambda: freed.append("second"))
+        print(len(g.ranges(0)), freed)                   # bound: deregistered and freed at the unbind
+        g.unbound(rng, 1)
+        print(len(g.ranges(0)), freed)
+        try:
+            g.announce(0, 1 << 40, (64 << 30) + 1)
+        except AscendError as exc:
+            print(exc.status.name, "64 GiB" in str(exc))
+        """)
+    assert out == ["1", "[]", "0", "[]", "0", "['first',", "'second']", "LLM_PARAM_INVALID", "True"]
+
+
+def test_an_unlink_waits_for_every_phase_of_prepare() -> None:
+    """A Prepare runs three phases (connect, exchange, enable), each with the whole timeout, per try."""
+    from datadistd.transport.hccl.agent import close_wait
+    assert close_wait(10.0, 1) == 3 * 10 + 5.0 and close_wait(10.0, 2) == 3 * 2 * 5 + 5.0
+
+
 def test_imported_memory_is_closed_from_a_thread_without_a_device(sim_root, tmp_path) -> None:
     """``aclrtIpcMemClose`` needs a context: a handle closed by whatever thread frees it sets its device first."""
     out = run(sim_root, tmp_path, """
@@ -120,7 +157,8 @@ SIZE = 4 << 20
 LINK = os.urandom(32)   # the link's token, which both ends hold (fork: the peer's is the same)
 
 
-def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
+def agent(name, server="10.0.0.1", ip="192.168.100.101", timeout=20):
+    """An agent on NPU 0 of server ``server`` (its NIC address: the generated hccn.conf's)."""
     a = acl()
     buf = a.malloc(0, SIZE)
     global_mem().announce(0, buf, SIZE)
@@ -128,7 +166,9 @@ def agent(name, server="10.0.0.1", ip="10.0.0.1", timeout=20):
 
 
 def peer_main(conn, meta_patch):
-    a, buf, ag = agent("b")
+    from tests.sim import write_hccn_conf   # the peer is another server: its NPU 0 has a NIC of its own
+    os.environ["ASCEND_SIM_HCCN_CONF"] = write_hccn_conf(os.path.join(os.environ["ASCEND_SIM_DIR"], "b.conf"), 101)
+    a, buf, ag = agent("b", server="10.0.0.2", ip="192.168.101.101")
     data = ((np.arange(SIZE) * 7 + 1) & 0xFF).astype(np.uint8)
     a.memcpy(0, buf, SIZE, data.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     meta = ag.metadata()
@@ -177,15 +217,25 @@ def test_a_batch_that_fails_half_way_is_aborted(sim_root, tmp_path) -> None:
     assert out == ["LLM_FAILED", "False"]
 
 
-def test_no_loopback_device_ip_towards_another_server(sim_root, tmp_path) -> None:
-    """Two servers, one of them with the loopback default for its NPU's address: refused, saying what to set."""
+def test_a_device_ip_hccl_could_only_fail_on_is_refused_before_hccl(sim_root, tmp_path) -> None:
+    """No address, a loopback one, one of this host's own (a host NIC's, not an NPU's) or the peer's: refused at
+    link time, before any communicator, naming the address, where it came from and how to set it."""
     out = run(sim_root, tmp_path, AGENTS + textwrap.dedent("""
-        try:
-            linked(server="10.0.0.2", ip="127.0.0.1")
-        except DataDistError as exc:
-            print(exc.code.name, "device_ip" in exc.message)
+        import json
+        for ip in ("", "127.0.0.1", "0.0.0.0", "192.168.101.101"):
+            a, buf, ag = agent("a" + ip, ip=ip)
+            ag._ip_source = "a test"
+            meta = json.dumps({"name": "b", "server_id": "10.0.0.2", "device_ip": "192.168.101.101",
+                               "device_id": "0", "ranges": []}).encode()
+            try:
+                ag.add_peer(meta, b"link")
+                print("linked")
+            except DataDistError as exc:
+                print(exc.code.name, ip in exc.message, "from a test" in exc.message, "hccn_tool -i 0" in exc.message,
+                      len(ag._comms))
+            ag.close()
         """))
-    assert out == ["LLM_LINK_FAILED", "True"]
+    assert out == ["LLM_LINK_FAILED", "True", "True", "True", "0"] * 4
 
 
 def test_unlink_sets_the_engines_device_whatever_the_thread_says(sim_root, tmp_path) -> None:
@@ -289,7 +339,7 @@ def test_a_meta_whose_identity_names_another_agent_is_refused_before_it_touches_
         from datadistd.transport.hccl import HcclTransport
         from datadistd.transport.onesided import LinkPeer
         a, buf, _ = agent("unused")
-        t = HcclTransport(device_id=0, device_ip="10.0.0.1", server_id="10.0.0.1", prepare_timeout=2)
+        t = HcclTransport(device_id=0, device_ip="192.168.100.101", server_id="10.0.0.1", prepare_timeout=2)
         t.start()
         ident = json.dumps({"name": "x", "server_id": "10.0.0.1", "device_ip": "10.0.0.1", "device_id": "0",
                             "ranges": []}).encode()
@@ -323,3 +373,21 @@ def test_two_links_made_at_once_reach_both_ends_in_either_order_and_keep_one_com
             ag.close()
         """))
     assert out == ["link-1", "link-1"]
+
+
+def test_npu_addresses_are_derived_as_cann_derives_them(tmp_path, monkeypatch) -> None:
+    """By physical id: ``hccl_device_ip`` (one, or a list) overrides; else hccn.conf's address_<id>; only when that
+    file does not exist, ``hccn_tool -i <id> -ip -g`` (hixl hixl_utils.cc GetDeviceIp); none: "" and why."""
+    from datadistd.transport.hccl.transport import npu_address
+    from tests.sim import HERE, write_hccn_conf
+
+    conf = write_hccn_conf(tmp_path / "hccn.conf", 7)
+    assert npu_address(5, "10.0.0.9", conf) == ("10.0.0.9", "[transport] hccl_device_ip")
+    assert npu_address(1, "10.0.0.1,10.0.0.2", conf)[0] == "10.0.0.2"
+    assert npu_address(5, "", conf) == ("192.168.7.106", f"{conf} address_5")
+    assert npu_address(9, "", conf) == ("", f"{conf}, which has no address_9")
+    monkeypatch.setenv("ASCEND_SIM_HCCN_CONF", conf)   # what the simulated hccn_tool answers from
+    missing = str(tmp_path / "absent.conf")
+    assert npu_address(3, "", missing, str(HERE / "hccn_tool")) == ("192.168.7.104", "`hccn_tool -i 3 -ip -g`")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert npu_address(3, "", missing, str(tmp_path / "no-tool"))[0] == ""

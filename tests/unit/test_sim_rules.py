@@ -24,7 +24,17 @@ from datadist_ascend.hccl import MEM_DEVICE, CommConfig, OneSideOpDesc, descript
 from datadistd.transport.hccl.agent import cluster_table
 
 SIZE = 1 << 20
-TABLE, _ = cluster_table([{"name": n, "server_id": "s", "device_id": "0", "device_ip": "10.0.0.1"} for n in "ab"])
+from tests.sim import write_hccn_conf
+#: two simulated servers (rank 0 here, rank 1 the forked PEER with its own hccn.conf), NPU 0 on each
+NICS = {0: "192.168.100.101", 1: "192.168.101.101"}
+TABLE, _ = cluster_table([{"name": n, "server_id": f"s{r}", "device_id": "0", "device_ip": NICS[r]}
+                          for r, n in enumerate("ab")])
+
+
+def other_server():
+    """This process is the second simulated server from now on (its NPUs' NIC addresses: 192.168.101.x)."""
+    os.environ["ASCEND_SIM_HCCN_CONF"] = write_hccn_conf(os.path.join(os.environ["ASCEND_SIM_DIR"], "hccn-101.conf"),
+                                                         101)
 PATTERN = ((np.arange(SIZE) * 7 + 1) & 0xFF).astype(np.uint8)
 
 
@@ -53,6 +63,7 @@ def raw(h, put, comm, local, remote, lengths, stream):
 
 
 def peer_main(conn, late_bind, delay):
+    other_server()
     a, h, buf, tok, comm, s = rank(1)
     a.memcpy(0, buf, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     h.bind(comm, tok)
@@ -72,6 +83,23 @@ def peer(late_bind=False, delay=0.0):
     p = mp.get_context("fork").Process(target=peer_main, args=(theirs, late_bind, delay), daemon=True)
     p.start()
     return p, mine
+
+
+def table(version="1.0", ips=(NICS[0], NICS[1]), sdids=None, port=None):
+    """A two-rank table by hand: rank 0 on server s0 (NPU 0), rank 1 on s1; a 1.2 table with its super pod."""
+    import json
+    servers = []
+    for r in (0, 1):
+        dev = {"device_id": "0", "device_ip": ips[r], "rank_id": str(r)}
+        if sdids is not None:
+            dev["super_device_id"] = sdids[r]
+        if port is not None:
+            dev["device_port"] = str(port)
+        servers.append({"server_id": f"s{r}", "device": [dev]})
+    t = {"version": version, "server_count": "2", "server_list": servers, "status": "completed"}
+    if version == "1.2":
+        t["super_pod_list"] = [{"super_pod_id": "0", "server_list": [{"server_id": "s0"}, {"server_id": "s1"}]}]
+    return json.dumps(t)
 
 
 r0 = 0
@@ -181,7 +209,7 @@ def test_r6_the_registry_is_the_calling_threads_devices(sim_root, tmp_path) -> N
         a.set_device(0)
         print(code(lambda: h.deregister(tok)))
         """)
-    assert out == ["True", "1", "1", "6", "6", "ok"]   # PARA overlap, PARA bound, NOT_FOUND elsewhere
+    assert out == ["True", "1", "1", "1", "1", "ok"]   # PARA overlap, PARA bound, PARA elsewhere (R23)
 
 
 def test_r7_the_last_deregistration_tears_the_nic_down_under_live_comms(sim_root, tmp_path) -> None:
@@ -332,6 +360,7 @@ def test_r16_a_transfer_goes_to_the_instance_its_prepare_met(sim_root, tmp_path)
     out = run(sim_root, tmp_path, """
         import struct
         def swap_main(conn):
+            other_server()
             a, h, buf, tok, comm, s = rank(1)
             h.bind(comm, tok); h.prepare(comm, 30)
             conn.send(buf); conn.recv()
@@ -356,6 +385,128 @@ def test_r16_a_transfer_goes_to_the_instance_its_prepare_met(sim_root, tmp_path)
         mine.send("bye"); p.join()
         """)
     assert out == ["ok", "19"]   # HCCL_E_NETWORK
+
+
+def test_r17_the_rank_table_is_version_1_0_or_1_2(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        for v in ("1.1", "1.0"):
+            print(code(lambda: h.init_comm(table(v), 0, CommConfig.make("t" + v))))
+        """)
+    assert out == ["1", "ok"]   # HCCL_E_PARA
+
+
+def test_r18_device_ips_of_a_table_are_unique(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        print(code(lambda: h.init_comm(table(ips=(NICS[0], NICS[0])), 0, CommConfig.make("t"))))
+        """)
+    assert out[0] == "1" and "repeated" in out[-1]   # HCCL_E_PARA at init, naming the address
+
+
+def test_r19_a_1_2_table_names_super_device_ids(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        print(code(lambda: h.init_comm(table("1.2"), 0, CommConfig.make("t"))),
+              code(lambda: h.init_comm(table("1.2", sdids=("0", "16")), 0, CommConfig.make("u"))))
+        """)
+    assert out == ["1", "ok"]
+
+
+def test_r20_the_device_ip_must_be_that_npus_nic_address(sim_root, tmp_path) -> None:
+    """A table whose device ip for this rank is not its physical NPU's hccn.conf address: Prepare waits its timeout
+    (1 s here) and fails; NPU 1's address on NPU 0 is no better. On an A3 the super device id is checked too."""
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        for n, ips in enumerate([("10.0.0.1", NICS[1]), ("192.168.100.102", NICS[1])]):
+            comm = h.init_comm(table(ips=ips), 0, CommConfig.make(f"t{n}"))
+            print(code(lambda: h.prepare(comm, 1)))
+        """)
+    assert out[:2] == ["9", "9"] and "no NIC of NPU 0 has address 10.0.0.1" in out[-1]   # HCCL_E_TIMEOUT
+    a3 = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        comm = h.init_comm(table("1.2", sdids=("7", "16")), 0, CommConfig.make("t"))
+        print(code(lambda: h.prepare(comm, 1)))
+        """, ASCEND_SIM_SOC_VERSION="Ascend910_9391")
+    assert a3 == ["4"]   # vNIC looked up by a super device id that is not the NPU's
+
+
+def test_r21_a_1_0_table_fails_prepare_on_an_a3(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        print(a.soc_name())
+        comm = h.init_comm(table("1.0"), 0, CommConfig.make("t"))
+        print(code(lambda: h.prepare(comm, 1)))
+        """, ASCEND_SIM_SOC_VERSION="Ascend910_9391")
+    assert out == ["Ascend910_9391", "4"]   # at once, HCCL_E_INTERNAL (not the timeout's 9)
+
+
+def test_r22_a_bound_range_over_64_gib_fails_prepare_not_its_registration(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        a.set_device(0)
+        big = (64 << 30) + 4096
+        buf = a.malloc(0, big)
+        tok = h.register(MEM_DEVICE, buf, big)
+        comm = h.init_comm(TABLE, 0, CommConfig.make("t"))
+        h.bind(comm, tok)
+        print(code(lambda: h.prepare(comm, 1)))
+        """, ASCEND_SIM_HBM_MB=str(80 << 10))
+    assert out == ["1"]   # registered and bound: refused at Prepare, HCCL_E_PARA
+
+
+def test_r23_an_unknown_handle_is_hccl_e_para(sim_root, tmp_path) -> None:
+    out = run(sim_root, tmp_path, """
+        a, h = acl(), hccl()
+        print(code(lambda: h.deregister(0x1234)))        # a thread with no device
+        a.set_device(0)
+        print(code(lambda: h.deregister(0x1234)))        # a handle this device's registry does not hold
+        """)
+    assert out == ["1", "1"]   # never HCCL_E_NOT_FOUND (6)
+
+
+def test_r24_one_listener_per_nic_address_and_device_port(sim_root, tmp_path) -> None:
+    """A second process whose communicator listens on NPU 0's NIC at the same port fails its Prepare; at another
+    device_port it listens (and waits for its absent peer: the timeout)."""
+    out = run(sim_root, tmp_path, """
+        def holder(conn):
+            a, h = acl(), hccl()
+            a.set_device(0)
+            comm = h.init_comm(table(), 0, CommConfig.make("x"))
+            threading.Thread(target=lambda: code(lambda: h.prepare(comm, 30)), daemon=True).start()
+            time.sleep(0.2)
+            conn.send("listening"); conn.recv()
+        mine, theirs = mp.Pipe()
+        p = mp.get_context("fork").Process(target=holder, args=(theirs,), daemon=True)
+        p.start(); mine.recv()
+        a, h = acl(), hccl()
+        a.set_device(0)
+        for n, port in enumerate((None, 16667)):
+            comm = h.init_comm(table(port=port), 0, CommConfig.make(f"t{n}"))
+            print(code(lambda: h.prepare(comm, 1)))
+        mine.send("bye"); p.join()
+        """)
+    assert out[:2] == ["19", "9"]   # HCCL_E_NETWORK; then the timeout (no peer), not the port
+
+
+def test_r25_logical_devices_follow_ascend_rt_visible_devices(sim_root, tmp_path) -> None:
+    """The decode worker of vllm-ascend's P/D example: logical 0-3 are physical 4-7; memory of logical 1 is on
+    physical NPU 5 (the ledger); logical 4 does not exist."""
+    out = run(sim_root, tmp_path, """
+        a = acl()
+        print(a.device_count(), [a.physical_id(i) for i in range(4)])
+        print(code(lambda: a.set_device(4)))
+        buf = a.malloc(1, 4096)
+        line = [l for l in open(os.path.join(os.environ["ASCEND_SIM_DIR"], "ledger")) if f"{buf:#x}" in l][0]
+        print(line.split()[1:3])
+        """, ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
+    assert out == ["4", "[4,", "5,", "6,", "7]", "107001", "['aclrtMalloc',", "'npu5']"]
 
 
 def test_every_mutation_finds_its_code() -> None:

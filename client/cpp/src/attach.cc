@@ -539,23 +539,29 @@ void AttachClient::ReleaseMemory(const std::vector<uint64_t> &memory_ids) {
   }
 }
 
-Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd,
-                                uint64_t *size) {
+Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int32_t bare_tgid,
+                                int *fd, uint64_t *size, std::string *device_key, int32_t *device_id) {
   datadist::v1::AttachRequest req;
   req.mutable_export_pool()->set_engine_id(engine_id);
   req.mutable_export_pool()->set_pool(pool);
+  req.mutable_export_pool()->set_bare_tgid(bare_tgid);
   datadist::v1::AttachReply reply;
   const Status st = Call(req, func, {}, 30000, &reply, fd);
   if (st != llm_datadist::LLM_SUCCESS) {
     return st;
   }
-  if (!reply.pool().device_key().empty() || *fd < 0) {
+  if (!reply.pool().device_key().empty()) {  // NPU memory: imported by key (npu.cc ImportDevicePool)
     if (*fd >= 0) {
       (void)close(*fd);
       *fd = -1;
     }
-    return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
-                "the pool is NPU memory (memory backend acl): this library maps host pools only");
+    *device_key = reply.pool().device_key();
+    *device_id = static_cast<int32_t>(reply.pool().device_id());
+    *size = reply.pool().size();
+    return llm_datadist::LLM_SUCCESS;
+  }
+  if (*fd < 0) {
+    return Fail(func, llm_datadist::LLM_FAILED, "datadistd sent no descriptor for the pool");
   }
   *size = reply.pool().size();
   return llm_datadist::LLM_SUCCESS;

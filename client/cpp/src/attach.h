@@ -45,7 +45,11 @@ class AttachClient {
   Status ImportDeviceMemory(const std::string &key, int32_t device, uint64_t length, const char *func,
                             uint64_t *memory_id);
   void ReleaseMemory(const std::vector<uint64_t> &memory_ids);
-  Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int *fd, uint64_t *size);
+  // A pool of one of our engines: a descriptor (*fd, the caller closes it), or for an NPU pool (memory backend
+  // "acl") *fd -1 and the IPC key only this process -- `bare_tgid`, its pid as the NPU driver knows it -- may
+  // import, on physical NPU *device_id.
+  Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int32_t bare_tgid, int *fd,
+                    uint64_t *size, std::string *device_key, int32_t *device_id);
   // A pull or push on this connection (no gRPC call: the local hot path), as binary frames. false when it cannot go
   // here -- another thread of the engine is waiting on the connection, or the daemon takes no continuation frames
   // (protocol < 4) -- and the caller sends it as the gRPC Pull / Push instead.

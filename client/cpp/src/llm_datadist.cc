@@ -131,6 +131,8 @@ struct PoolMap {
   void *base = nullptr;
   uint64_t size = 0U;
   int fd = -1;
+  std::string device_key;  // an NPU pool imported by IPC key (closed at Finalize), on logical NPU `device`
+  int32_t device = -1;
 };
 
 struct CacheRecord {
@@ -342,14 +344,29 @@ Status LlmDataDist::LlmDataDistImpl::Initialize(const std::map<AscendString, Asc
   req.set_cluster_id(cluster_id_);
   req.set_role(static_cast<pb::Role>(static_cast<int32_t>(role_)));
   for (const auto &kv : opts) (*req.mutable_options())[kv.first] = kv.second;
+  const bool npu = attach_.memory_backend() == "acl";
+  auto device_opt = req.mutable_options()->find("ge.exec.deviceId");
+  if (npu && device_opt != req.mutable_options()->end()) {  // the daemon names NPUs by physical id
+    std::string physical;
+    st = datadist_cpp::PhysicalNpus(device_opt->second, kFunc, &physical);
+    if (st != LLM_SUCCESS) {
+      Finalize();
+      return st;
+    }
+    device_opt->second = physical;
+  }
   pb::InitResponse resp;
   st = Rpc(&pb::DataDist::Stub::Init, req, &resp, kFunc);
+  if (st == LLM_SUCCESS && npu) {  // this process's logical id of the engine's NPU
+    st = datadist_cpp::LogicalNpu(static_cast<int32_t>(resp.device_id()), kFunc, &device_id_);
+  } else if (st == LLM_SUCCESS) {
+    device_id_ = static_cast<int32_t>(resp.device_id());
+  }
   if (st != LLM_SUCCESS) {
     Finalize();
     return st;
   }
   engine_id_ = resp.engine_id();
-  device_id_ = static_cast<int32_t>(resp.device_id());
   initialized_ = true;
   Log(LogLevel::kInfo, "initialized: cluster " + std::to_string(cluster_id_) + ", engine " +
                            std::to_string(engine_id_) + " via " + target);
@@ -372,6 +389,10 @@ void LlmDataDist::LlmDataDistImpl::Finalize() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto &kv : pools_) {
+      if (!kv.second.device_key.empty()) {
+        datadist_cpp::CloseDevicePool(kv.second.device_key, kv.second.device);
+        continue;
+      }
       if (kv.second.base != nullptr) (void)munmap(kv.second.base, kv.second.size);
       if (kv.second.fd >= 0) (void)close(kv.second.fd);
     }
@@ -638,37 +659,48 @@ Status LlmDataDist::LlmDataDistImpl::MapPool(const char *func, const pb::SharedE
   if (it == pools_.end()) {
     int fd = -1;
     uint64_t size = 0U;
-    const Status st = attach_.ExportPool(engine_id_, t.pool(), func, &fd, &size);
+    std::string key;
+    int32_t physical = -1;
+    const int32_t tgid = attach_.memory_backend() == "acl" ? datadist_cpp::BareTgid() : 0;
+    Status st = attach_.ExportPool(engine_id_, t.pool(), func, tgid, &fd, &size, &key, &physical);
     if (st != LLM_SUCCESS) return st;
-    // mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS) at the
-    // next touch of a page past its new end (the daemon's pools are sealed so: server/datadistd/memory/host.py).
-    // The seals before the size: a size read stays true only once it can change no more (the sender may still hold
-    // the descriptor, shrink it after a size check and seal it then)
-    const int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, "the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | "
-                                    "F_SEAL_GROW; seals " + std::to_string(seals) +
-                                    "): its size could change under the mapping");
-    }
-    struct stat sb {};
-    if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
-    }
-    if (t.file_offset() + t.length() > size || t.file_offset() + t.length() < t.file_offset()) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, "a tensor lies outside its pool");
-    }
-    void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-      (void)close(fd);
-      return Fail(func, LLM_FAILED, std::string("mmap of the pool failed: ") + std::strerror(errno));
-    }
     PoolMap m;
-    m.base = base;
     m.size = size;
-    m.fd = fd;  // kept: the blocks twin of an allocated cache hands the same file back
+    if (!key.empty()) {  // NPU memory (memory backend acl): imported by the key only this process may import
+      uint64_t base = 0U;
+      st = datadist_cpp::ImportDevicePool(key, physical, func, &base, &m.device);
+      if (st != LLM_SUCCESS) return st;
+      m.base = reinterpret_cast<void *>(base);
+      m.device_key = key;
+    } else {
+      // mapped only when its size can change no more: a pool that shrinks under the mapping faults (SIGBUS) at the
+      // next touch of a page past its new end (the daemon's pools are sealed so: server/datadistd/memory/host.py).
+      // The seals before the size: a size read stays true only once it can change no more (the sender may still hold
+      // the descriptor, shrink it after a size check and seal it then)
+      const int seals = fcntl(fd, F_GET_SEALS);
+      if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED,
+                    "the pool descriptor is not sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW; "
+                    "seals " + std::to_string(seals) + "): its size could change under the mapping");
+      }
+      struct stat sb {};
+      if (size == 0U || fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < size) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED, "the pool descriptor does not hold " + std::to_string(size) + " bytes");
+      }
+      if (t.file_offset() + t.length() > size || t.file_offset() + t.length() < t.file_offset()) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED, "a tensor lies outside its pool");
+      }
+      void *base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (base == MAP_FAILED) {
+        (void)close(fd);
+        return Fail(func, LLM_FAILED, std::string("mmap of the pool failed: ") + std::strerror(errno));
+      }
+      m.base = base;
+      m.fd = fd;  // kept: the blocks twin of an allocated cache hands the same file back
+    }
     it = pools_.emplace(t.pool(), m).first;
   }
   if (t.file_offset() + t.length() > it->second.size || t.file_offset() + t.length() < t.file_offset()) {

@@ -22,7 +22,16 @@ struct Acl {
   int (*export_key)(void *, size_t, char *, size_t, uint64_t) = nullptr;
   int (*set_import_pid)(const char *, int32_t *, size_t) = nullptr;
   int (*memcpy)(void *, size_t, const void *, size_t, int) = nullptr;
-  bool ok() const { return set_device && export_key && set_import_pid && memcpy; }
+  int (*physical_id)(int32_t, int32_t *) = nullptr;
+  int (*device_count)(uint32_t *) = nullptr;
+  int (*get_device)(int32_t *) = nullptr;
+  int (*import_key)(void **, const char *, uint64_t) = nullptr;
+  int (*ipc_close)(const char *) = nullptr;
+  int (*bare_tgid)(int32_t *) = nullptr;
+  bool ok() const {
+    return set_device && export_key && set_import_pid && memcpy && physical_id && device_count && get_device &&
+           import_key && ipc_close && bare_tgid;
+  }
 };
 
 template <typename F>
@@ -46,25 +55,139 @@ const Acl &Runtime() {
     Resolve(lib, "aclrtIpcMemGetExportKey", &acl.export_key);
     Resolve(lib, "aclrtIpcMemSetImportPid", &acl.set_import_pid);
     Resolve(lib, "aclrtMemcpy", &acl.memcpy);
+    Resolve(lib, "aclrtGetPhyDevIdByLogicDevId", &acl.physical_id);
+    Resolve(lib, "aclrtGetDeviceCount", &acl.device_count);
+    Resolve(lib, "aclrtGetDevice", &acl.get_device);
+    Resolve(lib, "aclrtIpcMemImportByKey", &acl.import_key);
+    Resolve(lib, "aclrtIpcMemClose", &acl.ipc_close);
+    Resolve(lib, "aclrtDeviceGetBareTgid", &acl.bare_tgid);
   });
   return acl;
 }
+
+// `device` current in the calling thread while it lives (aclrtSetDevice only when it is not: each call takes a
+// reference on the device's primary context), the caller's device current again after: a worker's thread may drive
+// other NPUs.
+class OnDevice {
+ public:
+  OnDevice(const Acl &acl, int32_t device) : acl_(acl), device_(device) {
+    if (acl_.get_device(&before_) != 0) before_ = -1;
+    err_ = before_ == device_ ? 0 : acl_.set_device(device_);
+  }
+  ~OnDevice() {
+    if (before_ >= 0 && before_ != device_) (void)acl_.set_device(before_);
+  }
+  int err() const { return err_; }
+
+ private:
+  const Acl &acl_;
+  int32_t device_;
+  int32_t before_ = -1;
+  int err_ = 0;
+};
+
+Status NoRuntime(const char *func) {
+  return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
+              "the daemon keeps DEVICE caches in NPU memory (memory backend acl), and this process has no ACL "
+              "runtime (libascendcl.so) to export it");
+}
 }  // namespace
+
+Status PhysicalNpu(int32_t logical, const char *func, int32_t *physical) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return NoRuntime(func);
+  const int err = acl.physical_id(logical, physical);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_PARAM_INVALID, "NPU " + std::to_string(logical) +
+                                                           " is not an NPU of this process: aclError " +
+                                                           std::to_string(err));
+  }
+  return llm_datadist::LLM_SUCCESS;
+}
+
+Status LogicalNpu(int32_t physical, const char *func, int32_t *logical) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return NoRuntime(func);
+  uint32_t count = 0U;
+  if (acl.device_count(&count) == 0) {
+    for (uint32_t d = 0U; d < count; ++d) {
+      int32_t phy = -1;
+      if (acl.physical_id(static_cast<int32_t>(d), &phy) == 0 && phy == physical) {
+        *logical = static_cast<int32_t>(d);
+        return llm_datadist::LLM_SUCCESS;
+      }
+    }
+  }
+  return Fail(func, llm_datadist::LLM_PARAM_INVALID, "datadistd names NPU " + std::to_string(physical) +
+                                                         " (physical id), which this process does not see "
+                                                         "(ASCEND_RT_VISIBLE_DEVICES)");
+}
+
+int32_t BareTgid() {
+  const Acl &acl = Runtime();
+  int32_t pid = 0;
+  if (!acl.ok() || acl.bare_tgid(&pid) != 0) return 0;
+  return pid;
+}
+
+Status ImportDevicePool(const std::string &key, int32_t physical, const char *func, uint64_t *addr,
+                        int32_t *device) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return NoRuntime(func);
+  Status st = LogicalNpu(physical, func, device);
+  if (st != llm_datadist::LLM_SUCCESS) return st;
+  const OnDevice on_device(acl, *device);
+  void *ptr = nullptr;
+  int err = on_device.err();
+  if (err == 0) err = acl.import_key(&ptr, key.c_str(), 0U);
+  if (err != 0) {
+    return Fail(func, llm_datadist::LLM_FAILED, "importing the NPU pool by IPC key failed: aclError " +
+                                                    std::to_string(err));
+  }
+  *addr = reinterpret_cast<uint64_t>(ptr);
+  return llm_datadist::LLM_SUCCESS;
+}
+
+void CloseDevicePool(const std::string &key, int32_t device) {
+  const Acl &acl = Runtime();
+  if (!acl.ok()) return;
+  const OnDevice on_device(acl, device);
+  if (on_device.err() == 0) (void)acl.ipc_close(key.c_str());
+}
+
+Status PhysicalNpus(const std::string &logical_ids, const char *func, std::string *physical_ids) {
+  std::string out;
+  size_t start = 0U;
+  while (start <= logical_ids.size()) {
+    const size_t end = logical_ids.find(';', start);
+    const std::string id = logical_ids.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos || id.size() > 9U) {
+      *physical_ids = logical_ids;  // the daemon refuses it, naming the option
+      return llm_datadist::LLM_SUCCESS;
+    }
+    int32_t phy = 0;
+    const Status st = PhysicalNpu(std::stoi(id), func, &phy);
+    if (st != llm_datadist::LLM_SUCCESS) return st;
+    out += (out.empty() ? "" : ";") + std::to_string(phy);
+    if (end == std::string::npos) break;
+    start = end + 1U;
+  }
+  *physical_ids = out;
+  return llm_datadist::LLM_SUCCESS;
+}
+
 
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
                             const char *func, uint64_t *memory_id) {
   const Acl &acl = Runtime();
-  if (!acl.ok()) {
-    return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
-                "the daemon keeps DEVICE caches in NPU memory (memory backend acl), and this process has no ACL "
-                "runtime (libascendcl.so) to export it");
-  }
+  if (!acl.ok()) return NoRuntime(func);
   if (length < kProofLen) {
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "NPU memory handed to the daemon must be at least 16 bytes");
   }
   if (attach.daemon_tgid() <= 0) return Fail(func, llm_datadist::LLM_FAILED, "the daemon's pid is unknown");
   void *ptr = reinterpret_cast<void *>(address);
-  int err = acl.set_device(device);
+  const OnDevice on_device(acl, device);
+  int err = on_device.err();
   char key[kIpcKeyLen] = {0};
   if (err == 0) err = acl.export_key(ptr, length, key, sizeof(key), 0U);
   int32_t pid = attach.daemon_tgid();
@@ -89,7 +212,9 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "aclrtMemcpy of the NPU memory failed: aclError " +
                                                            std::to_string(err));
   }
-  const Status st = attach.ImportDeviceMemory(key, device, length, func, memory_id);
+  int32_t physical = -1;
+  Status st = PhysicalNpu(device, func, &physical);
+  if (st == llm_datadist::LLM_SUCCESS) st = attach.ImportDeviceMemory(key, physical, length, func, memory_id);
   err = acl.memcpy(ptr, kProofLen, saved, kProofLen, kHostToDevice);
   if (err != 0) {
     return Fail(func, llm_datadist::LLM_FAILED, "could not restore the first 16 bytes of the NPU memory: aclError " +

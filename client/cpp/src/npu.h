@@ -7,13 +7,31 @@
 #define DATADIST_CPP_NPU_H_
 
 #include <cstdint>
+#include <string>
 
 #include "attach.h"
 
 namespace datadist_cpp {
 
+// `device` is this process's logical NPU id; the daemon is told its physical id (logical ids are per process:
+// ASCEND_RT_VISIBLE_DEVICES, container device mounts), as CANN's LLM-DataDist converts with
+// aclrtGetPhyDevIdByLogicDevId (hixl rank_table_generator_v1.cc).
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
                             const char *func, uint64_t *memory_id);
+
+// The physical id of this process's logical NPU `logical`.
+Status PhysicalNpu(int32_t logical, const char *func, int32_t *physical);
+// This process's logical id of physical NPU `physical` (LLM_PARAM_INVALID when this process does not see it).
+Status LogicalNpu(int32_t physical, const char *func, int32_t *logical);
+// This process's pid as the NPU driver knows it (aclrtDeviceGetBareTgid); 0 without a runtime.
+int32_t BareTgid();
+// This process's address of an NPU pool the daemon exported for it on physical NPU `physical`, imported on this
+// process's logical id of it (*device); the caller's thread keeps its own device.
+Status ImportDevicePool(const std::string &key, int32_t physical, const char *func, uint64_t *addr, int32_t *device);
+// aclrtIpcMemClose of an imported pool (logical NPU `device`).
+void CloseDevicePool(const std::string &key, int32_t device);
+// ge.exec.deviceId ("0", or "0;1") with each logical id replaced by its physical id.
+Status PhysicalNpus(const std::string &logical_ids, const char *func, std::string *physical_ids);
 
 }  // namespace datadist_cpp
 

@@ -49,7 +49,8 @@ def handle(node: Node, conn: Greeted, request: attach_pb2.AttachRequest, fds: li
             capability=session.capability, uid=cred.uid, gid=cred.gid, pid=cred.pid,
             daemon_version=__version__, protocol_version=PROTOCOL_VERSION,
             memory_backend=node.backend.name,
-            device_id=backend.device_id if isinstance(backend := node.backend, DeviceBackend) else 0,
+            device_id=node.physical_device(backend.device_id) if isinstance(backend := node.backend, DeviceBackend)
+            else 0,
             bare_tgid=backend.bare_tgid if isinstance(backend, DeviceBackend) else 0)), None
     require(conn.greeted, "the first attach message must be hello")
     if which == "import_memory":
@@ -82,7 +83,7 @@ def handle(node: Node, conn: Greeted, request: attach_pb2.AttachRequest, fds: li
             if isinstance(backend, DeviceBackend) and not backend.pid_is_bare_tgid and msg.bare_tgid > 0:
                 pid = msg.bare_tgid
             return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(
-                size=pool.capacity, device_key=pool.export_key(pid), device_id=pool.device)), None
+                size=pool.capacity, device_key=pool.export_key(pid), device_id=node.physical_device(pool.device))), None
         return attach_pb2.AttachReply(pool=attach_pb2.PoolExported(size=pool.capacity)), pool.export_fd()
     if which == "release_memory":
         session.release_memory(request.release_memory.memory_id)

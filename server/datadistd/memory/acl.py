@@ -141,12 +141,14 @@ class DeviceHandle:
             return
         self._closed = True
         key, self._key = self._key, None
-        if key is not None:
-            global_mem().retire(self.device, self.address)   # deregistered from HCCL once no link binds it
-            try:
-                self._acl.ipc_close(self.device, key)
-            except AscendError as exc:
-                log.warning("closing imported device memory: %s", exc)
+        if key is not None:   # closed once HCCL let it go: deregistered when no link binds it
+            global_mem().retire(self.device, self.address, lambda: self._close_key(key))
+
+    def _close_key(self, key: str) -> None:
+        try:
+            self._acl.ipc_close(self.device, key)
+        except AscendError as exc:
+            log.warning("closing imported device memory: %s", exc)
 
     def __repr__(self) -> str:
         return f"DeviceHandle(device={self.device}, address={self.address:#x}, size={self._size})"
@@ -205,7 +207,9 @@ class AclPool(PoolBase[DeviceHandle]):
                 self._acl.ipc_close(self.device, key)
             except AscendError as exc:
                 log.warning("pool %s: %s", self._name, exc)
-        global_mem().retire(self.device, self.address)
+        global_mem().retire(self.device, self.address, self._free)   # freed once HCCL let it go
+
+    def _free(self) -> None:
         try:
             self._acl.free(self.device, self.address)
         except AscendError as exc:
@@ -229,6 +233,10 @@ class AclBackend:
         require(0 <= device_id < self._count,
                 f"[memory] device_id {device_id} is not one of this host's {self._count} NPUs")
         self.device_id = device_id
+        try:   # the physical NPU of each of this process's logical ids (ASCEND_RT_VISIBLE_DEVICES maps them)
+            self._physical = self._acl.physical_ids()
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"memory backend 'acl': {exc}") from None
         try:
             self.bare_tgid = self._acl.bare_tgid()
         except AscendError as exc:
@@ -243,6 +251,23 @@ class AclBackend:
     def check_device(self, device: int) -> None:
         require(0 <= device < self._count, f"device {device} is not one of this host's {self._count} NPUs "
                                            f"(logical ids 0..{self._count - 1})")
+
+    def physical(self, device: int) -> int:
+        """The physical id of this daemon's logical NPU ``device``: how a device is named to another process."""
+        self.check_device(device)
+        return self._physical[device]
+
+    def local_device(self, physical: int) -> int:
+        """This daemon's logical id of the NPU a worker names by its PHYSICAL id (a worker's logical ids are its
+        own: ``ASCEND_RT_VISIBLE_DEVICES``, container device mounts); ``LLM_PARAM_INVALID`` naming the NPU when
+        this daemon does not see it."""
+        if physical in self._physical:
+            return self._physical.index(physical)
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                            f"NPU {physical} (physical id) is not visible to datadistd, which sees physical NPUs "
+                            f"{self._physical}" + (f" (its ASCEND_RT_VISIBLE_DEVICES={visible})" if visible else "") +
+                            ": run the node daemon with every NPU of the node visible")
 
     def create_pool(self, placement: Placement, capacity: int, page_shift: int = 16) -> Any:
         return self.create_pool_on(self.device_id, placement, capacity, page_shift)
@@ -259,18 +284,18 @@ class AclBackend:
         if not isinstance(ref, DeviceRef):
             return self._host.import_memory(ref)
         require(ref.length > 0, f"length must be > 0, got {ref.length}")
-        self.check_device(ref.device)
+        device = self.local_device(ref.device)   # the worker names its NPU by physical id
         require(len(ref.proof) == PROOF_LEN <= ref.length,
                 f"NPU memory is handed over with a {PROOF_LEN}-byte proof of possession, in at least {PROOF_LEN} "
                 f"bytes (got {len(ref.proof)} bytes of proof for {ref.length} bytes)")
         try:
-            address = self._acl.ipc_import(ref.device, ref.key)
+            address = self._acl.ipc_import(device, ref.key)
         except AscendError as exc:
             raise ascend_error(exc, "importing the worker's device memory") from None
-        handle = DeviceHandle(self._acl, ref.device, address, ref.length, key=ref.key)
+        handle = DeviceHandle(self._acl, device, address, ref.length, key=ref.key)
         try:
             self._check_import(handle, ref)
-            global_mem().announce(ref.device, address, ref.length)   # links made from now on reach it
+            global_mem().announce(device, address, ref.length)   # links made from now on reach it
         except AscendError as exc:
             handle.close()
             raise ascend_error(exc, "registering the worker's device memory with HCCL") from None
@@ -283,7 +308,7 @@ class AclBackend:
         """The memory behind the key is as long as the worker says, and holds the worker's proof (the worker
         wrote it there: the memory is its own). Nothing read is told to anyone."""
         try:
-            base, size = self._acl.address_range(ref.device, handle.address)
+            base, size = self._acl.address_range(handle.device, handle.address)
         except AscendError as exc:
             raise ascend_error(exc, "the extent of the worker's device memory") from None
         require(base <= handle.address and handle.address + ref.length <= base + size,

@@ -202,6 +202,12 @@ class DeviceBackend(Protocol):
     def check_device(self, device: int) -> None:
         """``DataDistError(LLM_PARAM_INVALID)`` unless ``device`` is an NPU of this host."""
 
+    def physical(self, device: int) -> int:
+        """The physical id of this process's logical NPU ``device`` (how NPUs are named between processes)."""
+
+    def local_device(self, physical: int) -> int:
+        """This process's logical id of physical NPU ``physical``; ``LLM_PARAM_INVALID`` naming it when unseen."""
+
     def create_pool_on(self, device: int, placement: Placement, capacity: int, page_shift: int = 16) -> Pool:
         """``create_pool``, DEVICE pools on NPU ``device``."""
 

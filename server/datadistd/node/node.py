@@ -185,12 +185,20 @@ class Node:
         session.engines.clear()
 
     def engine_device(self, options: EngineOptions) -> int:
-        """The NPU of an engine (``ge.exec.deviceId``, else ``[memory] device_id``), checked against the host's
-        when the memory backend is in NPU memory (``LLM_PARAM_INVALID`` naming the ids there are)."""
-        device = options.npu if options.npu is not None else self.config.memory.device_id
-        if isinstance(self.backend, DeviceBackend):
-            self.backend.check_device(device)
-        return device
+        """The NPU of an engine, as this daemon's logical id: ``ge.exec.deviceId`` -- which the worker sends as the
+        PHYSICAL id (its own logical ids are its own) -- mapped to this process's, else ``[memory] device_id``;
+        checked when the memory backend is in NPU memory (``LLM_PARAM_INVALID`` naming the NPU it does not see)."""
+        if not isinstance(self.backend, DeviceBackend):
+            return options.npu if options.npu is not None else self.config.memory.device_id
+        if options.npu is not None:
+            return self.backend.local_device(options.npu)
+        self.backend.check_device(self.config.memory.device_id)
+        return self.config.memory.device_id
+
+    def physical_device(self, device: int) -> int:
+        """How this daemon's logical NPU ``device`` is named to a worker: its physical id (``device`` itself when
+        the memory backend is not in NPU memory)."""
+        return self.backend.physical(device) if isinstance(self.backend, DeviceBackend) else device
 
     def _make_pools(self, options: EngineOptions, device: int) -> dict[Placement, Pool]:
         pools: dict[Placement, Pool] = {}

@@ -201,10 +201,16 @@ class TransportSection:
     nixl_fabric_trusted: bool = _doc("nixl: the operator's word that only cluster nodes reach the NIXL backend's "
                                      "endpoints (NIXL authenticates nobody; docs/nixl.md); nixl refuses to start "
                                      "without it.", default=False)
-    hccl_device_ip: str = _doc("hccl: the NPUs' RoCE addresses peers reach (hccn_tool -i <id> -ip -g): one address, "
-                               "or a comma-separated list by logical device id (\"10.0.0.1,10.0.0.2,...\"); empty = "
-                               "the data plane's host address. An engine's llm.LocalCommRes device_ip comes first.",
-                               default="")
+    hccl_device_ip: str = _doc("hccl: the NPUs' RoCE addresses peers reach, overriding hccl_hccn_conf: one address, "
+                               "or a comma-separated list by PHYSICAL NPU id (\"10.0.0.1,10.0.0.2,...\"); empty = "
+                               "derived as CANN derives it (hccl_hccn_conf, else hccl_hccn_tool). An engine's "
+                               "llm.LocalCommRes device_ip comes first.", default="")
+    hccl_hccn_conf: str = _doc("hccl: the node's NPU NIC addresses, address_<physical id>=<ip> (CANN reads "
+                               "/etc/hccn.conf; hixl hixl_utils.cc GetDeviceIp).", default="/etc/hccn.conf")
+    hccl_hccn_tool: str = _doc("hccl: hccn_tool, asked `-i <physical id> -ip -g` when hccl_hccn_conf does not exist "
+                               "(else hccn_tool on PATH).", default="/usr/local/Ascend/driver/tools/hccn_tool")
+    hccl_device_port: int = _doc("hccl: the rank table's device_port, where the engines' communicators listen on their "
+                                 "NPU's NIC; a worker's own HCCL listens on 16666 there. 0 = 16666.", default=16667)
     hccl_rdma_traffic_class: int = _doc("hccl: RDMA traffic class of the links' communicators of engines that do "
                                         "not set llm.RdmaTrafficClass; -1 = HCCL's default.", default=-1)
     hccl_rdma_service_level: int = _doc("hccl: RDMA service level of engines that do not set llm.RdmaServiceLevel; "
@@ -228,12 +234,12 @@ class TransportSection:
             raise ValueError(f"expected ports in [1, 65535], first <= last; got {self.data_ports!r}")
         return lo, hi
 
-    def device_ip(self, device_id: int) -> str:
-        """``hccl_device_ip`` of logical NPU ``device_id`` ("" when not configured)."""
+    def device_ip(self, physical: int) -> str:
+        """``hccl_device_ip`` of physical NPU ``physical`` ("" when not configured)."""
         ips = [ip.strip() for ip in self.hccl_device_ip.split(",")] if self.hccl_device_ip.strip() else []
         if len(ips) == 1:
             return ips[0]
-        return ips[device_id] if 0 <= device_id < len(ips) else ""
+        return ips[physical] if 0 <= physical < len(ips) else ""
 
     def settings(self, host: str, device_id: int = 0, engine: "EngineOptions | None" = None) -> dict[str, object]:
         """The keyword arguments of the named transport for an engine whose data plane binds ``host``: for hccl,
@@ -251,7 +257,9 @@ class TransportSection:
             sl = e.rdma_service_level if e is not None else None
             retries = e.link_retry_count if e is not None else None
             return {**common, "device_id": device_id,
-                    "device_ip": (res.device_ip if res and res.device_ip else "") or self.device_ip(device_id),
+                    "device_ip": res.device_ip if res and res.device_ip else "",
+                    "device_ips": self.hccl_device_ip, "hccn_conf": self.hccl_hccn_conf,
+                    "hccn_tool": self.hccl_hccn_tool, "device_port": self.hccl_device_port,
                     "server_id": res.server_id if res and res.server_id else "",
                     "physical_id": res.device_id if res is not None and res.device_id is not None else -1,
                     "traffic_class": self.hccl_rdma_traffic_class if tc is None else tc,

@@ -121,7 +121,8 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
         slot = await self.node.init_engine(request.cluster_id, convert.role_from_pb(request.role),
                                            dict(request.options), session)
         return datadist_pb2.InitResponse(engine_id=slot.engine_id, daemon_version=__version__,
-                                         listen_address=slot.listen_address, device_id=slot.device)
+                                         listen_address=slot.listen_address,
+                                         device_id=self.node.physical_device(slot.device))
 
     @guarded
     async def ProvePid(self, request, context):  # noqa: N802, ANN001, ANN201

@@ -23,8 +23,6 @@ peer over the link's channel (``route``), where ``deliver`` queues it.
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import json
 import logging
 import threading
@@ -36,61 +34,27 @@ import numpy as np
 
 from datadist.status import LLMStatusCode
 from datadist_ascend import AscendError
-from datadist_ascend.acl import acl
+from datadist_ascend.acl import DEV_ATTR_SUPER_POD_DEVICE_ID, DEV_ATTR_SUPER_POD_ID, acl
 from datadist_ascend.globalmem import Range, global_mem
 from datadist_ascend.hccl import CommConfig, hccl, prepare_seconds
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
 from ..registrations import Registration, RegistrationTable
+from .identity import check_device_ip, cluster_table, comm_name, host_address
 
-__all__ = ["HcclAgent", "DONE", "cluster_table", "comm_name", "split_extents"]
+__all__ = ["HcclAgent", "DONE", "check_device_ip", "close_wait", "cluster_table", "comm_name", "host_address",
+           "split_extents"]
 
 log = logging.getLogger("datadistd.transport.hccl")
 
 DONE = b"H"         # control message: u8 'H', then the notification of a completed put
 _MAX_META = 65536
 _MAX_RANGES = 1024  # ranges a peer may name (HCCL binds at most so many per communicator here)
+#: identity fields that may be empty: HCCL's default port; no super pod (an A2)
+_OPTIONAL = frozenset({"device_port", "super_pod_id", "super_device_id"})
 #: one process-wide lock around communicator creation (LLM-DataDist ``comm_entity.cc`` ``g_mutex_``)
 _INIT_LOCK = threading.Lock()
-
-
-def cluster_table(members: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
-    """The rank table (CANN's version 1.0 format, as LLM-DataDist generates it) of ``members`` -- each
-    ``{"name", "server_id", "device_id", "device_ip"}`` -- and the agent names in rank order: servers sorted
-    by id, devices in name order within a server, ranks counted in that order. Both daemons build the same."""
-    servers: dict[str, list[dict[str, str]]] = {}
-    for m in sorted(members, key=lambda m: m["name"]):
-        servers.setdefault(m["server_id"], []).append(m)
-    server_list: list[dict[str, object]] = []
-    order: list[str] = []
-    for server_id in sorted(servers):
-        devices = []
-        for m in servers[server_id]:
-            devices.append({"device_id": m["device_id"], "device_ip": m["device_ip"], "rank_id": str(len(order))})
-            order.append(m["name"])
-        server_list.append({"server_id": server_id, "device": devices})
-    table = {"version": "1.0", "server_count": str(len(server_list)), "server_list": server_list,
-             "status": "completed"}
-    return json.dumps(table, separators=(",", ":")), order
-
-
-def comm_name(names: Sequence[str], link: bytes) -> str:
-    """The communicator of the link ``link`` (its token, which both ends hold) between agents ``names``: both ranks
-    derive the same; a relink's is never an older link's. HCCL tells the ends of a Prepare's connection apart by the
-    communicator's name and the two addresses only (hcomm ``HcclOneSidedConn::Connect``), so a relink's communicator
-    named as the old link's could meet the peer's old one still waiting in its Prepare -- and lose its connection
-    when that one is torn down (docs/ascend.md, "Communicators and relinks"). One-way: the name shows nothing of
-    the token."""
-    digest = hashlib.sha256(b"datadist-hccl-comm|" + link + b"|" + "|".join(sorted(names)).encode()).hexdigest()
-    return "datadist-" + digest[:32]
-
-
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +111,16 @@ def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[in
     return np.array(out_l, dtype=np.uint64), np.array(out_r, dtype=np.uint64), None
 
 
+#: the phases of one HcclCommPrepare, each with the whole timeout: connect, exchange, enable (hcomm's one-sided
+#: service, as issue 45 reads it)
+PREPARE_PHASES = 3
+
+
+def close_wait(prepare_timeout: float, retries: int) -> float:
+    """The longest an unlink waits for a Prepare to end: every try's timeout in each of its phases, and a margin."""
+    return prepare_seconds(prepare_timeout * 1000, retries) * retries * PREPARE_PHASES + 5.0
+
+
 class _Comm:
     """A communicator with one peer: made and prepared by a thread of its own (both ranks meet in Prepare)."""
 
@@ -170,7 +144,8 @@ class HcclAgent:
 
     def __init__(self, name: str, device: int, server_id: str, device_ip: str, traffic_class: int | None = None,
                  service_level: int | None = None, prepare_timeout: float = 10.0, retries: int = 1,
-                 physical_id: int | None = None) -> None:
+                 physical_id: int | None = None, device_ip_source: str = "the caller",
+                 device_port: int = 0) -> None:
         self.name = name
         self.device = device
         self._acl = acl()
@@ -185,7 +160,17 @@ class HcclAgent:
             raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID,
                                 f"llm.LocalCommRes names device_id {physical_id}, but the engine's NPU (logical "
                                 f"{device}) is physical device {physical}")
-        self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip, "device_id": str(physical)}
+        try:   # an A3 names its super pod and its NPU there (rank table 1.2: hixl rank_table_generator_v2.cc)
+            a3 = self._acl.is_a3()
+            pod = str(self._acl.device_info(device, DEV_ATTR_SUPER_POD_ID)) if a3 else ""
+            super_device = str(self._acl.device_info(device, DEV_ATTR_SUPER_POD_DEVICE_ID)) if a3 else ""
+        except AscendError as exc:
+            raise DataDistError(exc.status, f"hccl: device {device}: {exc}") from None
+        self.physical = physical
+        self._ip_source = device_ip_source
+        self._identity = {"name": name, "server_id": server_id, "device_ip": device_ip, "device_id": str(physical),
+                          "device_port": str(device_port) if device_port else "", "super_pod_id": pod,
+                          "super_device_id": super_device}
         self._traffic_class = traffic_class
         self._service_level = service_level
         self._prepare_timeout = prepare_timeout
@@ -230,10 +215,12 @@ class HcclAgent:
             if len(metadata) > _MAX_META:
                 raise ValueError("too long")
             peer = json.loads(metadata)
-            if not isinstance(peer, dict) or set(peer) != {*self._identity, "ranges"}:
+            if not isinstance(peer, dict) or not set(self._identity) - _OPTIONAL <= set(peer) - {"ranges"} <= \
+                    set(self._identity):
                 raise ValueError("not an identity")
+            peer = {**dict.fromkeys(_OPTIONAL, ""), **peer}
             theirs = self._ranges(peer.pop("ranges"))
-            if not all(isinstance(v, str) and v for v in peer.values()):
+            if not all(isinstance(v, str) and (v or k in _OPTIONAL) for k, v in peer.items()):
                 raise ValueError("not an identity")
         except ValueError as exc:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"hccl: bad peer identity ({exc})") from None
@@ -253,18 +240,7 @@ class HcclAgent:
         name = peer["name"]
         if name == self.name:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: the peer claims this agent's name")
-        servers = (peer["server_id"], self._identity["server_id"])
-        if servers[0] != servers[1] and not any(map(_loopback, servers)) and \
-                any(_loopback(m["device_ip"]) for m in (peer, self._identity)):
-            # two servers named by real addresses, one NPU address the loopback default: HCCL cannot reach it.
-            # (An engine with no listen address and no llm.LocalCommRes names its server 127.0.0.1 too: whether
-            # its peer is on another host is not known here -- docs/ascend.md, "Limits".)
-            raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
-                                f"hccl: the peer {name} is on another server ({peer['server_id']}, this one "
-                                f"{self._identity['server_id']}) but a device ip is a loopback address (peer "
-                                f"{peer['device_ip']}, this one {self._identity['device_ip']}): HCCL would connect "
-                                "the NPUs' RoCE ports to nothing; set each engine's NPU address (llm.LocalCommRes "
-                                "device_ip, or [transport] device_ip: the NPU's own, `hccn_tool -i N -ip -g`)")
+        check_device_ip(self._identity["device_ip"], self._ip_source, self.physical, peer["device_ip"])
         if not link:
             raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, "hccl: a communicator is made for a link")
         with self._lock:
@@ -342,14 +318,14 @@ class HcclAgent:
         thread.start()
 
     def _close_wait(self) -> float:
-        """The longest a Prepare can run: every try's timeout, and a margin."""
-        return prepare_seconds(self._prepare_timeout * 1000, self._retries) * self._retries + 5.0
+        return close_wait(self._prepare_timeout, self._retries)
 
     def _close_later(self, entry: _Comm) -> None:
         wait = self._close_wait()
         if not entry.opening.acquire(timeout=wait):
-            log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is",
-                      entry.peer, wait)
+            # its ranges stay bound: their memory is not freed under HCCL (globalmem frees after the last unbind)
+            log.error("hccl: the communicator with %s is still being prepared after %s s: left as it is, with the "
+                      "memory it binds", entry.peer, wait)
             return
         self._close_entry(entry)
 

@@ -24,7 +24,7 @@ from ..tcp import TcpChannel, TcpTransport
 from .agent import InFlight, OneSidedAgent
 from .pairing import pair_extents
 from .receipt import POLL, QUIESCE, OneSidedReceipt
-from .wire import CANCEL, CODE, DESCS, FIN, ID, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID
+from .wire import CANCEL, CODE, DESCS, FIN, ID, MAX_REFUSAL, MD_LEN, META, META_HEAD, NOTIF, NOTIF_ID, REFUSED
 
 
 class LinkOwner(Protocol):
@@ -69,6 +69,7 @@ class LinkPeer:
         self.tcp: TcpChannel | None = None
         self.agent_name: str | None = None
         self.ready = threading.Event()
+        self.refused: DataDistError | None = None   # why the peer refused this side's META (``REFUSED``)
         self.shipped: set[int] = set()             # registration serials this peer has metadata of
         self.closed = False
         self._cond = threading.Condition()
@@ -126,6 +127,12 @@ class LinkPeer:
             self._on_message(payload)
         except (struct.error, ValueError, DataDistError) as exc:
             log.warning("%s: bad message from %s (%s); closing the channel", self.transport.name, self.what, exc)
+            if payload[:1] == META and not self.ready.is_set():   # the linking side learns why, not just a timeout
+                try:
+                    why = exc.message if isinstance(exc, DataDistError) else str(exc)
+                    self.send(REFUSED + why.encode()[:MAX_REFUSAL])
+                except DataDistError:
+                    pass
             self.transport._drop(self, f"bad {self.transport.name} message: {exc}")
 
     def set_handler(self, handler: ControlHandler) -> None:
@@ -141,6 +148,10 @@ class LinkPeer:
                 self.send(self.transport._meta(self, reply=False))
             self.ready.set()
             self.transport._ready(self)
+        elif letter == REFUSED and not self.ready.is_set():
+            why = payload[1:1 + MAX_REFUSAL].decode(errors="replace")
+            self.refused = DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"the peer refused the link: {why}")
+            self.ready.set()   # wakes ``connect``, which raises it
         elif letter == DESCS:
             _, tid = ID.unpack_from(payload)
             (size,) = MD_LEN.unpack_from(payload, ID.size)

@@ -209,6 +209,8 @@ class OneSidedTransport(abc.ABC):
             if not peer.ready.wait(max(0.0, deadline - time.monotonic())):
                 raise DataDistError(LLMStatusCode.LLM_TIMEOUT, f"the peer at {endpoint} did not answer with its "
                                                                f"NIXL metadata in time")
+            if peer.refused is not None:
+                raise peer.refused
             if peer.broken:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"the peer at {endpoint} closed the channel "
                                                                    f"during the NIXL metadata exchange")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["META", "DESCS", "FIN", "CANCEL", "NOTIF", "PROBE", "ID", "NOTIF_ID", "CODE", "META_HEAD", "MD_LEN"]
+__all__ = ["META", "REFUSED", "MAX_REFUSAL", "DESCS", "FIN", "CANCEL", "NOTIF", "PROBE", "ID", "NOTIF_ID", "CODE",
+           "META_HEAD", "MD_LEN"]
 
 META = b"M"      # u8 reply wanted, u16 name length, agent name, agent metadata
+REFUSED = b"R"   # UTF-8 text (at most MAX_REFUSAL bytes): why this side refused the peer's META; the channel closes
+MAX_REFUSAL = 1024
 DESCS = b"D"     # u64 transfer id, u32 metadata length, partial metadata, then extents (u64 address, u64 length)
 FIN = b"F"       # u64 transfer id, i64 status code: the sender failed and wrote nothing that can still land
 CANCEL = b"X"    # u64 transfer id: the receiver gave up; answered by FIN (nothing was posted) or by the

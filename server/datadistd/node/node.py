@@ -30,10 +30,10 @@ from ..links.table import LinkTable
 from ..links.wire.peering import PeerClient
 from ..memory import MemoryBackend, Pool, backend_from_config
 from ..memory.base import DeviceBackend
-from ..state.config import SECRET_FIX, Config, ConfigError, is_loopback
+from ..state.config import SECRET_FIX, Config, is_loopback
 from ..state.engine import Engine
 from ..state.metrics import DaemonMetrics
-from ..state.peersecret import PeerSecret, refuse_public_when_shared
+from ..state.peersecret import PeerSecret, check_public
 from ..state.peersecret import peer_secret as _peer_secret
 from ..state.snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from ..transport import Transport, get_transport
@@ -97,16 +97,9 @@ class Node:
                  peer_connector: Callable[[str], PeerClient] | None = None,
                  listener_factory: ListenerFactory | None = None, peer_secret: PeerSecret | None = None) -> None:
         """``peer_secret``: what peers must prove (default: ``peersecret.peer_secret`` of ``config``, as a
-        standalone daemon reads it); ConfigError when ``[transport] host`` is off loopback without a real one, or when
-        the public one would serve other users (``refuse_public_when_shared``)."""
+        standalone daemon reads it); ConfigError where the public one may not serve (``peersecret.check_public``)."""
         self.peer_secret = peer_secret or _peer_secret(config.peer)
-        refuse_public_when_shared(self.peer_secret, config.daemon.socket_mode)
-        if not self.peer_secret.real:
-            if not is_loopback(config.transport.host):
-                raise ConfigError(f"transport.host = {config.transport.host!r} would serve the data plane to other "
-                                  f"hosts with {self.peer_secret.source}, which is public: {SECRET_FIX}")
-            log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s",
-                        self.peer_secret.source, SECRET_FIX)
+        check_public(self.peer_secret, config.daemon.socket_mode, config.transport.host)
         self.config = config
         self.metrics: DaemonMetrics | None = None   # set by the app: owner-side transfers are counted there
         self.backend = backend or backend_from_config(config.memory)

@@ -136,10 +136,8 @@ class PeerSection:
     secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
                             "(or root's) and closed to group and others (chmod 600), or the start stops.",
                             default="")
-    dev_secret_fallback: bool = _doc("With no secret configured and no place to make one (no state directory, no "
-                                     "home), use the public development secret: loopback only, and only for a "
-                                     "one-user daemon (socket_mode 0o600). false (the default): refuse to start "
-                                     "instead.", default=False)
+    dev_secret_fallback: bool = _doc("No secret configured or made (no state directory, no home): the public one, "
+                                     "loopback and socket_mode 0o600 only; false: refuse to start.", default=False)
     max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
                                          "handshake's single-use challenge (kept so older files load).",
                                          default=300.0)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import logging
 import os
 import secrets
 import stat
@@ -45,10 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from .config import DEV_SECRET, ConfigError, PeerSection
+from .config import DEV_SECRET, SECRET_FIX, ConfigError, PeerSection, is_loopback
 
 __all__ = ["PeerSecret", "peer_secret", "read_secret_file", "user_secret_file", "UnsafeSecret", "NoUserSecret",
-           "SAME_SECRET_FIX", "PUBLIC_FIX", "refuse_public_when_shared"]
+           "SAME_SECRET_FIX", "PUBLIC_FIX", "refuse_public_when_shared",
+           "check_public"]
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "peer.secret"
 
@@ -218,6 +222,20 @@ def refuse_public_when_shared(secret: PeerSecret, socket_mode: int) -> None:
         raise UnsafeSecret(f"this daemon's sockets are open to its group (socket_mode {socket_mode:#o}: it serves "
                            f"other users) and its peers would authenticate with {secret.source}, which is public: any "
                            f"local user could link to its engines; {PUBLIC_FIX}")
+
+
+def check_public(secret: PeerSecret, socket_mode: int, data_host: str) -> None:
+    """Where a daemon may run on the public secret: one user's (``refuse_public_when_shared``), on loopback only --
+    ConfigError when ``[transport] host`` (``data_host``) is off loopback; the listeners are checked as they open
+    (``Node.check_listen_host``). Logs once that the daemon stays on loopback."""
+    if secret.real:
+        return
+    refuse_public_when_shared(secret, socket_mode)
+    if not is_loopback(data_host):
+        raise ConfigError(f"transport.host = {data_host!r} would serve the data plane to other hosts with "
+                          f"{secret.source}, which is public: {SECRET_FIX}")
+    log.warning("peers authenticate with %s, so this daemon listens on loopback addresses only; %s", secret.source,
+                SECRET_FIX)
 
 
 def _configured_or_made(peer: PeerSection, env: Mapping[str, str]) -> PeerSecret:

@@ -63,7 +63,7 @@ class ExportKeys:
             self._keys[rng] = exp
             return exp.key
 
-    def release(self, ranges: Iterable[Range]) -> None:
+    def release(self, ranges: Iterable[Range], runtime: Acl | None = None) -> None:
         """One user of each range goes; a key whose last user went is closed (failures logged, never raised)."""
         closing = []
         with self._lock:
@@ -75,11 +75,13 @@ class ExportKeys:
                 if exp.users <= 0:
                     del self._keys[rng]
                     closing.append((rng[0], exp.key))
-        if closing:
+        if closing and runtime is None:
             from datadist_ascend.acl import acl
 
-            for device, key in closing:
-                self._close(acl(), device, key)
+            runtime = acl()
+        for device, key in closing:
+            assert runtime is not None
+            self._close(runtime, device, key)
 
     def open_keys(self) -> int:
         with self._lock:

@@ -20,6 +20,7 @@ from . import _memory
 from . import _validate as v
 from ._convert import any_key_pb, blocks_key_pb, cache_key_pb, desc_pb, frame_key, range_pb, transfer_pb
 from ._engine import EngineView
+from ._exports import Range, export_keys
 from ._layerwise import check_transfer_args, start_transfer
 from ._rpc import RPC_MARGIN_S, DaemonClient
 from .llm_types import TENSORS_PER_LAYER, BlocksCacheKey, CacheDesc, CacheKey, Placement
@@ -78,11 +79,18 @@ def local_npu(physical: int, func: str) -> int:
     return device
 
 
-def device_memory(client: DaemonClient, address: int, length: int, func: str,
-                  device: int) -> datadist_pb2.WorkerMemory:
+def _unless(done: Any, then: Any, *args: Any) -> None:
+    if not done():
+        then(*args)
+
+
+def device_memory(client: DaemonClient, address: int, length: int, func: str, device: int,
+                  held: Optional[List[Range]] = None) -> datadist_pb2.WorkerMemory:
     """Hand NPU memory over (daemon backend ``acl``): an IPC key that only the daemon's pid -- as the kernel
-    reports it on the attach socket -- may import. The key stays open while this process lives (CANN: the
-    importer closes first; the daemon closes its import when the cache goes).
+    reports it on the attach socket -- may import, one per range (``_exports``: shared by registrations of the same
+    range). The range is appended to ``held``: its caller gives it back (``export_keys.release``) once the daemon no
+    longer imports it, and the key is closed when its last user goes (CANN: the importer closes first). Without
+    ``held`` nobody closes the key.
 
     While the daemon imports it, the memory's first 16 bytes hold this connection's proof of possession
     (``datadist_ascend.proof``); they are restored before this returns, whatever the answer."""
@@ -99,12 +107,13 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
                            status_code=LLMStatusCode.LLM_PARAM_INVALID)
     attach = client.attach()
     saved = ctypes.create_string_buffer(PROOF_LEN)
+    imported = False
     with contextlib.ExitStack() as stack:
         try:
             runtime = acl()
             stack.enter_context(runtime.on_device(device))   # the caller's thread keeps its own device afterwards
-            key = runtime.ipc_export(device, address, length)
-            runtime.ipc_allow(device, key, [attach.daemon_tgid])
+            key = export_keys.acquire(runtime, (device, address, length), attach.daemon_tgid)
+            stack.callback(_unless, lambda: imported, export_keys.release, [(device, address, length)])
             proof = ctypes.create_string_buffer(possession_proof(attach.capability, key), PROOF_LEN)
             physical = runtime.physical_id(device)   # how the daemon, which has logical ids of its own, knows the NPU
             runtime.memcpy(device, ctypes.addressof(saved), PROOF_LEN, address, PROOF_LEN, MEMCPY_DEVICE_TO_HOST)
@@ -114,6 +123,9 @@ def device_memory(client: DaemonClient, address: int, length: int, func: str,
                                status_code=exc.status) from None
         try:
             memory_id = attach.import_device_memory(key, physical, length, func)
+            imported = True   # the daemon imports it: the user is held's now (or nobody's: never closed under it)
+            if held is not None:
+                held.append((device, address, length))
         finally:
             try:
                 runtime.memcpy(device, address, PROOF_LEN, ctypes.addressof(saved), PROOF_LEN, MEMCPY_HOST_TO_DEVICE)
@@ -138,20 +150,20 @@ def device_to_host(address: int, shape: Tuple[int, ...], dtype: Any, func: str, 
     return out
 
 
-def worker_memory(client: DaemonClient, address: int, length: int, func: str,
-                  npu: Optional[int] = None) -> datadist_pb2.WorkerMemory:
+def worker_memory(client: DaemonClient, address: int, length: int, func: str, npu: Optional[int] = None,
+                  held: Optional[List[Range]] = None) -> datadist_pb2.WorkerMemory:
     """Hand ``length`` bytes at ``address`` of this process to the daemon (``ValueError`` when impossible).
 
     Embedded mode: the daemon is this process and takes the address as it is. Otherwise the memory
     crosses as file descriptors on the attach socket (``_memory.share``); NPU memory of device ``npu`` (daemon
-    backend ``acl``) by IPC key (``device_memory``)."""
+    backend ``acl``) by IPC key (``device_memory``, which appends its range to ``held``)."""
     if client.embedded:
         if address <= 0 or length <= 0 or address + length > 1 << 64:
             raise ValueError(f"invalid memory range: address={address!r}, length={length!r}")
         return datadist_pb2.WorkerMemory(process=datadist_pb2.ProcessMemory(pid=os.getpid(), address=address,
                                                                             length=length))
     if npu is not None:
-        return device_memory(client, address, length, func, npu)
+        return device_memory(client, address, length, func, npu, held)
     shared = _memory.share(address, length)
     try:
         memory_id = client.attach().import_memory(shared.fds, shared.pieces, shared.offset, shared.length, func)
@@ -224,6 +236,7 @@ class CacheOps:
         self._mapper = _memory.Mapper(self._fetch_pool)
         self._grpc_transfers = os.environ.get(LOCAL_TRANSFERS_ENV) == "grpc"   # read once, as the engine starts
         self._transfer_timeout_s: Optional[float] = None    # sync_kv_timeout + margin, read at the first transfer
+        self._exports: Dict[int, List[Range]] = {}   # cache id -> the export keys' ranges its registration holds
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -247,21 +260,23 @@ class CacheOps:
     def _fetch_pool(self, pool: str) -> Tuple[int, int, str, int]:
         return self._client.attach().export_pool(self._engine_id, pool, "allocate_cache")
 
-    def _hand_over(self, func: str, addrs: Sequence[int], size: int,
-                   placement: Any = None) -> List[datadist_pb2.WorkerMemory]:
-        """Hand the tensors at ``addrs`` over; DEVICE tensors of a daemon on NPU memory (``acl``) by IPC key."""
+    def _hand_over(self, func: str, addrs: Sequence[int], size: int, placement: Any = None,
+                   held: Optional[List[Range]] = None) -> List[datadist_pb2.WorkerMemory]:
+        """Hand the tensors at ``addrs`` over; DEVICE tensors of a daemon on NPU memory (``acl``) by IPC key, whose
+        ranges are appended to ``held`` (given back by the caller once the daemon no longer imports them)."""
         client = self._client
         npu = self._owner._device_id if self._in_npu_memory(placement) else None
         mem: List[datadist_pb2.WorkerMemory] = []
+        held = [] if held is None else held
         try:
             for a in addrs:
-                mem.append(worker_memory(client, a, size, func, npu))
+                mem.append(worker_memory(client, a, size, func, npu, held))
         except ValueError as exc:
-            self._release(mem)
+            self._release(mem, held)
             raise LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_PARAM_INVALID}, {exc}.",
                                status_code=LLMStatusCode.LLM_PARAM_INVALID) from None
         except BaseException:
-            self._release(mem)
+            self._release(mem, held)
             raise
         return mem
 
@@ -270,11 +285,24 @@ class CacheOps:
         client = self._client
         return placement == Placement.DEVICE and not client.embedded and client.attach().memory_backend == "acl"
 
-    def _release(self, mem: Sequence[datadist_pb2.WorkerMemory]) -> None:
-        """Give back memory handed over for a call that failed (the daemon may not have used it)."""
+    def _release(self, mem: Sequence[datadist_pb2.WorkerMemory], held: Sequence[Range] = ()) -> None:
+        """Give back memory handed over for a call that failed (the daemon may not have used it), then the export
+        keys of ``held`` (importer first, exporter second)."""
         ids = _attached_ids(mem)
-        if ids and self._client.attachment is not None:
-            self._client.attachment.release_memory(ids)
+        try:
+            if ids and self._client.attachment is not None:
+                self._client.attachment.release_memory(ids)
+        finally:
+            export_keys.release(held)
+
+    def _drop_exports(self, cache_id: int) -> None:
+        """The daemon acknowledged that cache ``cache_id`` is gone: its export keys' users go."""
+        export_keys.release(self._exports.pop(cache_id, ()))
+
+    def _release_exports(self) -> None:
+        """After the engine's finalize (or the attach connection's end): every export key's user of this engine."""
+        held, self._exports = self._exports, {}
+        export_keys.release(r for ranges in held.values() for r in ranges)
 
     # ---- memory --------------------------------------------------------------------------------
 
@@ -314,7 +342,8 @@ class CacheOps:
     def _register_rpc(self, func: str, desc: CacheDesc, addrs: Sequence[int], is_blocks: bool,
                       keys: Sequence[CacheKey] = (), blocks_key: Optional[BlocksCacheKey] = None,
                       remote_accessible: Optional[bool] = None) -> Any:
-        mem = self._hand_over(func, addrs, desc.size, desc.placement)
+        held: List[Range] = []
+        mem = self._hand_over(func, addrs, desc.size, desc.placement, held)
         req = datadist_pb2.RegisterCacheRequest(engine_id=self._engine_id, desc=desc_pb(desc), is_blocks=is_blocks,
                                                 tensors=mem, cache_keys=[cache_key_pb(k) for k in keys],
                                                 worker_addrs=list(addrs))
@@ -323,14 +352,18 @@ class CacheOps:
         if remote_accessible is not None:
             req.remote_accessible = remote_accessible
         try:
-            return self._call("RegisterCache", req, func)
+            info = self._call("RegisterCache", req, func)
         except LLMException:
-            self._release(mem)
+            self._release(mem, held)
             raise
+        if held:
+            self._exports.setdefault(info.cache_id, []).extend(held)
+        return info
 
     def _deallocate_rpc(self, func: str, cache_id: int, is_blocks: bool) -> None:
         self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id,
                                                             is_blocks=is_blocks), func)
+        self._drop_exports(cache_id)
 
     def _remove_key_rpc(self, func: str, key: CacheKey) -> None:
         self._call("RemoveCacheKey", datadist_pb2.RemoveCacheKeyRequest(engine_id=self._engine_id,
@@ -356,12 +389,12 @@ class CacheOps:
         self._call("CopyBlocks", datadist_pb2.CopyBlocksRequest(engine_id=self._engine_id, cache_id=cache_id,
                                                                 copies=copies), func)
 
-    def _operand_pb(self, func: str, cache_id: int, desc: CacheDesc, addrs: Sequence[int]
+    def _operand_pb(self, func: str, cache_id: int, desc: CacheDesc, addrs: Sequence[int], held: List[Range]
                     ) -> datadist_pb2.CacheOperand:
         if cache_id >= 0:
             return datadist_pb2.CacheOperand(cache_id=cache_id)
         return datadist_pb2.CacheOperand(cache_id=-1, desc=desc_pb(desc),
-                                         tensors=self._hand_over(func, addrs, desc.size, desc.placement))
+                                         tensors=self._hand_over(func, addrs, desc.size, desc.placement, held))
 
     def _swap_rpc(self, func: str, src: Tuple[int, CacheDesc, Sequence[int]], dst: Tuple[int, CacheDesc, Sequence[int]],
                   src_to_dst: Dict[int, int]) -> None:
@@ -369,19 +402,21 @@ class CacheOps:
         for s, d in src_to_dst.items():
             v.check_uint64("src block", s)
             v.check_uint64("dst block", d)
-        src_op = self._operand_pb(func, *src)
+        held: List[Range] = []   # a transient operand's export keys: the daemon closes its import as the call ends
+        src_op = self._operand_pb(func, *src, held)
         try:
-            dst_op = self._operand_pb(func, *dst)
+            dst_op = self._operand_pb(func, *dst, held)
         except BaseException:
-            self._release(src_op.tensors)
+            self._release(src_op.tensors, held)
             raise
         try:
             self._call("SwapBlocks", datadist_pb2.SwapBlocksRequest(engine_id=self._engine_id, src=src_op, dst=dst_op,
                                                                     src_to_dst=dict(src_to_dst)), func)
         except LLMException:
             # a transient CPU cache: whatever the daemon did not take (the call failed first) goes back
-            self._release([*src_op.tensors, *dst_op.tensors])
+            self._release([*src_op.tensors, *dst_op.tensors], held)
             raise
+        export_keys.release(held)
 
     # ---- transfers -----------------------------------------------------------------------------
 

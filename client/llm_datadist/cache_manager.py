@@ -231,6 +231,7 @@ class CacheManager(CacheOps):
         v.check_int64("cache_id", cache_id)
         self._call("UnregisterCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id),
                    "unregister_cache")
+        self._drop_exports(cache_id)   # the daemon no longer imports its NPU memory: the export keys may close
 
     def deallocate_cache(self, cache: Cache) -> None:
         """Drop an allocated contiguous cache; its memory goes once no key holds it. A registered or

@@ -294,6 +294,9 @@ class LLMDataDist:
         finally:
             if embedded is not None:
                 embedded.stop()
+            for manager in (self._cache_manager, self._kv_cache_manager):
+                if manager is not None:   # after the daemon's finalize (or the lease's end): importer first
+                    manager._release_exports()
             self._client, self._embedded = None, None
             self._is_initialized = False
             with LLMDataDist._instance_lock:

@@ -2,8 +2,14 @@
 // real one): each engine registers kDevice tensors (handed over by ACL IPC), the decoder pulls a batch and blocks
 // and pushes blocks back; the bytes are checked with aclrtMemcpy (the host cannot load NPU memory).
 //   acl_test <target A> <target B> <port>
+#include <dirent.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,6 +62,37 @@ struct Npu {
     return out;
   }
 };
+
+// The export keys this process made and has not closed (the simulated runtime keeps each as
+// $ASCEND_SIM_DIR/ipc-k<exporter pid>-...: tests/sim/ascendcl.c); -1 on a real runtime.
+int OpenExportKeys() {
+  const char *dir = std::getenv("ASCEND_SIM_DIR");
+  DIR *d = dir != nullptr ? opendir(dir) : nullptr;
+  if (d == nullptr) return -1;
+  const std::string prefix = "ipc-k" + std::to_string(getpid()) + "-";
+  int n = 0;
+  for (dirent *e = readdir(d); e != nullptr; e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0 && name.find(".tmp") == std::string::npos) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// The keys this process closed (aclrtIpcMemClose lines of the simulated runtime's ledger).
+int Closes() {
+  const char *dir = std::getenv("ASCEND_SIM_DIR");
+  std::ifstream in(std::string(dir != nullptr ? dir : "") + "/ledger");
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    int pid = 0;
+    std::string call;
+    words >> pid >> call;
+    if (pid == getpid() && call == "aclrtIpcMemClose") ++n;
+  }
+  return n;
+}
 
 CacheDesc Desc() {
   CacheDesc d{};
@@ -127,6 +164,36 @@ int main(int argc, char **argv) {
     Check("device_cache_bytes", back == row);
   }
   Expect("unlink", decoder.UnlinkLlmClusters({c}, rets, 5000), LLM_SUCCESS);
+  // export keys (issue 45, finding 11): one per tensor, shared by a cache and its blocks twin, closed by this
+  // process once the daemon acknowledged the unregistration; closed at Finalize for what is still registered
+  const int base = OpenExportKeys();
+  if (base >= 0) {
+    Npu extra(1, 5);
+    bool none_left = true;
+    for (int i = 0; i < 3; ++i) {
+      int64_t id = -1;
+      Expect("register_again", decoder.RegisterKvCache(Desc(), extra.addrs, {}, id), LLM_SUCCESS);
+      none_left = none_left && OpenExportKeys() == base + static_cast<int>(kTensors);
+      Expect("unregister_again", decoder.UnregisterKvCache(id), LLM_SUCCESS);
+      none_left = none_left && OpenExportKeys() == base;
+    }
+    Check("register_unregister_leaves_no_export_key", none_left);
+    int64_t first = -1, second = -1;
+    Expect("register_first", decoder.RegisterKvCache(Desc(), extra.addrs, {}, first), LLM_SUCCESS);
+    Expect("register_second", decoder.RegisterKvCache(Desc(), extra.addrs, {}, second), LLM_SUCCESS);
+    const int closes = Closes();
+    Check("one_key_per_range", OpenExportKeys() == base + static_cast<int>(kTensors));
+    Expect("unregister_first", decoder.UnregisterKvCache(first), LLM_SUCCESS);
+    Check("first_unregistration_closes_nothing",
+          OpenExportKeys() == base + static_cast<int>(kTensors) && Closes() == closes);
+    Expect("unregister_second", decoder.UnregisterKvCache(second), LLM_SUCCESS);
+    Check("second_unregistration_closes_each_key_once",
+          OpenExportKeys() == base && Closes() == closes + static_cast<int>(kTensors));
+    Expect("register_kept", decoder.RegisterKvCache(Desc(), extra.addrs, {}, first), LLM_SUCCESS);
+    decoder.Finalize();
+    prompt.Finalize();
+    Check("finalize_closes_every_export_key", OpenExportKeys() == 0);
+  }
   decoder.Finalize();
   prompt.Finalize();
   return g_failed == 0 ? 0 : 1;

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["build", "sim_env", "write_hccn_conf", "SOURCES"]
+__all__ = ["build", "sim_env", "write_hccn_conf", "open_export_keys", "SOURCES"]
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("sim.h", "ascendcl.c", "hccl.c", "acl_errmsg.c", "include/acl/acl.h", "hccn_tool")
@@ -76,3 +76,9 @@ def sim_env(root: Path, state_dir: str, subnet: int = 100) -> dict[str, str]:
     return {"ASCEND_HOME_PATH": str(root), "ASCEND_SIM_DIR": state_dir, "ASCEND_SIM_HCCN_CONF": str(conf),
             "DATADISTD_TRANSPORT_HCCL_HCCN_CONF": str(conf),
             "DATADISTD_TRANSPORT_HCCL_HCCN_TOOL": str(Path(root) / "bin" / "hccn_tool")}
+
+
+def open_export_keys(state_dir: str, pid: int) -> list[str]:
+    """The IPC export keys process ``pid`` made (``aclrtIpcMemGetExportKey``) and has not closed: the simulation
+    keeps each as ``<state_dir>/ipc-k<exporter pid>-...`` until its exporter closes it (``ascendcl.c``)."""
+    return sorted(p.name[len("ipc-"):] for p in Path(state_dir).glob(f"ipc-k{pid}-*") if not p.name.endswith(".tmp"))

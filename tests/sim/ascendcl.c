@@ -16,6 +16,12 @@
  *     getpid() + offset, a simulated PID namespace);
  *   - aclrtIpcMemClose and aclrtIpcMemSetImportPid need a current context in the calling thread (R13; hicann/runtime
  *     api_impl.cc SetIpcMemPid, api_impl_standard_soc.cc IpcCloseMemoryByName: RT_ERROR_CONTEXT_NULL);
+ *   - an export key is open until its EXPORTER closes it: the file $ASCEND_SIM_DIR/ipc-k<exporter pid>-<serial>-...,
+ *     so a test counts the keys a process left open (tests.sim.open_export_keys); aclrtIpcMemClose of a key the
+ *     calling process did not import destroys it (hicann/runtime api_impl.cc IpcCloseMemoryByName: a name not in
+ *     the process's import map goes to the driver's DestroyIpcMem), and importing a destroyed key fails (R26; the
+ *     code is the driver's, here ACL_ERROR_INVALID_PARAM as for any unknown key); what an import already made keeps
+ *     is the driver's (tests/hw/first_hour.py exporter_closes_first), here: its mapping;
  *   - streams run their work on a thread; aclrtSynchronizeStreamWithTimeout waits with a deadline;
  *     aclrtStreamAbort stops the running task (at its next check) and discards the queued ones, and returns
  *     when they are gone -- the stream is usable again, a synchronisation it interrupted fails.
@@ -620,15 +626,19 @@ aclError aclrtIpcMemClose(const char *key) {
       uint64_t skip = r->addr & (uint64_t)(page - 1);
       munmap((void *)(r->addr - skip), r->size + skip);
       munmap((char *)r->backing - skip, r->size + skip);
+      int device = r->device;
+      uint64_t size = r->size;
       drop_region_locked(r);
       pthread_mutex_unlock(&g_lock);
+      ledger("aclrtIpcMemClose", device, NULL, size, key);
       return ACL_SUCCESS;
     }
   }
   pthread_mutex_unlock(&g_lock);
-  ipc_record rec; /* the exporter closes: the key is gone */
+  ipc_record rec; /* the exporter closes: the key is destroyed, no import of it succeeds after */
   if (read_record(key, &rec)) return ACL_ERROR_INVALID_PARAM;
-  unlink(path);
+  unlink(path); /* R26: hicann/runtime api_impl.cc IpcCloseMemoryByName -> the driver's DestroyIpcMem */
+  ledger("aclrtIpcMemClose", t_device, NULL, rec.size, key);
   return ACL_SUCCESS;
 }
 

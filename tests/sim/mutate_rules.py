@@ -53,6 +53,7 @@ MUTATIONS += [
     ("r23", H, "if (!pp) ret = HCCL_E_PARA; /* R6, R23", "if (!pp) ret = HCCL_E_NOT_FOUND; /* R6, R23"),
     ("r24", H, "if (owner && owner != me && kill(owner, 0) == 0) {", "if (0) {"),
     ("r25", A, 'const char *s = getenv("ASCEND_RT_VISIBLE_DEVICES");', "const char *s = NULL;"),
+    ("r26", A, "  unlink(path); /* R26", "  (void)path; /* R26"),
 ]
 
 

@@ -509,6 +509,21 @@ def test_r25_logical_devices_follow_ascend_rt_visible_devices(sim_root, tmp_path
     assert out == ["4", "[4,", "5,", "6,", "7]", "107001", "['aclrtMalloc',", "'npu5']"]
 
 
+def test_r26_a_key_its_exporter_closed_is_not_imported(sim_root, tmp_path) -> None:
+    """The exporter's ``aclrtIpcMemClose`` destroys its key (runtime ``IpcCloseMemoryByName``: a name this process
+    did not import goes to the driver's ``DestroyIpcMem``): it is no longer open, and importing it fails."""
+    out = run(sim_root, tmp_path, """
+        from tests.sim import open_export_keys
+        a = acl()
+        key = a.ipc_export(0, a.malloc(0, 4096), 4096)
+        a.ipc_allow(0, key, [a.bare_tgid()])
+        print(open_export_keys(os.environ["ASCEND_SIM_DIR"], os.getpid()) == [key])
+        a.ipc_close(0, key)
+        print(open_export_keys(os.environ["ASCEND_SIM_DIR"], os.getpid()) == [], code(lambda: a.ipc_import(0, key)))
+        """)
+    assert out == ["True", "True", "100000"]   # ACL_ERROR_INVALID_PARAM
+
+
 def test_every_mutation_finds_its_code() -> None:
     """The mutation checks (``python -m tests.sim.mutate_rules`` / ``mutate_transport``) run by hand; this keeps
     their tables in step with the sources they change (a moved or reworded line would make a check a no-op)."""

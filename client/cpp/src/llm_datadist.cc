@@ -173,7 +173,9 @@ class __attribute__((visibility("hidden"))) LlmDataDist::LlmDataDistImpl {
   Status CheckInit(const char *func) const;
   Status Register(const char *func, const CacheDesc &desc, const std::vector<uint64_t> &addrs, bool is_blocks,
                   int64_t model_id, int64_t *cache_id);
-  Status HandOver(const char *func, uint64_t addr, uint64_t size, bool npu, pb::WorkerMemory *mem);
+  Status HandOver(const char *func, uint64_t addr, uint64_t size, bool npu, pb::WorkerMemory *mem,
+                  std::vector<datadist_cpp::ExportRange> *held);
+  void DropExports(int64_t cache_id);
   Status MapPool(const char *func, const pb::SharedExport &t, uint64_t *addr);
   bool Twin(int64_t cache_id, int64_t *twin, CacheDesc *desc);
   void ReleaseAttached(const pb::RegisterCacheRequest &req);
@@ -192,6 +194,7 @@ class __attribute__((visibility("hidden"))) LlmDataDist::LlmDataDistImpl {
   std::mutex mu_;                         // caches_, pools_
   std::map<int64_t, CacheRecord> caches_;
   std::map<std::string, PoolMap> pools_;
+  std::map<int64_t, std::vector<datadist_cpp::ExportRange>> exports_;  // cache id -> its export keys' ranges
 };
 
 // ---- plumbing ---------------------------------------------------------------------------------------------------
@@ -386,6 +389,7 @@ void LlmDataDist::LlmDataDistImpl::Finalize() {
   attach_.Close();  // ends the lease: the daemon releases whatever this engine left
   stub_.reset();
   channel_.reset();
+  std::vector<datadist_cpp::ExportRange> finalized;  // closed after the daemon's Finalize (or the lease's end)
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto &kv : pools_) {
@@ -398,11 +402,14 @@ void LlmDataDist::LlmDataDistImpl::Finalize() {
     }
     pools_.clear();
     caches_.clear();
+    for (auto &kv : exports_) finalized.insert(finalized.end(), kv.second.begin(), kv.second.end());
+    exports_.clear();
   }
   if (private_daemon_) {
     private_daemon_->Stop();
     private_daemon_.reset();
   }
+  datadist_cpp::ReleaseExports(finalized);  // importer first, exporter second
 }
 
 Status LlmDataDist::LlmDataDistImpl::SetRole(LlmRole role, const std::map<AscendString, AscendString> &options) {
@@ -499,11 +506,15 @@ Status LlmDataDist::LlmDataDistImpl::Link(bool unlink, const std::vector<Cluster
 // ---- memory -----------------------------------------------------------------------------------------------------
 
 Status LlmDataDist::LlmDataDistImpl::HandOver(const char *func, uint64_t addr, uint64_t size, bool npu,
-                                              pb::WorkerMemory *mem) {
+                                              pb::WorkerMemory *mem, std::vector<datadist_cpp::ExportRange> *held) {
   if (npu) {
     uint64_t memory_id = 0U;
-    const Status st = datadist_cpp::HandOverDeviceMemory(attach_, addr, size, device_id_, func, &memory_id);
-    if (st == LLM_SUCCESS) mem->mutable_attached()->set_memory_id(memory_id);
+    datadist_cpp::ExportRange range;
+    const Status st = datadist_cpp::HandOverDeviceMemory(attach_, addr, size, device_id_, func, &memory_id, &range);
+    if (st == LLM_SUCCESS) {
+      mem->mutable_attached()->set_memory_id(memory_id);
+      held->push_back(range);
+    }
     return st;
   }
   datadist_cpp::Shared shared;
@@ -514,6 +525,19 @@ Status LlmDataDist::LlmDataDistImpl::HandOver(const char *func, uint64_t addr, u
   shared.Close();
   if (st == LLM_SUCCESS) mem->mutable_attached()->set_memory_id(memory_id);
   return st;
+}
+
+// The daemon acknowledged that cache `cache_id` is gone: its export keys' users go (importer first).
+void LlmDataDist::LlmDataDistImpl::DropExports(int64_t cache_id) {
+  std::vector<datadist_cpp::ExportRange> held;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = exports_.find(cache_id);
+    if (it == exports_.end()) return;
+    held.swap(it->second);
+    exports_.erase(it);
+  }
+  datadist_cpp::ReleaseExports(held);
 }
 
 void LlmDataDist::LlmDataDistImpl::ReleaseAttached(const pb::RegisterCacheRequest &req) {
@@ -571,11 +595,13 @@ Status LlmDataDist::LlmDataDistImpl::Register(const char *func, const CacheDesc 
   }
   // DEVICE tensors of a daemon keeping them in NPU memory (backend acl) go by ACL IPC; the rest as files
   const bool npu = desc.placement == CachePlacement::kDevice && attach_.memory_backend() == "acl";
+  std::vector<datadist_cpp::ExportRange> held;  // given back once the daemon no longer imports them
   for (uint64_t a : addrs) {
     pb::WorkerMemory mem;
-    st = HandOver(func, a, size, npu, &mem);
+    st = HandOver(func, a, size, npu, &mem, &held);
     if (st != LLM_SUCCESS) {
       ReleaseAttached(req);
+      datadist_cpp::ReleaseExports(held);
       return st;
     }
     *req.add_tensors() = mem;
@@ -585,9 +611,15 @@ Status LlmDataDist::LlmDataDistImpl::Register(const char *func, const CacheDesc 
   st = Rpc(&pb::DataDist::Stub::RegisterCache, req, &info, func);
   if (st != LLM_SUCCESS) {
     ReleaseAttached(req);
+    datadist_cpp::ReleaseExports(held);
     return st;
   }
   *cache_id = info.cache_id();
+  if (!held.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto &mine = exports_[info.cache_id()];
+    mine.insert(mine.end(), held.begin(), held.end());
+  }
   return LLM_SUCCESS;
 }
 
@@ -615,7 +647,7 @@ Status LlmDataDist::LlmDataDistImpl::RegisterKvCache(const CacheDesc &desc, cons
     ref.set_engine_id(engine_id_);
     ref.set_cache_id(id);
     pb::Empty empty;
-    (void)Rpc(&pb::DataDist::Stub::UnregisterCache, ref, &empty, kFunc);
+    if (Rpc(&pb::DataDist::Stub::UnregisterCache, ref, &empty, kFunc) == LLM_SUCCESS) DropExports(id);
     return st;
   }
   {
@@ -647,6 +679,7 @@ Status LlmDataDist::LlmDataDistImpl::UnregisterKvCache(int64_t cache_id) {
     ref.set_cache_id(id);
     st = Rpc(&pb::DataDist::Stub::UnregisterCache, ref, &empty, kFunc);
     if (st != LLM_SUCCESS) return st;
+    DropExports(id);  // the daemon no longer imports its NPU memory: the export keys may close
   }
   std::lock_guard<std::mutex> lock(mu_);
   caches_.erase(cache_id);
@@ -794,6 +827,7 @@ Status LlmDataDist::LlmDataDistImpl::DeallocateCache(int64_t cache_id) {
   twin.set_cache_id(rec.twin);
   st = Rpc(&pb::DataDist::Stub::UnregisterCache, twin, &empty, kFunc);
   if (st != LLM_SUCCESS) return st;
+  DropExports(rec.twin);
   pb::CacheRef ref;
   ref.set_engine_id(engine_id_);
   ref.set_cache_id(cache_id);

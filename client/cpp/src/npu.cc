@@ -4,9 +4,12 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 namespace datadist_cpp {
@@ -85,6 +88,58 @@ class OnDevice {
   int32_t before_ = -1;
   int err_ = 0;
 };
+
+// The process's export keys by range, with their users and the pids already allowed to import them.
+struct Export {
+  std::string key;
+  int users = 0;
+  std::set<int32_t> allowed;
+};
+std::mutex g_exports_mu;
+std::map<ExportRange, Export> g_exports;
+std::atomic<bool> g_close_warned{false};
+
+// aclrtIpcMemClose of an export key on logical NPU `device` (the caller keeps its own device): logged once if it
+// fails (a runtime that refuses one close refuses them all)
+void CloseExport(const Acl &acl, int32_t device, const std::string &key) {
+  const OnDevice on_device(acl, device);
+  int err = on_device.err();
+  if (err == 0) err = acl.ipc_close(key.c_str());
+  if (err != 0 && !g_close_warned.exchange(true)) {
+    Log(LogLevel::kWarning, "closing an export key of this process's NPU memory (aclrtIpcMemClose): aclError " +
+                                std::to_string(err));
+  }
+}
+
+// The key of `range` with `pid` allowed to import it (exported now if no hand-over holds one), one more user; the
+// caller holds the range's device current. 0 or the aclError.
+int AcquireExport(const Acl &acl, const ExportRange &range, int32_t pid, std::string *key) {
+  std::lock_guard<std::mutex> lock(g_exports_mu);
+  auto it = g_exports.find(range);
+  const bool fresh = it == g_exports.end();
+  Export exp;
+  if (fresh) {
+    char buf[kIpcKeyLen] = {0};
+    const int err = acl.export_key(reinterpret_cast<void *>(range.address), range.length, buf, sizeof(buf), 0U);
+    if (err != 0) return err;
+    exp.key = buf;
+  } else {
+    exp = it->second;
+  }
+  if (exp.allowed.count(pid) == 0U) {
+    int32_t allowed = pid;
+    const int err = acl.set_import_pid(exp.key.c_str(), &allowed, 1U);
+    if (err != 0) {
+      if (fresh) (void)acl.ipc_close(exp.key.c_str());
+      return err;
+    }
+    exp.allowed.insert(pid);
+  }
+  ++exp.users;
+  *key = exp.key;
+  g_exports[range] = exp;
+  return 0;
+}
 
 Status NoRuntime(const char *func) {
   return Fail(func, llm_datadist::LLM_FEATURE_NOT_ENABLED,
@@ -177,8 +232,26 @@ Status PhysicalNpus(const std::string &logical_ids, const char *func, std::strin
 }
 
 
+void ReleaseExports(const std::vector<ExportRange> &ranges) {
+  std::vector<std::pair<int32_t, std::string>> closing;
+  {
+    std::lock_guard<std::mutex> lock(g_exports_mu);
+    for (const ExportRange &r : ranges) {
+      auto it = g_exports.find(r);
+      if (it == g_exports.end()) continue;
+      if (--it->second.users <= 0) {
+        closing.emplace_back(r.device, it->second.key);
+        g_exports.erase(it);
+      }
+    }
+  }
+  if (closing.empty()) return;
+  const Acl &acl = Runtime();
+  for (const auto &c : closing) CloseExport(acl, c.first, c.second);
+}
+
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
-                            const char *func, uint64_t *memory_id) {
+                            const char *func, uint64_t *memory_id, ExportRange *held) {
   const Acl &acl = Runtime();
   if (!acl.ok()) return NoRuntime(func);
   if (length < kProofLen) {
@@ -188,10 +261,12 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
   void *ptr = reinterpret_cast<void *>(address);
   const OnDevice on_device(acl, device);
   int err = on_device.err();
-  char key[kIpcKeyLen] = {0};
-  if (err == 0) err = acl.export_key(ptr, length, key, sizeof(key), 0U);
-  int32_t pid = attach.daemon_tgid();
-  if (err == 0) err = acl.set_import_pid(key, &pid, 1U);
+  std::string key;
+  ExportRange range;
+  range.device = device;
+  range.address = address;
+  range.length = length;
+  if (err == 0) err = AcquireExport(acl, range, attach.daemon_tgid(), &key);
   if (err != 0) {
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "exporting the NPU memory by IPC failed: aclError " +
                                                            std::to_string(err));
@@ -203,18 +278,25 @@ Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t len
   const std::string &cap = attach.capability();
   if (HMAC(EVP_sha256(), cap.data(), static_cast<int>(cap.size()), reinterpret_cast<const unsigned char *>(message.data()),
            message.size(), digest, &digest_len) == nullptr) {
+    ReleaseExports({range});
     return Fail(func, llm_datadist::LLM_FAILED, "HMAC-SHA256 failed");
   }
   unsigned char saved[kProofLen];
   err = acl.memcpy(saved, kProofLen, ptr, kProofLen, kDeviceToHost);
   if (err == 0) err = acl.memcpy(ptr, kProofLen, digest, kProofLen, kHostToDevice);
   if (err != 0) {
+    ReleaseExports({range});
     return Fail(func, llm_datadist::LLM_PARAM_INVALID, "aclrtMemcpy of the NPU memory failed: aclError " +
                                                            std::to_string(err));
   }
   int32_t physical = -1;
   Status st = PhysicalNpu(device, func, &physical);
   if (st == llm_datadist::LLM_SUCCESS) st = attach.ImportDeviceMemory(key, physical, length, func, memory_id);
+  if (st == llm_datadist::LLM_SUCCESS) {
+    *held = range;  // the daemon imports it: the user is the caller's (or nobody's: never closed under it)
+  } else {
+    ReleaseExports({range});  // the daemon did not import it
+  }
   err = acl.memcpy(ptr, kProofLen, saved, kProofLen, kHostToDevice);
   if (err != 0) {
     return Fail(func, llm_datadist::LLM_FAILED, "could not restore the first 16 bytes of the NPU memory: aclError " +

@@ -8,16 +8,32 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attach.h"
 
 namespace datadist_cpp {
 
+// A range of this process's NPU memory exported by IPC key: one key per range, shared by every hand-over of it.
+struct ExportRange {
+  int32_t device = -1;
+  uint64_t address = 0U;
+  uint64_t length = 0U;
+  bool operator<(const ExportRange &o) const {
+    return device != o.device ? device < o.device : address != o.address ? address < o.address : length < o.length;
+  }
+};
+
 // `device` is this process's logical NPU id; the daemon is told its physical id (logical ids are per process:
 // ASCEND_RT_VISIBLE_DEVICES, container device mounts), as CANN's LLM-DataDist converts with
-// aclrtGetPhyDevIdByLogicDevId (hixl rank_table_generator_v1.cc).
+// aclrtGetPhyDevIdByLogicDevId (hixl rank_table_generator_v1.cc). On success *held is the range whose key the
+// daemon now imports: the caller gives it back (ReleaseExports) once the daemon no longer imports it.
 Status HandOverDeviceMemory(AttachClient &attach, uint64_t address, uint64_t length, int32_t device,
-                            const char *func, uint64_t *memory_id);
+                            const char *func, uint64_t *memory_id, ExportRange *held);
+// One user of each range goes (the daemon acknowledged that the cache holding it is gone, the engine's Finalize,
+// the attach connection's end): a key whose last user went is closed as the exporter (aclrtIpcMemClose) --
+// importer first, exporter second. A close that fails is logged once, never returned.
+void ReleaseExports(const std::vector<ExportRange> &ranges);
 
 // The physical id of this process's logical NPU `logical`.
 Status PhysicalNpu(int32_t logical, const char *func, int32_t *physical);

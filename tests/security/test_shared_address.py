@@ -91,13 +91,12 @@ def test_a_stranger_flooding_from_a_peers_address_does_not_keep_the_peer_out():
 
         assert link_pull_unlink() == (0, [0])          # the address is proven: a live, recent link
         with Flood(f"127.0.0.1:{port}") as flood:
-            deadline = time.monotonic() + 30
-            while flood.granted + flood.refused < 200:   # the flood is on
+            deadline = time.monotonic() + 60
+            while not flood.refused:   # the attack's start: the address's bucket drained, the stranger refused
                 assert time.monotonic() < deadline and serving.proc.poll() is None, (flood.granted, flood.refused)
                 time.sleep(0.05)
             results = [link_pull_unlink() for _ in range(LINKS)]
         assert results == [(0, [0])] * LINKS, results
-        assert flood.refused, (flood.granted, flood.refused)   # the stranger was held to its budget meanwhile
         assert serving.proc.poll() is None and linking.proc.poll() is None
     finally:
         for w in (prompt, decoder):

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["build", "sim_env", "write_hccn_conf", "open_export_keys", "SOURCES"]
+__all__ = ["build", "sim_env", "write_hccn_conf", "open_export_keys", "transports", "SOURCES"]
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("sim.h", "ascendcl.c", "hccl.c", "acl_errmsg.c", "include/acl/acl.h", "hccn_tool")
@@ -82,3 +83,22 @@ def open_export_keys(state_dir: str, pid: int) -> list[str]:
     """The IPC export keys process ``pid`` made (``aclrtIpcMemGetExportKey``) and has not closed: the simulation
     keeps each as ``<state_dir>/ipc-k<exporter pid>-...`` until its exporter closes it (``ascendcl.c``)."""
     return sorted(p.name[len("ipc-"):] for p in Path(state_dir).glob(f"ipc-k{pid}-*") if not p.name.endswith(".tmp"))
+
+
+#: hccl.c pub_head: pid, prepared, count, traffic class, service level, device, instance id, hccs and roce peers
+_PUB_HEAD = struct.Struct("=iiIIIiQII")
+
+
+def transports(state_dir: str, pid: int | None = None) -> dict[str, str]:
+    """The transport each live communicator's Prepare chose (hccl.c R27, as hcomm's ``IsUsedRdma``), by its file
+    ``comm-<name>-r<rank>``: ``"hccs"``, ``"roce"``, ``"both"``, or ``""`` before its Prepare; of process ``pid``
+    only when given."""
+    out = {}
+    for path in sorted(Path(state_dir).glob("comm-*-r*")):
+        try:
+            owner, *_, hccs, roce = _PUB_HEAD.unpack_from(path.read_bytes())
+        except (OSError, struct.error):   # destroyed (or being replaced) as it was read
+            continue
+        if not path.name.endswith(".tmp") and pid in (None, owner):
+            out[path.name] = "both" if hccs and roce else "hccs" if hccs else "roce" if roce else ""
+    return out

@@ -275,6 +275,7 @@ const char *aclrtGetSocName(void) { return soc_name(); }
 
 /* an A3 (Ascend910_93xx: hixl hixl_utils.cc kSocV3) */
 int simacl_is_a3(void) { return strncmp(soc_name(), "Ascend910_93", 12) == 0; }
+int simacl_is_a2(void) { return strncmp(soc_name(), "Ascend910B", 10) == 0; }
 
 int simacl_nic_address(int phys, char *out, size_t n) {
   const char *path = getenv("ASCEND_SIM_HCCN_CONF");

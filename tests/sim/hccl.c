@@ -76,6 +76,17 @@
  *       same NPU NIC address and port (the table's device_port, HCCL's 16666 when it names none) fails its Prepare
  *       (HCCL_E_NETWORK). Not settled from the source (what hccp does with a second listener): the first-hour check
  *       `second_hccl_process` decides; a model, so that a daemon never shares a worker's port.
+ *   R27 the transport to each peer rank is chosen at Prepare as hcomm chooses it (hccl_one_sided_service.cc
+ *       IsUsedRdma, read): on an A2 (Ascend910B*) RoCE when HCCL_INTRA_ROCE_ENABLE is non-zero or the two ranks'
+ *       server_id differ, else HCCS; on an A3 (Ascend910_93*) RoCE when the switch is set or their super_pod_id
+ *       differ (a 1.0 table names none: one super pod), else HCCS; any other SoC RoCE. Only when some peer is RoCE
+ *       does Prepare open the NPU NIC by the table's device_ip and listen on it (one_sided_service_adapt.cc
+ *       HcclCommPrepare: InitIsUsedRdmaMap -> needInitNic -> GetNetDevCtx(DEVICE_NIC_TYPE, device ip) ->
+ *       OneSidedServiceStartListen, read): R20's address check and R24 apply to RoCE only; an HCCS peer is reached
+ *       over the vNIC by physical id (A2) or super device id (A3: R20's super device id check, SetupRemoteRankInfo,
+ *       read). Recorded per communicator (pub_head hccs/roce: how many peers its Prepare chose each for). Not
+ *       modelled: IsUsedRdma's HCCL_E_NOT_SUPPORT for two NPUs of one A2 server not linked by HCCS (the simulated
+ *       server's eight are).
  * Guards stricter than CANN (they say so when they fire; CANN has no check): R10 (hcomm has no check; the rule is
  * LLM-DataDist's own mutex) and R14 (undefined in hcomm).
  *
@@ -162,6 +173,7 @@ typedef struct mem_handle {
 } mem_handle;
 
 #define MAX_BOUND 1024
+#define MAX_TABLE_DEVS 64
 #define MAX_MAPS 256
 #define SIM_NO_DEVICE 64 /* GetInstance's reserve instance: a thread without a device */
 
@@ -177,6 +189,7 @@ typedef struct { /* tests read it too (tests/integration/test_npus.py, test_hccl
   uint32_t traffic_class, service_level;
   int32_t device;
   uint64_t id; /* this instance of the communicator (R15, R16): unique, never reused */
+  uint32_t hccs, roce; /* R27: peer ranks its Prepare chose HCCS / RoCE for (0, 0 before Prepare) */
 } pub_head;
 
 typedef struct {
@@ -199,6 +212,8 @@ typedef struct comm_s {
   char own_sdid[24];     /* this rank's super_device_id (1.2), "" otherwise (R20) */
   int own_port;          /* this rank's device_port, 16666 by default (R24) */
   int v12;               /* the table is version 1.2 (R21) */
+  char servers[MAX_TABLE_DEVS][64], pods[MAX_TABLE_DEVS][64]; /* by rank: its server_id, super_pod_id (R27) */
+  uint32_t hccs, roce;   /* peer ranks its Prepare chose each transport for (R27) */
   mem_handle *bound[MAX_BOUND];  /* recorded by HcclCommBindMem */
   int nbound;
   sim_region enabled[MAX_BOUND]; /* what was bound at Prepare: all a transfer may touch (R3, R4) */
@@ -252,7 +267,7 @@ static HcclResult publish_locked(comm_t *c) {
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return HCCL_E_INTERNAL;
   pub_head h = {(int32_t)getpid(), c->prepared, (uint32_t)c->nenabled, c->traffic_class, c->service_level,
-                c->device, c->id};
+                c->device, c->id, c->hccs, c->roce};
   int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h;
   for (int i = 0; ok && i < c->nenabled; i++) {
     pub_entry e = {0};
@@ -296,11 +311,47 @@ static int field(const char *p, const char *end, const char *key, char *out, siz
 }
 
 typedef struct {
-  char ip[64], id[16], sdid[24], port[16];
+  char ip[64], id[16], sdid[24], port[16], server[64], pod[64];
   uint32_t rank;
 } table_dev;
 
-#define MAX_TABLE_DEVS 64
+/* the '{' of the object enclosing p (the tables hold no braces inside strings), or NULL */
+static const char *enclosing(const char *t, const char *p) {
+  int depth = 0;
+  for (const char *q = p - 1; q >= t; q--) {
+    if (*q == '}') depth++;
+    else if (*q == '{' && depth-- == 0) return q;
+  }
+  return NULL;
+}
+
+/* the bracket closing the '{' or '[' at open, or NULL */
+static const char *closing(const char *open) {
+  int depth = 0;
+  for (const char *q = open; *q; q++) {
+    if (*q == '{' || *q == '[') depth++;
+    else if ((*q == '}' || *q == ']') && --depth == 0) return q;
+  }
+  return NULL;
+}
+
+/* R27: d's server_id (the server object holding it) and super_pod_id (the super_pod_list entry naming that server;
+   "" when the table has none) */
+static void place(const char *t, const char *open, table_dev *d) {
+  const char *server = enclosing(t, open), *end = server ? closing(server) : NULL;
+  if (end) field(server, end, "server_id", d->server, sizeof d->server);
+  const char *list = strstr(t, "\"super_pod_list\""), *arr = list ? strchr(list, '[') : NULL;
+  const char *arr_end = arr ? closing(arr) : NULL;
+  for (const char *q = arr; arr_end && (q = strstr(q, "\"server_id\"")) != NULL && q < arr_end; q += 11) {
+    char id[64];
+    const char *entry = enclosing(t, q), *pod = entry ? enclosing(t, entry) : NULL;
+    const char *entry_end = entry ? closing(entry) : NULL, *pod_end = pod ? closing(pod) : NULL;
+    if (!pod_end || !entry_end || field(entry, entry_end, "server_id", id, sizeof id) || strcmp(id, d->server))
+      continue;
+    field(pod, pod_end, "super_pod_id", d->pod, sizeof d->pod);
+    return;
+  }
+}
 
 /* the rank table's version and devices (the flat objects holding "rank_id"); HCCL_E_PARA when it is not one */
 static HcclResult parse_table(const char *t, char *version, size_t vn, table_dev *devs, uint32_t *ndevs) {
@@ -319,6 +370,7 @@ static HcclResult parse_table(const char *t, char *version, size_t vn, table_dev
     field(open, close, "device_ip", d->ip, sizeof d->ip);
     field(open, close, "super_device_id", d->sdid, sizeof d->sdid);
     field(open, close, "device_port", d->port, sizeof d->port);
+    place(t, open, d);
   }
   return HCCL_SUCCESS;
 }
@@ -340,6 +392,10 @@ static HcclResult check_table(const char *t, uint32_t rank, comm_t *c) {
                 devs[j].rank, devs[i].rank);
         return HCCL_E_PARA; /* R18: "[IP] is repeate" */
       }
+    if (devs[i].rank < MAX_TABLE_DEVS) {
+      memcpy(c->servers[devs[i].rank], devs[i].server, sizeof devs[i].server);
+      memcpy(c->pods[devs[i].rank], devs[i].pod, sizeof devs[i].pod);
+    }
     if (devs[i].rank == rank) {
       memcpy(c->own_ip, devs[i].ip, sizeof c->own_ip);
       memcpy(c->own_sdid, devs[i].sdid, sizeof c->own_sdid);
@@ -654,11 +710,29 @@ static int take_listener(const comm_t *c) {
   return rc;
 }
 
-/* the checks of Prepare before it connects (R20-R22, R24): HCCL_SUCCESS or the code it fails with */
+/* R27: rank r is reached over RoCE (1) or HCCS (0), as hcomm's IsUsedRdma decides */
+static int uses_roce(const comm_t *c, uint32_t r) {
+  const char *sw = getenv("HCCL_INTRA_ROCE_ENABLE");
+  int intra = sw && *sw && atol(sw) != 0;
+  uint32_t me = c->rank < MAX_TABLE_DEVS ? c->rank : 0, peer = r < MAX_TABLE_DEVS ? r : 0;
+  if (simacl_is_a2()) return intra || strcmp(c->servers[me], c->servers[peer]) != 0; /* R27 A2 */
+  if (simacl_is_a3()) return intra || strcmp(c->pods[me], c->pods[peer]) != 0;
+  return 1;
+}
+
+/* the checks of Prepare before it connects (R20-R22, R24, R27): HCCL_SUCCESS or the code it fails with */
 static HcclResult open_nic(comm_t *c, long seconds) {
   if (simacl_is_a3() && !c->v12) return HCCL_E_INTERNAL; /* R21: a 1.0 table on an A3 */
   for (int i = 0; i < c->nbound; i++)
     if (c->bound[i]->region.size > (64ull << 30)) return HCCL_E_PARA; /* R22: 64 GiB per range */
+  c->hccs = c->roce = 0;
+  for (uint32_t r = 0; r < c->nranks; r++)
+    if (r != c->rank) *(uses_roce(c, r) ? &c->roce : &c->hccs) += 1;
+  if (c->hccs && c->v12 && simacl_is_a3()) { /* R20: vNIC addresses by super device id (HCCS peers only) */
+    const char *base = getenv("ASCEND_SIM_SUPER_DEVICE_BASE");
+    if (atoll(c->own_sdid) != (base && *base ? atoll(base) : 0) + c->device) return HCCL_E_INTERNAL;
+  }
+  if (!c->roce) return HCCL_SUCCESS; /* R27: no RoCE peer: the NIC is neither opened nor listened on */
   char nic[64];
   if (simacl_nic_address(c->device, nic, sizeof nic) || strcmp(nic, c->own_ip) != 0) { /* R20 */
     fprintf(stderr, "SIMULATED HCCL: no NIC of NPU %d has address %s (its hccn.conf address: %s); waiting the "
@@ -666,10 +740,6 @@ static HcclResult open_nic(comm_t *c, long seconds) {
             simacl_nic_address(c->device, nic, sizeof nic) ? "none" : nic);
     sleep((unsigned)(seconds >= 0 ? seconds : env_long("HCCL_CONNECT_TIMEOUT", 120)));
     return HCCL_E_TIMEOUT;
-  }
-  if (c->v12 && simacl_is_a3()) { /* R20: vNIC addresses by super device id */
-    const char *base = getenv("ASCEND_SIM_SUPER_DEVICE_BASE");
-    if (atoll(c->own_sdid) != (base && *base ? atoll(base) : 0) + c->device) return HCCL_E_INTERNAL;
   }
   if (take_listener(c)) return HCCL_E_NETWORK; /* R24 */
   return HCCL_SUCCESS;

@@ -40,7 +40,7 @@ MUTATIONS = [
      "if (h.prepared && kill(h.pid, 0) == 0) {"),
     ("r16", H, "if (h.id != c->met[remoteRank]) { /* R16", "if (0) { /* R16"),
 ]
-#: the node's rules (R17-R25)
+#: the node's rules (R17-R27)
 MUTATIONS += [
     ("r17", H, "if (!v10 && !v12) return HCCL_E_PARA; /* R17 */", "(void)v10;"),
     ("r18", H, "if (devs[i].ip[0] && strcmp(devs[i].ip, devs[j].ip) == 0) {", "if (0) {"),
@@ -54,6 +54,8 @@ MUTATIONS += [
     ("r24", H, "if (owner && owner != me && kill(owner, 0) == 0) {", "if (0) {"),
     ("r25", A, 'const char *s = getenv("ASCEND_RT_VISIBLE_DEVICES");', "const char *s = NULL;"),
     ("r26", A, "  unlink(path); /* R26", "  (void)path; /* R26"),
+    ("r27", H, "if (simacl_is_a2()) return intra || strcmp(c->servers[me], c->servers[peer]) != 0; /* R27 A2 */",
+     "if (simacl_is_a2()) return 1; /* R27 A2 */"),
 ]
 
 

@@ -28,6 +28,8 @@ int simacl_resolve(const void *p, uint64_t n, sim_region *out);
 int simacl_current_device(void);
 /* the SoC is an A3 (ASCEND_SIM_SOC_VERSION Ascend910_93xx) */
 int simacl_is_a3(void);
+/* the SoC is an A2 (Ascend910B*: hcomm's DEV_TYPE_910B) */
+int simacl_is_a2(void);
 /* the NIC address of physical NPU `phys` in the node's hccn.conf (ASCEND_SIM_HCCN_CONF): 0, or -1 if it has none */
 int simacl_nic_address(int phys, char *out, size_t n);
 int simacl_enqueue(void *stream, void (*run)(void *), void *arg);

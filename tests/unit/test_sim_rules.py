@@ -85,20 +85,25 @@ def peer(late_bind=False, delay=0.0):
     return p, mine
 
 
-def table(version="1.0", ips=(NICS[0], NICS[1]), sdids=None, port=None):
-    """A two-rank table by hand: rank 0 on server s0 (NPU 0), rank 1 on s1; a 1.2 table with its super pod."""
+def table(version="1.0", ips=(NICS[0], NICS[1]), sdids=None, port=None, servers=("s0", "s1"), pods=("0", "0")):
+    """A two-rank table by hand: rank 0 on server s0 (NPU 0), rank 1 on s1; a 1.2 table with its super pod. Two
+    ranks of one server are its NPUs 0 and 1."""
     import json
-    servers = []
+    server_list = []
     for r in (0, 1):
-        dev = {"device_id": "0", "device_ip": ips[r], "rank_id": str(r)}
+        dev = {"device_id": str(r if servers[0] == servers[1] else 0), "device_ip": ips[r], "rank_id": str(r)}
         if sdids is not None:
             dev["super_device_id"] = sdids[r]
         if port is not None:
             dev["device_port"] = str(port)
-        servers.append({"server_id": f"s{r}", "device": [dev]})
-    t = {"version": version, "server_count": "2", "server_list": servers, "status": "completed"}
+        if server_list and server_list[-1]["server_id"] == servers[r]:
+            server_list[-1]["device"].append(dev)
+        else:
+            server_list.append({"server_id": servers[r], "device": [dev]})
+    t = {"version": version, "server_count": str(len(server_list)), "server_list": server_list, "status": "completed"}
     if version == "1.2":
-        t["super_pod_list"] = [{"super_pod_id": "0", "server_list": [{"server_id": "s0"}, {"server_id": "s1"}]}]
+        t["super_pod_list"] = [{"super_pod_id": p, "server_list": [{"server_id": s} for s, q in zip(servers, pods)
+                                                                    if q == p]} for p in sorted(set(pods))]
     return json.dumps(t)
 
 
@@ -522,6 +527,53 @@ def test_r26_a_key_its_exporter_closed_is_not_imported(sim_root, tmp_path) -> No
         print(open_export_keys(os.environ["ASCEND_SIM_DIR"], os.getpid()) == [], code(lambda: a.ipc_import(0, key)))
         """)
     assert out == ["True", "True", "100000"]   # ACL_ERROR_INVALID_PARAM
+
+
+def test_r27_the_transport_is_chosen_as_hcomm_chooses_it(sim_root, tmp_path) -> None:
+    """hcomm ``IsUsedRdma`` (hccl_one_sided_service.cc): on an A2 two ranks of one server_id take HCCS -- over the
+    vNIC, so a device ip that is not the NPU's NIC address does not matter (``HcclCommPrepare`` opens the NIC only
+    for a RoCE peer) -- two server ids RoCE, and ``HCCL_INTRA_ROCE_ENABLE=1`` makes one server's pair RoCE, whose
+    NIC is then opened by that address (R20: the timeout). On an A3 the super pod decides, not the server."""
+    body = """
+        from tests.sim import transports
+        def pair(name, servers, ips, version="1.0", pods=("0", "0"), sdids=None):
+            one = servers[0] == servers[1]
+            t = table(version, ips=ips, servers=servers, pods=pods, sdids=sdids)
+            def child(conn):
+                if not one:
+                    other_server()
+                    os.environ["ASCEND_SIM_SUPER_DEVICE_BASE"] = "16"
+                a, h = acl(), hccl()
+                a.set_device(int(one))
+                comm = h.init_comm(t, 1, CommConfig.make(name))
+                conn.send(code(lambda: h.prepare(comm, 1)))
+                conn.recv()
+            mine, theirs = mp.Pipe()
+            p = mp.get_context("fork").Process(target=child, args=(theirs,), daemon=True)
+            p.start()
+            a, h = acl(), hccl()
+            a.set_device(0)
+            comm = h.init_comm(t, 0, CommConfig.make(name))
+            got = code(lambda: h.prepare(comm, 1)), mine.recv()
+            print(got[0] + "/" + got[1], transports(os.environ["ASCEND_SIM_DIR"], os.getpid())[f"comm-{name}-r0"])
+            mine.send("bye"); p.join()
+        """
+    out = run(sim_root, tmp_path, body + """
+        same = (NICS[0], "192.168.100.102")
+        pair("a", ("s0", "s0"), same)
+        pair("b", ("s0", "s1"), (NICS[0], NICS[1]))
+        pair("c", ("s0", "s0"), ("10.0.0.1", "192.168.100.102"))
+        os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
+        pair("d", ("s0", "s0"), same)
+        pair("e", ("s0", "s0"), ("10.0.0.1", "192.168.100.102"))
+        """)
+    assert out[:9] == ["ok/ok", "hccs", "ok/ok", "roce", "ok/ok", "hccs", "ok/ok", "roce", "9/9"], out
+    assert "no NIC of NPU 0 has address 10.0.0.1" in out[-1]   # RoCE opens the NIC by the device ip (R20)
+    a3 = run(sim_root, tmp_path, body + """
+        pair("a", ("s0", "s1"), (NICS[0], NICS[1]), "1.2", ("0", "0"), ("0", "16"))
+        pair("b", ("s0", "s1"), (NICS[0], NICS[1]), "1.2", ("0", "1"), ("0", "16"))
+        """, ASCEND_SIM_SOC_VERSION="Ascend910_9391")
+    assert a3 == ["ok/ok", "hccs", "ok/ok", "roce"], a3   # one super pod: HCCS across servers; two: RoCE
 
 
 def test_every_mutation_finds_its_code() -> None:

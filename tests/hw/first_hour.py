@@ -471,8 +471,10 @@ def check_two_ranks_in_one_process() -> tuple[str, str]:
 def check_second_hccl_process() -> tuple[str, str]:
     """Issue 45, finding 4: a second process whose communicator listens on the same NPU NIC and port (HCCL's
     16666: a worker's own HCCL and a node daemon) -- recorded: what hccp does is not settled from the source; the
-    simulation refuses it (R24), and datadist's tables name device_port 16667."""
-    first = _with_peer("fh-port-a")
+    simulation refuses it (R24), and datadist's tables name device_port 16667. Over RoCE (HCCL_INTRA_ROCE_ENABLE=1):
+    a pair on one server takes HCCS, which opens no NIC listener (hcomm IsUsedRdma)."""
+    os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
+    first = _with_peer("fh-roce-port-a")
     first[2].h.bind(first[2].comm, first[2].tok)
     holder = threading.Thread(target=lambda: _code(lambda: first[2].h.prepare(first[2].comm, 60)), daemon=True)
     holder.start()
@@ -486,8 +488,32 @@ def check_second_hccl_process() -> tuple[str, str]:
     return f"a second process on the same NIC and port: {got}", RECORDED + "not settled (hccp)"
 
 
+def check_prepare_against_a_stalled_peer() -> tuple[str, str]:
+    """Prepare's worst case: the peer is stopped (SIGSTOP) inside its own Prepare -- its listener and sockets up, its
+    process not answering -- while this rank prepares with a 5 s timeout. Recorded: how many timeouts this Prepare
+    takes to fail (hcomm runs connect, exchange and enable, each with the whole timeout, as the finding reads it);
+    datadist's unlink waits three per try (``transport/hccl`` ``close_wait``). On hardware, HCCL's init may take
+    longer than the 5 s given to the peer: then it was stopped before its Prepare (say so with the line)."""
+    import math
+    import signal
+
+    timeout = 5
+    p, conn, me = _with_peer("fh-stall")
+    me.h.bind(me.comm, me.tok)
+    time.sleep(5.0)                       # the peer made its communicator and is in its Prepare
+    os.kill(p.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    got = _code(lambda: me.h.prepare(me.comm, timeout))
+    took = time.monotonic() - began
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
+    return f"prepare against a stopped peer: {got} after {math.ceil(took / timeout)} of its {timeout} s timeouts", \
+        RECORDED + "fails within 3 timeouts (connect, exchange, enable: close_wait waits 3 per try)"
+
+
 def _second(conn: Any) -> None:
-    me = Rank(0, "fh-port-b")
+    os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
+    me = Rank(0, "fh-roce-port-b")
     me.h.bind(me.comm, me.tok)
     conn.send(_code(lambda: me.h.prepare(me.comm, 5)))
 
@@ -523,7 +549,7 @@ ORDER = ["abi", "prepare_units", "descriptor_limit", "bind_after_prepare", "fail
          "last_deregistration_under_a_live_comm", "thread_without_device", "unaligned_export", "roce_pair",
          "device_ip_defaults", "logical_vs_physical", "address_range_of_an_import", "export_twice",
          "exporter_closes_first", "bind_an_exported_range", "two_ranks_in_one_process", "a3_table",
-         "second_hccl_process", "parallel_link_creation"]
+         "second_hccl_process", "prepare_against_a_stalled_peer", "parallel_link_creation"]
 
 
 def _one(name: str, conn: Any) -> None:

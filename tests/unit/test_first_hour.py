@@ -26,5 +26,7 @@ def test_every_first_hour_check_runs_and_sees_what_cann_says(tmp_path) -> None:
     recorded = [line for line in lines if line.endswith(" recorded")]
     assert all(line.endswith(" as expected") for line in lines if line not in recorded), proc.stdout
     # the simulation's guard and model say no; CANN's source names no rule: recorded, not judged
-    assert [line.split(":")[0] for line in recorded] == ["second_hccl_process", "parallel_link_creation"], proc.stdout
-    assert "saw [a second process on the same NIC and port: 19]" in recorded[0] and "[both ok: False]" in recorded[1]
+    assert [line.split(":")[0] for line in recorded] == ["second_hccl_process", "prepare_against_a_stalled_peer",
+                                                         "parallel_link_creation"], proc.stdout
+    assert "saw [a second process on the same NIC and port: 19]" in recorded[0] and "[both ok: False]" in recorded[2]
+    assert "saw [prepare against a stopped peer: " in recorded[1]   # what hardware shows is the answer

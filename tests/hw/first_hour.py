@@ -20,6 +20,7 @@ there too: ``bare tgid`` and ``unaligned export`` are the ones that change).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -90,6 +91,7 @@ class Rank:
         self.tok = self.h.register(MEM_DEVICE, self.buf, SIZE)
         self.comm = self.h.init_comm(table or _table(), r, CommConfig.make(name))
         self.stream = self.a.create_stream(self.dev)
+        self.exporter: Any = None         # ``_with_peer``: the exporting process's pipe, kept open
 
     def raw(self, local: Any, remote: Any, lengths: Any) -> None:
         """ONE HcclBatchGet call of every descriptor (the bindings cut at 64)."""
@@ -107,12 +109,21 @@ class Rank:
         return bool((got == PATTERN[offset:offset + n]).all())
 
 
-def _peer(conn: Any, name: str, late: bool, delay: float, table: str = "", exported: bool = False) -> None:
+def _peer(conn: Any, name: str, late: bool, delay: float, table: str = "", exported: bool = False,
+          imported: str = "") -> None:
     if "roce" in name:
         os.environ["HCCL_INTRA_ROCE_ENABLE"] = "1"
     me = Rank(1, name, table)
     if exported:   # the range is IPC-exported already (a pool its worker imports) when HCCL's Prepare exports it
         me.a.ipc_export(me.dev, me.buf, SIZE)
+    target = me.buf
+    if imported:   # the range read is another process's, imported by its key (a worker's tensors in the daemon)
+        from datadist_ascend.hccl import MEM_DEVICE
+
+        conn.send(me.a.bare_tgid())
+        conn.recv()                       # the exporter allowed this process
+        target = me.a.ipc_import(me.dev, imported)
+        me.h.bind(me.comm, me.h.register(MEM_DEVICE, target, SIZE))
     me.h.bind(me.comm, me.tok)
     extra = 0
     time.sleep(delay)
@@ -122,21 +133,50 @@ def _peer(conn: Any, name: str, late: bool, delay: float, table: str = "", expor
 
         extra = me.a.malloc(me.dev, SIZE)
         me.h.bind(me.comm, me.h.register(MEM_DEVICE, extra, SIZE))
-    conn.send((me.buf, extra))
+    conn.send((target, extra))
     conn.recv()
 
 
-def _with_peer(name: str, late: bool = False, delay: float = 0.0, table: str = "",
-               exported: bool = False) -> tuple[Any, Any, Rank]:
+def _exporter(conn: Any, dev: int) -> None:
+    """``SIZE`` bytes of ``PATTERN`` on ``dev``, exported; the key sent, the importer's tgid allowed; held till bye."""
+    from datadist_ascend.acl import MEMCPY_HOST_TO_DEVICE, acl
+
+    a = acl()
+    a.set_device(dev)
+    mem = a.malloc(dev, SIZE)
+    a.memcpy(dev, mem, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
+    key = a.ipc_export(dev, mem, SIZE)
+    conn.send(key)
+    a.ipc_allow(dev, key, [conn.recv()])
+    conn.send("allowed")
+    with contextlib.suppress(EOFError):
+        conn.recv()                       # held until the check's rank 0 goes (EOF)
+
+
+def _with_peer(name: str, late: bool = False, delay: float = 0.0, table: str = "", exported: bool = False,
+               imported: bool = False) -> tuple[Any, Any, Rank]:
+    """The peer (rank 1) in a process of its own, and rank 0 here; ``imported``: the peer's range is a third
+    process's (``_exporter``, on the peer's NPU), imported by key."""
+    key, held = "", None
+    if imported:
+        held, theirs = mp.get_context("spawn").Pipe()
+        mp.get_context("spawn").Process(target=_exporter, args=(theirs, _devices()[1]), daemon=True).start()
+        key = held.recv()
     mine, theirs = mp.get_context("spawn").Pipe()
-    p = mp.get_context("spawn").Process(target=_peer, args=(theirs, name, late, delay, table, exported), daemon=True)
+    p = mp.get_context("spawn").Process(target=_peer, args=(theirs, name, late, delay, table, exported, key),
+                                        daemon=True)
     p.start()
-    return p, mine, Rank(0, name, table)
+    if held is not None:
+        held.send(mine.recv())            # the peer's tgid, allowed by the exporter
+        mine.send(held.recv())
+    me = Rank(0, name, table)
+    me.exporter = held                    # the exporter holds its memory as long as this rank lives
+    return p, mine, me
 
 
-def _get_from_peer(name: str, table: str = "", exported: bool = False) -> str:
+def _get_from_peer(name: str, table: str = "", exported: bool = False, imported: bool = False) -> str:
     """A linked pair; rank 0 gets 4 KiB of rank 1's pattern: ``ok`` when the bytes landed, else the code."""
-    p, conn, me = _with_peer(name, table=table, exported=exported)
+    p, conn, me = _with_peer(name, table=table, exported=exported, imported=imported)
     me.h.bind(me.comm, me.tok)
     got = _code(lambda: me.h.prepare(me.comm, 60))
     if got == "ok":
@@ -450,6 +490,13 @@ def check_bind_an_exported_range() -> tuple[str, str]:
         ASSUMED + "get from an exported range ok"
 
 
+def check_bind_an_imported_range() -> tuple[str, str]:
+    """HCCL registers, binds and serves memory the process IPC-imported from another (the daemon serves a worker's
+    own NPU tensors so): rank 0 gets 4 KiB of the imported range."""
+    return f"get from an imported range {_get_from_peer('fh-imported', imported=True)}", \
+        ASSUMED + "get from an imported range ok"
+
+
 def check_two_ranks_in_one_process() -> tuple[str, str]:
     """One process, two communicators (ranks 0 and 1 on the two NPUs), prepared from two threads at once."""
     got: list[str] = []
@@ -548,8 +595,8 @@ CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.sta
 ORDER = ["abi", "prepare_units", "descriptor_limit", "bind_after_prepare", "failing_descriptor_mid_batch",
          "last_deregistration_under_a_live_comm", "thread_without_device", "unaligned_export", "roce_pair",
          "device_ip_defaults", "logical_vs_physical", "address_range_of_an_import", "export_twice",
-         "exporter_closes_first", "bind_an_exported_range", "two_ranks_in_one_process", "a3_table",
-         "second_hccl_process", "prepare_against_a_stalled_peer", "parallel_link_creation"]
+         "exporter_closes_first", "bind_an_exported_range", "bind_an_imported_range", "two_ranks_in_one_process",
+         "a3_table", "second_hccl_process", "prepare_against_a_stalled_peer", "parallel_link_creation"]
 
 
 def _one(name: str, conn: Any) -> None:

@@ -17,9 +17,11 @@ P, D = 10, 20
 
 
 def rank_table(ports: dict[int, int]) -> str:
-    """An HCCL v1.2 rank table; ``device_port`` is datadist's extension for several daemons on one host."""
+    """An HCCL v1.2 rank table as CANN's callers write it: ``server_id`` the host's address, ``device_ip`` the NPU's
+    NIC address (which no daemon listens on); ``device_port`` is datadist's extension for several daemons on one
+    host."""
     servers = [{"server_id": "127.0.0.1", "device": [
-        {"device_id": str(rank), "device_ip": "127.0.0.1", "device_port": str(port), "rank_id": str(rank)}]}
+        {"device_id": str(rank), "device_ip": f"192.0.2.{rank + 1}", "device_port": str(port), "rank_id": str(rank)}]}
         for rank, port in ports.items()]
     return json.dumps({"version": "1.2", "server_count": str(len(servers)), "status": "completed",
                        "server_list": servers})

@@ -2,10 +2,12 @@
 
 Every member calls ``link``; each returns a comm id at once (a per-engine counter from 1) and
 links to every other member in the background, then ``query_register_mem_status`` turns from
-PREPARING to OK (or FAILED). A rank's daemon is found at ``device_ip`` of the rank table and
-the peer port: the device's ``device_port`` (a datadist extension of the rank table, so several
-daemons can share one host) or ``[peer] default_port``. Unlike ``link_clusters`` a comm domain
-is two-sided: each member links to each other member, so either side can pull or push.
+PREPARING to OK (or FAILED). A rank's daemon is found on its server: the server's ``server_id`` when it is an IP
+address -- the host, as CANN's rank tables and vllm-ascend's name it, while ``device_ip`` is the NPU's NIC address,
+which no daemon listens on -- else the device's ``device_ip``; at the peer port: the device's ``device_port`` (a
+datadist extension of the rank table, so several daemons can share one host) or ``[peer] default_port``. Unlike
+``link_clusters`` a comm domain is two-sided: each member links to each other member, so either side can pull or
+push.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class CommDomain:
 
 
 def parse_rank_table(text: str, ranks: Sequence[int], default_port: int) -> dict[int, tuple[str, int]]:
-    """rank -> (device_ip, port) for the given ranks, from an HCCL rank table (version 1.0 / 1.2)."""
+    """rank -> (the address of its daemon, port) for the given ranks, from an HCCL rank table (version 1.0 / 1.2):
+    the server's ``server_id`` when it is an IP address, else the device's ``device_ip`` (module doc)."""
     try:
         table = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -61,10 +64,11 @@ def parse_rank_table(text: str, ranks: Sequence[int], default_port: int) -> dict
             "rank_table needs a server_list (HCCL rank table version 1.0 / 1.2)")
     found: dict[int, tuple[str, int]] = {}
     for server in table["server_list"]:
+        host = _ip_or_none(server.get("server_id")) if isinstance(server, dict) else None
         for device in (server.get("device") or []) if isinstance(server, dict) else []:
             try:
                 rank = int(device["rank_id"])
-                ip = str(device["device_ip"])
+                ip = host or str(device["device_ip"])
                 port = int(device.get("device_port", default_port))
                 ipaddress.ip_address(ip)
             except (KeyError, TypeError, ValueError) as exc:
@@ -76,6 +80,14 @@ def parse_rank_table(text: str, ranks: Sequence[int], default_port: int) -> dict
     missing = [r for r in ranks if r not in found]
     require(not missing, f"rank_table has no device for rank(s) {missing}")
     return {r: found[r] for r in ranks}
+
+
+def _ip_or_none(server_id: object) -> str | None:
+    """``server_id`` when it is an IP address (the host's, as CANN writes it), else None (a name)."""
+    try:
+        return str(ipaddress.ip_address(str(server_id)))
+    except ValueError:
+        return None
 
 
 class CommManager:

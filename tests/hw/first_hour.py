@@ -342,14 +342,7 @@ def check_unaligned_export() -> tuple[str, str]:
     mem = a.malloc(dev, SIZE)
     a.memcpy(dev, mem, SIZE, PATTERN.ctypes.data, SIZE, MEMCPY_HOST_TO_DEVICE)
     off = 4096 + 123
-    key = a.ipc_export(dev, mem + off, 8192)
-    mine, theirs = mp.get_context("spawn").Pipe()
-    p = mp.get_context("spawn").Process(target=_importer, args=(theirs, key, dev), daemon=True)
-    p.start()
-    a.ipc_allow(dev, key, [mine.recv()])
-    mine.send("go")
-    result = mine.recv()
-    p.join(30)
+    result = _import_key_in_child(a, a.ipc_export(dev, mem + off, 8192), dev)
     ok = result == bytes(PATTERN[off:off + 64])
     return f"the importer reads the exported bytes: {ok if isinstance(result, bytes) else result}", \
         ASSUMED + "the importer reads the exported bytes: True"

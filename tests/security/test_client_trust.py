@@ -27,7 +27,8 @@ from datadist.status import LLMStatusCode as S
 from tests import hostile_daemon
 from tests.harness import ROOT
 
-from .users import as_user, hold, ids, why_not
+from .test_users import users  # noqa: F401 - the throwaway-users fixture
+from .users import as_user, ids
 
 pytestmark = pytest.mark.integration
 
@@ -160,12 +161,8 @@ def test_a_link_in_tmp_does_not_pass_for_its_target(tmp_path) -> None:
 # ---- another user squats the victim's socket directory (root only) ----------------------------------------------
 
 @pytest.fixture(scope="module")
-def squat_users():
-    why = why_not()
-    if why:
-        pytest.skip(why)
-    with hold():
-        yield ids(SQUATTER)[0], ids(VICTIM)[0]
+def squat_users(users):  # noqa: F811 - the throwaway users, made by test_users' fixture
+    return ids(SQUATTER)[0], ids(VICTIM)[0]
 
 
 def _squat(victim_uid: int, *more: str, linked: bool = False):  # noqa: ANN202 - a generator of (socket, report)

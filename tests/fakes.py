@@ -16,21 +16,64 @@ def worker_session(node: Any) -> Any:
     return node.sessions.open(PeerCred(os.getpid(), os.getuid(), os.getgid()))
 
 
-async def pulled(links: Any, order: Any) -> tuple[int, str]:
-    """``links.start_pull(order, done)`` (the one way a pull starts) awaited: ``(bytes, transport)``, or the
-    ``DataDistError`` it ended with, raised."""
+class _Ended:
+    """A transfer's end (``links.transfer.Ends``) handed to ``done``: ``(bytes, transport)`` or the
+    ``DataDistError``, from the event loop whichever thread ended it."""
+
+    def __init__(self, done: Any) -> None:
+        import asyncio
+
+        self.loop = asyncio.get_running_loop()
+        self.done = done
+
+    def ended(self, token: Any, status: int, nbytes: int, transport: str, message: str) -> None:
+        from datadistd.core.errors import DataDistError, StatusCode
+
+        result = (nbytes, transport) if status == 0 else DataDistError(StatusCode(status), message)
+        self.loop.call_soon_threadsafe(self.done, result)
+
+
+def start_pull(links: Any, order: Any, done: Any) -> None:
+    """A pull of ``order`` on the one transfer path (``LinkManager.transfer``); its end goes to ``done``:
+    ``(bytes, transport)`` or the ``DataDistError``, from the event loop."""
+    links.transfer(False, order.remote.cluster_id, order.local_cache_id, order.timeout_ms or 0, _Ended(done), None,
+                   order=order)
+
+
+async def _transferred(links: Any, order: Any, push: bool) -> tuple[int, str]:
     from datadistd.links.wire.framecalls import answered
 
-    return await answered(lambda done: links.start_pull(order, done))
+    return await answered(lambda done: links.transfer(push, order.remote.cluster_id, order.local_cache_id,
+                                                      order.timeout_ms or 0, _Ended(done), None, order=order))
+
+
+async def pulled(links: Any, order: Any) -> tuple[int, str]:
+    """A pull of ``order`` on the one transfer path awaited: ``(bytes, transport)``, or the ``DataDistError`` it
+    ended with, raised."""
+    return await _transferred(links, order, False)
+
+
+async def pushed(links: Any, order: Any) -> tuple[int, str]:
+    """A push of ``order`` on the one transfer path awaited, as ``pulled``."""
+    return await _transferred(links, order, True)
 
 
 async def read_inline(calls: Any, spec: Any, timeout: float) -> tuple[bytes, bool]:
-    """``calls.start_read_inline`` (the one entry of a small read) awaited: the bytes and whether to release the
-    key, or the ``DataDistError`` it ended with, raised."""
-    from datadistd.links.wire.framecalls import answered
+    """A small read answered with its bytes (an inline READ owner call) awaited: the bytes and whether to release
+    the key, or the ``DataDistError`` it ended with, raised."""
+    from datadistd.links.wire.ownercalls import ReadCmd
 
-    reply = await answered(lambda done: calls.start_read_inline(spec, timeout, done))
+    reply = await calls._call(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout)
     return reply.data, reply.release_needed
+
+
+async def read_call(calls: Any, transfer_id: int, spec: Any, timeout: float) -> tuple[int, bool]:
+    """A READ owner call whose bytes come as transfer ``transfer_id``, awaited: its byte count and whether to
+    release the key (the frame round trip of ``FrameCalls``, without a transfer path around it)."""
+    from datadistd.links.wire.ownercalls import ReadCmd
+
+    reply = await calls._call(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout)
+    return reply.nbytes, reply.release_needed
 
 
 class ArrayHandle:

@@ -29,7 +29,7 @@ from datadistd.links import ClusterSpec
 from datadistd.node.node import EngineSlot, Node
 from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
-from tests.fakes import pulled, worker_session
+from tests.fakes import pulled, pushed, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,7 +60,8 @@ def _cache(slot: EngineSlot, cluster: int, fill: int) -> int:
 
 async def _refused_everything(slot: EngineSlot, cluster: int, cache: int) -> None:
     """``slot``'s worker names ``cluster``: a pull, a check and an unlink all find no link."""
-    for op in (pulled(slot.links, _order(cluster, cache, [1], [0])), slot.links.push(_order(cluster, cache, [1], [0])),
+    for op in (pulled(slot.links, _order(cluster, cache, [1], [0])),
+               pushed(slot.links, _order(cluster, cache, [1], [0])),
                slot.links.check_link(cluster)):
         with pytest.raises(DataDistError) as info:
             await op

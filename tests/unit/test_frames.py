@@ -18,6 +18,7 @@ from datadistd.links.wire.framecalls import FrameCalls
 from datadistd.links.wire.ownercalls import OwnerReply, ReadCmd
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, EARLY_FRAMES_MAX, EarlyFrames
 from datadistd.transport.tcp import HEADER, MAX_CONTROL
+from tests.fakes import read_call
 from tests.reliability.common import wait_until
 from tests.unit.test_transport_tcp import TOKEN, Pair, closed_without_reply, deadline, raw_hello
 
@@ -157,11 +158,11 @@ def test_frame_calls_read_round_trip_over_a_real_channel(pair: Pair) -> None:
         calls = FrameCalls(2, send)
         pair.out.on_control(lambda kind, payload: loop.call_soon_threadsafe(
             calls.on_reply, ownerwire.decode_reply(payload)))
-        answers = await asyncio.gather(*(calls.read(10 + i, spec, 5.0) for i in range(20)))
+        answers = await asyncio.gather(*(read_call(calls, 10 + i, spec, 5.0) for i in range(20)))
         assert set(answers) == {(4096, True)}
         calls.close("done")
         with pytest.raises(DataDistError) as info:
-            await calls.read(99, spec, 5.0)
+            await read_call(calls, 99, spec, 5.0)
         assert info.value.code == S.LLM_LINK_FAILED
         return answers[0]
 
@@ -178,7 +179,7 @@ def test_frame_calls_time_out_when_nobody_answers(pair: Pair) -> None:
 
         calls = FrameCalls(2, send)
         with pytest.raises(DataDistError) as info:
-            await calls.read(1, spec, 0.3)
+            await read_call(calls, 1, spec, 0.3)
         assert info.value.code == S.LLM_TIMEOUT
 
     asyncio.run(main())

@@ -24,7 +24,6 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
-from datadistd.links.calls import OwnerCalls
 from datadistd.links.layerwise import LayerPush
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import OwnerReply, UnlinkCmd
@@ -34,7 +33,7 @@ from datadistd.state.config import Config
 from datadistd.state.engine import tensors_of
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY
 from datadistd.transport.tcp.reactor import THREAD_PREFIX, reactor
-from tests.fakes import pulled, worker_session
+from tests.fakes import pulled, pushed, start_pull, worker_session
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,9 +115,11 @@ class Pair:
 
 
 def general_reads_only(manager: LinkManager) -> None:
-    """Before it links: ``manager`` answers every small read by the general path (``OwnerCalls(by_view=
-    False)``: ``Owner.read_small``), never by the engine's published read view."""
-    manager.calls = manager.setup.calls = OwnerCalls(manager.table, manager.owner, by_view=False)
+    """``manager``'s engine publishes no read view (``readview``): every small read and write of a peer is answered
+    by the general path on the loop (``Owner.read_small`` / ``write_small``: ``prepare_read`` / ``prepare_write``),
+    the reference the view's answers must equal."""
+    manager.table.watchers.remove(manager.calls._publish)
+    manager.engine.read_view = None
 
 
 def _bytes(slot: Any, cache_id: int) -> list[np.ndarray]:
@@ -150,7 +151,7 @@ def test_both_ends_pull_and_push_byte_exact() -> None:
                 np.testing.assert_array_equal(got[t][[5, 6]], want[t][[1, 2]])
                 assert not got[t][[0, 1, 2, 3, 4, 7]].any()
             # the serving end pushes its block 3 into the linking end's block 0 (two-way links)
-            await serving.push(_order(D, src, [0], [3]))
+            await pushed(serving, _order(D, src, [0], [3]))
             got = _bytes(pair.ds, dst)
             for t in range(2):
                 np.testing.assert_array_equal(got[t][0], want[t][3])
@@ -208,7 +209,7 @@ def test_a_link_unlinked_during_a_transfer_is_not_yet_link_not_a_timeout(how: st
                     await pulled(linking, _order(P, dst, [1], [1]))
                 else:
                     ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                    linking.start_pull(_order(P, dst, [1], [1]), ended.set_result)
+                    start_pull(linking, _order(P, dst, [1], [1]), ended.set_result)
                     result = await asyncio.wait_for(ended, 10)
                     if isinstance(result, DataDistError):
                         raise result
@@ -504,7 +505,7 @@ def test_a_small_pull_comes_back_in_the_reply_without_a_transfer_on_the_channel(
             serving.owner.read_for = lambda *a, **k: used.append("read_for") or read_for(*a, **k)  # type: ignore
             assert await pulled(linking, _order(P, dst, [1, 4], [2, 7])) == (4 * BLOCK, "tcp")
             ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            linking.start_pull(_order(P, dst, [5], [0]), ended.set_result)
+            start_pull(linking, _order(P, dst, [5], [0]), ended.set_result)
             assert await asyncio.wait_for(ended, 10) == (2 * BLOCK, "tcp")
             assert used == []
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
@@ -584,7 +585,7 @@ def test_reads_in_flight_on_a_link_go_out_one_sender_per_connection_replies_afte
                 ends[k].set_result(result)
 
             for k, r in enumerate(remote):
-                linking.start_pull(_order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per))),
+                start_pull(linking, _order(P, int(dst.cache_id), r, list(range(k * per, (k + 1) * per))),
                                    functools.partial(ended, k))
             got = await asyncio.wait_for(asyncio.gather(*ends), 30)
             assert got == [(per * row, "tcp")] * len(remote)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from datadistd.state.engine import tensors_of
-from tests.fakes import pulled
+from tests.fakes import pulled, start_pull
 from tests.unit.test_links import (
     BIG_POOL,
     BIG_ROW,
@@ -52,7 +52,7 @@ def test_a_ping_is_answered_while_the_links_read_is_being_sent() -> None:
             loop = asyncio.get_running_loop()
             ended: asyncio.Future[Any] = loop.create_future()
             remote = list(range(rows))[::-1]
-            linking.start_pull(_order(P, int(dst.cache_id), remote, list(range(rows))), ended.set_result)
+            start_pull(linking, _order(P, int(dst.cache_id), remote, list(range(rows))), ended.set_result)
             try:
                 assert await asyncio.to_thread(entered.wait, 10), "the read never reached its sender"
                 assert serving.owner._sends, "the read is not on the link's queue"

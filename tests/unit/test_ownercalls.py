@@ -28,6 +28,7 @@ from datadistd.links.wire.ownercalls import (
     ReleaseCmd,
     UnlinkCmd,
 )
+from tests.fakes import read_call
 
 SPEC = RemoteSpec(BlocksKeyRef(7, 1), ReadMode.BLOCKS, (3, 1, 4), -1, 0, 2, 4, 4096)
 
@@ -78,7 +79,7 @@ def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
 def test_concurrent_calls_are_matched_by_id_answered_in_reverse_order() -> None:
     async def main() -> list:
         hub = Hub()
-        calls = [asyncio.ensure_future(hub.calls.read(tid, SPEC, 5.0)) for tid in range(12)]
+        calls = [asyncio.ensure_future(read_call(hub.calls, tid, SPEC, 5.0)) for tid in range(12)]
         commands = [await hub.next_command() for _ in calls]
         for cmd in reversed(commands):  # the other end answers in any order
             assert isinstance(cmd, ReadCmd)

@@ -27,7 +27,7 @@ from datadistd.state import readview
 from datadistd.state.engine import tensors_of
 from datadistd.state.metrics import DaemonMetrics
 from datadistd.transport.base import CONTROL_CALL
-from tests.fakes import pulled
+from tests.fakes import pulled, start_pull
 
 from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order, general_reads_only
 
@@ -159,7 +159,7 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
             pause.armed = True
             try:
                 ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                linking.start_pull(_order(P, dst, [5], [5]), ended.set_result)
+                start_pull(linking, _order(P, dst, [5], [5]), ended.set_result)
                 assert await asyncio.get_running_loop().run_in_executor(None, pause.paused.wait, 10)
                 threading.Timer(0.3, pause.go.set).start()
                 started = time.monotonic()
@@ -171,7 +171,8 @@ def test_a_deregistration_racing_a_read_waits_for_its_copy_and_a_later_read_is_r
             finally:
                 pause.go.set()
             assert waited >= 0.2
-            assert serving.engine.read_view is None      # dropped (its views released) before the memory went
+            now = serving.engine.read_view   # republished without the cache (the old one's views released) before
+            assert isinstance(now, readview.ReadView) and now is not view and 0 not in now.blocks   # the memory went
             for t, tensor in enumerate(_bytes(pair.ds, dst)):
                 assert (tensor[5] == t + 1).all()          # the registered cache's bytes, never 0xEE
             with pytest.raises(DataDistError) as info:
@@ -201,7 +202,7 @@ def test_deallocations_racing_reader_thread_reads_never_give_another_caches_byte
                 ends: list[asyncio.Future[Any]] = []
                 for i in range(8):
                     ended: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                    linking.start_pull(_order(P, dst, [i % BLOCKS], [i % BLOCKS]), ended.set_result)
+                    start_pull(linking, _order(P, dst, [i % BLOCKS], [i % BLOCKS]), ended.set_result)
                     ends.append(ended)
                 await asyncio.sleep(0)
                 engine.deallocate_cache(src, is_blocks=True)
@@ -341,9 +342,9 @@ _BAD = {   # request -> (spec, frame fields, status): refused
 def test_the_view_and_the_general_path_answer_every_request_alike() -> None:
     """Each request of a table -- good ones, and refusals a hostile peer can send: out of range, huge counts, a
     key of another cluster, caches it may not read, reserved bits, a block count the frame does not hold --
-    answered by an owner whose small reads go by the published view (``OwnerCalls(by_view=True)``, the
-    default) and by one whose go by the general path only (``by_view=False``): the same status, message and
-    bytes. The view answered the good ones from the reader threads, and none of the bad ones."""
+    answered by an owner whose small reads go by the published view (the default) and by one that publishes no
+    view (``general_reads_only``: the general path only): the same status, message and bytes. The view answered
+    the good ones from the reader threads, and none of the bad ones."""
     async def answers(by_view: bool) -> tuple[dict[str, tuple[int, str, bytes, bool]], int]:
         async with Pair() as pair:
             serving, linking = pair.links

@@ -22,7 +22,7 @@ from datadistd.memory.copy import BufferHandle
 from datadistd.state import readview
 from datadistd.state.engine import tensors_of
 from datadistd.state.metrics import DaemonMetrics
-from tests.fakes import pulled
+from tests.fakes import pulled, pushed
 
 from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order, general_reads_only
 from .test_readview import _answer, _fill
@@ -84,14 +84,14 @@ def test_a_small_push_is_one_call_written_by_the_reader_thread_byte_exact() -> N
             await pair.link()
             src, dst = pair.caches()
             _fill(pair.ds, dst, 0x5A)
-            await linking.push(_order(P, dst, [0], [0]))    # the first by the loop, which publishes the view
+            await pushed(linking, _order(P, dst, [0], [0]))    # the first by the loop, which publishes the view
             assert readview.current(serving.engine)
             counted = metrics.bound("serve_write", str(P), str(D))
             nbytes, before = counted.nbytes, _written(serving)
             link = next(iter(serving.table.served.values()))
             loop_in = link.bytes_in
             for _ in range(3):
-                await linking.push(_order(P, dst, [2, 6], [1, 4]))
+                await pushed(linking, _order(P, dst, [2, 6], [1, 4]))
             assert _written(serving, before + 3 * 4 * BLOCK) == before + 3 * 4 * BLOCK
             assert link.bytes_in == loop_in   # no transfer committed (that counts here): the reader thread wrote
             assert link.bytes_received == link.bytes_in + link.reader_bytes_in
@@ -113,7 +113,7 @@ def test_a_push_past_the_inline_limit_still_opens_sends_and_commits() -> None:
             dst = linking.table.engine.allocate_cache(big, is_blocks=True, blocks_key=BlocksKeyRef(D, 0))
             _fill(pair.ds, int(dst.cache_id), 0x33)
             link = next(iter(serving.table.served.values()))
-            await linking.push(_order(P, int(dst.cache_id), [1, 2, 3], [1, 2, 3]))   # 96 KiB
+            await pushed(linking, _order(P, int(dst.cache_id), [1, 2, 3], [1, 2, 3]))   # 96 KiB
             assert link.bytes_in == 3 * 2 * (16 << 10) and link.reader_bytes_in == 0
             for seg in tensors_of(src):
                 got = np.zeros(seg.length, np.uint8)
@@ -193,9 +193,9 @@ def test_the_view_and_the_general_path_answer_every_write_alike() -> None:
     """Each write of a table -- good ones, and refusals a hostile peer can send: out of range, a byte count the
     blocks do not hold, bytes carried that are not the spec's, a key of another cluster, caches it may not write,
     reserved bits, a block count the frame does not hold -- answered by an owner whose small writes go by the
-    published view (``OwnerCalls(by_view=True)``) and by one whose go by the general path only
-    (``by_view=False``): the same status and message, and the same bytes in the destination (the good writes',
-    nothing of the bad ones'). The view wrote the good ones from the reader threads, and none of the bad ones."""
+    published view (the default) and by one that publishes none (``general_reads_only``: the general path only):
+    the same status and message, and the same bytes in the destination (the good writes', nothing of the bad
+    ones'). The view wrote the good ones from the reader threads, and none of the bad ones."""
     async def answers(by_view: bool) -> tuple[dict[str, tuple[int, str]], int, list[np.ndarray]]:
         async with Pair() as pair:
             serving, linking = pair.links
@@ -252,10 +252,10 @@ def test_deallocations_racing_reader_thread_writes_never_land_in_another_caches_
             _fill(pair.ds, dst, 0x5A)
             engine = serving.engine
             desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.DEVICE)
-            await linking.push(_order(P, dst, [0], [0]))
+            await pushed(linking, _order(P, dst, [0], [0]))
             outcomes = {"written": 0, "refused": 0}
             for _ in range(30):
-                pushes = [asyncio.ensure_future(linking.push(_order(P, dst, [i % BLOCKS], [i % BLOCKS])))
+                pushes = [asyncio.ensure_future(pushed(linking, _order(P, dst, [i % BLOCKS], [i % BLOCKS])))
                           for i in range(8)]
                 await asyncio.sleep(0)
                 engine.deallocate_cache(src, is_blocks=True)
@@ -272,7 +272,7 @@ def test_deallocations_racing_reader_thread_writes_never_land_in_another_caches_
                     assert (tensor == 0xB2).all()
                 engine.deallocate_cache(int(other.cache_id), is_blocks=True)
                 src = int(engine.allocate_cache(desc, is_blocks=True, blocks_key=BlocksKeyRef(P, 0)).cache_id)
-                await linking.push(_order(P, dst, [0], [0]))   # the view republished for the next round
+                await pushed(linking, _order(P, dst, [0], [0]))   # the view republished for the next round
             assert outcomes["written"] + outcomes["refused"] == 30 * 8
 
     asyncio.run(main())
@@ -288,7 +288,7 @@ def test_a_key_re_pointed_to_a_cache_the_peer_may_not_write_is_not_written_by_th
             await pair.link()
             src, dst = pair.caches()
             _fill(pair.ds, dst, 0x5A)
-            await linking.push(_order(P, dst, [0], [0]))
+            await pushed(linking, _order(P, dst, [0], [0]))
             assert readview.current(serving.engine)
             desc = CacheDesc(2, (BLOCKS, BLOCK), DType.DT_UINT8, Placement.HOST)
             bufs = [bytearray(BLOCKS * BLOCK) for _ in range(2)]
@@ -296,7 +296,7 @@ def test_a_key_re_pointed_to_a_cache_the_peer_may_not_write_is_not_written_by_th
                                           blocks_key=BlocksKeyRef(P, 0), remote_accessible=False)
             written = _written(serving)
             with pytest.raises(DataDistError) as info:
-                await linking.push(_order(P, dst, [2], [2]))
+                await pushed(linking, _order(P, dst, [2], [2]))
             assert info.value.code == S.LLM_KV_CACHE_NOT_EXIST
             assert _written(serving) == written and not any(any(b) for b in bufs)
             for t, tensor in enumerate(_bytes(pair.ps, src)):

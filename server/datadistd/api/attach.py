@@ -15,35 +15,77 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   with a fixed-layout reply; block lists past one datagram in continuation frames, assembled here
   within bounds: ``MAX_TRANSFER_BLOCKS``, one transfer at a time per connection, ``ASSEMBLY_DEADLINE_S``, the
   numbers booked to the uid's quota and the engine's owner checked at the first frame),
-  started by ``api.transfers.start_transfer`` (the one entry the gRPC Pull/Push share). Replies go out
-  in completion order, matched by request id, so a worker may have many in flight (at most
+  started on the engine's one transfer path (``LinkManager.transfer``) as an order by
+  ``api.transfers.start_transfer`` (the entry the gRPC Pull/Push share). Replies go out in completion order,
+  matched by request id, from whichever thread ends the transfer, so a worker may have many in flight (at most
   ``MAX_TRANSFERS_IN_FLIGHT``: then the connection is not read until one ends). A small ``pull_blocks`` or
-  ``push_blocks`` by ``BlocksCacheKey`` skips the order: its ints go to ``links.fast.FastTransfers.start`` from the
-  reactor thread that read the frame, and the data reader thread that reads the owner's reply answers the worker
-  (``ended_here``; ``ended`` on the loop for anything else); ``fast_pulls=False`` sends every transfer the general
-  way.
+  ``push_blocks`` by ``BlocksCacheKey`` skips the order: its ints go to the same path from the reactor thread that
+  read the frame (the quick shape, ``links.transfer``), and the data reader thread that reads the owner's reply
+  answers the worker (``ended``); ``fast_pulls=False`` sends every transfer as an order.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
 imported memory is closed. Connections are read by the process's TCP reactor threads (``api.attachread``: no
-thread per connection, the event loop off a small pull's path); everything but a fast transfer's start and end is
+thread per connection, the event loop off a small pull's path); everything but a quick transfer's start and end is
 handed to the daemon's event loop, in order, and handled there (this module); accepting runs on the loop. Each
 message is one datagram of at most ``MAX_MESSAGE`` bytes with at most ``MAX_PIECES`` descriptors, so a caller cannot
 make the daemon buffer more.
+
+Reading the connections
+-----------------------
+
+Reading a worker's attach connection on the process's TCP reactor threads, not on the event loop.
+
+Each connection is registered with the reactor (``transport.tcp.reactor``: one epoll, a small pool of threads,
+one-shot registration), so a connection adds no thread (a local user may open thousands) and a worker's datagram
+wakes one pool thread, not the loop. That thread's turn (``AttachServer._turn``) reads what the worker queued and
+starts a small ``pull_blocks`` or ``push_blocks`` by ``BlocksCacheKey`` right there (``_fast``: the engine's one
+transfer path, ``LinkManager.transfer``, in its quick shape); the data reader thread that reads the owner's reply
+answers the worker (``ended``). Anything else -- hello, memory, continuation frames, any other transfer, a quick
+one the path declined off the loop, the connection's end -- is handed to the loop (``call_soon_threadsafe``),
+and the connection is not read again until the loop has handled it (``_handed``, then ``_rearm``): so the loop sees
+a connection's messages in order and exactly as before, and a fast frame never overtakes a message sent before it.
+
+State under ``AttachConn.lock`` (a turn, the reader threads that end fast transfers, the loop): ``in_flight``;
+``armed`` (in the epoll: one event, one turn); ``turning`` (a turn runs); ``paused`` (back-pressure: with
+``MAX_TRANSFERS_IN_FLIGHT`` transfers in flight a turn ends without re-arming, and the transfer that ends next
+re-arms it, ``Reactor.rearm``, from whichever thread ends it); ``dropped`` (the loop's ``_drop``: a socket out of
+the epoll is closed there; one in it is shut down, and the turn of its last event closes it -- the reactor's rule,
+so no thread holds an event of a descriptor number that a new connection may reuse). The rest of a
+connection (``greeted``, ``partial``, ``skip``) is the loop's: a turn runs only while the loop holds nothing of
+the connection, reads it, and clears ``skip`` after a fast start as the loop would.
+
+A turn reads one datagram when nothing else of the connection is in flight (the one-at-a-time pull: no ``EAGAIN``
+probe), else up to ``_DRAIN`` until the socket has none (a pipelining worker).
+
+Replies go out from whichever thread ends a transfer (``_answer``). A reply the socket does not take at once (the
+worker reads slower than its transfers end: a caller thread descheduled, a burst of hundreds in flight) waits in
+the connection's ``outbox`` and the loop sends it when the socket drains (``_flush``); a transfer stays counted
+in flight until its reply is sent, so a worker that stops reading holds at most ``MAX_TRANSFERS_IN_FLIGHT``
+replies here while back-pressure stops reading its requests -- it is never dropped for reading slowly. Its
+session ends when it closes the connection (the socket then errs: ``_flush`` drops it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
+import functools
 import logging
 import os
 import socket
 import struct
+import threading
 
 from datadist.fastframe import (
+    KEY_BLOCKS,
+    KIND_BLOCKS,
     MAGIC,
     MAX_DATAGRAM,
+    PULL,
     PUSH,
+    REPLY,
+    REQUEST,
     FrameError,
     Partial,
     TransferFrame,
@@ -56,20 +98,21 @@ from datadist.v1 import attach_pb2
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..guard.admission import RefusalLog
+from ..guard.quota import Charge
 from ..guard.sockfiles import OwnedSocket
 from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
-from ..node.sessions import PeerCred
+from ..node.sessions import PeerCred, WorkerSession
 from ..state.metrics import DaemonMetrics, count_error
 from ..transport.tcp.reactor import Reactor, reactor
 from .attachmsgs import PROTOCOL_VERSION, handle
-from .attachread import FAST_PULL_BLOCKS, MAX_TRANSFERS_IN_FLIGHT, TRUNCATED, AttachConn, ConnReading, fds_of
 from .orders import MAX_LIST, order_from_frame
 from .transfers import start_transfer
 
 __all__ = ["AttachServer", "attach_path", "PROTOCOL_VERSION", "MAX_MESSAGE", "MAX_TRANSFER_BLOCKS",
-           "ASSEMBLY_DEADLINE_S", "read_peer_cred", "FAST_PULL_BLOCKS", "MAX_TRANSFERS_IN_FLIGHT"]
+           "ASSEMBLY_DEADLINE_S", "read_peer_cred", "FAST_PULL_BLOCKS", "MAX_TRANSFERS_IN_FLIGHT", "AttachConn",
+           "fds_of"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +128,56 @@ _MAGIC_BYTE = bytes([MAGIC])
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5
 _LOG_EVERY_S = 10.0
 _CONTINUE_BYTE = 3
+
+
+#: transfers one connection may have in flight (more wait in the worker's socket buffer)
+MAX_TRANSFERS_IN_FLIGHT = 256
+#: the most block numbers a fast pull or push names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
+FAST_PULL_BLOCKS = 64
+#: datagrams one turn reads at most (the connection goes back to the epoll in between: others get their turn)
+_DRAIN = 64
+#: a pull or push frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)
+_FAST_FLAGS = 4
+TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # an int: ``&`` on IntFlag members costs an enum call
+#: room for the descriptors one message may carry (``recvmsg``'s ancillary buffer)
+_ANCILLARY = socket.CMSG_LEN(MAX_PIECES * 4)
+#: a datagram a turn hands the loop: bytes, ancillary data, flags
+_Datagram = tuple[bytes, list[tuple[int, int, bytes]], int]
+
+
+def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of a message's ancillary data (what ``socket.recv_fds`` returns)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
+    return fds
+
+
+class AttachConn:
+    __slots__ = ("sock", "fd", "session", "greeted", "in_flight", "partial", "assembly", "deadline", "skip",
+                 "lock", "armed", "turning", "paused", "dropped", "outbox", "writing")
+
+    def __init__(self, sock: socket.socket, session: WorkerSession) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.session = session
+        self.greeted = False
+        self.partial: Partial | None = None             # the transfer whose continuation frames are coming
+        self.assembly: Charge | None = None             # ... its numbers booked to the uid (``assembly_bytes``)
+        self.deadline: asyncio.TimerHandle | None = None    # ... and when it is refused if they stop
+        self.skip: int | None = None    # request id of a transfer refused mid-assembly: its later frames are dropped
+        # under ``lock`` (the module doc): a turn, the reader threads that end fast transfers, the loop
+        self.lock = threading.Lock()
+        self.in_flight = 0                              # transfers started and not yet answered
+        self.armed = True                               # in the epoll, waiting to be readable (``_watch``)
+        self.turning = False                            # a reactor thread reads the connection
+        self.paused = False                             # reading stopped by back-pressure
+        self.dropped = False                            # ``_drop``: the socket closed, or shut down for a turn to close
+        # replies the socket did not take yet (a worker reading slower than its transfers end), sent in order by the
+        # loop as the socket drains (``_flush``); a transfer's reply stays counted in ``in_flight`` until sent
+        self.outbox: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self.writing = False                            # the loop waits for the socket to take the outbox
 
 
 def attach_path(worker_socket: str) -> str:
@@ -104,15 +197,15 @@ def _peer_pidfd(sock: socket.socket) -> int | None:
         return None
 
 
-class AttachServer(ConnReading):
+class AttachServer:
     def __init__(self, node: Node, path: str, mode: int = 0o660, metrics: DaemonMetrics | None = None,
                  assembly_deadline_s: float = ASSEMBLY_DEADLINE_S, fast_pulls: bool = True,
                  reader: Reactor | None = None) -> None:
         """``reader``: the reactor whose threads read the connections (default: the process's, ``reactor()``)."""
         self.node = node
         self._reactor = reader if reader is not None else reactor()
-        #: a small pull_blocks or push_blocks goes ``FastTransfers.start`` first (False: every transfer takes the
-        #: general path)
+        #: a small pull_blocks or push_blocks starts in the quick shape from the reactor thread that read it (False:
+        #: every transfer is started as an order, on the loop)
         self.fast_pulls = fast_pulls
         self.assembly_deadline_s = assembly_deadline_s
         self.path = path
@@ -184,8 +277,6 @@ class AttachServer(ConnReading):
         if not self._release(conn):   # closed here, or by the reactor thread reading it as its turn ends
             return
         self._end_assembly(conn)
-        for task in conn.tasks:
-            task.cancel()
         self._conns.pop(conn.fd, None)
         session = conn.session
         self.node.sessions.close(session)
@@ -213,15 +304,18 @@ class AttachServer(ConnReading):
         else:
             self._on_message(conn, data, fds, flags)
 
-    # ---- a fast transfer's end on the loop (``links.fast.FastReply``; ``ended_here``: ``attachread``) ----------
+    # ---- a quick-shape transfer's end (``links.transfer.Ends``) -----------------------------------------------
 
     def ended(self, token: tuple[AttachConn, int, str], status: int, nbytes: int, transport: str,
               message: str) -> None:
-        """A fast pull or push ended on the event loop (a failure: counted as ``start_transfer`` counts one)."""
+        """A quick-shape pull or push ended, on any thread: the worker answered (a failure counted as
+        ``start_transfer`` counts one)."""
         conn, rid, method = token
         if status:
             count_error(self.metrics, method, StatusCode(status))
-        self._answer(conn, encode_reply(rid, status, nbytes, transport, message), True)
+            self._answer(conn, encode_reply(rid, status, nbytes, transport, message), True)
+            return
+        self._answer(conn, REPLY.pack(MAGIC, rid, 0, nbytes, transport.encode()[:16]), True)
 
     def _on_frame(self, conn: AttachConn, data: bytes, fds: list[int], flags: int) -> None:
         """A binary pull/push, or a continuation frame: decoded straight into a ``TransferOrder``, no protobuf."""
@@ -386,8 +480,230 @@ class AttachServer(ConnReading):
         def done(status: int, nbytes: int, transport: str, why: str) -> None:
             self._answer(conn, encode_reply(rid, status, nbytes, transport, why), True)
 
-        task = start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
-                              push=frame.op == PUSH, done=done, metrics=self.metrics)
-        if task is not None and not task.done():
-            conn.tasks.add(task)
-            task.add_done_callback(conn.tasks.discard)   # cancelled (the connection went): no answer, forgotten
+        start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
+                       push=frame.op == PUSH, done=done, metrics=self.metrics)
+
+    # ---- reading the connections on the reactor (the module doc: "Reading the connections") -------------
+
+    def _watch(self, conn: AttachConn) -> None:
+        """Read ``conn`` on the reactor from now on (its first turn as soon as it is readable)."""
+        self._reactor.add(conn.fd, functools.partial(self._turn, conn))
+
+    def _turn(self, conn: AttachConn) -> bool:
+        """A reactor thread's turn of ``conn``; it re-arms the connection itself (under ``conn.lock``), so it returns
+        False: the reactor touches the socket no more after it."""
+        with conn.lock:
+            if conn.turning:    # never, but for a reactor's stale event: the turn that runs re-arms
+                return False
+            conn.armed = False  # one-shot: the event that woke this turn was the only one
+            if conn.dropped:    # shut down by ``_release``: closed here, by the turn of its last event
+                self._close(conn)
+                return False
+            conn.turning = True
+        item: _Datagram | None = None   # a datagram for the loop
+        gone = False                    # the connection failed: the loop drops it
+        try:
+            sock, fast = conn.sock, self.fast_pulls
+            for _ in range(_DRAIN):
+                try:
+                    data, ancillary, flags, _ = sock.recvmsg(MAX_DATAGRAM, _ANCILLARY)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    gone = True
+                    break
+                if not (fast and not ancillary and self._fast(conn, data, flags, False)):
+                    item = (data, ancillary, flags)   # the connection's end too (an empty datagram)
+                    break
+                in_flight = conn.in_flight
+                if in_flight <= 1 or in_flight >= MAX_TRANSFERS_IN_FLIGHT:   # alone: most likely nothing queued
+                    break
+        except Exception:  # noqa: BLE001 - a bug of ours: the connection is dropped, the log has the trace
+            log.exception("attach connection of pid %s: reading failed", conn.session.cred.pid)
+            gone = True
+        with conn.lock:
+            conn.turning = False
+            if conn.dropped:
+                self._close(conn)
+                if item is not None:
+                    discard(fds_of(item[1]))
+                return False
+            if item is None and not gone:
+                # re-armed here, under the lock, not by the reactor once it is given: a ``_drop`` in between then
+                # closes a socket no thread touches again
+                if conn.in_flight < MAX_TRANSFERS_IN_FLIGHT:
+                    conn.armed = True
+                    self._reactor.rearm(conn.fd)
+                else:
+                    conn.paused = True   # back-pressure: the transfer that ends next re-arms it
+                return False
+        loop = self._loop
+        assert loop is not None
+        try:
+            loop.call_soon_threadsafe(self._handed, conn, item)
+        except RuntimeError:   # the loop is closed: the daemon is stopping
+            if item is not None:
+                discard(fds_of(item[1]))
+        return False
+
+    def _fast(self, conn: AttachConn, data: bytes, flags: int, on_loop: bool) -> bool:
+        """``data`` started in the quick shape (``LinkManager.transfer``): a pull or push frame of one of the
+        session's engines by ``BlocksCacheKey``, whole tensors, at most ``FAST_PULL_BLOCKS`` blocks, on a greeted
+        connection assembling nothing. False, nothing done: not such a frame, or the path declined it -- the loop
+        starts it as an order, which gives its answer."""
+        if (len(data) > REQUEST.size and data[0] == MAGIC and (data[1] == PULL or data[1] == PUSH)
+                and not flags & TRUNCATED and conn.partial is None and conn.greeted):
+            (_, _, kind, key_kind, fl, rid, engine_id, cache_id, cluster, model_id, b, c, _, _, _, _, _, _, _,
+             timeout_ms, _, _, nr, nl) = REQUEST.unpack_from(data)
+            slot = self.node.engines.get(engine_id)
+            session = conn.session
+            if (kind == KIND_BLOCKS and key_kind == KEY_BLOCKS and not fl & ~_FAST_FLAGS and not b and not c
+                    and nr == nl and nr <= FAST_PULL_BLOCKS and len(data) == REQUEST.size + 16 * nr
+                    and slot is not None and slot.session is session and not session.closed):
+                end = REQUEST.size + 8 * nr
+                push = data[1] == PUSH
+                with conn.lock:   # its reply may come before ``transfer`` returns
+                    conn.in_flight += 1
+                if slot.links.transfer(push, cluster, cache_id, timeout_ms if fl else 0, self,
+                                       (conn, rid, "Push" if push else "Pull"), model_id=model_id,
+                                       remote=data[REQUEST.size:end], local=struct.unpack_from(f"<{nl}Q", data, end),
+                                       on_loop=on_loop):
+                    if conn.skip is not None:   # a non-continuation frame: a refused transfer's rest is over
+                        conn.skip = None
+                    return True
+                with conn.lock:   # not paused: a turn runs, or the loop holds the connection
+                    conn.in_flight -= 1
+        return False
+
+    def _handed(self, conn: AttachConn, item: _Datagram | None) -> None:
+        """A datagram a turn could not take (None: the connection failed), on the loop; then the connection is read
+        again (``_rearm``)."""
+        if conn.dropped:
+            if item is not None:
+                discard(fds_of(item[1]))
+            return
+        if item is None:
+            self._drop(conn)
+            return
+        data, ancillary, flags = item
+        try:
+            self._general(conn, data, ancillary, flags)
+        finally:   # a bug of ours (the loop logs it) leaves the connection read, as a failed callback did
+            self._rearm(conn)
+
+    def _rearm(self, conn: AttachConn) -> None:
+        """The loop handled what a turn handed it: the reactor reads ``conn`` again (not at back-pressure)."""
+        with conn.lock:
+            if conn.dropped or conn.session.closed:
+                return
+            if conn.in_flight >= MAX_TRANSFERS_IN_FLIGHT:
+                conn.paused = True
+                return
+            conn.armed = True
+            self._reactor.rearm(conn.fd)
+
+    def _close(self, conn: AttachConn) -> None:
+        """Under ``conn.lock``, no turn running and no event of it outstanding (the reactor's rule: closed by the
+        turn of its last event, or while it is not in the epoll): the reactor forgets the socket and it closes."""
+        if conn.sock.fileno() >= 0:
+            self._reactor.remove(conn.fd)
+            conn.sock.close()
+
+    def _release(self, conn: AttachConn) -> bool:
+        """The loop lets ``conn`` go (``_drop``; False: gone already). Out of the epoll (paused, or a datagram at
+        the loop) it is closed here; in it, it is shut down -- the worker sees its end at once -- and the turn its
+        shutdown wakes closes it; a turn that runs closes it as it ends."""
+        with conn.lock:
+            if conn.dropped:
+                return False
+            conn.dropped = True
+            if conn.writing:   # no writer of a socket that closes (``_wait_writable`` sees ``dropped``)
+                conn.writing = False
+                assert self._loop is not None
+                self._loop.remove_writer(conn.fd)
+            if conn.turning:
+                pass
+            elif conn.armed:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            else:
+                self._close(conn)
+        return True
+
+    def _resume(self, conn: AttachConn) -> None:
+        """Under ``conn.lock``, a transfer of ``conn`` answered (any thread: ``in_flight`` one fewer) while
+        back-pressure held its reading (``paused``; checked by the caller: no call per reply, bench scenario 12):
+        reading resumes."""
+        if not conn.dropped:
+            conn.paused = False
+            conn.armed = True
+            self._reactor.rearm(conn.fd)
+
+    def _answer(self, conn: AttachConn, data: bytes, transfer: bool) -> None:
+        """Send the reply datagram ``data`` to ``conn``'s worker, from any thread (``transfer``: a transfer's reply,
+        counted in flight until it is sent). At once when the socket takes it and no earlier reply waits; else it
+        waits in the outbox for the loop (``_flush``). A socket that failed is dropped by the loop."""
+        gone = False
+        with conn.lock:
+            if conn.dropped:
+                return
+            if not conn.outbox:
+                try:
+                    conn.sock.send(data)
+                except BlockingIOError:   # full: the worker reads slower than its transfers end
+                    pass
+                except OSError:           # gone (EPIPE, ECONNRESET): its turn sees the end too
+                    gone = True
+                else:
+                    if transfer:   # one fewer in flight; reading resumes if back-pressure held it
+                        conn.in_flight -= 1
+                        if conn.paused:
+                            self._resume(conn)
+                    return
+            if not gone:
+                conn.outbox.append((data, transfer))
+                if conn.writing:
+                    return
+                conn.writing = True
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._drop if gone else self._wait_writable, conn)
+        except RuntimeError:   # the loop is closed: the daemon is stopping
+            pass
+
+    def _wait_writable(self, conn: AttachConn) -> None:
+        """The loop: send ``conn``'s outbox as its socket drains."""
+        assert self._loop is not None
+        with conn.lock:
+            if conn.dropped or not conn.writing:
+                conn.writing = False
+                return
+        self._loop.add_writer(conn.fd, self._flush, conn)
+
+    def _flush(self, conn: AttachConn) -> None:
+        """The loop, ``conn``'s socket writable (or failed): the outbox's replies in order, until it would block."""
+        assert self._loop is not None
+        gone = False
+        with conn.lock:
+            while conn.outbox and not conn.dropped:
+                data, transfer = conn.outbox[0]
+                try:
+                    conn.sock.send(data)
+                except BlockingIOError:
+                    return                # still full: the writer stays
+                except OSError:
+                    gone = True
+                    break
+                conn.outbox.popleft()
+                if transfer:
+                    conn.in_flight -= 1
+                    if conn.paused:
+                        self._resume(conn)
+            conn.writing = False
+        self._loop.remove_writer(conn.fd)
+        if gone:
+            self._drop(conn)

@@ -29,7 +29,6 @@ from ..state.engine import Engine
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
-from .fast import FastTransfers
 from .model import (
     MAX_CLUSTERS_PER_CALL,
     AnyLink,
@@ -42,9 +41,10 @@ from .model import (
     refuse_too_many,
 )
 from .owner import Owner
-from .requester import PullDone, PushPart, Requester, StagedPush
+from .requester import PushPart, StagedPush, StagedPushes
 from .setup import Linker
 from .table import LinkTable, NodeContext
+from .transfer import Ends, Transfers
 from .wire.peering import Asker, HandshakeAnswer, HandshakeOffer
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
@@ -56,19 +56,17 @@ class LinkManager:
     """The links of one engine and the transfers over them, composed of parts with one job each, built here
     and handed what they need: ``table`` (the links and opened writes, ``table.LinkTable``), ``owner`` (serve
     the other end's reads and writes), ``calls`` (owner calls as data-channel frames, both ways), ``setup``
-    (link, unlink, handshake, heartbeat: ``setup.Linker``), ``requester`` (pull, push). The methods below are
-    the whole surface the rest of the daemon uses."""
+    (link, unlink, handshake, heartbeat: ``setup.Linker``), ``transfers`` (a worker's pull or push, the one path:
+    ``transfer``), ``staged`` (layer-wise pushes). The methods below are the whole surface the rest of the daemon
+    uses."""
 
     def __init__(self, engine: Engine, transport: Transport, node: NodeContext) -> None:
         self.table = LinkTable(engine, transport, node)
         self.owner = Owner(self.table)
         self.calls = OwnerCalls(self.table, self.owner)
         self.setup = Linker(self.table, self.calls)
-        self.requester = Requester(self.table)
-        self.fast = FastTransfers(self.table, self.requester)
-        #: a worker's small pull_blocks or push_blocks settled on the data reader thread (``FastTransfers.start``;
-        #: the attach socket's hot path: bound here, no call in between)
-        self.fast_transfer = self.fast.start
+        self.transfers = Transfers(self.table)
+        self.staged = StagedPushes(self.table, self.transfers)
 
     # ---- state (read-only views for the node's snapshot, comm domains and tests) ---------------------
 
@@ -131,22 +129,33 @@ class LinkManager:
 
     # ---- transfers ----------------------------------------------------------------------------
 
-    def start_pull(self, order: TransferOrder, done: PullDone) -> None:
-        """The one way a pull starts: its end goes to ``done`` (``Requester.start_pull``)."""
-        self.requester.start_pull(order, done)
-
-    async def push(self, order: TransferOrder) -> tuple[int, str]:
-        return await self.requester.push(order)
+    def transfer(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: object, *,
+                 order: TransferOrder | None = None, model_id: int = 0, remote: bytes = b"",
+                 local: tuple[int, ...] = (), on_loop: bool = True) -> bool:
+        """The one way a worker's pull (``push`` False) or push starts: resolved (``Transfers.resolve``: ``order``'s,
+        or the quick shape's ints as the attach frame carries them) and started (``Transfers.start``); its end goes
+        to ``to.ended(token, ...)`` exactly once, from any thread -- a refused order's before this returns. False
+        (the quick shape only): not one it settles, nothing done -- run it as an order."""
+        transfers = self.transfers
+        try:
+            t = transfers.resolve(push, cluster, cache_id, timeout_ms, to, token, order=order, model_id=model_id,
+                                  remote=remote, local=local, on_loop=on_loop)
+        except Exception as exc:  # noqa: BLE001 - every refusal is answered
+            transfers.refused(push, cluster, exc, to, token)
+            return True
+        if t is None:
+            return False
+        return transfers.start(t, on_loop)
 
     async def stage_push(self, cluster: int, cache_id: int, parts: Sequence[PushPart], timeout_ms: int | None = None,
                          hold_ms: int = 0) -> StagedPush:
-        return await self.requester.stage_push(cluster, cache_id, parts, timeout_ms, hold_ms)
+        return await self.staged.stage_push(cluster, cache_id, parts, timeout_ms, hold_ms)
 
     async def send_staged(self, push: StagedPush, indices: Sequence[int], timeout_ms: int | None = None) -> int:
-        return await self.requester.send_staged(push, indices, timeout_ms)
+        return await self.staged.send_staged(push, indices, timeout_ms)
 
     async def commit_staged(self, push: StagedPush, timeout_ms: int | None = None) -> None:
-        await self.requester.commit_staged(push, timeout_ms)
+        await self.staged.commit_staged(push, timeout_ms)
 
     def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
-        self.requester.abandon_staged(push, code)
+        self.staged.abandon_staged(push, code)

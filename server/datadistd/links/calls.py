@@ -60,13 +60,15 @@ class OwnerCalls:
     """Both directions of a link's owner calls: this end's calls on the other (``frame_calls``) and the other
     end's calls on this one (``control_handler`` -> ``_answer`` -> ``owner``)."""
 
-    def __init__(self, table: LinkTable, owner: Owner, by_view: bool = True) -> None:
+    def __init__(self, table: LinkTable, owner: Owner) -> None:
         self.table = table
         self.owner = owner
-        #: small reads and writes answered by the engine's published view (``_read_here``, ``_write_here``,
-        #: ``readview``); off: every one takes the general path (``Owner.read_small`` by ``prepare_read``,
-        #: ``Owner.write_small`` by ``prepare_write``), the reference the view's answers must equal
-        self.by_view = by_view
+        # what peers' small reads and writes are served by (``readview``), published anew at each registry change
+        table.watchers.append(self._publish)
+        self._publish()
+
+    def _publish(self) -> None:
+        readview.publish(self.table.engine)
 
     def frame_calls(self, remote_cluster: int, channel: Callable[[], Channel | None]) -> FrameCalls:
         """Owner calls on the other end of a link whose data channel ``channel()`` returns."""
@@ -102,8 +104,8 @@ class OwnerCalls:
         ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
         (``CONTROL_DOWN``) is always queued."""
         loop = asyncio.get_running_loop()
-        read_here = self._read_here(link) if self.by_view else None
-        write_here = self._write_here(link, loop) if self.by_view else None
+        read_here = self._read_here(link)
+        write_here = self._write_here(link, loop)
         inbox: collections.deque[tuple[int, bytes]] = collections.deque()
         held = [0]                  # bytes of the frames in ``inbox``
         lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
@@ -127,7 +129,7 @@ class OwnerCalls:
                     link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                     self._answering(link, self._decode_aside(link, payload, functools.partial(decoded, size)))
                     continue
-                self._on_control(link, kind, payload, read_here, write_here)
+                self._on_control(link, kind, payload)
                 budget -= size
                 if budget <= 0:
                     break
@@ -141,7 +143,7 @@ class OwnerCalls:
             if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's or push's reply, landed here (``fast``)
                 link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                 return
-            if kind == CONTROL_CALL and read_here is not None and write_here is not None:
+            if kind == CONTROL_CALL:
                 # one small read or write that the reader thread settles (``small_call`` tells which)
                 got = small_call(payload, cluster)
                 if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
@@ -273,9 +275,7 @@ class OwnerCalls:
         """A reply the reader thread could not send at once, from the event loop (``_write_here``)."""
         self.table.spawn(self._reply(link, reply))
 
-    def _on_control(self, link: RemoteLink, kind: int, payload: bytes,
-                    read_here: Callable[[ownerwire.SmallCall], bool] | None = None,
-                    write_here: Callable[[ownerwire.SmallCall, bytes], bool] | None = None) -> None:
+    def _on_control(self, link: RemoteLink, kind: int, payload: bytes) -> None:
         if kind == CONTROL_DOWN:   # the channel went down, after every frame it handed over (``transport.base``)
             self.table.channel_went(link, payload.decode(errors="replace"))
             return
@@ -294,13 +294,6 @@ class OwnerCalls:
             # in frame order: the channel's end queued after this call (``CONTROL_DOWN``) is the unlink's, not a
             # fault, even when it is handled before the task answering the call has run
             link.unlinked_by_peer = True
-        small = isinstance(cmd, WriteCmd) or isinstance(cmd, ReadCmd) and cmd.inline
-        if small and read_here is not None and write_here is not None:
-            if self.table.reads is None and not readview.current(self.table.engine):
-                readview.publish(self.table.engine)   # what this call and the reader threads' next ones read by
-            got = ownerwire.small_call(payload, self.table.cluster_id)
-            if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
-                return
         self._answering(link, self._answer(link, cmd))
 
     def _undecodable(self, link: RemoteLink, exc: DataDistError) -> None:
@@ -397,7 +390,7 @@ class OwnerCalls:
             return
         try:
             try:
-                data, release = await self.owner.read_small(link, cmd.spec, self.by_view)
+                data, release = await self.owner.read_small(link, cmd.spec)
                 reply = OwnerReply(cmd.command_id, nbytes=len(data), release_needed=release, data=data)
             except DataDistError as exc:
                 reply = OwnerReply(cmd.command_id, int(exc.code), exc.message)

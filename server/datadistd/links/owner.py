@@ -130,9 +130,9 @@ class Owner:
             if self._sends.get(id(link)) is queue and queue.idle():
                 del self._sends[id(link)]
 
-    async def read_small(self, link: Link, spec: RemoteSpec, view: bool) -> tuple[bytes, bool]:
+    async def read_small(self, link: Link, spec: RemoteSpec) -> tuple[bytes, bool]:
         """Owner side of a small pull answered in the reply (at most ``INLINE_READ_MAX`` bytes), on the event loop:
-        the bytes ``spec`` names and whether the requester must release the key. ``view``: by the engine's published
+        the bytes ``spec`` names and whether the requester must release the key: by the engine's published
         read view when it settles the read (``readview.read``: copied here when the memory is mapped, else in a
         thread -- a system call or device copy each block); anything else -- another key kind, a refusal -- is
         checked by ``engine.prepare_read`` (every status code and message) and copied under a pin that ends here
@@ -144,7 +144,7 @@ class Owner:
         with track_transfer(table.node.metrics, "serve_read", table.cluster_id, link.remote_cluster) as tracked:
             got: int | bytes | None = None
             key = spec.key
-            if (view and isinstance(key, BlocksKeyRef) and spec.mode == ReadMode.BLOCKS
+            if (isinstance(key, BlocksKeyRef) and spec.mode == ReadMode.BLOCKS
                     and key.cluster_id == engine.cluster_id):
                 args = (engine, key.model_id, spec.tensor_start, spec.tensor_count, spec.blocks, spec.expected_bytes)
                 got = readview.read(*args)

@@ -85,6 +85,8 @@ class LinkTable:
         self.reads: ReadGrants | None = transport if isinstance(transport, ReadGrants) else None
         #: pulls over this transport read the tables owners publish (``ReadTables``: nixl); else the owner sends (tcp)
         self.published: Published | None = None
+        #: run at each change of the engine's registry (``changed``)
+        self.watchers: list[Callable[[], None]] = []
         self._publish_on(transport)
         self._sweeper: asyncio.Task[None] | None = None
         self._to_sweep: asyncio.Event | None = None   # set when a served link, write or grant comes (``watch``)
@@ -268,9 +270,17 @@ class LinkTable:
         """Publish the engine's remotely accessible caches to every link of ``transport`` if it reads tables:
         the engine runs ``Published.sync`` at each change of its registry (``Engine.watch``)."""
         self.published = Published(self.engine, transport) if isinstance(transport, ReadTables) else None
-        self.engine.watch = self.published.sync if self.published is not None else None
+        self.engine.watch = self.changed
+        self.changed()
+
+    def changed(self) -> None:
+        """The engine's registry changed (``Engine.watch``: the event loop, after the change and before any memory
+        is freed): the tables peers read (``Published.sync``) and the local rows this engine's own transfers land
+        in (``watchers``: ``Transfers.republish``) are published anew, at once."""
         if self.published is not None:
             self.published.sync()
+        for watcher in self.watchers:
+            watcher()
 
     def peer_went(self, cluster: int) -> None:
         """The other end of the link to ``cluster`` unlinked it (``peer_unlinked``)."""

@@ -107,6 +107,8 @@ def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
 class PublishedView(Protocol):
     """An engine's published read view (``state.readview.ReadView``), as ``Engine._free`` needs it."""
 
+    generation: int                  # the registry's generation it was built at
+
     def release(self) -> None: ...   # its byte views of the engine's memory (under ``read_lock``)
 
 
@@ -129,8 +131,9 @@ class Engine:
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
         self.read_view: PublishedView | None = None   # ``state.readview`` (published by the event loop)
         #: run (the event loop) after every change of the registry and before any memory is freed: the link
-        #: manager's ``Published.sync`` over a transport that reads published tables (a withdrawn cache is
-        #: unreadable before its memory can be reused)
+        #: table's ``changed`` -- what peers read is published anew (``readview``, ``Published.sync`` over a
+        #: transport that reads tables: a withdrawn cache is unreadable before its memory can be reused), and
+        #: the local rows the engine's own transfers land in (``pullview``)
         self.watch: Callable[[], None] | None = None
         self.read_lock = threading.Lock()
 
@@ -146,7 +149,9 @@ class Engine:
         if not entries:
             return
         with self.read_lock:   # a reader thread that passed the view check copies first (``readview``)
-            self._drop_read_view()
+            view = self.read_view
+            if view is not None and view.generation != self.registry.generation:
+                self._drop_read_view()   # not republished by ``watch`` (an engine with no links): it may view them
             for entry in entries:
                 memory = memory_of(entry)
                 memory.release()

@@ -292,23 +292,24 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
 
     async def _transfer(self, request: datadist_pb2.TransferRequest, context,  # noqa: ANN001
                         push: bool) -> datadist_pb2.TransferResponse:
-        """Pull/Push: the attach socket's transfer entry (``start_transfer``: the checks, the tracker, the error
-        count) with the order of the protobuf request; a failure ends the call with its status (counted there)."""
-        outcome: asyncio.Future[tuple[int, int, str, str]] = asyncio.get_running_loop().create_future()
+        """Pull/Push: the order entry the attach socket shares (``start_transfer``: the checks, the one transfer
+        path, the error count) with the order of the protobuf request; a failure ends the call with its status."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[tuple[int, int, str, str]] = loop.create_future()
 
-        def done(status: int, nbytes: int, transport: str, why: str) -> None:
-            if not outcome.done():
-                outcome.set_result((status, nbytes, transport, why))
+        def settle(result: tuple[int, int, str, str]) -> None:
+            if not outcome.done():   # the call was cancelled meanwhile
+                outcome.set_result(result)
 
-        task = start_transfer(self.node, self._session(context), request.engine_id,
-                              lambda: convert.order_from_pb(request), push=push, done=done, metrics=self.metrics,
-                              admin=self.admin)
-        try:
-            status, nbytes, transport, why = await outcome
-        except asyncio.CancelledError:
-            if task is not None:
-                task.cancel()        # the call was cancelled: its push goes with it
-            raise
+        def done(status: int, nbytes: int, transport: str, why: str) -> None:   # any thread (``start_transfer``)
+            try:
+                loop.call_soon_threadsafe(settle, (status, nbytes, transport, why))
+            except RuntimeError:   # the loop is closed: the daemon is stopping
+                pass
+
+        start_transfer(self.node, self._session(context), request.engine_id, lambda: convert.order_from_pb(request),
+                       push=push, done=done, metrics=self.metrics, admin=self.admin)
+        status, nbytes, transport, why = await outcome
         if status:
             await abort_with(context, DataDistError(StatusCode(status), why))
         return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)

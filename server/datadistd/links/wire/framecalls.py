@@ -23,10 +23,8 @@ from .ownercalls import (
     OwnerCall,
     OwnerReply,
     PingCmd,
-    ReadCmd,
     ReleaseCmd,
     UnlinkCmd,
-    WriteCmd,
     checked_ids,
 )
 
@@ -64,8 +62,7 @@ def _checked(reply: OwnerReply) -> OwnerReply | DataDistError:
 
 
 async def answered(start: Callable[[Callable[[_T | DataDistError], None]], None]) -> _T:
-    """A call started with a callback (``start(done)``: ``FrameCalls.start_read_inline``, ``start_pull``), awaited:
-    what ``done`` got, or the error it got, raised."""
+    """A call started with a callback (``start(done)``), awaited: what ``done`` got, or the error it got, raised."""
     ended: asyncio.Future[_T | DataDistError] = asyncio.get_running_loop().create_future()
 
     def done(result: _T | DataDistError) -> None:
@@ -232,7 +229,7 @@ class FrameCalls:
 
     # ---- starting calls -------------------------------------------------------------------------------------
 
-    def register_fast(self, deadline: float, answer: FastAnswer, land: Land, ctx: object, expected: int,
+    def register_fast(self, deadline: float, answer: FastAnswer, land: Land | None, ctx: object, expected: int,
                       on_loop: bool = True) -> int:
         """A call this side sends itself: its command id. Its REPLY, when it is the whole, successful answer with
         ``expected`` bytes of data, goes to ``land(payload, ctx)`` on the reader thread that read it
@@ -281,7 +278,7 @@ class FrameCalls:
                                 f"owner calls to cluster {self.remote_cluster} closed ({self.reason})")
         if timeout <= 0:
             raise DataDistError(StatusCode.LLM_TIMEOUT, "deadline passed before the owner call")
-        loop = self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         command_id = next(self._ids)
         payload = ownerwire.encode_call(make(command_id, max(1, int(timeout * 1000))))
         deadline = time.monotonic() + max(timeout, 0.001)
@@ -294,7 +291,12 @@ class FrameCalls:
             except DataDistError as exc:
                 self._fail(command_id, exc)
                 return
-        task = loop.create_task(self._send_later(command_id, payload, deadline))
+        self.send_later(command_id, payload, deadline)
+
+    def send_later(self, command_id: int, payload: bytes, deadline: float) -> None:
+        """The frame of a call registered here (``register_fast``) that no connection took at once, sent from the
+        executor (the event loop); a failure to send answers the call with it."""
+        task = asyncio.get_running_loop().create_task(self._send_later(command_id, payload, deadline))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 
@@ -332,29 +334,6 @@ class FrameCalls:
             raise result
         return result
 
-    def _inline(self, result: OwnerReply | DataDistError, spec: RemoteSpec) -> OwnerReply | DataDistError:
-        """An inline read's answer, its data checked to be what the read asked for."""
-        if isinstance(result, OwnerReply) and len(result.data) != spec.expected_bytes:
-            return DataDistError(StatusCode.LLM_FAILED, f"cluster {self.remote_cluster} answered a read of "
-                                                        f"{spec.expected_bytes} bytes with {len(result.data)}")
-        return result
-
-    def start_read_inline(self, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
-        """A small read answered with its bytes, by callback (the one entry of a small read): ``answer`` gets the
-        reply (its ``data`` checked to be ``spec.expected_bytes`` long) or the error."""
-        self._start(lambda cid, ms: ReadCmd(cid, 0, spec, ms, inline=True), timeout,
-                    lambda result: answer(self._inline(result, spec)))
-
-    def start_read(self, transfer_id: int, spec: RemoteSpec, timeout: float, answer: Answer) -> None:
-        """A read whose bytes come as transfer ``transfer_id`` on the data channel, by callback (a pull's general
-        path: ``Requester._start_read``): ``answer`` gets the reply or the error, from the event loop."""
-        self._start(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout, answer)
-
-    async def write(self, spec: RemoteSpec, data: bytes, timeout: float) -> None:
-        """A small push in one call: ``data`` (exactly ``spec.expected_bytes``, at most ``INLINE_READ_MAX``) written
-        into what ``spec`` names at the owner."""
-        await self._call(lambda cid, ms: WriteCmd(cid, spec, ms, data), timeout)
-
     async def open_write(self, specs: Sequence[RemoteSpec], timeout: float,
                          hold_ms: int = 0) -> list[int]:
         """Open one incoming transfer per spec at the owner; their ids, in order. They wait ``hold_ms``
@@ -365,10 +344,6 @@ class FrameCalls:
     async def commit_write(self, transfer_ids: Sequence[int], timeout: float) -> None:
         """Wait at the owner until every byte of the transfers arrived."""
         await self._call(lambda cid, ms: CommitWriteCmd(cid, tuple(transfer_ids), ms), timeout)
-
-    async def read(self, transfer_id: int, spec: RemoteSpec, timeout: float) -> tuple[int, bool]:
-        reply = await self._call(lambda cid, ms: ReadCmd(cid, transfer_id, spec, ms), timeout)
-        return reply.nbytes, reply.release_needed
 
     async def grant_read(self, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
         """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 P, D = 1, 2
 TENSORS, BLOCKS, BLOCK_SHAPE = 2, 48, (4, 32)   # float16: 256 bytes per tensor and block
 #: what the general path logs for each pull it ends (the fast path logs nothing per pull)
-GENERAL_LINE = f"cluster {D} pulled"
+GENERAL_LINE = f"cluster {D} pull peer cluster {P}: cache"
 #: what the general path logs for each push it ends (the tracker's line; the fast path logs nothing per push)
 GENERAL_PUSH_LINE = f"cluster {D} push peer cluster {P}: cache"
 

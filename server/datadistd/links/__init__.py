@@ -41,7 +41,7 @@ from .model import (
     refuse_too_many,
 )
 from .owner import Owner
-from .requester import PushPart, StagedPush, StagedPushes
+from .staged import PushPart, StagedPush, StagedPushes
 from .setup import Linker
 from .table import LinkTable, NodeContext
 from .transfer import Ends, Transfers

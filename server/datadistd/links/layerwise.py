@@ -35,7 +35,7 @@ from ..core.plan import LayerTask, check_layer_task, plan_layer
 from ..core.types import CacheId, Placement
 from ..state.metrics import TransferTracker, track_transfer
 from . import Link, LinkManager
-from .requester import PushPart, StagedPush
+from .staged import PushPart, StagedPush
 
 __all__ = ["LayerEvent", "LayerPush"]
 

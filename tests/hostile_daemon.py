@@ -10,6 +10,8 @@ the attach protocol (``datadist/v1/attach.proto``) on ``S.attach``, well enough 
 * ``past_end``: a tensor whose offset and length run past the pool's end;
 * ``short``: the last tensor ends at the pool's end but is one page where the description makes more: a worker that
   trusts it hands the daemon the memory beside the pool (the cache's blocks twin, C++) or writes past the pool.
+* ``protocol_3``: an honest fake whose welcome says attach protocol 3 (a daemon that takes no continuation frames):
+  a client must fail its ``init`` there, not send its transfers another way;
 * ``--attach-to A``: no attach socket of its own but a symlink to a real daemon's ``A``: the worker's memory would go
   to the real daemon, its gRPC calls (and the capability they carry) to the fake;
 
@@ -41,7 +43,7 @@ import grpc
 from datadist.dtypes import ITEMSIZE, DataType
 from datadist.v1 import attach_pb2, common_pb2, datadist_pb2, datadist_pb2_grpc
 
-MODES = ("honest", "unsealed", "past_end", "short")
+MODES = ("honest", "unsealed", "past_end", "short", "protocol_3")
 PAGE = 4096
 _UCRED = struct.Struct("3i")
 
@@ -161,7 +163,7 @@ def serve_attach(path: str, mode: str, pool: Pool, report: Report) -> socket.soc
                     report("hello", uid=uid)
                     reply.welcome.CopyFrom(attach_pb2.Welcome(
                         capability=os.urandom(32), uid=uid, gid=gid, pid=pid, daemon_version="hostile",
-                        protocol_version=4, memory_backend="host"))
+                        protocol_version=3 if mode == "protocol_3" else 4, memory_backend="host"))
                 elif kind == "export_pool":
                     report("export_pool", pool=req.export_pool.pool)
                     reply.pool.size = pool.size

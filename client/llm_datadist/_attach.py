@@ -168,6 +168,11 @@ class AttachClient:
         except BaseException:
             self.close()
             raise
+        if welcome.protocol_version < PROTOCOL_VERSION:
+            self.close()
+            raise LLMException(f"[init] failed, error code is {LLMStatusCode.LLM_FAILED}, datadistd at {self.path} "
+                               f"speaks attach protocol {welcome.protocol_version}, this client "
+                               f"{PROTOCOL_VERSION}: update datadistd", status_code=LLMStatusCode.LLM_FAILED)
         self.capability = bytes(welcome.capability)
         self.uid, self.pid = welcome.uid, welcome.pid
         self.protocol = welcome.protocol_version

@@ -422,15 +422,14 @@ class CacheOps:
 
     def _transfer(self, func: str, frame: TransferFrame) -> None:
         """Pull/Push on the attach connection (no gRPC call: the local hot path; binary frames, continued when the
-        block lists do not fit one datagram), or over gRPC where the daemon does not take continuation frames
-        (attach protocol below 4) or ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
+        block lists do not fit one datagram), or over gRPC where ``DATADIST_LOCAL_TRANSFERS=grpc`` asks for it."""
         if not self._initialized:
             raise RuntimeError("llm datadist is not initialized")
         timeout_s = self._transfer_timeout_s     # (the engine's options are fixed from init to finalize)
         if timeout_s is None:
             timeout_s = self._transfer_timeout_s = self._owner._sync_kv_timeout_s + RPC_MARGIN_S
         attachment = self._owner._check_init().attachment
-        if attachment is not None and attachment.protocol >= 4 and not self._grpc_transfers:
+        if attachment is not None and not self._grpc_transfers:
             attachment.transfer(frame, func, timeout_s)
             return
         self._call("Push" if frame.op == PUSH else "Pull", transfer_pb(frame), func, timeout_s)

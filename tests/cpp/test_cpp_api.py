@@ -1,5 +1,6 @@
 """CANN's C++ API (``llm_datadist::LlmDataDist``, client/cpp) through real daemons: every method, its bytes and
-its status codes (tests/cpp/api_test.cc runs the checks; each test here starts the daemons one scenario needs)."""
+its status codes (tests/cpp/api_test.cc runs the checks; each test here starts the daemons one scenario needs);
+a daemon below attach protocol 4 fails Initialize (tests/hostile_daemon.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import hostile_daemon
 from tests.cpp import ROOT, compile_program
 from tests.harness import free_port
 
@@ -132,3 +134,18 @@ def test_private_daemon_refuses_a_secret_others_can_read_or_plant(api_test, tmp_
     r = run(api_test, "private_refused", env=env, timeout=60)
     assert str(secret_dir) in r.stderr, r.stderr
     assert set(private_dirs.glob("datadist-cpp-*")) == before
+
+
+def test_a_daemon_below_attach_protocol_4_fails_initialize(cpp_install, tmp_path) -> None:
+    """A daemon whose welcome says attach protocol 3 takes no continuation frames: Initialize fails with LLM_FAILED
+    saying so (the transfers have no second way to go), and no memory is handed over."""
+    program = compile_program(HERE / "hostile_test.cc", tmp_path / "hostile_test", "-pthread")
+    sock, report = str(tmp_path / "d" / "datadistd.sock"), str(tmp_path / "report.jsonl")
+    proc = hostile_daemon.start(sock, "protocol_3", report)
+    try:
+        r = subprocess.run([str(program), f"unix://{sock}"], capture_output=True, text=True, timeout=120)
+    finally:
+        hostile_daemon.stop(proc)
+    assert r.returncode == 0 and "initialize 0xFFFFFFFF" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "speaks attach protocol 3, this client 4: update datadistd" in r.stderr, r.stderr[-3000:]
+    assert not [e for e in hostile_daemon.events(report) if e["event"] == "import_memory"]

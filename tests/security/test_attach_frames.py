@@ -187,9 +187,9 @@ def test_a_frame_naming_another_workers_engine_gets_what_the_grpc_call_gets(daem
         intruder.close()
 
 
-def test_protocol_2_transfers_and_hellos_are_refused(daemon):
+def test_protocol_2_transfers_and_older_hellos_are_refused(daemon):
     """Attach protocol 2's protobuf pull and push are gone (attach.proto reserves their fields): such a message is
-    an unknown one, and a hello announcing protocol 1 or 2 is refused; the connection serves on."""
+    an unknown one, and a hello announcing a protocol below 4 is refused; the connection serves on."""
     victim = Worker(daemon)
     try:
         engine = victim.init(1)
@@ -204,7 +204,7 @@ def test_protocol_2_transfers_and_hellos_are_refused(daemon):
             assert ask(s, ff.encode_request(9, frame(engine))).status == LLMStatusCode.LLM_ENGINE_FINALIZED
         finally:
             s.close()
-        for announced in (1, 2):
+        for announced in (1, 2, 3):
             s = raw_attach(daemon, hello=False)
             try:
                 reply = attach_ask(s, attach_pb2.AttachRequest(request_id=3, hello=attach_pb2.AttachHello(

@@ -2,7 +2,8 @@
 (no reader thread per reply), every reply reaches its own caller, a stopping daemon is logged with nobody calling
 and fails waiting callers with LLM_FAILED, deadlines give LLM_TIMEOUT, block lists past one datagram go as
 continuation frames; a lone caller (the transfer fast path: no waiter) hands the replies of calls that came
-meanwhile over, descriptors included, and fails with LLM_FAILED at a hang-up."""
+meanwhile over, descriptors included, and fails with LLM_FAILED at a hang-up; a daemon below protocol 4 fails the
+attach."""
 
 from __future__ import annotations
 
@@ -115,6 +116,19 @@ def test_every_reply_reaches_its_own_caller_in_any_order_with_no_thread_per_call
         assert client._pending == {} and not client._reading
     finally:
         client.close()
+
+
+def test_a_daemon_below_attach_protocol_4_fails_the_attach(tmp_path):
+    """A daemon whose welcome says protocol 3 takes no continuation frames: the attach fails with LLM_FAILED
+    saying so (there is no second way to send a transfer), and the connection is closed."""
+    old = FakeDaemon(str(tmp_path), protocol=3)
+    try:
+        with pytest.raises(LLMException) as err:
+            AttachClient(old.target)
+        assert err.value.status_code == LLMStatusCode.LLM_FAILED
+        assert "attach protocol 3, this client 4: update datadistd" in str(err.value)
+    finally:
+        old.close()
 
 
 def test_a_refused_transfer_raises_its_status(daemon):

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
-from datadistd.state.config import Config, ConfigError, load_config
+from datadistd.state.config import RETIRED_KEYS, Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -184,6 +185,21 @@ def test_an_unknown_memory_backend_is_refused_naming_the_known_ones() -> None:
 def test_the_removed_session_keepalive_key_is_unknown() -> None:
     with pytest.raises(ConfigError, match="unknown config key 'daemon.session_keepalive_seconds'"):
         load_config(overrides={"daemon.session_keepalive_seconds": 5.0}, env={})
+
+
+@pytest.mark.parametrize("dotted", sorted(RETIRED_KEYS))
+def test_a_key_the_daemon_does_not_read_loads_with_a_warning(tmp_path, caplog, dotted) -> None:
+    """An old file, variable or flag setting a retired key still loads (every other unknown key is refused),
+    warning that the key is ignored; the config has no such key."""
+    section, key = dotted.split(".")
+    path = tmp_path / "old.toml"
+    path.write_text(f"[{section}]\n{key} = 300\n")
+    env = {f"DATADISTD_{section}_{key}".upper(): "300"}
+    with caplog.at_level(logging.WARNING, logger="datadistd.state.config"):
+        for cfg in (load_config(path, env={}), load_config(env=env), load_config(overrides={dotted: 300}, env={})):
+            assert not hasattr(getattr(cfg, section), key)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3 and all(f"config key {dotted} is not read" in w and "remove it" in w for w in warned)
 
 
 def test_every_daemon_variable_the_tree_names_is_known() -> None:

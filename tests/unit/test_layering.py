@@ -1,10 +1,11 @@
 """Rooms of the design: which room may import which, only api/ and process/ import grpc, importing datadistd loads
-no device library."""
+no device library; no daemon function is over 60 lines."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 GRPC_FREE = ["datadistd", "datadistd.core.types", "datadistd.core.registry", "datadistd.core.layout",
              "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.state.engine",
@@ -193,18 +194,71 @@ def test_only_the_api_and_the_process_import_grpc() -> None:
     assert found and found <= GRPC_ROOMS, f"grpc imported in {sorted(found - GRPC_ROOMS)}"
 
 
-#: the most lines a module of the daemon may have (issue 26): past it, split along a seam, one job per module
-MAX_MODULE_LINES = 500
+#: the most lines a function or method of the daemon may have, from its ``def`` to its last line, its docstring not
+#: counted (comments and blank lines are): past it, split it along its steps. A file is as long as its one job needs.
+MAX_FUNCTION_LINES = 60
+
+#: functions over the cap whose files are being rewritten: each leaves this list when it is split, and the test fails
+#: while one here fits the cap or no longer exists, so the list only shrinks. (transport/tcp/channel.py's
+#: try_send_soon is 56 lines this way: under the cap, so not here.)
+_LONG_FUNCTIONS_BEING_SPLIT = {
+    ("links/fast.py", "start"),
+    ("links/calls.py", "control_handler"),
+    ("transport/tcp/channel.py", "send"),
+    ("transport/tcp/reader.py", "turn"),
+}
 
 
-def test_no_daemon_module_is_over_500_lines() -> None:
-    from pathlib import Path
+def function_lengths(root: Path) -> dict[tuple[str, str], int]:
+    """``{(file under root, function name): lines}`` of every function and method (nested ones too, and each
+    counted in the function around it as well), the longest where a file has two of one name."""
+    import ast
 
-    root = Path(__file__).resolve().parents[2] / "server" / "datadistd"
-    sizes = {path.relative_to(root).as_posix(): len(path.read_text().splitlines()) for path in root.rglob("*.py")}
-    assert len(sizes) > 50, "nothing was read"
-    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+    lengths: dict[tuple[str, str], int] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            assert node.end_lineno is not None
+            lines = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                assert first.end_lineno is not None
+                lines -= first.end_lineno - first.lineno + 1
+            key = (path.relative_to(root).as_posix(), node.name)
+            lengths[key] = max(lines, lengths.get(key, 0))
+    return lengths
+
+
+def test_no_daemon_function_is_over_60_lines() -> None:
+    lengths = function_lengths(Path(__file__).resolve().parents[2] / "server" / "datadistd")
+    assert len(lengths) > 500, "nothing was read"
+    over = {key: n for key, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    new = {key: n for key, n in over.items() if key not in _LONG_FUNCTIONS_BEING_SPLIT}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines (docstrings not counted): {new}; split them"
+    done = {key: lengths.get(key) for key in _LONG_FUNCTIONS_BEING_SPLIT if key not in over}
+    assert not done, f"split or gone (lines now: {done}): take them out of _LONG_FUNCTIONS_BEING_SPLIT"
+
+
+def test_the_function_count_skips_the_docstring_only(tmp_path) -> None:
+    """The counting rule on a known file: ``def`` to the last line, minus the docstring's lines."""
+    (tmp_path / "m.py").write_text('''
+def f(x):
+    """One
+    docstring."""
+    # a comment
+
+    return x
+
+
+class C:
+    async def g(self):
+        def h():
+            return 1
+        return h()
+''')
+    assert function_lengths(tmp_path) == {("m.py", "f"): 4, ("m.py", "g"): 4, ("m.py", "h"): 2}
 
 
 #: the only ``getattr``/``hasattr`` in the daemon, by file and the object asked: feature probes of the standard

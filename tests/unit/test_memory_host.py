@@ -48,7 +48,7 @@ def _code(exc_info) -> StatusCode:  # noqa: ANN001
 # ---- pools ------------------------------------------------------------------------------------
 
 def test_registry_loads_host_backend(shm_dir):
-    b = get_backend("host", shm_dir=shm_dir, file_mode=0o600)
+    b = get_backend("host", shm_dir=shm_dir)
     try:
         assert isinstance(b, HostBackend) and b.name == "host"
     finally:

@@ -312,11 +312,17 @@ Status AttachClient::Connect(const std::string &path, int timeout_ms) {
     Close();
     return Fail("Initialize", llm_datadist::LLM_FAILED, "datadistd answered the hello without a welcome");
   }
+  if (reply.welcome().protocol_version() < kProtocolVersion) {
+    Close();
+    return Fail("Initialize", llm_datadist::LLM_FAILED,
+                "datadistd at " + path + " speaks attach protocol " +
+                    std::to_string(reply.welcome().protocol_version()) + ", this client " +
+                    std::to_string(kProtocolVersion) + ": update datadistd");
+  }
   capability_ = reply.welcome().capability();
   capability_hex_ = Hex(capability_);
   // ... as the NPU driver knows it (its word where PID namespaces differ; the kernel's where it sends none)
   daemon_tgid_ = reply.welcome().bare_tgid() > 0 ? reply.welcome().bare_tgid() : daemon_pid_;
-  protocol_ = reply.welcome().protocol_version();
   if (!reply.welcome().memory_backend().empty()) {
     memory_backend_ = reply.welcome().memory_backend();
   }
@@ -569,9 +575,6 @@ Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, con
 
 bool AttachClient::TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func,
                                int timeout_ms, Status *status) {
-  if (protocol_ < 4U) {
-    return false;  // a daemon that takes no continuation frames
-  }
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return false;  // another thread of this engine is waiting for its reply here

@@ -50,9 +50,8 @@ class AttachClient {
   // import, on physical NPU *device_id.
   Status ExportPool(uint64_t engine_id, const std::string &pool, const char *func, int32_t bare_tgid, int *fd,
                     uint64_t *size, std::string *device_key, int32_t *device_id);
-  // A pull or push on this connection (no gRPC call: the local hot path), as binary frames. false when it cannot go
-  // here -- another thread of the engine is waiting on the connection, or the daemon takes no continuation frames
-  // (protocol < 4) -- and the caller sends it as the gRPC Pull / Push instead.
+  // A pull or push on this connection (no gRPC call: the local hot path), as binary frames. false when another
+  // thread of the engine is waiting on the connection: the caller sends it as the gRPC Pull / Push instead.
   bool TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms,
                    Status *status);
 
@@ -88,7 +87,6 @@ class AttachClient {
   int32_t daemon_pid_ = -1;
   int32_t daemon_tgid_ = -1;
   std::string memory_backend_ = "host";
-  uint32_t protocol_ = 0U;  // the daemon's: 4 and later take pulls and pushes here, continued past one datagram
 };
 
 }  // namespace datadist_cpp

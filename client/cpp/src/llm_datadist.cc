@@ -919,7 +919,7 @@ Status LlmDataDist::LlmDataDistImpl::Transfer(const char *func, bool push, bool 
   if (attach_.TryTransfer(push, req, func, timeout, &st)) return st;
   Log(LogLevel::kDebug, std::string(func) + ": " + std::to_string(req.remote_blocks_size() + req.local_blocks_size()) +
                             " block numbers as the gRPC " + (push ? "Push" : "Pull") +
-                            " (another thread waits on the attach connection, or the daemon takes no frames)");
+                            " (another thread waits on the attach connection)");
   pb::TransferResponse resp;
   return Rpc(push ? &pb::DataDist::Stub::Push : &pb::DataDist::Stub::Pull, req, &resp, func, timeout);
 }

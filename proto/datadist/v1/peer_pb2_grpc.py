@@ -26,13 +26,12 @@ if _version_not_supported:
 
 
 class PeerStub:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service.
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
-    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
-    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
-    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
-    encoding.
+    (datadistd/links/wire/ownerwire.py), not protobuf messages; owner calls have that one encoding. No RPC
+    (and no message) of this service carries them (tests/unit/test_peer_proto.py): not Unlink, Ping, Read,
+    Release, OpenWrite, CommitWrite or Reverse.
     """
 
     def __init__(self, channel):
@@ -54,13 +53,12 @@ class PeerStub:
 
 
 class PeerServicer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service.
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
-    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
-    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
-    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
-    encoding.
+    (datadistd/links/wire/ownerwire.py), not protobuf messages; owner calls have that one encoding. No RPC
+    (and no message) of this service carries them (tests/unit/test_peer_proto.py): not Unlink, Ping, Read,
+    Release, OpenWrite, CommitWrite or Reverse.
     """
 
     def Challenge(self, request, context):
@@ -101,13 +99,12 @@ def add_PeerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Peer:
-    """Before a link's data channel exists: these two RPCs are all of the Peer service (since protocol 3).
+    """Before a link's data channel exists: these two RPCs are all of the Peer service.
     After the handshake the authenticated data channel carries everything else as frames: the owner
     calls of a transfer, unlink and liveness are fixed-layout CALL / REPLY frames
-    (datadistd/links/wire/ownerwire.py), not protobuf messages. Removed in protocol 3, never to return
-    under these names (tests/unit/test_peer_proto.py): Unlink, Ping, Read, Release, OpenWrite,
-    CommitWrite, Reverse. Protocol 6 removed the OwnerCall message and its parts: owner calls have one
-    encoding.
+    (datadistd/links/wire/ownerwire.py), not protobuf messages; owner calls have that one encoding. No RPC
+    (and no message) of this service carries them (tests/unit/test_peer_proto.py): not Unlink, Ping, Read,
+    Release, OpenWrite, CommitWrite or Reverse.
     """
 
     @staticmethod

@@ -16,11 +16,9 @@ from ..node.sessions import WorkerSession
 
 __all__ = ["PROTOCOL_VERSION", "handle"]
 
-#: 3: pulls and pushes as binary frames; 4: block lists past one datagram in continuation frames (protocol 2's
-#: protobuf pull/push is gone: a hello announcing 1 or 2 is refused)
+#: pulls and pushes as binary frames (datadist/fastframe.py), block lists past one datagram in continuation frames;
+#: a hello announcing an older protocol is refused
 PROTOCOL_VERSION = 4
-#: the oldest protocol a worker may announce: a protocol-3 worker's frames are protocol-4 frames
-_OLDEST_CLIENT = 3
 
 
 class Greeted(Protocol):
@@ -40,7 +38,7 @@ def handle(node: Node, conn: Greeted, request: attach_pb2.AttachRequest, fds: li
         require(not fds, f"{which or 'this message'} carries no descriptors")
     if which == "hello":
         announced = request.hello.protocol_version
-        require(not 0 < announced < _OLDEST_CLIENT,
+        require(not 0 < announced < PROTOCOL_VERSION,
                 f"attach protocol {announced} is not served: this daemon speaks {PROTOCOL_VERSION} (pulls and "
                 "pushes as binary frames, datadist/fastframe.py); update the client")
         conn.greeted = True
@@ -89,4 +87,4 @@ def handle(node: Node, conn: Greeted, request: attach_pb2.AttachRequest, fds: li
         session.release_memory(request.release_memory.memory_id)
         return attach_pb2.AttachReply(), None
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, "unknown attach message (pulls and pushes go as binary "
-                                                      "frames since attach protocol 3: datadist/fastframe.py)")
+                                                      "frames: datadist/fastframe.py)")

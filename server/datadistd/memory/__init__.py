@@ -27,7 +27,7 @@ BACKENDS: dict[str, str] = {
 def backend_from_config(memory: Any) -> MemoryBackend:
     """The backend a ``[memory]`` config section names, with the settings it takes."""
     extra: dict[str, object] = {"device_id": memory.device_id} if memory.backend == "acl" else {}
-    return get_backend(memory.backend, shm_dir=memory.shm_dir, file_mode=memory.file_mode, **extra)
+    return get_backend(memory.backend, shm_dir=memory.shm_dir, **extra)
 
 
 def get_backend(name: str, **kwargs: object) -> MemoryBackend:

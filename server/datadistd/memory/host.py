@@ -145,9 +145,8 @@ class HostBackend:
 
     name = "host"
 
-    def __init__(self, shm_dir: str = _DEFAULT_SHM_DIR, prefix: str = "datadist", file_mode: int = 0o600,
-                 reserve: bool = True) -> None:
-        """``shm_dir``/``file_mode`` are kept for old callers and configs; pools no longer live in files."""
+    def __init__(self, shm_dir: str = _DEFAULT_SHM_DIR, prefix: str = "datadist", reserve: bool = True) -> None:
+        """``shm_dir``: the node's shared-memory directory (pools themselves are memfds, in no directory)."""
         require(bool(prefix) and "/" not in prefix, f"prefix must be a non-empty file name part, got {prefix!r}")
         self.shm_dir = shm_dir
         self.prefix = prefix

@@ -134,6 +134,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     args = parse_args(argv)
+    _setup_logging("WARNING")   # what loading the config warns of (a key it does not read)
     try:
         config = load_config(args.config, overrides={
             "daemon.socket": args.socket, "daemon.log_level": args.log_level, "memory.backend": args.backend,

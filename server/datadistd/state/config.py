@@ -8,6 +8,7 @@ What an engine (one ``LLMDataDist``) chooses — role, cluster id, pool sizes, l
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -28,10 +29,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["DEV_SECRET", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection", "TlsSection",
-           "TransportSection", "MetricsSection", "QuotaSection", "load_config", "default_socket_path", "ConfigError",
-           "parse_listen_address", "env_names", "ENV_PREFIX"]
+__all__ = ["DEV_SECRET", "RETIRED_KEYS", "is_loopback", "Config", "DaemonSection", "MemorySection", "PeerSection",
+           "TlsSection", "TransportSection", "MetricsSection", "QuotaSection", "load_config", "default_socket_path",
+           "ConfigError", "parse_listen_address", "env_names", "retired_env_names", "ENV_PREFIX"]
 
+log = logging.getLogger(__name__)
 
 #: the built-in secret of an unconfigured daemon: public, so good for loopback only
 DEV_SECRET = "datadist-development-secret"
@@ -124,7 +126,6 @@ class MemorySection:
                         "themselves are private memfds: no file, no path another process could open.",
                         default="/dev/shm")
     max_total_bytes: int = _doc("Cap on the sum of all engines' pools; 0 = no cap beyond the machine.", default=0)
-    file_mode: int = _doc("Unused since pools are memfds (kept so older config files load).", default=0o660)
 
 
 @dataclass
@@ -138,9 +139,6 @@ class PeerSection:
                             default="")
     dev_secret_fallback: bool = _doc("No secret configured or made (no state directory, no home): the public one, "
                                      "loopback and socket_mode 0o600 only; false: refuse to start.", default=False)
-    max_clock_skew_seconds: float = _doc("Unused since peer protocol 2, where the serving daemon issues each "
-                                         "handshake's single-use challenge (kept so older files load).",
-                                         default=300.0)
     default_port: int = _doc("Peer port assumed for a rank-table device_ip without one (comm-domain link).",
                              default=26000)
     heartbeat_seconds: float = _doc("Interval at which a linking daemon pings each peer daemon (one ping per daemon, "
@@ -352,7 +350,18 @@ def _coerce(kind: Any, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
 
 
+#: keys the daemon does not read, and why: a file, variable or flag setting one loads with a warning (any other
+#: unknown key is refused), so a config file written for an earlier release still starts the daemon
+RETIRED_KEYS = {
+    "memory.file_mode": "pools are private memfds, not files",
+    "peer.max_clock_skew_seconds": "the serving daemon issues each handshake's single-use challenge",
+}
+
+
 def _set(cfg: Config, dotted: str, value: Any) -> None:
+    if dotted in RETIRED_KEYS:
+        log.warning("config key %s is not read (%s): ignored; remove it", dotted, RETIRED_KEYS[dotted])
+        return
     section_name, _, key = dotted.partition(".")
     section = getattr(cfg, section_name, None)
     if section is None or not dataclasses.is_dataclass(section):
@@ -382,7 +391,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             for key, value in table.items():
                 _set(cfg, f"{section_name}.{key}", value)
     env = os.environ if env is None else env
-    known = env_names(cfg)
+    known = {**env_names(cfg), **retired_env_names()}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -407,6 +416,11 @@ def env_names(cfg: Config | None = None) -> dict[str, str]:
     cfg = cfg or Config()
     return {f"{ENV_PREFIX}{s.name}_{k.name}".upper(): f"{s.name}.{k.name}"
             for s in fields(cfg) for k in fields(getattr(cfg, s.name))}
+
+
+def retired_env_names() -> dict[str, str]:
+    """``{"DATADISTD_SECTION_KEY": "section.key"}`` for every key of ``RETIRED_KEYS``."""
+    return {f"{ENV_PREFIX}{dotted.replace('.', '_')}".upper(): dotted for dotted in RETIRED_KEYS}
 
 
 def _nearest(name: str, candidates: Iterable[str]) -> str:
@@ -457,9 +471,10 @@ def _check(cfg: Config) -> None:
     _check_durations(cfg)
     if cfg.daemon.log_level.upper() not in LOG_LEVELS:
         raise ConfigError(f"daemon.log_level: expected one of {', '.join(LOG_LEVELS)}, got {cfg.daemon.log_level!r}")
-    for name, mode in (("daemon.socket_mode", cfg.daemon.socket_mode), ("memory.file_mode", cfg.memory.file_mode)):
-        if not 0 <= mode <= 0o777 or mode & 0o007:  # the socket and the KV-cache memory stay private to the node
-            raise ConfigError(f"{name}: {mode:#o} would give the world access; use group bits only (e.g. 0o660)")
+    mode = cfg.daemon.socket_mode
+    if not 0 <= mode <= 0o777 or mode & 0o007:  # the sockets stay private to the node
+        raise ConfigError(f"daemon.socket_mode: {mode:#o} would give the world access; use group bits only "
+                          "(e.g. 0o660)")
     if cfg.tls.enabled:
         missing = [key for key in ("cert_file", "key_file", "ca_file") if not getattr(cfg.tls, key)]
         if missing:

@@ -1,5 +1,5 @@
 """The one wire encoding of owner calls: fixed-layout little-endian frames, a CALL per call, a REPLY per answer
-(every owner call so since peer protocol 6; the protocol spoken today is ``peering.PROTOCOL_VERSION``).
+(every owner call; the peer protocol is ``peering.PROTOCOL_VERSION``).
 
 Every CALL frame starts with the same 16 bytes, then what its call needs (one ``struct`` layout per call kind,
 read with one ``unpack_from``; lists after it)::

@@ -24,7 +24,6 @@ from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
-from ..core.plan import TransferOrder
 from ..state.engine import Engine
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
@@ -41,10 +40,10 @@ from .model import (
     refuse_too_many,
 )
 from .owner import Owner
-from .staged import PushPart, StagedPush, StagedPushes
 from .setup import Linker
+from .staged import PushPart, StagedPush, StagedPushes
 from .table import LinkTable, NodeContext
-from .transfer import Ends, Transfers
+from .transfer import Transfers
 from .wire.peering import Asker, HandshakeAnswer, HandshakeOffer
 
 __all__ = ["LinkManager", "Link", "OutboundLink", "InboundLink", "LocalLink", "LinkState", "ClusterSpec",
@@ -67,6 +66,9 @@ class LinkManager:
         self.setup = Linker(self.table, self.calls)
         self.transfers = Transfers(self.table)
         self.staged = StagedPushes(self.table, self.transfers)
+        #: the one way a worker's pull or push starts (``Transfers.transfer``: an order, or the attach frame's quick
+        #: shape; bound here, no call in between on the hot path)
+        self.transfer = self.transfers.transfer
 
     # ---- state (read-only views for the node's snapshot, comm domains and tests) ---------------------
 
@@ -128,24 +130,6 @@ class LinkManager:
         return await self.setup.serve_handshake(offer, source)
 
     # ---- transfers ----------------------------------------------------------------------------
-
-    def transfer(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: object, *,
-                 order: TransferOrder | None = None, model_id: int = 0, remote: bytes = b"",
-                 local: tuple[int, ...] = (), on_loop: bool = True) -> bool:
-        """The one way a worker's pull (``push`` False) or push starts: resolved (``Transfers.resolve``: ``order``'s,
-        or the quick shape's ints as the attach frame carries them) and started (``Transfers.start``); its end goes
-        to ``to.ended(token, ...)`` exactly once, from any thread -- a refused order's before this returns. False
-        (the quick shape only): not one it settles, nothing done -- run it as an order."""
-        transfers = self.transfers
-        try:
-            t = transfers.resolve(push, cluster, cache_id, timeout_ms, to, token, order=order, model_id=model_id,
-                                  remote=remote, local=local, on_loop=on_loop)
-        except Exception as exc:  # noqa: BLE001 - every refusal is answered
-            transfers.refused(push, cluster, exc, to, token)
-            return True
-        if t is None:
-            return False
-        return transfers.start(t, on_loop)
 
     async def stage_push(self, cluster: int, cache_id: int, parts: Sequence[PushPart], timeout_ms: int | None = None,
                          hold_ms: int = 0) -> StagedPush:

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, TransferId
@@ -38,6 +38,7 @@ __all__ = ["RowPath", "StreamPath", "TablePath", "GrantPath", "LocalPath", "Endi
 log = logging.getLogger("datadistd.links")
 
 _REPLY_DATA = ownerwire.REPLY_DATA
+_read_call = ownerwire.small_read_call
 
 
 class Ending(Protocol):
@@ -129,9 +130,8 @@ class RowPath:
         self.table = transfers.table
         self.local = LocalPath(transfers)
 
-    def quick(self, link: Any, nbytes: int) -> bool:
-        """Whether a quick-shape transfer of ``nbytes`` on ``link`` goes on this path as resolved (off the loop)."""
-        return False
+    #: the most bytes of a quick-shape transfer this path starts as resolved, off the loop too (0: none)
+    quick_max = 0
 
     def start(self, t: Transfer, on_loop: bool) -> bool:
         """Start ``t`` (the module doc); False only off the loop, nothing done."""
@@ -193,19 +193,7 @@ class RowPath:
 class StreamPath(RowPath):
     """tcp: the rows cross the link's own sockets (the module doc)."""
 
-    def quick(self, link: Any, nbytes: int) -> bool:
-        return nbytes <= INLINE_READ_MAX and type(link) is not LocalLink
-
-    def start(self, t: Transfer, on_loop: bool) -> bool:
-        if t.nbytes <= INLINE_READ_MAX:
-            return self._call(t, on_loop)
-        if t.push:
-            self.table.spawn(self._push_stream(t))
-        else:
-            self._read_stream(t)
-        return True
-
-    # ---- the one READ (and WRITE) sender ---------------------------------------------------------------
+    quick_max = INLINE_READ_MAX
 
     def _frame(self, t: Transfer, cid: int, transfer_id: int) -> bytes | bytearray | None:
         """``t``'s CALL frame (``ownerwire``): a READ (inline when ``transfer_id`` is 0) or a small push's WRITE with
@@ -213,8 +201,8 @@ class StreamPath(RowPath):
         ms = max(1, int((t.deadline - time.monotonic()) * 1000))
         cluster = t.link.remote_cluster
         if t.spec is None and not t.push:
-            return ownerwire.small_read_call(command_id=cid, timeout_ms=ms, cluster_id=cluster, model_id=t.model_id,
-                                             blocks=t.remote, nbytes=t.nbytes)
+            return _read_call(command_id=cid, timeout_ms=ms, cluster_id=cluster, model_id=t.model_id,
+                              blocks=t.remote, nbytes=t.nbytes)
         if t.spec is None:
             frame, at = ownerwire.small_write_call(command_id=cid, timeout_ms=ms, cluster_id=cluster,
                                                    model_id=t.model_id, blocks=t.remote, nbytes=t.nbytes)
@@ -224,39 +212,51 @@ class StreamPath(RowPath):
             return ownerwire.encode_call(WriteCmd(cid, t.spec, ms, read_bytes(t.dst)))
         return ownerwire.encode_call(ReadCmd(cid, transfer_id, t.spec, ms, inline=transfer_id == 0))
 
-    def _send(self, t: Transfer, calls: FrameCalls, channel: Channel, cid: int, frame: bytes | bytearray,
-              on_loop: bool) -> bool:
-        """The call's frame on the channel without blocking; on the loop, the executor's send when every
-        connection is busy. False (off the loop: nothing sent, the call forgotten) when it cannot go at once."""
-        if channel.try_control(CONTROL_CALL, frame, t.deadline):
+    def start(self, t: Transfer, on_loop: bool) -> bool:
+        """The one sender of ``t``'s CALL frame: a READ -- inline (its REPLY carries the rows, landed by the reader
+        thread that reads it, ``_landed``, or on the loop, ``_answered``) or, for a larger pull, answered as data
+        frames into the rows (a ``Receipt``; its REPLY behind them ends it on the loop, ``_streamed``) -- or a small
+        push's WRITE carrying its rows. A larger push, or one from rows the daemon does not map, streams
+        (``_push_stream``). Off the loop (the quick shape) nothing waits: a busy connection declines it."""
+        link, push, small = t.link, t.push, t.nbytes <= INLINE_READ_MAX
+        if push and (not small or t.spec is not None and not all_mapped(t.dst)):
+            self.table.spawn(self._push_stream(t))   # the loop only: the quick shape is small and mapped
             return True
-        if not on_loop:
-            return False
-        calls.send_later(cid, bytes(frame), t.deadline)
-        return True
-
-    def _call(self, t: Transfer, on_loop: bool) -> bool:
-        """A small pull's inline READ or a small push's WRITE: its REPLY lands on the reader thread that reads it
-        (``_landed``) when it is a whole success for a transfer that holds no pin, else on the loop
-        (``_answered``)."""
+        channel = self.table.channel_of(link)
+        calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (``Transfers.start``)
+        receipt: Receipt | None = None
         try:
-            calls, channel = self._calls(t)
-            if t.push and t.spec is not None and not all_mapped(t.dst):
-                self.table.spawn(self._push_stream(t))   # rows the daemon does not map: read in a thread, streamed
-                return True
-            cid = calls.register_fast(t.deadline, self._answered, self._landed, t, 0 if t.push else t.nbytes,
-                                      on_loop)
-        except DataDistError as exc:
+            if channel is None or channel.broken:
+                raise DataDistError(StatusCode.LLM_LINK_FAILED,
+                                    f"no live data connection to cluster {link.remote_cluster}")
+            if small:
+                cid = calls.register_fast(t.deadline, self._answered, self._landed, t, 0 if push else t.nbytes,
+                                          on_loop)
+            else:
+                receipt = self.table.transport.expect(t.dst, channel=channel)
+                cid = calls.register_fast(t.deadline, functools.partial(self._streamed, receipt), None, t, 0)
+        except DataDistError as exc:   # no live channel, the calls closed
             if not on_loop:
                 return False
             self.transfers.failed(t, exc)
             return True
-        frame = self._frame(t, cid, 0)
-        if frame is not None and self._send(t, calls, channel, cid, frame, on_loop):
-            return True
+        if t.spec is None and not push:   # the quick shape's READ, straight from the attach frame's block words
+            frame: bytes | bytearray | None = _read_call(command_id=cid, timeout_ms=t.timeout_ms,
+                                                         cluster_id=link.remote_cluster, model_id=t.model_id,
+                                                         blocks=t.remote, nbytes=t.nbytes)
+        else:
+            frame = self._frame(t, cid, 0 if receipt is None else int(receipt.transfer_id))
+        if frame is not None:
+            if channel.try_control(CONTROL_CALL, frame, t.deadline):
+                return True
+            if on_loop:
+                calls.send_later(cid, bytes(frame), t.deadline)
+                return True
+        if receipt is not None:
+            receipt.cancel()
         if not calls.forget(cid):   # answered meanwhile (the sweep, ``close``): it ended there
             return True
-        if on_loop:   # the local rows went (a stale view on the loop): the planned shape gives the answer
+        if on_loop:   # the local rows went (a stale view on the loop): as a pull into a missing cache
             self.transfers.finish(t, DataDistError(StatusCode.LLM_PARAM_INVALID,
                                                    f"local cache {t.cache_id} does not exist"))
             return True
@@ -264,14 +264,25 @@ class StreamPath(RowPath):
 
     def _landed(self, payload: bytes, t: Transfer) -> bool:
         """A small transfer's whole, successful REPLY on the data reader thread that read it: a pull's bytes copied
-        into the rows (``_move_rows``), then ``finish``. False, nothing done, for a pinned (planned) transfer or a
-        stale view: the loop's answer ends it (``_answered``)."""
+        into the rows (``_move_rows``' loop, inlined: the hot path), then ``finish``. False, nothing done, for a
+        pinned (planned) transfer or a stale view: the loop's answer ends it (``_answered``)."""
         if t.pinned:
             return False
         if not t.push:
-            assert t.rows is not None
-            if not _move_rows(self.table.engine, t, t.rows, t.generation, payload, _REPLY_DATA):
-                return False
+            rows, engine = t.rows, self.table.engine
+            assert rows is not None
+            data, at, row = memoryview(payload), _REPLY_DATA, rows.row
+            with engine.read_lock:
+                if engine.closed or t.generation != engine.registry.generation:
+                    return False
+                try:
+                    for view, base in rows.tensors:
+                        for b in t.local:
+                            start = base + b * row
+                            view[start:start + row] = data[at:at + row]
+                            at += row
+                except (ValueError, TypeError):   # a released view (its handle closed): the loop settles it
+                    return False
         self.transfers.finish(t)
         return True
 
@@ -315,23 +326,7 @@ class StreamPath(RowPath):
         await self._release(t, t.link.calls, confirm=False)
         self.transfers.finish(t)
 
-    # ---- a larger pull: the same READ, answered as data frames into the rows -------------------------------
-
-    def _read_stream(self, t: Transfer) -> None:
-        """The READ of a larger pull, by callback (no task): the receipt registered, the READ sent, and the owner's
-        REPLY -- behind the bytes on the same connection -- ends it on the loop (``_streamed``)."""
-        receipt: Receipt | None = None
-        try:
-            calls, channel = self._calls(t)
-            receipt = self.table.transport.expect(t.dst, channel=channel)
-            cid = calls.register_fast(t.deadline, functools.partial(self._streamed, receipt), None, t, 0)
-            frame = self._frame(t, cid, int(receipt.transfer_id))
-            assert frame is not None
-            self._send(t, calls, channel, cid, frame, True)
-        except DataDistError as exc:
-            if receipt is not None:
-                receipt.cancel()
-            self.transfers.failed(t, exc)
+    # ---- a larger pull's end: its REPLY came behind the data frames ---------------------------------------
 
     def _streamed(self, receipt: Receipt, result: OwnerReply | DataDistError, t: Transfer) -> None:
         if isinstance(result, DataDistError):

@@ -1,5 +1,5 @@
 """The record of one worker's pull or push (``Transfer``) and who hears of its end (``Ends``): made by
-``links.transfer.Transfers.resolve``, moved by a ``links.paths`` path, ended by ``Transfers.finish``."""
+``links.transfer.Transfers.transfer``, moved by a ``links.paths`` path, ended by ``Transfers.finish``."""
 
 from __future__ import annotations
 

@@ -251,10 +251,11 @@ class LinkTable:
     def channel_of(self, link: Link) -> Channel | None:
         """The data channel of a link: the one this side opened, or the one the linking side opened to it
         (None for a same-daemon link, or once the transport forgot the token)."""
-        if isinstance(link, OutboundLink):
-            return link.channel
-        if isinstance(link, InboundLink):
-            return self.transport.channel(link.token)
+        kind = type(link)   # exact types, no ``abc`` instance check: a small pull's path asks this
+        if kind is OutboundLink:
+            return link.channel   # type: ignore[attr-defined]
+        if kind is InboundLink:
+            return self.transport.channel(link.token)   # type: ignore[attr-defined]
         return None
 
     def links_to(self, cluster: int) -> AnyLink | None:

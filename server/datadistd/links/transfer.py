@@ -85,45 +85,50 @@ class Transfers:
                                 f"the link to cluster {cluster} is broken ({link.reason}); link_clusters again")
         return link
 
-    def resolve(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: Any, *,
-                order: TransferOrder | None = None, model_id: int = 0, remote: bytes = b"",
-                local: tuple[int, ...] = (), on_loop: bool = True) -> Transfer | None:
-        """The record of one transfer with ``cluster``, local cache ``cache_id``: the quick shape (``order``
-        None: ``BlocksCacheKey(cluster, model_id)``, remote blocks ``remote``, local blocks ``local``, whole
-        tensors) or ``order``'s. Refusals raise ``DataDistError`` with the codes the spec names; None (quick shape
-        only): it is not one this shape settles -- a check failed or the local view is stale off the loop -- and
-        the caller runs it as an order, whose resolution gives the exact answer."""
-        if order is None:
-            return self._quick(push, cluster, cache_id, timeout_ms, to, token, model_id, remote, local, on_loop)
-        return self._planned(push, order, to, token)
-
-    def _quick(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: Any,
-               model_id: int, remote: bytes, local: tuple[int, ...], on_loop: bool) -> Transfer | None:
+    def transfer(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: Any, *,
+                 order: TransferOrder | None = None, model_id: int = 0, remote: bytes = b"",
+                 local: tuple[int, ...] = (), on_loop: bool = True) -> bool:
+        """The one way a worker's pull (``push`` False) or push with ``cluster`` starts (``LinkManager.transfer``):
+        resolved into a ``Transfer`` -- ``order``'s (``_planned``: refusals answered here, with the codes the spec
+        names), or the quick shape's (``order`` None: ``BlocksCacheKey(cluster, model_id)``, the remote blocks as
+        the attach frame carries them in ``remote``, local blocks ``local`` of cache ``cache_id``, whole tensors;
+        its geometry from the published local rows, the same checks, off the loop too) -- then started
+        (``start``). Its end goes to ``to.ended(token, ...)`` exactly once, from any thread. False (the quick shape
+        only), nothing done: not one the shape settles -- no such link or rows, a block out of range, more than a
+        small transfer, a busy connection, a stale view off the loop -- run it as an order, whose resolution gives
+        the exact answer."""
+        if order is not None:
+            try:
+                t = self._planned(push, order, to, token)
+            except Exception as exc:  # noqa: BLE001 - every refusal is answered
+                self.refused(push, cluster, exc, to, token)
+                return True
+            return self.start(t, True)
         table = self.table
         link = table.links.get(cluster) or table.served.get(cluster)
         if link is None or link.state != LinkState.ESTABLISHED or link.layerwise or table.closed:
-            return None
-        engine = table.engine
+            return False
         view = self._view
-        if view is None or view.generation != engine.registry.generation:
+        if view is None or view.generation != table.engine.registry.generation:
             if not on_loop:
-                return None
+                return False
             view = self.local_view()   # a registry change that did not run ``Engine.watch`` (none should)
         rows = view.caches.get(cache_id)
         if rows is None:
-            return None
+            return False
         for b in local:
             if b >= rows.rows:
-                return None
+                return False
         n = len(local)
         nbytes = len(rows.tensors) * n * rows.row
-        if not self.path.quick(link, nbytes):
-            return None
+        if nbytes > self.path.quick_max or type(link) is LocalLink:
+            return False
         t = Transfer(push, link, cache_id, rows.entry, nbytes, n,
-                     timeout_ms or engine.options.sync_kv_timeout_ms, to, token)
+                     timeout_ms or table.engine.options.sync_kv_timeout_ms, to, token)
         t.rows, t.local, t.generation, t.model_id, t.remote = rows, local, view.generation, model_id, remote
-        t.bound = self._bound(push, cluster)
-        return t
+        bound = self._bounds.get((push, cluster))
+        t.bound = bound if bound is not None else self._bound(push, cluster)
+        return self.start(t, on_loop)
 
     def _planned(self, push: bool, order: TransferOrder, to: Ends, token: Any) -> Transfer:
         """An order's record (the event loop): its plan (``core.plan``), link and local segments."""

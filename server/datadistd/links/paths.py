@@ -226,7 +226,7 @@ class StreamPath(RowPath):
         calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (``Transfers.start``)
         receipt: Receipt | None = None
         try:
-            if channel is None or channel.broken:
+            if channel is None:   # a broken one refuses the frame below
                 raise DataDistError(StatusCode.LLM_LINK_FAILED,
                                     f"no live data connection to cluster {link.remote_cluster}")
             if small:

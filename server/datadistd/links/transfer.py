@@ -103,7 +103,7 @@ class Transfers:
             except Exception as exc:  # noqa: BLE001 - every refusal is answered
                 self.refused(push, cluster, exc, to, token)
                 return True
-            return self.start(t, True)
+            return self._start(t, True)
         table = self.table
         link = table.links.get(cluster) or table.served.get(cluster)
         if link is None or link.state != LinkState.ESTABLISHED or link.layerwise or table.closed:
@@ -126,9 +126,8 @@ class Transfers:
         t = Transfer(push, link, cache_id, rows.entry, nbytes, n,
                      timeout_ms or table.engine.options.sync_kv_timeout_ms, to, token)
         t.rows, t.local, t.generation, t.model_id, t.remote = rows, local, view.generation, model_id, remote
-        bound = self._bounds.get((push, cluster))
-        t.bound = bound if bound is not None else self._bound(push, cluster)
-        return self.start(t, on_loop)
+        t.bound = self._bounds.get((push, cluster)) or self._bound(push, cluster)
+        return self._start(t, on_loop)
 
     def _planned(self, push: bool, order: TransferOrder, to: Ends, token: Any) -> Transfer:
         """An order's record (the event loop): its plan (``core.plan``), link and local segments."""
@@ -184,10 +183,11 @@ class Transfers:
 
     # ---- 2. start ----------------------------------------------------------------------------------------
 
-    def start(self, t: Transfer, on_loop: bool = True) -> bool:
-        """Start ``t``: it ends in ``finish``, exactly once, never before this returns True. False (the quick
-        shape off the loop only): it could not go at once -- a busy connection, no live channel -- and nothing was
-        done: the caller runs it as an order. The record is counted on its link from here to its end."""
+    def _start(self, t: Transfer, on_loop: bool = True) -> bool:
+        """Start ``t`` (``transfer``): it ends in ``finish``, exactly once,
+        never before this returns True. False (the quick shape off the loop only): it could not go at once -- a busy
+        connection -- and nothing was done: the caller runs it as an order. The record is counted on its link from
+        here to its end; a planned one pins its local cache."""
         link = t.link
         with link.reader_lock:
             link.inflight += 1

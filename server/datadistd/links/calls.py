@@ -97,50 +97,17 @@ class OwnerCalls:
                 await self.table.in_thread(channel.send_control, kind, payload, deadline)
 
     def control_handler(self, link: RemoteLink) -> Callable[[int, bytes], None]:
-        """What the data channel's reader threads call with a control frame: queue it for the event loop, which
-        drains every queued frame per wake-up (``_CONTROL_DRAIN`` frames and ``_DRAIN_BYTES`` decoded at most per
-        turn; a call with a long list is decoded off the loop, ``_decode_aside``): many replies and calls in
-        flight cost one wake-up, not one each. The queue is bounded with the answers running (``_QUEUED_FRAMES``,
-        ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
-        (``CONTROL_DOWN``) is always queued."""
-        loop = asyncio.get_running_loop()
+        """What the data channel's reader threads call with a control frame: a small pull's or push's reply landed
+        there (``FrameCalls.take_reply``), a small read or write of the other end settled there (``_read_here``,
+        ``_write_here``), anything else queued for the event loop (``_Inbox``)."""
         read_here = self._read_here(link)
-        write_here = self._write_here(link, loop)
-        inbox: collections.deque[tuple[int, bytes]] = collections.deque()
-        held = [0]                  # bytes of the frames in ``inbox``
-        lock = threading.Lock()     # the readers of the link's connections (one thread each) and the loop
-
-        def decoded(size: int) -> None:   # a frame decoded off the loop no longer counts in ``held``
-            with lock:
-                held[0] -= size
-
-        def drain() -> None:
-            budget = _DRAIN_BYTES
-            for _ in range(_CONTROL_DRAIN):
-                with lock:
-                    if not inbox:
-                        return
-                    kind, payload = inbox.popleft()
-                    size = len(payload)
-                    aside = kind == CONTROL_CALL and size > _OFF_LOOP and ownerwire.parsed_size(payload) > _OFF_LOOP
-                    if not aside:   # else it counts until decoded (``decoded``)
-                        held[0] -= size
-                if aside:
-                    link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
-                    self._answering(link, self._decode_aside(link, payload, functools.partial(decoded, size)))
-                    continue
-                self._on_control(link, kind, payload)
-                budget -= size
-                if budget <= 0:
-                    break
-            if inbox:   # more than a turn's worth: the rest after the loop's other work
-                loop.call_soon(drain)
-
-        take_reply = link.calls.take_reply
+        write_here = self._write_here(link, asyncio.get_running_loop())
+        inbox = _Inbox(self, link)
+        take_reply, put = link.calls.take_reply, inbox.put
         small_call, cluster = ownerwire.small_call, self.table.cluster_id
 
         def handler(kind: int, payload: bytes) -> None:
-            if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's or push's reply, landed here (``fast``)
+            if kind == CONTROL_REPLY and take_reply(payload):   # a small pull's or push's reply, landed here
                 link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
                 return
             if kind == CONTROL_CALL:
@@ -148,25 +115,7 @@ class OwnerCalls:
                 got = small_call(payload, cluster)
                 if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
                     return
-            first = False
-            with lock:
-                queued = len(inbox) + link.usage.answering
-                over = kind != CONTROL_DOWN and (queued >= _QUEUED_FRAMES or held[0] + len(payload) > _QUEUED_BYTES)
-                if not over:
-                    inbox.append((kind, payload))
-                    held[0] += len(payload)
-                    first = len(inbox) == 1   # the queue was empty: nothing scheduled to drain it (``drain``)
-            if over:
-                log.warning("cluster %s: cluster %s has more than %d control frames (or %d MiB) waiting here: it "
-                            "sends faster than it is answered; dropping its link", self.table.cluster_id,
-                            link.remote_cluster, _QUEUED_FRAMES, _QUEUED_BYTES >> 20)
-                raise ControlRefused(f"more than {_QUEUED_FRAMES} control frames (or {_QUEUED_BYTES >> 20} MiB) "
-                                     f"waiting for the link of cluster {link.remote_cluster}")
-            if first:
-                try:
-                    loop.call_soon_threadsafe(drain)
-                except RuntimeError:   # the loop is closed: the daemon is stopping
-                    pass
+            put(kind, payload)
 
         return handler
 
@@ -443,3 +392,73 @@ class OwnerCalls:
         except DataDistError as exc:   # a link dropped (its reason logged once) may leave thousands unanswered
             log.log(logging.DEBUG if link.calls.closed else logging.INFO, "cluster %s: cannot answer call %s of "
                     "cluster %s: %s", self.table.cluster_id, reply.command_id, link.remote_cluster, exc)
+
+
+class _Inbox:
+    """One link's control frames on their way from its connections' reader threads to the event loop, which
+    drains every queued frame per wake-up (``_CONTROL_DRAIN`` frames and ``_DRAIN_BYTES`` decoded at most per
+    turn; a call with a long list is decoded off the loop, ``OwnerCalls._decode_aside``): many replies and calls in
+    flight cost one wake-up, not one each. Bounded with the answers running (``_QUEUED_FRAMES``,
+    ``_QUEUED_BYTES``): a frame past the bound drops the link (``ControlRefused``); the channel's end
+    (``CONTROL_DOWN``) is always queued."""
+
+    __slots__ = ("calls", "link", "loop", "frames", "held", "lock")
+
+    def __init__(self, calls: OwnerCalls, link: RemoteLink) -> None:
+        self.calls = calls
+        self.link = link
+        self.loop = asyncio.get_running_loop()
+        self.frames: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.held = 0                   # bytes of the frames queued (and of the ones being decoded off the loop)
+        self.lock = threading.Lock()    # the readers of the link's connections (one thread each) and the loop
+
+    def put(self, kind: int, payload: bytes) -> None:
+        """A reader thread: queue the frame, waking the loop when the queue was empty."""
+        link = self.link
+        with self.lock:
+            queued = len(self.frames) + link.usage.answering
+            over = kind != CONTROL_DOWN and (queued >= _QUEUED_FRAMES or self.held + len(payload) > _QUEUED_BYTES)
+            if not over:
+                self.frames.append((kind, payload))
+                self.held += len(payload)
+            first = not over and len(self.frames) == 1   # nothing scheduled to drain it yet
+        if over:
+            log.warning("cluster %s: cluster %s has more than %d control frames (or %d MiB) waiting here: it sends "
+                        "faster than it is answered; dropping its link", self.calls.table.cluster_id,
+                        link.remote_cluster, _QUEUED_FRAMES, _QUEUED_BYTES >> 20)
+            raise ControlRefused(f"more than {_QUEUED_FRAMES} control frames (or {_QUEUED_BYTES >> 20} MiB) waiting "
+                                 f"for the link of cluster {link.remote_cluster}")
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self.drain)
+            except RuntimeError:   # the loop is closed: the daemon is stopping
+                pass
+
+    def decoded(self, size: int) -> None:
+        """A frame decoded off the loop no longer counts in ``held``."""
+        with self.lock:
+            self.held -= size
+
+    def drain(self) -> None:
+        """The loop: a turn's worth of queued frames, each handled (``OwnerCalls._on_control``); the rest after the
+        loop's other work."""
+        calls, link, budget = self.calls, self.link, _DRAIN_BYTES
+        for _ in range(_CONTROL_DRAIN):
+            with self.lock:
+                if not self.frames:
+                    return
+                kind, payload = self.frames.popleft()
+                size = len(payload)
+                aside = kind == CONTROL_CALL and size > _OFF_LOOP and ownerwire.parsed_size(payload) > _OFF_LOOP
+                if not aside:   # else it counts until decoded (``decoded``)
+                    self.held -= size
+            if aside:
+                link.last_seen = time.monotonic()   # as ``_on_control``: the sweeper must hear of this frame
+                calls._answering(link, calls._decode_aside(link, payload, functools.partial(self.decoded, size)))
+                continue
+            calls._on_control(link, kind, payload)
+            budget -= size
+            if budget <= 0:
+                break
+        if self.frames:
+            self.loop.call_soon(self.drain)

@@ -196,13 +196,11 @@ class StreamPath(RowPath):
     quick_max = INLINE_READ_MAX
 
     def _frame(self, t: Transfer, cid: int, transfer_id: int) -> bytes | bytearray | None:
-        """``t``'s CALL frame (``ownerwire``): a READ (inline when ``transfer_id`` is 0) or a small push's WRITE with
-        its rows copied in; None when the rows could not be read (a stale local view: the quick shape only)."""
+        """``t``'s CALL frame (``ownerwire``) but the quick shape's READ (``start`` builds that one straight from the
+        attach frame's block words): a READ (inline when ``transfer_id`` is 0) or a small push's WRITE with its rows
+        copied in; None when the rows could not be read (a stale local view: the quick shape only)."""
         ms = max(1, int((t.deadline - time.monotonic()) * 1000))
         cluster = t.link.remote_cluster
-        if t.spec is None and not t.push:
-            return _read_call(command_id=cid, timeout_ms=ms, cluster_id=cluster, model_id=t.model_id,
-                              blocks=t.remote, nbytes=t.nbytes)
         if t.spec is None:
             frame, at = ownerwire.small_write_call(command_id=cid, timeout_ms=ms, cluster_id=cluster,
                                                    model_id=t.model_id, blocks=t.remote, nbytes=t.nbytes)

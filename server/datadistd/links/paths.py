@@ -244,15 +244,22 @@ class StreamPath(RowPath):
                                                          blocks=t.remote, nbytes=t.nbytes)
         else:
             frame = self._frame(t, cid, 0 if receipt is None else int(receipt.transfer_id))
+        failure: DataDistError | None = None
         if frame is not None:
-            if channel.try_control(CONTROL_CALL, frame, t.deadline):
-                return True
-            if on_loop:
-                calls.send_later(cid, bytes(frame), t.deadline)
-                return True
+            try:
+                if channel.try_control(CONTROL_CALL, frame, t.deadline):
+                    return True
+                if on_loop:
+                    calls.send_later(cid, bytes(frame), t.deadline)
+                    return True
+            except DataDistError as exc:   # the channel broke
+                failure = exc
         if receipt is not None:
             receipt.cancel()
         if not calls.forget(cid):   # answered meanwhile (the sweep, ``close``): it ended there
+            return True
+        if failure is not None and on_loop:
+            self.transfers.failed(t, failure)
             return True
         if on_loop:   # the local rows went (a stale view on the loop): as a pull into a missing cache
             self.transfers.finish(t, DataDistError(StatusCode.LLM_PARAM_INVALID,

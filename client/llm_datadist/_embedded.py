@@ -3,7 +3,7 @@
 Used when neither the ``datadist.daemon`` option nor ``DATADIST_DAEMON`` names a daemon. The
 client still talks gRPC to it, through the same code path as to a system daemon. ``DATADISTD_*``
 environment variables configure it like the system daemon (except the socket); without a peer secret
-it uses this user's own, as a daemon of this user does (``datadistd.state.peersecret``), and never falls back to
+it uses this user's own, as a daemon of this user does (``datadistd.ops.peersecret``), and never falls back to
 the public development secret.
 
 What goes wrong at its start reaches ``init``'s caller as an ``LLMException``, never as one of the daemon's own
@@ -30,8 +30,8 @@ START_TIMEOUT_S = 30
 class EmbeddedDaemon:
     def __init__(self) -> None:
         from datadistd.process.app import DaemonApp  # the daemon package, loaded only in embedded mode
-        from datadistd.state.config import ConfigError, load_config
-        from datadistd.state.peersecret import peer_secret
+        from datadistd.ops.config import ConfigError, load_config
+        from datadistd.ops.peersecret import peer_secret
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)

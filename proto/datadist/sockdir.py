@@ -1,4 +1,4 @@
-"""Who may have put a socket in a directory: the one rule the daemon (``datadistd.state.config.secure_socket_dir``)
+"""Who may have put a socket in a directory: the one rule the daemon (``datadistd.ops.config.secure_socket_dir``)
 and the Python client (``llm_datadist._attach``) both apply; the C++ client's ``DirectoryCulprit``
 (client/cpp/src/attach.cc) is this rule in C++.
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from datadist.status import LLMStatusCode as S
-from datadistd.state.config import PeerSection
-from datadistd.state.peersecret import peer_secret
+from datadistd.ops.config import PeerSection
+from datadistd.ops.peersecret import peer_secret
 from tests.harness import free_port
 
 pytestmark = pytest.mark.integration

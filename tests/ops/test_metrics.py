@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
-from datadistd.state.config import load_config
-from datadistd.state.metrics import DaemonMetrics, parse_listen_address
+from datadistd.ops.config import load_config
+from datadistd.ops.metrics import DaemonMetrics, parse_listen_address
 from tests.harness import Daemon, free_port, metrics_address, scrape
 from tests.reliability.common import blocks_key, stub
 
@@ -137,7 +137,7 @@ def test_bad_listen_address_is_a_config_error(tmp_path) -> None:
 
 def test_a_failed_transfer_counts_its_status_code_and_no_bytes() -> None:
     from datadistd.core.errors import DataDistError, StatusCode
-    from datadistd.state.metrics import track_transfer
+    from datadistd.ops.metrics import track_transfer
 
     m = DaemonMetrics()
     with pytest.raises(DataDistError):

@@ -37,9 +37,9 @@ DEV_SECRET = b"datadist-development-secret"
 
 
 def unconfigured_secret() -> bytes:
-    """The secret a daemon of this user proves when none is configured (``datadistd.state.peersecret``)."""
-    from datadistd.state.config import PeerSection
-    from datadistd.state.peersecret import peer_secret
+    """The secret a daemon of this user proves when none is configured (``datadistd.ops.peersecret``)."""
+    from datadistd.ops.config import PeerSection
+    from datadistd.ops.peersecret import peer_secret
 
     return peer_secret(PeerSection()).value
 

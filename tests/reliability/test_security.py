@@ -27,7 +27,7 @@ from datadistd.core.types import BlocksKeyRef, IdIndexRef, ReadMode, RemoteSpec
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import CommitWriteCmd, OpenWriteCmd, ReadCmd
 from datadistd.links.wire.peering import PROTOCOL_VERSION
-from datadistd.state.peersecret import PeerSecret
+from datadistd.ops.peersecret import PeerSecret
 from tests.harness import Daemon, WorkerError, free_port, pool_memfds
 from tests.reliability.common import (
     DEV_SECRET,

@@ -20,7 +20,7 @@ from datadist.v1 import attach_pb2
 from datadistd.api.attach import AttachServer
 from datadistd.core.types import Role
 from datadistd.node.node import Node
-from datadistd.state.config import Config
+from datadistd.ops.config import Config
 from tests.daemonproc import DaemonProcess
 from tests.reliability.common import wait_until
 

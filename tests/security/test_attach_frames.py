@@ -26,7 +26,7 @@ from datadistd.api.attach import MAX_TRANSFER_BLOCKS, AttachServer
 from datadistd.api.orders import MAX_LIST
 from datadistd.core.types import Role
 from datadistd.node.node import Node
-from datadistd.state.config import Config
+from datadistd.ops.config import Config
 from llm_datadist._attach import AttachClient
 from llm_datadist._cache_ops import CacheOps
 from llm_datadist.status import LLMException

@@ -24,8 +24,8 @@ from datadist.status import LLMStatusCode
 from datadist.v1 import attach_pb2, common_pb2, datadist_pb2
 from datadistd.api.attach import MAX_TRANSFERS_IN_FLIGHT
 from datadistd.node.sessions import MAX_SESSIONS_PER_UID
+from datadistd.ops.config import load_config
 from datadistd.process.app import DaemonApp
-from datadistd.state.config import load_config
 from tests.harness import fd_targets, free_port, metrics_address, series_sum
 
 from .test_local import Worker, attach_ask

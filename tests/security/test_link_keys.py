@@ -25,10 +25,10 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, Role
+from datadistd.engine.engine import tensors_of
 from datadistd.links import ClusterSpec
 from datadistd.node.node import EngineSlot, Node
-from datadistd.state.config import Config
-from datadistd.state.engine import tensors_of
+from datadistd.ops.config import Config
 from tests.fakes import pulled, pushed, worker_session
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, InProcessPeer, _order
 

@@ -391,7 +391,7 @@ def test_7_a_socket_directory_of_another_user_is_refused(tmp_path):
 def test_7_default_socket_without_runtime_dir_is_checked(tmp_path):
     """Without RUNTIME_DIRECTORY/XDG_RUNTIME_DIR a non-root daemon uses /tmp/datadist-<uid>; the same check
     applies to it (here: the parent of a directory we control)."""
-    from datadistd.state.config import default_socket_path, secure_socket_dir
+    from datadistd.ops.config import default_socket_path, secure_socket_dir
 
     env = {k: v for k, v in os.environ.items() if k not in ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR")}
     old = dict(os.environ)

@@ -32,7 +32,7 @@ import pytest
 from datadist.status import LLMStatusCode
 from datadist.v1 import peer_pb2, peer_pb2_grpc
 from datadistd.links.wire.peering import PROTOCOL_VERSION
-from datadistd.state.config import load_config
+from datadistd.ops.config import load_config
 from tests.daemonproc import DaemonProcess, free_port
 from tests.harness import Worker, WorkerError
 from tests.reliability.common import PeerAgent, fd_count, listening_sockets, wait_until
@@ -43,7 +43,7 @@ P, D = 1, 2
 
 
 #: the two ways a one-user daemon (sockets 0600) is left with the public development secret
-#: (``datadistd.state.peersecret``): set, or fallen back to where asked for
+#: (``datadistd.ops.peersecret``): set, or fallen back to where asked for
 ONE_USER = {"DATADISTD_DAEMON_SOCKET_MODE": "0o600"}
 NO_PLACE = {"XDG_RUNTIME_DIR": "", "STATE_DIRECTORY": "", "XDG_CONFIG_HOME": "/proc/datadist-none",
             "HOME": "/proc/datadist-none"}

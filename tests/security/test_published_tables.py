@@ -33,12 +33,12 @@ from datadistd.core.types import (  # noqa: E402
     RemoteSpec,
     Role,
 )
+from datadistd.engine.engine import tensors_of  # noqa: E402
 from datadistd.links import ClusterSpec, LinkManager  # noqa: E402
 from datadistd.links.wire import ownerwire  # noqa: E402
 from datadistd.memory.base import Segment  # noqa: E402
 from datadistd.node.node import Node  # noqa: E402
-from datadistd.state.config import Config  # noqa: E402
-from datadistd.state.engine import tensors_of  # noqa: E402
+from datadistd.ops.config import Config  # noqa: E402
 from datadistd.transport.base import CONTROL_CALL, Channel  # noqa: E402
 from tests.fakes import ArrayHandle, pulled, worker_session  # noqa: E402
 from tests.unit.test_links import BLOCK, BLOCKS, POOL, Pair, _bytes, _order, _until  # noqa: E402

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from datadistd.core.types import BlocksKeyRef, ReadMode, RemoteSpec
+from datadistd.engine.engine import tensors_of
 from datadistd.guard.executor import EXECUTOR_THREADS, Threads
 from datadistd.guard.quota import LinkLimits
-from datadistd.state.engine import tensors_of
 from tests.fakes import pulled
 from tests.unit.test_links import BIG_POOL, BIG_ROW, BLOCK, BLOCKS, D, Pair, _order, _until, big_caches
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from datadistd.state.config import RETIRED_KEYS, Config, ConfigError, load_config
+from datadistd.ops.config import RETIRED_KEYS, Config, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_bad_env_is_a_clear_error() -> None:
 def test_an_unknown_transport_stops_the_start() -> None:
     import pytest
 
-    from datadistd.state.config import ConfigError, load_config
+    from datadistd.ops.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="known: hccl, nixl, tcp"):
         load_config(env={"DATADISTD_TRANSPORT_NAME": "local"})
@@ -103,7 +103,7 @@ def test_nixl_needs_the_operators_word_that_the_fabric_is_trusted(monkeypatch) -
 
     import pytest
 
-    from datadistd.state.config import ConfigError, load_config
+    from datadistd.ops.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="nixl_fabric_trusted = true"):
         load_config(env={"DATADISTD_TRANSPORT_NAME": "nixl"})
@@ -119,7 +119,7 @@ def test_hccl_settings_take_the_engines_cann_options_over_the_daemons() -> None:
     transport, which knows the NPU's physical id)."""
     from datadistd.core.options import parse_options
     from datadistd.core.types import Role
-    from datadistd.state.config import load_config
+    from datadistd.ops.config import load_config
 
     cfg = load_config(env={"DATADISTD_TRANSPORT_NAME": "hccl", "DATADISTD_TRANSPORT_HCCL_DEVICE_IP":
                            "10.0.0.1, 10.0.0.2,10.0.0.3", "DATADISTD_TRANSPORT_HCCL_RDMA_TRAFFIC_CLASS": "100"})
@@ -195,7 +195,7 @@ def test_a_key_the_daemon_does_not_read_loads_with_a_warning(tmp_path, caplog, d
     path = tmp_path / "old.toml"
     path.write_text(f"[{section}]\n{key} = 300\n")
     env = {f"DATADISTD_{section}_{key}".upper(): "300"}
-    with caplog.at_level(logging.WARNING, logger="datadistd.state.config"):
+    with caplog.at_level(logging.WARNING, logger="datadistd.ops.config"):
         for cfg in (load_config(path, env={}), load_config(env=env), load_config(overrides={dotted: 300}, env={})):
             assert not hasattr(getattr(cfg, section), key)
     warned = [r.getMessage() for r in caplog.records]
@@ -206,7 +206,7 @@ def test_every_daemon_variable_the_tree_names_is_known() -> None:
     """What the docs, deploy files, tests and bench set is accepted: none is refused by the rule above."""
     import re
 
-    from datadistd.state.config import env_names
+    from datadistd.ops.config import env_names
 
     known = env_names()
     placeholders = {"DATADISTD_SECTION_KEY", "DATADISTD_EXECUTABLE"}   # a pattern; check.sh's argument name

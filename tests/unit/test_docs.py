@@ -11,7 +11,7 @@ DOCS = [ROOT / "README.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs
 
 
 def test_the_socket_default_names_every_fallback_the_code_has() -> None:
-    from datadistd.state.config import default_socket_path
+    from datadistd.ops.config import default_socket_path
 
     row = next(line for line in (ROOT / "docs" / "operations.md").read_text().splitlines()
                if line.startswith("| `--socket PATH`"))

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 GRPC_FREE = ["datadistd", "datadistd.core.types", "datadistd.core.registry", "datadistd.core.layout",
-             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.state.engine",
+             "datadistd.core.allocator", "datadistd.core.plan", "datadistd.core.options", "datadistd.engine.engine",
              "datadistd.links", "datadistd.node.node", "datadistd.links.comm", "datadistd.memory",
              "datadistd.memory.host", "datadistd.memory.imported",
-             "datadistd.transport", "datadistd.transport.tcp", "datadistd.state.config"]
+             "datadistd.transport", "datadistd.transport.tcp", "datadistd.ops.config"]
 
 
 def loaded_after(imports: list[str]) -> set[str]:
@@ -128,16 +128,17 @@ ROOMS: dict[str, set[str]] = {
     "memory": {"core"},
     "guard": {"core"},                               # admission, authorization, quotas, the fair executor
     "transport": {"core", "memory", "guard"},        # data-plane channels; the data port's admission
-    "state": {"core", "memory", "guard", "transport"},   # engines, read views, config, metrics, the peer secret
+    "engine": {"core", "memory", "guard"},           # an engine: its registry and memory, the views of its rows
+    "ops": {"core", "memory", "guard", "transport"},   # what the operator sets and reads: config, secret, metrics
     "links.wire": {"core"},                          # what two daemons say: records and frames only
-    "links": {"core", "memory", "guard", "transport", "state", "links.wire"},
-    "node": {"core", "memory", "guard", "transport", "state", "links.wire", "links"},
-    "api": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node"},
-    "api.grpc": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api"},
+    "links": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire"},
+    "node": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire", "links"},
+    "api": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire", "links", "node"},
+    "api.grpc": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire", "links", "node", "api"},
     # the attach socket shares the transfer entry (api/transfers.py) with the gRPC services, not their room
-    "api.attach": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api"},
-    "process": {"core", "memory", "guard", "transport", "state", "links.wire", "links", "node", "api", "api.grpc",
-                "api.attach"},
+    "api.attach": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire", "links", "node", "api"},
+    "process": {"core", "memory", "guard", "transport", "engine", "ops", "links.wire", "links", "node", "api",
+                "api.grpc", "api.attach"},
     "tools": set(),                                  # make proto: imports nothing of the daemon
 }
 #: the rooms that may import grpc: the gRPC services and the process that serves them (and ``make proto``)
@@ -263,8 +264,8 @@ class C:
 #: library, generated protobuf/grpc objects, configuration reflection and plugin loading. Our own types
 #: declare what they can do (Protocols, ``runtime_checkable`` capabilities checked with ``isinstance``).
 REFLECTION_ALLOWED = {
-    ("process/cli.py", "logging"), ("state/config.py", "self"), ("state/config.py", "cfg"),
-    ("state/config.py", "cfg.tls"), ("process/ctl.py", "stub"),
+    ("process/cli.py", "logging"), ("ops/config.py", "self"), ("ops/config.py", "cfg"),
+    ("ops/config.py", "cfg.tls"), ("process/ctl.py", "stub"),
     ("core/plugins.py", "importlib.import_module(module_name)"), ("api/attach.py", "socket"),
     ("api/grpc/server.py", "request"), ("api/grpc/server.py", "servicer"),
     ("transport/tcp/staging.py", "self._local"),

@@ -23,14 +23,14 @@ from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.plan import LayerTarget, LayerTask, TransferKind, TransferOrder
 from datadistd.core.types import BlocksKeyRef, CacheDesc, DType, Placement, ReadMode, RemoteSpec, Role
+from datadistd.engine.engine import tensors_of
 from datadistd.links import ClusterSpec, InboundLink, LinkManager, LinkState, OutboundLink
 from datadistd.links.layerwise import LayerPush
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import OwnerReply, UnlinkCmd
 from datadistd.links.wire.peering import PROTOCOL_VERSION, HandshakeAnswer, HandshakeOffer, make_offer, offer_mac
 from datadistd.node.node import Node
-from datadistd.state.config import Config
-from datadistd.state.engine import tensors_of
+from datadistd.ops.config import Config
 from datadistd.transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY
 from datadistd.transport.tcp.reactor import THREAD_PREFIX, reactor
 from tests.fakes import pulled, pushed, start_pull, worker_session

@@ -1,4 +1,4 @@
-"""The transfer series as plain ints (``state/metrics.py``: ``_Bound``, ``TransferCollector``): what a scrape shows
+"""The transfer series as plain ints (``ops/metrics.py``: ``_Bound``, ``TransferCollector``): what a scrape shows
 is what prometheus_client's own children showed for the same transfers, totals stay exact when reader threads
 count at once, counting one transfer is two Python calls, and ``prune`` still drops the series of what is gone."""
 
@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from datadistd.state.metrics import DIRECTION, LATENCY_BUCKETS, DaemonMetrics, track_transfer
-from datadistd.state.snapshot import EngineView, LinkView, NodeView
+from datadistd.ops.metrics import DIRECTION, LATENCY_BUCKETS, DaemonMetrics, track_transfer
+from datadistd.ops.snapshot import EngineView, LinkView, NodeView
 
 #: (op, cluster, peer, outcome, seconds, bytes, blocks): one transfer each, begun and ended in this order
 EVENTS = [("pull", "2", "1", "success", 0.0007, 4096, 1), ("pull", "2", "1", "success", 0.0005, 100, 0),

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from datadistd.state.engine import tensors_of
+from datadistd.engine.engine import tensors_of
 from tests.fakes import pulled, start_pull
 from tests.unit.test_links import (
     BIG_POOL,

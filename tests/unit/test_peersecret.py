@@ -1,4 +1,4 @@
-"""Peer secrets (``datadistd.state.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
+"""Peer secrets (``datadistd.ops.peersecret``): the per-user one made once, mode 0600, shared by the user's daemons,
 embedded or not; one rule for every secret file, configured or per-user; which secret a daemon uses said without
 saying it."""
 
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from datadistd.state.config import DEV_SECRET, PeerSection
-from datadistd.state.peersecret import (
+from datadistd.ops.config import DEV_SECRET, PeerSection
+from datadistd.ops.peersecret import (
     PeerSecret,
     UnsafeSecret,
     peer_secret,

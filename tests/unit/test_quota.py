@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from datadistd.core.errors import DataDistError, StatusCode
 from datadistd.guard.quota import QuotaBook, QuotaLimits
-from datadistd.state.config import load_config
+from datadistd.ops.config import load_config
 
 
 def test_a_uid_at_its_quota_does_not_limit_another():

@@ -18,14 +18,14 @@ import pytest
 from datadist.status import LLMStatusCode as S
 from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, CacheKeyRef, DType, Placement, ReadMode, RemoteSpec
+from datadistd.engine import readview
+from datadistd.engine.engine import tensors_of
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import INLINE_READ_MAX, ReadCmd
 from datadistd.memory.base import FdPiece
 from datadistd.memory.copy import BufferHandle
 from datadistd.memory.imported import MappedFdHandle
-from datadistd.state import readview
-from datadistd.state.engine import tensors_of
-from datadistd.state.metrics import DaemonMetrics
+from datadistd.ops.metrics import DaemonMetrics
 from datadistd.transport.base import CONTROL_CALL
 from tests.fakes import pulled, start_pull
 

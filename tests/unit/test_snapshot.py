@@ -9,7 +9,7 @@ import pytest
 
 from datadistd.core.types import Role
 from datadistd.node.node import Node
-from datadistd.state.config import Config
+from datadistd.ops.config import Config
 from tests.fakes import worker_session
 
 

@@ -96,7 +96,7 @@ Status PrivateDaemon::Start(int timeout_ms) {
   if (std::getenv("DATADISTD_DAEMON_DRAIN_SECONDS") == nullptr) {
     env.push_back("DATADISTD_DAEMON_DRAIN_SECONDS=1.0");
   }
-  // no peer secret set here: a daemon with none configured uses this user's own (datadistd.state.peersecret), the one
+  // no peer secret set here: a daemon with none configured uses this user's own (datadistd.ops.peersecret), the one
   // embedded Python workers use, and exits at start when that file is unsafe (group/other bits, a symlink) or,
   // as an embedded daemon, when this user has no place for it (never the public development secret)
   if (std::getenv("DATADISTD_PEER_DEV_SECRET_FALLBACK") == nullptr) {

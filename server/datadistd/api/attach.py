@@ -104,7 +104,7 @@ from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
 from ..node.sessions import PeerCred, WorkerSession
-from ..state.metrics import DaemonMetrics, count_error
+from ..ops.metrics import DaemonMetrics, count_error
 from ..transport.tcp.reactor import Reactor, reactor
 from .attachmsgs import PROTOCOL_VERSION, handle
 from .orders import MAX_LIST, order_from_frame

@@ -16,7 +16,7 @@ from ..core.errors import DataDistError, StatusCode
 from ..core.plan import TransferOrder
 from ..node.node import EngineSlot, Node
 from ..node.sessions import WorkerSession
-from ..state.metrics import DaemonMetrics, count_error
+from ..ops.metrics import DaemonMetrics, count_error
 
 __all__ = ["Done", "start_transfer"]
 

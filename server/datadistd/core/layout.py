@@ -339,7 +339,7 @@ def owner_spans(desc: CacheDesc, is_blocks: bool, cache_id: int, batch: int, spe
     """What a peer's ``spec`` touches of a cache it may address (found, remotely accessible): the spans and the
     tensor indices, after every bound -- tensor range, blocks or slot, and the requester's byte count. The one
     copy of these checks: ``Engine.prepare_read`` / ``prepare_write`` call it; the owner's read view
-    (``state/readview``) answers only what passes the same bounds, and hands anything else here to be refused
+    (``engine/readview``) answers only what passes the same bounds, and hands anything else here to be refused
     (tests/unit/test_readview.py holds both to the same answers)."""
     count = spec.tensor_count or desc.num_tensors
     require(spec.tensor_start + count <= desc.num_tensors,

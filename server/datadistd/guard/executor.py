@@ -10,7 +10,7 @@ of threads that one principal can fill). Teardown that frees the others (a chann
 receipts cancelled) runs unmetered: it must never wait behind the jobs it ends.
 
 ``Gate``: the jobs running in worker threads on one engine's memory, and a bounded wait until none does
-(before the memory is freed). Every blocking job of an engine -- a local copy (``state/engine.py``), a send, a
+(before the memory is freed). Every blocking job of an engine -- a local copy (``engine/engine.py``), a send, a
 receipt wait or a transport stop of its links (``links/``) -- runs through ``Gate.run``, so finalize has one
 place to wait: ``Gate.drained``.
 

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from datadist.status import LLMStatusCode
 
-from ..state.engine import Engine
+from ..engine.engine import Engine
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls

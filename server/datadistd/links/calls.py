@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Coroutine
 
 from ..core.errors import DataDistError, StatusCode
-from ..state import readview
+from ..engine import readview
 from ..transport.base import CONTROL_CALL, CONTROL_DOWN, CONTROL_REPLY, Channel, ControlRefused, SendsParts
 from .model import LinkState, RemoteLink
 from .owner import Owner

@@ -33,7 +33,7 @@ from datadist.status import LLMStatusCode
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import LayerTask, check_layer_task, plan_layer
 from ..core.types import CacheId, Placement
-from ..state.metrics import TransferTracker, track_transfer
+from ..ops.metrics import TransferTracker, track_transfer
 from . import Link, LinkManager
 from .staged import PushPart, StagedPush
 

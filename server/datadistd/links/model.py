@@ -11,8 +11,8 @@ from typing import Protocol, Sequence
 
 from ..core.errors import StatusCode
 from ..core.types import RemoteSpec
+from ..engine.engine import Engine
 from ..guard.quota import LinkUsage
-from ..state.engine import Engine
 from ..transport.base import Channel, Receipt
 from .wire.framecalls import FrameCalls
 

@@ -12,11 +12,11 @@ from typing import Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import Span
 from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
+from ..engine import readview
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..memory.segments import segments_of
-from ..state import readview
-from ..state.metrics import track_transfer
+from ..ops.metrics import track_transfer
 from ..transport.base import Channel, Receipt
 from .model import Link, _Grant, _PendingWrite
 from .table import LinkTable

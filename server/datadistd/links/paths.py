@@ -22,9 +22,9 @@ from typing import Protocol
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, TransferId
+from ..engine import pullview
+from ..engine.engine import Engine
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
-from ..state import pullview
-from ..state.engine import Engine
 from ..transport.base import CONTROL_CALL, Channel, ReadGrants, ReadTables, Receipt
 from .model import LocalLink
 from .record import Transfer
@@ -67,7 +67,7 @@ def _move_rows(engine: Engine, t: Transfer, rows: pullview.Dest, generation: int
                at: int) -> bool:
     """Blocks ``t.local`` of ``rows`` (tensor by tensor, block by block) to or from ``buf[at:]`` -- into the rows
     (a pull's bytes) or out of them (a push's) -- under the engine's ``read_lock`` once the view of ``generation``
-    is checked current (``state.pullview``: a deallocate takes that lock before memory goes). False, nothing
+    is checked current (``engine.pullview``: a deallocate takes that lock before memory goes). False, nothing
     moved, when the view is stale or one of its views was released."""
     data = memoryview(buf)
     row, into = rows.row, not t.push
@@ -253,7 +253,8 @@ class StreamPath(RowPath):
                     calls.send_later(cid, bytes(frame), t.deadline)
                     return True
             except DataDistError as exc:   # the channel broke
-                failure = exc
+                failure = DataDistError(StatusCode.LLM_LINK_FAILED, f"no live data connection to cluster "
+                                                                    f"{link.remote_cluster} ({exc.message})")
         if receipt is not None:
             receipt.cancel()
         if not calls.forget(cid):   # answered meanwhile (the sweep, ``close``): it ended there

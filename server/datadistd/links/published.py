@@ -24,7 +24,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import BlockSpans, address_spans, owner_spans, total_length
 from ..core.plan import AddrRef
 from ..core.types import BlocksKeyRef, CacheId, CacheKeyRef, IdIndexRef, KeyKind, OwnerKey, ReadMode, RemoteSpec
-from ..state.engine import Engine, memory_of, tensors_of
+from ..engine.engine import Engine, memory_of, tensors_of
 from ..transport.base import Channel, ReadTables
 from .wire.tables import CacheInfo, decode_info, encode_info
 

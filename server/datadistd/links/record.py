@@ -8,8 +8,8 @@ from typing import Any, Protocol, Sequence
 
 from ..core.registry import CacheEntry
 from ..core.types import RemoteSpec
+from ..engine import pullview
 from ..memory.base import Segment
-from ..state import pullview
 from .model import AnyLink
 
 __all__ = ["Transfer", "Ends"]

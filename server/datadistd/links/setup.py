@@ -14,8 +14,8 @@ from typing import Awaitable, Callable, Sequence
 from ..core.errors import DataDistError, StatusCode, require
 from ..guard.admission import source_key
 from ..guard.authz import OWN, REMOTE, authorize_displace, authorize_local_link
-from ..state.config import is_loopback
-from ..state.peersecret import SAME_SECRET_FIX
+from ..ops.config import is_loopback
+from ..ops.peersecret import SAME_SECRET_FIX
 from .calls import OwnerCalls
 from .model import (
     MAX_CLUSTERS_PER_CALL,

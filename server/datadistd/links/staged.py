@@ -13,10 +13,10 @@ from datadist.status import LLMStatusCode
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import Span
 from ..core.types import CacheId, RemoteSpec, TransferId
+from ..engine.engine import tensors_of
 from ..memory.base import Segment
 from ..memory.copy import copy_segments
 from ..memory.segments import segments_of
-from ..state.engine import tensors_of
 from ..transport.base import Channel
 from .model import AnyLink, LocalLink, RemoteLink
 from .table import LinkTable

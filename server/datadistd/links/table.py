@@ -12,11 +12,11 @@ from collections import OrderedDict
 from typing import Any, Callable, Coroutine, Iterable, Protocol, TypeVar
 
 from ..core.types import CacheId
+from ..engine.engine import Engine
 from ..guard.executor import UNMETERED
 from ..guard.quota import LinkLimits
-from ..state.engine import Engine
-from ..state.metrics import DaemonMetrics
-from ..state.peersecret import PeerSecret
+from ..ops.metrics import DaemonMetrics
+from ..ops.peersecret import PeerSecret
 from ..transport.base import Channel, ReadGrants, ReadTables, Receipt, Transport
 from .attempts import AddressSlots
 from .liveness import Liveness

@@ -3,7 +3,7 @@
 1. **Resolve once** (``Transfers.resolve``): the link, the local rows or segments, what the owner is asked for,
    the bytes and the deadline become a ``Transfer`` record. Two shapes reach it: a whole-tensor blocks transfer by
    ``BlocksCacheKey`` of at most ``QUICK_BLOCKS`` blocks as the attach frame carries it (its geometry from the
-   engine's published local rows, ``state.pullview``: no order object, no plan, possible off the event loop), and
+   engine's published local rows, ``engine.pullview``: no order object, no plan, possible off the event loop), and
    any other order (``core.plan``: the gRPC ``Pull``/``Push`` and every other attach frame, on the loop). Each
    shape makes the same checks; ownership of the engine was checked by the caller (``api.transfers``).
 2. **Start one way** (``Transfers.start``): the link's ``RowPath`` -- a copy when both engines live here
@@ -14,7 +14,7 @@
 
 Memory: a transfer that lands off the loop (a small pull's bytes copied by the reader thread that read them) holds no
 pin: it copies under the engine's ``read_lock`` once the local view's generation is checked current
-(``state.pullview``), and a stale view hands the reply to the loop, which looks the cache up again. Every other
+(``engine.pullview``), and a stale view hands the reply to the loop, which looks the cache up again. Every other
 transfer pins its local cache on the loop from start to end (``Transfer.pinned``) and ends on the loop.
 """
 
@@ -29,10 +29,10 @@ from ..core.layout import explain_size_mismatch
 from ..core.plan import TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
 from ..core.types import CacheId
+from ..engine import pullview
+from ..engine.engine import tensors_of
 from ..memory.segments import segments_of
-from ..state import pullview
-from ..state.engine import tensors_of
-from ..state.metrics import transfer_log
+from ..ops.metrics import transfer_log
 from .model import AnyLink, InboundLink, Link, LinkState, LocalLink
 from .paths import path_for
 from .record import Ends, Transfer
@@ -62,7 +62,7 @@ class Transfers:
     def __init__(self, table: LinkTable) -> None:
         self.table = table
         self.path = path_for(self)
-        self._view: pullview.PullView | None = None      # the local rows (``state.pullview``)
+        self._view: pullview.PullView | None = None      # the local rows (``engine.pullview``)
         self._bounds: dict[tuple[bool, int], Any] = {}   # (push, peer cluster) -> pre-bound metrics
         table.watchers.append(self.republish)
 

@@ -20,6 +20,7 @@ from .. import __version__
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.options import EngineOptions, PoolConfig, parse_listen, parse_options
 from ..core.types import EngineId, Placement, Role
+from ..engine.engine import Engine
 from ..guard.admission import Admitting
 from ..guard.executor import EXECUTOR_THREADS, UNMETERED, Lane, Threads
 from ..guard.quota import Charge, QuotaBook
@@ -30,12 +31,11 @@ from ..links.table import LinkTable
 from ..links.wire.peering import PeerClient
 from ..memory import MemoryBackend, Pool, backend_from_config
 from ..memory.base import DeviceBackend
-from ..state.config import SECRET_FIX, Config, is_loopback
-from ..state.engine import Engine
-from ..state.metrics import DaemonMetrics
-from ..state.peersecret import PeerSecret, check_public
-from ..state.peersecret import peer_secret as _peer_secret
-from ..state.snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
+from ..ops.config import SECRET_FIX, Config, is_loopback
+from ..ops.metrics import DaemonMetrics
+from ..ops.peersecret import PeerSecret, check_public
+from ..ops.peersecret import peer_secret as _peer_secret
+from ..ops.snapshot import EngineView, LinkView, ListenerView, NodeView, PoolView
 from ..transport import Transport, get_transport
 from .sessions import SessionTable, WorkerSession
 
@@ -142,7 +142,7 @@ class Node:
     # ---- the one read model (status RPCs, metrics, datadistctl) ---------------------------------------
 
     def snapshot(self, slots: Iterable[EngineSlot] | None = None) -> NodeView:
-        """Frozen records of ``slots`` (default: every engine) and the node (``datadistd.state.snapshot``)."""
+        """Frozen records of ``slots`` (default: every engine) and the node (``datadistd.ops.snapshot``)."""
         chosen = list(self.engines.values()) if slots is None else list(slots)
         return NodeView(self.version, self.backend.name, self.config.transport.name,
                         "mtls" if self.config.tls.enabled else "plaintext", time.monotonic() - self.started,

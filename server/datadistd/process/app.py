@@ -32,9 +32,9 @@ from ..guard.sockfiles import OwnedSocket, claim
 from ..memory import backend_from_config
 from ..memory.base import StaleCleanup
 from ..node.node import Node
-from ..state.config import Config, secure_socket_dir
-from ..state.metrics import DaemonMetrics, MetricsServer, parse_listen_address
-from ..state.peersecret import PeerSecret
+from ..ops.config import Config, secure_socket_dir
+from ..ops.metrics import DaemonMetrics, MetricsServer, parse_listen_address
+from ..ops.peersecret import PeerSecret
 
 __all__ = ["DaemonApp"]
 
@@ -45,7 +45,7 @@ class DaemonApp:
     def __init__(self, config: Config, on_ready: Callable[[], None] | None = None,
                  peer_secret: PeerSecret | None = None) -> None:
         """``peer_secret``: what peers must prove (default: as a standalone daemon reads it,
-        ``datadistd.state.peersecret``; embedded mode passes its own, which never falls back to the public one)."""
+        ``datadistd.ops.peersecret``; embedded mode passes its own, which never falls back to the public one)."""
         self.config = config
         self.peer_secret = peer_secret
         self.node: Node | None = None

@@ -12,7 +12,7 @@ import sys
 from typing import Mapping
 
 from .. import __version__
-from ..state.config import ConfigError, load_config
+from ..ops.config import ConfigError, load_config
 from .app import DaemonApp
 from .sdnotify import notify, watchdog_interval
 

@@ -29,7 +29,7 @@ from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from .. import __version__
 from ..api.grpc.tls import PeerTls, TlsError, TlsFiles
-from ..state.config import ConfigError, default_socket_path, load_config
+from ..ops.config import ConfigError, default_socket_path, load_config
 
 __all__ = ["main", "resolve_socket", "CtlError"]
 

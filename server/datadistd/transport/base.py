@@ -209,7 +209,7 @@ class Transport(Protocol):
 @runtime_checkable
 class SendsParts(Protocol):
     """A channel that sends a control frame straight from views of memory (tcp: ``TcpChannel``): an owner's small
-    read answered by its reader thread (``links/calls.py``, ``state/readview.py``)."""
+    read answered by its reader thread (``links/calls.py``, ``engine/readview.py``)."""
 
     def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
         """``parts`` as one control frame without blocking, no copy; False, nothing sent, when that is not possible

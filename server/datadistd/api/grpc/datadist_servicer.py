@@ -13,13 +13,13 @@ from ...core.errors import DataDistError, StatusCode, require
 from ...core.plan import LayerTask
 from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
+from ...engine.engine import MAX_REGISTERED_ADDRS, Operand, memory_of
 from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
 from ...links.layerwise import LayerPush
 from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
 from ...node.node import EngineSlot, Node
 from ...node.sessions import WorkerSession
-from ...state.engine import MAX_REGISTERED_ADDRS, Operand, memory_of
-from ...state.metrics import DaemonMetrics
+from ...ops.metrics import DaemonMetrics
 from ..transfers import start_transfer
 from . import convert
 from .errors import abort_with, guarded

@@ -18,10 +18,10 @@ from google.rpc import error_details_pb2, status_pb2
 from datadist.status import ERROR_DOMAIN, STATUS_METADATA_KEY, LLMStatusCode
 
 from ...core.errors import DataDistError
-from ...state.metrics import count_error
+from ...ops.metrics import count_error
 
 if TYPE_CHECKING:
-    from ...state.metrics import DaemonMetrics
+    from ...ops.metrics import DaemonMetrics
 
 __all__ = ["GRPC_CODE", "grpc_code", "error_trailers", "guarded", "error_from_rpc", "abort_with"]
 

@@ -9,7 +9,7 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from ...core.errors import DataDistError, StatusCode
 from ...links.wire.peering import PROTOCOL_VERSION, check_version
 from ...node.node import EngineSlot
-from ...state.metrics import DaemonMetrics
+from ...ops.metrics import DaemonMetrics
 from . import convert
 from .errors import guarded
 from .front import PeerFront

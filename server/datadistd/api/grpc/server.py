@@ -16,7 +16,7 @@ from datadist.v1 import datadist_pb2, datadist_pb2_grpc, peer_pb2
 from ...guard.admission import AdmissionLimits
 from ...guard.sockfiles import OwnedSocket, publish, staging_path
 from ...node.node import EngineSlot, Node
-from ...state.metrics import DaemonMetrics
+from ...ops.metrics import DaemonMetrics
 from .datadist_servicer import DataDistServicer
 from .front import PeerFront
 from .peer_client import GrpcPeerClient

@@ -105,7 +105,7 @@ def tensors_of(entry: CacheEntry) -> tuple[Segment, ...]:
 
 
 class PublishedView(Protocol):
-    """An engine's published read view (``state.readview.ReadView``), as ``Engine._free`` needs it."""
+    """An engine's published read view (``engine.readview.ReadView``), as ``Engine._free`` needs it."""
 
     generation: int                  # the registry's generation it was built at
 
@@ -129,7 +129,7 @@ class Engine:
         self.gate = Gate()          # every job on this engine's memory in a worker thread, links' included
         # peers' small reads answered from a data reader thread (``readview``): the view they read by, and the
         # lock they hold from checking it through their copy; ``_free`` and ``close`` take it before memory goes
-        self.read_view: PublishedView | None = None   # ``state.readview`` (published by the event loop)
+        self.read_view: PublishedView | None = None   # ``engine.readview`` (published by the event loop)
         #: run (the event loop) after every change of the registry and before any memory is freed: the link
         #: table's ``changed`` -- what peers read is published anew (``readview``, ``Published.sync`` over a
         #: transport that reads tables: a withdrawn cache is unreadable before its memory can be reused), and

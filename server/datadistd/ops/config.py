@@ -132,7 +132,7 @@ class MemorySection:
 class PeerSection:
     secret: str = _doc("Shared secret peers prove in the handshake (HMAC-SHA256). Never logged. Empty (and no "
                        "secret_file) = under systemd the node secret made in $STATE_DIRECTORY, else this user's own, "
-                       "made on first use (datadistd/state/peersecret.py): the daemons of one user on one host link, "
+                       "made on first use (datadistd/ops/peersecret.py): the daemons of one user on one host link, "
                        "embedded or not.", default="")
     secret_file: str = _doc("Read the secret from this file instead (first line). It must be the daemon user's "
                             "(or root's) and closed to group and others (chmod 600), or the start stops.",
@@ -512,4 +512,4 @@ def _check(cfg: Config) -> None:
             parse_listen_address(cfg.metrics.listen)
         except ValueError as exc:
             raise ConfigError(f"metrics.listen: {exc}") from None
-    # [transport] host against the secret: Node, once the secret is known (datadistd.state.peersecret)
+    # [transport] host against the secret: Node, once the secret is known (datadistd.ops.peersecret)

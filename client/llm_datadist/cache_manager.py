@@ -50,6 +50,9 @@ _PULL_KEYS = (CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey)
 
 
 class CacheManager(CacheOps):
+    """The caches of an ``LLMDataDist`` in cache-manager mode (``llm.EnableCacheManager``): allocate, register,
+    copy, swap, pull, push; reached as ``LLMDataDist.cache_manager``, not made by hand (not exported, as in CANN)."""
+
     def __init__(self, owner: EngineView, options: Dict[str, str]) -> None:
         """Made by ``LLMDataDist.init`` in cache-manager mode; reached as ``LLMDataDist.cache_manager``.
 

@@ -17,6 +17,8 @@ __all__ = ["LLMRole", "LLMConfig", "LlmConfig", "LLMClusterInfo"]
 
 
 class LLMRole(IntEnum):
+    """A node's role: ``PROMPT`` (1), ``DECODER`` (2) or ``MIX`` (3); ``str()`` gives ``"LLMRole.PROMPT"``."""
+
     PROMPT = 1
     DECODER = 2
     MIX = 3

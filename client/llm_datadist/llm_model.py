@@ -547,6 +547,23 @@ class LLMModel:
 
 
 def add_model(owner: EngineView, model_options: Dict[str, str], model_runner: Optional[ModelRunner]) -> LLMModel:
+    """``LLMDataDist.add_model``'s body: a new ``LLMModel`` of ``owner``, numbered by the models it has.
+
+    Args:
+        owner: the initialized ``LLMDataDist``.
+        model_options: the model's options (``ModelConfig.generate_options()``): ``llm.RefInputShapes`` and
+            ``llm.RefInputDtypes`` required, ``llm.RefInputSeqLenDimIndex`` optional.
+        model_runner: what runs the model; None: a ``ModelRunner`` whose ``run_model`` raises.
+
+    Returns:
+        The ``LLMModel``, appended to ``owner``'s models (a DECODER's has its batch cache allocated).
+
+    Raises:
+        TypeError: ``model_options`` not a ``dict[str, str]``, ``model_runner`` not a ``ModelRunner``.
+        LLMException: ``LLM_PARAM_INVALID`` (cache-manager mode; options missing, or naming several shapes or
+            dtypes, a non-static shape, an unknown dtype, a sequence dimension out of range); a DECODER's
+            ``allocate_cache`` status (e.g. ``LLM_OUT_OF_MEMORY``).
+    """
     v.check_dict("model_options", model_options, str, str, allow_none=False)
     v.check_isinstance("model_runner", model_runner, [ModelRunner])
     v.raise_if_true(owner._enable_cache_manager, "add_model is only supported in KvCacheManager mode "
@@ -563,6 +580,21 @@ def _tokens(desc: CacheDesc) -> int:
 
 
 def check_capacity(owner: EngineView, seq_len: int) -> CapacityState:
+    """``LLMDataDist.check_capacity``'s body: whether ``seq_len`` tokens fit in the free DEVICE pool memory, counted
+    for every model ``owner`` added (its KV bytes per token summed), with room for one cache of each model.
+
+    Args:
+        owner: the initialized PROMPT ``LLMDataDist``.
+        seq_len: tokens, >= 0.
+
+    Returns:
+        A ``CapacityState`` (free and total tokens of the engine's DEVICE pools).
+
+    Raises:
+        TypeError, ValueError: ``seq_len`` not an int in the uint64 range.
+        LLMException: ``LLM_PARAM_INVALID`` (not PROMPT, no model added); the status of the daemon's ``GetStatus``
+            when it fails.
+    """
     v.check_uint64("seq_len", seq_len)
     v.raise_if_false(owner._role == LLMRole.PROMPT, "check_capacity is supported by PROMPT only")
     v.raise_if_false(len(owner._models) > 0, "check_capacity needs a model (add_model)")
@@ -577,6 +609,18 @@ def check_capacity(owner: EngineView, seq_len: int) -> CapacityState:
 
 
 def complete_request(owner: Any, llm_req: LLMReq) -> None:
+    """``LLMDataDist.complete_request``'s body: each model of ``owner`` releases what ``llm_req`` holds -- PROMPT: the
+    key of its KV (``remove_cache_key``), DECODER: its staged cache (``deallocate_cache``); nothing for a request
+    without a valid ``req_id``.
+
+    Args:
+        owner: the initialized ``LLMDataDist``.
+        llm_req: the ``LLMReq``.
+
+    Raises:
+        TypeError: ``llm_req`` not an ``LLMReq``.
+        LLMException: the status of ``remove_cache_key`` / ``deallocate_cache`` (e.g. ``LLM_PARAM_INVALID``).
+    """
     v.check_isinstance("llm_req", llm_req, [LLMReq], allow_none=False)
     for model in owner._models:
         model._complete(llm_req)

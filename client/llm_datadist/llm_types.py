@@ -25,6 +25,8 @@ _INVALID_ID = 2**64 - 1
 
 
 class Placement(IntEnum):
+    """Where a cache's memory is: ``HOST`` (0) or ``DEVICE`` (1); ``str()`` gives ``"Placement.DEVICE"``."""
+
     HOST = 0
     DEVICE = 1
 
@@ -33,6 +35,9 @@ class Placement(IntEnum):
 
 
 class RegisterMemStatus(Enum):
+    """What ``LLMDataDist.query_register_mem_status`` answers for a link: ``OK`` (0), ``PREPARING`` (1) or
+    ``FAILED`` (2); an unknown engine value is ``FAILED``."""
+
     OK = 0
     PREPARING = 1
     FAILED = 2
@@ -59,6 +64,8 @@ class RegisterMemStatus(Enum):
 
 
 class Memtype(Enum):
+    """The kind of memory a ``MemInfo`` names: ``MEM_TYPE_DEVICE`` (0) or ``MEM_TYPE_HOST`` (1)."""
+
     MEM_TYPE_DEVICE = 0
     MEM_TYPE_HOST = 1
 

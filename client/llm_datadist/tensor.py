@@ -13,6 +13,8 @@ __all__ = ["TensorDesc", "Tensor"]
 
 
 class TensorDesc:
+    """A tensor's ``DataType`` and shape (v1 API, deprecated by CANN)."""
+
     def __init__(self, dtype: DataType, shape: Union[List[int], Tuple[int, ...]]) -> None:
         """A tensor's type and shape (v1, deprecated by CANN).
 
@@ -40,6 +42,8 @@ class TensorDesc:
 
 
 class Tensor:
+    """A host tensor over a numpy array (v1 API, deprecated by CANN): what ``get_cache_tensors`` returns."""
+
     def __init__(self, data: Union[np.ndarray, "Tensor", int], tensor_desc: Optional[TensorDesc] = None) -> None:
         """A host tensor (v1, deprecated by CANN): what ``get_cache_tensors`` returns.
 

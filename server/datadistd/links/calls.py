@@ -23,8 +23,6 @@ from .wire import ownerwire
 from .wire.framecalls import FrameCalls
 from .wire.ownercalls import (
     CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -189,7 +187,7 @@ class OwnerCalls:
         read, now = readview.read, time.monotonic
 
         def read_here(got: ownerwire.SmallCall) -> bool:
-            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+            if (table.closed or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):   # at its call cap: the loop queues or refuses
                 return False
             started = link.last_seen = now()   # as ``_on_control``: the sweeper must hear of this frame
@@ -234,7 +232,7 @@ class OwnerCalls:
         write, now = readview.write, time.monotonic
 
         def write_here(got: ownerwire.SmallCall, payload: bytes) -> bool:
-            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+            if (table.closed or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):
                 return False
             started = link.last_seen = now()
@@ -296,7 +294,7 @@ class OwnerCalls:
             link.unlinked_by_peer = True
         small = isinstance(cmd, WriteCmd) or isinstance(cmd, ReadCmd) and cmd.inline
         if small and read_here is not None and write_here is not None:
-            if self.table.reads is None and not readview.current(self.table.engine):
+            if not readview.current(self.table.engine):
                 readview.publish(self.table.engine)   # what this call and the reader threads' next ones read by
             got = ownerwire.small_call(payload, self.table.cluster_id)
             if got is not None and (write_here(got, payload) if got[0] else read_here(got)):
@@ -364,12 +362,6 @@ class OwnerCalls:
                 self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, PingCmd):
-                reply = OwnerReply(cmd.command_id)
-            elif isinstance(cmd, GrantReadCmd):
-                grant_id, grant, release = self.owner.grant_read_for(link, cmd.spec, cmd.timeout_ms)
-                reply = OwnerReply(cmd.command_id, transfer_ids=(grant_id,), grant=grant, release_needed=release)
-            elif isinstance(cmd, DoneReadCmd):
-                self.owner.done_read_for(link, cmd.grant_id, cmd.consume)
                 reply = OwnerReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)

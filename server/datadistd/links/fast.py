@@ -107,7 +107,7 @@ class FastTransfers:
         table = self.table
         link = table.links.get(cluster) or table.served.get(cluster)
         if (link is None or link.state != LinkState.ESTABLISHED or link.layerwise or type(link) is LocalLink
-                or table.reads is not None or not table.transport.inline_small_reads or table.closed):
+                or not table.transport.inline_small_reads or table.closed):
             return False
         engine = table.engine
         view = self._view

@@ -1,6 +1,5 @@
-"""The pulls of a one-sided transport, by the puller's READ: of the table the owner published to the link (nixl,
-``links.published``), or of what the owner grants per pull (hccl). ``Requester`` runs them (a mixin: they use its
-table, its release and its failure rule)."""
+"""The pulls of a one-sided transport, by the puller's READ of the table the owner published to the link (nixl, hccl;
+``links.published``). ``Requester`` runs them (a mixin: they use its table, its release and its failure rule)."""
 
 from __future__ import annotations
 
@@ -80,39 +79,3 @@ class OneSidedPulls:
                 raise
             log.warning("cluster %s: pulled key from cluster %s but could not release it: %s",
                         self.table.cluster_id, link.remote_cluster, exc)
-
-    async def _read_pull(self, link: RemoteLink, calls: FrameCalls, channel: Channel, spec: RemoteSpec,
-                         dst: Sequence[Segment], deadline: float, timeout_ms: int) -> None:
-        """A pull over a transport that reads by grants (``ReadGrants``: hccl): the owner grants the rows, this side
-        reads them straight into ``dst``, then tells the owner it is done (which unpins, and consumes a pulled key:
-        only then is that answer awaited; otherwise the pull returns once its bytes are in)."""
-        reads = self.table.reads
-        assert reads is not None
-        try:
-            grant_id, grant, release = await calls.grant_read(spec, deadline - time.monotonic())
-        except DataDistError as exc:
-            raise self._transfer_failure(link, exc, timeout_ms) from None
-        done = False
-        try:
-            await self.table.in_thread(reads.read, channel, grant, dst, deadline)
-            done = True
-        except DataDistError as exc:
-            raise self._transfer_failure(link, exc, timeout_ms) from None
-        finally:
-            ending = self._end_grant(link, calls, grant_id, done, max(0.5, deadline - time.monotonic()))
-            if done and release:
-                await ending
-            else:
-                self.table.spawn(ending)
-
-    async def _end_grant(self, link: RemoteLink, calls: FrameCalls, grant_id: int, done: bool,
-                         timeout: float) -> None:
-        if calls.closed:
-            return    # the link went: the owner drops its grants with it
-        try:
-            await calls.done_read(grant_id, done, timeout)
-        except DataDistError as exc:   # the owner ends it at its deadline, or with the link
-            log.log(logging.DEBUG if exc.code == StatusCode.LLM_LINK_FAILED else logging.WARNING,
-                    "cluster %s: read from cluster %s but could not end its grant: %s", self.table.cluster_id,
-                    link.remote_cluster, exc)
-

@@ -116,7 +116,7 @@ class Requester(OneSidedPulls, TransferPulls):
         """Whether the pull's bytes come as a transfer on the link's data channel (tcp, more than an inline read):
         started by callback (``_start_read``); every other pull runs as a task (``_pull``)."""
         table = self.table
-        return (not isinstance(p.link, LocalLink) and table.published is None and table.reads is None
+        return (not isinstance(p.link, LocalLink) and table.published is None
                 and not (p.spec.expected_bytes <= INLINE_READ_MAX and table.transport.inline_small_reads))
 
     async def _pull_then(self, p: Pull, done: PullDone) -> None:
@@ -165,9 +165,6 @@ class Requester(OneSidedPulls, TransferPulls):
         calls, channel = self._calls(link, timeout_ms)
         if self.table.published is not None:   # a transport that reads published tables: no owner call
             await self._table_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
-            return
-        if self.table.reads is not None:   # a transport that reads by grants (hccl): the owner grants, this side reads
-            await self._read_pull(link, calls, channel, spec, dst, deadline, timeout_ms)
             return
         # small: the bytes come in the reply (no receipt, no DATA frame); larger ones are ``_start_read``'s
         try:

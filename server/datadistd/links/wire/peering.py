@@ -33,10 +33,11 @@ AUTH_FAILED = "authentication failed: wrong or missing shared secret"
 #: with its bytes in the reply; 5: owner calls carry no session (the data channel is the link's); 6: every owner
 #: call is a fixed-layout frame too (``ownerwire``: one encoding; ``peer.proto``'s ``OwnerCall`` is gone); 7: over nixl
 #: the owner publishes its remotely accessible caches to the link (``P`` / ``W`` messages, ``onesided.tables``) and
-#: a pull reads them with no owner call (``grant_read`` / ``done_read`` stay for hccl only); 8: over hccl each link
-#: has communicators of its own, named by the link's token (docs/ascend.md, "Communicators and relinks"): a peer of 7
-#: would never meet them in Prepare. A peer of another version is refused at the challenge and at the handshake.
-PROTOCOL_VERSION = 8
+#: a pull reads them with no owner call (read grants stayed for hccl); 8: over hccl each link has communicators of its
+#: own, named by the link's token (docs/ascend.md, "Communicators and relinks"): a peer of 7 would never meet them in
+#: Prepare; 9: over hccl too the owner publishes its tables and a pull reads them (no read grants: ``ownerwire`` has
+#: no such call, and its REPLY no grant). A peer of another version is refused at the challenge and at the handshake.
+PROTOCOL_VERSION = 9
 CHALLENGE_BYTES = 32
 #: how a serving engine's admission ends a refusal the linking side may retry within its deadline
 #: (``api/grpc/front.py``; ``api/grpc/peer_client.py`` marks such a failure ``retryable``)

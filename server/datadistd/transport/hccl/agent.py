@@ -390,6 +390,49 @@ class HcclAgent:
     def registered(self) -> int:
         return len(self._regs)
 
+    # -- published caches (``onesided.tables``): rows of memory bound before a link's Prepare, read by get --
+
+    def ranges(self, tensors: Sequence[Segment]) -> np.ndarray | None:
+        """``(address, length)`` of each tensor on the engine's NPU; None when one is not NPU memory of that device (a
+        HOST cache: HCCL moves NPU memory only here)."""
+        out = np.empty((len(tensors), 2), dtype=np.uint64)
+        for i, seg in enumerate(tensors):
+            handle = seg.handle
+            if not isinstance(handle, DeviceMemory) or handle.device != self.device:
+                return None
+            out[i] = (handle.address + seg.offset, seg.length)
+        return out
+
+    def publish(self, ranges: np.ndarray) -> tuple[None, bytes]:
+        """Nothing to register and no metadata: a cache lies in memory registered per allocation, which a link's
+        communicator bound before its Prepare -- what the peer can reach was fixed there, and a get is checked
+        against it (``_batch``). The peer's table names the cache's rows by address."""
+        return None, b""
+
+    def unpublish(self, token: object) -> None:
+        """Nothing to deregister (``publish``): HCCL cannot revoke one cache of a prepared communicator (docs/ascend.md,
+        "pull"); a withdrawn cache is unreadable because its entry left every link's table first."""
+
+    def prepare_rows(self, peer: str, rows: np.ndarray) -> np.ndarray:
+        """``peer``'s rows ``(address, length)`` as they are: HCCL has no descriptor list to prepare; a get names the
+        addresses, checked against both sides' bound ranges when it runs (``_batch``: a row in memory the peer
+        registered after the link is refused there, not here, so a later pool's cache leaves the link up)."""
+        return np.ascontiguousarray(rows, dtype=np.uint64)
+
+    def release_rows(self, prepared: object) -> None:
+        """Nothing to release (``prepare_rows``)."""
+
+    def read_rows(self, local: np.ndarray, prepared: np.ndarray, indices: Sequence[int] | np.ndarray, peer: str,
+                  notif: bytes, deadline: float, reg: Registration | None = None) -> None:
+        """``HcclBatchGet`` of rows ``indices`` of ``prepared`` (``peer``'s) into ``local`` extents, synchronised by
+        ``deadline``; then ``notif`` to the peer, best effort (HCCL tells only the initiator; the owner only counts
+        it)."""
+        self.read(local, prepared[np.asarray(indices, dtype=np.int64)], peer, deadline)
+        try:
+            self.notify(peer, notif)
+        except DataDistError as exc:   # the bytes are in: the link went meanwhile
+            log.debug("hccl: the notification of a get from %s: %s", peer, exc)
+
     # -- transfers --
 
     def _ready(self, peer: str, deadline: float) -> _Comm:

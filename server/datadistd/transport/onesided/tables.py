@@ -42,9 +42,9 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel
 from ..registrations import Registration
-from .agent import InFlight, TableAgent
+from .agent import InFlight, PostingAgent, TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
-from .rows import ReadPlan, RemoteEntry, by_rows, row_indices, tensor_ranges
+from .rows import ReadPlan, RemoteEntry, by_rows, row_indices
 from .transport import OneSidedTransport, _peer_of
 
 __all__ = ["PublishedTables", "RemoteEntry", "PUBLISH", "WITHDRAW", "NOTIF_READ"]
@@ -91,6 +91,14 @@ def _resolve(future: asyncio.Future[None], error: DataDistError | None) -> None:
 class PublishedTables(OneSidedTransport):
     """A one-sided transport whose pulls read published tables (``transport.base.ReadTables``)."""
 
+    #: a READ of a few rows is posted from the event loop and ended by the progress thread (``start_rows``): the
+    #: agent posts without waiting (NIXL, a ``PostingAgent``); false where a READ is waited for on a worker thread
+    #: (HCCL: the get and its stream's synchronisation)
+    posts_reads = True
+    #: why a pull of a cache published with no tensor (``publish``: one this agent cannot move) is refused
+    unpublished = ("the nixl transport moves only memory mapped into the daemon; the peer's cache is worker memory "
+                   "reached through a file (unsealed)")
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._published: dict[int, _Published] = {}
@@ -105,14 +113,19 @@ class PublishedTables(OneSidedTransport):
     def _live_agent(self) -> TableAgent | None:
         return self._running_agent  # type: ignore[return-value]
 
+    def _poster(self) -> PostingAgent | None:
+        """The running agent, of a transport that ``posts_reads`` (its agent is a ``PostingAgent``)."""
+        return self._running_agent if self.posts_reads else None  # type: ignore[return-value]
+
     # -- the owner's side --
 
     def publish(self, tensors: Sequence[Segment], row_size: int, rows: int, info: bytes) -> int:
         """Publish a cache (its ``tensors``, each ``rows`` rows of ``row_size`` bytes) to every link: its handle.
-        A cache whose memory is not mapped in the daemon is published with no tensor: a pull of it is refused
-        with ``LLM_FEATURE_NOT_ENABLED`` at the requester."""
+        A cache whose memory the agent does not move (``TableAgent.ranges``: NIXL, memory not mapped in the daemon;
+        HCCL, not NPU memory of the engine's device) is published with no tensor: a pull of it is refused with
+        ``LLM_FEATURE_NOT_ENABLED`` (``unpublished``) at the requester."""
         agent = self._agent()
-        ranges = tensor_ranges(tensors)
+        ranges = agent.ranges(tensors)
         token, metadata = agent.publish(ranges) if ranges is not None and len(ranges) else (None, b"")
         handle = int(self._next_id())
         bases = ranges[:, 0] if ranges is not None else np.empty(0, np.uint64)
@@ -319,7 +332,9 @@ class PublishedTables(OneSidedTransport):
         except DataDistError as exc:
             raise self._failed(plan, exc) from None
         finally:
-            self._end(plan)
+            withdrawn = self._end(plan)
+        if withdrawn is not None:
+            raise withdrawn
         self.bytes_received += plan.nbytes
 
     def start_rows(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment],
@@ -328,7 +343,11 @@ class PublishedTables(OneSidedTransport):
         here (NIXL's post does not block), and the progress thread -- which checks the READs in flight between
         its looks for notifications, napping ``_READ_NAP``, never spinning -- settles the future on ``loop`` when
         the READ ends (``LLM_TIMEOUT`` at ``deadline``). None when the READ needs a worker thread (``read_rows``):
-        more rows, rows cut by the destination, or a peer whose agent is not loaded yet. Refusals raise here."""
+        more rows, rows cut by the destination, a peer whose agent is not loaded yet, or a transport that does not
+        post (``posts_reads``). Refusals raise here (in ``read_rows`` when it does not post)."""
+        agent = self._poster()
+        if agent is None:
+            return None
         plan = self._plan(channel, handle, spans, segments)
         future: asyncio.Future[None] = loop.create_future()
         if plan is None:
@@ -337,7 +356,6 @@ class PublishedTables(OneSidedTransport):
         peer = plan.peer
         if plan.indices is None or peer.agent_name is None or not peer.ready.is_set():
             return None
-        agent = self._agent()
         self._begin(plan)
         try:
             request, made, done = agent.post_rows(plan.dst, plan.entry.prepared, plan.indices, peer.agent_name,
@@ -347,7 +365,9 @@ class PublishedTables(OneSidedTransport):
             raise self._failed(plan, exc) from None
         if done:
             agent.end_rows(request, made, peer.agent_name)
-            self._end(plan)
+            withdrawn = self._end(plan)
+            if withdrawn is not None:
+                raise withdrawn
             self.bytes_received += plan.nbytes
             future.set_result(None)
             return future
@@ -364,7 +384,7 @@ class PublishedTables(OneSidedTransport):
     def _check_reads(self, until: float) -> None:
         """The progress thread: check the READs ``start_rows`` posted, each by one C call, napping ``_READ_NAP``
         between rounds, until none is left or ``until``; each that ended (or passed its deadline) is settled."""
-        agent = self._live_agent()
+        agent = self._poster()
         while True:
             with self._lock:
                 reads: list[ReadPlan] = list(self._reading.values())
@@ -398,7 +418,7 @@ class PublishedTables(OneSidedTransport):
                 return
             time.sleep(_READ_NAP if live else _FENCE_NAP)
 
-    def _settle(self, plan: ReadPlan, agent: TableAgent | None, error: DataDistError | None) -> None:
+    def _settle(self, plan: ReadPlan, agent: PostingAgent | None, error: DataDistError | None) -> None:
         """A READ of ``start_rows`` ended: released, its future settled on its loop (once: the first caller)."""
         with self._lock:
             if self._reading.pop(plan.tid, None) is None:
@@ -406,7 +426,8 @@ class PublishedTables(OneSidedTransport):
         if agent is not None:
             agent.end_rows(plan.request, plan.made, plan.peer.agent_name or "")
         failure = self._failed(plan, error) if error is not None else None
-        self._end(plan)
+        withdrawn = self._end(plan)
+        failure = failure or withdrawn
         if failure is None:
             self.bytes_received += plan.nbytes
         assert plan.loop is not None and plan.future is not None
@@ -420,7 +441,7 @@ class PublishedTables(OneSidedTransport):
         with self._lock:
             reads = list(self._reading.values())
         for read in reads:
-            self._settle(read, self._live_agent(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+            self._settle(read, self._poster(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                                                  f"{self.name}: the transport stopped"))
 
     def _plan(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment]) -> ReadPlan | None:
@@ -435,9 +456,7 @@ class PublishedTables(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
                                 f"{self.name}: cache {handle} is not published on the link {peer.what} (withdrawn)")
         if not len(entry.bases):
-            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
-                                f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
-                                f"cache is worker memory reached through a file (unsealed)")
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED, self.unpublished)
         indices = row_indices(entry, spans, handle, self.name)
         reg = None
         src = dst = np.empty((0, 2), np.uint64)
@@ -478,17 +497,26 @@ class PublishedTables(OneSidedTransport):
                                  f"{self.name}: cache {plan.handle} was withdrawn during the READ ({exc.message})")
         return exc
 
-    def _end(self, plan: ReadPlan) -> None:
+    def _end(self, plan: ReadPlan) -> DataDistError | None:
+        """``plan``'s READ ended: what ``_begin`` holds is let go. Its entry withdrawn (or replaced) meanwhile --
+        checked under the lock the withdrawal takes -- is what a READ that ended well fails with: the owner may have
+        let the memory go while it ran (a fabric that cannot revoke a cache, HCCL, would have read it)."""
         plan.peer.sent(plan.tid)
         entry = plan.entry
         with self._lock:
             entry.busy -= 1
-            release = entry.prepared if entry.gone and entry.busy == 0 else None
+            gone = entry.gone
+            release = entry.prepared if gone and entry.busy == 0 else None
             if release is not None:
                 entry.prepared = None
         agent = self._live_agent()
         if release is not None and agent is not None:
             agent.release_rows(release)
+        if not gone:
+            return None
+        return DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
+                             f"{self.name}: cache {plan.handle} was withdrawn from the link {plan.peer.what} while it "
+                             f"was read")
 
     def _on_notification(self, name: str, message: bytes) -> bool:
         if len(message) == NOTIF_READ.size and message.startswith(b"DDR"):

@@ -40,7 +40,9 @@ from datadist_ascend.hccl import CommConfig, hccl, prepare_seconds
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
+from ..onesided.pairing import pair_extents
 from ..registrations import Registration, RegistrationTable
+from .extents import split_extents
 from .identity import check_device_ip, cluster_table, comm_name, host_address
 
 __all__ = ["HcclAgent", "DONE", "check_device_ip", "close_wait", "cluster_table", "comm_name", "host_address",
@@ -55,60 +57,6 @@ _MAX_RANGES = 1024  # ranges a peer may name (HCCL binds at most so many per com
 _OPTIONAL = frozenset({"device_port", "super_pod_id", "super_device_id"})
 #: one process-wide lock around communicator creation (LLM-DataDist ``comm_entity.cc`` ``g_mutex_``)
 _INIT_LOCK = threading.Lock()
-
-
-def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    starts = np.array([b for b, _ in ranges], dtype=np.uint64)
-    return starts, starts + np.array([n for _, n in ranges], dtype=np.uint64)
-
-
-def _room(addr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Bytes from each address to the end of the range it lies in (ranges sorted, disjoint); 0 outside them."""
-    if not len(starts):
-        return np.zeros(len(addr), dtype=np.uint64)
-    idx = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
-    ok = idx >= 0
-    safe = np.where(ok, idx, 0)
-    inside = ok & (addr < ends[safe])
-    return np.where(inside, ends[safe] - addr, np.uint64(0))
-
-
-def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, int]],
-                  theirs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Paired extents ``(address, length)`` cut so that each lies inside ONE range of ``mine`` (local side) and one of
-    ``theirs`` (remote side): extents merged because they were contiguous on both sides may span two registrations.
-    Returns the extents and ``None``, or ``(…, why)`` naming the first extent outside every range of its side."""
-    ls, le = _bounds(mine)
-    rs, re_ = _bounds(theirs)
-    la, ra, n = local[:, 0], remote[:, 0], local[:, 1]
-    lroom, rroom = _room(la, ls, le), _room(ra, rs, re_)
-    if not lroom.all() or not rroom.all():
-        i = int(np.flatnonzero((lroom == 0) | (rroom == 0))[0])
-        side = "local" if lroom[i] == 0 else "remote"
-        return local, remote, f"extent {i} ({side} address {int((la if side == 'local' else ra)[i]):#x})"
-    cross = np.flatnonzero((n > lroom) | (n > rroom))
-    if not len(cross):
-        return local, remote, None
-    out_l: list[tuple[int, int]] = []
-    out_r: list[tuple[int, int]] = []
-    start = 0
-    for i in cross.tolist():    # rare: extents merged across two registrations
-        out_l.extend(map(tuple, local[start:i].tolist()))
-        out_r.extend(map(tuple, remote[start:i].tolist()))
-        a, b, left = int(la[i]), int(ra[i]), int(n[i])
-        while left:
-            lr = int(_room(np.array([a], np.uint64), ls, le)[0])
-            rr = int(_room(np.array([b], np.uint64), rs, re_)[0])
-            if not lr or not rr:
-                return local, remote, f"extent {i} (continues past the {'local' if not lr else 'remote'} range)"
-            step = min(left, lr, rr)
-            out_l.append((a, step))
-            out_r.append((b, step))
-            a, b, left = a + step, b + step, left - step
-        start = i + 1
-    out_l.extend(map(tuple, local[start:].tolist()))
-    out_r.extend(map(tuple, remote[start:].tolist()))
-    return np.array(out_l, dtype=np.uint64), np.array(out_r, dtype=np.uint64), None
 
 
 #: the phases of one HcclCommPrepare, each with the whole timeout: connect, exchange, enable (hcomm's one-sided
@@ -424,10 +372,12 @@ class HcclAgent:
 
     def read_rows(self, local: np.ndarray, prepared: np.ndarray, indices: Sequence[int] | np.ndarray, peer: str,
                   notif: bytes, deadline: float, reg: Registration | None = None) -> None:
-        """``HcclBatchGet`` of rows ``indices`` of ``prepared`` (``peer``'s) into ``local`` extents, synchronised by
-        ``deadline``; then ``notif`` to the peer, best effort (HCCL tells only the initiator; the owner only counts
-        it)."""
-        self.read(local, prepared[np.asarray(indices, dtype=np.int64)], peer, deadline)
+        """``HcclBatchGet`` of rows ``indices`` of ``prepared`` (``peer``'s) into ``local`` extents -- rows adjacent on
+        both sides as one descriptor (``pair_extents``: a contiguous pull is a few descriptors, not one a row) --,
+        synchronised by ``deadline``; then ``notif`` to the peer, best effort (HCCL tells only the initiator; the
+        owner only counts it)."""
+        remote, local = pair_extents(prepared[np.asarray(indices, dtype=np.int64)], local)
+        self.read(local, remote, peer, deadline)
         try:
             self.notify(peer, notif)
         except DataDistError as exc:   # the bytes are in: the link went meanwhile

@@ -235,8 +235,8 @@ def test_another_engines_cache_a_private_cache_and_rows_outside_a_cache_are_not_
 
 @pytest.fixture
 def slow(daemon_factory, worker_factory):
-    """``two`` on a simulated wire of 1 MB/s: a get of half a MiB is on the wire for about half a second."""
-    env = {**SIM, "ASCEND_SIM_WIRE_MBPS": "1"}
+    """``two`` on a simulated wire of 8 Mbit/s: a get of a MiB is on the wire for about a second."""
+    env = {**SIM, "ASCEND_SIM_WIRE_MBPS": "8"}
     dp, dd = daemon_factory.many("p", "d", env=env)
     if not dd.env.get("ASCEND_SIM_DIR"):
         pytest.skip("needs the simulated runtime (its wire pacing, ASCEND_SIM_WIRE_MBPS)")
@@ -255,8 +255,8 @@ def test_a_get_that_overlapped_its_caches_withdrawal_fails(slow) -> None:
     ``LLM_KV_CACHE_NOT_EXIST`` instead of reporting success."""
     prompt, decoder, port = slow
     _table_linked(prompt, decoder, port, rows=512, row=(1024,))
-    decoder.send("pull_blocks", P, "kv", list(range(256)), list(range(256)))
-    time.sleep(0.2)   # the get of 2 x 256 KiB is on the wire
+    decoder.send("pull_blocks", P, "kv", list(range(512)), list(range(512)))
+    time.sleep(0.3)   # the get of 2 x 512 KiB is on the wire for about a second
     prompt.call("deallocate", "kv")
     with pytest.raises(WorkerError) as info:
         decoder.result(30)

@@ -163,6 +163,11 @@ def allocate(state: dict, name: str, num_tensors: int, shape: tuple, dtype: str 
     return cache.cache_id
 
 
+def addresses(state: dict, name: str) -> list[int]:
+    """Where cache ``name``'s tensors are (the daemon's memory: the same pages for another cache that took them)."""
+    return list(state["caches"][name].tensor_addrs)
+
+
 def _arrays(state: dict, name: str) -> list:
     return state["arrays"][name]
 

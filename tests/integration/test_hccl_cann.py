@@ -10,12 +10,16 @@ namespace (its bare tgid is not its pid):
 * two engines of one daemon link at the same moment (HCCL refuses concurrent communicator creation: one lock);
 * memory registered after a link reaches only links made later: the transfer fails clearly, a relink moves it;
 * a relink after a link whose one end failed meets only its own communicators (R15, R16: each link's are named by
-  the link), and every communicator and meeting of both ends goes with the unlink.
+  the link), and every communicator and meeting of both ends goes with the unlink;
+* a pull reads the table the owner published to the link: a deallocated cache is withdrawn before another takes its
+  pages (its key then reads nothing), a get that overlapped the withdrawal fails, and another engine's cache, a
+  cache not remotely accessible and rows past a cache's end are not read.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +170,94 @@ def test_a_relink_after_a_failed_link_meets_only_its_own_communicators(daemon_fa
     assert decoder.call("unlink", P, "127.0.0.1", port) == (0, [0])
     left = lambda: [p.name for p in Path(sim).iterdir() if p.name.startswith(("comm-", "met-"))]  # noqa: E731
     assert wait_until(lambda: not left(), 30), left()
+
+
+# ---- pulls read the owner's published table (no owner call): what the table lets a puller read ---------------------
+
+def _table_linked(prompt, decoder, port: int, rows: int = 64, row: tuple = BLOCK) -> None:
+    """The prompt's cache ``kv`` (model 0, filled) published to a link the decoder made; the decoder's ``kv`` zeroed."""
+    prompt.call("allocate", "kv", 2, (rows, *row), "uint8", blocks=True, model_id=0)
+    prompt.call("fill", "kv", 3)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    decoder.call("allocate", "kv", 2, (rows, *row), "uint8", blocks=True)
+    decoder.call("pull_blocks", P, "kv", [1], [1])
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [1]), prompt.call("rows", "kv", None, [1]))
+    decoder.call("zero", "kv")
+
+
+def _refused(worker, *args, **kwargs) -> int:
+    with pytest.raises(WorkerError) as info:
+        worker.call(*args, **kwargs)
+    return info.value.status_code
+
+
+def test_a_deallocated_cache_is_withdrawn_before_another_cache_takes_its_pages(two) -> None:
+    """The prompt deallocates its cache: its entry is withdrawn from the link (``W``) before the pages go back to the
+    pool, and another cache (another key) takes the very same pages, filled with what the old key's reader must
+    never see. HCCL cannot revoke a cache of a prepared communicator (the pool stays bound), so the table is the
+    revocation: the old key reads nothing (``LLM_KV_CACHE_NOT_EXIST``, the destination untouched); the new cache
+    reads by its own key."""
+    dp, dd, prompt, decoder, port = two
+    _table_linked(prompt, decoder, port)
+    old = prompt.call("addresses", "kv")
+    prompt.call("deallocate", "kv")
+    prompt.call("allocate", "again", 2, (64, *BLOCK), "uint8", blocks=True, model_id=7)
+    assert prompt.call("addresses", "again") == old   # the same pages
+    prompt.call("fill", "again", 9)
+    # a key the table lacks: the owner is asked once (a ping), and its answer follows its W on the link
+    assert _refused(decoder, "pull_blocks", P, "kv", [0], [0], model_id=99) == S.LLM_KV_CACHE_NOT_EXIST
+    assert _refused(decoder, "pull_blocks", P, "kv", [2, 3], [2, 3]) == S.LLM_KV_CACHE_NOT_EXIST
+    assert not decoder.call("rows", "kv").any()
+    decoder.call("pull_blocks", P, "kv", [2, 3], [2, 3], model_id=7)
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [2, 3]), prompt.call("rows", "again", None, [2, 3]))
+
+
+def test_another_engines_cache_a_private_cache_and_rows_outside_a_cache_are_not_read(two, worker_factory) -> None:
+    """The link's table holds the caches its owner engine made remotely accessible and nothing else: a cache of
+    another engine of the same daemon (on the same NPU, in memory the link's communicator binds) and a cache
+    registered not remotely accessible are ``LLM_KV_CACHE_NOT_EXIST``; blocks past the published cache's end are
+    ``LLM_PARAM_INVALID`` (the owner's own bound check, run by the puller). Nothing lands in the destination."""
+    dp, dd, prompt, decoder, port = two
+    tenant = worker_factory(dp, **SIM)
+    tenant.call("init", "PROMPT", 5, mem_pool=8 << 20, remote_cache_accessible=True)
+    tenant.call("allocate", "kv", 2, (64, *BLOCK), "uint8", blocks=True, model_id=5)
+    tenant.call("fill", "kv", 5)
+    prompt.call("register_blocks", "private", 2, 64, BLOCK, "uint8", model_id=6, remote_accessible=False)
+    prompt.call("fill", "private", 6)
+    _table_linked(prompt, decoder, port)
+    assert _refused(decoder, "pull_blocks", P, "kv", [0], [0], model_id=5) == S.LLM_KV_CACHE_NOT_EXIST
+    assert _refused(decoder, "pull_blocks", P, "kv", [0], [0], model_id=6) == S.LLM_KV_CACHE_NOT_EXIST
+    assert _refused(decoder, "pull_blocks", P, "kv", [63, 64], [0, 1]) == S.LLM_PARAM_INVALID
+    assert not decoder.call("rows", "kv").any()
+    decoder.call("pull_blocks", P, "kv", [63], [0])   # the last row is the cache's
+    np.testing.assert_array_equal(decoder.call("rows", "kv", None, [0]), prompt.call("rows", "kv", None, [63]))
+
+
+@pytest.fixture
+def slow(daemon_factory, worker_factory):
+    """``two`` on a simulated wire of 8 Mbit/s: a get of a MiB is on the wire for about a second."""
+    env = {**SIM, "ASCEND_SIM_WIRE_MBPS": "8"}
+    dp, dd = daemon_factory.many("p", "d", env=env)
+    if not dd.env.get("ASCEND_SIM_DIR"):
+        pytest.skip("needs the simulated runtime (its wire pacing, ASCEND_SIM_WIRE_MBPS)")
+    port = free_port()
+    prompt, decoder = worker_factory(dp, **env), worker_factory(dd, **env)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", mem_pool=8 << 20, remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, mem_pool=8 << 20, remote_cache_accessible=True,
+                 extra={"llm.SyncKvCacheWaitTime": "20000"})
+    return prompt, decoder, port
+
+
+def test_a_get_that_overlapped_its_caches_withdrawal_fails(slow) -> None:
+    """The prompt deallocates a cache while the decoder's get of it is on the wire. HCCL cannot stop that get (the
+    pool stays bound to the link), so its bytes may be of pages the owner let go: the puller finds the entry
+    withdrawn when the get ends -- checked under the lock the withdrawal takes -- and the pull fails with
+    ``LLM_KV_CACHE_NOT_EXIST`` instead of reporting success."""
+    prompt, decoder, port = slow
+    _table_linked(prompt, decoder, port, rows=512, row=(1024,))
+    decoder.send("pull_blocks", P, "kv", list(range(512)), list(range(512)))
+    time.sleep(0.3)   # the get of 2 x 512 KiB is on the wire for about a second
+    prompt.call("deallocate", "kv")
+    with pytest.raises(WorkerError) as info:
+        decoder.result(30)
+    assert info.value.status_code == S.LLM_KV_CACHE_NOT_EXIST and "while it was read" in info.value.message

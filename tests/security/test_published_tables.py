@@ -133,7 +133,7 @@ def test_a_pull_reads_the_published_table_with_no_owner_call() -> None:
             asked_p, asked_d = Calls(serving), Calls(linking)
             src, dst = pair.caches()
             owner_t, puller_t = serving.table.transport, linking.table.transport
-            assert serving.table.published is not None and serving.table.reads is None   # decided once, at build
+            assert serving.table.published is not None   # decided once, at build
             assert await _until(lambda: _handle(serving, src) in _published(linking, _channel(pair)))
             nbytes, _ = await pulled(linking, _order(P, dst, [1, 3, 6], [0, 2, 5]))
             assert nbytes == 3 * 2 * BLOCK

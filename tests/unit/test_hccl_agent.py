@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 
 from datadist_ascend.hccl import prepare_seconds
-from datadistd.transport.hccl.agent import split_extents
+from datadistd.transport.hccl.extents import split_extents
 from tests.harness import ROOT
 from tests.sim import sim_env
 

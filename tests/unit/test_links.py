@@ -367,8 +367,8 @@ async def _until(condition: Any, seconds: float = 5.0) -> bool:
 
 
 def test_an_engine_with_nothing_to_look_after_is_not_swept_until_a_link_is_served() -> None:
-    """The link table's sweeper (linking daemons gone silent, abandoned writes and grants) runs only while there is
-    something of that kind: an engine with no served link, write or grant sleeps until one comes (before: a round a
+    """The link table's sweeper (linking daemons gone silent, abandoned writes) runs only while there is
+    something of that kind: an engine with no served link or write sleeps until one comes (before: a round a
     second in every engine, linked or not); a link served wakes it, and once that link is gone it sleeps again."""
     async def main() -> None:
         async with Pair() as pair:
@@ -451,10 +451,10 @@ def test_an_open_write_is_all_or_none_and_a_commit_names_only_open_transfers() -
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("old", [2, 6])
+@pytest.mark.parametrize("old", [2, 6, 8])
 def test_a_peer_of_another_protocol_is_refused_at_the_handshake(old: int) -> None:
-    """No legacy path: a peer of protocol 2 (owner calls over gRPC) or 6 (nixl pulls by read grants) is refused,
-    naming both versions."""
+    """No legacy path: a peer of protocol 2 (owner calls over gRPC), 6 (nixl pulls by read grants) or 8 (hccl pulls
+    by read grants) is refused, naming both versions."""
     async def main() -> None:
         async with Pair() as pair:
             serving, _ = pair.links

@@ -17,8 +17,6 @@ from datadistd.links.wire.framecalls import FrameCalls
 from datadistd.links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -57,9 +55,6 @@ class Hub:
     ReleaseCmd(4, CacheKeyRef(7, 11, 0), 0, 6),
     UnlinkCmd(5),
     PingCmd(6),
-    GrantReadCmd(7, SPEC, 900),
-    DoneReadCmd(8, 12, True),
-    DoneReadCmd(8, 13, False),
 ])
 def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
     assert ownerwire.decode_call(ownerwire.encode_call(cmd)) == cmd
@@ -67,7 +62,7 @@ def test_every_command_kind_round_trips(cmd) -> None:  # noqa: ANN001
 
 def test_reply_round_trips_and_unknown_commands_are_refused() -> None:
     for reply in (OwnerReply(9, 0, "", (5,), 4096, True), OwnerReply(9, transfer_ids=(5, 6, 11)),
-                  OwnerReply(9, nbytes=3), OwnerReply(9, transfer_ids=(4,), grant=b"\0rows")):
+                  OwnerReply(9, nbytes=3)):
         assert ownerwire.decode_reply(ownerwire.encode_reply(reply)) == reply
     unknown = bytearray(ownerwire.encode_call(UnlinkCmd(6)))
     unknown[1] = 99   # a call this daemon does not know

@@ -20,8 +20,6 @@ from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
     OpenWriteCmd,
     OwnerReply,
     PingCmd,
@@ -42,16 +40,14 @@ SPECS = st.builds(RemoteSpec, KEYS, st.sampled_from(list(ReadMode)), st.lists(U6
                   U64, U32, U32, U64)
 CALLS = st.one_of(
     st.builds(ReadCmd, U64, U64, SPECS, U32, st.booleans()),
-    st.builds(GrantReadCmd, U64, SPECS, U32),
     st.builds(OpenWriteCmd, U64, st.lists(SPECS, min_size=1, max_size=5).map(tuple), U32, U32),
     st.builds(CommitWriteCmd, U64, st.lists(U64, max_size=50).map(tuple), U32),
     st.builds(ReleaseCmd, U64, RELEASED_KEYS, U32, U32),
     st.builds(UnlinkCmd, U64), st.builds(PingCmd, U64),
-    st.builds(DoneReadCmd, U64, U64, st.booleans()),
     st.tuples(U64, SPECS, U32, st.binary(max_size=600)).map(   # a small push: its bytes are its spec's count
         lambda t: WriteCmd(t[0], replace(t[1], expected_bytes=len(t[3])), t[2], t[3])))
 REPLIES = st.builds(OwnerReply, U64, I64, st.text(max_size=200), st.lists(U64, max_size=50).map(tuple), U64,
-                    st.booleans(), st.binary(max_size=5000), st.binary(max_size=300))
+                    st.booleans(), st.binary(max_size=5000))
 
 
 @given(CALLS)
@@ -115,8 +111,7 @@ def _piece_patched(field: int, value: int) -> bytes:
 
 
 @pytest.mark.parametrize("frame,what", [
-    (_patched(ownerwire.READ, ownerwire.encode_call(GrantReadCmd(7, SPEC, 100)), 5, 3), "a grant naming a transfer"),
-    (_patched(ownerwire.READ, ownerwire.encode_call(GrantReadCmd(7, SPEC, 100)), 2, 1), "grant flags"),
+    (_patched(ownerwire.READ, ownerwire.encode_call(ReadCmd(7, 1, SPEC, 100)), 2, 2), "read flags"),
     (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, 0), "no piece"),
     (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, 2), "a piece missing"),
     (_patched(ownerwire.OPEN, ownerwire.encode_call(OpenWriteCmd(7, (SPEC,), 100)), 6, MAX_OPEN_PER_CALL + 1),
@@ -134,11 +129,12 @@ def _piece_patched(field: int, value: int) -> bytes:
     (_patched(ownerwire.RELEASE, ownerwire.encode_call(ReleaseCmd(7, CacheKeyRef(1, 2, 3), 0, 1)), 5, 3),
      "a release of a blocks key"),
     (ownerwire.encode_call(ReleaseCmd(7, CacheKeyRef(1, 2, 3), 0, 1)) + b"\0", "release bytes left over"),
-    (_patched(ownerwire.DONE, ownerwire.encode_call(DoneReadCmd(7, 3, True)), 2, 2), "done flags"),
     (ownerwire.encode_call(PingCmd(7)) + b"\0", "ping bytes left over"),
     (_patched(ownerwire.HEAD, ownerwire.encode_call(UnlinkCmd(7)), 3, 1), "unlink reserved"),
     (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 0), "op 0"),
-    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 9), "an unknown op"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 2), "a read grant (retired op 2)"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 8), "a read grant's end (retired op 8)"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 10), "an unknown op"),
     (ownerwire.encode_call(_read())[:ownerwire.HEAD.size], "a read of its head only"),
 ])
 def test_a_malformed_call_is_refused_with_its_id(frame: bytes, what: str) -> None:
@@ -149,7 +145,7 @@ def test_a_malformed_call_is_refused_with_its_id(frame: bytes, what: str) -> Non
 
 def test_a_spec_of_more_blocks_than_the_bound_is_refused_even_when_the_frame_holds_them() -> None:
     many = RemoteSpec(BlocksKeyRef(1, 0), ReadMode.BLOCKS, (0,) * (ownerwire.MAX_BLOCKS + 1), -1, 0, 0, 0, 1)
-    for cmd in (ReadCmd(7, 1, many, 100), GrantReadCmd(7, many, 100), OpenWriteCmd(7, (SPEC, many), 100),
+    for cmd in (ReadCmd(7, 1, many, 100), OpenWriteCmd(7, (SPEC, many), 100),
                 WriteCmd(7, many, 100, b"\0")):
         with pytest.raises(RefusedCall) as info:
             ownerwire.decode_call(ownerwire.encode_call(cmd))
@@ -165,7 +161,7 @@ def test_a_frame_that_names_no_call_is_refused_without_an_id(frame: bytes) -> No
 
 @pytest.mark.parametrize("mangle", [lambda f: f[:-1], lambda f: f + b"x", lambda f: f[:10], lambda f: b"\0" + f[1:]])
 def test_a_malformed_reply_is_refused(mangle) -> None:  # noqa: ANN001
-    frame = ownerwire.encode_reply(OwnerReply(3, 0, "fine", (1, 2), 10, True, b"0123456789", b"grant"))
+    frame = ownerwire.encode_reply(OwnerReply(3, 0, "fine", (1, 2), 10, True, b"0123456789"))
     with pytest.raises(DataDistError) as info:
         ownerwire.decode_reply(mangle(frame))
     assert info.value.code == S.LLM_PARAM_INVALID
@@ -318,7 +314,7 @@ def test_the_small_frames_are_the_general_encoders_and_read_back(cid: int, timeo
 
 @pytest.mark.parametrize("reply", [
     OwnerReply(_CID, int(S.LLM_KV_CACHE_NOT_EXIST), "gone"), OwnerReply(_CID, message="a message"),
-    OwnerReply(_CID, transfer_ids=(1,)), OwnerReply(_CID, grant=b"g"), OwnerReply(_CID, release_needed=True)])
+    OwnerReply(_CID, transfer_ids=(1,)), OwnerReply(_CID, release_needed=True)])
 def test_only_a_plain_success_is_a_small_reply(reply: OwnerReply) -> None:
     """Anything but a success carrying data alone is the event loop's (``decode_reply``, the general path's codes)."""
     frame = ownerwire.encode_reply(reply)

@@ -22,7 +22,7 @@ def test_the_peer_service_has_only_the_pre_channel_rpcs() -> None:
 
 
 def test_owner_calls_have_one_encoding() -> None:
-    """Every kind of owner call (the removed RPCs' and the read grants) is an ``ownerwire`` frame, and peer.proto has
+    """Every kind of owner call (the removed RPCs') is an ``ownerwire`` frame, and peer.proto has
     no message for one: a second encoding must not come back."""
     import typing
 
@@ -30,8 +30,7 @@ def test_owner_calls_have_one_encoding() -> None:
     from datadistd.links.wire.ownercalls import OwnerCall
 
     kinds = {cls.__name__ for cls in typing.get_args(OwnerCall)}
-    assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd",
-                     "GrantReadCmd", "DoneReadCmd", "WriteCmd"}
+    assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "WriteCmd"}
     assert len(ownerwire._SMALLEST) == len(kinds)
     messages = set(peer_pb2.DESCRIPTOR.message_types_by_name)
     assert messages == {"ChallengeRequest", "ChallengeResponse", "HandshakeRequest", "HandshakeResponse",

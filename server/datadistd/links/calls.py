@@ -23,8 +23,6 @@ from .wire import ownerwire
 from .wire.framecalls import FrameCalls
 from .wire.ownercalls import (
     CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -140,7 +138,7 @@ class OwnerCalls:
         read, now = readview.read, time.monotonic
 
         def read_here(got: ownerwire.SmallCall) -> bool:
-            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+            if (table.closed or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):   # at its call cap: the loop queues or refuses
                 return False
             started = link.last_seen = now()   # as ``_on_control``: the sweeper must hear of this frame
@@ -185,7 +183,7 @@ class OwnerCalls:
         write, now = readview.write, time.monotonic
 
         def write_here(got: ownerwire.SmallCall, payload: bytes) -> bool:
-            if (table.closed or table.reads is not None or link.state != LinkState.ESTABLISHED
+            if (table.closed or link.state != LinkState.ESTABLISHED
                     or not usage.has_turn(limits)):
                 return False
             started = link.last_seen = now()
@@ -306,12 +304,6 @@ class OwnerCalls:
                 self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, PingCmd):
-                reply = OwnerReply(cmd.command_id)
-            elif isinstance(cmd, GrantReadCmd):
-                grant_id, grant, release = self.owner.grant_read_for(link, cmd.spec, cmd.timeout_ms)
-                reply = OwnerReply(cmd.command_id, transfer_ids=(grant_id,), grant=grant, release_needed=release)
-            elif isinstance(cmd, DoneReadCmd):
-                self.owner.done_read_for(link, cmd.grant_id, cmd.consume)
                 reply = OwnerReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from ..core.errors import StatusCode
-from ..core.types import RemoteSpec
 from ..engine.engine import Engine
 from ..guard.quota import LinkUsage
 from ..transport.base import Channel, Receipt
@@ -185,18 +184,6 @@ class _PendingWrite:
     link: Link
     blocks: int = 0
     nbytes: int = 0                     # booked to ``link.usage`` until the write ends
-
-
-@dataclass(frozen=True)
-class _Grant:
-    """A read granted to the other end of ``link`` (``Owner.grant_read_for``): ``cache_id`` pinned and ``nbytes``
-    booked to ``link.usage`` until the reader says it is done, the link goes or ``deadline`` passes."""
-
-    cache_id: int
-    deadline: float
-    link: Link
-    spec: RemoteSpec
-    release: bool                       # a pull that consumes its key (``ReleaseCmd`` after a ``ReadCmd``)
 
 
 def _overall(codes: Sequence[int]) -> int:

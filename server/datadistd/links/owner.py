@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import threading
 import time
 from typing import Sequence
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.layout import Span
-from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, ReadMode, RemoteSpec, TransferId
+from ..core.types import BlocksKeyRef, ReadMode, RemoteSpec, TransferId
 from ..engine import readview
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
 from ..memory.segments import segments_of
 from ..ops.metrics import track_transfer
 from ..transport.base import Channel, Receipt
-from .model import Link, _Grant, _PendingWrite
+from .model import Link, _PendingWrite
 from .table import LinkTable
 from .wire.ownercalls import INLINE_READ_MAX, MAX_OPEN_PER_CALL
 
@@ -32,7 +31,6 @@ class Owner:
 
     def __init__(self, table: LinkTable) -> None:
         self.table = table
-        self._grant_ids = itertools.count(1)
         self._sends: dict[int, _SendQueue] = {}   # id(link) -> its queued reads, while any is queued or sending
 
     async def read_for(self, link: Link, transfer_id: int, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bool]:
@@ -45,7 +43,7 @@ class Owner:
         read of more than ``_LOOP_BLOCKS`` blocks are worked out on the link's peer's threads, not the loop. The
         source is unpinned before the REPLY is queued, so the requester never hears of a read whose source is still
         pinned here."""
-        if self.table.reads is not None or self.table.published is not None:   # the puller reads: the owner sends
+        if self.table.published is not None:   # the puller reads: the owner sends
             raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"pulls over {link.transport} are the puller's reads")
         channel = self.table.channel_of(link)
         if channel is None or channel.broken:
@@ -186,54 +184,6 @@ class Owner:
             tracked.done(len(data), len(spec.blocks))
         link.bytes_in += len(data)
         return len(data)
-
-    def grant_read_for(self, link: Link, spec: RemoteSpec, timeout_ms: int) -> tuple[int, bytes, bool]:
-        """Owner side of a pull over a transport that reads (``ReadGrants``): check ``spec`` as ``read_for`` does
-        (``engine.prepare_read``: the key, remote accessibility, every bound, the byte count), pin the source and
-        book it to the link's caps, and answer the grant: its id and the rows the other end may read. Held until
-        ``done_read_for``, the link goes, or the (clamped) timeout -- then the link is severed before the unpin.
-        Also answers whether ending it consumes a key."""
-        reads = self.table.reads
-        channel = self.table.channel_of(link)
-        if reads is None:   # tcp: the owner sends; nixl: the puller reads the published table, nothing is granted
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the {link.transport} transport grants no reads")
-        if channel is None or channel.broken:
-            raise DataDistError(StatusCode.LLM_LINK_FAILED, "no live data connection for this link")
-        limits = self.table.node.link_limits
-        hold = limits.clamp(timeout_ms or self.table.engine.options.sync_kv_timeout_ms)
-        link.usage.check_writes(limits, 1)   # over the count cap: refused before the spec is looked at
-        cache_id, src, release = self.table.engine.prepare_read(spec)
-        booked = False
-        try:
-            link.usage.open_writes(limits, 1, spec.expected_bytes)
-            booked = True
-            grant = reads.grant(channel, src)
-        except BaseException:
-            if booked:
-                link.usage.close_writes(1, spec.expected_bytes)
-            self.table.engine.unpin(cache_id)
-            raise
-        grant_id = next(self._grant_ids)
-        self.table.grants[grant_id] = _Grant(cache_id, time.monotonic() + hold / 1000, link, spec, release)
-        self.table.watch()
-        return grant_id, grant, release
-
-    def done_read_for(self, link: Link, grant_id: int, consume: bool) -> None:
-        """The other end ended its read of ``grant_id`` (``consume``: it has every byte): unpin; a pull that
-        consumes its key consumes it now."""
-        grant = self.table.grants.get(grant_id)
-        if grant is None or grant.link is not link:
-            raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"unknown read grant {grant_id}")
-        self.table.drop_grants([grant_id])
-        if consume:
-            spec = grant.spec
-            with track_transfer(self.table.node.metrics, "serve_read", self.table.cluster_id,
-                                link.remote_cluster) as tracked:
-                tracked.done(spec.expected_bytes, len(spec.blocks))
-            link.bytes_out += spec.expected_bytes
-            if grant.release:
-                assert isinstance(spec.key, (CacheKeyRef, IdIndexRef))
-                self.table.engine.release_pulled(spec.key, spec.tensor_start, spec.tensor_count)
 
     async def open_write_for(self, link: Link, specs: Sequence[RemoteSpec], timeout_ms: int,
                              hold_ms: int = 0) -> list[int]:

@@ -25,7 +25,7 @@ from ..core.types import CacheKeyRef, IdIndexRef, TransferId
 from ..engine import pullview
 from ..engine.engine import Engine
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
-from ..transport.base import CONTROL_CALL, Channel, ReadGrants, ReadTables, Receipt
+from ..transport.base import CONTROL_CALL, Channel, ReadTables, Receipt
 from .model import LocalLink
 from .record import Transfer
 from .table import LinkTable
@@ -33,7 +33,7 @@ from .wire import ownerwire
 from .wire.framecalls import FrameCalls
 from .wire.ownercalls import INLINE_READ_MAX, OwnerReply, ReadCmd, WriteCmd
 
-__all__ = ["RowPath", "StreamPath", "TablePath", "GrantPath", "LocalPath", "Ending", "path_for"]
+__all__ = ["RowPath", "StreamPath", "TablePath", "LocalPath", "Ending", "path_for"]
 
 log = logging.getLogger("datadistd.links")
 
@@ -58,8 +58,6 @@ def path_for(transfers: Ending) -> "RowPath":
     transport = transfers.table.transport
     if isinstance(transport, ReadTables):
         return TablePath(transfers)
-    if isinstance(transport, ReadGrants):
-        return GrantPath(transfers)
     return StreamPath(transfers)
 
 
@@ -407,44 +405,3 @@ async def _landed(posted: asyncio.Future[None], deadline: float) -> None:
         if not posted.done():
             await asyncio.wait([posted], timeout=max(0.0, deadline - time.monotonic()) + 1.0)
         raise
-
-
-class GrantPath(RowPath):
-    """hccl by grants: the owner grants the rows, this side reads them straight into the destination, then tells
-    the owner it is done (which unpins, and consumes a pulled key: only then is that answer awaited)."""
-
-    async def _pull(self, t: Transfer) -> None:
-        reads = self.table.reads
-        assert reads is not None and t.spec is not None
-        try:
-            calls, channel = self._calls(t)
-            grant_id, grant, release = await calls.grant_read(t.spec, t.deadline - time.monotonic())
-        except DataDistError as exc:
-            self.transfers.failed(t, exc)
-            return
-        done = False
-        try:
-            await self.table.in_thread(reads.read, channel, grant, t.dst, t.deadline)
-            done = True
-        except DataDistError as exc:
-            self.transfers.failed(t, exc)
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: answered, logged
-            self.transfers.finish(t, exc)
-        finally:
-            ending = self._end_grant(t, calls, grant_id, done, max(0.5, t.deadline - time.monotonic()))
-            if done and release:
-                await ending
-            else:
-                self.table.spawn(ending)
-        if done:
-            self.transfers.finish(t)
-
-    async def _end_grant(self, t: Transfer, calls: FrameCalls, grant_id: int, done: bool, timeout: float) -> None:
-        if calls.closed:
-            return    # the link went: the owner drops its grants with it
-        try:
-            await calls.done_read(grant_id, done, timeout)
-        except DataDistError as exc:   # the owner ends it at its deadline, or with the link
-            log.debug("cluster %s: read from cluster %s but could not end its grant: %s",
-                      self.table.cluster_id, t.link.remote_cluster, exc)
-

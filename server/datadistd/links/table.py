@@ -17,7 +17,7 @@ from ..guard.executor import UNMETERED
 from ..guard.quota import LinkLimits
 from ..ops.metrics import DaemonMetrics
 from ..ops.peersecret import PeerSecret
-from ..transport.base import Channel, ReadGrants, ReadTables, Receipt, Transport
+from ..transport.base import Channel, ReadTables, Receipt, Transport
 from .attempts import AddressSlots
 from .liveness import Liveness
 from .model import (
@@ -29,7 +29,6 @@ from .model import (
     LocalLink,
     OutboundLink,
     ServingEnd,
-    _Grant,
     _PendingWrite,
 )
 from .published import Published
@@ -80,16 +79,14 @@ class LinkTable:
         self.peer_unlinked: OrderedDict[int, None] = OrderedDict()
         self.pending: set[int] = set()
         self.writes: dict[int, _PendingWrite] = {}
-        self.grants: dict[int, _Grant] = {}          # reads granted to the other ends of links (``Owner``)
-        #: pulls over this transport read what the owner grants per pull (``ReadGrants``: hccl), decided once
-        self.reads: ReadGrants | None = transport if isinstance(transport, ReadGrants) else None
-        #: pulls over this transport read the tables owners publish (``ReadTables``: nixl); else the owner sends (tcp)
+        #: pulls over this transport read the tables owners publish (``ReadTables``: nixl, hccl); else the owner sends
+        #: (tcp)
         self.published: Published | None = None
         #: run at each change of the engine's registry (``changed``)
         self.watchers: list[Callable[[], None]] = []
         self._publish_on(transport)
         self._sweeper: asyncio.Task[None] | None = None
-        self._to_sweep: asyncio.Event | None = None   # set when a served link, write or grant comes (``watch``)
+        self._to_sweep: asyncio.Event | None = None   # set when a served link or write comes (``watch``)
         self.sweeps = 0                                # rounds the sweeper made (tests: an idle engine makes none)
         self.closed = False
         self._jobs: set[asyncio.Task[None]] = set()   # background jobs (``spawn``), running
@@ -115,18 +112,17 @@ class LinkTable:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     def watch(self) -> None:
-        """Something the sweeper looks after came (a served link, an opened write, a read grant; on the event loop):
-        wake it if it was idle."""
+        """Something the sweeper looks after came (a served link, an opened write; on the event loop): wake it if it
+        was idle."""
         if self._to_sweep is not None:
             self._to_sweep.set()
 
     def _idle(self) -> bool:
-        """Nothing to sweep: no link served for another daemon, no opened write, no read grant."""
-        return not self.writes and not self.grants and not any(isinstance(s, InboundLink)
-                                                                for s in self.served.values())
+        """Nothing to sweep: no link served for another daemon, no opened write."""
+        return not self.writes and not any(isinstance(s, InboundLink) for s in self.served.values())
 
     async def _sweep(self) -> None:
-        """Drop serving links whose linking daemon vanished; expire abandoned writes and grants. An engine with
+        """Drop serving links whose linking daemon vanished; expire abandoned writes. An engine with
         none of those sleeps until one comes (``watch``), not once a second: an idle daemon of many engines
         wakes for none of them."""
         interval = max(0.2, min(1.0, self.node.heartbeat_seconds / 2))
@@ -160,12 +156,6 @@ class LinkTable:
             live = {id(link) for link in self.all_links()}
             self.drop_writes([tid for tid, pw in self.writes.items()
                                if now > pw.deadline + 1.0 or id(pw.link) not in live])
-            # grants of links gone (their channel is closed: the reader's agent unloaded), and grants never
-            # ended by their deadline: the link is severed first, so nothing reads the memory once it is unpinned
-            self.drop_grants([gid for gid, g in self.grants.items() if id(g.link) not in live])
-            for late in {id(g.link): g.link for g in self.grants.values() if now > g.deadline + 1.0}.values():
-                self.mark_broken(late, "a read grant was not ended by its deadline")
-                self.spawn(self._sever(late, [gid for gid, g in self.grants.items() if g.link is late]))
 
     def drop_writes(self, transfer_ids: Iterable[int]) -> None:
         """Forget opened writes; their receipts are cancelled and their caches unpinned in the background."""
@@ -173,23 +163,6 @@ class LinkTable:
         for pw in dropped:
             pw.link.usage.close_writes(1, pw.nbytes)
         self.release_later([pw.receipt for pw in dropped], [pw.cache_id for pw in dropped])
-
-    def drop_grants(self, grant_ids: Iterable[int]) -> None:
-        """Forget read grants whose link can no longer read: unpin their caches, give back what they booked."""
-        for grant in [g for g in (self.grants.pop(gid, None) for gid in list(grant_ids)) if g is not None]:
-            grant.link.usage.close_writes(1, grant.spec.expected_bytes)
-            self.engine.unpin(CacheId(grant.cache_id))
-
-    async def _sever(self, link: Link, grant_ids: list[int]) -> None:
-        """Close ``link``'s data channel (the reader's agent goes with it), then drop its grants."""
-        channel = self.channel_of(link)
-        try:
-            if isinstance(link, InboundLink):
-                self.drop_serving(link)
-            elif channel is not None:
-                await self.in_thread_of(UNMETERED, channel.close)
-        finally:
-            self.drop_grants(grant_ids)
 
     def release_later(self, receipts: list[Receipt], cache_ids: list[int]) -> None:
         """Cancel ``receipts`` in a worker thread (a cancel may wait for the sender to confirm it writes no
@@ -264,7 +237,6 @@ class LinkTable:
     def use_transport(self, transport: Transport) -> None:
         """The engine's data plane moved (``Node.switch_role``, no link exists): every part reads ``transport``."""
         self.transport = transport
-        self.reads = transport if isinstance(transport, ReadGrants) else None
         self._publish_on(transport)
 
     def _publish_on(self, transport: Transport) -> None:
@@ -330,7 +302,6 @@ class LinkTable:
             pw.receipt.cancel()
         self.writes.clear()
         await self.in_thread_of(UNMETERED, self.transport.stop)  # fails every wait and send still running
-        self.drop_grants(list(self.grants))                       # the agents are gone: nothing reads any more
         await self.engine.gate.drained(5.0)          # bounded: let those jobs return before memory is freed
 
 

@@ -36,7 +36,7 @@ from datadist.status import LLMStatusCode
 from ..core.types import TransferId
 from ..memory.base import Segment
 
-__all__ = ["Transport", "Channel", "Receipt", "ReadGrants", "ReadTables", "ControlHandler", "ControlRefused",
+__all__ = ["Transport", "Channel", "Receipt", "ReadTables", "ControlHandler", "ControlRefused",
            "CONTROL_CALL", "CONTROL_REPLY", "CONTROL_TRANSPORT", "CONTROL_KINDS", "CONTROL_DOWN", "EarlyFrames",
            "EARLY_FRAMES_MAX"]
 
@@ -217,23 +217,9 @@ class SendsParts(Protocol):
 
 
 @runtime_checkable
-class ReadGrants(Protocol):
-    """A transport over a fabric that reads one-sidedly per grant (``hccl``: ``HcclBatchGet``): a pull is a
-    read by the puller. The owner validates and pins what may be read and answers a *grant* -- its extents, opaque to
-    the link code -- in an owner call; the puller reads them straight into its destination and tells the owner
-    when it is done. The owner's Python never touches the bytes. Declared by the transport's class (the link code
-    asks once, when it is built); transports without it pull by the owner's send (``tcp``)."""
-
-    def grant(self, channel: Channel, segments: Sequence[Segment]) -> bytes:
-        """Owner side: what the other end of ``channel`` needs to read ``segments`` (nothing moves here)."""
-
-    def read(self, channel: Channel, grant: bytes, segments: Sequence[Segment], deadline: float) -> None:
-        """Puller side: read what ``grant`` names into ``segments`` (as many bytes); returns once all are in."""
-
-
-@runtime_checkable
 class ReadTables(Protocol):
-    """A transport whose pulls read tables the owner published to the link (``nixl``: a prepared READ): the owner
+    """A transport whose pulls read tables the owner published to the link (``nixl``: a prepared READ; ``hccl``:
+    ``HcclBatchGet``) -- every one-sided transport; ``tcp`` pulls by the owner's send. The owner
     publishes each cache its engine made remotely accessible once -- a handle, its rows, ``info`` (the link code's
     description of the cache, opaque here) -- updates it, and withdraws it before its memory can be reused; the
     puller resolves a key by the table and reads rows of the handle, no owner call (``transport.onesided.tables``).

@@ -17,8 +17,6 @@ from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from . import ownerwire
 from .ownercalls import (
     CommitWriteCmd,
-    DoneReadCmd,
-    GrantReadCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -345,15 +343,6 @@ class FrameCalls:
         """Wait at the owner until every byte of the transfers arrived."""
         await self._call(lambda cid, ms: CommitWriteCmd(cid, tuple(transfer_ids), ms), timeout)
 
-    async def grant_read(self, spec: RemoteSpec, timeout: float) -> tuple[int, bytes, bool]:
-        """The owner's grant to read what ``spec`` names: its id, the transport's bytes, and whether ending it
-        consumes a key (the puller then waits for that answer; else it need not)."""
-        reply = await self._call(lambda cid, ms: GrantReadCmd(cid, spec, ms), timeout)
-        (grant_id,) = checked_ids(reply.transfer_ids, 1, f"cluster {self.remote_cluster}")
-        return grant_id, reply.grant, reply.release_needed
-
-    async def done_read(self, grant_id: int, consume: bool, timeout: float) -> None:
-        await self._call(lambda cid, ms: DoneReadCmd(cid, grant_id, consume), timeout)
 
     async def release(self, key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int,
                       timeout: float) -> None:

@@ -3,7 +3,8 @@
 After the Peer handshake the link's authenticated data channel is the only conversation between two
 daemons (since peer protocol 3). Either end may pull and push over a link (CANN's links have two ends; client
 and server say nothing about prompt and decoder), so either end makes *owner calls* on the other: ``read``
-/ ``release`` for a pull (``grant_read`` / ``done_read`` over hccl, which reads by grants), ``open_write`` /
+/ ``release`` for a pull (over nixl and hccl the puller reads the owner's published table and calls only
+``release``, for a key the pull consumes), ``open_write`` /
 ``commit_write`` for a push, ``unlink``, and ``ping`` (the linking end's heartbeat and ``check_link_status``).
 A call is one CALL frame, its answer one REPLY frame (``ownerwire``: the one encoding of these records),
 sent and matched by ``framecalls.FrameCalls``; the bytes of a transfer travel on the same channel.
@@ -20,7 +21,7 @@ from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 
 __all__ = ["WriteCmd", "OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "OwnerCall",
            "OwnerReply", "RefusedCall", "MAX_OPEN_PER_CALL", "INLINE_READ_MAX",
-           "checked_ids", "GrantReadCmd", "DoneReadCmd"]
+           "checked_ids"]
 
 
 
@@ -69,28 +70,6 @@ class WriteCmd:
 
 
 @dataclass(frozen=True)
-class GrantReadCmd:
-    """A pull over a transport that reads by grants (``transport.base.ReadGrants``: hccl; nixl reads published
-    tables and asks nothing): validate and pin what ``spec`` names,
-    answer the grant (``OwnerReply.grant``, its id in ``transfer_ids``); held until ``DoneReadCmd`` or
-    ``timeout_ms``."""
-
-    command_id: int
-    spec: RemoteSpec
-    timeout_ms: int
-
-
-@dataclass(frozen=True)
-class DoneReadCmd:
-    """The puller ended the read of grant ``grant_id``: unpin; ``consume``: it read every byte, so a key a
-    pull consumes is consumed (what ``ReleaseCmd`` does after a ``ReadCmd``)."""
-
-    command_id: int
-    grant_id: int
-    consume: bool
-
-
-@dataclass(frozen=True)
 class ReleaseCmd:
     command_id: int
     key: "CacheKeyRef | IdIndexRef"
@@ -110,8 +89,7 @@ class PingCmd:
     command_id: int
 
 
-OwnerCall = Union[WriteCmd, OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, GrantReadCmd,
-                  DoneReadCmd]
+OwnerCall = Union[WriteCmd, OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd]
 
 
 @dataclass(frozen=True)
@@ -123,7 +101,6 @@ class OwnerReply:
     nbytes: int = 0                 # read: bytes sent
     release_needed: bool = False    # read: confirm the receipt with a release
     data: bytes = b""               # inline read: the bytes themselves
-    grant: bytes = b""              # grant read: what the transport's read needs (its id in transfer_ids)
 
 
 #: the largest read answered with its bytes in the reply (``ReadCmd.inline``): a small pull then needs no transfer

@@ -6,13 +6,12 @@ read with one ``unpack_from``; lists after it)::
 
     B tag (0xFF)  B op  H flags  I timeout_ms  Q command_id
 
-    op 1 READ, 2 GRANT_READ: then  Q transfer_id (GRANT_READ: 0)  SPEC, then the spec's block numbers
-         (READ flags bit 0: inline -- the bytes come back in the reply)
+    op 1 READ:  Q transfer_id  SPEC, then the spec's block numbers (flags bit 0: inline -- the bytes come back in
+         the reply)
     op 3 OPEN_WRITE:  I hold_ms  I count, then ``count`` SPECs, then the block numbers of each spec in turn
     op 4 COMMIT_WRITE:  I count  I reserved (0), then ``count`` u64 transfer ids
     op 5 RELEASE:  KEY  I tensor_start  I tensor_count
     op 6 UNLINK, op 7 PING:  nothing more
-    op 8 DONE_READ (flags bit 0: consume):  Q grant_id
     op 9 WRITE:  SPEC, then the spec's block numbers, then the bytes to write (exactly the spec's expected_bytes,
          at most ``INLINE_READ_MAX``: a small push in one call)
 
@@ -26,9 +25,8 @@ read with one ``unpack_from``; lists after it)::
 REPLY (``OwnerReply``)::
 
     B tag  B flags (bit 0: release_needed)  H reserved  I message length  q status  Q command_id  Q nbytes
-    I transfer ids  I grant length  I data length
-    then the transfer ids (u64 each), the message (UTF-8), the grant (what a one-sided transport's read of a
-    ``grant_read`` needs), the data (an inline read's bytes)
+    I transfer ids  I data length
+    then the transfer ids (u64 each), the message (UTF-8), the data (an inline read's bytes)
 
 Decoding is what a hostile (authenticated) peer reaches: every count is bounded and every length checked
 against the frame before anything is read or allocated, reserved fields and unknown flags must be 0, and a
@@ -53,25 +51,24 @@ __all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "REPLY_DAT
            "parsed_size", "encode_reply", "decode_reply"]
 
 TAG = 0xFF
-(OP_READ, OP_GRANT_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_DONE_READ,
- OP_WRITE) = range(1, 10)
+#: the call ops; 2 and 8 are not given (a frame naming one is refused as unknown)
+OP_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_WRITE = 1, 3, 4, 5, 6, 7, 9
 
 _HEAD = "<BBHIQ"                       # tag op flags timeout_ms command_id
 _KEY = "BBHQQQQ"                       # kind reserved reserved a b c d
 _SPEC_BODY = _KEY + "BBIqQIIQ"         # KEY mode reserved blocks size offset tensor_start tensor_count expected
 HEAD = struct.Struct(_HEAD)
-READ = struct.Struct(_HEAD + "Q" + _SPEC_BODY)          # READ and GRANT_READ
+READ = struct.Struct(_HEAD + "Q" + _SPEC_BODY)
 SPEC = struct.Struct("<" + _SPEC_BODY)
 OPEN = struct.Struct(_HEAD + "II")                      # hold_ms count
 COMMIT = struct.Struct(_HEAD + "II")                    # count reserved
 RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tensor_count
-DONE = struct.Struct(_HEAD + "Q")                       # grant_id
 WRITE = struct.Struct(_HEAD + _SPEC_BODY)               # then blocks, then the bytes
-_REPLY = struct.Struct("<BBHI qQQ III")
+_REPLY = struct.Struct("<BBHI qQQ II")
 #: a REPLY's fixed head (a small pull's or push's: ``small_call``, ``small_reply``)
 REPLY = _REPLY
 
-_INLINE = _RELEASE_NEEDED = _CONSUME = 1
+_INLINE = _RELEASE_NEEDED = 1
 _CACHE_KEY, _BY_ID, _BLOCKS_KEY, _ADDRESS = 1, 2, 3, 4
 #: most block numbers one spec may name (as a worker's transfer: ``api.orders.MAX_LIST``)
 MAX_BLOCKS = 1 << 20
@@ -138,7 +135,7 @@ def small_call(data: bytes, cluster_id: int) -> SmallCall | None:
                 or n > SMALL_READ_BLOCKS or expected > oc.INLINE_READ_MAX or len(data) != at + expected or tag != TAG):
             return None
         return (True, cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, WRITE.size), expected, at,
-                _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, 0, 0))
+                _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, 0))
     if len(data) < READ.size:
         return None
     (tag, op, flags, _, cid, tid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
@@ -148,17 +145,17 @@ def small_call(data: bytes, cluster_id: int) -> SmallCall | None:
             or expected > oc.INLINE_READ_MAX):
         return None
     return (False, cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected, 0,
-            _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, 0, expected))
+            _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, expected))
 
 
 def small_reply(data: bytes) -> tuple[int, int] | None:
     """``(command_id, data length)`` of a REPLY that is a whole success carrying nothing but data (no flag, message,
-    transfer id or grant): a small pull's or push's answer (its data at ``REPLY_DATA``), read with one
+    transfer id): a small pull's or push's answer (its data at ``REPLY_DATA``), read with one
     ``unpack_from``. None for any other: ``decode_reply`` then decides (``FrameCalls.take_reply``)."""
     if len(data) < _REPLY.size:
         return None
-    tag, flags, _, mlen, status, cid, _, nids, glen, dlen = _REPLY.unpack_from(data)
-    if tag != TAG or flags or mlen or status or nids or glen or len(data) != _REPLY.size + dlen:
+    tag, flags, _, mlen, status, cid, _, nids, dlen = _REPLY.unpack_from(data)
+    if tag != TAG or flags or mlen or status or nids or len(data) != _REPLY.size + dlen:
         return None
     return cid, dlen
 
@@ -195,8 +192,6 @@ def encode_call(cmd: oc.OwnerCall) -> bytes:
     if isinstance(cmd, oc.WriteCmd):
         return b"".join((WRITE.pack(TAG, OP_WRITE, 0, cmd.timeout_ms, cid, *_spec_fields(cmd.spec)), _blocks(cmd.spec),
                          cmd.data))
-    if isinstance(cmd, oc.GrantReadCmd):
-        return READ.pack(TAG, OP_GRANT_READ, 0, cmd.timeout_ms, cid, 0, *_spec_fields(cmd.spec)) + _blocks(cmd.spec)
     if isinstance(cmd, oc.OpenWriteCmd):
         return b"".join((OPEN.pack(TAG, OP_OPEN_WRITE, 0, cmd.timeout_ms, cid, cmd.hold_ms, len(cmd.specs)),
                          *(SPEC.pack(*_spec_fields(s)) for s in cmd.specs), *(_blocks(s) for s in cmd.specs)))
@@ -205,8 +200,6 @@ def encode_call(cmd: oc.OwnerCall) -> bytes:
         return COMMIT.pack(TAG, OP_COMMIT_WRITE, 0, cmd.timeout_ms, cid, len(cmd.transfer_ids), 0) + ids
     if isinstance(cmd, oc.ReleaseCmd):
         return RELEASE.pack(TAG, OP_RELEASE, 0, 0, cid, *_key_fields(cmd.key), cmd.tensor_start, cmd.tensor_count)
-    if isinstance(cmd, oc.DoneReadCmd):
-        return DONE.pack(TAG, OP_DONE_READ, _CONSUME if cmd.consume else 0, 0, cid, cmd.grant_id)
     if isinstance(cmd, oc.UnlinkCmd):
         return HEAD.pack(TAG, OP_UNLINK, 0, 0, cid)
     assert isinstance(cmd, oc.PingCmd), cmd
@@ -216,9 +209,9 @@ def encode_call(cmd: oc.OwnerCall) -> bytes:
 def encode_reply(reply: oc.OwnerReply) -> bytes:
     message = reply.message.encode("utf-8", "replace")
     head = _REPLY.pack(TAG, _RELEASE_NEEDED if reply.release_needed else 0, 0, len(message), reply.status,
-                       reply.command_id, reply.nbytes, len(reply.transfer_ids), len(reply.grant), len(reply.data))
+                       reply.command_id, reply.nbytes, len(reply.transfer_ids), len(reply.data))
     ids = np.asarray(reply.transfer_ids, _U64).tobytes() if reply.transfer_ids else b""
-    return b"".join((head, ids, message, reply.grant, reply.data))
+    return b"".join((head, ids, message, reply.data))
 
 
 # ---- decoding (attacker-facing) --------------------------------------------------------------------------
@@ -301,20 +294,17 @@ def _flags(flags: int, allowed: int) -> None:
         raise _Bad(f"flags {flags:#x}")
 
 
-def _read(data: bytes, op: int) -> oc.ReadCmd | oc.GrantReadCmd:
-    """READ and GRANT_READ: every pull's path, so its checks are inline."""
+def _read(data: bytes) -> oc.ReadCmd:
+    """READ: every pull's path over tcp, so its checks are inline."""
     fields = READ.unpack_from(data)
     flags, timeout_ms, cid, tid, nblocks = fields[2], fields[3], fields[4], fields[5], fields[15]
     if nblocks > MAX_BLOCKS:
         raise _Bad(f"a read of {nblocks} blocks; at most {MAX_BLOCKS}")
     if len(data) != READ.size + 8 * nblocks:
         raise _Bad(f"a frame of {len(data)} bytes; its fields say {READ.size + 8 * nblocks}")
-    if flags & ~(_INLINE if op == OP_READ else 0) or (op == OP_GRANT_READ and tid):
-        raise _Bad(f"flags {flags:#x}, transfer {tid} of a {'read' if op == OP_READ else 'grant read'}")
+    _flags(flags, _INLINE)
     spec = _spec(fields[6:], _block_numbers(data, nblocks, READ.size))
-    if op == OP_READ:
-        return oc.ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
-    return oc.GrantReadCmd(cid, spec, timeout_ms)
+    return oc.ReadCmd(cid, tid, spec, timeout_ms, bool(flags & _INLINE))
 
 
 def _write(data: bytes) -> oc.WriteCmd:
@@ -367,14 +357,6 @@ def _release(data: bytes) -> oc.ReleaseCmd:
     return oc.ReleaseCmd(cid, key, tensor_start, tensor_count)
 
 
-def _done_read(data: bytes) -> oc.DoneReadCmd:
-    _, _, flags, timeout_ms, cid, grant_id = DONE.unpack_from(data)
-    _flags(flags, _CONSUME)
-    _flags(timeout_ms, 0)
-    _exact(data, DONE.size)
-    return oc.DoneReadCmd(cid, grant_id, bool(flags & _CONSUME))
-
-
 def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
     _, _, flags, timeout_ms, cid = HEAD.unpack_from(data)
     _flags(flags | timeout_ms, 0)
@@ -383,9 +365,8 @@ def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
 
 
 #: op -> the smallest frame of that op
-_SMALLEST = {OP_READ: READ.size, OP_GRANT_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size,
-             OP_RELEASE: RELEASE.size, OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_DONE_READ: DONE.size,
-             OP_WRITE: WRITE.size}
+_SMALLEST = {OP_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size, OP_RELEASE: RELEASE.size,
+             OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_WRITE: WRITE.size}
 
 
 def parsed_size(data: bytes) -> int:
@@ -408,16 +389,14 @@ def decode_call(data: bytes) -> oc.OwnerCall:
             raise _Bad(f"unknown owner call {op}")
         if len(data) < smallest:
             raise _Bad(f"a frame of op {op} of {len(data)} bytes is cut short (at least {smallest})")
-        if op <= OP_GRANT_READ:
-            return _read(data, op)
+        if op == OP_READ:
+            return _read(data)
         if op == OP_OPEN_WRITE:
             return _open_write(data)
         if op == OP_COMMIT_WRITE:
             return _commit_write(data)
         if op == OP_RELEASE:
             return _release(data)
-        if op == OP_DONE_READ:
-            return _done_read(data)
         if op == OP_WRITE:
             return _write(data)
         return _bare(data, op)
@@ -429,16 +408,13 @@ def decode_reply(data: bytes) -> oc.OwnerReply:
     """A REPLY frame; ``DataDistError`` (``LLM_PARAM_INVALID``) when it is malformed."""
     if len(data) < _REPLY.size or data[0] != TAG:
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a reply frame of {len(data)} bytes is cut short")
-    _, flags, _, message_len, status, cid, nbytes, nids, grant_len, data_len = _REPLY.unpack_from(data)
-    if nids > oc.MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + grant_len + data_len != len(data):
+    _, flags, _, message_len, status, cid, nbytes, nids, data_len = _REPLY.unpack_from(data)
+    if nids > oc.MAX_OPEN_PER_CALL or _REPLY.size + 8 * nids + message_len + data_len != len(data):
         raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"a malformed reply frame ({len(data)} bytes, {nids} "
-                                                          f"transfers, {message_len} + {grant_len} + {data_len} "
-                                                          f"bytes after them)")
+                                                          f"transfers, {message_len} + {data_len} bytes after them)")
     at = _REPLY.size
     ids = _u64s(data, nids, at)
     at += 8 * nids
     message = data[at:at + message_len].decode("utf-8", "replace")
     at += message_len
-    grant = data[at:at + grant_len]
-    return oc.OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE_NEEDED), data[at + grant_len:],
-                         grant)
+    return oc.OwnerReply(cid, status, message, ids, nbytes, bool(flags & _RELEASE_NEEDED), data[at:])

@@ -27,16 +27,12 @@ __all__ = ["PROTOCOL_VERSION", "HandshakeOffer", "HandshakeAnswer", "PeerClient"
 #: how a serving daemon's refusal of a wrong secret begins (the linking daemon adds which secret it used)
 AUTH_FAILED = "authentication failed: wrong or missing shared secret"
 
-#: 1: the linking side's own nonce and timestamp; 2: the serving side issues the challenge; 3: after the
-#: handshake the data channel carries everything (owner calls, unlink, liveness): the Peer service has only
-#: Challenge and Handshake; 4: reads and every reply are fixed-layout frames (``ownerwire``), a small read answered
-#: with its bytes in the reply; 5: owner calls carry no session (the data channel is the link's); 6: every owner
-#: call is a fixed-layout frame too (``ownerwire``: one encoding; ``peer.proto``'s ``OwnerCall`` is gone); 7: over nixl
-#: the owner publishes its remotely accessible caches to the link (``P`` / ``W`` messages, ``onesided.tables``) and
-#: a pull reads them with no owner call (``grant_read`` / ``done_read`` stay for hccl only); 8: over hccl each link
-#: has communicators of its own, named by the link's token (docs/ascend.md, "Communicators and relinks"): a peer of 7
-#: would never meet them in Prepare. A peer of another version is refused at the challenge and at the handshake.
-PROTOCOL_VERSION = 8
+#: the peer protocol this daemon speaks: the Peer service's Challenge and Handshake, then everything else on the link's
+#: data channel as fixed-layout frames (``ownerwire``); over a one-sided transport (nixl, hccl) the owner publishes
+#: its remotely accessible caches to the link and a pull reads them with no owner call; over hccl each link has
+#: communicators of its own, named by its token (docs/ascend.md). A peer of another version is refused at the
+#: challenge and at the handshake.
+PROTOCOL_VERSION = 9
 CHALLENGE_BYTES = 32
 #: how a serving engine's admission ends a refusal the linking side may retry within its deadline
 #: (``api/grpc/front.py``; ``api/grpc/peer_client.py`` marks such a failure ``retryable``)

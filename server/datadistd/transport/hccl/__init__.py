@@ -14,8 +14,9 @@ registered range, ``HcclCommPrepare`` (seconds; ``link_retry_count`` tries). A t
 registrations, ``HcclBatchPut`` / ``HcclBatchGet`` 64 descriptors per call on the link's stream, one
 ``aclrtSynchronizeStreamWithTimeout`` to the transfer's deadline, the stream aborted on any failure; a put then says
 DONE on the channel -- HCCL tells only the initiator that a put completed, so the receiver takes the authenticated
-sender's word, as CANN's own flag write does. Unlink, once Prepare has ended: abort the stream, unbind each range,
-destroy the communicator, destroy the stream.
+sender's word, as CANN's own flag write does. A pull reads rows of the table the owner published to the link
+(``onesided.tables``, as nixl does: no owner call), by get on a worker thread. Unlink, once Prepare has ended: abort
+the stream, unbind each range, destroy the communicator, destroy the stream.
 
 Moves NPU memory only (backend ``acl``): HCCL registers host memory only from ``aclrtMallocHost``, and
 datadist's host pools are memfds; a transfer touching a HOST cache fails with ``LLM_FEATURE_NOT_ENABLED``.

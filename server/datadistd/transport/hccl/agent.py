@@ -40,7 +40,9 @@ from datadist_ascend.hccl import CommConfig, hccl, prepare_seconds
 
 from ...core.errors import DataDistError
 from ...memory.base import DeviceMemory, MemoryHandle, Segment
+from ..onesided.pairing import pair_extents
 from ..registrations import Registration, RegistrationTable
+from .extents import split_extents
 from .identity import check_device_ip, cluster_table, comm_name, host_address
 
 __all__ = ["HcclAgent", "DONE", "check_device_ip", "close_wait", "cluster_table", "comm_name", "host_address",
@@ -55,60 +57,6 @@ _MAX_RANGES = 1024  # ranges a peer may name (HCCL binds at most so many per com
 _OPTIONAL = frozenset({"device_port", "super_pod_id", "super_device_id"})
 #: one process-wide lock around communicator creation (LLM-DataDist ``comm_entity.cc`` ``g_mutex_``)
 _INIT_LOCK = threading.Lock()
-
-
-def _bounds(ranges: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    starts = np.array([b for b, _ in ranges], dtype=np.uint64)
-    return starts, starts + np.array([n for _, n in ranges], dtype=np.uint64)
-
-
-def _room(addr: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Bytes from each address to the end of the range it lies in (ranges sorted, disjoint); 0 outside them."""
-    if not len(starts):
-        return np.zeros(len(addr), dtype=np.uint64)
-    idx = np.searchsorted(starts, addr, side="right").astype(np.int64) - 1
-    ok = idx >= 0
-    safe = np.where(ok, idx, 0)
-    inside = ok & (addr < ends[safe])
-    return np.where(inside, ends[safe] - addr, np.uint64(0))
-
-
-def split_extents(local: np.ndarray, remote: np.ndarray, mine: Sequence[tuple[int, int]],
-                  theirs: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, str | None]:
-    """Paired extents ``(address, length)`` cut so that each lies inside ONE range of ``mine`` (local side) and one of
-    ``theirs`` (remote side): extents merged because they were contiguous on both sides may span two registrations.
-    Returns the extents and ``None``, or ``(…, why)`` naming the first extent outside every range of its side."""
-    ls, le = _bounds(mine)
-    rs, re_ = _bounds(theirs)
-    la, ra, n = local[:, 0], remote[:, 0], local[:, 1]
-    lroom, rroom = _room(la, ls, le), _room(ra, rs, re_)
-    if not lroom.all() or not rroom.all():
-        i = int(np.flatnonzero((lroom == 0) | (rroom == 0))[0])
-        side = "local" if lroom[i] == 0 else "remote"
-        return local, remote, f"extent {i} ({side} address {int((la if side == 'local' else ra)[i]):#x})"
-    cross = np.flatnonzero((n > lroom) | (n > rroom))
-    if not len(cross):
-        return local, remote, None
-    out_l: list[tuple[int, int]] = []
-    out_r: list[tuple[int, int]] = []
-    start = 0
-    for i in cross.tolist():    # rare: extents merged across two registrations
-        out_l.extend(map(tuple, local[start:i].tolist()))
-        out_r.extend(map(tuple, remote[start:i].tolist()))
-        a, b, left = int(la[i]), int(ra[i]), int(n[i])
-        while left:
-            lr = int(_room(np.array([a], np.uint64), ls, le)[0])
-            rr = int(_room(np.array([b], np.uint64), rs, re_)[0])
-            if not lr or not rr:
-                return local, remote, f"extent {i} (continues past the {'local' if not lr else 'remote'} range)"
-            step = min(left, lr, rr)
-            out_l.append((a, step))
-            out_r.append((b, step))
-            a, b, left = a + step, b + step, left - step
-        start = i + 1
-    out_l.extend(map(tuple, local[start:].tolist()))
-    out_r.extend(map(tuple, remote[start:].tolist()))
-    return np.array(out_l, dtype=np.uint64), np.array(out_r, dtype=np.uint64), None
 
 
 #: the phases of one HcclCommPrepare, each with the whole timeout: connect, exchange, enable (hcomm's one-sided
@@ -389,6 +337,51 @@ class HcclAgent:
 
     def registered(self) -> int:
         return len(self._regs)
+
+    # -- published caches (``onesided.tables``): rows of memory bound before a link's Prepare, read by get --
+
+    def ranges(self, tensors: Sequence[Segment]) -> np.ndarray | None:
+        """``(address, length)`` of each tensor on the engine's NPU; None when one is not NPU memory of that device (a
+        HOST cache: HCCL moves NPU memory only here)."""
+        out = np.empty((len(tensors), 2), dtype=np.uint64)
+        for i, seg in enumerate(tensors):
+            handle = seg.handle
+            if not isinstance(handle, DeviceMemory) or handle.device != self.device:
+                return None
+            out[i] = (handle.address + seg.offset, seg.length)
+        return out
+
+    def publish(self, ranges: np.ndarray) -> tuple[None, bytes]:
+        """Nothing to register and no metadata: a cache lies in memory registered per allocation, which a link's
+        communicator bound before its Prepare -- what the peer can reach was fixed there, and a get is checked
+        against it (``_batch``). The peer's table names the cache's rows by address."""
+        return None, b""
+
+    def unpublish(self, token: object) -> None:
+        """Nothing to deregister (``publish``): HCCL cannot revoke one cache of a prepared communicator (docs/ascend.md,
+        "pull"); a withdrawn cache is unreadable because its entry left every link's table first."""
+
+    def prepare_rows(self, peer: str, rows: np.ndarray) -> np.ndarray:
+        """``peer``'s rows ``(address, length)`` as they are: HCCL has no descriptor list to prepare; a get names the
+        addresses, checked against both sides' bound ranges when it runs (``_batch``: a row in memory the peer
+        registered after the link is refused there, not here, so a later pool's cache leaves the link up)."""
+        return np.ascontiguousarray(rows, dtype=np.uint64)
+
+    def release_rows(self, prepared: object) -> None:
+        """Nothing to release (``prepare_rows``)."""
+
+    def read_rows(self, local: np.ndarray, prepared: np.ndarray, indices: Sequence[int] | np.ndarray, peer: str,
+                  notif: bytes, deadline: float, reg: Registration | None = None) -> None:
+        """``HcclBatchGet`` of rows ``indices`` of ``prepared`` (``peer``'s) into ``local`` extents -- rows adjacent on
+        both sides as one descriptor (``pair_extents``: a contiguous pull is a few descriptors, not one a row) --,
+        synchronised by ``deadline``; then ``notif`` to the peer, best effort (HCCL tells only the initiator; the
+        owner only counts it)."""
+        remote, local = pair_extents(prepared[np.asarray(indices, dtype=np.int64)], local)
+        self.read(local, remote, peer, deadline)
+        try:
+            self.notify(peer, notif)
+        except DataDistError as exc:   # the bytes are in: the link went meanwhile
+            log.debug("hccl: the notification of a get from %s: %s", peer, exc)
 
     # -- transfers --
 

@@ -13,7 +13,7 @@ from datadist_ascend.acl import acl
 from datadist_ascend.hccl import hccl
 
 from ...core.errors import DataDistError
-from ..onesided import GrantedReads, LinkPeer
+from ..onesided import LinkPeer, PublishedTables
 from .agent import DONE, HcclAgent
 
 __all__ = ["HcclTransport", "SCHEME", "npu_address"]
@@ -58,11 +58,16 @@ def npu_address(physical: int, configured: str = "", hccn_conf: str = "/etc/hccn
     return "", f"`{what}`, which names no ipaddr"
 
 
-class HcclTransport(GrantedReads):
-    """Links whose bytes move by ``HcclBatchPut`` between NPU memories (``[transport] name = "hccl"``)."""
+class HcclTransport(PublishedTables):
+    """Links whose bytes move by ``HcclBatchPut`` between NPU memories (``[transport] name = "hccl"``). A pull reads
+    rows of the table the owner published to the link (``onesided.tables``) by ``HcclBatchGet``, on a worker thread
+    (the get and its stream's synchronisation are one call: nothing to post from the event loop)."""
 
     name = "hccl"
     scheme = SCHEME
+    posts_reads = False
+    unpublished = ("the hccl transport moves NPU memory of the engine's device only (memory backend acl, DEVICE "
+                   "caches); the peer's cache is not: use transport tcp")
 
     def __init__(self, device_id: int = 0, device_ip: str = "", server_id: str = "", physical_id: int = -1,
                  traffic_class: int = -1, service_level: int = -1, prepare_timeout: float = 10.0, retries: int = 1,
@@ -123,8 +128,12 @@ class HcclTransport(GrantedReads):
         agent.route(name, lambda message: peer.send(DONE + message))
 
     def _on_extra(self, peer: LinkPeer, payload: bytes) -> None:
-        if payload[:1] != DONE or peer.agent_name is None:
-            raise ValueError(f"unknown message {payload[:1]!r}")
+        """A notification the peer's agent sent after its put or get (``DONE``); else a table's message."""
+        if payload[:1] != DONE:
+            super()._on_extra(peer, payload)
+            return
+        if peer.agent_name is None:
+            raise ValueError("a notification before the peer's agent")
         agent = self._agent()
         assert isinstance(agent, HcclAgent)
         agent.deliver(peer.agent_name, payload[1:])

@@ -21,6 +21,7 @@ from datadist.status import LLMStatusCode
 from ...core.errors import DataDistError
 from ...memory.base import MemoryHandle, Segment
 from ..onesided.agent import InFlight
+from ..onesided.rows import tensor_ranges
 from ..onesided.wire import PROBE
 from ..registrations import Registration, RegistrationTable
 from .ucx import fence_seconds, load_api, status_of
@@ -145,6 +146,10 @@ class Agent:
         return set()
 
     # -- published caches: registered per cache, read by prepared descriptor lists --
+
+    def ranges(self, tensors: Sequence[Segment]) -> np.ndarray | None:
+        """``(address, length)`` of each tensor in this process (``rows.tensor_ranges``): NIXL moves mapped memory."""
+        return tensor_ranges(tensors)
 
     def publish(self, ranges: np.ndarray) -> tuple[Any, bytes]:
         """Register exactly ``ranges`` (``(address, length)`` rows: one cache's tensors) as one registration of

@@ -23,23 +23,17 @@ as control frames, liveness -- but the KV bytes of every pull and push move by o
    posted; or the notification: the WRITE landed); without one it drops the channel and the peer's
    agent, so no byte lands after the memory is handed back.
 
-That is a push. A pull reads, one of two ways:
-
-* ``tables.PublishedTables`` (nixl; ``transport.base.ReadTables``): the link knows its memory. The owner publishes
-  each remotely accessible cache to every link once (``P``: a handle, its rows, the partial metadata of a
-  registration of that cache alone), updates it (``P``, next generation) and withdraws it (``W``, then deregisters
-  its memory) before the memory can be reused; the puller prepares each published cache's rows once and a pull is
-  one prepared READ by row index, with a notification to the owner (``DDR``) -- no owner call before or after.
-* ``grants.GrantedReads`` (hccl; ``transport.base.ReadGrants``): the owner's ``grant(channel, segments)`` answers
-  the source extents and any partial metadata the peer lacks (the link manager carries it in its ``grant_read``
-  owner call); the puller's ``read(channel, grant, segments, deadline)`` pairs the extents with its own and posts
-  one READ, then ends the grant (``done_read``).
-
-Either way a READ that times out drops the link's channel and the peer's agent.
+That is a push. A pull reads (``tables.PublishedTables``, both transports; ``transport.base.ReadTables``): the link
+knows its memory. The owner publishes each remotely accessible cache to every link once (``P``: a handle, its rows
+and, on nixl, the partial metadata of a registration of that cache alone), updates it (``P``, next generation) and
+withdraws it (``W``; nixl then deregisters its memory) before the memory can be reused; the puller prepares each
+published cache's rows once and a pull is one READ of rows by index (nixl: a prepared READ, posted from the event
+loop when few; hccl: ``HcclBatchGet`` on a worker thread), with a notification to the owner (``DDR``) -- no owner
+call before or after. A READ that times out drops the link's channel and the peer's agent.
 
 Modules: ``agent`` (the ``OneSidedAgent`` Protocol), ``pairing`` (the extents of both sides paired), ``wire`` (the
 messages), ``receipt``, ``link`` (``LinkPeer``: the per-link state; ``OneSidedChannel``), ``transport``
-(``OneSidedTransport``), ``tables`` (published tables: nixl's pulls), ``grants`` (read grants: hccl's pulls).
+(``OneSidedTransport``), ``tables`` (published tables: every pull) and ``rows`` (their arithmetic).
 Threads: a progress thread per transport polls the agent's notifications; one
 control thread sends destination lists that could not go out at once; tcp's reader threads deliver frames.
 """
@@ -47,11 +41,9 @@ control thread sends destination lists that could not go out at once; tcp's read
 from __future__ import annotations
 
 from .agent import OneSidedAgent
-from .grants import GrantedReads
 from .link import LinkPeer, OneSidedChannel
 from .receipt import OneSidedReceipt
 from .tables import PublishedTables
 from .transport import OneSidedTransport
 
-__all__ = ["OneSidedAgent", "OneSidedTransport", "OneSidedChannel", "OneSidedReceipt", "LinkPeer", "GrantedReads",
-           "PublishedTables"]
+__all__ = ["OneSidedAgent", "OneSidedTransport", "OneSidedChannel", "OneSidedReceipt", "LinkPeer", "PublishedTables"]

@@ -12,7 +12,7 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..registrations import Registration
 
-__all__ = ["InFlight", "OneSidedAgent", "TableAgent"]
+__all__ = ["InFlight", "OneSidedAgent", "TableAgent", "PostingAgent"]
 
 
 class InFlight(DataDistError):
@@ -67,7 +67,11 @@ class OneSidedAgent(Protocol):
 
 
 class TableAgent(OneSidedAgent, Protocol):
-    """What reading published tables (``tables.PublishedTables``) needs more of the agent (NIXL's)."""
+    """What reading published tables (``tables.PublishedTables``) needs more of the agent (NIXL's, HCCL's)."""
+
+    def ranges(self, tensors: Sequence[Segment]) -> np.ndarray | None:
+        """``(address, length)`` of each of a cache's ``tensors`` as this agent addresses them (NIXL: mapped in this
+        process; HCCL: on the engine's NPU), or None when one is not memory it moves."""
 
     def publish(self, ranges: np.ndarray) -> tuple[Any, bytes]:
         """Register exactly ``ranges`` (one cache's tensors) on their own: the registration and its partial
@@ -85,6 +89,11 @@ class TableAgent(OneSidedAgent, Protocol):
                   deadline: float, reg: Registration | None = None) -> None:
         """One READ of rows ``indices`` of ``prepared`` into ``local`` extents, then ``notif`` to the peer; ``reg``:
         the registration every local extent lies in, when one does (its rows may be prepared once)."""
+
+
+class PostingAgent(TableAgent, Protocol):
+    """An agent that posts a READ of rows without waiting for it (NIXL's): ``PublishedTables.start_rows`` posts it
+    from the event loop and the progress thread ends it (a transport whose class sets ``posts_reads``)."""
 
     def post_rows(self, local: np.ndarray, prepared: Any, indices: Sequence[int] | np.ndarray, peer: str,
                   notif: bytes, reg: Registration | None = None) -> tuple[int, Any, bool]:

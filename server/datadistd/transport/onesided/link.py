@@ -222,7 +222,7 @@ class LinkPeer:
 
     def reading(self, tid: int) -> None:
         """A READ of this peer's memory starts (``sent`` ends it): ``LLM_LINK_FAILED`` if the link is closed or
-        its channel broke (the owner severs a link whose grant outlived its deadline)."""
+        its channel broke."""
         with self._cond:
             if self.broken:
                 raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"data channel {self.what} is closed")

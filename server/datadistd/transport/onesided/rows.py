@@ -18,7 +18,7 @@ from ...memory.base import Segment
 from ..registrations import Registration
 from .link import LinkPeer
 
-__all__ = ["RemoteEntry", "ReadPlan", "FEW_ROWS", "row_indices", "by_rows", "tensor_ranges"]
+__all__ = ["RemoteEntry", "ReadPlan", "FEW_ROWS", "row_indices", "by_rows", "tensor_ranges", "settle_future"]
 
 
 @dataclass
@@ -60,6 +60,16 @@ class ReadPlan:
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
     probed: bool = False          # past its deadline, the fabric's connection was probed (``wire.PROBE``)
+
+
+def settle_future(future: asyncio.Future[None], error: DataDistError | None) -> None:
+    """On the loop: a posted READ's ``future`` ends with ``error`` (or None), unless its pull was cancelled."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 

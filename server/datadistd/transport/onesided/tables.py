@@ -1,13 +1,13 @@
 """``PublishedTables``: pulls by READ of the rows an owner published to the link, no owner call.
 
 The link knows its memory. The owner's link manager publishes each cache the engine made remotely accessible
-(``publish``): the transport registers exactly that cache's tensors as a registration of their own (never the pool
-they lie in), and sends every ready peer a ``P`` message: an integer handle, its generation, the rows (``rows``
-rows of ``row_size`` bytes per tensor, each tensor's address), the registration's partial metadata and the link
-manager's description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P``
-again with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer,
-then its registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the
-cache's memory goes back to its pool. A peer a ``P`` or ``W`` cannot go to at once (``_to_peers``: the event loop
+(``publish``): the agent registers exactly that cache's tensors on their own (NIXL; HCCL bound its memory before
+Prepare), and every ready peer gets a ``P`` message: an integer handle, its generation, the rows (``rows`` rows of
+``row_size`` bytes per tensor, each tensor's address), the registration's partial metadata and the link manager's
+description of the cache (``info``: its keys, opaque here). A change (a key bound or unbound) sends ``P`` again
+with the next generation (``update``); a cache that goes is withdrawn (``withdraw``): ``W`` to every peer, then its
+registration is deregistered -- both before ``withdraw`` returns, which the owner calls before the cache's memory
+goes back to its pool. A peer a ``P`` or ``W`` cannot go to at once (``_to_peers``: the event loop
 waits for no peer) is dropped with its channel: a peer never holds a row it was not told is gone.
 
 Every control frame of a one-sided link -- these messages, and the owner calls' replies -- goes on the channel's
@@ -18,10 +18,10 @@ the peer's ``M`` waits for it; an update older than the entry (its generation) i
 reused, so a ``P`` of a handle already withdrawn (``LinkPeer.withdrawn``) is stale and ignored.
 
 The requester keeps each peer's table (``LinkPeer.table``): on ``P`` it loads the metadata and prepares the rows
-once as a NIXL descriptor list (``agent.prepare_rows``; NIXL refuses rows outside what the owner described); a
-pull is then one prepared READ of rows by index (``read_rows``), carrying a notification (``DDR``, handle, bytes)
-that tells the owner after the fact -- it is never asked before or after. A handle withdrawn, or never published
-on this link, fails the pull with ``LLM_KV_CACHE_NOT_EXIST``, what the owner answers for a cache it does not have.
+once (``agent.prepare_rows``; NIXL refuses rows outside what the owner described, HCCL at each get); a pull is then
+one READ of rows by index (``read_rows``), carrying a notification (``DDR``, handle, bytes) that tells the owner
+after the fact -- it is never asked before or after. A handle withdrawn (even while it was read: ``_end``), or never
+published on this link, fails the pull with ``LLM_KV_CACHE_NOT_EXIST``, the owner's code for a cache it lacks.
 """
 
 from __future__ import annotations
@@ -42,22 +42,16 @@ from ...core.errors import DataDistError
 from ...memory.base import Segment
 from ..base import CONTROL_TRANSPORT, Channel
 from ..registrations import Registration
-from .agent import InFlight, TableAgent
+from .agent import InFlight, PostingAgent, TableAgent
 from .link import _CONTROL_TIMEOUT, LinkPeer
-from .rows import ReadPlan, RemoteEntry, by_rows, row_indices, tensor_ranges
+from .rows import ReadPlan, RemoteEntry, by_rows, row_indices, settle_future
 from .transport import OneSidedTransport, _peer_of
+from .wire import ID, MD_LEN, NOTIF_READ, PUBLISH, PUBLISH_HEAD, WITHDRAW, parse_publish
 
 __all__ = ["PublishedTables", "RemoteEntry", "PUBLISH", "WITHDRAW", "NOTIF_READ"]
 
 log = logging.getLogger("datadistd.transport.onesided")
 
-PUBLISH = b"P"    # u64 handle, u64 generation, u64 row size, u32 rows, u32 tensors, then the tensors' addresses
-                  # (u64 each), u32 metadata length, metadata, u32 info length, info
-WITHDRAW = b"W"   # u64 handle
-NOTIF_READ = struct.Struct("<3sQQ")   # b"DDR", handle, bytes: a READ of published rows ended (to the owner)
-_HEAD = struct.Struct("<cQQQII")
-_LEN = struct.Struct("<I")
-_ID = struct.Struct("<cQ")
 MAX_TENSORS = 4096
 MAX_ROWS_TOTAL = 1 << 22      # rows of one cache (tensors x rows): one descriptor each in the prepared list
 MAX_ENTRIES = 1 << 16         # published handles one peer may hold at this end
@@ -79,17 +73,14 @@ class _Published:
     ranges: np.ndarray           # (address, length) of each tensor, as registered
 
 
-def _resolve(future: asyncio.Future[None], error: DataDistError | None) -> None:
-    if future.done():   # its pull was cancelled
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
 class PublishedTables(OneSidedTransport):
     """A one-sided transport whose pulls read published tables (``transport.base.ReadTables``)."""
+
+    #: a few rows' READ is posted from the event loop, ended by the progress thread (``start_rows``; a ``PostingAgent``)
+    posts_reads = True
+    #: why a pull of a cache published with no tensor (``publish``: one this agent cannot move) is refused
+    unpublished = ("the nixl transport moves only memory mapped into the daemon; the peer's cache is worker memory "
+                   "reached through a file (unsealed)")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -105,25 +96,28 @@ class PublishedTables(OneSidedTransport):
     def _live_agent(self) -> TableAgent | None:
         return self._running_agent  # type: ignore[return-value]
 
+    def _poster(self) -> PostingAgent | None:   # the running agent, of a transport that ``posts_reads``
+        return self._running_agent if self.posts_reads else None  # type: ignore[return-value]
+
     # -- the owner's side --
 
     def publish(self, tensors: Sequence[Segment], row_size: int, rows: int, info: bytes) -> int:
         """Publish a cache (its ``tensors``, each ``rows`` rows of ``row_size`` bytes) to every link: its handle.
-        A cache whose memory is not mapped in the daemon is published with no tensor: a pull of it is refused
-        with ``LLM_FEATURE_NOT_ENABLED`` at the requester."""
+        A cache whose memory the agent does not move (``TableAgent.ranges``) is published with no tensor: a pull of
+        it is refused with ``LLM_FEATURE_NOT_ENABLED`` (``unpublished``) at the requester."""
         agent = self._agent()
-        ranges = tensor_ranges(tensors)
+        ranges = agent.ranges(tensors)
         token, metadata = agent.publish(ranges) if ranges is not None and len(ranges) else (None, b"")
         handle = int(self._next_id())
         bases = ranges[:, 0] if ranges is not None else np.empty(0, np.uint64)
-        message = (_HEAD.pack(PUBLISH, handle, 1, row_size, rows, len(bases)) + bases.astype("<u8").tobytes()
-                   + _LEN.pack(len(metadata)) + metadata)
+        message = (PUBLISH_HEAD.pack(PUBLISH, handle, 1, row_size, rows, len(bases)) + bases.astype("<u8").tobytes()
+                   + MD_LEN.pack(len(metadata)) + metadata)
         entry = _Published(token, message, 1, ranges if ranges is not None else np.empty((0, 2), np.uint64))
         with self._table_lock:
             self._published[handle] = entry
             self._infos[handle] = info
             self._index_spans()
-            self._to_peers(entry.message + _LEN.pack(len(info)) + info)
+            self._to_peers(entry.message + MD_LEN.pack(len(info)) + info)
         return handle
 
     def update(self, handle: int, info: bytes) -> None:
@@ -135,7 +129,7 @@ class PublishedTables(OneSidedTransport):
             entry.generation += 1
             entry.message = entry.message[:9] + struct.pack("<Q", entry.generation) + entry.message[17:]
             self._infos[handle] = info
-            self._to_peers(entry.message + _LEN.pack(len(info)) + info)
+            self._to_peers(entry.message + MD_LEN.pack(len(info)) + info)
 
     def withdraw(self, handle: int) -> None:
         """Withdraw ``handle`` from every link and deregister its memory; returns when both are done (call it
@@ -146,7 +140,7 @@ class PublishedTables(OneSidedTransport):
             if entry is None:
                 return
             self._index_spans()
-            self._to_peers(_ID.pack(WITHDRAW, handle))
+            self._to_peers(ID.pack(WITHDRAW, handle))
         agent = self._live_agent()
         if entry.token is not None and agent is not None:
             agent.unpublish(entry.token)
@@ -195,7 +189,7 @@ class PublishedTables(OneSidedTransport):
         """``peer`` loaded this agent (its reader thread): every entry, sent outside ``_table_lock`` (the loop never
         waits for this socket); a change overtaking one is safe (``_on_publish`` ignores a stale ``P``)."""
         with self._table_lock:
-            messages = [entry.message + _LEN.pack(len(self._infos[handle])) + self._infos[handle]
+            messages = [entry.message + MD_LEN.pack(len(self._infos[handle])) + self._infos[handle]
                         for handle, entry in self._published.items()]
         for message in messages:
             if peer.broken:
@@ -209,7 +203,7 @@ class PublishedTables(OneSidedTransport):
         if letter == PUBLISH:
             self._on_publish(peer, payload)
         elif letter == WITHDRAW:
-            _, handle = _ID.unpack_from(payload)
+            _, handle = ID.unpack_from(payload)
             with peer.table_lock:
                 entry = peer.table.pop(handle, None)
                 peer.table_version += 1
@@ -222,19 +216,12 @@ class PublishedTables(OneSidedTransport):
             super()._on_extra(peer, payload)
 
     def _on_publish(self, peer: LinkPeer, payload: bytes) -> None:
-        _, handle, generation, row_size, rows, count = _HEAD.unpack_from(payload)
-        if count > MAX_TENSORS or count * rows > MAX_ROWS_TOTAL or (count and not row_size) or row_size >> 40:
-            raise ValueError(f"a published cache of {count} tensors x {rows} rows of {row_size} bytes")
-        at = _HEAD.size + 8 * count
-        bases = np.frombuffer(payload, dtype="<u8", count=count, offset=_HEAD.size).astype(np.uint64)
-        (md_len,) = _LEN.unpack_from(payload, at)
-        metadata = payload[at + _LEN.size:at + _LEN.size + md_len]
-        at += _LEN.size + md_len
-        (info_len,) = _LEN.unpack_from(payload, at)
-        info = payload[at + _LEN.size:at + _LEN.size + info_len]
-        if len(metadata) != md_len or len(info) != info_len or info_len > MAX_INFO or \
-                at + _LEN.size + info_len != len(payload):
-            raise ValueError("a truncated or oversized P message")
+        handle, generation, row_size, rows, bases, metadata, info = parse_publish(payload)   # ValueError: cut short
+        count = len(bases)
+        if count > MAX_TENSORS or count * rows > MAX_ROWS_TOTAL or (count and not row_size) or row_size >> 40 or \
+                len(info) > MAX_INFO:
+            raise ValueError(f"a published cache of {count} tensors x {rows} rows of {row_size} bytes, "
+                             f"{len(info)} bytes of info")
         if peer.agent_name is None:   # control frames are spread over the link's connections: its M may be behind
             peer.ready.wait(_CONTROL_TIMEOUT)
             if peer.agent_name is None:
@@ -319,7 +306,9 @@ class PublishedTables(OneSidedTransport):
         except DataDistError as exc:
             raise self._failed(plan, exc) from None
         finally:
-            self._end(plan)
+            withdrawn = self._end(plan)
+        if withdrawn is not None:
+            raise withdrawn
         self.bytes_received += plan.nbytes
 
     def start_rows(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment],
@@ -328,7 +317,11 @@ class PublishedTables(OneSidedTransport):
         here (NIXL's post does not block), and the progress thread -- which checks the READs in flight between
         its looks for notifications, napping ``_READ_NAP``, never spinning -- settles the future on ``loop`` when
         the READ ends (``LLM_TIMEOUT`` at ``deadline``). None when the READ needs a worker thread (``read_rows``):
-        more rows, rows cut by the destination, or a peer whose agent is not loaded yet. Refusals raise here."""
+        more rows, rows cut by the destination, a peer whose agent is not loaded yet, a transport that does not post
+        (``posts_reads``). Refusals raise here."""
+        agent = self._poster()
+        if agent is None:
+            return None
         plan = self._plan(channel, handle, spans, segments)
         future: asyncio.Future[None] = loop.create_future()
         if plan is None:
@@ -337,7 +330,6 @@ class PublishedTables(OneSidedTransport):
         peer = plan.peer
         if plan.indices is None or peer.agent_name is None or not peer.ready.is_set():
             return None
-        agent = self._agent()
         self._begin(plan)
         try:
             request, made, done = agent.post_rows(plan.dst, plan.entry.prepared, plan.indices, peer.agent_name,
@@ -347,7 +339,9 @@ class PublishedTables(OneSidedTransport):
             raise self._failed(plan, exc) from None
         if done:
             agent.end_rows(request, made, peer.agent_name)
-            self._end(plan)
+            withdrawn = self._end(plan)
+            if withdrawn is not None:
+                raise withdrawn
             self.bytes_received += plan.nbytes
             future.set_result(None)
             return future
@@ -364,7 +358,7 @@ class PublishedTables(OneSidedTransport):
     def _check_reads(self, until: float) -> None:
         """The progress thread: check the READs ``start_rows`` posted, each by one C call, napping ``_READ_NAP``
         between rounds, until none is left or ``until``; each that ended (or passed its deadline) is settled."""
-        agent = self._live_agent()
+        agent = self._poster()
         while True:
             with self._lock:
                 reads: list[ReadPlan] = list(self._reading.values())
@@ -398,7 +392,7 @@ class PublishedTables(OneSidedTransport):
                 return
             time.sleep(_READ_NAP if live else _FENCE_NAP)
 
-    def _settle(self, plan: ReadPlan, agent: TableAgent | None, error: DataDistError | None) -> None:
+    def _settle(self, plan: ReadPlan, agent: PostingAgent | None, error: DataDistError | None) -> None:
         """A READ of ``start_rows`` ended: released, its future settled on its loop (once: the first caller)."""
         with self._lock:
             if self._reading.pop(plan.tid, None) is None:
@@ -406,12 +400,13 @@ class PublishedTables(OneSidedTransport):
         if agent is not None:
             agent.end_rows(plan.request, plan.made, plan.peer.agent_name or "")
         failure = self._failed(plan, error) if error is not None else None
-        self._end(plan)
+        withdrawn = self._end(plan)
+        failure = failure or withdrawn
         if failure is None:
             self.bytes_received += plan.nbytes
         assert plan.loop is not None and plan.future is not None
         try:
-            plan.loop.call_soon_threadsafe(_resolve, plan.future, failure)
+            plan.loop.call_soon_threadsafe(settle_future, plan.future, failure)
         except RuntimeError:   # the loop closed: nobody waits
             pass
 
@@ -420,7 +415,7 @@ class PublishedTables(OneSidedTransport):
         with self._lock:
             reads = list(self._reading.values())
         for read in reads:
-            self._settle(read, self._live_agent(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+            self._settle(read, self._poster(), DataDistError(LLMStatusCode.LLM_LINK_FAILED,
                                                                  f"{self.name}: the transport stopped"))
 
     def _plan(self, channel: Channel, handle: int, spans: np.ndarray, segments: Sequence[Segment]) -> ReadPlan | None:
@@ -435,9 +430,7 @@ class PublishedTables(OneSidedTransport):
             raise DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST,
                                 f"{self.name}: cache {handle} is not published on the link {peer.what} (withdrawn)")
         if not len(entry.bases):
-            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED,
-                                f"the {self.name} transport moves only memory mapped into the daemon; the peer's "
-                                f"cache is worker memory reached through a file (unsealed)")
+            raise DataDistError(LLMStatusCode.LLM_FEATURE_NOT_ENABLED, self.unpublished)
         indices = row_indices(entry, spans, handle, self.name)
         reg = None
         src = dst = np.empty((0, 2), np.uint64)
@@ -478,17 +471,22 @@ class PublishedTables(OneSidedTransport):
                                  f"{self.name}: cache {plan.handle} was withdrawn during the READ ({exc.message})")
         return exc
 
-    def _end(self, plan: ReadPlan) -> None:
+    def _end(self, plan: ReadPlan) -> DataDistError | None:
+        """``plan``'s READ ended: what ``_begin`` holds is let go. Its entry withdrawn meanwhile (under the lock the
+        withdrawal takes) is what it fails with: the owner may have let the memory go under a READ (HCCL's runs on)."""
         plan.peer.sent(plan.tid)
         entry = plan.entry
         with self._lock:
             entry.busy -= 1
-            release = entry.prepared if entry.gone and entry.busy == 0 else None
+            gone = entry.gone
+            release = entry.prepared if gone and entry.busy == 0 else None
             if release is not None:
                 entry.prepared = None
         agent = self._live_agent()
         if release is not None and agent is not None:
             agent.release_rows(release)
+        return DataDistError(LLMStatusCode.LLM_KV_CACHE_NOT_EXIST, f"{self.name}: cache {plan.handle} was withdrawn "
+                             f"from the link {plan.peer.what} while it was read") if gone else None
 
     def _on_notification(self, name: str, message: bytes) -> bool:
         if len(message) == NOTIF_READ.size and message.startswith(b"DDR"):

@@ -45,8 +45,8 @@ class OneSidedTransport(abc.ABC):
     name = ""
     scheme = ""
     inline_small_reads = False   # a pull's bytes move on the fabric, whatever their size
-    #: how long after a peer's READ (its grant, or its notification) the progress thread polls as if a receipt
-    #: waited (a peer's READ over UCX's TCP needs this side's progress; HCCL's get needs none)
+    #: how long after a peer's READ (its notification) the progress thread polls as if a receipt waited (a peer's
+    #: READ over UCX's TCP needs this side's progress; HCCL's get needs none)
     progress_window = 0.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, backend: str = "", chunk_size: int = 4 << 20,

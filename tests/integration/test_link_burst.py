@@ -36,7 +36,7 @@ LINK_TIMEOUT_MS = 20000
 FLOODED = 4                    # listeners the stranger floods (one thread each)
 
 #: run in the stranger's namespace: every listener flooded with challenges until stdin closes; prints the count
-#: of challenges granted and refused
+#: of challenges granted and refused, and of the connections it opened
 _FLOOD = """
 import sys, threading
 import grpc
@@ -44,13 +44,15 @@ from datadist.v1 import peer_pb2, peer_pb2_grpc
 from datadistd.links.wire.peering import PROTOCOL_VERSION
 host, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 stop = threading.Event()
-counts = {"granted": 0, "refused": 0}
+counts = {"granted": 0, "refused": 0, "opened": 0}
 lock = threading.Lock()
 def flood(port, cluster):
     req = peer_pb2.ChallengeRequest(protocol_version=PROTOCOL_VERSION, client_cluster_id=9999,
                                     server_cluster_id=cluster)
     while not stop.is_set():
         with grpc.insecure_channel(f"{host}:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            with lock:
+                counts["opened"] += 1
             futures = [peer_pb2_grpc.PeerStub(ch).Challenge.future(req, timeout=5) for _ in range(16)]
             for f in futures:
                 try:
@@ -68,7 +70,7 @@ sys.stdin.read()
 stop.set()
 for t in threads:
     t.join(10)
-print(counts["granted"], counts["refused"], flush=True)
+print(counts["granted"], counts["refused"], counts["opened"], flush=True)
 """
 
 
@@ -99,12 +101,12 @@ class Stranger:
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "flooding", self.proc.stderr.read() if self.proc.stderr else ""
 
-    def stop(self) -> tuple[int, int]:
-        """(granted, refused) challenges."""
+    def stop(self) -> tuple[int, int, int]:
+        """(granted, refused) challenges, and the connections the stranger opened."""
         assert self.proc is not None
         out, err = self.proc.communicate("", timeout=30)
-        granted, refused = out.split()[-2:]
-        return int(granted), int(refused)
+        granted, refused, opened = out.split()[-3:]
+        return int(granted), int(refused), int(opened)
 
     def remove(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -166,7 +168,7 @@ def test_256_links_from_one_address_in_one_burst_while_a_stranger_floods(three_h
             results = list(pool.map(lambda e: _link_all(db, e, hosts.ip_a, hosts.ip_b), decoders))
         took = time.monotonic() - started
     finally:
-        granted, refused = stranger.stop()
+        granted, refused, opened = stranger.stop()
         flooded = time.monotonic() - flood_started
     failed = [(code, reason) for r in results for code, reason in r if code != 0]
     if failed:
@@ -174,7 +176,10 @@ def test_256_links_from_one_address_in_one_burst_while_a_stranger_floods(three_h
         print(set(reason for _, reason in failed))
     assert not failed, (took, len(failed), failed[:3])
     assert took < LINK_TIMEOUT_MS / 1000, took
-    # the stranger stays capped: a challenge bucket of 20, 10/s per listener, and 4 per connection
+    # the stranger stays capped: a challenge bucket of 20, 10/s per listener, and 4 per connection -- a pre-auth
+    # connection's first challenge is outside the bucket (guard/admission.py: a linking daemon asks one per
+    # connection), so it adds one per connection it opened, each costing it a TCP and HTTP/2 handshake
     assert refused > granted, (granted, refused)
-    assert granted <= FLOODED * (20 + 10 * flooded), (granted, refused, flooded)
-    print(f"256 links in {took:.2f} s; the stranger: {granted} challenges granted, {refused} refused")
+    assert granted <= FLOODED * (20 + 10 * flooded) + opened, (granted, refused, opened, flooded)
+    print(f"256 links in {took:.2f} s; the stranger: {granted} challenges granted, {refused} refused, {opened} "
+          "connections")

@@ -85,7 +85,16 @@ class ConnOwner(Channel, Protocol):
 
 class DataConn:
     """One socket of a channel: its send lock, and its reader (``turn``), run by one reactor thread for the
-    connection's life."""
+    connection's life.
+
+    Receive calls: a header is read with what follows it -- up to ``_READ_AHEAD`` bytes once control frames come in a
+    row (a small frame whole in one call), else the header alone -- and a control frame's payload with the next
+    header, never more. What was read ahead waits in ``_rv[_at:_upto]`` and is served first (``_carried``). So a DATA
+    frame's payload lands in its destination straight from the socket, but for what a read-ahead took of it: at most
+    ``_READ_AHEAD`` bytes, only right behind control frames in a row (a stream of DATA frames, or of DATA frames each
+    followed by a REPLY, is never read ahead). A receive that came back short of what it asked drained the socket:
+    once the frames read are handed on the turn ends, with no probe failing with EAGAIN (an exception); bytes that come
+    after that receive make the kernel report the socket again (edge-triggered)."""
 
     def __init__(self, channel: ConnOwner, sock: socket.socket, index: int, peer: str,
                  receipts: dict[int, TcpReceipt], buffers: Buffers, reactor: Reactor) -> None:

@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, NoReturn, Protocol, Sequence
 
 from datadist.status import LLMStatusCode
 
@@ -356,7 +356,7 @@ class TcpChannel:
             bufs = []
             views = []
 
-    def _soon_failed(self, conn: DataConn, transfer_id: TransferId, total: int, exc: OSError) -> None:
+    def _soon_failed(self, conn: DataConn, transfer_id: TransferId, total: int, exc: OSError) -> NoReturn:
         """``try_send_soon``'s ``sendmsg`` on ``conn`` (its lock held) failed: the connection is closed, the lock
         given back, the channel broken; raises."""
         conn.shutdown()

@@ -220,9 +220,9 @@ def test_a_turn_ends_at_its_frame_bound(
     """Control frames of more than half the read-ahead, all in the socket: what a read-ahead leaves of one is read
     with the next header, but not past the turn's frame bound -- the turn ends there (the others' turn) and the next
     one goes on."""
-    from datadistd.transport.tcp import conn as reader
+    from datadistd.transport.tcp import conn as conn_mod
 
-    monkeypatch.setattr(reader, "_TURN_FRAMES", 2)
+    monkeypatch.setattr(conn_mod, "_TURN_FRAMES", 2)
     sock, channel, _ = peer(pair)
     release = threading.Event()
     got: queue.Queue = queue.Queue()

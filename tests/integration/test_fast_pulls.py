@@ -1,6 +1,6 @@
-"""A worker's small pull_blocks or push_blocks over the attach socket ends on the data reader thread
-(``links.fast.FastTransfers``): the same bytes and the same status codes and messages as the general path
-(``[daemon] fast_pulls = false``) for a table of good and bad pulls and one of pushes, each answered once; a
+"""A worker's small pull_blocks or push_blocks over the attach socket ends on the data reader thread (the quick
+shape of the one transfer path, ``links.transfer``): the same bytes and the same status codes and messages as an
+order (``[daemon] fast_pulls = false``) for a table of good and bad pulls and one of pushes, each answered once; a
 deallocate racing pulls never gets bytes written into freed or reused memory, one racing pushes never sends bytes
 of reused memory."""
 

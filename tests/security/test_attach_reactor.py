@@ -1,4 +1,4 @@
-"""The attach connections are read by the process's TCP reactor threads (``api/attachread.py``), not the event loop:
+"""The attach connections are read by the process's TCP reactor threads (``api/attach.py``), not the event loop:
 a small pull or push is served while the loop is blocked; a worker that floods fast pulls gets each answered once,
 one that closes mid-transfer leaves nothing behind; back-pressure holds at ``MAX_TRANSFERS_IN_FLIGHT``; many
 of connections add no thread. Real daemons on real sockets: the decoder's daemon of the first test runs in this

@@ -112,14 +112,14 @@ def test_a_control_frame_is_one_python_call_to_send_and_two_to_receive(link) -> 
     assert sent is True and calls == ["try_control"]
     _readable(conn_in.sock)
     again, calls = _calls(conn_in.turn)
-    assert again is True and calls == ["turn", "handler"]
+    assert again is False and not conn_in.closed and calls == ["turn", "handler"]
     assert got == [(CONTROL_CALL, payload)]
     # the owner's answer: header and parts in one sendmsg, the connection's lock taken and given inline
     parts: list = [b"head", memoryview(payload)[:100]]
     sent, calls = _calls(out.try_control_parts, CONTROL_REPLY, parts, None)
     assert sent is True and calls == ["try_control_parts"]
     _readable(conn_in.sock)
-    assert conn_in.turn() and got[-1] == (CONTROL_REPLY, b"head" + payload[:100])
+    assert not conn_in.turn() and not conn_in.closed and got[-1] == (CONTROL_REPLY, b"head" + payload[:100])
     assert conn_out.frames_sent == 2 and conn_in.frames_received == 2
 
 
@@ -131,13 +131,13 @@ def test_frames_before_the_handler_wait_in_the_backlog_in_order(link) -> None:  
     for k in range(3):
         assert out.try_control(CONTROL_CALL, b"early%d" % k, time.monotonic() + 5)
     _readable(conn_in.sock)
-    assert conn_in.turn()
+    assert not conn_in.turn() and not conn_in.closed   # drained, not ended
     got: list[bytes] = []
     inb.on_control(lambda kind, payload: got.append(payload))
     assert got == [b"early0", b"early1", b"early2"] and conn_in.handler is not None
     assert out.try_control(CONTROL_CALL, b"late", time.monotonic() + 5)
     _readable(conn_in.sock)
-    assert conn_in.turn() and got[-1] == b"late"
+    assert not conn_in.turn() and not conn_in.closed and got[-1] == b"late"
 
 
 def test_a_busy_connection_declines_and_a_broken_channel_raises(link) -> None:  # noqa: ANN001
@@ -169,6 +169,6 @@ def test_a_control_frame_larger_than_what_arrived_is_read_to_its_end(link) -> No
     sender = threading.Thread(target=out.send_control, args=(CONTROL_CALL, payload, time.monotonic() + 10))
     sender.start()
     _readable(conn_in.sock)
-    assert conn_in.turn()
+    assert not conn_in.turn() and not conn_in.closed   # drained, not ended
     sender.join(10)
     assert got == [payload] and conn_in.bytes_received == len(payload)

@@ -1,4 +1,4 @@
-"""The TCP reader's turn (``reader.FrameReader.turn``) against a hand-made peer on loopback. A control frame's payload
+"""The TCP reader's turn (``conn.DataConn.turn``) against a hand-made peer on loopback. A control frame's payload
 is read with the next frame's header in one receive, and behind control frames in a row a header is read with up to
 ``_READ_AHEAD`` bytes: what was read ahead is carried over to whoever reads the stream next. These tests fail when
 the carry-over is wrong: frames split at every byte, coalesced, a DATA frame right behind control frames (its
@@ -220,9 +220,9 @@ def test_a_turn_ends_at_its_frame_bound(
     """Control frames of more than half the read-ahead, all in the socket: what a read-ahead leaves of one is read
     with the next header, but not past the turn's frame bound -- the turn ends there (the others' turn) and the next
     one goes on."""
-    from datadistd.transport.tcp import reader
+    from datadistd.transport.tcp import conn as conn_mod
 
-    monkeypatch.setattr(reader, "_TURN_FRAMES", 2)
+    monkeypatch.setattr(conn_mod, "_TURN_FRAMES", 2)
     sock, channel, _ = peer(pair)
     release = threading.Event()
     got: queue.Queue = queue.Queue()

@@ -721,6 +721,36 @@ def test_connections_share_a_pool_of_readers_not_a_thread_each() -> None:
             p.stop()
 
 
+def test_a_connection_is_read_by_one_thread_for_its_life_and_links_spread_over_the_pool() -> None:
+    """Each reader thread has its own epoll and share of the data connections (edge-triggered, read dry at each report,
+    no re-arm): every control frame of a connection is handed over on the same thread, turn after turn, and the
+    connections of several links spread over the pool's threads but the first (which reads the one-shot sockets:
+    hellos, attach connections)."""
+    pairs = [Pair(streams=1) for _ in range(6)]
+    try:
+        seen: list[set[str]] = []
+        for p in pairs:
+            names: set[str] = set()
+            got = threading.Semaphore(0)
+
+            def handler(kind: int, payload: bytes, names: set[str] = names, got: threading.Semaphore = got) -> None:
+                names.add(threading.current_thread().name)
+                got.release()
+
+            p.out.on_control(handler)
+            for k in range(20):   # one frame at a time: a turn each
+                p.inb.send_control(CONTROL_REPLY, b"x%d" % k, deadline())
+                assert got.acquire(timeout=5)
+            seen.append(names)
+        assert all(len(names) == 1 for names in seen)
+        used = set().union(*seen)
+        if reactor().size > 1:
+            assert f"{THREAD_PREFIX}#1" not in used and len(used) > 1
+    finally:
+        for p in pairs:
+            p.stop()
+
+
 def test_idle_connections_wake_no_reader_and_a_close_still_ends_them(pair: Pair) -> None:
     """An idle connection waits for its next frame in the reactor's epoll without a timeout: over a second of rest
     no turn runs (before, a reader per connection woke five times a second); a frame wakes one, and stopping the

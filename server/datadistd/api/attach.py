@@ -24,9 +24,9 @@ so this small protocol does the two things only the kernel can vouch for (``atta
   answers the worker (``ended``); ``fast_pulls=False`` sends every transfer as an order.
 
 The connection is the lease: when it closes, the session's engines are finalized and its
-imported memory is closed. Connections are read by the process's TCP reactor threads (``api.attachread``: no
-thread per connection, the event loop off a small pull's path); everything but a quick transfer's start and end is
-handed to the daemon's event loop, in order, and handled there (this module); accepting runs on the loop. Each
+imported memory is closed. Connections are read by the process's TCP reactor threads (below, "Reading the
+connections": no thread per connection, the event loop off a small pull's path); everything but a quick transfer's
+start and end is handed to the daemon's event loop, in order, and handled there; accepting runs on the loop. Each
 message is one datagram of at most ``MAX_MESSAGE`` bytes with at most ``MAX_PIECES`` descriptors, so a caller cannot
 make the daemon buffer more.
 
@@ -284,8 +284,8 @@ class AttachServer:
             self._loop.create_task(self.node.end_session(session))
 
     def _general(self, conn: AttachConn, data: bytes, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
-        """A datagram of ``conn`` the fast path did not take, on the loop (``attachread``): a frame, a continuation
-        frame, a protobuf message, or the connection's end."""
+        """A datagram of ``conn`` the quick shape did not take, on the loop (the module doc, "Reading the
+        connections"): a frame, a continuation frame, a protobuf message, or the connection's end."""
         fds = fds_of(ancillary) if ancillary else []
         if not data and not fds:
             self._drop(conn)  # the worker closed the connection (or died)

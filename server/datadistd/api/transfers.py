@@ -1,5 +1,5 @@
 """A worker's pull or push as an order: the entry of the gRPC ``Pull``/``Push`` and of every attach frame the quick
-shape did not take (``api.attachread``).
+shape did not take (``api.attach``, ``_fast``).
 
 ``start_transfer`` checks the caller may reach the engine, builds the order (its bounds: ``api/orders.py``) and hands
 it to the engine's one transfer path (``LinkManager.transfer``), which resolves, starts, counts and ends it; a

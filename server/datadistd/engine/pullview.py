@@ -1,11 +1,11 @@
 """Where a small pull's bytes land: a **published view** of one engine's local blocks caches, read without the loop.
 
-The requester's small pull (``links.fast.FastTransfers.start``) starts on the event loop and ends on the data
-reader thread that reads the owner's reply: that thread copies the bytes into the destination rows itself. It finds
-them by this view instead of the registry (the event loop's): built on the loop (``publish``) whenever the
-registry's ``generation`` moved, immutable once published, it maps each cache id of a blocks cache whose every
-tensor is mapped writable memory in the daemon to its ``Dest``: per tensor the memory's own view (the handle's
-``view()`` object itself, no export of it: closing the handle releases it, and a released view refuses every
+The requester's small pull (the quick shape: ``links.transfer``, ``links.paths.StreamPath``) starts on a reactor
+thread and ends on the data reader thread that reads the owner's reply: that thread copies the bytes into the
+destination rows itself. It finds them by this view instead of the registry (the event loop's): built on the loop
+(``publish``) at every change of the registry (``LinkTable.changed``), immutable once published, it maps each cache
+id of a blocks cache whose every tensor is mapped writable memory in the daemon to its ``Dest``: per tensor the
+memory's own view (the handle's ``view()`` object itself, no export of it: closing the handle releases it, and a released view refuses every
 access) and the tensor's offset in it, the block size and the block count, and the registry entry.
 
 Safety (the argument of ``readview``, on the other side): the reader thread copies under the engine's
@@ -18,7 +18,7 @@ a pull into a missing cache does). The reader never pins. Block numbers are rang
 the pull starts; a row is ``row`` bytes at ``base + block * row`` of its tensor's view, inside the tensor's
 segment (checked here once).
 
-A small push reads its source rows by the same view (``links.fast._move_rows``, on the loop when it starts): under
+A small push reads its source rows by the same view (``links.paths._move_rows``, where it starts): under
 ``read_lock``, after the same generation check, into the WRITE frame it sends -- the bytes are copied before the
 push is in flight, so a deallocate after that cannot reach them, and one before it left a stale view (republished:
 the cache is gone, the general path refuses the push as one from a missing cache).

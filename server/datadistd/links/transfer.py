@@ -42,7 +42,7 @@ __all__ = ["Transfer", "Transfers", "Ends", "QUICK_BLOCKS", "explained"]
 
 log = logging.getLogger("datadistd.links")
 
-#: the most blocks the quick shape names (the attach frame's fast shape: ``api.attachread``)
+#: the most blocks the quick shape names (the attach frame's fast shape: ``api.attach``)
 QUICK_BLOCKS = 64
 
 

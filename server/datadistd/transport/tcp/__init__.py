@@ -31,15 +31,18 @@ a plain segment list is converted once. Nothing is built per segment up front: e
 are cut from the table when the frame is sent or received.
 
 Threads: one accept thread per transport (it also closes hellos past their deadline); every connection of the
-process, and every newcomer's hello, is read by a small shared pool of reader threads over one epoll
-(``reactor``: one-shot, so a connection is read by one thread at a time -- a frame once begun to its end, then
-whatever frames already wait -- and its control frames reach the handler in order, on the thread that read
-them; the pool is bounded by the CPU count, not by the connections). An idle connection wakes nobody;
-``shutdown()`` makes it readable (EOF) at a close. Inside a frame each receive wakes every ``_POLL`` to notice a
-cancelled receipt; a peer that sends nothing of a frame it began for ``_STALL`` seconds loses the connection.
-A reader asks one receive call for a control frame's payload and the next header, and reads a header with up to
-``_READ_AHEAD`` bytes behind control frames in a row (so a small frame costs one call, and a short read says the
-socket is drained: no probe that fails with EAGAIN); what it read ahead is served first (``reader``). Readers
+process, and every newcomer's hello, is read by a small shared pool of reader threads (``reactor``; bounded by the
+CPU count, not by the connections), each with its own epoll. A data connection belongs to one of them for its life,
+registered edge-triggered: the thread reads it dry each time the kernel reports it -- a frame once begun to its end,
+then whatever frames already wait -- with no re-arm per frame and no hand-off of the socket to another thread, so its
+control frames reach the handler in order, on that thread. Hellos (and the attach connections of ``api.attach``)
+are one-shot in the first thread's epoll, which reads no data connection when the pool has more than one thread. An
+idle connection wakes nobody; ``shutdown()`` makes it readable (EOF) at a close. Inside a frame each receive wakes
+every ``_POLL`` to notice a cancelled receipt; a peer that sends nothing of a frame it began for ``_STALL`` seconds
+loses the connection (until then the other connections of its thread wait). A reader asks one receive call for a
+control frame's payload and the next header, and reads a header with up to ``_READ_AHEAD`` bytes behind control
+frames in a row (so a small frame costs one call, and a short read says the socket is drained: no probe that fails
+with EAGAIN, and the next bytes make the next edge); what it read ahead is served first (``DataConn.turn``). Readers
 scatter DATA payloads straight into the destination memory (but for what was read ahead) with ``recvmsg_into`` (at
 most ``_RECV_MAX`` bytes and ``_IOV_MAX`` views per call) or, for handles without a mapping, receive into a per-
 thread staging buffer and write it out in one batch per handle (``write_raw``: cross-memory attach, ``IOV_MAX``
@@ -59,13 +62,13 @@ Memory safety: a reader touches a receipt's destination only between ``_begin_io
 reader left it, so the caller may reuse the memory at once.
 
 Modules, bottom to top (each imports only modules before it, for the type checker too): ``wire`` (constants, header
-structs, small helpers), ``staging`` (``Buffers``, ``SendPlan``, ``write_out``: bytes of handles without a
-mapping), ``receipt`` (``TcpReceipt``), ``reader`` (``FrameReader``: a connection's reader turn, frames checked and
-handed on, the bytes it read ahead), ``conn`` (``DataConn``: a socket, its send lock and reader; ``ConnOwner``,
-what it needs of its channel), ``channel`` (``TcpChannel``: sending, striping, control frames; ``ChannelOwner``,
-what it needs of its transport), ``listener`` (``TcpListener``: accept, admission, hello; it and ``conn`` are read
-by ``reactor``, the reader threads), ``transport`` (``TcpTransport``: tokens, the tables of channels and receipts,
-connect).
+structs, small helpers), ``reactor`` (``Reactor``: the reader threads, an epoll each), ``lock`` (``FairLock``),
+``staging`` (``Buffers``, ``SendPlan``, ``write_out``: bytes of handles without a mapping), ``receipt``
+(``TcpReceipt``), ``conn`` (``DataConn``: a socket, its send lock and its reader -- the reactor turn, frames checked
+and handed on, the bytes it read ahead; ``ConnOwner``, what it needs of its channel), ``loopsend`` (``LoopFinish``),
+``channel`` (``TcpChannel``: sending, striping, control frames; ``ChannelOwner``, what it needs of its transport),
+``listener`` (``TcpListener``: accept, admission, hello), ``transport`` (``TcpTransport``: tokens, the tables of
+channels and receipts, connect).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, NoReturn, Protocol, Sequence
 
 from datadist.status import LLMStatusCode
 
@@ -19,7 +19,6 @@ from ...memory.base import Segment
 from ...memory.segments import byte_view
 from ..base import CONTROL_DOWN, EarlyFrames
 from .conn import DataConn
-from .control import ControlSends
 from .loopsend import LoopFinish
 from .staging import Buffers, SendPlan, frame_cuts
 from .wire import (
@@ -32,7 +31,9 @@ from .wire import (
     FRAME_MAGIC,
     HEADER,
     KIND_ABORT,
+    KIND_CONTROL,
     KIND_DATA,
+    MAX_CONTROL,
     ControlHandler,
     _encode_code,
     _ProtocolError,
@@ -66,8 +67,62 @@ class ChannelOwner(Protocol):
         """``channel`` leaves the transport's tables; its counters stay in the totals."""
 
 
-class TcpChannel(ControlSends):
-    """The connections made with one token; carries frames both ways."""
+class _Stripes:
+    """One striped send (``TcpChannel.send``): what every stripe worker needs, and how the first failure stops the
+    others. ``work`` runs on the calling thread and on each sender thread; ``errors`` is appended to by any of them."""
+
+    def __init__(self, transfer_id: TransferId, plan: SendPlan, deadline: float, size: int, buffers: Buffers) -> None:
+        self.transfer_id = transfer_id
+        self.plan = plan
+        self.deadline = deadline
+        self.size = size              # the frame size: a worker's staging buffer for handles without a mapping
+        self.buffers = buffers
+        self.errors: list[_SendError] = []
+        self.stop = threading.Event()
+
+    def failed(self, error: _SendError) -> None:
+        self.errors.append(error)
+        self.stop.set()
+
+    def work(self, conn: DataConn, share: list[tuple[int, int]]) -> None:
+        """One stripe worker: its ``share`` of the frames, in order, one chunk per frame on ``conn``."""
+        plan = self.plan
+        staging: memoryview | None = None
+        try:
+            for offset, length in share:
+                if self.stop.is_set():
+                    return
+                if staging is None and not plan.all_mapped:
+                    staging = self.buffers.take(self.size)
+                try:
+                    conn.send_chunk(self.transfer_id, offset, length, plan, staging, self.deadline)
+                except _SendError as exc:
+                    if exc.unusable:
+                        conn.shutdown()
+                    self.failed(exc)
+                    return
+                except Exception as exc:  # noqa: BLE001 - e.g. a handle's read_into failed
+                    code = exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_FAILED
+                    self.failed(_SendError(code, f"reading the source failed: {exc}", unusable=False))
+                    return
+        finally:
+            if staging is not None:
+                self.buffers.give(staging)
+
+    def join(self, helpers: list[Future[None]]) -> None:
+        """The sender threads' shares end by the deadline (their socket timeouts come from it)."""
+        for fut in helpers:
+            try:
+                fut.result(max(0.0, self.deadline - time.monotonic()) + _JOIN)
+            except FutureTimeout:
+                self.failed(_SendError(LLMStatusCode.LLM_TIMEOUT, "a sender thread did not finish", unusable=True))
+            except CancelledError:   # the channel went down before this share started
+                self.failed(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed", unusable=False))
+
+
+class TcpChannel:
+    """The connections made with one token; carries frames both ways: DATA frames striped over them (``send``) or
+    one from the calling thread (``try_send``, ``try_send_soon``), control frames (``try_control`` and kin)."""
 
     def __init__(self, transport: ChannelOwner, token: bytes, peer: str, outbound: bool) -> None:
         self._transport = transport
@@ -145,76 +200,42 @@ class TcpChannel(ControlSends):
     # -- sending --
 
     def send(self, transfer_id: TransferId, segments: Sequence[Segment], deadline: float) -> None:
+        """Send ``segments`` as transfer ``transfer_id``, striped: frame *k* on connection *(base + k) % n* by stripe
+        worker *k % w* -- the calling thread one of them, the channel's sender threads the others (``_senders``).
+        Raises ``DataDistError`` (after an ABORT, or with the channel broken when a connection became unusable)."""
         table = _table(segments)
         conns = self._live()
         if table.nbytes == 0:
             return
         plan = SendPlan(table)
-        total = plan.total
-        size = self._transport.chunk_size
-        chunks = frame_cuts(plan.table, size)
+        chunks = frame_cuts(plan.table, self._transport.chunk_size)
         n = len(conns)
         base = next(self._rr)
         workers = min(n, len(chunks), self._transport.stripe)
         shares = [chunks[w::workers] for w in range(workers)]  # chunk k goes to worker k % workers
-        errors: list[_SendError] = []
-        stop = threading.Event()
-        buffers = self._transport._buffers
-
-        def work(conn: DataConn, share: list[tuple[int, int]]) -> None:
-            staging: memoryview | None = None
-            try:
-                for offset, length in share:  # in order, one chunk per frame
-                    if stop.is_set():
-                        return
-                    if staging is None and not plan.all_mapped:
-                        staging = buffers.take(size)
-                    try:
-                        conn.send_chunk(transfer_id, offset, length, plan, staging, deadline)
-                    except _SendError as exc:
-                        if exc.unusable:
-                            conn.shutdown()
-                        errors.append(exc)
-                        stop.set()
-                        return
-                    except Exception as exc:  # noqa: BLE001 - e.g. a handle's read_into failed
-                        code = exc.code if isinstance(exc, DataDistError) else LLMStatusCode.LLM_FAILED
-                        errors.append(_SendError(code, f"reading the source failed: {exc}", unusable=False))
-                        stop.set()
-                        return
-            finally:
-                if staging is not None:
-                    buffers.give(staging)
-
-        helpers: list[Future[None]] = []
+        job = _Stripes(transfer_id, plan, deadline, self._transport.chunk_size, self._transport._buffers)
         pool: ThreadPoolExecutor | None = None
+        helpers: list[Future[None]] = []
         try:
             pool = self._senders() if workers > 1 else None
             for w in range(1, workers):
                 assert pool is not None
-                helpers.append(pool.submit(work, conns[(base + w) % n], shares[w]))
+                helpers.append(pool.submit(job.work, conns[(base + w) % n], shares[w]))
         except RuntimeError:   # the channel closed meanwhile: its sender pool takes no more work
-            stop.set()
-            errors.append(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed", unusable=False))
+            job.failed(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed", unusable=False))
         try:
-            work(conns[base % n], shares[0])
-            for fut in helpers:  # workers stop by the deadline: their socket timeouts come from it
-                try:
-                    fut.result(max(0.0, deadline - time.monotonic()) + _JOIN)
-                except FutureTimeout:
-                    errors.append(_SendError(LLMStatusCode.LLM_TIMEOUT, "a sender thread did not finish",
-                                             unusable=True))
-                    stop.set()
-                except CancelledError:   # the channel went down before this share started
-                    errors.append(_SendError(LLMStatusCode.LLM_LINK_FAILED, "the data channel closed",
-                                             unusable=False))
-                    stop.set()
+            job.work(conns[base % n], shares[0])
+            job.join(helpers)
         finally:
             plan.release()
             if pool is not None:
                 self._senders_done(pool)
-        if not errors:
-            return
+        if job.errors:
+            self._send_failed(transfer_id, plan.total, job.errors)
+
+    def _send_failed(self, transfer_id: TransferId, total: int, errors: list[_SendError]) -> None:
+        """A striped send failed: the channel breaks (a connection became unusable) or the peer hears an ABORT; the
+        first failure raises."""
         first = errors[0]
         if any(e.unusable for e in errors):
             self._break(f"sending transfer {transfer_id} failed: {first.message}")
@@ -318,11 +339,7 @@ class TcpChannel(ControlSends):
                 except BlockingIOError:
                     sent = -1
                 except OSError as exc:
-                    conn.shutdown()
-                    conn.lock.release()
-                    self._break(f"sending transfer {transfer_id} failed: send failed: {exc}")
-                    raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"sending transfer {transfer_id} ({total} "
-                                                                       f"bytes) to {self._peer}: {exc}") from None
+                    self._soon_failed(conn, transfer_id, total, exc)
                 if sent < 0:
                     conn.lock.release()
                     continue
@@ -338,6 +355,15 @@ class TcpChannel(ControlSends):
         finally:
             bufs = []
             views = []
+
+    def _soon_failed(self, conn: DataConn, transfer_id: TransferId, total: int, exc: OSError) -> NoReturn:
+        """``try_send_soon``'s ``sendmsg`` on ``conn`` (its lock held) failed: the connection is closed, the lock
+        given back, the channel broken; raises."""
+        conn.shutdown()
+        conn.lock.release()
+        self._break(f"sending transfer {transfer_id} failed: send failed: {exc}")
+        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED, f"sending transfer {transfer_id} ({total} bytes) to "
+                                                           f"{self._peer}: {exc}") from None
 
     def abort(self, transfer_id: TransferId, code: LLMStatusCode) -> None:
         """Best effort, bounded by ``_ABORT_TIMEOUT``: one ABORT frame on the first free connection."""
@@ -360,6 +386,159 @@ class TcpChannel(ControlSends):
         log.warning("data channel to %s: could not send ABORT for transfer %s in time", self._peer, transfer_id)
 
     # -- control frames (transport.base.Channel) --
+
+    def try_control(self, kind: int, payload: bytes, deadline: float) -> bool:
+        """One control frame from the calling thread (the event loop) on an idle connection, without
+        blocking; False (nothing sent) when every connection is busy or would block.
+
+        The common case -- one connection, idle, the socket takes the whole frame -- runs flat here (C calls only:
+        the connection's lock taken and given inline, one ``sendmsg``); the rest (several connections, a busy or
+        closed one, a failed or partial send) is ``_control_frame``'s, with the same outcomes."""
+        conns = self._conns          # appended under the lock, never reordered: a snapshot
+        n = len(payload)
+        if len(conns) == 1 and not (self._broken or self._closed) and kind in KIND_CONTROL and n <= MAX_CONTROL:
+            conn = conns[0]
+            lock = conn.lock
+            with lock.mutex:         # FairLock.acquire(timeout=0), inline
+                idle = not lock.locked and not conn.closed
+                if idle:
+                    lock.locked = True
+            if idle:
+                try:
+                    try:
+                        sent = conn.sock.sendmsg((HEADER.pack(FRAME_MAGIC, kind, 0, 0, n), payload), (), _SEND_NOWAIT)
+                    except OSError:   # would block or failed, nothing sent: the general path says which
+                        sent = -1
+                    if sent == HEADER.size + n:
+                        conn.frames_sent += 1
+                        return True
+                    if sent > 0:      # the socket filled up mid-frame: the rest must follow, briefly
+                        self._control_finish(conn, memoryview(
+                            HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload)) + bytes(payload))[sent:], deadline)
+                        conn.frames_sent += 1
+                        return True
+                finally:
+                    with lock.mutex:  # FairLock.release, inline
+                        if lock.waiters:
+                            lock.waiters.popleft().set()
+                        else:
+                            lock.locked = False
+        return self._control_frame(kind, payload, deadline, wait=False)
+
+    def _control_finish(self, conn: DataConn, rest: memoryview, deadline: float) -> None:
+        """Under ``conn.lock``: finish a control frame the socket took only in part (``rest``: what it did not take),
+        within ``_INLINE_FINISH`` (else the connection is closed, the channel broken and this raises), as
+        ``DataConn.write_nowait`` does."""
+        try:
+            conn._write([rest], min(deadline, time.monotonic() + _INLINE_FINISH), partial=True)
+        except _SendError as exc:
+            conn.shutdown()
+            self._break(f"sending a control frame failed: {exc.message}")
+            raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+
+    def try_control_parts(self, kind: int, parts: list, unlock: Callable[[], None] | None = None) -> bool:
+        """One control frame whose payload is ``parts`` (bytes-like: views of mapped memory, say) from the calling
+        thread: the frame's header and the parts in one non-blocking ``sendmsg`` on an idle connection, no copy.
+        False, nothing sent, when the channel is down or every connection is busy or would block.
+
+        ``parts`` is consumed (emptied) and ``unlock`` called exactly once, as soon as the parts are no longer read:
+        after the ``sendmsg``, or -- a frame the full socket took only in part -- once its rest is copied, before
+        that rest is finished by blocking sends within ``_INLINE_FINISH`` (else the connection is closed and this
+        raises, as ``try_control``). So a caller whose parts view memory it may read only under a lock passes that
+        lock's release: the memory is never read after it, and the lock is never held while a peer stalls."""
+        try:
+            n = sum(map(len, parts))
+            if kind not in KIND_CONTROL or n > MAX_CONTROL:
+                raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, {n} bytes")
+            conns = self._conns          # appended under the lock, never reordered: a snapshot
+            count = len(conns)
+            if self._broken or self._closed or not count:
+                return False
+            base = next(self._rr)
+            parts.insert(0, HEADER.pack(FRAME_MAGIC, kind, 0, 0, n))
+            for k in range(count):
+                conn = conns[(base + k) % count]
+                lock = conn.lock
+                with lock.mutex:         # FairLock.acquire(timeout=0), inline (C calls only)
+                    idle = not lock.locked and not conn.closed
+                    if idle:
+                        lock.locked = True
+                if not idle:
+                    continue
+                try:
+                    try:
+                        sent = conn.sock.sendmsg(parts, [], _SEND_NOWAIT)
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        conn.shutdown()
+                        self._break(f"sending a control frame failed: {exc}")
+                        raise DataDistError(LLMStatusCode.LLM_LINK_FAILED,
+                                            f"control frame to {self._peer}: send failed: {exc}") from None
+                    if sent < HEADER.size + n:   # the socket filled up mid-frame: the rest must follow, briefly
+                        rest = memoryview(b"".join(parts))[sent:]
+                        parts.clear()
+                        release, unlock = unlock, None
+                        if release is not None:
+                            release()
+                        self._control_finish(conn, rest, time.monotonic() + _INLINE_FINISH)
+                    conn.frames_sent += 1
+                    return True
+                finally:
+                    with lock.mutex:     # FairLock.release, inline
+                        if lock.waiters:
+                            lock.waiters.popleft().set()
+                        else:
+                            lock.locked = False
+            return False
+        finally:
+            parts.clear()
+            if unlock is not None:
+                unlock()
+
+    def send_control(self, kind: int, payload: bytes, deadline: float) -> None:
+        """One control frame, waiting (until ``deadline``) for a connection when all are busy."""
+        self._control_frame(kind, payload, deadline, wait=True)
+
+    def try_control_first(self, kind: int, payload: bytes, deadline: float, grace: float = 0.0) -> bool:
+        """``try_control`` on the channel's first connection only: frames sent this way (and by
+        ``send_control_first``) arrive, and are handed over by one reader thread, in the order they were sent.
+        ``grace``: how long to wait for the connection while another thread's frame holds it (not for its socket)."""
+        return self._control_frame(kind, payload, deadline, wait=False, first=True, grace=grace)
+
+    def send_control_first(self, kind: int, payload: bytes, deadline: float) -> None:
+        """``send_control`` on the channel's first connection only (see ``try_control_first``)."""
+        self._control_frame(kind, payload, deadline, wait=True, first=True)
+
+    def _control_frame(self, kind: int, payload: bytes, deadline: float, wait: bool, first: bool = False,
+                       grace: float = 0.0) -> bool:
+        if kind not in KIND_CONTROL or len(payload) > MAX_CONTROL:
+            raise DataDistError(LLMStatusCode.LLM_PARAM_INVALID, f"not a control frame: kind {kind}, "
+                                                                 f"{len(payload)} bytes")
+        conns = self._live()
+        bufs = [memoryview(HEADER.pack(FRAME_MAGIC, kind, 0, 0, len(payload))), memoryview(payload)]
+        base = 0 if first else next(self._rr)
+        order = [conns[(base + k) % len(conns)] for k in range(1 if first else len(conns))]
+        for conn in order if not wait else order[:1]:
+            if not wait and not conn.lock.acquire(timeout=grace):
+                continue
+            try:
+                if wait:
+                    conn.send_frame(bufs, deadline)
+                elif not conn.write_nowait(bufs, min(deadline, time.monotonic() + _INLINE_FINISH)):
+                    continue
+                conn.frames_sent += 1
+                return True
+            except _SendError as exc:
+                if exc.unusable:
+                    conn.shutdown()
+                    self._break(f"sending a control frame failed: {exc.message}")
+                raise DataDistError(exc.code, f"control frame to {self._peer}: {exc.message}") from None
+            finally:
+                if not wait:
+                    conn.lock.release()
+        return False
+
 
     def on_control(self, handler: "ControlHandler") -> None:
         """``handler(kind, payload)`` gets every control frame (CALL/REPLY/TRANSPORT), in a reader thread

@@ -1,4 +1,6 @@
-"""``DataConn``: one socket of a channel -- its send lock, its reader loop, scatter into the destination."""
+"""``DataConn``: one socket of a channel -- its send lock, and its reader: the reactor turn (frames off the socket, each
+checked and handed on: control frames to the channel's handler, DATA frames scattered into their destination) and the
+bytes it read ahead of the frame it is at, served first to whoever reads the stream next."""
 
 from __future__ import annotations
 
@@ -15,25 +17,33 @@ from datadist.status import LLMStatusCode
 
 from ...core.errors import DataDistError
 from ...memory.segments import cut
-from ..base import Channel
+from ..base import Channel, ControlRefused
 from .lock import FairLock
-from .reader import FrameReader
 from .staging import Buffers, SendPlan, write_out
 from .wire import (
+    _DONTWAIT,
     _IOV_MAX,
     _JOIN,
     _POLL,
+    _READ_AHEAD,
     _RECV_MAX,
     _SEND_FLAGS,
     _SEND_NOWAIT,
     _STALL,
+    _TURN_FRAMES,
     _WAITALL,
     ACK,
     FRAME_MAGIC,
     HEADER,
+    KIND_ABORT,
+    KIND_CONTROL,
     KIND_DATA,
+    KIND_PING,
+    MAX_CONTROL,
+    MAX_FRAME,
     ControlHandler,
     _Closed,
+    _decode_code,
     _ProtocolError,
     _SendError,
     _timeval,
@@ -47,6 +57,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("datadistd.transport.tcp")
 
 
+class _Ahead(threading.local):
+    """A reader thread's read-ahead buffer, lent to the turn it runs: a turn ends with less than a header read ahead,
+    which its connection keeps (``_left``), so a buffer per reactor thread does, not one per connection."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(bytearray(_READ_AHEAD))
+
+
+_AHEAD = _Ahead()
+
+
+class _Eof(Exception):
+    """The peer closed the connection between frames (a clean end)."""
+
+
 class ConnOwner(Channel, Protocol):
     """What a connection reports to the channel it belongs to (``TcpChannel``), declared here so that this
     module names nothing above it."""
@@ -58,10 +83,18 @@ class ConnOwner(Channel, Protocol):
         """The connection's reader ended (``reason`` empty: closed here)."""
 
 
-class DataConn(FrameReader):
-    """One socket of a channel: its reader (``FrameReader``) and its send lock."""
+class DataConn:
+    """One socket of a channel: its send lock, and its reader (``turn``), run by one reactor thread for the
+    connection's life.
 
-    channel: ConnOwner
+    Receive calls: a header is read with what follows it -- up to ``_READ_AHEAD`` bytes once control frames come in a
+    row (a small frame whole in one call), else the header alone -- and a control frame's payload with the next
+    header, never more. What was read ahead waits in ``_rv[_at:_upto]`` and is served first (``_carried``). So a DATA
+    frame's payload lands in its destination straight from the socket, but for what a read-ahead took of it: at most
+    ``_READ_AHEAD`` bytes, only right behind control frames in a row (a stream of DATA frames, or of DATA frames each
+    followed by a REPLY, is never read ahead). A receive that came back short of what it asked drained the socket:
+    once the frames read are handed on the turn ends, with no probe failing with EAGAIN (an exception); bytes that come
+    after that receive make the kernel report the socket again (edge-triggered)."""
 
     def __init__(self, channel: ConnOwner, sock: socket.socket, index: int, peer: str,
                  receipts: dict[int, TcpReceipt], buffers: Buffers, reactor: Reactor) -> None:
@@ -78,7 +111,7 @@ class DataConn(FrameReader):
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(_POLL))
         self._reactor = reactor
-        # what the reader read ahead of the frame it is at (reading thread only; ``FrameReader.turn``): in a turn
+        # what the reader read ahead of the frame it is at (reading thread only; ``turn``): in a turn
         # ``_rv[_at:_upto]``, the next frames' bytes -- a header, a control frame's payload, the start of a DATA
         # frame's -- served before the socket's; between turns ``_left[:_upto]``, the start of a header
         self._left = bytearray(HEADER.size)
@@ -186,7 +219,171 @@ class DataConn(FrameReader):
             drop_sent(bufs, sent)
         return payload
 
-    # -- receiving (a reactor thread, one turn at a time: ``FrameReader.turn``) --
+    # -- receiving (its reactor thread, one turn at a time) --
+
+    def turn(self) -> bool:
+        """The socket is readable (its reactor thread, edge-triggered): read every frame that is there -- a frame once
+        begun to its end, at most ``_TURN_FRAMES`` of them unless more are read ahead already -- and hand each on
+        (receive calls: the class doc). False: the socket is drained (the kernel reports its next bytes) or the
+        connection ended (cleaned up here); True: it stopped with bytes left, the others' go (run it again). It never
+        ends with a whole header read ahead (no edge would come for it)."""
+        rv = self._rv = _AHEAD.view
+        if self._upto:   # the start of a header, read by the last turn
+            rv[:self._upto] = self._left[:self._upto]
+        unpack, sock, size = HEADER.unpack_from, self.sock, HEADER.size
+        frames, drained = 0, False
+        try:
+            while True:  # one frame per pass; a header cut short waits for the next turn
+                at, end = self._at, self._upto
+                if end - at < size:
+                    if drained or frames >= _TURN_FRAMES:
+                        if end:
+                            self._keep(at, end)
+                        return not drained
+                    if at:                  # what there is of the header to the front (at >= size > end - at)
+                        end, at = self._to_front(at, end), 0
+                    ask = (_READ_AHEAD if self._controls > 1 else size) - end
+                    try:
+                        n = sock.recv_into(rv[end:end + ask], ask, _DONTWAIT)
+                    except BlockingIOError:
+                        n = -1
+                    if n < size - end:      # nothing, the end, or less than a header: the turn ends
+                        return self._short(end, n)
+                    end += n
+                    self._upto, drained = end, n < ask
+                magic, kind, tid, offset, length = unpack(rv, at)
+                at, frames = at + size, frames + 1
+                if ((handler := self.handler) is None or kind not in KIND_CONTROL or magic != FRAME_MAGIC or tid
+                        or offset or length > MAX_CONTROL):
+                    self._frame(at, end, magic, kind, tid, offset, length)
+                    continue
+                self._quiet_since = 0.0   # the common control frame, flat (C calls and the handler)
+                if end - at >= length:    # read ahead whole
+                    payload = bytes(rv[at:at + length])
+                    at += length
+                    self._at, self._upto = (0, 0) if at == end else (at, end)
+                    self._controls += 1
+                else:   # the rest, and the next header while the turn goes on (a small frame: ``_READ_AHEAD``)
+                    head, rest, small = bytes(rv[at:end]), length - (end - at), length + size <= _READ_AHEAD
+                    want = rest + size if small and frames < _TURN_FRAMES else rest
+                    self._at, self._upto, self._controls = 0, 0, (self._controls + 1 if small else 0)
+                    try:
+                        data = sock.recv(want, _DONTWAIT)
+                    except BlockingIOError:
+                        data = b""
+                    n = len(data)
+                    drained = 0 < n < want   # b"": EOF, which the next header's receive sees again
+                    if n > rest:          # the next header, or its start
+                        rv[:n - rest] = data[rest:]
+                        self._upto, data = n - rest, data[:rest]
+                    elif n < rest:        # the rest is still on its way: wait for it as any frame does
+                        data, drained = self._control_rest(rest, data), False
+                    payload = head + data if head else data
+                self.bytes_received += length
+                self.frames_received += 1
+                handler(kind, payload)
+        except Exception as exc:  # noqa: BLE001 - a reader must always report and clean up
+            reason, clean = self._why(exc)
+        self._end(reason, clean)
+        return False
+
+    def _to_front(self, at: int, end: int) -> int:
+        """The start of a header, ``_rv[at:end]``, moved to the front of the read-ahead buffer; where it ends now."""
+        end -= at
+        self._rv[:end] = self._rv[at:at + end]
+        self._at, self._upto = 0, end
+        return end
+
+    def _short(self, end: int, n: int) -> bool:
+        """The receive of a header (``_rv[:end]`` read already) got less than the rest of one: ``n`` bytes (a header
+        cut short: kept for the next turn), nothing (-1: a stale edge), or the end (0). False: the turn ends;
+        raises when the connection ended (``_Eof`` for the peer's close between frames)."""
+        if n > 0:
+            return self._keep(0, end + n)
+        if self.closed:
+            raise _Closed()
+        if n < 0:
+            return self._keep(0, end)
+        if end:
+            raise ConnectionResetError("the peer closed the connection in the middle of a frame header")
+        raise _Eof()
+
+    def _why(self, exc: Exception) -> tuple[str, bool]:
+        """Why the reading of this connection ended, from what ended it ("": closed here), and whether the peer
+        closed it cleanly (between frames)."""
+        if isinstance(exc, (_Closed, _Eof)):
+            return ("the peer closed the connection", True) if isinstance(exc, _Eof) else ("", False)
+        if isinstance(exc, (_ProtocolError, ControlRefused)):
+            return f"protocol error: {exc}", False
+        if isinstance(exc, OSError):
+            return f"connection lost: {exc}", False
+        log.exception("data connection %s#%d: reader failed", self.peer, self.index)
+        return f"reader failed: {exc!r}", False
+
+    def _keep(self, at: int, end: int) -> bool:
+        """The turn ends with ``_rv[at:end]`` read ahead, less than a header: the connection keeps it. False (the
+        turn's answer: drained)."""
+        self._left[:end - at] = self._rv[at:end]
+        self._at, self._upto = 0, end - at
+        return False
+
+    def _frame(self, at: int, end: int, magic: bytes, kind: int, tid: int, offset: int, length: int) -> None:
+        """The frame of the header that ends at ``_rv[at]`` (``_rv[at:end]``: what was read ahead of it, served
+        first), but for the common control frame (``turn``): read its payload and hand it on."""
+        self._at, self._upto = (0, 0) if at == end else (at, end)
+        self._controls = 0
+        if magic != FRAME_MAGIC:
+            raise _ProtocolError(f"bad frame magic {magic!r}")
+        self._quiet_since = 0.0
+        if kind == KIND_DATA:
+            if length > MAX_FRAME:
+                raise _ProtocolError(f"frame of {length} bytes exceeds {MAX_FRAME}")
+            self._on_data(tid, offset, length)
+        elif kind == KIND_ABORT:
+            receipt = self._receipts.get(tid)
+            if receipt is not None:
+                code = _decode_code(length)
+                if code == LLMStatusCode.LLM_SUCCESS:
+                    code = LLMStatusCode.LLM_FAILED
+                receipt._fail(code, f"transfer {tid} aborted by the sender ({code.name})")
+        elif kind == KIND_PING:
+            if length or offset:
+                raise _ProtocolError("PING with a payload")
+        elif kind in KIND_CONTROL:
+            if length > MAX_CONTROL or tid or offset:
+                raise _ProtocolError(f"malformed control frame ({length} bytes)")
+            payload = self._control_rest(length, b"")
+            self.bytes_received += length
+            self.channel._on_control(kind, payload)
+        else:
+            raise _ProtocolError(f"unknown frame kind {kind}")
+        self.frames_received += 1
+
+    def _control_rest(self, length: int, head: bytes) -> bytes:
+        """A control frame's payload of ``length`` bytes whose first ``head`` were read already: the rest, read under
+        the stall deadline (``_recv_once``)."""
+        payload = bytearray(length)
+        got = len(head)
+        payload[:got] = head
+        pv = memoryview(payload)
+        while got < length:  # each pass reads >= 1 byte or polls (ends with the connection, or a stall)
+            got += self._recv_once(pv[got:])
+        return bytes(payload)
+
+    def _carried(self, bufs: list[memoryview]) -> int:
+        """Bytes the reader read ahead (``turn``) that come next in the stream: into ``bufs``, in order; how many."""
+        at, end = self._at, self._upto
+        for b in bufs:
+            k = min(len(b), end - at)
+            b[:k] = self._rv[at:at + k]
+            at += k
+            if at == end:
+                break
+        got = at - self._at
+        self._at, self._upto = (0, 0) if at == end else (at, end)
+        self._quiet_since = 0.0
+        return got
+
 
     def _end(self, reason: str, clean: bool) -> None:
         """The connection's reading is over: tell the channel, leave the reactor, close the socket."""

@@ -5,7 +5,8 @@ authentication) and must send the hello (magic, version, token, stream index) by
 process's reader threads (``reactor``) read it as its bytes come -- no thread of its own, so a stranger holds
 none -- and the accept loop closes it at its deadline. Nothing of the accept loop is periodic: its thread sleeps
 in ``accept`` until a newcomer or the next such deadline, and ``stop_accepting`` wakes it. A good token makes it a
-connection of its token's inbound channel (the transport's table, ``ListenerOwner``), read by the same threads.
+connection of its token's inbound channel (the transport's table, ``ListenerOwner``), read from then on by one
+thread of the same pool (``Reactor.switch``).
 Refusals are rate-limited warnings naming the remote address, never the token.
 """
 
@@ -252,7 +253,8 @@ class _Hello:
         self._want = HELLO.size        # bytes of the hello: its head, then the token too
 
     def turn(self) -> bool:
-        """Read what arrived of the hello; True: wait for more (or, as a connection now, for its frames)."""
+        """Read what arrived of the hello; True: wait for more; False: done (failed, or a connection now, read by its
+        own turns)."""
         listener = self.listener
         try:
             chunk = self.sock.recv(self._want - len(self._got), _DONTWAIT)
@@ -294,9 +296,9 @@ class _Hello:
             return False
         with listener._lock:
             listener._hellos.pop(self.sock, None)
-        listener._reactor.switch(self.sock.fileno(), conn.turn)
         conn.ended_hook = functools.partial(listener._release, self.ticket)
-        return True
+        listener._reactor.switch(self.sock.fileno(), conn.turn)   # its own reactor thread may read it at once
+        return False
 
     def close(self) -> None:
         """The hello failed: out of the books, the reactor and the admission; the socket closed."""

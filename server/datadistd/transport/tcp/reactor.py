@@ -1,22 +1,36 @@
-"""``Reactor``: the reader threads of every TCP data connection of the process -- one epoll, a small pool.
+"""``Reactor``: the reader threads of every TCP socket the daemon reads off its event loop -- a small pool, each thread
+with its own epoll and its own share of the sockets.
 
-A connection is registered once (``add``) with its *turn*: what a pool thread runs when the socket is readable.
-Registration is one-shot (``EPOLLONESHOT``): a readable connection wakes exactly one thread, which reads it --
-a frame in progress to its end, then every frame already waiting (``DataConn.turn``) -- while no other thread
-can pick it; the turn then says whether the socket goes back to the epoll (re-armed) or is done (unregistered,
-by the turn, before its socket is closed). So a connection's frames are read, and handed to its channel's
-control handler, in order and on the thread that read them, and a handler may block briefly: the other
-connections are served by the other threads meanwhile.
+Two kinds of registration:
+
+* **A data connection** (``add_stream``, or ``switch`` from a hello's turn) belongs to one thread for its life: it is
+  registered edge-triggered (``EPOLLET``) in that thread's epoll -- the shard, picked round robin -- and its *turn*
+  reads it until the socket is drained (``DataConn.turn``). Nothing re-arms it: the kernel reports it again when its
+  next bytes come, so a frame costs one ``epoll_wait`` and the turn's receive calls, no ``epoll_ctl``. A turn that
+  stops with bytes left (``_TURN_FRAMES``: the others' go) returns True and the thread has the kernel report it
+  again (one ``modify``, which re-checks readiness: at the back of the ready list). No other thread ever reads the
+  socket, so its frames are read, and handed to its channel's control handler, in order and on that thread.
+* **One-shot** (``add``, ``rearm``, ``remove``: the attach connections of ``api.attach``, and a newcomer's
+  hello): ``EPOLLONESHOT`` in the first thread's epoll; a readable socket runs its turn once, and is not reported
+  again until the turn returns True (re-armed here) or someone calls ``rearm`` (the epoll's own ``modify`` with the
+  mask bound: no Python frame per re-arm -- a small pull re-arms its attach socket once: bench scenario 12). So a
+  one-shot socket's turns never overlap, and a paused one (back-pressure) wakes nobody.
+
+With more than one thread the first reads the one-shot sockets only and the others share the data connections, so
+a worker's request never waits behind a data frame's payload. A turn may block briefly (a handler, a frame's payload
+still on its way): the sockets of the other threads are served meanwhile; those of its own thread wait.
 
 Threads: ``size`` of them (bounded by the CPU count, not by the connections: ``_pool_size``), made with the
-reactor -- when the daemon's first transport is made -- so a link adds none. An idle thread sleeps in
-``epoll_wait`` without a timeout: an idle connection wakes nobody. The pool lives as long as the process (daemon
-threads; nothing to stop): the connections of every transport of the daemon share it.
+reactor -- when the daemon's first transport is made -- so a link adds none. An idle thread sleeps in ``epoll_wait``
+without a timeout: an idle connection wakes nobody. A thread touches only the turns of its own epoll (its table,
+written by whoever registers a socket, read by it alone) and the counter ``wakeups``. The pool lives as long as the
+process (daemon threads; nothing to stop): the connections of every transport of the daemon share it.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import select
@@ -25,10 +39,14 @@ from typing import Callable
 
 log = logging.getLogger("datadistd.transport.tcp")
 
-#: what a turn returns: True to be woken again at the next bytes, False when the connection is done
+#: what a turn returns. One-shot: True to be woken again at the next bytes, False when it re-arms itself, paused, or
+#: the socket is done. A data connection's: True when it stopped with bytes left (run it again), False when it read
+#: the socket dry or the connection ended (it then left the reactor itself, ``remove``)
 Turn = Callable[[], bool]
 
-_MASK = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+_ONESHOT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+_EDGE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
+_EVENTS = 32   # events one epoll_wait takes (all of its own thread's sockets)
 #: thread names of the pool (tests and the bench find them by it)
 THREAD_PREFIX = "datadist-tcp-read"
 
@@ -42,65 +60,89 @@ def _pool_size() -> int:
     return max(4, min(32, 2 * cpus))
 
 
+class _Shard:
+    """One thread's epoll and the turns of the sockets registered in it, with each one's event mask."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.turns: dict[int, tuple[Turn, int]] = {}   # written under ``Reactor._lock``; dict reads are atomic
+
+
 class Reactor:
-    """One epoll and the threads that wait in it; see the module doc."""
+    """The reader threads, an epoll each; see the module doc."""
 
     def __init__(self, size: int = 0) -> None:
         self.size = size or _pool_size()
-        self._epoll = select.epoll()
+        self._shards = [_Shard() for _ in range(self.size)]
         self._lock = threading.Lock()
-        self._turns: dict[int, Turn] = {}
-        self.wakeups = 0          # turns run (each one a thread woken for a readable connection)
-        #: ``rearm(fd)``: wake a turn of ``fd`` again at its next bytes (at once if some wait) -- for a connection
-        #: whose last turn returned False without ``remove``, reading paused, not done -- from any thread, never while
-        #: a turn of it runs (the attach socket's back-pressure and its messages handed to the event loop:
-        #: ``api.attachread``). The epoll's own ``modify`` with the mask bound: no Python frame per re-arm (a small
-        #: pull re-arms its attach socket once: bench scenario 12)
-        self.rearm: Callable[[int], None] = functools.partial(self._epoll.modify, eventmask=_MASK)
-        for n in range(self.size):
-            threading.Thread(target=self._run, name=f"{THREAD_PREFIX}#{n + 1}", daemon=True).start()
+        self._home: dict[int, _Shard] = {}      # fd -> the shard it is registered in
+        # data connections: every thread but the first (which reads the one-shot sockets), round robin
+        self._next = itertools.cycle(self._shards[1:] or self._shards)
+        self.wakeups = 0          # turns run (each one a socket reported readable, or run again)
+        #: ``rearm(fd)``: wake a turn of the one-shot ``fd`` again at its next bytes (at once if some wait) -- for a
+        #: socket whose last turn returned False without ``remove``, reading paused, not done -- from any thread, never
+        #: while a turn of it runs (``api.attach``'s back-pressure and its messages handed to the event loop)
+        self.rearm: Callable[[int], None] = functools.partial(self._shards[0].epoll.modify, eventmask=_ONESHOT)
+        for n, shard in enumerate(self._shards):
+            threading.Thread(target=self._run, args=(shard,), name=f"{THREAD_PREFIX}#{n + 1}", daemon=True).start()
 
     def add(self, fd: int, turn: Turn) -> None:
-        """Read ``fd`` with ``turn`` whenever it is readable (first as soon as it is)."""
-        with self._lock:
-            self._turns[fd] = turn
-        self._epoll.register(fd, _MASK)
+        """Read the one-shot ``fd`` with ``turn`` whenever it is readable (first as soon as it is)."""
+        self._register(self._shards[0], fd, turn, _ONESHOT)
+
+    def add_stream(self, fd: int, turn: Turn) -> None:
+        """Read the data connection ``fd`` with ``turn`` on its own thread, edge-triggered, for its life."""
+        self._register(next(self._next), fd, turn, _EDGE)
 
     def switch(self, fd: int, turn: Turn) -> None:
-        """From a turn of ``fd``: the next turns run ``turn`` (a hello that became a connection); the caller's
-        turn returns True to re-arm."""
+        """From the turn of the one-shot ``fd`` (a hello that became a data connection), which then returns False:
+        ``fd`` is a data connection read by ``turn`` from now on (``add_stream``), on its own thread -- which may run
+        it before this returns, so the caller touches the socket no more."""
         with self._lock:
-            self._turns[fd] = turn
+            shard = self._home.pop(fd)
+            shard.turns.pop(fd, None)
+        shard.epoll.unregister(fd)
+        self.add_stream(fd, turn)
 
     def remove(self, fd: int) -> None:
-        """From a turn of ``fd`` (its last), before its socket is closed: forget it."""
+        """From a turn of ``fd`` (its last), or while it has no event outstanding, before its socket is closed:
+        forget it."""
         with self._lock:
-            self._turns.pop(fd, None)
+            shard = self._home.pop(fd, None)
+            if shard is None:
+                return
+            shard.turns.pop(fd, None)
         try:
-            self._epoll.unregister(fd)
+            shard.epoll.unregister(fd)
         except (OSError, ValueError):
             pass
 
-    def _run(self) -> None:
-        poll, modify, turns = self._epoll.poll, self._epoll.modify, self._turns   # dict reads: atomic, no lock
-        while True:  # for the life of the process; each pass runs one turn
+    def _register(self, shard: _Shard, fd: int, turn: Turn, mask: int) -> None:
+        with self._lock:
+            self._home[fd] = shard
+            shard.turns[fd] = (turn, mask)
+        shard.epoll.register(fd, mask)
+
+    def _run(self, shard: _Shard) -> None:
+        poll, modify, turns = shard.epoll.poll, shard.epoll.modify, shard.turns
+        while True:  # for the life of the process; each pass runs the turns of one epoll_wait
             try:
-                events = poll(-1, 1)
+                events = poll(-1, _EVENTS)
             except InterruptedError:
                 continue
             for fd, _ in events:
                 self.wakeups += 1
-                turn = turns.get(fd)
-                if turn is None:
+                entry = turns.get(fd)
+                if entry is None:
                     continue
                 try:
-                    again = turn()
+                    again = entry[0]()
                 except Exception:  # noqa: BLE001 - a turn cleans up after itself; this keeps the thread alive
                     log.exception("tcp reader: a connection's turn failed")
                     again = False
-                if again:
+                if again:   # one-shot: re-armed; edge: bytes left, reported again behind the others ready
                     try:
-                        modify(fd, _MASK)
+                        modify(fd, entry[1])
                     except (OSError, ValueError):   # removed meanwhile
                         pass
 

@@ -200,7 +200,7 @@ class TcpTransport:
         for index, sock in enumerate(socks):
             conn = channel._attach(sock, index, endpoint)
             assert conn is not None
-            self._reactor.add(sock.fileno(), conn.turn)
+            self._reactor.add_stream(sock.fileno(), conn.turn)
         return channel
 
     def _open(self, endpoint: str, host: str, port: int, token: bytes, index: int, count: int,

@@ -5,8 +5,9 @@ thread and ends on the data reader thread that reads the owner's reply: that thr
 destination rows itself. It finds them by this view instead of the registry (the event loop's): built on the loop
 (``publish``) at every change of the registry (``LinkTable.changed``), immutable once published, it maps each cache
 id of a blocks cache whose every tensor is mapped writable memory in the daemon to its ``Dest``: per tensor the
-memory's own view (the handle's ``view()`` object itself, no export of it: closing the handle releases it, and a released view refuses every
-access) and the tensor's offset in it, the block size and the block count, and the registry entry.
+memory's own view (the handle's ``view()`` object itself, no export of it: closing the handle releases it, and a
+released view refuses every access) and the tensor's offset in it, the block size and the block count, and the
+registry entry.
 
 Safety (the argument of ``readview``, on the other side): the reader thread copies under the engine's
 ``read_lock`` after checking that the view's generation is still the registry's (``landable``). The registry bumps

@@ -1160,3 +1160,33 @@ def test_drop_sent_leaves_exactly_the_bytes_not_yet_sent(sent: int) -> None:
     drop_sent(bufs, sent)
     assert b"".join(bufs) == frame[sent:]
     assert not bufs or len(bufs[0]) > 0
+
+
+def test_a_peers_end_that_came_with_its_last_bytes_is_read_to() -> None:
+    """A data connection is edge-triggered and its turn takes a short receive for "drained" (``DataConn.turn``). When
+    the peer's last bytes and its end arrive before the reader wakes, they make one event: the turn reads the bytes
+    short and returns -- and no edge comes for the end. The reactor runs such a turn once more, so it meets the end
+    (a channel whose peer closed right after its last frame tells its link at once, not at the next heartbeat)."""
+    from datadistd.transport.tcp.reactor import Reactor
+
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b"last bytes")
+    theirs.close()            # both are there before the socket is registered: one event, IN and RDHUP
+    seen: list[bytes] = []
+    ended = threading.Event()
+    pool = Reactor(size=2)
+
+    def turn() -> bool:
+        data = ours.recv(4096, socket.MSG_DONTWAIT)   # short: "drained", as a data connection's turn takes it
+        seen.append(data)
+        if not data:
+            pool.remove(ours.fileno())
+            ended.set()
+        return False
+
+    pool.add_stream(ours.fileno(), turn)
+    try:
+        assert ended.wait(5), f"the end was never read: {seen}"
+        assert seen == [b"last bytes", b""]
+    finally:
+        ours.close()

@@ -46,6 +46,9 @@ Turn = Callable[[], bool]
 
 _ONESHOT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
 _EDGE = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
+#: the peer's end (or an error) reported with the bytes: a data connection's turn that read the socket "dry" by a short
+#: receive runs once more, so it meets the end -- the end that came with the last bytes makes no edge of its own
+_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 _EVENTS = 32   # events one epoll_wait takes (all of its own thread's sockets)
 #: thread names of the pool (tests and the bench find them by it)
 THREAD_PREFIX = "datadist-tcp-read"
@@ -130,13 +133,15 @@ class Reactor:
                 events = poll(-1, _EVENTS)
             except InterruptedError:
                 continue
-            for fd, _ in events:
+            for fd, ev in events:
                 self.wakeups += 1
                 entry = turns.get(fd)
                 if entry is None:
                     continue
                 try:
                     again = entry[0]()
+                    if not again and ev & _HANGUP and entry[1] == _EDGE and fd in turns:
+                        again = entry[0]()   # the end came with the last bytes: read on to it (no edge will come)
                 except Exception:  # noqa: BLE001 - a turn cleans up after itself; this keeps the thread alive
                     log.exception("tcp reader: a connection's turn failed")
                     again = False

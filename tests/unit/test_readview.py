@@ -40,10 +40,14 @@ def _fill(slot: Any, cache_id: int, value: int) -> None:
 
 
 async def _warm(pair: Pair, dst: int) -> None:
-    """The first inline read goes by the event loop, which publishes the view; the next one is the reader's."""
+    """A first read (the view is published with the caches, ``LinkTable.changed``: the reader thread answers it),
+    waited for until the owner counted it -- it counts after its reply, which the puller may see first."""
     serving, linking = pair.links
     await pulled(linking, _order(P, dst, [0], [0]))
     assert readview.current(serving.engine)
+    limit = time.monotonic() + 5
+    while sum(link.bytes_sent for link in serving.table.served.values()) < 2 * BLOCK and time.monotonic() < limit:
+        await asyncio.sleep(0.001)
 
 
 def _reads(serving: Any, at_least: int = 0) -> int:

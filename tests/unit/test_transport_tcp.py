@@ -1167,14 +1167,12 @@ def test_a_peers_end_that_came_with_its_last_bytes_is_read_to() -> None:
     the peer's last bytes and its end arrive before the reader wakes, they make one event: the turn reads the bytes
     short and returns -- and no edge comes for the end. The reactor runs such a turn once more, so it meets the end
     (a channel whose peer closed right after its last frame tells its link at once, not at the next heartbeat)."""
-    from datadistd.transport.tcp.reactor import Reactor
-
     ours, theirs = socket.socketpair()
     theirs.sendall(b"last bytes")
     theirs.close()            # both are there before the socket is registered: one event, IN and RDHUP
     seen: list[bytes] = []
     ended = threading.Event()
-    pool = Reactor(size=2)
+    pool = reactor()   # the process's: a pool of its own would leave threads a link-count test counts
 
     def turn() -> bool:
         data = ours.recv(4096, socket.MSG_DONTWAIT)   # short: "drained", as a data connection's turn takes it

@@ -29,9 +29,9 @@ START_TIMEOUT_S = 30
 
 class EmbeddedDaemon:
     def __init__(self) -> None:
-        from datadistd.process.app import DaemonApp  # the daemon package, loaded only in embedded mode
         from datadistd.ops.config import ConfigError, load_config
         from datadistd.ops.peersecret import peer_secret
+        from datadistd.process.app import DaemonApp  # the daemon package, loaded only in embedded mode
 
         self._dir = tempfile.mkdtemp(prefix="datadist-embedded-")
         os.chmod(self._dir, 0o700)

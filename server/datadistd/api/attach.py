@@ -100,6 +100,7 @@ from ..core.errors import DataDistError, StatusCode, require
 from ..guard.admission import RefusalLog
 from ..guard.quota import Charge
 from ..guard.sockfiles import OwnedSocket
+from ..links.transfer import QUICK_BLOCKS
 from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
 from ..node.node import Node
@@ -133,7 +134,7 @@ _CONTINUE_BYTE = 3
 #: transfers one connection may have in flight (more wait in the worker's socket buffer)
 MAX_TRANSFERS_IN_FLIGHT = 256
 #: the most block numbers a fast pull or push names (its bytes are bounded too: ``ownercalls.INLINE_READ_MAX``)
-FAST_PULL_BLOCKS = 64
+FAST_PULL_BLOCKS = QUICK_BLOCKS
 #: datagrams one turn reads at most (the connection goes back to the epoll in between: others get their turn)
 _DRAIN = 64
 #: a pull or push frame's flags the fast path takes (timeout_ms only: no layer range, offset, exclusive or continuation)

@@ -219,7 +219,7 @@ class StreamPath(RowPath):
             self.table.spawn(self._push_stream(t))   # the loop only: the quick shape is small and mapped
             return True
         channel = self.table.channel_of(link)
-        calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (``Transfers.start``)
+        calls = link.calls   # type: ignore[union-attr]   # not a LocalLink (``Transfers._start``)
         receipt: Receipt | None = None
         try:
             if channel is None:   # a broken one refuses the frame below

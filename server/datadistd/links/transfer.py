@@ -1,12 +1,12 @@
 """A worker's pull or push over a link, the one path every size and transport takes (links/README.md).
 
-1. **Resolve once** (``Transfers.resolve``): the link, the local rows or segments, what the owner is asked for,
+1. **Resolve once** (``Transfers.transfer``): the link, the local rows or segments, what the owner is asked for,
    the bytes and the deadline become a ``Transfer`` record. Two shapes reach it: a whole-tensor blocks transfer by
    ``BlocksCacheKey`` of at most ``QUICK_BLOCKS`` blocks as the attach frame carries it (its geometry from the
    engine's published local rows, ``engine.pullview``: no order object, no plan, possible off the event loop), and
    any other order (``core.plan``: the gRPC ``Pull``/``Push`` and every other attach frame, on the loop). Each
    shape makes the same checks; ownership of the engine was checked by the caller (``api.transfers``).
-2. **Start one way** (``Transfers.start``): the link's ``RowPath`` -- a copy when both engines live here
+2. **Start one way** (``Transfers._start``): the link's ``RowPath`` -- a copy when both engines live here
    (``LocalPath``), else the transport's (``links.paths``: chosen once per engine, the only place the link code
    asks which transport it runs on).
 3. **End one way** (``Transfers.finish``): counters, metrics, the log line and the worker's answer, from whichever
@@ -37,13 +37,14 @@ from .model import AnyLink, InboundLink, Link, LinkState, LocalLink
 from .paths import path_for
 from .record import Ends, Transfer
 from .table import LinkTable
+from .wire import ownerwire
 
 __all__ = ["Transfer", "Transfers", "Ends", "QUICK_BLOCKS", "explained"]
 
 log = logging.getLogger("datadistd.links")
 
-#: the most blocks the quick shape names (the attach frame's fast shape: ``api.attach``)
-QUICK_BLOCKS = 64
+#: the most blocks the quick shape names (what the owner's reader thread answers in one frame: ``ownerwire``)
+QUICK_BLOCKS = ownerwire.SMALL_READ_BLOCKS
 
 
 def explained(exc: DataDistError, entry: CacheEntry, tensor_count: int) -> DataDistError:
@@ -57,7 +58,7 @@ def explained(exc: DataDistError, entry: CacheEntry, tensor_count: int) -> DataD
 
 
 class Transfers:
-    """The transfers of one engine: ``resolve``, ``start``, ``finish`` (the module doc)."""
+    """The transfers of one engine: ``transfer`` (resolve and start), ``finish`` (the module doc)."""
 
     def __init__(self, table: LinkTable) -> None:
         self.table = table
@@ -121,7 +122,7 @@ class Transfers:
                 return False
         n = len(local)
         nbytes = len(rows.tensors) * n * rows.row
-        if nbytes > self.path.quick_max or type(link) is LocalLink:
+        if n > QUICK_BLOCKS or nbytes > self.path.quick_max or type(link) is LocalLink:
             return False
         t = Transfer(push, link, cache_id, rows.entry, nbytes, n,
                      timeout_ms or table.engine.options.sync_kv_timeout_ms, to, token)

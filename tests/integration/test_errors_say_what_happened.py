@@ -207,6 +207,25 @@ def test_a_tensor_count_mismatch_names_both_counts_and_the_layer_ranges_that_fix
            f"source cache {did} has 4 tensors" in said, said
 
 
+def test_a_tensor_count_mismatch_is_named_alike_between_two_engines_of_one_daemon(daemon_factory,
+                                                                                  worker_factory) -> None:
+    """The same refusal over a same-daemon link (a copy, ``LocalPath``): the owner engine's refusal is explained as
+    over a remote link, both ways."""
+    d = daemon_factory("one")
+    port = free_port()
+    prompt, decoder = worker_factory(d), worker_factory(d)
+    prompt.call("init", "PROMPT", P, listen=f"127.0.0.1:{port}", remote_cache_accessible=True)
+    decoder.call("init", "DECODER", D, remote_cache_accessible=True)
+    assert decoder.call("link", P, "127.0.0.1", port) == (0, [0])
+    pid = prompt.call("register_blocks", "kv", 8, BLOCKS, (16, 16), model_id=0)
+    did = decoder.call("register_blocks", "kv", 4, BLOCKS, (16, 16))
+    said = _refused(lambda: decoder.call("pull_blocks", P, "kv", [0, 1], [2, 3]))
+    assert f"tensor counts differ: the source cache {pid} of cluster {P} has 8 tensors ({LAYOUT}), the " \
+           f"destination cache {did} has 4 tensors ({LAYOUT})" in said, said
+    said = _refused(lambda: decoder.call("push_blocks", P, "kv", [0], [1]))
+    assert f"tensor counts differ: the destination cache {pid} of cluster {P} has 8 tensors" in said, said
+
+
 def test_a_block_size_mismatch_names_the_block_shapes_and_the_option(mismatched) -> None:
     prompt, decoder = mismatched
     pid = prompt.call("register_blocks", "kv", 2, BLOCKS, (16, 16), model_id=0)

@@ -48,7 +48,7 @@ class Ending(Protocol):
 
     def finish(self, t: Transfer, failure: BaseException | None = None) -> None: ...
 
-    def failed(self, t: Transfer, exc: DataDistError) -> None: ...
+    def failed(self, t: Transfer, exc: BaseException) -> None: ...
 
     def local_view(self) -> pullview.PullView: ...
 
@@ -114,8 +114,8 @@ class LocalPath:
             if release:
                 assert isinstance(t.spec.key, (CacheKeyRef, IdIndexRef))
                 owner.release_pulled(t.spec.key, t.spec.tensor_start, t.spec.tensor_count)
-        except Exception as exc:  # noqa: BLE001 - every failure is answered (``finish``)
-            self.transfers.finish(t, exc)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, a refusal explained as any other's
+            self.transfers.failed(t, exc)
             return
         self.transfers.finish(t)
 
@@ -164,11 +164,8 @@ class RowPath:
                 channel.abort(TransferId(tid), StatusCode.LLM_TIMEOUT)
                 raise
             await calls.commit_write([tid], t.deadline - time.monotonic())
-        except DataDistError as exc:
+        except Exception as exc:  # noqa: BLE001 - a bug of ours too: answered, logged (``Transfers.failed``)
             self.transfers.failed(t, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: answered, logged (``finish``)
-            self.transfers.finish(t, exc)
             return
         self.transfers.finish(t)
 
@@ -300,10 +297,7 @@ class StreamPath(RowPath):
         try:
             if not t.push:
                 self._land_here(t, result.data)
-        except DataDistError as exc:
-            self.transfers.finish(t, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: answered, logged
+        except Exception as exc:  # noqa: BLE001 - this side's refusal as it is, or a bug of ours (``finish``)
             self.transfers.finish(t, exc)
             return
         if result.release_needed and not t.push:
@@ -387,11 +381,8 @@ class TablePath(RowPath):
                 await _landed(posted, t.deadline)
             if found.release:
                 await self._release(t, calls, confirm=True)
-        except DataDistError as exc:
+        except Exception as exc:  # noqa: BLE001 - a bug of ours too: answered, logged (``Transfers.failed``)
             self.transfers.failed(t, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug of ours: answered, logged
-            self.transfers.finish(t, exc)
             return
         self.transfers.finish(t)
 

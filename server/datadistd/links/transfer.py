@@ -253,9 +253,13 @@ class Transfers:
                   exc_info=exc)
         return DataDistError(StatusCode.LLM_FAILED, f"the {t.what} failed: {exc!r}")
 
-    def failed(self, t: Transfer, exc: DataDistError) -> None:
-        """``t`` failed on its link (the event loop): ``finish`` with what the worker is told (``failure``,
-        ``explained``)."""
+    def failed(self, t: Transfer, exc: BaseException) -> None:
+        """``t`` failed: ``finish`` with what the worker is told -- a ``DataDistError`` mapped to CANN's codes for a
+        link failure (``failure``) and explained when it is the owner's refusal of the byte count (``explained``);
+        anything else is a bug of ours, answered ``LLM_FAILED`` and logged (``finish``)."""
+        if not isinstance(exc, DataDistError):
+            self.finish(t, exc)
+            return
         try:
             told = explained(self.failure(t.link, exc, t.timeout_ms), t.entry, t.tensor_count)
         except Exception as bug:  # noqa: BLE001 - a bug of ours: still answered

@@ -579,3 +579,45 @@ class RegisterMemStatusResponse(_message.Message):
     status: int
     detail: str
     def __init__(self, status: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class ExtentTransferRequest(_message.Message):
+    __slots__ = ("engine_id", "remote_cluster_id", "write", "extents", "timeout_ms")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    remote_cluster_id: int
+    write: bool
+    extents: bytes
+    timeout_ms: int
+    def __init__(self, engine_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., write: _Optional[bool] = ..., extents: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class NotifyRequest(_message.Message):
+    __slots__ = ("engine_id", "remote_cluster_id", "name", "msg", "timeout_ms")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MSG_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    engine_id: int
+    remote_cluster_id: int
+    name: bytes
+    msg: bytes
+    timeout_ms: int
+    def __init__(self, engine_id: _Optional[int] = ..., remote_cluster_id: _Optional[int] = ..., name: _Optional[bytes] = ..., msg: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class Notify(_message.Message):
+    __slots__ = ("name", "msg")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MSG_FIELD_NUMBER: _ClassVar[int]
+    name: bytes
+    msg: bytes
+    def __init__(self, name: _Optional[bytes] = ..., msg: _Optional[bytes] = ...) -> None: ...
+
+class NotifyList(_message.Message):
+    __slots__ = ("notifies",)
+    NOTIFIES_FIELD_NUMBER: _ClassVar[int]
+    notifies: _containers.RepeatedCompositeFieldContainer[Notify]
+    def __init__(self, notifies: _Optional[_Iterable[_Union[Notify, _Mapping]]] = ...) -> None: ...

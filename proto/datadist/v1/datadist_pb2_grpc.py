@@ -145,6 +145,21 @@ class DataDistStub:
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.SerializeToString,
                 response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.TransferExtents = channel.unary_unary(
+                '/datadist.v1.DataDist/TransferExtents',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.ExtentTransferRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_datadist__pb2.TransferResponse.FromString,
+                _registered_method=True)
+        self.SendNotify = channel.unary_unary(
+                '/datadist.v1.DataDist/SendNotify',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.NotifyRequest.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.GetNotifies = channel.unary_unary(
+                '/datadist.v1.DataDist/GetNotifies',
+                request_serializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
+                response_deserializer=datadist_dot_v1_dot_datadist__pb2.NotifyList.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/datadist.v1.DataDist/GetStatus',
                 request_serializer=datadist_dot_v1_dot_datadist__pb2.StatusRequest.SerializeToString,
@@ -310,6 +325,32 @@ class DataDistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TransferExtents(self, request, context):
+        """CANN's HIXL engine API (client/hixl, hixl::Hixl; docs/hixl.md). A HIXL engine is an engine of this daemon
+        (Init; its cluster id derived from its engine string: proto/datadist/hixl.py), its registrations caches of
+        one tensor registered by address (RegisterCache), its connections links (LinkClusters).
+        A READ (remote -> local) or WRITE (local -> remote) of byte extents between this engine's registrations and
+        the linked engine's, on the one transfer path; the owner resolves each remote extent against its own
+        registrations and refuses one not wholly inside one (LLM_PARAM_INVALID, naming it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendNotify(self, request, context):
+        """A notify to the linked engine's queue (bounded per engine: LLM_OUT_OF_MEMORY when full, nothing queued).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetNotifies(self, request, context):
+        """The notifies this engine received, oldest first; taken (the queue is emptied).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Diagnostics (grpcurl-friendly).
         """
@@ -441,6 +482,21 @@ def add_DataDistServicer_to_server(servicer, server):
                     servicer.CheckLinkStatus,
                     request_deserializer=datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.FromString,
                     response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'TransferExtents': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferExtents,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.ExtentTransferRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_datadist__pb2.TransferResponse.SerializeToString,
+            ),
+            'SendNotify': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendNotify,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.NotifyRequest.FromString,
+                    response_serializer=datadist_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'GetNotifies': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNotifies,
+                    request_deserializer=datadist_dot_v1_dot_datadist__pb2.EngineRef.FromString,
+                    response_serializer=datadist_dot_v1_dot_datadist__pb2.NotifyList.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -1052,6 +1108,87 @@ class DataDist:
             '/datadist.v1.DataDist/CheckLinkStatus',
             datadist_dot_v1_dot_datadist__pb2.LinkStatusRequest.SerializeToString,
             datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferExtents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/TransferExtents',
+            datadist_dot_v1_dot_datadist__pb2.ExtentTransferRequest.SerializeToString,
+            datadist_dot_v1_dot_datadist__pb2.TransferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendNotify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/SendNotify',
+            datadist_dot_v1_dot_datadist__pb2.NotifyRequest.SerializeToString,
+            datadist_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetNotifies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/datadist.v1.DataDist/GetNotifies',
+            datadist_dot_v1_dot_datadist__pb2.EngineRef.SerializeToString,
+            datadist_dot_v1_dot_datadist__pb2.NotifyList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,7 +13,7 @@ and segments come out as one ``SegmentTable`` -- no Python object per extent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from ..core.types import BlockList
 from ..memory.base import Segment
 from ..memory.segments import SegmentTable
 
-__all__ = ["ExtentOrder", "MAX_EXTENTS", "parse_extents", "remote_pairs", "pairs_array", "AddressIndex", "Resolved"]
+__all__ = ["ExtentOrder", "MAX_EXTENTS", "parse_extents", "remote_pairs", "pairs_array", "Regions", "AddressIndex",
+           "Resolved"]
 
 #: the most extents one transfer names (a 3 MiB request; the owner's frame carries 2^18 numbers of its 2^20; HIXL's
 #: samples name 512)
@@ -91,52 +92,65 @@ class Resolved:
     nbytes: int
 
 
-class AddressIndex:
-    """The registrations of one engine by address: every tensor of every cache with a worker address, sorted by
-    base (built once per registry generation, ``Engine.address_index``)."""
+class Regions:
+    """Address ranges (a base and a size each, any payload), sorted by base: ``locate`` finds the one holding each
+    extent whole. The one copy of that rule: the owner's ``AddressIndex`` and the puller's published table
+    (``links.published``) both use it."""
 
-    def __init__(self, regions: Iterable[tuple[int, int, CacheEntry, Segment]]) -> None:
-        rows = sorted(((base, size, entry, seg) for base, size, entry, seg in regions if base and size),
-                      key=lambda r: r[0])
-        self._bases = np.array([r[0] for r in rows], dtype=_U64)
-        self._ends = np.array([r[0] + r[1] for r in rows], dtype=object)
-        self._ends_u = np.array([min(r[0] + r[1], _END - 1) for r in rows], dtype=_U64)
-        self._entries = [r[2] for r in rows]
-        self._segs = [r[3] for r in rows]
+    def __init__(self, rows: Iterable[tuple[int, int, object]]) -> None:
+        kept = sorted(((base, size, item) for base, size, item in rows if base and size), key=lambda r: r[0])
+        self.bases = np.array([r[0] for r in kept], dtype=_U64)
+        self._ends = [r[0] + r[1] for r in kept]
+        self._ends_u = np.array([min(e, _END - 1) for e in self._ends], dtype=_U64)
+        self.items = [r[2] for r in kept]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.items)
 
-    def resolve(self, addrs: np.ndarray, lens: np.ndarray, whose: str) -> Resolved:
-        """The segments of ``lens[i]`` bytes at ``addrs[i]``, each wholly inside one registration (the last one
-        starting at or below it; where registrations overlap, any that holds it whole); ``LLM_PARAM_INVALID``
-        naming the first extent that is not, and ``whose`` registrations those are."""
-        n = len(addrs)
-        idx = np.searchsorted(self._bases, addrs, side="right").astype(np.int64) - 1
-        if len(self._bases):
-            safe = np.maximum(idx, 0)
-            ok = (idx >= 0) & (addrs + lens <= self._ends_u[safe]) & (addrs + lens > addrs)
+    def locate(self, addrs: np.ndarray, lens: np.ndarray, whose: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(which, offset)`` of each extent: the index of the range holding it whole (the last one starting at or
+        below it; where ranges overlap, any that holds it whole) and its byte offset into that range;
+        ``LLM_PARAM_INVALID`` naming the first extent no range holds, and ``whose`` ranges those are."""
+        idx = np.searchsorted(self.bases, addrs, side="right").astype(np.intp) - 1
+        if len(self.bases):
+            ok = (idx >= 0) & (addrs + lens <= self._ends_u[np.maximum(idx, 0)])
         else:
-            ok = np.zeros(n, dtype=bool)
+            ok = np.zeros(len(addrs), dtype=bool)
         for i in np.flatnonzero(~ok).tolist():   # the slow way only where the fast one did not settle it
             idx[i] = self._holder(int(addrs[i]), int(lens[i]), i, whose)
-        which = idx.astype(np.intp)
-        offsets = np.array([s.offset for s in self._segs], dtype=np.int64)[which] + (
-            addrs - self._bases[which]).astype(np.int64)
-        used = np.unique(which)
-        handles = [self._segs[int(k)].handle for k in range(len(self._segs))]
-        nbytes = int(lens.sum(dtype=np.uint64))
-        table = SegmentTable(handles, which, offsets, lens.astype(np.int64), nbytes)
-        return Resolved(table, tuple(dict.fromkeys(self._entries[int(k)] for k in used)), nbytes)
+        return idx, (addrs - self.bases[idx]).astype(np.int64)
 
     def _holder(self, addr: int, length: int, i: int, whose: str) -> int:
-        for k in range(len(self._entries)):
-            base = int(self._bases[k])
-            if base <= addr and addr + length <= self._ends[k]:
+        for k, end in enumerate(self._ends):
+            if int(self.bases[k]) <= addr and addr + length <= end:
                 return k
         raise DataDistError(StatusCode.LLM_PARAM_INVALID,
                             f"extent {i}: {length} bytes at {addr:#x} are not inside one memory registration of "
                             f"{whose}")
+
+
+class AddressIndex:
+    """The registrations of one engine by address: every tensor of every cache with a worker address (built once
+    per registry generation, ``Engine.address_index``)."""
+
+    def __init__(self, regions: Iterable[tuple[int, int, CacheEntry, Segment]]) -> None:
+        self._regions = Regions((base, size, (entry, seg)) for base, size, entry, seg in regions)
+        segs = [cast(tuple[CacheEntry, Segment], item)[1] for item in self._regions.items]
+        self._handles = [seg.handle for seg in segs]
+        self._offsets = np.array([seg.offset for seg in segs], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def resolve(self, addrs: np.ndarray, lens: np.ndarray, whose: str) -> Resolved:
+        """The segments of ``lens[i]`` bytes at ``addrs[i]``, each wholly inside one registration
+        (``Regions.locate``: else ``LLM_PARAM_INVALID`` naming it)."""
+        which, offsets = self._regions.locate(addrs, lens, whose)
+        nbytes = int(lens.sum(dtype=np.uint64))
+        table = SegmentTable(self._handles, which, self._offsets[which] + offsets, lens.astype(np.int64), nbytes)
+        items = self._regions.items
+        entries = tuple(dict.fromkeys(items[int(k)][0] for k in np.unique(which)))   # type: ignore[index]
+        return Resolved(table, entries, nbytes)
 
 
 def pairs_array(pairs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

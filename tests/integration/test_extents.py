@@ -106,3 +106,32 @@ def test_two_engines_of_one_daemon_copy(daemon_factory, worker_factory) -> None:
     assert run(b, "extents", 1, False, [(bb, ab + 65530, 8)]) == "LLM_PARAM_INVALID"
     assert run(b, "notify", 1, b"hi", b"there") == "LLM_SUCCESS"
     assert run(a, "notifies") == [(b"hi", b"there")]
+
+
+@over_planes("tcp", "nixl-ucx-tcp")
+def test_one_transfer_across_several_registrations(daemon_factory, worker_factory) -> None:
+    """The extents of one transfer touch two registrations at each end, interleaved: each lands where it names
+    (over nixl one READ per owner registration); the registrations are let go at the end (unregistered at once)."""
+    ds, dc = daemon_factory.many("s", "c")
+    server, client = worker_factory(ds), worker_factory(dc)
+    port = free_port()
+    server.call("init", "PROMPT", 1, listen=f"{IP}:{port}")
+    client.call("init", "DECODER", 2)
+    data = {}
+    for w, names in ((server, "ab"), (client, "xy")):
+        for name in names:
+            w.call("register_cache", name, 1, (8192,), dtype="uint8", remote_accessible=True)
+    for name in "ab":
+        data[name] = os.urandom(8192)
+        run(server, "put", name, 0, data[name])
+    assert client.call("link", 1, IP, port)[0] == 0
+    a, b = run(server, "base", "a"), run(server, "base", "b")
+    x, y = run(client, "base", "x"), run(client, "base", "y")
+    rows = [(x, b + 100, 50), (y + 10, a, 20), (x + 50, a + 8000, 192), (y, b, 10)]
+    assert run(client, "extents", 1, False, rows) == "LLM_SUCCESS"
+    assert run(client, "get", "x", 0, 242) == data["b"][100:150] + data["a"][8000:8192]
+    assert run(client, "get", "y", 0, 30) == data["b"][:10] + data["a"][:20]
+    for name in "ab":
+        run(server, "withdraw", name)
+    for name in "xy":
+        run(client, "withdraw", name)

@@ -135,3 +135,33 @@ def test_one_transfer_across_several_registrations(daemon_factory, worker_factor
         run(server, "withdraw", name)
     for name in "xy":
         run(client, "withdraw", name)
+
+
+@over_planes("tcp", "nixl-ucx-tcp", "acl-hccl")
+def test_a_registration_made_after_the_link(daemon_factory, worker_factory, data_plane) -> None:
+    """HIXL wants every registration made before Connect (its RegisterMem constraint); the daemon takes one made
+    after the link where its fabric can (docs/choices.md): over tcp and nixl it is read and written at once, from
+    either end, and one withdrawn is refused at once; over HCCL, which binds memory before the link is prepared,
+    the transfer is refused as CANN's HCCL refuses it (UNSUPPORTED to HIXL's callers)."""
+    ds, dc = daemon_factory.many("s", "c")
+    server, client = worker_factory(ds), worker_factory(dc)
+    port = free_port()
+    server.call("init", "PROMPT", 1, listen=f"{IP}:{port}")
+    client.call("init", "DECODER", 2)
+    assert client.call("link", 1, IP, port)[0] == 0
+    for w in (server, client):
+        w.call("register_cache", "late", 1, (65536,), dtype="uint8", remote_accessible=True)
+    data = os.urandom(65536)
+    run(server, "put", "late", 0, data)
+    sb, cb = run(server, "base", "late"), run(client, "base", "late")
+    if data_plane.get("DATADISTD_TRANSPORT_NAME") == "hccl":
+        assert run(client, "extents", 1, False, [(cb, sb, 65536)]) == "LLM_FEATURE_NOT_ENABLED"
+        assert run(client, "get", "late") == bytes(65536)
+        return
+    assert run(client, "extents", 1, False, [(cb, sb, 65536)]) == "LLM_SUCCESS"
+    assert run(client, "get", "late") == data
+    run(client, "put", "late", 0, b"\x5a" * 100)
+    assert run(client, "extents", 1, True, [(cb, sb + 1000, 100)]) == "LLM_SUCCESS"
+    assert run(server, "get", "late", 1000, 100) == b"\x5a" * 100
+    run(server, "withdraw", "late")
+    assert run(client, "extents", 1, False, [(cb, sb, 16)]) == "LLM_PARAM_INVALID"

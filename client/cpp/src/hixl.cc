@@ -638,6 +638,7 @@ Status Hixl::HixlImpl::RegisterMem(const MemDesc &mem, MemType type, MemHandle &
   req.set_engine_id(engine_id_);
   auto *desc = req.mutable_desc();
   desc->set_num_tensors(1U);
+  desc->add_shape(1);  // one row of len bytes: the daemon publishes a cache by rows (a row per byte would be len rows)
   desc->add_shape(static_cast<int64_t>(mem.len));
   desc->set_data_type(4U);  // DT_UINT8
   desc->set_placement(type == MEM_DEVICE ? pb::PLACEMENT_DEVICE : pb::PLACEMENT_HOST);

@@ -29,6 +29,7 @@
 
 #include "attach.h"
 #include "common.h"
+#include "daemon.h"
 #include "datadist/v1/datadist.grpc.pb.h"
 #include "npu.h"
 #include "private_daemon.h"
@@ -41,10 +42,11 @@ using datadist_cpp::LogLevel;
 namespace pb = datadist::v1;
 
 namespace {
-constexpr const char kDaemonOption[] = "datadist.daemon";
-constexpr const char kDaemonEnv[] = "DATADIST_DAEMON";
-constexpr const char kCapabilityKey[] = "datadist-capability";
-constexpr const char kStatusKey[] = "datadist-status-code";
+using datadist_cpp::kCapabilityKey;
+using datadist_cpp::kDaemonEnv;
+using datadist_cpp::kDaemonOption;
+using datadist_cpp::NobodyListens;
+using datadist_cpp::UnixPath;
 constexpr int kRpcTimeoutMs = 60000;
 constexpr int kRpcMarginMs = 5000;
 constexpr size_t kMaxRegisteredAddrs = 240U;
@@ -77,37 +79,6 @@ bool SplitListen(const std::string &info, std::string *ip, std::string *port) {
   *ip = info.substr(0, colon);
   *port = info.substr(colon + 1U);
   return Digits(*port) && std::stoul(*port) <= 65535U;
-}
-
-// The socket path a daemon address names, as proto/datadist/address.py's socket_path reads it: unix:///abs,
-// unix:path or a plain path; "" for another scheme or no path.
-std::string UnixPath(const std::string &target) {
-  std::string rest = target;
-  if (rest.rfind("unix:", 0) == 0) {
-    rest = rest.substr(5);
-    if (rest.rfind("//", 0) == 0) rest = rest.substr(2);
-  } else if (rest.find("://") != std::string::npos) {
-    return "";
-  }
-  return rest;
-}
-
-// Why nothing can serve the unix socket `path` ("" when something accepts connections on it).
-std::string NobodyListens(const std::string &path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) return "the socket path is too long";
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1U);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  std::string why;
-  if (connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0) {
-    if (errno == ENOENT) why = "there is no socket file " + path;
-    else if (errno == ECONNREFUSED) why = "nothing listens on " + path + " (a daemon that stopped left it)";
-    else if (errno == EACCES) why = "this user may not connect to " + path + " (is it in the daemon's group?)";
-  }
-  (void)close(fd);
-  return why;
 }
 
 // C++ inclusive layer pair -> half-open [start, stop); {-1, -1} = all layers (absent)
@@ -207,24 +178,9 @@ Status LlmDataDist::LlmDataDistImpl::Rpc(Method<Req, Resp> method, const Req &re
   ctx.AddMetadata(kCapabilityKey, attach_.capability_hex());
   const grpc::Status st = (stub_.get()->*method)(&ctx, req, resp);
   if (st.ok()) return LLM_SUCCESS;
-  for (const auto &kv : ctx.GetServerTrailingMetadata()) {
-    if (std::string(kv.first.data(), kv.first.size()) == kStatusKey) {
-      const std::string value(kv.second.data(), kv.second.size());
-      char *end = nullptr;
-      const long long code = std::strtoll(value.c_str(), &end, 10);
-      if (end != nullptr && *end == '\0' && !value.empty()) {
-        return Fail(func, datadist_cpp::CodeToStatus(code), st.error_message());
-      }
-    }
-  }
-  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return Fail(func, LLM_TIMEOUT, "the daemon did not answer in time (" + st.error_message() + ")");
-  }
-  if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return Fail(func, LLM_FAILED, "datadistd is not reachable (" + st.error_message() + "); is it running?");
-  }
-  return Fail(func, LLM_FAILED, "gRPC status " + std::to_string(static_cast<int>(st.error_code())) + ": " +
-                                    st.error_message());
+  std::string why;
+  const int64_t code = datadist_cpp::FailedCallCode(ctx, st, &why);
+  return Fail(func, datadist_cpp::CodeToStatus(code), why);
 }
 
 Status LlmDataDist::LlmDataDistImpl::CheckInit(const char *func) const {
@@ -335,13 +291,7 @@ Status LlmDataDist::LlmDataDistImpl::Initialize(const std::map<AscendString, Asc
     Finalize();
     return st;
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
+  channel_ = datadist_cpp::OpenChannel(path);
   stub_ = pb::DataDist::NewStub(channel_);
   pb::InitRequest req;
   req.set_cluster_id(cluster_id_);

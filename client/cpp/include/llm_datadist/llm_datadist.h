@@ -3,9 +3,10 @@
  *
  * Declares what CANN's include/llm_datadist/llm_datadist.h declares -- the same namespace, class, struct and
  * member names, member order and types (reserved fields included), defaults, option keys and status values --
- * written from docs/spec.md (section 11) and CANN's public documentation. The ge types it uses (ge::Status,
- * ge::AscendString, ge::DataType) are declared here too, as CANN's ge headers declare them, so a program
- * written for CANN needs no other header. No std::string crosses this interface: a program may be built
+ * written from docs/spec.md (section 11) and CANN's public documentation. The ge types it uses are declared as
+ * CANN's ge headers declare them: ge::DataType here, ge::Status and ge::AscendString in
+ * external/ge_common/api_error_codes.h (included, as CANN's header includes it; hixl/hixl_types.h shares it), so a
+ * program written for CANN needs no other header. No std::string crosses this interface: a program may be built
  * with -D_GLIBCXX_USE_CXX11_ABI=0 (as CANN builds its samples) or with the default ABI.
  *
  * docs/cpp.md: how to build and link, and where datadist differs from CANN.
@@ -21,46 +22,13 @@
 #include <utility>
 #include <vector>
 
-#define DATADIST_CPP_API __attribute__((visibility("default")))
+#include "external/ge_common/api_error_codes.h"
+
 #ifndef ASCEND_FUNC_VISIBILITY
 #define ASCEND_FUNC_VISIBILITY DATADIST_CPP_API
 #endif
 
 namespace ge {
-using Status = uint32_t;
-constexpr Status SUCCESS = 0U;
-constexpr Status FAILED = 0xFFFFFFFFU;
-
-// A string owned by the library's code only (no std::string inside): safe across both libstdc++ ABIs.
-class DATADIST_CPP_API AscendString {
- public:
-  AscendString() = default;
-  AscendString(const char *name);  // NOLINT(google-explicit-constructor): CANN's is implicit too
-  AscendString(const char *name, size_t length);
-  AscendString(const AscendString &other);
-  AscendString(AscendString &&other) noexcept;
-  AscendString &operator=(const AscendString &other);
-  AscendString &operator=(AscendString &&other) noexcept;
-  ~AscendString();
-
-  const char *GetString() const;  // never nullptr ("" when empty)
-  size_t GetLength() const;
-  size_t Hash() const;
-  // the position of the first occurrence of `ascend_string`, or size_t(-1) (std::string::npos)
-  size_t Find(const AscendString &ascend_string) const;
-
-  bool operator<(const AscendString &d) const;
-  bool operator>(const AscendString &d) const;
-  bool operator<=(const AscendString &d) const;
-  bool operator>=(const AscendString &d) const;
-  bool operator==(const AscendString &d) const;
-  bool operator!=(const AscendString &d) const;
-
- private:
-  char *data_ = nullptr;
-  size_t length_ = 0U;
-};
-
 enum DataType {
   DT_FLOAT = 0,
   DT_FLOAT16 = 1,
@@ -107,12 +75,6 @@ enum DataType {
 };
 }  // namespace ge
 
-namespace std {
-template <>
-struct hash<ge::AscendString> {
-  size_t operator()(const ge::AscendString &s) const { return s.Hash(); }
-};
-}  // namespace std
 
 namespace llm_datadist {
 namespace {

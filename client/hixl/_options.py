@@ -219,7 +219,8 @@ def parse_options(options: Mapping[str, str], env: Optional[Mapping[str, str]] =
             raise Refused(f"Unsupported option '{key}' for this engine")
     pool = _either(options, BUFFER_POOL)
     if pool is not None and pool != _BUFFER_POOL_DISABLED:
-        raise Refused(f"Invalid option fields, OPTION_BUFFER_POOL for hixl engine only supports {_BUFFER_POOL_DISABLED}")
+        raise Refused(f"Invalid option fields, OPTION_BUFFER_POOL for hixl engine only supports "
+                      f"{_BUFFER_POOL_DISABLED}")
     threads = _json_int(cfg, "connect_pool.thread_num", 1, 64)   # (checked already: a string may hold the number)
     queue = _json_int(cfg, "connect_pool.task_queue_capacity", 1, 65535)
     return HixlOptions(auto_connect=auto_connect, rdma_traffic_class=traffic_class, rdma_service_level=service_level,

@@ -234,7 +234,8 @@ class TransferOpDesc:
         self._len = _uint64("len", value)
 
     def __repr__(self) -> str:
-        return f"TransferOpDesc(local_addr=0x{self._local_addr:x}, remote_addr=0x{self._remote_addr:x}, len={self._len})"
+        return (f"TransferOpDesc(local_addr=0x{self._local_addr:x}, remote_addr=0x{self._remote_addr:x}, "
+                f"len={self._len})")
 
 
 class TransferArgs:

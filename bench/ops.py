@@ -560,3 +560,102 @@ def pull_outcome(state: dict, remote_cluster: int, name: str, src: list[int], ds
     except ld.LLMException as exc:
         outcome = exc.status_code.name
     return outcome, time.monotonic()
+
+
+# ---- scenario 15: CANN's HIXL engine beside the LLM-DataDist engine of the same worker -------------------------
+
+def hixl_engine(state: dict, local_engine: str, nbytes: int, fill: int = 0) -> int:
+    """A HIXL engine of this worker (beside its ``LLMDataDist``) with one registration of ``nbytes`` host bytes
+    (a numpy array, every page touched, filled with ``fill``); returns the registration's address."""
+    import hixl
+
+    engine = hixl.Hixl()
+    assert engine.initialize(local_engine, {}) == hixl.SUCCESS
+    mem = np.full(nbytes, fill, np.uint8)
+    status, handle = engine.register_mem(hixl.MemDesc(mem.ctypes.data, nbytes), hixl.MemType.MEM_HOST)
+    assert status == hixl.SUCCESS, status
+    state["hixl"] = (engine, mem, handle)
+    return int(mem.ctypes.data)
+
+
+def hixl_connect(state: dict, remote_engine: str, remote_addr: int) -> None:
+    import hixl
+
+    engine = state["hixl"][0]
+    assert engine.connect(remote_engine, timeout_in_millis=10000) == hixl.SUCCESS
+    state["hixl_remote"] = (remote_engine, remote_addr)
+
+
+def _hixl_ops(state: dict, size: int, slots: int, k: int) -> list[Any]:
+    import hixl
+
+    _, mem, _ = state["hixl"]
+    _, remote = state["hixl_remote"]
+    at = (k % slots) * size
+    return [hixl.TransferOpDesc(mem.ctypes.data + at, remote + (k * 7 + 3) % slots * size, size)]
+
+
+def hixl_sync_loop(state: dict, calls: int, size: int, slots: int, warmup: int = 50) -> list[float]:
+    """``calls`` ``transfer_sync`` READs of one ``size``-byte extent each (rotating slots) after ``warmup`` untimed
+    ones: seconds per call."""
+    import hixl
+
+    engine = state["hixl"][0]
+    name = state["hixl_remote"][0]
+    out = []
+    for i in range(warmup + calls):
+        ops = _hixl_ops(state, size, slots, i)
+        t0 = time.perf_counter()
+        status = engine.transfer_sync(name, hixl.TransferOp.READ, ops, timeout_in_millis=10000)
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+        assert status == hixl.SUCCESS, status
+    return out
+
+
+def hixl_async_flight(state: dict, depth: int, calls: int, size: int, slots: int) -> tuple[float, list[float]]:
+    """One thread keeps ``depth`` ``transfer_async`` READs of one ``size``-byte extent in flight, ``calls`` in all
+    (after ``depth`` untimed ones): (wall seconds, seconds from each request's submit to the poll that saw it
+    COMPLETED)."""
+    import hixl
+
+    engine = state["hixl"][0]
+    name = state["hixl_remote"][0]
+    done_status = hixl.TransferStatus.COMPLETED
+
+    def submit(k: int) -> tuple[int, float]:
+        status, req = engine.transfer_async(name, hixl.TransferOp.READ, _hixl_ops(state, size, slots, k))
+        assert status == hixl.SUCCESS, status
+        return req, time.perf_counter()
+
+    def drain(n: int, lat: list[float] | None) -> None:
+        flight = [submit(k) for k in range(min(depth, n))]
+        sent = len(flight)
+        while flight:
+            req, t0 = flight[0]
+            status, state_ = engine.get_transfer_status(req)
+            assert status == hixl.SUCCESS, status
+            if state_ == hixl.TransferStatus.WAITING:
+                continue
+            assert state_ == done_status, state_
+            flight.pop(0)
+            if lat is not None:
+                lat.append(time.perf_counter() - t0)
+            if sent < n:
+                flight.append(submit(sent))
+                sent += 1
+
+    drain(depth, None)
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    drain(calls, lat)
+    return time.perf_counter() - t0, lat
+
+
+def hixl_close(state: dict) -> None:
+    engine, _, handle = state.pop("hixl")
+    name = state.pop("hixl_remote", (None,))[0]
+    if name is not None:
+        engine.disconnect(name, timeout_in_millis=10000)
+    engine.deregister_mem(handle)
+    engine.finalize()

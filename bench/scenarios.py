@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import baselines
+from .hixl import hixl_engine
 from .links import calls_per_pull, links_at_rest, nixl_env, peer_death
 from .npu import bulk_hccl
 from .perblock import per_block_rows
@@ -1014,6 +1015,7 @@ SCENARIOS: dict[int, tuple[str, Callable[[Run], None]]] = {
     12: ("python calls per pull", calls_per_pull),
     13: ("links at rest", links_at_rest),
     14: ("peer death", peer_death),
+    15: ("hixl engine", hixl_engine),
 }
 
 
@@ -1024,7 +1026,7 @@ def count_steps(cfg: Config) -> int:
            4: len(cfg.scaling_blocks), 5: len(cfg.concurrency) + (1 if cfg.flight_depth else 0), 6: 1, 7: 1,
            8: len(cfg.models) * len(cfg.memory) * len(cfg.model_in_flight) * 2,
            9: bulk * len(cfg.nixl_tls), 10: bulk, 11: cfg.reps + 1, 12: 2 * cfg.reps, 13: 1 + len(cfg.rest_links),
-           14: cfg.reps}
+           14: cfg.reps, 15: 3 * max(2, min(cfg.reps, 10))}
     return sum(per[s] for s in cfg.scenarios)
 
 

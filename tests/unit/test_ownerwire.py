@@ -20,6 +20,7 @@ from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import (
     MAX_OPEN_PER_CALL,
     CommitWriteCmd,
+    NotifyCmd,
     OpenWriteCmd,
     OwnerReply,
     PingCmd,
@@ -44,6 +45,7 @@ CALLS = st.one_of(
     st.builds(CommitWriteCmd, U64, st.lists(U64, max_size=50).map(tuple), U32),
     st.builds(ReleaseCmd, U64, RELEASED_KEYS, U32, U32),
     st.builds(UnlinkCmd, U64), st.builds(PingCmd, U64),
+    st.builds(NotifyCmd, U64, st.binary(max_size=1024), st.binary(max_size=1024)),
     st.tuples(U64, SPECS, U32, st.binary(max_size=600)).map(   # a small push: its bytes are its spec's count
         lambda t: WriteCmd(t[0], replace(t[1], expected_bytes=len(t[3])), t[2], t[3])))
 REPLIES = st.builds(OwnerReply, U64, I64, st.text(max_size=200), st.lists(U64, max_size=50).map(tuple), U64,
@@ -134,7 +136,12 @@ def _piece_patched(field: int, value: int) -> bytes:
     (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 0), "op 0"),
     (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 2), "a read grant (retired op 2)"),
     (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 8), "a read grant's end (retired op 8)"),
-    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 10), "an unknown op"),
+    (_patched(ownerwire.HEAD, ownerwire.encode_call(PingCmd(7)), 1, 11), "an unknown op"),
+    (_patched(ownerwire.NOTIFY, ownerwire.encode_call(NotifyCmd(7, b"n", b"m")), 5, 1025), "a notify name too long"),
+    (_patched(ownerwire.NOTIFY, ownerwire.encode_call(NotifyCmd(7, b"n", b"m")), 6, 1 << 31), "a notify too long"),
+    (_patched(ownerwire.NOTIFY, ownerwire.encode_call(NotifyCmd(7, b"n", b"m")), 6, 2), "a notify cut short"),
+    (ownerwire.encode_call(NotifyCmd(7, b"n", b"m")) + b"\0", "notify bytes left over"),
+    (_patched(ownerwire.NOTIFY, ownerwire.encode_call(NotifyCmd(7, b"n", b"m")), 3, 5), "a notify's timeout"),
     (ownerwire.encode_call(_read())[:ownerwire.HEAD.size], "a read of its head only"),
 ])
 def test_a_malformed_call_is_refused_with_its_id(frame: bytes, what: str) -> None:

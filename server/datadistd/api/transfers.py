@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.plan import TransferOrder
+from ..engine.extents import ExtentOrder
 from ..node.node import EngineSlot, Node
 from ..node.sessions import WorkerSession
 from ..ops.metrics import DaemonMetrics, count_error
@@ -40,11 +41,14 @@ class _Answer:
         self.done(status, nbytes, transport, message)
 
 
-def start_transfer(node: Node, session: WorkerSession | None, engine_id: int, order_of: Callable[[], TransferOrder],
-                   *, push: bool, done: Done, metrics: DaemonMetrics | None, admin: bool = False) -> None:
+def start_transfer(node: Node, session: WorkerSession | None, engine_id: int,
+                   order_of: Callable[[], TransferOrder | ExtentOrder], *, push: bool, done: Done,
+                   metrics: DaemonMetrics | None, admin: bool = False, method: str = "") -> None:
     """Start a pull (``push`` False) or push of engine ``engine_id`` for ``session`` (any engine when ``admin``:
-    the admin socket). ``order_of`` builds the order (a ``DataDistError`` refuses it). ``done``: the module doc."""
-    answer = _Answer(done, metrics, "Push" if push else "Pull")
+    the admin socket). ``order_of`` builds the order (a ``DataDistError`` refuses it): a cache order, or a HIXL
+    transfer's extents (``engine.extents``; ``push`` is its WRITE). ``method`` names the call in the error count
+    (default "Pull"/"Push"). ``done``: the module doc."""
+    answer = _Answer(done, metrics, method or ("Push" if push else "Pull"))
     slot: EngineSlot
     try:
         slot = node.slot(engine_id) if admin else node.owned_slot(session, engine_id)
@@ -55,6 +59,9 @@ def start_transfer(node: Node, session: WorkerSession | None, engine_id: int, or
             exc = DataDistError(StatusCode.LLM_FAILED, f"internal error in {answer.method}: {type(exc).__name__}: "
                                                        f"{exc}")
         answer.ended(None, int(exc.code), 0, "", exc.message)
+        return
+    if isinstance(order, ExtentOrder):
+        slot.links.transfer(order.write, order.remote_cluster, -1, order.timeout_ms or 0, answer, None, order=order)
         return
     slot.links.transfer(push, order.remote.cluster_id, order.local_cache_id, order.timeout_ms or 0, answer, None,
                         order=order)

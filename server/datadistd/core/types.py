@@ -164,6 +164,7 @@ KeyRef = Union[CacheKeyRef, IdIndexRef, BlocksKeyRef]
 class ReadMode(enum.IntEnum):
     BLOCKS = 0   # blocks of a blocks cache
     SLOT = 1     # bytes from the start (+offset) of a batch slot of a contiguous cache
+    EXTENTS = 2  # HIXL: ``blocks`` holds address, length pairs of the owner's registrations (``engine.extents``)
 
 
 class BlockList(tuple[int, ...]):

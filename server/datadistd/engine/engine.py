@@ -40,12 +40,15 @@ from ..core.types import (
     KeyKind,
     OwnerKey,
     Placement,
+    ReadMode,
     RemoteSpec,
 )
 from ..guard.executor import Gate, Lane
 from ..memory.base import Allocation, MemoryBackend, MemoryHandle, Pool, Segment
 from ..memory.copy import copy_segments
-from ..memory.segments import segments_of
+from ..memory.segments import SegmentTable, segments_of
+from .extents import AddressIndex, pairs_array
+from .notifies import Notifies
 
 __all__ = ["Engine", "CacheMemory", "Operand", "MAX_REGISTERED_ADDRS"]
 
@@ -136,6 +139,10 @@ class Engine:
         #: the local rows the engine's own transfers land in (``pullview``)
         self.watch: Callable[[], None] | None = None
         self.read_lock = threading.Lock()
+        self.notifies = Notifies()   # HIXL notifies other engines sent this one (``SendNotify``)
+        self._indexes: dict[bool, tuple[int, AddressIndex]] = {}   # remote? -> (generation, registrations)
+        self._groups: dict[int, tuple[CacheId, ...]] = {}   # ``pin_many``'s ids (negative) -> the caches pinned
+        self._next_group = -2   # -1 names no cache (``Operand``)
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -438,6 +445,48 @@ class Engine:
         spans, indices = owner_spans(entry.desc, entry.is_blocks, entry.cache_id, batch, spec, side, self.cluster_id)
         return entry, spans, owner_key, indices
 
+    def address_index(self, remote: bool) -> AddressIndex:
+        """This engine's registrations by address (``engine.extents``): every tensor of a cache registered with a
+        worker address -- for a peer (``remote``) the remotely accessible ones only -- built once per registry
+        generation (``LLM_ENGINE_FINALIZED`` once closed)."""
+        self._check_open()
+        generation = self.registry.generation
+        cached = self._indexes.get(remote)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        index = AddressIndex((base, entry.desc.tensor_size, entry, seg) for entry in self.registry.entries()
+                             if entry.remote_accessible or not remote
+                             for base, seg in zip(memory_of(entry).worker_addrs, memory_of(entry).tensors, strict=True))
+        self._indexes[remote] = (generation, index)
+        return index
+
+    def _pin_extents(self, spec: RemoteSpec) -> tuple[int, tuple[Segment, ...], Sequence[Span] | SegmentTable, bool]:
+        """``pin`` of a peer's ``ReadMode.EXTENTS`` request: each extent resolved against this engine's remotely
+        accessible registrations (``AddressIndex.resolve``: every one wholly inside one, or the whole request is
+        refused naming the first that is not), its segments as the spans (``segments_of`` passes them through)."""
+        self._check_open()
+        key = spec.key
+        if not isinstance(key, AddrRef) or key.cluster_id != self.cluster_id:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"an extents request names {key}; this is cluster {self.cluster_id}")
+        addrs, lens = pairs_array(spec.blocks)
+        found = self.address_index(remote=True).resolve(addrs, lens, f"cluster {self.cluster_id}")
+        require(found.nbytes == spec.expected_bytes,
+                f"size mismatch: requester expects {spec.expected_bytes} bytes, its extents name {found.nbytes}")
+        return self.pin_many(found.entries), (), found.segments, False
+
+    def pin_many(self, entries: Sequence[CacheEntry]) -> int:
+        """Pin ``entries`` as one (a HIXL transfer's extents may touch several registrations): the id ``unpin``
+        takes -- the cache's own for one, a negative group id (never a cache id) for more."""
+        for entry in entries:
+            self.registry.pin(entry.cache_id)
+        if len(entries) == 1:
+            return int(entries[0].cache_id)
+        group = self._next_group
+        self._next_group -= 1
+        self._groups[group] = tuple(e.cache_id for e in entries)
+        return group
+
     def prepare_read(self, spec: RemoteSpec) -> tuple[int, Sequence[Segment], bool]:
         """Validate a peer's read; pin the cache. Returns (cache_id, segments, release_needed)."""
         cache_id, tensors, spans, release = self.pin(spec, "src")   # a pull reads the source
@@ -448,18 +497,29 @@ class Engine:
         cache_id, tensors, spans, _ = self.pin(spec, "dst")   # a push writes the destination
         return cache_id, segments_of(tensors, spans)
 
-    def pin(self, spec: RemoteSpec, side: str) -> tuple[int, tuple[Segment, ...], Sequence[Span], bool]:
+    def pin(self, spec: RemoteSpec, side: str) -> tuple[int, tuple[Segment, ...], Sequence[Span] | SegmentTable, bool]:
         """``prepare_read`` (``side`` "src") or ``prepare_write`` ("dst") but the segments: (cache_id, tensors, spans,
         release_needed). ``segments_of`` grows with the blocks (2^20: tens of ms): ``links.owner`` runs it off the
         loop for a long list."""
+        if spec.mode == ReadMode.EXTENTS:
+            return self._pin_extents(spec)
         entry, spans, key, _ = self._owner_spans(spec, side)
         release = side == "src" and key is not None and key.kind == KeyKind.REQ and entry.owned and not entry.is_blocks
         self.registry.pin(entry.cache_id)
         return entry.cache_id, memory_of(entry).tensors, spans, release
 
     def unpin(self, cache_id: int) -> None:
-        if not self.closed:
+        """The end of a ``pin`` (``prepare_read``/``prepare_write``) or ``pin_many``: by the id it gave."""
+        if self.closed:
+            return
+        group = self._groups.pop(cache_id, None) if cache_id < -1 else None
+        if group is None:
             self._free(self.registry.unpin(CacheId(cache_id)))
+            return
+        freed: list[CacheEntry] = []
+        for one in group:
+            freed += self.registry.unpin(one)
+        self._free(freed)
 
     def release_pulled(self, spec_key: CacheKeyRef | IdIndexRef, tensor_start: int, tensor_count: int) -> None:
         """A requester confirmed a pull: consume the key once all tensors were pulled (docs/spec.md §10.2)."""

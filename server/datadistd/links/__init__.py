@@ -25,6 +25,7 @@ from typing import Sequence
 from datadist.status import LLMStatusCode
 
 from ..engine.engine import Engine
+from ..engine.notifies import check_notify
 from ..transport.base import Transport
 from .attempts import LINK_ATTEMPTS_PER_ADDRESS, AddressSlots
 from .calls import OwnerCalls
@@ -143,3 +144,16 @@ class LinkManager:
 
     def abandon_staged(self, push: StagedPush, code: LLMStatusCode) -> None:
         self.staged.abandon_staged(push, code)
+
+    # ---- HIXL notifies --------------------------------------------------------------------------
+
+    async def notify(self, cluster: int, name: bytes, msg: bytes, timeout_ms: int | None = None) -> None:
+        """A HIXL notify to the engine linked as ``cluster`` (its queue: ``engine.notifies``), over the link's
+        owner calls -- or straight into its queue when it lives in this daemon. Refused with the code of whichever
+        end refuses it (HIXL's bounds, a full queue, no link, the link's failure)."""
+        check_notify(name, msg)
+        link = self.transfers.link_for(cluster)
+        if isinstance(link, LocalLink):
+            link.local_peer.engine.notifies.push(name, msg, self.cluster_id)
+            return
+        await link.calls.notify(name, msg, (timeout_ms or self.engine.options.sync_kv_timeout_ms) / 1000)

@@ -23,6 +23,7 @@ from .wire import ownerwire
 from .wire.framecalls import FrameCalls
 from .wire.ownercalls import (
     CommitWriteCmd,
+    NotifyCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -304,6 +305,9 @@ class OwnerCalls:
                 self.table.engine.release_pulled(cmd.key, cmd.tensor_start, cmd.tensor_count)
                 reply = OwnerReply(cmd.command_id)
             elif isinstance(cmd, PingCmd):
+                reply = OwnerReply(cmd.command_id)
+            elif isinstance(cmd, NotifyCmd):
+                self.table.engine.notifies.push(cmd.name, cmd.msg, link.remote_cluster)
                 reply = OwnerReply(cmd.command_id)
             else:
                 assert isinstance(cmd, UnlinkCmd)

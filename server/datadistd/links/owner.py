@@ -14,7 +14,7 @@ from ..core.types import BlocksKeyRef, ReadMode, RemoteSpec, TransferId
 from ..engine import readview
 from ..memory.base import Segment
 from ..memory.copy import all_mapped, read_bytes, write_bytes
-from ..memory.segments import segments_of
+from ..memory.segments import SegmentTable, segments_of
 from ..ops.metrics import track_transfer
 from ..transport.base import Channel, Receipt
 from .model import Link, _PendingWrite
@@ -200,7 +200,7 @@ class Owner:
         deadline = time.monotonic() + hold / 1000
         nbytes = sum(spec.expected_bytes for spec in specs)
         link.usage.check_writes(limits, len(specs))   # over the count cap: refused before any part is looked at
-        pinned: list[tuple[int, tuple[Segment, ...], Sequence[Span]]] = []
+        pinned: list[tuple[int, tuple[Segment, ...], "Sequence[Span] | SegmentTable"]] = []
         receipts: list[Receipt] = []
         booked = False
         try:   # every destination checked (and pinned) before any receipt exists
@@ -267,7 +267,8 @@ class Owner:
             tracked.done(nbytes, blocks)
 
 
-def _segments_of_parts(pinned: Sequence[tuple[int, tuple[Segment, ...], Sequence[Span]]]) -> list[Sequence[Segment]]:
+def _segments_of_parts(pinned: Sequence[tuple[int, tuple[Segment, ...], "Sequence[Span] | SegmentTable"]]
+                       ) -> list[Sequence[Segment]]:
     """The segments of each part an open write pinned (``Engine.pin``), in order."""
     return [segments_of(tensors, spans) for _, tensors, spans in pinned]
 

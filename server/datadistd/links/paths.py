@@ -18,13 +18,17 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, Sequence
+
+import numpy as np
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.types import CacheKeyRef, IdIndexRef, TransferId
 from ..engine import pullview
 from ..engine.engine import Engine
+from ..memory.base import Segment
 from ..memory.copy import all_mapped, copy_segments, read_bytes, write_bytes
+from ..memory.segments import SegmentTable
 from ..transport.base import CONTROL_CALL, Channel, ReadTables, Receipt
 from .model import LocalLink
 from .record import Transfer
@@ -372,19 +376,31 @@ class TablePath(RowPath):
                 await calls.ping(max(0.0, t.deadline - time.monotonic()))
                 found = published.resolve(channel, channel.token, link.remote_cluster, t.spec, asked=True)
             assert found is not None
-            posted = published.tables.start_rows(channel, found.handle, found.spans, t.dst, t.deadline,
-                                                 asyncio.get_running_loop())
-            if posted is None:
-                await self.table.in_thread(published.tables.read_rows, channel, found.handle, found.spans, t.dst,
-                                           t.deadline)
-            else:
-                await _landed(posted, t.deadline)
+            for handle, rows, which in found.parts or ((found.handle, found.spans, None),):
+                await self._read(channel, handle, rows, t.dst if which is None else _some(t.dst, which), t.deadline)
             if found.release:
                 await self._release(t, calls, confirm=True)
         except Exception as exc:  # noqa: BLE001 - a bug of ours too: answered, logged (``Transfers.failed``)
             self.transfers.failed(t, exc)
             return
         self.transfers.finish(t)
+
+
+    async def _read(self, channel: Channel, handle: int, rows: np.ndarray, dst: Sequence[Segment],
+                    deadline: float) -> None:
+        """One READ of ``rows`` of the owner's published ``handle`` straight into ``dst``."""
+        tables = self.table.published.tables   # type: ignore[union-attr]   # a table path's table publishes
+        posted = tables.start_rows(channel, handle, rows, dst, deadline, asyncio.get_running_loop())
+        if posted is None:
+            await self.table.in_thread(tables.read_rows, channel, handle, rows, dst, deadline)
+        else:
+            await _landed(posted, deadline)
+
+
+def _some(dst: Sequence[Segment], which: np.ndarray) -> SegmentTable:
+    """The segments of ``dst`` (one per HIXL extent, in order) that ``which`` selects."""
+    table = SegmentTable.of(dst)
+    return SegmentTable(table.handles, table.which[which], table.offsets[which], table.lengths[which])
 
 
 async def _landed(posted: asyncio.Future[None], deadline: float) -> None:

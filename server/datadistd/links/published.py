@@ -25,6 +25,7 @@ from ..core.layout import BlockSpans, address_spans, owner_spans, total_length
 from ..core.plan import AddrRef
 from ..core.types import BlocksKeyRef, CacheId, CacheKeyRef, IdIndexRef, KeyKind, OwnerKey, ReadMode, RemoteSpec
 from ..engine.engine import Engine, memory_of, tensors_of
+from ..engine.extents import Regions, pairs_array
 from ..transport.base import Channel, ReadTables
 from .wire.tables import CacheInfo, decode_info, encode_info
 
@@ -38,6 +39,7 @@ class _Index:
     version: int = -1
     keys: dict[OwnerKey, tuple[int, int, CacheInfo]] = field(default_factory=dict)   # key -> handle, batch, info
     ids: dict[int, tuple[int, CacheInfo]] = field(default_factory=dict)               # cache id -> handle, info
+    regions: Regions | None = None   # the tensors with a worker address, by address: (handle, tensor) each
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Resolved:
     spans: np.ndarray     # (tensor, offset, length) rows
     nbytes: int
     release: bool         # a CacheKey pull: the owner consumes the key once told (the RELEASE call)
+    #: HIXL extents (``ReadMode.EXTENTS``): one (handle, rows, which extents -- None: all) per registration read
+    parts: tuple[tuple[int, np.ndarray, np.ndarray | None], ...] = ()
 
 
 class Published:
@@ -92,6 +96,8 @@ class Published:
         """The published cache ``spec`` names on ``channel``'s link and its spans, checked as the owner checks them
         (``owner_spans``: ``DataDistError`` with the owner's code); None when the table holds no such key -- unless
         the owner was ``asked`` already (its table changes are all in): then the owner's refusal."""
+        if spec.mode == ReadMode.EXTENTS:
+            return self._extents(self._current(channel, token), remote_cluster, spec, asked)
         found = self._resolve(channel, token, remote_cluster, spec)
         if found is None and asked:
             if isinstance(spec.key, AddrRef):
@@ -102,13 +108,46 @@ class Published:
                                 f"cluster {remote_cluster} published no cache for {spec.key}")
         return found
 
-    def _resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec) -> Resolved | None:
+    def _current(self, channel: Channel, token: bytes) -> _Index:
+        """The index of the table published to ``channel``'s link, rebuilt when the table changed."""
         index = self._index.get(token)
         if index is None:
             index = self._index[token] = _Index()
         version, infos = self.tables.table_of(channel, index.version)
         if infos is not None:
             self._rebuild(index, version, infos)
+        return index
+
+    @staticmethod
+    def _extents(index: _Index, remote_cluster: int, spec: RemoteSpec, asked: bool) -> Resolved | None:
+        """HIXL extents by the owner's published registrations (``engine.extents.Regions``: each wholly inside
+        one), grouped by the registration they read; None when one is outside them all and the owner was not
+        ``asked`` yet -- then its refusal."""
+        key = spec.key
+        if not isinstance(key, AddrRef) or key.cluster_id != remote_cluster:
+            raise DataDistError(StatusCode.LLM_PARAM_INVALID,
+                                f"an extents request names {key}; the link is to cluster {remote_cluster}")
+        addrs, lens = pairs_array(spec.blocks)
+        regions = index.regions or Regions(())
+        try:
+            which, offsets = regions.locate(addrs, lens, f"cluster {remote_cluster}")
+        except DataDistError:
+            if asked:
+                raise
+            return None
+        items = np.array(regions.items, dtype=np.int64).reshape(-1, 2)   # (handle, tensor) of each region
+        handles = items[which, 0]
+        rows = np.stack((items[which, 1], offsets, lens.astype(np.int64)), axis=1)
+        firsts = np.unique(handles, return_index=True)[1]
+        order = [int(handles[i]) for i in sorted(firsts.tolist())]
+        parts = tuple((h, rows, None) if len(order) == 1 else (h, rows[handles == h], handles == h) for h in order)
+        nbytes = int(lens.sum(dtype=np.uint64))
+        require(nbytes == spec.expected_bytes,
+                f"size mismatch: requester expects {spec.expected_bytes} bytes, its extents name {nbytes}")
+        return Resolved(order[0], rows, nbytes, False, parts)
+
+    def _resolve(self, channel: Channel, token: bytes, remote_cluster: int, spec: RemoteSpec) -> Resolved | None:
+        index = self._current(channel, token)
         key = spec.key
         if key.cluster_id != remote_cluster:   # as the owner answers a request naming another cluster
             raise DataDistError(StatusCode.LLM_KV_CACHE_NOT_EXIST,
@@ -169,6 +208,7 @@ class Published:
     def _rebuild(index: _Index, version: int, infos: dict[int, bytes]) -> None:
         index.keys.clear()
         index.ids.clear()
+        regions: list[tuple[int, int, object]] = []
         for handle, raw in infos.items():
             try:
                 info = decode_info(raw)
@@ -176,8 +216,10 @@ class Published:
                 log.warning("a published cache %d could not be read (%s): not pulled from", handle, exc)
                 continue
             index.ids[info.cache_id] = (handle, info)
+            regions += [(base, info.desc.tensor_size, (handle, tensor)) for tensor, base in enumerate(info.addrs)]
             for owner_key, batch in info.keys.items():
                 index.keys[owner_key] = (handle, batch, info)
+        index.regions = Regions(regions)
         index.version = version
 
 

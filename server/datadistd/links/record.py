@@ -26,10 +26,12 @@ class Ends(Protocol):
 class Transfer:
     """One pull or push, resolved (the module doc). ``rows`` and ``local`` (block numbers) are the quick shape's
     local side, ``dst`` (segments) the planned shape's; ``remote`` is the quick shape's remote block numbers as
-    the attach frame carries them (u64 little-endian), ``spec`` the planned shape's owner request."""
+    the attach frame carries them (u64 little-endian), ``spec`` the planned shape's owner request. A HIXL
+    transfer (``engine.extents``) is a planned one whose ``dst`` spans the local registrations in ``held``."""
 
     __slots__ = ("push", "link", "cache_id", "entry", "rows", "local", "generation", "model_id", "remote", "spec",
-                 "dst", "nbytes", "blocks", "deadline", "timeout_ms", "started", "to", "token", "bound", "pinned")
+                 "dst", "nbytes", "blocks", "deadline", "timeout_ms", "started", "to", "token", "bound", "pinned",
+                 "held", "pin_id")
 
     def __init__(self, push: bool, link: AnyLink, cache_id: int, entry: CacheEntry, nbytes: int, blocks: int,
                  timeout_ms: int, to: Ends, token: Any) -> None:
@@ -53,6 +55,8 @@ class Transfer:
         self.token = token
         self.bound: Any = None
         self.pinned = False
+        self.held: tuple[CacheEntry, ...] = ()   # the local caches an order pins (empty: ``entry``)
+        self.pin_id = 0                          # what ``Engine.unpin`` takes at its end (``Engine.pin_many``)
 
     @property
     def what(self) -> str:

@@ -26,11 +26,12 @@ from typing import Any
 
 from ..core.errors import DataDistError, StatusCode
 from ..core.layout import explain_size_mismatch
-from ..core.plan import TransferOrder, plan_pull, plan_push
+from ..core.plan import AddrRef, TransferOrder, plan_pull, plan_push
 from ..core.registry import CacheEntry
-from ..core.types import CacheId
+from ..core.types import CacheId, ReadMode, RemoteSpec
 from ..engine import pullview
 from ..engine.engine import tensors_of
+from ..engine.extents import ExtentOrder, remote_pairs
 from ..memory.segments import segments_of
 from ..ops.metrics import transfer_log
 from .model import AnyLink, InboundLink, Link, LinkState, LocalLink
@@ -87,7 +88,7 @@ class Transfers:
         return link
 
     def transfer(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: Any, *,
-                 order: TransferOrder | None = None, model_id: int = 0, remote: bytes = b"",
+                 order: TransferOrder | ExtentOrder | None = None, model_id: int = 0, remote: bytes = b"",
                  local: tuple[int, ...] = (), on_loop: bool = True) -> bool:
         """The one way a worker's pull (``push`` False) or push with ``cluster`` starts (``LinkManager.transfer``):
         resolved into a ``Transfer`` -- ``order``'s (``_planned``: refusals answered here, with the codes the spec
@@ -100,7 +101,8 @@ class Transfers:
         the exact answer."""
         if order is not None:
             try:
-                t = self._planned(push, order, to, token)
+                t = self._planned(push, order, to, token) if isinstance(order, TransferOrder) else \
+                    self._extents(order, to, token)
             except Exception as exc:  # noqa: BLE001 - every refusal is answered
                 self.refused(push, cluster, exc, to, token)
                 return True
@@ -151,6 +153,26 @@ class Transfers:
         t.bound = self._bound(push, link.remote_cluster)
         return t
 
+    def _extents(self, order: ExtentOrder, to: Ends, token: Any) -> Transfer:
+        """A HIXL transfer's record (the event loop, ``engine.extents``): the local extents resolved against this
+        engine's registrations (every one wholly inside one, or refused naming it), the remote ones sent as they
+        are -- the owner resolves them against its own."""
+        ext = order.extents
+        engine = self.table.engine
+        local = engine.address_index(remote=False).resolve(ext[:, 0], ext[:, 2], f"engine {engine.cluster_id}")
+        link = self.link_for(order.remote_cluster)
+        if not order.write and link.layerwise:
+            raise DataDistError(StatusCode.LLM_LINK_BUSY, f"a transfer_cache_async task is using the link to "
+                                                          f"cluster {link.remote_cluster}; pull after it ends")
+        first = local.entries[0]
+        t = Transfer(order.write, link, first.cache_id, first, local.nbytes, len(ext),
+                     order.timeout_ms or engine.options.sync_kv_timeout_ms, to, token)
+        t.spec = RemoteSpec(AddrRef(order.remote_cluster, int(ext[0, 1])),  # type: ignore[arg-type]  # as core.plan
+                            ReadMode.EXTENTS, remote_pairs(ext), expected_bytes=local.nbytes)
+        t.dst, t.held = local.segments, local.entries
+        t.bound = self._bound(order.write, link.remote_cluster)
+        return t
+
     def refused(self, push: bool, cluster: int, exc: BaseException, to: Ends, token: Any) -> None:
         """An order refused before it started (``resolve`` raised): counted as a transfer's outcome, answered."""
         if not isinstance(exc, DataDistError):
@@ -195,7 +217,7 @@ class Transfers:
             if not t.push:
                 link.pulls += 1
         if t.spec is not None and not t.pinned:
-            self.table.engine.registry.pin(t.entry.cache_id)
+            t.pin_id = self.table.engine.pin_many(t.held or (t.entry,))
             t.pinned = True
         try:
             started = self.path.start(t, on_loop) if type(link) is not LocalLink else self.path.local.start(t)
@@ -231,7 +253,7 @@ class Transfers:
                     link.reader_bytes_in += t.nbytes
         if t.pinned:
             t.pinned = False
-            self.table.engine.unpin(t.entry.cache_id)
+            self.table.engine.unpin(t.pin_id)
         if failure is None:
             if t.bound is not None:
                 t.bound.end("success", time.monotonic() - t.started, t.nbytes, t.blocks)

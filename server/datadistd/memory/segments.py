@@ -297,10 +297,13 @@ def byte_view(handle: Any, writable: bool) -> memoryview | None:
     return view[:]
 
 
-def segments_of(tensors: Sequence[Segment], spans: Sequence[Span]) -> Sequence[Segment]:
+def segments_of(tensors: Sequence[Segment], spans: "Sequence[Span] | SegmentTable") -> Sequence[Segment]:
     """Turn byte spans inside tensors into segments of the tensors' memory.
 
-    Block spans become a ``SegmentTable`` (arrays, no object per span)."""
+    Block spans become a ``SegmentTable`` (arrays, no object per span); a ``SegmentTable`` is segments already
+    (extents resolved by address, ``engine.extents``) and comes back as it is."""
+    if isinstance(spans, SegmentTable):
+        return spans
     if isinstance(spans, BlockSpans):
         return SegmentTable.blocks(tensors, spans.tensors, spans.blocks, spans.row)
     out = []

@@ -19,6 +19,7 @@ from ...core.types import (
     Placement,
     Role,
 )
+from ...engine.extents import ExtentOrder, parse_extents
 from ...links import ClusterSpec
 from ...links.wire.peering import HandshakeAnswer, HandshakeOffer
 from ..orders import blocks as _blocks
@@ -150,3 +151,9 @@ def answer_to_pb(answer: HandshakeAnswer) -> peer_pb2.HandshakeResponse:
 def answer_from_pb(msg: peer_pb2.HandshakeResponse) -> HandshakeAnswer:
     return HandshakeAnswer(msg.protocol_version, msg.server_cluster_id, msg.link_nonce, msg.data_endpoint, msg.streams,
                            msg.mac, msg.server_version, msg.daemon_id)
+
+
+def extents_from_pb(msg: datadist_pb2.ExtentTransferRequest) -> ExtentOrder:
+    """HIXL's ``TransferExtents`` as the daemon's order (``engine.extents``: every bound checked there)."""
+    return ExtentOrder(msg.remote_cluster_id, msg.write, parse_extents(msg.extents),
+                       msg.timeout_ms if msg.HasField("timeout_ms") else None)

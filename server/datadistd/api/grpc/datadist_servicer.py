@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from datadist.v1 import common_pb2, datadist_pb2, datadist_pb2_grpc
 
 from ... import __version__
 from ...core.errors import DataDistError, StatusCode, require
-from ...core.plan import LayerTask
+from ...core.plan import LayerTask, TransferOrder
 from ...core.registry import CacheEntry
 from ...core.types import BlocksKeyRef
 from ...engine.engine import MAX_REGISTERED_ADDRS, Operand, memory_of
+from ...engine.extents import ExtentOrder
 from ...links import MAX_CLUSTERS_PER_CALL, refuse_too_many
 from ...links.layerwise import LayerPush
 from ...memory.base import DeviceMemory, MemoryHandle, ProcessRef, Segment
@@ -290,10 +291,17 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
     async def Push(self, request, context):  # noqa: N802, ANN001, ANN201
         return await self._transfer(request, context, push=True)
 
-    async def _transfer(self, request: datadist_pb2.TransferRequest, context,  # noqa: ANN001
-                        push: bool) -> datadist_pb2.TransferResponse:
-        """Pull/Push: the order entry the attach socket shares (``start_transfer``: the checks, the one transfer
-        path, the error count) with the order of the protobuf request; a failure ends the call with its status."""
+    async def TransferExtents(self, request, context):  # noqa: N802, ANN001, ANN201
+        return await self._transfer(request, context, push=request.write, method="TransferExtents",
+                                    order_of=lambda: convert.extents_from_pb(request))
+
+    async def _transfer(self, request: datadist_pb2.TransferRequest | datadist_pb2.ExtentTransferRequest,
+                        context, push: bool, method: str = "",  # noqa: ANN001
+                        order_of: Callable[[], TransferOrder | ExtentOrder] | None = None
+                        ) -> datadist_pb2.TransferResponse:
+        """Pull/Push (and HIXL's TransferExtents, ``order_of``): the order entry the attach socket shares
+        (``start_transfer``: the checks, the one transfer path, the error count) with the order of the protobuf
+        request; a failure ends the call with its status."""
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[tuple[int, int, str, str]] = loop.create_future()
 
@@ -307,12 +315,26 @@ class DataDistServicer(datadist_pb2_grpc.DataDistServicer):
             except RuntimeError:   # the loop is closed: the daemon is stopping
                 pass
 
-        start_transfer(self.node, self._session(context), request.engine_id, lambda: convert.order_from_pb(request),
-                       push=push, done=done, metrics=self.metrics, admin=self.admin)
+        start_transfer(self.node, self._session(context), request.engine_id,
+                       order_of or (lambda: convert.order_from_pb(request)), push=push, done=done,
+                       metrics=self.metrics, admin=self.admin, method=method)
         status, nbytes, transport, why = await outcome
         if status:
             await abort_with(context, DataDistError(StatusCode(status), why))
         return datadist_pb2.TransferResponse(bytes=nbytes, transport=transport)
+
+    @guarded
+    async def SendNotify(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self._slot(context, request.engine_id)
+        await slot.links.notify(request.remote_cluster_id, request.name, request.msg,
+                                request.timeout_ms if request.HasField("timeout_ms") else None)
+        return EMPTY
+
+    @guarded
+    async def GetNotifies(self, request, context):  # noqa: N802, ANN001, ANN201
+        slot = self._slot(context, request.engine_id)
+        return datadist_pb2.NotifyList(notifies=[datadist_pb2.Notify(name=name, msg=msg)
+                                                 for name, msg in slot.engine.notifies.take()])
 
     @guarded
     async def CheckLinkStatus(self, request, context):  # noqa: N802, ANN001, ANN201

@@ -17,6 +17,7 @@ from ...core.types import CacheKeyRef, IdIndexRef, RemoteSpec
 from . import ownerwire
 from .ownercalls import (
     CommitWriteCmd,
+    NotifyCmd,
     OpenWriteCmd,
     OwnerCall,
     OwnerReply,
@@ -353,3 +354,7 @@ class FrameCalls:
 
     async def ping(self, timeout: float) -> None:
         await self._call(lambda cid, ms: PingCmd(cid), timeout)
+
+    async def notify(self, name: bytes, msg: bytes, timeout: float) -> None:
+        """A HIXL notify for the other end's engine (its refusal raised with its code)."""
+        await self._call(lambda cid, ms: NotifyCmd(cid, name, msg), timeout)

@@ -89,7 +89,16 @@ class PingCmd:
     command_id: int
 
 
-OwnerCall = Union[WriteCmd, OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd]
+@dataclass(frozen=True)
+class NotifyCmd:
+    """A HIXL notify for the owner engine's queue (``engine.notifies``: HIXL's bounds)."""
+
+    command_id: int
+    name: bytes
+    msg: bytes
+
+
+OwnerCall = Union[WriteCmd, OpenWriteCmd, CommitWriteCmd, ReadCmd, ReleaseCmd, UnlinkCmd, PingCmd, NotifyCmd]
 
 
 @dataclass(frozen=True)

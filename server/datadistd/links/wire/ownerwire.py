@@ -14,8 +14,11 @@ read with one ``unpack_from``; lists after it)::
     op 6 UNLINK, op 7 PING:  nothing more
     op 9 WRITE:  SPEC, then the spec's block numbers, then the bytes to write (exactly the spec's expected_bytes,
          at most ``INLINE_READ_MAX``: a small push in one call)
+    op 10 NOTIFY:  I name length  I message length, then the name, then the message (a HIXL notify: each at most
+         ``MAX_NOTIFY_NAME_LEN`` / ``MAX_NOTIFY_MSG_LEN`` bytes)
 
-    SPEC: KEY  B mode  B reserved (0)  I blocks  q size  Q offset  I tensor_start  I tensor_count  Q expected_bytes
+    SPEC: KEY  B mode (0 blocks, 1 slot, 2 extents: the block numbers are address, length pairs)  B reserved (0)
+          I blocks  q size  Q offset  I tensor_start  I tensor_count  Q expected_bytes
     KEY:  B kind  B reserved (0)  H reserved (0)  Q a  Q b  Q c  Q d
           kind 1 CacheKey (a=cluster b=req_id c=model_id d=prefix_id), 2 CacheKeyByIdAndIndex (a=cluster
           b=cache_id, signed, c=batch_index), 3 BlocksCacheKey (a=cluster c=model_id), 4 a raw address in the
@@ -41,6 +44,8 @@ import struct
 
 import numpy as np
 
+from datadist.hixl import MAX_NOTIFY_MSG_LEN, MAX_NOTIFY_NAME_LEN
+
 from ...core.errors import DataDistError, StatusCode
 from ...core.plan import AddrRef
 from ...core.types import BlockList, BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
@@ -52,7 +57,7 @@ __all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "REPLY_DAT
 
 TAG = 0xFF
 #: the call ops; 2 and 8 are not given (a frame naming one is refused as unknown)
-OP_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_WRITE = 1, 3, 4, 5, 6, 7, 9
+OP_READ, OP_OPEN_WRITE, OP_COMMIT_WRITE, OP_RELEASE, OP_UNLINK, OP_PING, OP_WRITE, OP_NOTIFY = 1, 3, 4, 5, 6, 7, 9, 10
 
 _HEAD = "<BBHIQ"                       # tag op flags timeout_ms command_id
 _KEY = "BBHQQQQ"                       # kind reserved reserved a b c d
@@ -64,6 +69,7 @@ OPEN = struct.Struct(_HEAD + "II")                      # hold_ms count
 COMMIT = struct.Struct(_HEAD + "II")                    # count reserved
 RELEASE = struct.Struct(_HEAD + _KEY + "II")            # KEY tensor_start tensor_count
 WRITE = struct.Struct(_HEAD + _SPEC_BODY)               # then blocks, then the bytes
+NOTIFY = struct.Struct(_HEAD + "II")                    # name length, message length; then both
 _REPLY = struct.Struct("<BBHI qQQ II")
 #: a REPLY's fixed head (a small pull's or push's: ``small_call``, ``small_reply``)
 REPLY = _REPLY
@@ -202,6 +208,8 @@ def encode_call(cmd: oc.OwnerCall) -> bytes:
         return RELEASE.pack(TAG, OP_RELEASE, 0, 0, cid, *_key_fields(cmd.key), cmd.tensor_start, cmd.tensor_count)
     if isinstance(cmd, oc.UnlinkCmd):
         return HEAD.pack(TAG, OP_UNLINK, 0, 0, cid)
+    if isinstance(cmd, oc.NotifyCmd):
+        return b"".join((NOTIFY.pack(TAG, OP_NOTIFY, 0, 0, cid, len(cmd.name), len(cmd.msg)), cmd.name, cmd.msg))
     assert isinstance(cmd, oc.PingCmd), cmd
     return HEAD.pack(TAG, OP_PING, 0, 0, cid)
 
@@ -364,9 +372,20 @@ def _bare(data: bytes, op: int) -> oc.UnlinkCmd | oc.PingCmd:
     return oc.UnlinkCmd(cid) if op == OP_UNLINK else oc.PingCmd(cid)
 
 
+def _notify(data: bytes) -> oc.NotifyCmd:
+    _, _, flags, timeout_ms, cid, name_len, msg_len = NOTIFY.unpack_from(data)
+    _flags(flags | timeout_ms, 0)
+    if name_len > MAX_NOTIFY_NAME_LEN or msg_len > MAX_NOTIFY_MSG_LEN:
+        raise _Bad(f"a notify of a {name_len}-byte name and a {msg_len}-byte message (at most "
+                   f"{MAX_NOTIFY_NAME_LEN} and {MAX_NOTIFY_MSG_LEN})")
+    _exact(data, NOTIFY.size + name_len + msg_len)
+    at = NOTIFY.size
+    return oc.NotifyCmd(cid, bytes(data[at:at + name_len]), bytes(data[at + name_len:at + name_len + msg_len]))
+
+
 #: op -> the smallest frame of that op
 _SMALLEST = {OP_READ: READ.size, OP_OPEN_WRITE: OPEN.size, OP_COMMIT_WRITE: COMMIT.size, OP_RELEASE: RELEASE.size,
-             OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_WRITE: WRITE.size}
+             OP_UNLINK: HEAD.size, OP_PING: HEAD.size, OP_WRITE: WRITE.size, OP_NOTIFY: NOTIFY.size}
 
 
 def parsed_size(data: bytes) -> int:
@@ -399,6 +418,8 @@ def decode_call(data: bytes) -> oc.OwnerCall:
             return _release(data)
         if op == OP_WRITE:
             return _write(data)
+        if op == OP_NOTIFY:
+            return _notify(data)
         return _bare(data, op)
     except _Bad as exc:
         raise oc.RefusedCall(HEAD.unpack_from(data)[4], StatusCode.LLM_PARAM_INVALID, str(exc)) from None

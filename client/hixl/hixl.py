@@ -13,7 +13,7 @@ import enum
 import logging
 import threading
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar, overload
 
 from datadist.hixl import (
     ALREADY_CONNECTED,
@@ -164,35 +164,61 @@ def _of(name: str, value: Any, cls: type) -> Any:
 
 # ---- data classes --------------------------------------------------------------------------------
 
+_T = TypeVar("_T")
+
+
+class _Field(Generic[_T]):
+    """A read-write attribute of a data class, converted on every set as pybind11 converts it (``TypeError``
+    otherwise), kept in the instance's ``_<name>`` slot; ``read_only`` makes it ``def_readonly``."""
+
+    def __init__(self, convert: Callable[[str, Any], _T], doc: str, read_only: bool = False) -> None:
+        self._convert = convert
+        self._read_only = read_only
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name, self._slot = name, "_" + name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> "_Field[_T]": ...
+
+    @overload
+    def __get__(self, obj: object, owner: type) -> _T: ...
+
+    def __get__(self, obj: Optional[object], owner: type) -> Any:
+        return self if obj is None else getattr(obj, self._slot)
+
+    def __set__(self, obj: object, value: Any) -> None:
+        if self._read_only:
+            raise AttributeError(f"{type(obj).__name__}.{self._name} is read-only")
+        object.__setattr__(obj, self._slot, self._convert(self._name, value))
+
+
+def _str(name: str, value: Any) -> str:
+    return str(_of(name, value, str))
+
+
+def _bool(name: str, value: Any) -> bool:
+    return bool(_of(name, value, bool))
+
+
+def _uint32(name: str, value: Any) -> int:
+    return _int(name, value, 0, _UINT32_MAX)
+
+
 class MemDesc:
     """A memory range to register: ``addr`` (uintptr) and ``len`` (bytes)."""
 
     __slots__ = ("_addr", "_len")
+    addr = _Field(_uint64, "The range's first address (uintptr).")
+    len = _Field(_uint64, "The range's length in bytes.")
 
     def __init__(self, addr: int, len: int) -> None:  # noqa: A002 - CANN's keyword
         self.addr = addr
         self.len = len
 
-    @property
-    def addr(self) -> int:
-        """The range's first address (uintptr)."""
-        return self._addr
-
-    @addr.setter
-    def addr(self, value: int) -> None:
-        self._addr = _uint64("addr", value)
-
-    @property
-    def len(self) -> int:
-        """The range's length in bytes."""
-        return self._len
-
-    @len.setter
-    def len(self, value: int) -> None:
-        self._len = _uint64("len", value)
-
     def __repr__(self) -> str:
-        return f"MemDesc(addr=0x{self._addr:x}, len={self._len})"
+        return f"MemDesc(addr=0x{self.addr:x}, len={self.len})"
 
 
 class TransferOpDesc:
@@ -200,42 +226,17 @@ class TransferOpDesc:
     ``remote_addr`` (the remote engine's)."""
 
     __slots__ = ("_local_addr", "_remote_addr", "_len")
+    local_addr = _Field(_uint64, "The extent's address in this process (uintptr).")
+    remote_addr = _Field(_uint64, "The extent's address in the remote engine's process (uintptr).")
+    len = _Field(_uint64, "The extent's length in bytes.")
 
     def __init__(self, local_addr: int, remote_addr: int, len: int) -> None:  # noqa: A002 - CANN's keyword
         self.local_addr = local_addr
         self.remote_addr = remote_addr
         self.len = len
 
-    @property
-    def local_addr(self) -> int:
-        """The extent's address in this process (uintptr)."""
-        return self._local_addr
-
-    @local_addr.setter
-    def local_addr(self, value: int) -> None:
-        self._local_addr = _uint64("local_addr", value)
-
-    @property
-    def remote_addr(self) -> int:
-        """The extent's address in the remote engine's process (uintptr)."""
-        return self._remote_addr
-
-    @remote_addr.setter
-    def remote_addr(self, value: int) -> None:
-        self._remote_addr = _uint64("remote_addr", value)
-
-    @property
-    def len(self) -> int:
-        """The extent's length in bytes."""
-        return self._len
-
-    @len.setter
-    def len(self, value: int) -> None:
-        self._len = _uint64("len", value)
-
     def __repr__(self) -> str:
-        return (f"TransferOpDesc(local_addr=0x{self._local_addr:x}, remote_addr=0x{self._remote_addr:x}, "
-                f"len={self._len})")
+        return f"TransferOpDesc(local_addr=0x{self.local_addr:x}, remote_addr=0x{self.remote_addr:x}, len={self.len})"
 
 
 class TransferArgs:
@@ -243,18 +244,10 @@ class TransferArgs:
     ``TransferResult``."""
 
     __slots__ = ("_user_data",)
+    user_data = _Field(_uint64, "A number of the caller's (uintptr), given back in the request's TransferResult.")
 
     def __init__(self) -> None:
-        self._user_data = 0
-
-    @property
-    def user_data(self) -> int:
-        """A number of the caller's (uintptr), given back in the request's ``TransferResult``."""
-        return self._user_data
-
-    @user_data.setter
-    def user_data(self, value: int) -> None:
-        self._user_data = _uint64("user_data", value)
+        self.user_data = 0
 
 
 class GetTransferStatusArgs:
@@ -262,102 +255,52 @@ class GetTransferStatusArgs:
     ``skip_waiting`` leaves out the requests still waiting."""
 
     __slots__ = ("_max_query_count", "_skip_waiting")
+    max_query_count = _Field(_uint32, "At most this many results (uint32; 0: none).")
+    skip_waiting = _Field(_bool, "Leave out (and do not count) the requests still waiting.")
 
     def __init__(self, max_query_count: int = _UINT32_MAX, skip_waiting: bool = False) -> None:
         self.max_query_count = max_query_count
         self.skip_waiting = skip_waiting
-
-    @property
-    def max_query_count(self) -> int:
-        """At most this many results (uint32; 0: none)."""
-        return self._max_query_count
-
-    @max_query_count.setter
-    def max_query_count(self, value: int) -> None:
-        self._max_query_count = _int("max_query_count", value, 0, _UINT32_MAX)
-
-    @property
-    def skip_waiting(self) -> bool:
-        """Leave out (and do not count) the requests still waiting."""
-        return self._skip_waiting
-
-    @skip_waiting.setter
-    def skip_waiting(self, value: bool) -> None:
-        self._skip_waiting = bool(_of("skip_waiting", value, bool))
 
 
 class TransferResult:
     """An async request's result: ``req``, its ``user_data`` and its ``status`` (read-only)."""
 
     __slots__ = ("_req", "_user_data", "_status")
+    req = _Field(_uint64, "The request, as transfer_async returned it.")
+    user_data = _Field(_uint64, "The request's TransferArgs.user_data.")
+    status: _Field[TransferStatus] = _Field(lambda n, v: TransferStatus(v), "The request's TransferStatus.",
+                                            read_only=True)
 
     def __init__(self) -> None:
-        self._req = 0
-        self._user_data = 0
+        """req 0, user_data 0, WAITING."""
+        self.req = 0
+        self.user_data = 0
         self._status = TransferStatus.WAITING
 
     @classmethod
     def _of(cls, req: int, user_data: int, status: int) -> "TransferResult":
         result = cls()
-        result._req, result._user_data, result._status = req, user_data, TransferStatus(status)
+        result.req, result.user_data, result._status = req, user_data, TransferStatus(status)
         return result
 
-    @property
-    def req(self) -> int:
-        """The request, as ``transfer_async`` returned it."""
-        return self._req
-
-    @req.setter
-    def req(self, value: int) -> None:
-        self._req = _uint64("req", value)
-
-    @property
-    def user_data(self) -> int:
-        """The request's ``TransferArgs.user_data``."""
-        return self._user_data
-
-    @user_data.setter
-    def user_data(self, value: int) -> None:
-        self._user_data = _uint64("user_data", value)
-
-    @property
-    def status(self) -> TransferStatus:
-        """The request's ``TransferStatus``."""
-        return self._status
-
     def __repr__(self) -> str:
-        return f"TransferResult(req={self._req}, user_data={self._user_data}, status={self._status})"
+        return f"TransferResult(req={self.req}, user_data={self.user_data}, status={self.status})"
 
 
 class NotifyDesc:
     """A notify: its ``name`` and ``notify_msg`` (each at most 1024 bytes in UTF-8)."""
 
     __slots__ = ("_name", "_notify_msg")
+    name = _Field(_str, "The notify's name.")
+    notify_msg = _Field(_str, "The notify's message.")
 
     def __init__(self, name: str, notify_msg: str) -> None:
         self.name = name
         self.notify_msg = notify_msg
 
-    @property
-    def name(self) -> str:
-        """The notify's name."""
-        return self._name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        self._name = _of("name", value, str)
-
-    @property
-    def notify_msg(self) -> str:
-        """The notify's message."""
-        return self._notify_msg
-
-    @notify_msg.setter
-    def notify_msg(self, value: str) -> None:
-        self._notify_msg = _of("notify_msg", value, str)
-
     def __repr__(self) -> str:
-        return f"NotifyDesc(name={self._name!r}, notify_msg={self._notify_msg!r})"
+        return f"NotifyDesc(name={self.name!r}, notify_msg={self.notify_msg!r})"
 
 
 def _descs(op_descs: Any) -> List[Tuple[int, int, int]]:
@@ -367,7 +310,7 @@ def _descs(op_descs: Any) -> List[Tuple[int, int, int]]:
     for d in op_descs:
         if type(d) is not TransferOpDesc:
             _of("op_descs element", d, TransferOpDesc)
-        out.append((d._local_addr, d._remote_addr, d._len))
+        out.append((d.local_addr, d.remote_addr, d.len))
     return out
 
 
@@ -453,36 +396,30 @@ class Hixl:
             SUCCESS, ALREADY_CONNECTED, PARAM_INVALID (timeout <= 0, itself, a bad or port-less engine string),
             TIMEOUT, or FAILED (nothing listens there).
         """
-        _of("remote_engine", remote_engine, str)
-        timeout = _timeout(timeout_in_millis)
-        engine = self._engine
-        if engine is None:
-            return FAILED
-        if timeout <= 0:
-            return PARAM_INVALID
-        return engine.connect(remote_engine, timeout)
+        engine, code, timeout = self._timed(remote_engine, timeout_in_millis)
+        return code if engine is None else engine.connect(remote_engine, timeout)
 
     def disconnect(self, remote_engine: str, timeout_in_millis: int = _DEFAULT_TIMEOUT_MS) -> int:
         """End the connection to ``remote_engine``: SUCCESS, NOT_CONNECTED, PARAM_INVALID (timeout <= 0). Its async
         requests are forgotten."""
+        engine, code, timeout = self._timed(remote_engine, timeout_in_millis)
+        return code if engine is None else engine.disconnect(remote_engine, timeout)
+
+    def _timed(self, remote_engine: str, timeout_in_millis: int) -> Tuple[Optional[_engine.HixlEngine], int, int]:
+        """(engine, status, timeout) of a call with a remote engine and a timeout: the engine None with FAILED (not
+        initialized) or PARAM_INVALID (timeout <= 0), checked in hixl_py.cc's and hixl_impl.cc's order."""
         _of("remote_engine", remote_engine, str)
         timeout = _timeout(timeout_in_millis)
         engine = self._engine
         if engine is None:
-            return FAILED
+            return None, FAILED, timeout
         if timeout <= 0:
-            return PARAM_INVALID
-        return engine.disconnect(remote_engine, timeout)
+            return None, PARAM_INVALID, timeout
+        return engine, SUCCESS, timeout
 
     def _submit(self, remote_engine: str, timeout_in_millis: int, is_connect: bool) -> int:
-        _of("remote_engine", remote_engine, str)
-        timeout = _timeout(timeout_in_millis)
-        engine = self._engine
-        if engine is None:
-            return FAILED
-        if timeout <= 0:
-            return PARAM_INVALID
-        return engine.pool.submit(remote_engine, timeout, is_connect)
+        engine, code, timeout = self._timed(remote_engine, timeout_in_millis)
+        return code if engine is None else engine.pool.submit(remote_engine, timeout, is_connect)
 
     def connect_async(self, remote_engine: str, timeout_in_millis: int = _DEFAULT_TIMEOUT_MS) -> int:
         """Queue a connect to ``remote_engine``; ``get_async_connect_status`` follows it.
@@ -520,16 +457,10 @@ class Hixl:
             wholly inside a registration on either side: nothing is moved), NOT_CONNECTED (not connected, without
             AutoConnect), TIMEOUT, FAILED.
         """
-        _of("remote_engine", remote_engine, str)
         _of("op", op, TransferOp)
         descs = _descs(op_descs)
-        timeout = _timeout(timeout_in_millis)
-        engine = self._engine
-        if engine is None:
-            return FAILED
-        if timeout <= 0:
-            return PARAM_INVALID
-        return engine.transfer_sync(remote_engine, int(op), descs, timeout)
+        engine, code, timeout = self._timed(remote_engine, timeout_in_millis)
+        return code if engine is None else engine.transfer_sync(remote_engine, int(op), descs, timeout)
 
     def transfer_async(self, remote_engine: str, op: TransferOp, op_descs: Sequence[TransferOpDesc],
                        args: Optional[TransferArgs] = None) -> Tuple[int, int]:

@@ -84,7 +84,7 @@ def test_signatures() -> None:
         assert (method.__doc__ or "").strip(), name
         got = list(inspect.signature(method).parameters.values())[1:]
         assert [(p.name, p.kind) for p in got] == [(n, k) for n, k, _ in params], name
-        for p, (_, _, default) in zip(got, params):
+        for p, (_, _, default) in zip(got, params, strict=True):
             if default == "TransferArgs()":
                 assert p.default is None   # None stands for a fresh TransferArgs() (no shared mutable default)
             elif default == "GetTransferStatusArgs()":

@@ -179,7 +179,7 @@ def test_killed_peer_fails_requests_in_flight(pair) -> None:  # noqa: ANN001
 
 
 def test_embedded_pair(workers) -> None:  # noqa: ANN001
-    """Both engines in one worker process's embedded daemon."""
+    """Two workers, each with its own embedded daemon (no DATADIST_DAEMON): connect and READ between them."""
     w = workers()
     a, b = f"{IP}:{free_port()}", f"{IP}:{free_port()}"
     assert w.call("init", a) == hixl.SUCCESS

@@ -360,6 +360,11 @@ class CacheOps:
             self._exports.setdefault(info.cache_id, []).extend(held)
         return info
 
+    def _unregister_rpc(self, func: str, cache_id: int) -> None:
+        """End a registration; its export keys' users go once the daemon acknowledged it."""
+        self._call("UnregisterCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id), func)
+        self._drop_exports(cache_id)   # the daemon no longer imports its NPU memory: the export keys may close
+
     def _deallocate_rpc(self, func: str, cache_id: int, is_blocks: bool) -> None:
         self._call("DeallocateCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id,
                                                             is_blocks=is_blocks), func)

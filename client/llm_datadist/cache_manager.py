@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from datadist.v1 import datadist_pb2
-
 from . import _validate as v
 from ._cache_ops import (
     ALL_LAYERS,
@@ -232,9 +230,7 @@ class CacheManager(CacheOps):
             LLMException: ``LLM_PARAM_INVALID`` (the cache is not a registered one).
         """
         v.check_int64("cache_id", cache_id)
-        self._call("UnregisterCache", datadist_pb2.CacheRef(engine_id=self._engine_id, cache_id=cache_id),
-                   "unregister_cache")
-        self._drop_exports(cache_id)   # the daemon no longer imports its NPU memory: the export keys may close
+        self._unregister_rpc("unregister_cache", cache_id)
 
     def deallocate_cache(self, cache: Cache) -> None:
         """Drop an allocated contiguous cache; its memory goes once no key holds it. A registered or

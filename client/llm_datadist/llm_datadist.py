@@ -10,13 +10,13 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from datadist.v1 import common_pb2, datadist_pb2
 
 from . import _validate as v
+from ._daemon import DAEMON_ENV, DAEMON_OPTION, OpenEngine, close_engine, open_engine
 from ._rpc import RPC_MARGIN_S, DaemonClient
 from .configs import LLMClusterInfo, LLMRole, _ip_int_to_str
 from .status import LLMException, LLMStatusCode, code_2_status
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["LLMDataDist", "DAEMON_OPTION", "DAEMON_ENV"]
 
 log = logging.getLogger(__name__)
-
-#: option key / environment variable naming the daemon to use; without either: embedded mode
-DAEMON_OPTION = "datadist.daemon"
-DAEMON_ENV = "DATADIST_DAEMON"
 
 _ROLE_OPTION = {LLMRole.PROMPT: "Prompt", LLMRole.DECODER: "Decoder", LLMRole.MIX: "Mix"}
 _NOT_INITIALIZED = "llm datadist is not initialized"
@@ -179,6 +175,7 @@ class LLMDataDist:
         self._is_initialized = False
         self._client: DaemonClient | None = None
         self._embedded: "EmbeddedDaemon | None" = None
+        self._opened: OpenEngine | None = None
         self._engine_id = 0
         self._device_id = 0
         self._options: Dict[str, str] = {}
@@ -217,34 +214,11 @@ class LLMDataDist:
             _warn_unknown_options(opts)
             if opts.get("llm.EnableCacheManager") != "1":
                 _gen_cluster_info_if_not_exist(self._cluster_id, self._role, opts)
-            option = opts.pop(DAEMON_OPTION, None)
-            target = option or os.environ.get(DAEMON_ENV)
-            source = f"the {DAEMON_OPTION} option" if option else DAEMON_ENV
-            embedded = None
-            if not target:
-                from ._embedded import EmbeddedDaemon
-
-                embedded = EmbeddedDaemon()
-                target = embedded.target
-            client = DaemonClient(target, embedded=embedded is not None)
-            try:
-                client.wait_ready(timeout=10.0, source=source)
-                from ._cache_ops import local_npu, physical_npus
-
-                npu = client.attach().memory_backend == "acl"
-                sent = dict(opts)
-                if npu and "ge.exec.deviceId" in sent:   # the daemon names NPUs by physical id (its own are its own)
-                    sent["ge.exec.deviceId"] = physical_npus(sent["ge.exec.deviceId"], "init")
-                resp = client.call("Init", datadist_pb2.InitRequest(
-                    cluster_id=self._cluster_id, role=int(self._role), options=sent), "init")
-                device = local_npu(int(resp.device_id), "init") if npu else int(resp.device_id)
-            except BaseException:
-                client.close()
-                if embedded is not None:
-                    embedded.stop()
-                raise
-            self._client, self._embedded, self._engine_id, self._options = client, embedded, resp.engine_id, opts
-            self._device_id = device   # this process's logical id of the engine's NPU
+            opened = open_engine(self._cluster_id, int(self._role), opts, opts.pop(DAEMON_OPTION, None))
+            self._opened = opened
+            self._client, self._embedded, self._engine_id, self._options = (opened.client, opened.embedded,
+                                                                            opened.engine_id, opts)
+            self._device_id = opened.device_id   # this process's logical id of the engine's NPU
             self._enable_cache_manager = opts.get("llm.EnableCacheManager") == "1"
             if self._enable_cache_manager:
                 from .cache_manager import CacheManager
@@ -258,7 +232,7 @@ class LLMDataDist:
             self._is_initialized = True
             LLMDataDist.llm_engine_instance = self
         log.info("llm_datadist initialized: cluster %s role %s engine %s via %s", self._cluster_id, self._role.name,
-                 self._engine_id, "embedded daemon" if embedded is not None else target)
+                 self._engine_id, opened.where)
 
     def finalize(self) -> None:
         """Release the engine and everything it holds (caches, links, pools); a no-op when not initialized.
@@ -277,27 +251,14 @@ class LLMDataDist:
         for manager in (self._cache_manager, self._kv_cache_manager):
             if manager is not None:
                 manager._finalize()
-        client, embedded = self._client, self._embedded
         try:
-            if client is not None:
-                try:
-                    client.call("Finalize", datadist_pb2.EngineRef(engine_id=self._engine_id), "finalize")
-                except LLMException as exc:
-                    if exc.status_code == LLMStatusCode.LLM_ENGINE_FINALIZED or client.daemon_gone():
-                        # the daemon stopped (or restarted) and released the engine with everything it held:
-                        # what finalize was to do is done, and the worker was told when it happened
-                        log.info("finalize: engine %s was already released by datadistd at %s", self._engine_id,
-                                 client.target)
-                    else:
-                        log.warning("finalize: %s", exc)
-                client.close()
+            if self._opened is not None:
+                close_engine(self._opened)
         finally:
-            if embedded is not None:
-                embedded.stop()
             for manager in (self._cache_manager, self._kv_cache_manager):
                 if manager is not None:   # after the daemon's finalize (or the lease's end): importer first
                     manager._release_exports()
-            self._client, self._embedded = None, None
+            self._client, self._embedded, self._opened = None, None, None
             self._is_initialized = False
             with LLMDataDist._instance_lock:
                 if LLMDataDist.llm_engine_instance is self:

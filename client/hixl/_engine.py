@@ -84,7 +84,7 @@ class HixlEngine:
     def __init__(self, local_engine: str, options: HixlOptions) -> None:
         """Open the engine; ``ValueError`` (a bad engine string) or ``LLMException`` (the daemon's refusal)."""
         self.local = local_engine
-        engine = _local_engine(local_engine)
+        engine = parse_engine(local_engine)
         self._cluster_id = engine_cluster_id(engine)
         self._options = options
         daemon_options = {"llm.EnableCacheManager": "1", "llm.EnableRemoteCacheAccessible": "1"}
@@ -171,7 +171,7 @@ class HixlEngine:
                               r.start, r.end)
                     return PARAM_INVALID, 0
         placement = Placement.DEVICE if mem_type == MEM_DEVICE else Placement.HOST
-        desc = CacheDesc(1, [length], DataType.DT_UINT8, placement)
+        desc = CacheDesc(1, [1, length], DataType.DT_UINT8, placement)
         try:
             info = self._ops._register_rpc("register_mem", desc, [addr], False, remote_accessible=True)
         except LLMException as exc:
@@ -366,17 +366,6 @@ class HixlEngine:
             log.error("get_notifies: %s", exc)
             return _status(exc), []
         return SUCCESS, [(n.name, n.msg) for n in resp.notifies]
-
-
-def _local_engine(text: str) -> Engine:
-    """The local engine string parsed; HIXL also takes "ip:0" (ParseListenInfo reads port 0): an engine that does not
-    listen, as "ip"."""
-    try:
-        return parse_engine(text)
-    except ValueError:
-        if isinstance(text, str) and text.endswith(":0"):
-            return parse_engine(text[:-2])
-        raise
 
 
 def _cluster(engine: Engine, cluster_id: int) -> datadist_pb2.ClusterLink:

@@ -8,6 +8,7 @@ against each other. Nothing here imports grpc.
 from __future__ import annotations
 
 import ipaddress
+import struct
 from typing import NamedTuple
 
 from .status import LLMStatusCode
@@ -82,7 +83,8 @@ class Engine(NamedTuple):
 def parse_engine(text: str) -> Engine:
     """``text`` as HIXL takes a local or remote engine (hixl.h: "host_ip:host_port" or "host_ip", IPv6 as
     "[host_ip]:host_port" or "[host_ip]"); ValueError saying what is accepted otherwise. The host must be an IP
-    address (HIXL's engines are named by address, not by host name); a port must be 1..65535."""
+    address (HIXL's engines are named by address, not by host name); a port must be 0..65535, and port 0 is no
+    port (HIXL's ParseListenInfo reads "ip:0" as an engine that does not listen: canonically "ip")."""
     if not isinstance(text, str) or not text or text != text.strip():
         raise ValueError(f"engine {text!r}: expected 'ip', 'ip:port', '[ipv6]' or '[ipv6]:port'")
     port_text = ""
@@ -107,10 +109,32 @@ def parse_engine(text: str) -> Engine:
         raise ValueError(f"engine {text!r}: write an IPv6 engine as '[{host}]' or '[{host}]:port'")
     port = 0
     if port_text:
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise ValueError(f"engine {text!r}: port {port_text!r} is not in 1..65535")
+        if not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+            raise ValueError(f"engine {text!r}: port {port_text!r} is not in 0..65535")
         port = int(port_text)
-    return Engine(str(addr), port)
+    host = _v6_text(addr) if isinstance(addr, ipaddress.IPv6Address) else str(addr)
+    return Engine(host, port)
+
+
+def _v6_text(addr: ipaddress.IPv6Address) -> str:
+    """An IPv6 address as the canonical form spells it, whatever Python's ``str`` does (3.13 prints an IPv4-mapped
+    address dotted, 3.11 in hextets): lowercase hextets without leading zeros, the longest run of two or more zero
+    hextets (the first of equal ones) as "::", a "%scope" kept as given. The C++ copy spells it the same."""
+    h = struct.unpack(">8H", addr.packed)
+    best, best_len, i = -1, 0, 0
+    while i < 8:
+        j = i
+        while j < 8 and h[j] == 0:
+            j += 1
+        if j - i > best_len:
+            best, best_len = i, j - i
+        i = j + 1 if j == i else j
+    parts = [f"{x:x}" for x in h]
+    if best_len >= 2:
+        text = ":".join(parts[:best]) + "::" + ":".join(parts[best + best_len:])
+    else:
+        text = ":".join(parts)
+    return text + (f"%{addr.scope_id}" if addr.scope_id else "")
 
 
 _FNV_OFFSET, _FNV_PRIME, _MASK63 = 0xCBF29CE484222325, 0x100000001B3, (1 << 63) - 1

@@ -1,6 +1,7 @@
 """Worker-side operations of the daemon's HIXL calls (``worker.call("run", "tests.integration.extent_ops", ...)``):
 ``TransferExtents``, ``SendNotify`` and ``GetNotifies`` sent as the clients send them, on memory registered with
-the worker ops (``tests.worker_ops.register_cache``: one uint8 tensor a registration, as HIXL's ``RegisterMem``)."""
+the worker ops (``tests.worker_ops.register_cache``: one uint8 tensor of one row a registration, shape [1, len], as
+the clients register HIXL's ``RegisterMem``)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ def put(state: dict, name: str, offset: int, data: bytes) -> None:
     """Bytes into registration ``name`` (NPU memory on an acl plane: loaded, changed, stored by aclrtMemcpy)."""
     tensor = state["arrays"][name][0]
     arr = _load(tensor).copy() if isinstance(tensor, NpuTensor) else tensor
-    arr[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+    arr.reshape(-1)[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
     if isinstance(tensor, NpuTensor):
         tensor.store(arr)
 
 
 def get(state: dict, name: str, offset: int = 0, n: int = -1) -> bytes:
-    arr = _load(state["arrays"][name][0])
+    arr = _load(state["arrays"][name][0]).reshape(-1)
     return arr[offset:offset + n if n >= 0 else None].tobytes()
 
 

@@ -32,7 +32,7 @@ def pair(daemon_factory, worker_factory):  # noqa: ANN001, ANN201
     server.call("init", "PROMPT", 1, listen=f"{IP}:{port}")
     client.call("init", "DECODER", 2)
     for w in (server, client):
-        w.call("register_cache", "mem", 1, (SIZE,), dtype="uint8", remote_accessible=True)
+        w.call("register_cache", "mem", 1, (1, SIZE), dtype="uint8", remote_accessible=True)
     pattern = os.urandom(SIZE)
     run(server, "put", "mem", 0, pattern)
     assert client.call("link", 1, IP, port)[0] == 0
@@ -96,7 +96,7 @@ def test_two_engines_of_one_daemon_copy(daemon_factory, worker_factory) -> None:
     a.call("init", "PROMPT", 1, listen=f"{IP}:{port}")
     b.call("init", "DECODER", 2)
     for w in (a, b):
-        w.call("register_cache", "mem", 1, (65536,), dtype="uint8", remote_accessible=True)
+        w.call("register_cache", "mem", 1, (1, 65536), dtype="uint8", remote_accessible=True)
     data = os.urandom(65536)
     run(a, "put", "mem", 0, data)
     assert b.call("link", 1, IP, port)[0] == 0
@@ -120,7 +120,7 @@ def test_one_transfer_across_several_registrations(daemon_factory, worker_factor
     data = {}
     for w, names in ((server, "ab"), (client, "xy")):
         for name in names:
-            w.call("register_cache", name, 1, (8192,), dtype="uint8", remote_accessible=True)
+            w.call("register_cache", name, 1, (1, 8192), dtype="uint8", remote_accessible=True)
     for name in "ab":
         data[name] = os.urandom(8192)
         run(server, "put", name, 0, data[name])
@@ -150,7 +150,7 @@ def test_a_registration_made_after_the_link(daemon_factory, worker_factory, data
     client.call("init", "DECODER", 2)
     assert client.call("link", 1, IP, port)[0] == 0
     for w in (server, client):
-        w.call("register_cache", "late", 1, (65536,), dtype="uint8", remote_accessible=True)
+        w.call("register_cache", "late", 1, (1, 65536), dtype="uint8", remote_accessible=True)
     data = os.urandom(65536)
     run(server, "put", "late", 0, data)
     sb, cb = run(server, "base", "late"), run(client, "base", "late")

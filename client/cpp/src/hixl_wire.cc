@@ -159,8 +159,8 @@ bool ParseEngine(const std::string &text, Engine *out, std::string *why) {
   if (!port_text.empty()) {
     uint64_t value = 0U;
     for (char c : port_text) value = std::min<uint64_t>(value * 10U + static_cast<uint64_t>(c - '0'), 1000000U);
-    if (!Digits(port_text) || value == 0U || value > 65535U) {
-      *why = shown + ": port " + Quote(port_text) + " is not in 1..65535";
+    if (!Digits(port_text) || value > 65535U) {
+      *why = shown + ": port " + Quote(port_text) + " is not in 0..65535";
       return false;
     }
     port = static_cast<uint32_t>(value);

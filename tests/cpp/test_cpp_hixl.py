@@ -36,7 +36,7 @@ def test_cpp_wire_matches_hixl_py(tmp_path: Path) -> None:
     codes = [int(m) for m in LLMStatusCode] + [12345, -7]
     out = subprocess.run([str(binary), *map(str, codes)], input="\n".join(ENGINES) + "\n", capture_output=True,
                          text=True, check=True, timeout=30).stdout.splitlines()
-    for text, line in zip(ENGINES, out):
+    for text, line in zip(ENGINES, out[:len(ENGINES)], strict=True):
         _, canonical, cid = line.split("\t")
         try:
             engine = hixl.parse_engine(text)
@@ -44,7 +44,7 @@ def test_cpp_wire_matches_hixl_py(tmp_path: Path) -> None:
             assert canonical == "ERR", (text, line)
             continue
         assert (canonical, int(cid)) == (engine.canonical, hixl.engine_cluster_id(engine)), text
-    for code, line in zip(codes, out[len(ENGINES):]):
+    for code, line in zip(codes, out[len(ENGINES):], strict=True):
         assert int(line.split("\t")[1]) == hixl.hixl_status(code), code
 
 

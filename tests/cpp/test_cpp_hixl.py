@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,56 @@ def test_canns_single_process_sample_d2rd(samples, data_plane, daemon_factory) -
                        env=env, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[INFO] Verify success" in r.stdout and "[INFO] Disconnect success" in r.stdout
+
+
+#: where the two-process samples' servers hand out their buffer's address (quickstart: kSocketPort; d2rd_multiproc:
+#: its server engine's port 16001 + 1000)
+SAMPLE_PORT = 17001
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until something listens on TCP ``port`` (the kernel's table, /proc/net/tcp: a probe connection would be the
+    sample's one accept); AssertionError when ``proc`` exits first or after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+        if any(r[1].endswith(f":{port:04X}") and r[3] == "0A" for r in rows):
+            return
+        assert proc.poll() is None, f"the server exited ({proc.returncode}) before listening on {port}"
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listened on {port} within {timeout}s")
+
+
+def _two(samples: dict[str, Path], name: str, data_plane: dict, daemons: list, args: list[str]) -> tuple:
+    """``name`` as its server (on the first daemon, started first) and its client (on the second), each with its
+    own args after ``--role=``; their (exit status, output) once both ended (bounded)."""
+    env = {**os.environ, **{k: v for k, v in data_plane.items() if k.startswith("ASCEND_")}}
+    server = subprocess.Popen([str(samples[name]), "--role=server", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**env, "DATADIST_DAEMON": daemons[0].target})
+    try:
+        _wait_listening(SAMPLE_PORT, server)   # the quickstart client connects once, with no retry
+        client = subprocess.run([str(samples[name]), "--role=client", *args], capture_output=True, text=True,
+                                env={**env, "DATADIST_DAEMON": daemons[1].target}, timeout=90)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return (server.returncode, out), (client.returncode, client.stdout + client.stderr)
+
+
+@pytest.mark.parametrize("data_plane", [ACL_PLANE], indirect=True)
+def test_canns_two_process_samples_through_two_daemons(samples, data_plane, daemon_factory) -> None:
+    """hixl_example_quickstart (a READ of 1 MiB) and hixl_example_d2rd_multiproc (a READ of 512 extents of 16 KiB),
+    unchanged: the server on one acl daemon, the client on another (NPU memory by ACL IPC, bytes over HCCL); each
+    side exits 0 and the client verifies what it read. The samples' own ports (16000, 16001, 17001) are fixed."""
+    daemons = daemon_factory.many("p", "d")
+    (code, out), (ccode, cout) = _two(samples, "hixl_example_quickstart", data_plane, daemons, [])
+    assert code == 0 and ccode == 0, out + cout
+    assert "[INFO] TransferSync READ completed" in cout and "[INFO] Verify success" in cout
+    assert "[INFO] Server got done signal" in out
+    (code, out), (ccode, cout) = _two(samples, "hixl_example_d2rd_multiproc", data_plane, daemons,
+                                      ["--protocol=roce:device"])
+    assert code == 0 and ccode == 0, out + cout
+    assert "[INFO] Verify success" in cout and "[INFO] Disconnect success" in cout

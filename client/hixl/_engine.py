@@ -3,29 +3,33 @@
 - the engine is the daemon's ``Init`` of cluster id ``engine_cluster_id(local engine)``, ROLE_MIX, cache-manager mode,
   listening at the engine's address when it names a port -- opened as ``LLMDataDist.init`` opens one
   (``llm_datadist._daemon``: ``DATADIST_DAEMON``, else an embedded daemon);
-- a registration is a cache of one uint8 tensor of the range's length, handed over as ``register_cache`` hands memory
-  over (``llm_datadist._cache_ops.CacheOps``); its handle is an opaque non-zero int mapped to the cache id;
+- a registration is a cache of one uint8 tensor of one row of the range's length (shape [1, len]), handed over as
+  ``register_cache`` hands memory over (``llm_datadist._cache_ops.CacheOps``); its handle is an opaque non-zero int
+  mapped to the cache id;
 - a connection is a link (``LinkClusters`` to the remote engine's cluster id at its address);
-- a transfer is ``TransferExtents``: sync waits for it, async starts it as a ``grpc.Future`` (``_requests``);
+- a transfer is an extents frame on the worker's attach connection (``datadist.fastframe.KIND_EXTENTS``: the daemon's
+  ``TransferExtents`` without protobuf or gRPC on the hot path): sync waits for its reply, async submits it and
+  polls (``_requests``);
 - a notify is ``SendNotify`` / ``GetNotifies``.
 
 Every method returns HIXL's status (a daemon's ``LLMStatusCode`` mapped by ``hixl_status``) and never raises for a
 refusal. What HIXL checks in the client (hixl_impl.cc, hixl_engine.cc, hixl_client.cc, client_manager.cc) is checked
 here, in HIXL's order.
 
-Threads: any caller thread; ``ConnectPool``'s workers call ``connect`` / ``disconnect``; gRPC's callback thread
-finishes requests (``_requests``). The registrations and connections are guarded by ``_lock``; one remote engine's
-connect and disconnect by its own lock (HIXL's per-client mutex).
+Threads: any caller thread; ``ConnectPool``'s workers call ``connect`` / ``disconnect``. The registrations and
+connections are guarded by ``_lock``; one remote engine's connect and disconnect by its own lock (HIXL's per-client
+mutex).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from datadist import fastframe
 from datadist.hixl import (
     ALREADY_CONNECTED,
     FAILED,
@@ -61,7 +65,6 @@ READ, WRITE = 0, 1
 AUTO_CONNECT_TIMEOUT_MS = 3000
 #: an async transfer's deadline (HIXL's TransferAsync takes none): the daemon answers TIMEOUT after it
 ASYNC_TIMEOUT_MS = 30_000
-_EXTENT = struct.Struct("<QQQ")   # proto/datadist/hixl.py EXTENT_SIZE: local_addr, remote_addr, len
 _ADDR_END = 1 << 64
 
 
@@ -295,11 +298,12 @@ class HixlEngine:
             return PARAM_INVALID, 0
         return SUCCESS, cluster_id
 
-    def _request(self, cluster_id: int, op: int, descs: Sequence[Tuple[int, int, int]],
-                 timeout_ms: int) -> datadist_pb2.ExtentTransferRequest:
-        extents = b"".join([_EXTENT.pack(*d) for d in descs])
-        return datadist_pb2.ExtentTransferRequest(engine_id=self._engine_id, remote_cluster_id=cluster_id,
-                                                  write=op == WRITE, extents=extents, timeout_ms=timeout_ms)
+    def _frame(self, cluster_id: int, op: int, descs: Sequence[Tuple[int, int, int]],
+               timeout_ms: int) -> fastframe.TransferFrame:
+        """The extents as the attach connection's transfer frame (``datadist.fastframe.KIND_EXTENTS``)."""
+        return fastframe.TransferFrame(fastframe.PUSH if op == WRITE else fastframe.PULL, self._engine_id,
+                                       fastframe.KIND_EXTENTS, 0, (cluster_id, 0, 0, 0), 0,
+                                       tuple(itertools.chain.from_iterable(descs)), timeout_ms=timeout_ms)
 
     def _failed(self, remote: str, code: int, timeout_ms: int) -> None:
         """After a transfer to ``remote`` failed with ``code``: a link the daemon no longer has is no connection; with
@@ -316,8 +320,8 @@ class HixlEngine:
         if code != SUCCESS:
             return code
         try:
-            self._call("TransferExtents", self._request(cluster_id, op, descs, timeout_ms), "transfer_sync",
-                       timeout_ms / 1000 + RPC_MARGIN_S)
+            self._check_init().attach().transfer(self._frame(cluster_id, op, descs, timeout_ms), "transfer_sync",
+                                                 timeout_ms / 1000 + RPC_MARGIN_S)
         except LLMException as exc:
             log.error("transfer_sync: %s", exc)
             code = _status(exc)
@@ -332,12 +336,13 @@ class HixlEngine:
         if code != SUCCESS:
             return code, 0
         try:
-            future = self._check_init().future("TransferExtents", self._request(cluster_id, op, descs,
-                                                                                ASYNC_TIMEOUT_MS),
-                                               ASYNC_TIMEOUT_MS / 1000 + RPC_MARGIN_S)
-        except RuntimeError:
-            return FAILED, 0
-        return SUCCESS, self.requests.start(remote, user_data, future)
+            attach = self._check_init().attach()
+            rid, box = attach.submit(self._frame(cluster_id, op, descs, ASYNC_TIMEOUT_MS), "transfer_async")
+        except LLMException as exc:
+            log.error("transfer_async: %s", exc)
+            return _status(exc), 0
+        return SUCCESS, self.requests.start(attach, remote, user_data, rid, box,
+                                            ASYNC_TIMEOUT_MS / 1000 + RPC_MARGIN_S)
 
     # ---- notifies --------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Deque, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from datadist import fastframe, sockdir
 from datadist.address import socket_path
@@ -138,6 +138,7 @@ class AttachClient:
         # request id -> the waiting caller's mailbox (a C queue: put and get, no Python call and no over-release);
         # added under _lock, taken out by whoever hands the reply over (dict.pop is atomic: exactly one does)
         self._pending: Dict[int, queue.SimpleQueue[_Item]] = {}
+        self._polled: Set[int] = set()     # requests sent by ``submit``: their owners poll, nobody waits on them
         self._reading = False              # a caller (the leader) reads the socket
         # replies read, taken out of _pending, not yet in their mailboxes: each caller woken puts the next (``_hand``)
         self._relay: Deque[Tuple[queue.SimpleQueue[_Item], bytes]] = collections.deque()
@@ -191,9 +192,13 @@ class AttachClient:
     # ---- reading: whoever waits reads ---------------------------------------------------------
 
     def _hand_on(self) -> None:
-        """Under ``_lock``, when the leader left or a caller gave up: a caller still waiting takes over reading."""
+        """Under ``_lock``, when the leader left or a caller gave up: a caller still waiting takes over reading (not
+        a submitted request's mailbox: nobody waits on it, its owner polls -- ``poll``)."""
         if not self._reading and self._pending:
-            next(iter(self._pending.values())).put(_LEAD)
+            for rid, box in self._pending.items():
+                if rid not in self._polled:
+                    box.put(_LEAD)
+                    return
 
     def _deliver(self, data: bytes, anc: List[Tuple[int, int, bytes]]) -> None:
         """One reply read (under ``_recv_lock``) that is not a plain transfer reply -- a protobuf reply, a reply with
@@ -525,6 +530,80 @@ class AttachClient:
         return LLMException(f"[{func}] failed, error code is {LLMStatusCode.LLM_FAILED}, {why}",
                             status_code=LLMStatusCode.LLM_FAILED)
 
+    def submit(self, frame: fastframe.TransferFrame, func: str) -> Tuple[int, "queue.SimpleQueue[_Item]"]:
+        """Send a transfer frame without waiting for its reply (HIXL's TransferAsync): ``(request id, mailbox)``
+        for ``poll``. Its reply is read by whoever reads the connection next -- a caller waiting on a call of its
+        own, or ``poll`` -- and put in the mailbox; a hang-up puts the failure there. LLMException when the frame
+        cannot be sent."""
+        rid = next(self._ids)
+        data = fastframe.encode_frames(rid, frame)
+        box: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        with self._lock:
+            if self._broken is not None:
+                raise self._failed(func, self._broken)
+            self._pending[rid] = box
+            self._polled.add(rid)
+        try:
+            self._send(data)
+        except OSError as exc:
+            self.withdraw(rid)
+            raise self._failed(func, str(exc)) from None
+        return rid, box
+
+    def poll(self, rid: int, box: "queue.SimpleQueue[_Item]", func: str) -> Optional[Tuple[int, str]]:
+        """A submitted transfer's ``(bytes, transport)`` once its reply is in, None until then (reading what the
+        connection holds, without blocking, when nobody else reads it); LLMException when it failed."""
+        if box.empty():
+            self._pump()
+        try:
+            item = box.get_nowait()
+        except queue.Empty:
+            return None
+        with self._lock:
+            self._polled.discard(rid)
+        if type(item) is tuple:   # a transfer reply carries no descriptor: never leak one
+            item, fd = item
+            if fd >= 0:
+                os.close(fd)
+        if type(item) is str:
+            raise self._failed(func, item)
+        return self._transfer_result(item, func)
+
+    def withdraw(self, rid: int) -> None:
+        """Forget submitted request ``rid`` (its deadline passed, or its owner let it go): a late reply is dropped."""
+        with self._lock:
+            self._pending.pop(rid, None)
+            self._polled.discard(rid)
+
+    def _pump(self) -> None:
+        """Read what the connection holds, without blocking, into the mailboxes -- unless a caller reads it already
+        (it hands replies over as it reads them)."""
+        with self._lock:
+            if self._reading or self._broken is not None:
+                return
+            self._reading = True
+        try:
+            while self._relay:
+                self._relay_one()
+            self._drain()
+            while self._relay:
+                self._relay_one()
+        finally:
+            with self._lock:
+                self._reading = False
+                self._hand_on()
+
+    def _transfer_result(self, got: object, func: str) -> Tuple[int, str]:
+        """A transfer reply frame's ``(bytes, transport)``; LLMException with its status when it failed."""
+        if type(got) is not bytes or len(got) < _REPLY.size:
+            raise self._failed(func, "datadistd answered a transfer frame with something else")
+        _, _, status, nbytes, transport = _REPLY.unpack_from(got)
+        if status:
+            code = code_2_status(status)
+            raise LLMException(f"[{func}] failed, error code is {code}, "
+                               f"{got[_REPLY.size:].decode(errors='replace')}.", status_code=code)
+        return nbytes, transport.rstrip(b"\0").decode(errors="replace")
+
     def transfer(self, frame: fastframe.TransferFrame, func: str, timeout: float) -> Tuple[int, str]:
         """A pull or push over this connection: ``(bytes, transport)``. Binary frames: one each way, or a first
         frame and continuation frames when the block lists do not fit one datagram (``fastframe.encode_frames``).
@@ -555,14 +634,7 @@ class AttachClient:
                 if fd >= 0:
                     os.close(fd)
                 got = raw
-        if type(got) is not bytes or len(got) < _REPLY.size:
-            raise self._failed(func, "datadistd answered a transfer frame with something else")
-        _, _, status, nbytes, transport = _REPLY.unpack_from(got)
-        if status:
-            code = code_2_status(status)
-            raise LLMException(f"[{func}] failed, error code is {code}, "
-                               f"{got[_REPLY.size:].decode(errors='replace')}.", status_code=code)
-        return nbytes, transport.rstrip(b"\0").decode(errors="replace")
+        return self._transfer_result(got, func)
 
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,
                       func: str) -> int:

@@ -12,7 +12,10 @@ Request (``REQUEST``, 144 bytes, then block numbers)::
     off size field
       0  1   magic 0xFF
       1  1   op: 1 pull, 2 push (3: a continuation frame, below)
-      2  1   kind: 0 cache (pull_cache / push_cache), 1 blocks
+      2  1   kind: 0 cache (pull_cache / push_cache), 1 blocks, 2 extents (HIXL's TransferSync/TransferAsync: op 1
+             READ, 2 WRITE; key kind 0, the key's cluster id the remote engine's and its other fields 0, local cache
+             id 0; the block numbers are the extents, three each -- local_addr, remote_addr, len -- as n_remote,
+             n_local 0)
       3  1   key kind: 1 CacheKey, 2 CacheKeyByIdAndIndex, 3 BlocksCacheKey
       4  1   flags: 1 src layer range, 2 dst layer range, 4 timeout_ms, 8 src offset, 16 dst offset, 32 exclusive,
                     64 more follow (continuation frames carry the rest of the block numbers)
@@ -65,8 +68,8 @@ from __future__ import annotations
 import struct
 from typing import List, NamedTuple, Optional, Tuple, Union
 
-__all__ = ["MAGIC", "MAX_DATAGRAM", "PULL", "PUSH", "CONTINUE", "KIND_CACHE", "KIND_BLOCKS", "KEY_CACHE",
-           "KEY_BY_ID", "KEY_BLOCKS", "REQUEST", "CONTINUATION", "REPLY", "TransferFrame", "FrameReply",
+__all__ = ["MAGIC", "MAX_DATAGRAM", "PULL", "PUSH", "CONTINUE", "KIND_CACHE", "KIND_BLOCKS", "KIND_EXTENTS",
+           "KEY_CACHE", "KEY_BY_ID", "KEY_BLOCKS", "REQUEST", "CONTINUATION", "REPLY", "TransferFrame", "FrameReply",
            "FrameError", "Partial", "encode_request", "encode_frames", "decode_request", "is_continuation",
            "encode_reply", "decode_reply", "request_id_of"]
 
@@ -76,6 +79,7 @@ MAGIC = 0xFF
 MAX_DATAGRAM = 64 << 10
 PULL, PUSH, CONTINUE = 1, 2, 3
 KIND_CACHE, KIND_BLOCKS = 0, 1             # TransferKind (datadist.proto)
+KIND_EXTENTS = 2                           # HIXL's extents (``ExtentTransferRequest``'s, as block numbers)
 KEY_CACHE, KEY_BY_ID, KEY_BLOCKS = 1, 2, 3
 _SRC, _DST, _TIMEOUT, _SRC_OFF, _DST_OFF, _EXCLUSIVE, _MORE = 1, 2, 4, 8, 16, 32, 64
 
@@ -95,7 +99,7 @@ class TransferFrame(NamedTuple):
     """What a pull/push frame carries: ``TransferRequest``'s fields (``datadist.proto``)."""
     op: int                                   # PULL or PUSH
     engine_id: int
-    kind: int                                 # TransferKind: 0 cache, 1 blocks
+    kind: int                                 # TransferKind: 0 cache, 1 blocks; KIND_EXTENTS
     key_kind: int                             # KEY_CACHE, KEY_BY_ID or KEY_BLOCKS
     key: Tuple[int, int, int, int]            # cluster id and the kind's fields (by-id cache_id signed)
     local_cache_id: int

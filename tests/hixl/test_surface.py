@@ -7,12 +7,12 @@ from __future__ import annotations
 import inspect
 import threading
 
-import grpc
 import pytest
 
 import hixl
 from hixl import _connect_pool, _requests
 from hixl._options import Refused, parse_options
+from llm_datadist.status import LLMException, LLMStatusCode
 
 #: CANN's hixl/__init__.py __all__, in its order
 CANN_ALL = [
@@ -239,71 +239,48 @@ def _until(check) -> None:  # noqa: ANN001
     raise AssertionError("condition not reached in 30 s")
 
 
-class FakeFuture:
-    """What ``Requests`` uses of a ``grpc.Future``, finished by the test."""
+class FakeAttach:
+    """What ``Requests`` uses of an ``AttachClient``: a submitted frame's reply as the test settles it."""
 
     def __init__(self) -> None:
-        self._callbacks: list = []
-        self._done = False
-        self._err: BaseException | None = None
-        self.cancelled_ = False
+        self.outcome: dict = {}            # request id -> (bytes, transport) or the LLMException it failed with
+        self.withdrawn: set = set()
 
-    def add_done_callback(self, fn) -> None:  # noqa: ANN001
-        if self._done:
-            fn(self)
-        else:
-            self._callbacks.append(fn)
+    def poll(self, rid: int, box: object, func: str) -> object:
+        got = self.outcome.get(rid)
+        if isinstance(got, LLMException):
+            raise got
+        return got
 
-    def finish(self, err: BaseException | None = None) -> None:
-        self._done, self._err = True, err
-        for fn in self._callbacks:
-            fn(self)
-
-    def cancel(self) -> bool:
-        self.cancelled_ = True
-        self.finish()
-        return True
-
-    def cancelled(self) -> bool:
-        return self.cancelled_
-
-    def exception(self) -> BaseException | None:
-        return self._err
+    def withdraw(self, rid: int) -> None:
+        self.withdrawn.add(rid)
 
 
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "fake"
-
-    def trailing_metadata(self) -> tuple:
-        return ()
+def _failure(code: LLMStatusCode) -> LLMException:
+    return LLMException("fake", status_code=code)
 
 
 def test_requests() -> None:
     """hixl_engine.cc GetTransferStatus: WAITING until done, then one final status, reported once and forgotten;
-    the batch query in submission order, ``max_query_count`` results at most, ``skip_waiting``."""
-    reqs = _requests.Requests()
-    futures = [FakeFuture() for _ in range(5)]
-    ids = [reqs.start("r", 100 + i, f) for i, f in enumerate(futures)]   # type: ignore[arg-type]
+    the batch query in submission order, ``max_query_count`` results at most, ``skip_waiting``; a request past its
+    deadline is TIMEOUT and withdrawn (its late reply dropped); a forgotten request is withdrawn."""
+    reqs, attach = _requests.Requests(), FakeAttach()
+    ids = [reqs.start(attach, "r", 100 + i, 10 + i, None, 60.0) for i in range(5)]   # type: ignore[arg-type]
     assert len(set(ids)) == 5 and 0 not in ids
     assert reqs.status(ids[0]) == (hixl.SUCCESS, _requests.WAITING)
-    futures[0].finish()
-    futures[1].finish(FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED))
-    futures[2].finish(FakeRpcError(grpc.StatusCode.UNAVAILABLE))
-    futures[0].finish(FakeRpcError(grpc.StatusCode.UNAVAILABLE))   # a second end changes nothing
+    attach.outcome[10] = (4096, "tcp")
+    attach.outcome[11] = _failure(LLMStatusCode.LLM_TIMEOUT)
+    attach.outcome[12] = _failure(LLMStatusCode.LLM_FAILED)
     assert reqs.status(ids[0]) == (hixl.SUCCESS, _requests.COMPLETED)
+    attach.outcome[10] = _failure(LLMStatusCode.LLM_FAILED)   # a second end changes nothing: it was reported
     assert reqs.status(ids[0]) == (hixl.PARAM_INVALID, _requests.FAILED_)   # reported, forgotten
     assert reqs.collect(0, False) == []
     assert reqs.collect(1, True) == [(ids[1], 101, _requests.TIMED_OUT)]
     assert reqs.collect(10, True) == [(ids[2], 102, _requests.FAILED_)]
     assert reqs.collect(10, False) == [(ids[3], 103, _requests.WAITING), (ids[4], 104, _requests.WAITING)]
-    futures[4].finish()
+    attach.outcome[14] = (4096, "tcp")
     assert reqs.collect(1, True) == [(ids[4], 104, _requests.COMPLETED)]
     reqs.forget("r")
-    assert futures[3].cancelled_ and reqs.collect(10, False) == []
+    assert attach.withdrawn == {13} and reqs.collect(10, False) == []
+    late = reqs.start(attach, "r", 7, 20, None, 0.0)   # type: ignore[arg-type]   # its deadline passed at once
+    assert reqs.status(late) == (hixl.SUCCESS, _requests.TIMED_OUT) and 20 in attach.withdrawn

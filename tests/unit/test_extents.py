@@ -35,18 +35,19 @@ def test_locate_is_the_brute_force_rule(regions: list, extents: list) -> None:
     addrs = np.array([a for a, _ in extents], dtype=U64)
     lens = np.array([n for _, n in extents], dtype=U64)
     holders = [_oracle(regions, a, n) for a, n in extents]
-    if not all(holders):
-        first = next(i for i, h in enumerate(holders) if not h)
-        with pytest.raises(DataDistError) as info:
-            index.locate(addrs, lens, "cluster 5")
-        assert info.value.code == S.LLM_PARAM_INVALID
-        assert info.value.message.startswith(f"extent {first}: ") and "cluster 5" in info.value.message
-        return
-    which, offsets = index.locate(addrs, lens, "cluster 5")
-    for i, (a, _) in enumerate(extents):
-        k = index.items[int(which[i])]
-        assert k in holders[i]
-        assert int(offsets[i]) == a - regions[k][0]
+    for asked in ((addrs, lens), (addrs.tolist(), lens.tolist())):   # by arrays, and a few as ints
+        if not all(holders):
+            first = next(i for i, h in enumerate(holders) if not h)
+            with pytest.raises(DataDistError) as info:
+                index.locate(*asked, "cluster 5")
+            assert info.value.code == S.LLM_PARAM_INVALID
+            assert info.value.message.startswith(f"extent {first}: ") and "cluster 5" in info.value.message
+            continue
+        which, offsets = index.locate(*asked, "cluster 5")
+        for i, (a, _) in enumerate(extents):
+            k = index.items[int(which[i])]
+            assert k in holders[i]
+            assert int(offsets[i]) == a - regions[k][0]
 
 
 def _raw(*rows: tuple[int, int, int]) -> bytes:
@@ -63,6 +64,8 @@ def _raw(*rows: tuple[int, int, int]) -> bytes:
     (_raw((8, 2**64 - 1, 2)), "a remote extent past the address space"),
     (_raw(*[(8, 8, 2**62)] * 3), "more than 2^63 bytes"),
     (_raw((8, 8, 8)) * (MAX_EXTENTS + 1), "too many extents"),
+    (_raw(*[(8, 8, 8)] * 20, (8, 0, 8)), "a null remote address among many"),
+    (_raw(*[(8, 8, 8)] * 20, (2**64 - 8, 8, 16)), "past the address space among many"),
 ])
 def test_a_request_out_of_bounds_is_refused(raw: bytes, what: str) -> None:
     with pytest.raises(DataDistError) as info:
@@ -73,8 +76,9 @@ def test_a_request_out_of_bounds_is_refused(raw: bytes, what: str) -> None:
 def test_the_owner_checks_a_peers_pairs_as_the_requester_does() -> None:
     ext = parse_extents(_raw((16, 4096, 100), (32, 8192, 7)))
     addrs, lens = pairs_array(remote_pairs(ext))
-    assert addrs.tolist() == [4096, 8192] and lens.tolist() == [100, 7]
-    for pairs in ((), (4096,), (4096, 0), (0, 8), (2**64 - 1, 2), (1,) * (2 * MAX_EXTENTS + 2)):
+    assert list(addrs) == [4096, 8192] and list(lens) == [100, 7]
+    for pairs in ((), (4096,), (4096, 0), (0, 8), (2**64 - 1, 2), (1,) * (2 * MAX_EXTENTS + 2),
+                  (8, 8) * 20 + (0, 8), (8, 8) * 20 + (8, 0)):
         with pytest.raises(DataDistError) as info:
             pairs_array(pairs)
         assert info.value.code == S.LLM_PARAM_INVALID, pairs

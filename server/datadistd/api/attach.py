@@ -80,6 +80,7 @@ import threading
 from datadist.fastframe import (
     KEY_BLOCKS,
     KIND_BLOCKS,
+    KIND_EXTENTS,
     MAGIC,
     MAX_DATAGRAM,
     PULL,
@@ -482,7 +483,8 @@ class AttachServer:
             self._answer(conn, encode_reply(rid, status, nbytes, transport, why), True)
 
         start_transfer(self.node, conn.session, frame.engine_id, lambda: order_from_frame(frame),
-                       push=frame.op == PUSH, done=done, metrics=self.metrics)
+                       push=frame.op == PUSH, done=done, metrics=self.metrics,
+                       method="TransferExtents" if frame.kind == KIND_EXTENTS else "")
 
     # ---- reading the connections on the reactor (the module doc: "Reading the connections") -------------
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from datadist.fastframe import KEY_BLOCKS, KEY_BY_ID, KEY_CACHE, TransferFrame
+from datadist.fastframe import KEY_BLOCKS, KEY_BY_ID, KEY_CACHE, KIND_EXTENTS, PUSH, TransferFrame
 
 from ..core.errors import DataDistError, StatusCode, require
 from ..core.plan import TransferKind, TransferOrder
 from ..core.types import BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef
+from ..engine.extents import ExtentOrder, extents_of
 
 __all__ = ["MAX_LIST", "enum_of", "blocks", "layer_range", "order_from_frame"]
 
@@ -48,9 +49,12 @@ def _key(kind: int, fields: tuple[int, int, int, int]) -> KeyRef:
     raise DataDistError(StatusCode.LLM_PARAM_INVALID, "a cache key is required")
 
 
-def order_from_frame(f: TransferFrame) -> TransferOrder:
+def order_from_frame(f: TransferFrame) -> TransferOrder | ExtentOrder:
     """The order a decoded frame asks for, with the bounds ``convert.order_from_pb`` checks (the frame's fixed
-    widths bound the rest, as protobuf's field types do there)."""
+    widths bound the rest, as protobuf's field types do there); HIXL's extents (``KIND_EXTENTS``) as
+    ``convert.extents_from_pb`` takes them."""
+    if f.kind == KIND_EXTENTS:
+        return _extents_from_frame(f)
     src, dst = f.src_layers, f.dst_layers
     return TransferOrder(
         kind=enum_of(TransferKind, f.kind, "kind"),
@@ -68,3 +72,13 @@ def order_from_frame(f: TransferFrame) -> TransferOrder:
         dst_offset=f.dst_offset or 0,
         exclusive=f.exclusive,
     )
+
+
+def _extents_from_frame(f: TransferFrame) -> ExtentOrder:
+    """A ``KIND_EXTENTS`` frame: its fields other than the remote cluster, the extents and the timeout must be
+    unset (``datadist.fastframe``)."""
+    unset = (f.key_kind, *f.key[1:], f.local_cache_id, len(f.local_blocks), f.local_batch_index,
+             f.tensor_num_per_layer, f.src_offset or 0, f.dst_offset or 0)
+    require(not any(unset) and f.size == -1 and f.src_layers is None and f.dst_layers is None and not f.exclusive,
+            "an extents frame names the remote engine's cluster, its extents and a timeout only")
+    return ExtentOrder(f.key[0], f.op == PUSH, extents_of(f.remote_blocks), f.timeout_ms)

@@ -473,7 +473,7 @@ class Engine:
         found = self.address_index(remote=True).resolve(addrs, lens, f"cluster {self.cluster_id}")
         require(found.nbytes == spec.expected_bytes,
                 f"size mismatch: requester expects {spec.expected_bytes} bytes, its extents name {found.nbytes}")
-        return self.pin_many(found.entries), (), found.segments, False
+        return self.pin_many(found.entries), (), SegmentTable.of(found.segments), False
 
     def pin_many(self, entries: Sequence[CacheEntry]) -> int:
         """Pin ``entries`` as one (a HIXL transfer's extents may touch several registrations): the id ``unpin``

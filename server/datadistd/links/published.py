@@ -136,12 +136,14 @@ class Published:
                 raise
             return None
         items = np.array(regions.items, dtype=np.int64).reshape(-1, 2)   # (handle, tensor) of each region
-        handles = items[which, 0]
-        rows = np.stack((items[which, 1], offsets, lens.astype(np.int64)), axis=1)
+        which_a = np.asarray(which, dtype=np.intp)
+        handles = items[which_a, 0]
+        rows = np.stack((items[which_a, 1], np.asarray(offsets, dtype=np.int64), np.asarray(lens, dtype=np.int64)),
+                        axis=1)
         firsts = np.unique(handles, return_index=True)[1]
         order = [int(handles[i]) for i in sorted(firsts.tolist())]
         parts = tuple((h, rows, None) if len(order) == 1 else (h, rows[handles == h], handles == h) for h in order)
-        nbytes = int(lens.sum(dtype=np.uint64))
+        nbytes = int(rows[:, 2].sum())
         require(nbytes == spec.expected_bytes,
                 f"size mismatch: requester expects {spec.expected_bytes} bytes, its extents name {nbytes}")
         return Resolved(order[0], rows, nbytes, False, parts)

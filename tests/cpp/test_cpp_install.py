@@ -3,6 +3,7 @@ API and nothing else (no std:: template instances, nothing of gRPC or protobuf t
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,6 +35,38 @@ def test_library_exports_the_api_only(cpp_install: Path) -> None:
     others = [n for n in names if not n.startswith(("llm_datadist::", "ge::"))]
     assert not others, others
     assert not [n for n in names if "LlmDataDistImpl" in n]   # the implementation stays inside
+
+
+def test_hixl_install_layout(cpp_install: Path) -> None:
+    """CANN's HIXL headers where CANN installs them (hixl/hixl.h includes "hixl_types.h", which includes
+    external/ge_common/api_error_codes.h), libcann_hixl.so, and how a caller finds it: pkg-config cann_hixl (which
+    requires llm_datadist: ge::AscendString lives in libllm_datadist.so) and find_package(cann_hixl)."""
+    for rel in ("include/hixl/hixl.h", "include/hixl/hixl_types.h", "include/external/ge_common/api_error_codes.h",
+                "lib/libcann_hixl.so", "lib/pkgconfig/cann_hixl.pc", "lib/cmake/cann_hixl/cann_hixlConfig.cmake",
+                "lib/cmake/cann_hixl/cann_hixlConfigVersion.cmake"):
+        assert (cpp_install / rel).exists(), rel
+    assert list((cpp_install / "lib/cmake/cann_hixl").glob("cann_hixlTargets*.cmake"))
+    pc = (cpp_install / "lib/pkgconfig/cann_hixl.pc").read_text()
+    assert f"prefix={cpp_install}" in pc and "-lcann_hixl" in pc and "Requires: llm_datadist" in pc
+    env = {**os.environ, "PKG_CONFIG_PATH": str(cpp_install / "lib" / "pkgconfig")}
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "cann_hixl"], capture_output=True, text=True, env=env,
+                           check=True).stdout.split()
+    assert "-lcann_hixl" in flags and "-lllm_datadist" in flags and f"-I{cpp_install / 'include'}" in flags
+
+
+def test_hixl_library_exports_the_api_only(cpp_install: Path) -> None:
+    """libcann_hixl.so exports hixl::Hixl's members and nothing else: not its implementation, no std:: template
+    instances, nothing of gRPC or protobuf (those stay in the private libdatadist_cpp.so)."""
+    if shutil.which("nm") is None:
+        pytest.skip("no nm (binutils)")
+    out = subprocess.run(["nm", "-DC", "--defined-only", str(cpp_install / "lib/libcann_hixl.so")],
+                         capture_output=True, text=True, check=True).stdout
+    names = [line.split(" ", 2)[2] for line in out.splitlines() if line.count(" ") >= 2]
+    for method in ("Initialize", "RegisterMem", "TransferAsync", "GetTransferStatus", "SendNotify", "GetCapability"):
+        assert any(n.startswith(f"hixl::Hixl::{method}(") for n in names), method
+    others = [n for n in names if not n.startswith("hixl::")]
+    assert not others, others
+    assert not [n for n in names if "HixlImpl" in n or "ConnectPool" in n]   # the implementation stays inside
 
 
 CPP = Path(__file__).resolve().parents[2] / "client" / "cpp"

@@ -47,6 +47,9 @@ namespace {
 constexpr int kRpcTimeoutMs = 60000;
 constexpr int kRpcMarginMs = 5000;
 constexpr int32_t kAutoConnectTimeoutMs = 3000;  // hixl_engine.cc kAutoConnectTimeout
+// an async transfer's deadline (HIXL's TransferAsync takes none; the Python client's ASYNC_TIMEOUT_MS): the daemon
+// answers TIMEOUT after it, and the call's own deadline is this plus kRpcMarginMs
+constexpr int32_t kAsyncTimeoutMs = 30000;
 constexpr int64_t kLlmFailed = 0xFFFFFFFFLL;
 constexpr int64_t kLlmAlreadyLink = 0x5010B008LL;
 constexpr int64_t kLlmNotYetLink = 0x5010B007LL;
@@ -198,13 +201,14 @@ struct AsyncTransfer {
   std::string remote;
 };
 
-// The options HIXL's engine takes (hixl_engine.cc kSupportedOptions), EnableUseFabricMem (the engine factory's),
-// and datadist's own: which daemon.
+// The options HIXL's engine takes (hixl_engine.cc kSupportedOptions) and datadist's own: which daemon.
+// EnableUseFabricMem is the engine factory's: its value is checked, then refused as HixlEngine refuses an option it
+// does not support (there is no fabric memory here), as the Python client does.
 bool Supported(const std::string &key) {
   static const char *const kKeys[] = {OPTION_RDMA_TRAFFIC_CLASS, kAdxlTrafficClass, OPTION_RDMA_SERVICE_LEVEL,
                                       kAdxlServiceLevel, OPTION_LOCAL_COMM_RES, kAdxlLocalCommRes, OPTION_BUFFER_POOL,
                                       kAdxlBufferPool, OPTION_AUTO_CONNECT, OPTION_GLOBAL_RESOURCE_CONFIG,
-                                      OPTION_ENABLE_USE_FABRIC_MEM, datadist_cpp::kDaemonOption};
+                                      datadist_cpp::kDaemonOption};
   for (const char *k : kKeys) {
     if (key == k) return true;
   }
@@ -354,6 +358,9 @@ class Hixl::HixlImpl {
  private:
   struct Registration {
     int64_t cache_id = -1;
+    uintptr_t addr = 0U;
+    size_t len = 0U;
+    MemType type = MEM_HOST;
     std::vector<datadist_cpp::ExportRange> exports;
   };
 
@@ -363,9 +370,11 @@ class Hixl::HixlImpl {
               const Req &req, Resp *resp, const char *func, int timeout_ms, int64_t *code = nullptr);
   Status ParseRemote(const char *func, const AscendString &remote, wire::Engine *engine, bool need_port) const;
   Status Extents(const char *func, const AscendString &remote, TransferOp op, const std::vector<TransferOpDesc> &descs,
-                 pb::ExtentTransferRequest *req);
-  Status AutoConnect(const char *func, const AscendString &remote, int32_t timeout_ms);
-  void AutoDisconnect(const AscendString &remote);
+                 int32_t connect_timeout_ms, pb::ExtentTransferRequest *req);
+  Status Ready(const char *func, const AscendString &remote, int32_t timeout_ms);
+  void AfterFailure(const AscendString &remote, Status st);
+  void ForgetRequests(const std::string &remote);
+  Status Registered(const MemDesc &mem, MemType type, MemHandle *handle);
   bool Connected(const std::string &remote) {
     std::lock_guard<std::mutex> lock(mu_);
     return connected_.count(remote) != 0U;
@@ -440,9 +449,6 @@ Status Hixl::HixlImpl::Initialize(const AscendString &local_engine,
   cluster_id_ = wire::EngineClusterId(local_);
   std::map<std::string, std::string> opts;
   for (const auto &kv : options) opts[Str(kv.first)] = Str(kv.second);
-  for (const auto &kv : opts) {
-    if (!Supported(kv.first)) return Fail(kFunc, PARAM_INVALID, "Unsupported option '" + kv.first + "' for this engine");
-  }
   auto get = [&opts](const char *a, const char *b) {
     auto it = opts.find(a);
     if (it == opts.end() && b != nullptr) it = opts.find(b);
@@ -465,16 +471,15 @@ Status Hixl::HixlImpl::Initialize(const AscendString &local_engine,
   if (!fabric.empty() && (!ToUint(fabric, &n) || n > 1U)) {
     return Fail(kFunc, PARAM_INVALID, std::string(OPTION_ENABLE_USE_FABRIC_MEM) + " is invalid, should be zero or one.");
   }
-  if (fabric == "1") {
-    return Fail(kFunc, UNSUPPORTED, std::string(OPTION_ENABLE_USE_FABRIC_MEM) +
-                                        "=1 (the fabric-memory engine) has no counterpart over datadistd");
-  }
   if (opts.count(OPTION_AUTO_CONNECT) != 0U) {
     const std::string ac = opts[OPTION_AUTO_CONNECT];
     if (ac.empty() || !ToUint(ac, &n) || n > 1U) {
       return Fail(kFunc, PARAM_INVALID, std::string(OPTION_AUTO_CONNECT) + " is invalid, should be zero or one.");
     }
     auto_connect_ = n == 1U;
+  }
+  for (const auto &kv : opts) {  // hixl_engine.cc CheckSupportedOptions
+    if (!Supported(kv.first)) return Fail(kFunc, PARAM_INVALID, "Unsupported option '" + kv.first + "' for this engine");
   }
   for (const char *key : {OPTION_BUFFER_POOL, kAdxlBufferPool}) {
     if (opts.count(key) != 0U && opts[key] != kBufferPoolDisabled) {
@@ -634,6 +639,9 @@ Status Hixl::HixlImpl::RegisterMem(const MemDesc &mem, MemType type, MemHandle &
   if (mem.addr == 0U) return Fail(kFunc, PARAM_INVALID, "mem.addr can not be null");
   if (mem.len == 0U) return Fail(kFunc, PARAM_INVALID, "mem.len can not be 0");
   if (type != MEM_DEVICE && type != MEM_HOST) return Fail(kFunc, PARAM_INVALID, "type must be MEM_DEVICE or MEM_HOST");
+  if (mem.addr + mem.len < mem.addr) return Fail(kFunc, PARAM_INVALID, "the range overflows the address space");
+  Status known = Registered(mem, type, &mem_handle);
+  if (known != NOT_CONNECTED) return known;  // its handle, or an overlap refused
   pb::RegisterCacheRequest req;
   req.set_engine_id(engine_id_);
   auto *desc = req.mutable_desc();
@@ -648,6 +656,9 @@ Status Hixl::HixlImpl::RegisterMem(const MemDesc &mem, MemType type, MemHandle &
   }
   req.add_worker_addrs(mem.addr);
   Registration reg;
+  reg.addr = mem.addr;
+  reg.len = mem.len;
+  reg.type = type;
   pb::WorkerMemory *tensor = req.add_tensors();
   uint64_t memory_id = 0U;
   if (type == MEM_DEVICE && npu_) {  // NPU memory: ACL IPC, as RegisterKvCache's DEVICE caches on an acl daemon
@@ -679,6 +690,23 @@ Status Hixl::HixlImpl::RegisterMem(const MemDesc &mem, MemType type, MemHandle &
   registrations_[handle] = reg;
   mem_handle = reinterpret_cast<MemHandle>(handle);
   return SUCCESS;
+}
+
+// hixl_server.cc (as the Python client): the same range of the same type registered already gives its handle
+// (SUCCESS); one overlapping a registration of the same type is PARAM_INVALID; NOT_CONNECTED: not registered yet
+Status Hixl::HixlImpl::Registered(const MemDesc &mem, MemType type, MemHandle *handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto &kv : registrations_) {
+    const Registration &r = kv.second;
+    if (r.type != type || r.addr >= mem.addr + mem.len || mem.addr >= r.addr + r.len) continue;
+    if (r.addr == mem.addr && r.len == mem.len) {
+      *handle = reinterpret_cast<MemHandle>(kv.first);
+      return SUCCESS;
+    }
+    return Fail("RegisterMem", PARAM_INVALID, "the range overlaps a registered one (" + std::to_string(r.len) +
+                                                  " bytes at " + std::to_string(r.addr) + ")");
+  }
+  return NOT_CONNECTED;
 }
 
 Status Hixl::HixlImpl::DeregisterMem(MemHandle mem_handle) {
@@ -719,6 +747,9 @@ Status Hixl::HixlImpl::Connect(const char *func, const AscendString &remote, int
   wire::Engine engine;
   Status st = ParseRemote(func, remote, &engine, true);
   if (st != SUCCESS) return st;
+  if (Connected(Str(remote))) {  // hixl_engine.cc Connect: a client for it exists
+    return Fail(func, ALREADY_CONNECTED, "remote engine " + Str(remote) + " is connected already");
+  }
   pb::LinkClustersRequest req;
   req.set_engine_id(engine_id_);
   req.set_timeout_ms(static_cast<uint32_t>(timeout_ms));
@@ -741,7 +772,16 @@ Status Hixl::HixlImpl::Connect(const char *func, const AscendString &remote, int
   return Fail(func, wire::HixlStatus(code), "remote engine " + Str(remote) + (reason.empty() ? "" : ": " + reason));
 }
 
+// client_manager.cc DestroyClient (as the Python client): not connected by this engine -- a link the remote engine
+// made does not count -- is NOT_CONNECTED with no daemon call; otherwise the async requests to it are forgotten
+// (their calls cancelled) and the link ended; a link the daemon no longer has is ended already.
 Status Hixl::HixlImpl::Disconnect(const char *func, const AscendString &remote, int32_t timeout_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (connected_.erase(Str(remote)) == 0U) return Fail(func, NOT_CONNECTED, "remote engine " + Str(remote) +
+                                                                               " is not connected");
+  }
+  ForgetRequests(Str(remote));
   wire::Engine engine;
   Status st = ParseRemote(func, remote, &engine, true);
   if (st != SUCCESS) return st;
@@ -755,13 +795,9 @@ Status Hixl::HixlImpl::Disconnect(const char *func, const AscendString &remote, 
   ip->set_port(engine.port);
   pb::LinkClustersResponse resp;
   st = Call(&pb::DataDist::Stub::UnlinkClusters, req, &resp, func, timeout_ms + kRpcMarginMs);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    connected_.erase(Str(remote));
-  }
-  if (st != SUCCESS) return st;
+  if (st != SUCCESS) return st == NOT_CONNECTED ? SUCCESS : st;
   const int64_t code = resp.statuses_size() > 0 ? resp.statuses(0) : resp.status();
-  if (code == 0) return SUCCESS;
+  if (code == 0 || code == kLlmNotYetLink) return SUCCESS;
   const std::string reason = resp.reasons_size() > 0 ? resp.reasons(0) : "";
   return Fail(func, wire::HixlStatus(code), "remote engine " + Str(remote) + (reason.empty() ? "" : ": " + reason));
 }
@@ -780,29 +816,57 @@ Status Hixl::HixlImpl::ConnectAsync(const AscendString &remote, int32_t timeout_
   }, remote, false);
 }
 
-// hixl_engine.cc AutoConnect: without the option the remote must be connected (the daemon says LLM_NOT_YET_LINK
-// otherwise); with it, a remote not connected yet is connected first
-Status Hixl::HixlImpl::AutoConnect(const char *func, const AscendString &remote, int32_t timeout_ms) {
-  if (!auto_connect_ || Connected(Str(remote))) return SUCCESS;
+// hixl_engine.cc AutoConnect (as the Python client): a transfer goes over this engine's own connection -- a link the
+// remote engine made does not count -- so without one it is NOT_CONNECTED, unless AutoConnect connects first
+Status Hixl::HixlImpl::Ready(const char *func, const AscendString &remote, int32_t timeout_ms) {
+  if (Connected(Str(remote))) return SUCCESS;
+  if (!auto_connect_) return Fail(func, NOT_CONNECTED, "remote engine " + Str(remote) + " is not connected");
   const Status st = Connect(func, remote, timeout_ms);
   return st == ALREADY_CONNECTED ? SUCCESS : st;
 }
 
-void Hixl::HixlImpl::AutoDisconnect(const AscendString &remote) {
-  if (auto_connect_ && Connected(Str(remote))) (void)Disconnect("AutoDisconnect", remote, kAutoConnectTimeoutMs);
+// After a failed transfer: a link the daemon no longer has is no connection; with AutoConnect the connection is
+// ended (hixl_engine.cc AutoDisconnect), so the next transfer connects again
+void Hixl::HixlImpl::AfterFailure(const AscendString &remote, Status st) {
+  if (st == NOT_CONNECTED) {
+    std::lock_guard<std::mutex> lock(mu_);
+    connected_.erase(Str(remote));
+  } else if (auto_connect_ && Connected(Str(remote))) {
+    (void)Disconnect("AutoDisconnect", remote, kAutoConnectTimeoutMs);
+  }
+}
+
+// The async requests to `remote` are forgotten, their calls cancelled (hixl_engine.cc EraseReqIndexByClient)
+void Hixl::HixlImpl::ForgetRequests(const std::string &remote) {
+  std::lock_guard<std::mutex> lock(async_mu_);
+  for (auto it = transfers_.begin(); it != transfers_.end();) {
+    if (it->second->remote != remote) {
+      ++it;
+      continue;
+    }
+    if (it->second->status.load() == static_cast<int>(TransferStatus::WAITING)) it->second->ctx.TryCancel();
+    order_.erase(it->second.get());
+    it = transfers_.erase(it);
+  }
 }
 
 // ---- transfers --------------------------------------------------------------------------------------------------
 
+// hixl_impl.cc CheckTransferOpDescs (null addresses), the engine's own connection (Ready), hixl_client.cc (no
+// extents), then the request: the Python client's order
 Status Hixl::HixlImpl::Extents(const char *func, const AscendString &remote, TransferOp op,
-                               const std::vector<TransferOpDesc> &descs, pb::ExtentTransferRequest *req) {
-  for (const TransferOpDesc &d : descs) {  // hixl_impl.cc CheckTransferOpDescs
+                               const std::vector<TransferOpDesc> &descs, int32_t connect_timeout_ms,
+                               pb::ExtentTransferRequest *req) {
+  for (const TransferOpDesc &d : descs) {
     if (d.local_addr == 0U) return Fail(func, PARAM_INVALID, "local addr of desc can not be null.");
     if (d.remote_addr == 0U) return Fail(func, PARAM_INVALID, "remote addr of desc can not be null.");
   }
   if (op != READ && op != WRITE) return Fail(func, PARAM_INVALID, "operation must be READ or WRITE");
+  Status st = Ready(func, remote, connect_timeout_ms);
+  if (st != SUCCESS) return st;
+  if (descs.empty()) return Fail(func, PARAM_INVALID, "op_descs is empty");
   wire::Engine engine;
-  const Status st = ParseRemote(func, remote, &engine, true);
+  st = ParseRemote(func, remote, &engine, true);
   if (st != SUCCESS) return st;
   req->set_engine_id(engine_id_);
   req->set_remote_cluster_id(wire::EngineClusterId(engine));
@@ -822,11 +886,9 @@ Status Hixl::HixlImpl::Extents(const char *func, const AscendString &remote, Tra
 Status Hixl::HixlImpl::TransferSync(const AscendString &remote, TransferOp op, const std::vector<TransferOpDesc> &descs,
                                     int32_t timeout_ms) {
   static const char *const kFunc = "TransferSync";
-  pb::ExtentTransferRequest req;
-  Status st = Extents(kFunc, remote, op, descs, &req);
-  if (st != SUCCESS) return st;
   const auto start = std::chrono::steady_clock::now();
-  st = AutoConnect(kFunc, remote, timeout_ms);
+  pb::ExtentTransferRequest req;
+  Status st = Extents(kFunc, remote, op, descs, timeout_ms, &req);
   if (st != SUCCESS) return st;
   const int32_t spent = static_cast<int32_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
@@ -835,7 +897,7 @@ Status Hixl::HixlImpl::TransferSync(const AscendString &remote, TransferOp op, c
   pb::TransferResponse resp;
   // the daemon ends the transfer within timeout_ms; the margin is for its answer only
   st = Call(&pb::DataDist::Stub::TransferExtents, req, &resp, kFunc, timeout_ms - spent + kRpcMarginMs);
-  if (st != SUCCESS) AutoDisconnect(remote);
+  if (st != SUCCESS) AfterFailure(remote, st);
   return st;
 }
 
@@ -844,17 +906,12 @@ Status Hixl::HixlImpl::TransferAsync(const AscendString &remote, TransferOp op,
                                      TransferReq &req) {
   static const char *const kFunc = "TransferAsync";
   auto t = std::make_shared<AsyncTransfer>();
-  Status st = Extents(kFunc, remote, op, descs, &t->request);
+  const Status st = Extents(kFunc, remote, op, descs, kAutoConnectTimeoutMs, &t->request);
   if (st != SUCCESS) return st;
-  st = AutoConnect(kFunc, remote, kAutoConnectTimeoutMs);
-  if (st != SUCCESS) return st;
-  if (!auto_connect_ && !Connected(Str(remote))) {  // hixl_engine.cc: no client for the remote engine
-    // the daemon's link is shared by both ends: a remote that connected to this engine may be read and written too
-    // (the transfer below says NOT_CONNECTED when there is no link at all)
-  }
+  t->request.set_timeout_ms(kAsyncTimeoutMs);  // the daemon answers TIMEOUT after it
   t->user_data = args.user_data;
   t->remote = Str(remote);
-  t->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(kRpcTimeoutMs));
+  t->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(kAsyncTimeoutMs + kRpcMarginMs));
   t->ctx.AddMetadata(datadist_cpp::kCapabilityKey, attach_.capability_hex());
   {
     std::lock_guard<std::mutex> lock(async_mu_);
@@ -924,6 +981,8 @@ Status Hixl::HixlImpl::GetTransferStatus(const GetTransferStatusArgs &args, std:
 
 Status Hixl::HixlImpl::SendNotify(const AscendString &remote, const NotifyDesc &notify, int32_t timeout_ms) {
   static const char *const kFunc = "SendNotify";
+  // hixl_engine.cc SendNotify (as the Python client): over this engine's own connection only
+  if (!Connected(Str(remote))) return Fail(kFunc, NOT_CONNECTED, "remote engine " + Str(remote) + " is not connected");
   wire::Engine engine;
   Status st = ParseRemote(kFunc, remote, &engine, true);
   if (st != SUCCESS) return st;

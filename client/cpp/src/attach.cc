@@ -22,6 +22,7 @@ constexpr size_t kMaxFds = 16U;
 // The transfer frames: proto/datadist/fastframe.py is the one definition of their layout (little-endian).
 constexpr unsigned char kMagic = 0xFFU;
 constexpr unsigned char kOpPull = 1U, kOpPush = 2U, kOpContinue = 3U;
+constexpr unsigned char kKindExtents = 2U;   // fastframe.KIND_EXTENTS
 constexpr unsigned char kSrcRange = 1U, kDstRange = 2U, kTimeout = 4U, kSrcOffset = 8U, kDstOffset = 16U,
                         kExclusive = 32U, kMore = 64U;
 constexpr size_t kRequestHead = 144U;   // fastframe.REQUEST.size
@@ -50,13 +51,37 @@ void PutBlocks(std::string *out, size_t at, const std::vector<uint64_t> &numbers
   }
 }
 
-// The datagrams of one pull or push: a whole frame, or a first frame ("more follow") and continuation frames.
+// The datagrams of one transfer: `head` (a first frame's fixed fields, kRequestHead bytes, its flags without
+// kMore) with request id `rid` and the numbers, as a whole frame or a first frame ("more follow") and continuation
+// frames.
+std::vector<std::string> Datagrams(uint64_t rid, std::string head, const std::vector<uint64_t> &numbers) {
+  const bool more = numbers.size() > kFirstRoom;
+  const size_t first = more ? kFirstRoom : numbers.size();
+  if (more) {
+    head[4] = static_cast<char>(static_cast<unsigned char>(head[4]) | kMore);
+  }
+  PutLe(&head, 8U, rid, 8U);
+  head.resize(kRequestHead + 8U * first, '\0');
+  PutBlocks(&head, kRequestHead, numbers, 0U, first);
+  std::vector<std::string> out;
+  out.push_back(std::move(head));
+  for (size_t at = first; at < numbers.size(); at += kNextRoom) {
+    const size_t count = std::min(kNextRoom, numbers.size() - at);
+    std::string cont(kContinueHead + 8U * count, '\0');
+    cont[0] = static_cast<char>(kMagic);
+    cont[1] = static_cast<char>(kOpContinue);
+    PutLe(&cont, 8U, rid, 8U);
+    PutBlocks(&cont, kContinueHead, numbers, at, count);
+    out.push_back(std::move(cont));
+  }
+  return out;
+}
+
+// The datagrams of one pull or push.
 std::vector<std::string> EncodeFrames(uint64_t rid, bool push, const datadist::v1::TransferRequest &r) {
   std::vector<uint64_t> numbers(r.remote_blocks().begin(), r.remote_blocks().end());
   numbers.insert(numbers.end(), r.local_blocks().begin(), r.local_blocks().end());
-  const bool more = numbers.size() > kFirstRoom;
-  const size_t first = more ? kFirstRoom : numbers.size();
-  std::string head(kRequestHead + 8U * first, '\0');
+  std::string head(kRequestHead, '\0');
   unsigned char key_kind = 0U;
   uint64_t key[4] = {0U, 0U, 0U, 0U};
   const auto &remote = r.remote();
@@ -79,13 +104,12 @@ std::vector<std::string> EncodeFrames(uint64_t rid, bool push, const datadist::v
   const unsigned char flags = static_cast<unsigned char>(
       (r.has_src_layer_range() ? kSrcRange : 0U) | (r.has_dst_layer_range() ? kDstRange : 0U) |
       (r.has_timeout_ms() ? kTimeout : 0U) | (r.has_src_cache_offset() ? kSrcOffset : 0U) |
-      (r.has_dst_cache_offset() ? kDstOffset : 0U) | (r.exclusive() ? kExclusive : 0U) | (more ? kMore : 0U));
+      (r.has_dst_cache_offset() ? kDstOffset : 0U) | (r.exclusive() ? kExclusive : 0U));
   head[0] = static_cast<char>(kMagic);
   head[1] = static_cast<char>(push ? kOpPush : kOpPull);
   head[2] = static_cast<char>(r.kind());
   head[3] = static_cast<char>(key_kind);
   head[4] = static_cast<char>(flags);
-  PutLe(&head, 8U, rid, 8U);
   PutLe(&head, 16U, r.engine_id(), 8U);
   PutLe(&head, 24U, static_cast<uint64_t>(r.local_cache_id()), 8U);
   for (size_t i = 0; i < 4U; ++i) {
@@ -103,19 +127,24 @@ std::vector<std::string> EncodeFrames(uint64_t rid, bool push, const datadist::v
   PutLe(&head, 128U, r.dst_cache_offset(), 8U);
   PutLe(&head, 136U, static_cast<uint64_t>(r.remote_blocks_size()), 4U);
   PutLe(&head, 140U, static_cast<uint64_t>(r.local_blocks_size()), 4U);
-  PutBlocks(&head, kRequestHead, numbers, 0U, first);
-  std::vector<std::string> out;
-  out.push_back(std::move(head));
-  for (size_t at = first; at < numbers.size(); at += kNextRoom) {
-    const size_t count = std::min(kNextRoom, numbers.size() - at);
-    std::string cont(kContinueHead + 8U * count, '\0');
-    cont[0] = static_cast<char>(kMagic);
-    cont[1] = static_cast<char>(kOpContinue);
-    PutLe(&cont, 8U, rid, 8U);
-    PutBlocks(&cont, kContinueHead, numbers, at, count);
-    out.push_back(std::move(cont));
-  }
-  return out;
+  return Datagrams(rid, std::move(head), numbers);
+}
+
+// The datagrams of HIXL's extents (fastframe KIND_EXTENTS): READ as a pull, WRITE as a push; key kind 0, the
+// remote engine's cluster in the key, size -1, the extents as the remote numbers (three each), a timeout.
+std::vector<std::string> EncodeExtentFrames(uint64_t rid, bool write, uint64_t engine_id, uint64_t cluster,
+                                            const std::vector<uint64_t> &numbers, uint32_t timeout_ms) {
+  std::string head(kRequestHead, '\0');
+  head[0] = static_cast<char>(kMagic);
+  head[1] = static_cast<char>(write ? kOpPush : kOpPull);
+  head[2] = static_cast<char>(kKindExtents);
+  head[4] = static_cast<char>(kTimeout);
+  PutLe(&head, 16U, engine_id, 8U);
+  PutLe(&head, 32U, cluster, 8U);
+  PutLe(&head, 72U, ~0ULL, 8U);   // size -1
+  PutLe(&head, 112U, timeout_ms, 4U);
+  PutLe(&head, 136U, numbers.size(), 4U);
+  return Datagrams(rid, std::move(head), numbers);
 }
 
 int RemainingMs(Clock::time_point deadline) {
@@ -575,13 +604,25 @@ Status AttachClient::ExportPool(uint64_t engine_id, const std::string &pool, con
 
 bool AttachClient::TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func,
                                int timeout_ms, Status *status) {
+  return TryFrames([&](uint64_t rid) { return EncodeFrames(rid, push, request); }, func, timeout_ms, status);
+}
+
+bool AttachClient::TryExtents(bool write, uint64_t engine_id, uint64_t cluster, const std::vector<uint64_t> &numbers,
+                              const char *func, int timeout_ms, Status *status) {
+  return TryFrames([&](uint64_t rid) {
+    return EncodeExtentFrames(rid, write, engine_id, cluster, numbers, static_cast<uint32_t>(timeout_ms));
+  }, func, timeout_ms, status);
+}
+
+bool AttachClient::TryFrames(const std::function<std::vector<std::string>(uint64_t)> &frames, const char *func,
+                             int timeout_ms, Status *status) {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) {
     return false;  // another thread of this engine is waiting for its reply here
   }
   const uint64_t rid = next_id_++;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  *status = SendLocked(EncodeFrames(rid, push, request), {}, func);
+  *status = SendLocked(frames(rid), {}, func);
   if (*status != llm_datadist::LLM_SUCCESS) {
     return true;
   }

@@ -11,6 +11,7 @@
 #define DATADIST_CPP_ATTACH_H_
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -54,6 +55,10 @@ class AttachClient {
   // thread of the engine is waiting on the connection: the caller sends it as the gRPC Pull / Push instead.
   bool TryTransfer(bool push, const datadist::v1::TransferRequest &request, const char *func, int timeout_ms,
                    Status *status);
+  // HIXL's extents (`numbers`: local_addr, remote_addr, len each) READ from or WRITTEN to (`write`) the engine
+  // linked as `cluster`, as TryTransfer (fastframe KIND_EXTENTS: the daemon's TransferExtents, no gRPC call).
+  bool TryExtents(bool write, uint64_t engine_id, uint64_t cluster, const std::vector<uint64_t> &numbers,
+                  const char *func, int timeout_ms, Status *status);
 
   const std::string &capability() const { return capability_; }
   const std::string &capability_hex() const { return capability_hex_; }
@@ -69,6 +74,9 @@ class AttachClient {
   Status Lost(const char *func, const std::string &why);
   Status CallLocked(datadist::v1::AttachRequest &request, const char *func, const std::vector<int> &fds,
                     int timeout_ms, datadist::v1::AttachReply *reply, int *fd_out);
+  // One transfer's datagrams (`frames` of its request id) sent and its reply read, as TryTransfer says.
+  bool TryFrames(const std::function<std::vector<std::string>(uint64_t)> &frames, const char *func, int timeout_ms,
+                 Status *status);
   // Sends `datagrams` back to back (`fds` ride with the first).
   Status SendLocked(const std::vector<std::string> &datagrams, const std::vector<int> &fds, const char *func);
   // Reads until the reply to `rid` is in (a binary frame when `frame`, else a protobuf message; anything else is a

@@ -894,9 +894,19 @@ Status Hixl::HixlImpl::TransferSync(const AscendString &remote, TransferOp op, c
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count());
   if (spent >= timeout_ms) return Fail(kFunc, TIMEOUT, "the connection took the whole timeout");
   req.set_timeout_ms(static_cast<uint32_t>(timeout_ms - spent));
-  pb::TransferResponse resp;
-  // the daemon ends the transfer within timeout_ms; the margin is for its answer only
-  st = Call(&pb::DataDist::Stub::TransferExtents, req, &resp, kFunc, timeout_ms - spent + kRpcMarginMs);
+  // on the attach connection when it is free (no gRPC call: the hot path), else as the gRPC call; the daemon ends
+  // the transfer within its timeout either way, the margin is for its answer only
+  const std::string &raw = req.extents();
+  std::vector<uint64_t> numbers(raw.size() / 8U);
+  std::memcpy(numbers.data(), raw.data(), numbers.size() * 8U);   // little-endian hosts (as the frames)
+  datadist_cpp::Status llm = 0U;
+  if (attach_.TryExtents(op == WRITE, req.engine_id(), req.remote_cluster_id(), numbers, kFunc,
+                         timeout_ms - spent + kRpcMarginMs, &llm)) {
+    st = llm == 0U ? SUCCESS : Fail(kFunc, wire::HixlStatus(static_cast<int64_t>(llm)), "the daemon refused it");
+  } else {
+    pb::TransferResponse resp;
+    st = Call(&pb::DataDist::Stub::TransferExtents, req, &resp, kFunc, timeout_ms - spent + kRpcMarginMs);
+  }
   if (st != SUCCESS) AfterFailure(remote, st);
   return st;
 }

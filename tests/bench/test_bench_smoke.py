@@ -184,6 +184,28 @@ def test_bench_link_scenarios_count_calls_links_and_a_peer_death(tmp_path: Path)
     assert "LLM_FAILED" in r["note"], r
 
 
+@bench_run
+def test_bench_hixl_scenario_rows(tmp_path: Path) -> None:
+    """Scenario 15 at smoke sizes: transfer_sync of 4 KiB against the raw round trip and against the pull of the
+    same size (unpinned and pinned), 64 transfer_async in flight from one thread against the raw round trip
+    pipelined 64 deep and against 64 pulls in flight -- finite figures and ratios, no target judged."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--scenarios", "15", "--no-progress",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    rows = [r for r in json.loads((tmp_path / "latest.json").read_text())["rows"] if r["scenario"].startswith("15")]
+    cases = {r["case"]: r for r in rows}
+    assert len(rows) == 6 and not any(r["case"] == "scenario failed" for r in rows), rows
+    for case, unit in (("transfer_sync READ of one 4 KiB extent p50", "µs"),
+                       ("transfer_sync READ of one 4 KiB extent p50, against the pull", "µs"),
+                       ("64 transfer_async READs of 4 KiB in flight from one thread: throughput", "requests/s"),
+                       ("64 transfer_async READs of 4 KiB in flight from one thread, against the pull",
+                        "requests/s")):
+        r = cases[case]
+        assert r["figure"]["unit"] == unit and math.isfinite(r["ratio"]) and r["ratio"] > 0, r
+        assert r["target"] is None, r
+    assert any("pinned pass" in c for c in cases)
+
+
 SIMULATED = "SIMULATED runtime (tests/sim) — not NPU numbers"
 
 

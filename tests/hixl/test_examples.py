@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.harness import ROOT, Daemon, free_port
-from tests.integration.test_examples import EXAMPLES, Script, full_log, python_blocks, user_env, warnings_in
+from tests.integration.test_examples import EXAMPLES, Script, assert_excerpt, full_log, user_env, warnings_in
 
 pytestmark = pytest.mark.integration
 
@@ -80,18 +80,4 @@ def test_a_failing_call_exits_1_naming_its_status() -> None:
 def test_the_quick_start_is_an_excerpt_of_the_examples() -> None:
     """Every code line of docs/hixl.md's python blocks is a line of the examples (server.py, then client.py), in
     their order; comment lines are the page's own."""
-    blocks = python_blocks((ROOT / "docs" / "hixl.md").read_text())
-    assert blocks, "docs/hixl.md shows no python code"
-    source = [line.strip() for name in ("server.py", "client.py")
-              for line in (EXAMPLES / "hixl" / name).read_text().splitlines()]
-    for block in blocks:
-        at = 0
-        for line in block:
-            code = line.strip()
-            if not code or code.startswith("#"):
-                continue
-            try:
-                at = source.index(code, at) + 1
-            except ValueError:
-                raise AssertionError(f"docs/hixl.md line {code!r} is not (or not in this order) in the examples") \
-                    from None
+    assert_excerpt(ROOT / "docs" / "hixl.md", [EXAMPLES / "hixl" / "server.py", EXAMPLES / "hixl" / "client.py"])

@@ -154,12 +154,12 @@ def python_blocks(markdown: str) -> list[list[str]]:
     return [block.splitlines() for block in re.findall(r"```python\n(.*?)```", markdown, re.S)]
 
 
-def test_the_readme_worker_code_is_an_excerpt_of_the_examples() -> None:
-    """Every code line of the README's python blocks is a line of the examples, in the examples' order (comment
-    lines are the README's own), so the README cannot drift from code that make test runs."""
-    blocks = python_blocks((ROOT / "README.md").read_text())
-    assert blocks, "the README shows no python code"
-    source = [line.strip() for name in SCRIPTS for line in (EXAMPLES / name).read_text().splitlines()]
+def assert_excerpt(page: Path, scripts: list[Path]) -> None:
+    """Every code line of ``page``'s python blocks is a line of ``scripts`` (read in turn), in their order; comment
+    lines are the page's own -- so the page cannot drift from code that make test runs."""
+    blocks = python_blocks(page.read_text())
+    assert blocks, f"{page.name} shows no python code"
+    source = [line.strip() for script in scripts for line in script.read_text().splitlines()]
     for block in blocks:
         at = 0
         for line in block:
@@ -169,4 +169,11 @@ def test_the_readme_worker_code_is_an_excerpt_of_the_examples() -> None:
             try:
                 at = source.index(code, at) + 1
             except ValueError:
-                raise AssertionError(f"README line {code!r} is not (or not in this order) in docs/examples") from None
+                raise AssertionError(f"{page.name} line {code!r} is not (or not in this order) in "
+                                     f"{', '.join(s.name for s in scripts)}") from None
+
+
+def test_the_readme_worker_code_is_an_excerpt_of_the_examples() -> None:
+    """Every code line of the README's python blocks is a line of the examples, in the examples' order (comment
+    lines are the README's own), so the README cannot drift from code that make test runs."""
+    assert_excerpt(ROOT / "README.md", [EXAMPLES / name for name in SCRIPTS])

@@ -62,6 +62,14 @@ constexpr const char kAdxlLocalCommRes[] = "adxl.LocalCommRes";
 
 std::string Str(const AscendString &s) { return std::string(s.GetString(), s.GetLength()); }
 
+// The cluster a remote engine string names, at its address (LinkClusters / UnlinkClusters).
+void SetCluster(const wire::Engine &engine, pb::ClusterLink *link) {
+  link->set_remote_cluster_id(wire::EngineClusterId(engine));
+  auto *ip = link->add_remote_ip_info();
+  ip->set_ip(engine.host);
+  ip->set_port(engine.port);
+}
+
 const char *Name(Status st) {
   switch (st) {
     case SUCCESS: return "SUCCESS";
@@ -753,11 +761,7 @@ Status Hixl::HixlImpl::Connect(const char *func, const AscendString &remote, int
   pb::LinkClustersRequest req;
   req.set_engine_id(engine_id_);
   req.set_timeout_ms(static_cast<uint32_t>(timeout_ms));
-  auto *link = req.add_clusters();
-  link->set_remote_cluster_id(wire::EngineClusterId(engine));
-  auto *ip = link->add_remote_ip_info();
-  ip->set_ip(engine.host);
-  ip->set_port(engine.port);
+  SetCluster(engine, req.add_clusters());
   pb::LinkClustersResponse resp;
   st = Call(&pb::DataDist::Stub::LinkClusters, req, &resp, func, timeout_ms + kRpcMarginMs);
   if (st != SUCCESS) return st;
@@ -788,11 +792,7 @@ Status Hixl::HixlImpl::Disconnect(const char *func, const AscendString &remote, 
   pb::UnlinkClustersRequest req;
   req.set_engine_id(engine_id_);
   req.set_timeout_ms(static_cast<uint32_t>(timeout_ms));
-  auto *link = req.add_clusters();
-  link->set_remote_cluster_id(wire::EngineClusterId(engine));
-  auto *ip = link->add_remote_ip_info();
-  ip->set_ip(engine.host);
-  ip->set_port(engine.port);
+  SetCluster(engine, req.add_clusters());
   pb::LinkClustersResponse resp;
   st = Call(&pb::DataDist::Stub::UnlinkClusters, req, &resp, func, timeout_ms + kRpcMarginMs);
   if (st != SUCCESS) return st == NOT_CONNECTED ? SUCCESS : st;

@@ -634,6 +634,10 @@ class AttachClient:
                 if fd >= 0:
                     os.close(fd)
                 got = raw
+        if type(got) is bytes and len(got) >= _REPLY.size:   # success answered here: no call on the hot path
+            _, _, status, nbytes, transport = _REPLY.unpack_from(got)
+            if not status:
+                return nbytes, transport.rstrip(b"\0").decode(errors="replace")
         return self._transfer_result(got, func)
 
     def import_memory(self, fds: Sequence[int], pieces: Sequence[Tuple[int, int]], offset: int, length: int,

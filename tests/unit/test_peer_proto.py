@@ -30,7 +30,8 @@ def test_owner_calls_have_one_encoding() -> None:
     from datadistd.links.wire.ownercalls import OwnerCall
 
     kinds = {cls.__name__ for cls in typing.get_args(OwnerCall)}
-    assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "WriteCmd"}
+    assert kinds == {"OpenWriteCmd", "CommitWriteCmd", "ReadCmd", "ReleaseCmd", "UnlinkCmd", "PingCmd", "WriteCmd",
+                     "NotifyCmd"}
     assert len(ownerwire._SMALLEST) == len(kinds)
     messages = set(peer_pb2.DESCRIPTOR.message_types_by_name)
     assert messages == {"ChallengeRequest", "ChallengeResponse", "HandshakeRequest", "HandshakeResponse",

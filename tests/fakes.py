@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from datadistd.engine.extents import ExtentOrder
+
 
 def worker_session(node: Any) -> Any:
     """This process as a worker attached to ``node`` (what the attach socket opens for a real one, with the
@@ -43,6 +45,9 @@ def start_pull(links: Any, order: Any, done: Any) -> None:
 async def _transferred(links: Any, order: Any, push: bool) -> tuple[int, str]:
     from datadistd.links.wire.framecalls import answered
 
+    if isinstance(order, ExtentOrder):   # HIXL's extents: the same entry, with their own fields
+        return await answered(lambda done: links.transfer(order.write, order.remote_cluster, -1, order.timeout_ms or 0,
+                                                          _Ended(done), None, order=order))
     return await answered(lambda done: links.transfer(push, order.remote.cluster_id, order.local_cache_id,
                                                       order.timeout_ms or 0, _Ended(done), None, order=order))
 

@@ -29,7 +29,7 @@ def pair(daemon_factory, worker_factory):  # noqa: ANN001, ANN201
     ds, dc = daemon_factory.many("s", "c")
     server, client = worker_factory(ds), worker_factory(dc)
     port = free_port()
-    server.call("init", "PROMPT", 1, listen=f"{IP}:{port}")
+    server.call("init", "PROMPT", 1, listen=f"{IP}:{port}", mem_pool=1 << 20)
     client.call("init", "DECODER", 2)
     for w in (server, client):
         w.call("register_cache", "mem", 1, (1, SIZE), dtype="uint8", remote_accessible=True)
@@ -69,6 +69,8 @@ def test_extents_outside_a_registration_are_refused_whole(pair) -> None:
     for rows in cases:
         assert run(client, "extents", 1, False, rows) == "LLM_PARAM_INVALID", rows
         assert run(client, "get", "mem") == before            # nothing read, not even the valid first extent
+    server.call("allocate", "pool", 1, (4, 64), dtype="uint8", blocks=True)   # memory of no worker address
+    assert run(client, "extents", 1, False, [(cb, 0x1000, 16)]) == "LLM_PARAM_INVALID"
     server_before = run(server, "get", "mem")
     assert run(client, "extents", 1, True, cases[0]) == "LLM_PARAM_INVALID"
     assert run(server, "get", "mem") == server_before         # nothing written

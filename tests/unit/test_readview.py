@@ -20,6 +20,7 @@ from datadistd.core.errors import DataDistError
 from datadistd.core.types import BlocksKeyRef, CacheDesc, CacheKeyRef, DType, Placement, ReadMode, RemoteSpec
 from datadistd.engine import readview
 from datadistd.engine.engine import tensors_of
+from datadistd.engine.extents import ExtentOrder
 from datadistd.links.wire import ownerwire
 from datadistd.links.wire.ownercalls import INLINE_READ_MAX, ReadCmd
 from datadistd.memory.base import FdPiece
@@ -88,6 +89,33 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
             assert counted.nbytes - nbytes == 5 * 4 * BLOCK   # serve_read counts them as the loop did
             assert counted.nblocks - nblocks == 5 * 2
             assert serving.engine.entry(src).pins == 0
+
+    asyncio.run(main())
+
+
+def test_a_small_extents_read_is_answered_by_the_reader_thread_byte_exact() -> None:
+    """HIXL's few extents by address (``ReadMode.EXTENTS``) are a small read the published view answers too: the
+    owner's registrations by worker address, each extent wholly inside one, its bytes straight from the memory; the
+    owner's event loop answers none, and an extent outside every registration is still refused there."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            await pair.link()
+            src, dst = bytearray(os.urandom(8192)), bytearray(8192)
+            desc = CacheDesc(1, (1, 8192), DType.DT_UINT8, Placement.HOST)
+            serving.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(src)], remote_accessible=True,
+                                          worker_addrs=[0x10000])
+            linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(dst)], worker_addrs=[0x20000])
+            ext = np.array([[0x20000 + 8, 0x10000 + 100, 50], [0x20000, 0x10000 + 4000, 8]], dtype=np.uint64)
+            loop_out, before = _loop_bytes(serving), _reads(serving)
+            for _ in range(3):
+                assert await pulled(linking, ExtentOrder(P, False, ext)) == (58, "tcp")
+            assert _reads(serving, before + 3 * 58) == before + 3 * 58 and _loop_bytes(serving) == loop_out
+            assert dst[8:58] == src[100:150] and dst[:8] == src[4000:4008]
+            outside = np.array([[0x20000, 0x10000 + 8190, 8]], dtype=np.uint64)
+            with pytest.raises(DataDistError) as info:
+                await pulled(linking, ExtentOrder(P, False, outside))
+            assert info.value.code == S.LLM_PARAM_INVALID and "not inside one memory registration" in info.value.message
 
     asyncio.run(main())
 

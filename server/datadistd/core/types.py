@@ -167,6 +167,11 @@ class ReadMode(enum.IntEnum):
     EXTENTS = 2  # HIXL: ``blocks`` holds address, length pairs of the owner's registrations (``engine.extents``)
 
 
+#: the model id a small read of HIXL's extents goes by (``links.wire.ownerwire.small_call``, ``engine.readview.read``):
+#: never a ``BlocksCacheKey``'s (those are u64)
+EXTENTS_READ = -1
+
+
 class BlockList(tuple[int, ...]):
     """Block numbers a peer's frame named (``links.wire.ownerwire`` decodes long lists into one, off the event loop),
     with what their bound check needs worked out there: every number is an int >= 0, ``high`` the largest, ``peaks``

@@ -455,7 +455,7 @@ class Engine:
         if cached is not None and cached[0] == generation:
             return cached[1]
         index = AddressIndex((base, entry.desc.tensor_size, entry, seg) for entry in self.registry.entries()
-                             if entry.remote_accessible or not remote
+                             if (entry.remote_accessible or not remote) and any(memory_of(entry).worker_addrs)
                              for base, seg in zip(memory_of(entry).worker_addrs, memory_of(entry).tensors, strict=True))
         self._indexes[remote] = (generation, index)
         return index

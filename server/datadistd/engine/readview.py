@@ -29,11 +29,12 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..core.errors import DataDistError
-from ..core.types import KeyKind
+from ..core.types import EXTENTS_READ, KeyKind
 from ..memory.base import MemoryHandle
 from ..memory.imported import release_view
 from ..memory.segments import byte_view
-from .engine import Engine, tensors_of
+from .engine import Engine, memory_of, tensors_of
+from .extents import Regions
 
 __all__ = ["ReadView", "publish", "current", "read", "write", "SENT", "BUSY", "UNMAPPED", "WRITTEN", "MOST_PIECES"]
 
@@ -69,14 +70,16 @@ class _Cache:
 
 
 class ReadView:
-    """What a peer may read of one engine at registry generation ``generation``, by ``BlocksCacheKey`` model id
-    (never mutated once published)."""
+    """What a peer may read of one engine at registry generation ``generation``, by ``BlocksCacheKey`` model id, and
+    by worker address (``regions``: every tensor of a remotely accessible cache registered with its worker's
+    address, HIXL's registrations; each item its bytes mapped here, or None) (never mutated once published)."""
 
-    __slots__ = ("generation", "blocks")
+    __slots__ = ("generation", "blocks", "regions")
 
-    def __init__(self, generation: int, blocks: dict[int, _Cache]) -> None:
+    def __init__(self, generation: int, blocks: dict[int, _Cache], regions: Regions) -> None:
         self.generation = generation
         self.blocks = blocks
+        self.regions = regions
 
     def release(self) -> None:
         """Release every byte view this view made (``Engine._free`` / ``close``, under ``read_lock``, before memory
@@ -85,6 +88,9 @@ class ReadView:
             for v in cache.views:
                 if v is not None:
                     release_view(v)
+        for item in self.regions.items:
+            if isinstance(item, memoryview):
+                release_view(item)
 
 
 def _cache(cache_id: int, tensors: Sequence, row: int, rows: int) -> _Cache:
@@ -117,11 +123,35 @@ def publish(engine: Engine) -> ReadView:
             continue
         for model_id in models:
             blocks[model_id] = cache
-    view = ReadView(registry.generation, blocks)
+    view = ReadView(registry.generation, blocks, _regions(engine))
     with engine.read_lock:   # a reader holding the old one sees it is no longer the engine's
         old, engine.read_view = engine.read_view, view
         if old is not None:
             old.release()
+    return view
+
+
+def _regions(engine: Engine) -> Regions:
+    """The engine's remotely accessible tensors by worker address, each with its bytes mapped here (or None)."""
+    rows: list[tuple[int, int, object]] = []
+    for entry in engine.registry.entries():
+        addrs = memory_of(entry).worker_addrs
+        if not entry.remote_accessible or not any(addrs):   # a cache the daemon allocated has no worker address
+            continue
+        for base, seg in zip(addrs, tensors_of(entry), strict=True):
+            if not base:
+                continue
+            try:
+                whole = byte_view(seg.handle, writable=False)
+            except DataDistError:   # a handle already closed: the general path answers (and refuses) its reads
+                whole = None
+            rows.append((base, seg.length, None if whole is None else _slice(whole, seg.offset, seg.length)))
+    return Regions(rows)
+
+
+def _slice(whole: memoryview, offset: int, length: int) -> memoryview:
+    view = whole[offset:offset + length]
+    whole.release()
     return view
 
 
@@ -141,6 +171,8 @@ def read(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, bl
     by it): ``SENT``, or ``BUSY`` (nothing sent), or ``UNMAPPED`` when a tensor is not mapped here. Without: the
     bytes, copied out -- of mapped memory, or also of unmapped memory (``unmapped``: a system call or device copy
     per block, for an executor thread), else ``UNMAPPED``. None: the view does not settle it (module docstring)."""
+    if model_id == EXTENTS_READ:
+        return _read_extents(engine, blocks, expected, send, head)
     settled = _settled(engine, model_id, tensor_start, tensor_count, blocks, expected)
     if settled is None:
         return None
@@ -165,6 +197,39 @@ def read(engine: Engine, model_id: int, tensor_start: int, tensor_count: int, bl
                 parts.append(v[a:a + row])  # type: ignore[index]
         held = False   # ``send`` lets it go, exactly once, whatever happens
         return SENT if send(parts, lock.release) else BUSY
+    finally:
+        if held:
+            lock.release()
+
+
+def _read_extents(engine: Engine, pairs: Sequence[int], expected: int, send: Send | None,
+                  head: bytes) -> int | bytes | None:
+    """``read`` of HIXL's extents (``pairs``: address, length, ...) by the view's ``regions``: each wholly inside one
+    mapped registration (``engine.extents.Regions``, the owner's rule), ``expected`` their bytes, at most
+    ``MOST_PIECES``; else None (the general path answers: ``Engine.prepare_read``)."""
+    view: ReadView | None = engine.read_view  # type: ignore[assignment]
+    addrs, lens = list(pairs[0::2]), list(pairs[1::2])
+    if view is None or not 0 < len(lens) <= MOST_PIECES or 0 in addrs or 0 in lens or sum(lens) != expected:
+        return None
+    try:
+        which, offsets = view.regions.locate(addrs, lens, "")
+    except DataDistError:
+        return None
+    items = view.regions.items
+    views = [items[k] for k in which]
+    if any(v is None for v in views):
+        return UNMAPPED if send is not None else None
+    lock = engine.read_lock
+    lock.acquire()
+    held = True
+    try:
+        if engine.read_view is not view or view.generation != engine.registry.generation or engine.closed:
+            return None
+        parts = [v[o:o + n] for v, o, n in zip(views, offsets, lens, strict=True)]  # type: ignore[index]
+        if send is None:
+            return b"".join(parts)
+        held = False   # ``send`` lets it go, exactly once, whatever happens
+        return SENT if send([head, *parts], lock.release) else BUSY
     finally:
         if held:
             lock.release()

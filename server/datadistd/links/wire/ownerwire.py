@@ -48,7 +48,7 @@ from datadist.hixl import MAX_NOTIFY_MSG_LEN, MAX_NOTIFY_NAME_LEN
 
 from ...core.errors import DataDistError, StatusCode
 from ...core.plan import AddrRef
-from ...core.types import BlockList, BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
+from ...core.types import EXTENTS_READ, BlockList, BlocksKeyRef, CacheKeyRef, IdIndexRef, KeyRef, ReadMode, RemoteSpec
 from . import ownercalls as oc
 
 __all__ = ["TAG", "MAX_BLOCKS", "SMALL_READ_BLOCKS", "READ", "REPLY", "REPLY_DATA", "OP_READ", "SmallCall",
@@ -86,6 +86,7 @@ _MASK = (1 << 64) - 1
 SMALL_READ_BLOCKS = 64
 _BLOCK_LISTS = tuple(struct.Struct(f"<{n}Q") for n in range(SMALL_READ_BLOCKS + 1))
 _BLOCKS_MODE = int(ReadMode.BLOCKS)
+_EXTENTS_MODE = int(ReadMode.EXTENTS)
 
 
 # ---- a small pull's and push's frames (``links.fast``, ``links.calls``, ``FrameCalls.take_reply``) -------------
@@ -125,12 +126,13 @@ def small_call(data: bytes, cluster_id: int) -> SmallCall | None:
     """A small pull's READ (inline) or a small push's WRITE (carrying exactly its ``expected_bytes``) by
     ``BlocksCacheKey`` of cluster ``cluster_id``, in BLOCKS mode, of at most ``SMALL_READ_BLOCKS`` blocks and
     ``INLINE_READ_MAX`` bytes, with every reserved field, flag and length as ``decode_call`` accepts them (transfer
-    id, key fields b and d 0): ``(write, command_id, model_id, tensor_start, tensor_count, blocks, nbytes, at,
-    reply)`` -- a WRITE's bytes are ``data[at:]`` (a READ's ``at`` is 0) and ``reply`` is the head of the call's
-    REPLY of success (``encode_reply(OwnerReply(command_id, nbytes=nbytes, data=...))`` less the data: a read's
-    ``nbytes`` bytes follow it, a write's none) -- read with one ``unpack_from`` (and one for the blocks). None for
-    anything else, well formed or not: ``decode_call`` then decides (the data reader thread's path,
-    ``links/calls.py``)."""
+    id, key fields b and d 0), or a small READ (inline) of HIXL's extents by address (``ReadMode.EXTENTS``: model
+    id ``core.types.EXTENTS_READ``, the blocks its address, length pairs): ``(write, command_id, model_id,
+    tensor_start, tensor_count, blocks, nbytes, at, reply)`` -- a WRITE's bytes are ``data[at:]`` (a READ's ``at``
+    is 0) and ``reply`` is the head of the call's REPLY of success (``encode_reply(OwnerReply(command_id,
+    nbytes=nbytes, data=...))`` less the data: a read's ``nbytes`` bytes follow it, a write's none) -- read with one
+    ``unpack_from`` (and one for the blocks). None for anything else, well formed or not: ``decode_call`` then
+    decides (the data reader thread's path, ``links/calls.py``)."""
     if len(data) < WRITE.size:   # the smaller of the two
         return None
     if data[1] == OP_WRITE:
@@ -146,12 +148,18 @@ def small_call(data: bytes, cluster_id: int) -> SmallCall | None:
         return None
     (tag, op, flags, _, cid, tid, kind, r1, r2, a, b, c, d, mode, r3, n, _, _, tensor_start, tensor_count,
      expected) = READ.unpack_from(data)
-    if (tag != TAG or op != OP_READ or flags != _INLINE or tid or kind != _BLOCKS_KEY or r1 or r2 or r3 or b or d
-            or mode != _BLOCKS_MODE or a != cluster_id or n > SMALL_READ_BLOCKS or len(data) != READ.size + 8 * n
-            or expected > oc.INLINE_READ_MAX):
+    if (tag != TAG or op != OP_READ or flags != _INLINE or tid or r1 or r2 or r3 or d or a != cluster_id
+            or n > SMALL_READ_BLOCKS or len(data) != READ.size + 8 * n or expected > oc.INLINE_READ_MAX):
         return None
-    return (False, cid, c, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected, 0,
-            _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, expected))
+    if kind == _BLOCKS_KEY and mode == _BLOCKS_MODE and not b:
+        model_id = c
+    elif kind == _ADDRESS and mode == _EXTENTS_MODE and b and not c and n and not n % 2 and not tensor_start \
+            and not tensor_count:
+        model_id = EXTENTS_READ   # HIXL's extents by address: ``blocks`` holds address, length pairs
+    else:
+        return None
+    return (False, cid, model_id, tensor_start, tensor_count, _BLOCK_LISTS[n].unpack_from(data, READ.size), expected,
+            0, _REPLY.pack(TAG, 0, 0, 0, 0, cid, expected, 0, expected))
 
 
 def small_reply(data: bytes) -> tuple[int, int] | None:

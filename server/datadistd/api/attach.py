@@ -98,13 +98,14 @@ from datadist.fastframe import (
 from datadist.v1 import attach_pb2
 
 from ..core.errors import DataDistError, StatusCode, require
+from ..engine.extents import FEW
 from ..guard.admission import RefusalLog
 from ..guard.quota import Charge
 from ..guard.sockfiles import OwnedSocket
 from ..links.transfer import QUICK_BLOCKS
 from ..memory.base import MAX_PIECES
 from ..memory.handover import discard
-from ..node.node import Node
+from ..node.node import EngineSlot, Node
 from ..node.sessions import PeerCred, WorkerSession
 from ..ops.metrics import DaemonMetrics, count_error
 from ..transport.tcp.reactor import Reactor, reactor
@@ -560,6 +561,12 @@ class AttachServer:
              timeout_ms, _, _, nr, nl) = REQUEST.unpack_from(data)
             slot = self.node.engines.get(engine_id)
             session = conn.session
+            if (kind == KIND_EXTENTS and data[1] == PULL and not key_kind and not fl & ~_FAST_FLAGS and not model_id
+                    and not b and not c and not cache_id and not nl and nr <= 3 * FEW
+                    and len(data) == REQUEST.size + 8 * nr and slot is not None and slot.session is session
+                    and not session.closed):
+                return self._fast_extents(conn, slot, rid, cluster, timeout_ms if fl else 0,
+                                          struct.unpack_from(f"<{nr}Q", data, REQUEST.size), on_loop)
             if (kind == KIND_BLOCKS and key_kind == KEY_BLOCKS and not fl & ~_FAST_FLAGS and not b and not c
                     and nr == nl and nr <= FAST_PULL_BLOCKS and len(data) == REQUEST.size + 16 * nr
                     and slot is not None and slot.session is session and not session.closed):
@@ -576,6 +583,21 @@ class AttachServer:
                     return True
                 with conn.lock:   # not paused: a turn runs, or the loop holds the connection
                     conn.in_flight -= 1
+        return False
+
+    def _fast_extents(self, conn: AttachConn, slot: EngineSlot, rid: int, cluster: int, timeout_ms: int,
+                      numbers: tuple[int, ...], on_loop: bool) -> bool:
+        """A small READ of HIXL's extents started in the quick shape (``Transfers._quick_extents``), as ``_fast``
+        starts a small pull; False, nothing done, when the path declined it."""
+        with conn.lock:
+            conn.in_flight += 1
+        if slot.links.transfer(False, cluster, -1, timeout_ms, self, (conn, rid, "TransferExtents"), extents=numbers,
+                               on_loop=on_loop):
+            if conn.skip is not None:
+                conn.skip = None
+            return True
+        with conn.lock:
+            conn.in_flight -= 1
         return False
 
     def _handed(self, conn: AttachConn, item: _Datagram | None) -> None:

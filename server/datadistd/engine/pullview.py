@@ -7,7 +7,8 @@ destination rows itself. It finds them by this view instead of the registry (the
 id of a blocks cache whose every tensor is mapped writable memory in the daemon to its ``Dest``: per tensor the
 memory's own view (the handle's ``view()`` object itself, no export of it: closing the handle releases it, and a
 released view refuses every access) and the tensor's offset in it, the block size and the block count, and the
-registry entry.
+registry entry. HIXL's registrations are in it by worker address too (``regions``): where a small read of a few
+extents lands, by the same rule.
 
 Safety (the argument of ``readview``, on the other side): the reader thread copies under the engine's
 ``read_lock`` after checking that the view's generation is still the registry's (``landable``). The registry bumps
@@ -30,7 +31,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.registry import CacheEntry
-from .engine import Engine, tensors_of
+from ..memory.base import Segment
+from .engine import Engine, memory_of, tensors_of
+from .extents import Regions
 
 __all__ = ["Dest", "PullView", "publish"]
 
@@ -45,6 +48,9 @@ class Dest(NamedTuple):
 class PullView(NamedTuple):
     generation: int
     caches: dict[int, Dest]   # cache id -> where its rows are (never mutated once published)
+    #: HIXL's registrations by worker address (``engine.extents.Regions``), each item ``(view, offset, entry)``: the
+    #: tensor's memory, mapped writable, and its offset in it -- where a small extents read lands
+    regions: Regions
 
 
 def _dest(entry: CacheEntry) -> Dest | None:
@@ -52,12 +58,33 @@ def _dest(entry: CacheEntry) -> Dest | None:
     row, rows = desc.row_size, desc.rows
     tensors = []
     for seg in tensors_of(entry):
-        view = seg.handle.view()
-        if (view is None or view.readonly or view.ndim != 1 or view.format != "B" or not view.contiguous
-                or seg.offset < 0 or seg.offset + seg.length > len(view) or rows * row > seg.length):
+        view = _writable(seg)
+        if view is None or rows * row > seg.length:
             return None
         tensors.append((view, seg.offset))
     return Dest(tuple(tensors), row, rows, entry)
+
+
+def _writable(seg: Segment) -> memoryview | None:
+    """The memory of ``seg`` mapped writable here, as one flat view holding the segment; else None."""
+    view = seg.handle.view()
+    if (view is None or view.readonly or view.ndim != 1 or view.format != "B" or not view.contiguous
+            or seg.offset < 0 or seg.offset + seg.length > len(view)):
+        return None
+    return view
+
+
+def _regions(engine: Engine) -> Regions:
+    rows: list[tuple[int, int, object]] = []
+    for entry in engine.registry.entries():
+        addrs = memory_of(entry).worker_addrs
+        if not any(addrs):   # a cache the daemon allocated has no worker address
+            continue
+        for base, seg in zip(addrs, tensors_of(entry), strict=True):
+            view = _writable(seg) if base else None
+            if view is not None:
+                rows.append((base, seg.length, (view, seg.offset, entry)))
+    return Regions(rows)
 
 
 def publish(engine: Engine) -> PullView:
@@ -70,4 +97,4 @@ def publish(engine: Engine) -> PullView:
                 dest = _dest(entry)
                 if dest is not None:
                     caches[int(entry.cache_id)] = dest
-    return PullView(registry.generation, caches)
+    return PullView(registry.generation, caches, _regions(engine) if not engine.closed else Regions(()))

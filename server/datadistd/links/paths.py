@@ -90,6 +90,24 @@ def _move_rows(engine: Engine, t: Transfer, rows: pullview.Dest, generation: int
     return True
 
 
+def _land_pieces(engine: Engine, generation: int, pieces: Sequence[tuple[memoryview, int, int]], buf: bytes,
+                 at: int) -> bool:
+    """``buf[at:]`` into ``pieces`` (each ``(view, offset, length)``, in order) under the engine's ``read_lock`` once
+    the view of ``generation`` is checked current (``engine.pullview``); False, nothing landed, when it is stale or
+    a view was released."""
+    data = memoryview(buf)
+    with engine.read_lock:
+        if engine.closed or generation != engine.registry.generation:
+            return False
+        try:
+            for view, offset, length in pieces:
+                view[offset:offset + length] = data[at:at + length]
+                at += length
+        except (ValueError, TypeError):
+            return False
+    return True
+
+
 class LocalPath:
     """Both engines live in this daemon: the transfer is a copy, on the daemon's threads, between pinned caches."""
 
@@ -273,7 +291,10 @@ class StreamPath(RowPath):
         pinned (planned) transfer or a stale view: the loop's answer ends it (``_answered``)."""
         if t.pinned:
             return False
-        if not t.push:
+        if t.landing is not None:   # a small read of HIXL's extents (``Transfers._quick_extents``)
+            if not _land_pieces(self.table.engine, t.generation, t.landing[2], payload, _REPLY_DATA):
+                return False
+        elif not t.push:
             rows, engine = t.rows, self.table.engine
             assert rows is not None
             data, at, row = memoryview(payload), _REPLY_DATA, rows.row
@@ -313,6 +334,20 @@ class StreamPath(RowPath):
         if len(data) != t.nbytes:
             raise DataDistError(StatusCode.LLM_FAILED, f"cluster {t.link.remote_cluster} answered a read of "
                                                        f"{t.nbytes} bytes with {len(data)}")
+        if t.landing is not None:   # the extents' rows found again by the view of now (they may have moved)
+            view = self.transfers.local_view()
+            locals_, lens, _ = t.landing
+            try:
+                which, offsets = view.regions.locate(locals_, lens, f"engine {self.table.cluster_id}")
+            except DataDistError as exc:
+                raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the local registration went during the "
+                                                                  f"transfer: {exc.message}") from None
+            items = view.regions.items
+            pieces = [(items[k][0], items[k][1] + off, ln)
+                      for k, off, ln in zip(which, offsets, lens, strict=True)]
+            if not _land_pieces(self.table.engine, view.generation, pieces, data, 0):
+                raise DataDistError(StatusCode.LLM_FAILED, "the local registration is not mapped")
+            return
         if t.spec is not None:
             write_bytes(t.dst, data)   # pinned; small: a memmove the loop may make
             return

@@ -31,7 +31,7 @@ class Transfer:
 
     __slots__ = ("push", "link", "cache_id", "entry", "rows", "local", "generation", "model_id", "remote", "spec",
                  "dst", "nbytes", "blocks", "deadline", "timeout_ms", "started", "to", "token", "bound", "pinned",
-                 "held", "pin_id")
+                 "held", "pin_id", "landing")
 
     def __init__(self, push: bool, link: AnyLink, cache_id: int, entry: CacheEntry, nbytes: int, blocks: int,
                  timeout_ms: int, to: Ends, token: Any) -> None:
@@ -57,6 +57,9 @@ class Transfer:
         self.pinned = False
         self.held: tuple[CacheEntry, ...] = ()   # the local caches an order pins (empty: ``entry``)
         self.pin_id = 0                          # what ``Engine.unpin`` takes at its end (``Engine.pin_many``)
+        #: a small read of HIXL's extents in the quick shape: ``(local addresses, lengths, pieces)``, each piece
+        #: ``(view, offset, length)`` of the local rows by the published view (``engine.pullview.regions``): no pin
+        self.landing: tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[memoryview, int, int], ...]] | None = None
 
     @property
     def what(self) -> str:

@@ -31,7 +31,7 @@ from ..core.registry import CacheEntry
 from ..core.types import CacheId, ReadMode, RemoteSpec
 from ..engine import pullview
 from ..engine.engine import tensors_of
-from ..engine.extents import ExtentOrder, remote_pairs
+from ..engine.extents import FEW, ExtentOrder, remote_pairs
 from ..memory.segments import segments_of
 from ..ops.metrics import transfer_log
 from .model import AnyLink, InboundLink, Link, LinkState, LocalLink
@@ -89,7 +89,7 @@ class Transfers:
 
     def transfer(self, push: bool, cluster: int, cache_id: int, timeout_ms: int, to: Ends, token: Any, *,
                  order: TransferOrder | ExtentOrder | None = None, model_id: int = 0, remote: bytes = b"",
-                 local: tuple[int, ...] = (), on_loop: bool = True) -> bool:
+                 local: tuple[int, ...] = (), extents: tuple[int, ...] = (), on_loop: bool = True) -> bool:
         """The one way a worker's pull (``push`` False) or push with ``cluster`` starts (``LinkManager.transfer``):
         resolved into a ``Transfer`` -- ``order``'s (``_planned``: refusals answered here, with the codes the spec
         names), or the quick shape's (``order`` None: ``BlocksCacheKey(cluster, model_id)``, the remote blocks as
@@ -98,7 +98,8 @@ class Transfers:
         (``start``). Its end goes to ``to.ended(token, ...)`` exactly once, from any thread. False (the quick shape
         only), nothing done: not one the shape settles -- no such link or rows, a block out of range, more than a
         small transfer, a busy connection, a stale view off the loop -- run it as an order, whose resolution gives
-        the exact answer."""
+        the exact answer. A small READ of HIXL's extents takes the quick shape too (``extents``: local address, remote
+        address, length of each, as the attach frame carries them; ``_quick_extents``)."""
         if order is not None:
             try:
                 t = self._planned(push, order, to, token) if isinstance(order, TransferOrder) else \
@@ -116,6 +117,8 @@ class Transfers:
             if not on_loop:
                 return False
             view = self.local_view()   # a registry change that did not run ``Engine.watch`` (none should)
+        if extents:
+            return self._quick_extents(link, view, extents, timeout_ms, to, token, on_loop)
         rows = view.caches.get(cache_id)
         if rows is None:
             return False
@@ -130,6 +133,35 @@ class Transfers:
                      timeout_ms or table.engine.options.sync_kv_timeout_ms, to, token)
         t.rows, t.local, t.generation, t.model_id, t.remote = rows, local, view.generation, model_id, remote
         t.bound = self._bounds.get((push, cluster)) or self._bound(push, cluster)
+        return self._start(t, on_loop)
+
+    def _quick_extents(self, link: AnyLink, view: pullview.PullView, numbers: tuple[int, ...], timeout_ms: int,
+                       to: Ends, token: Any, on_loop: bool) -> bool:
+        """A READ of a few extents (at most ``FEW``, ``quick_max`` bytes) in the quick shape: the local ones found in
+        the published view's registrations (each wholly inside one, mapped writable here), the remote ones sent as
+        they are; no pin -- the bytes land under ``read_lock`` after the view's generation check
+        (``paths.StreamPath._landed``). False, nothing done, for anything else: the order answers it."""
+        n, rest = divmod(len(numbers), 3)
+        locals_, remotes, lens = numbers[0::3], numbers[1::3], numbers[2::3]
+        nbytes = sum(lens)
+        if (rest or not 0 < n <= FEW or nbytes > self.path.quick_max or type(link) is LocalLink or 0 in lens
+                or 0 in locals_ or 0 in remotes):
+            return False
+        try:
+            which, offsets = view.regions.locate(locals_, lens, "")
+        except DataDistError:
+            return False
+        items = view.regions.items
+        pieces = tuple((items[k][0], items[k][1] + off, ln)
+                       for k, off, ln in zip(which, offsets, lens, strict=True))
+        entry = items[which[0]][2]  # type: ignore[index]
+        t = Transfer(False, link, entry.cache_id, entry, nbytes, n,
+                     timeout_ms or self.table.engine.options.sync_kv_timeout_ms, to, token)
+        pairs = tuple(x for pair in zip(remotes, lens, strict=True) for x in pair)
+        t.spec = RemoteSpec(AddrRef(link.remote_cluster, remotes[0]),  # type: ignore[arg-type]  # as core.plan
+                            ReadMode.EXTENTS, pairs, expected_bytes=nbytes)
+        t.landing, t.generation = (locals_, lens, pieces), view.generation
+        t.bound = self._bounds.get((False, link.remote_cluster)) or self._bound(False, link.remote_cluster)
         return self._start(t, on_loop)
 
     def _planned(self, push: bool, order: TransferOrder, to: Ends, token: Any) -> Transfer:
@@ -216,7 +248,7 @@ class Transfers:
             link.inflight += 1
             if not t.push:
                 link.pulls += 1
-        if t.spec is not None and not t.pinned:
+        if t.spec is not None and not t.pinned and t.landing is None:
             t.pin_id = self.table.engine.pin_many(t.held or (t.entry,))
             t.pinned = True
         try:

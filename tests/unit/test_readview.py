@@ -28,7 +28,7 @@ from datadistd.memory.copy import BufferHandle
 from datadistd.memory.imported import MappedFdHandle
 from datadistd.ops.metrics import DaemonMetrics
 from datadistd.transport.base import CONTROL_CALL
-from tests.fakes import pulled, start_pull
+from tests.fakes import _Ended, pulled, start_pull
 
 from .test_links import BLOCK, BLOCKS, D, P, Pair, _bytes, _order, general_reads_only
 
@@ -116,6 +116,51 @@ def test_a_small_extents_read_is_answered_by_the_reader_thread_byte_exact() -> N
             with pytest.raises(DataDistError) as info:
                 await pulled(linking, ExtentOrder(P, False, outside))
             assert info.value.code == S.LLM_PARAM_INVALID and "not inside one memory registration" in info.value.message
+
+    asyncio.run(main())
+
+
+def test_a_small_extents_read_takes_the_quick_shape_at_both_ends() -> None:
+    """The attach frame's few extents started off the loop (``on_loop=False``, as a reactor thread starts them): the
+    quick shape takes them (True) -- local rows by the published pull view, no pin -- and the bytes land byte-exact;
+    a registry change before the reply lands them by the view of then, on the loop; more extents than ``FEW``, or a
+    local extent outside every registration, are declined (False, nothing done) for the order to answer."""
+    async def main() -> None:
+        async with Pair() as pair:
+            serving, linking = pair.links
+            await pair.link()
+            src, dst = bytearray(os.urandom(8192)), bytearray(8192)
+            desc = CacheDesc(1, (1, 8192), DType.DT_UINT8, Placement.HOST)
+            serving.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(src)], remote_accessible=True,
+                                          worker_addrs=[0x10000])
+            mine = linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(dst)],
+                                                 worker_addrs=[0x20000])
+            nums = (0x20000 + 8, 0x10000 + 100, 50, 0x20000, 0x10000 + 4000, 8)
+            loop = asyncio.get_running_loop()
+
+            async def quick(numbers: tuple[int, ...], on_loop: bool) -> tuple[bool, object]:
+                ended: asyncio.Future[object] = loop.create_future()
+                ends = _Ended(lambda result: ended.done() or ended.set_result(result))
+                took = await asyncio.to_thread(linking.transfer, False, P, -1, 0, ends, None, extents=numbers,
+                                               on_loop=on_loop) if not on_loop else \
+                    linking.transfer(False, P, -1, 0, ends, None, extents=numbers, on_loop=True)
+                return took, (await asyncio.wait_for(ended, 10) if took else None)
+
+            assert await quick(nums, False) == (True, (58, "tcp"))
+            assert dst[8:58] == src[100:150] and dst[:8] == src[4000:4008]
+            assert linking.engine.entry(mine.cache_id).pins == 0
+            dst[:] = bytes(8192)
+            assert await quick(nums, True) == (True, (58, "tcp"))
+            assert dst[8:58] == src[100:150]
+            dst[:] = bytes(8192)   # a registration right after the start: the reply finds the view stale (mostly)
+            ended: asyncio.Future[object] = loop.create_future()
+            ends = _Ended(lambda result: ended.done() or ended.set_result(result))
+            assert linking.transfer(False, P, -1, 0, ends, None, extents=nums, on_loop=True)
+            linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(bytearray(8192))],
+                                          worker_addrs=[0x40000])
+            assert await asyncio.wait_for(ended, 10) == (58, "tcp") and dst[8:58] == src[100:150]
+            assert await quick((0x30000, 0x10000, 8), False) == (False, None)   # no local registration there
+            assert await quick(tuple(x for _ in range(17) for x in (0x20000, 0x10000, 8)), False) == (False, None)
 
     asyncio.run(main())
 

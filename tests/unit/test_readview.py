@@ -93,6 +93,20 @@ def test_a_small_read_is_answered_by_the_reader_thread_byte_exact_without_the_lo
     asyncio.run(main())
 
 
+_REGISTRATION = CacheDesc(1, (1, 8192), DType.DT_UINT8, Placement.HOST)   # one HIXL registration: a row of 8 KiB
+
+
+def _registrations(serving: Any, linking: Any) -> tuple[bytearray, bytearray, Any]:
+    """One HIXL registration at each end: the owner's of random bytes at worker address 0x10000 (remotely
+    accessible), the requester's of zeros at 0x20000; (their bytes, and the requester's registry entry)."""
+    src, dst = bytearray(os.urandom(8192)), bytearray(8192)
+    serving.engine.register_cache(_REGISTRATION, is_blocks=False, handles=[BufferHandle(src)], remote_accessible=True,
+                                  worker_addrs=[0x10000])
+    mine = linking.engine.register_cache(_REGISTRATION, is_blocks=False, handles=[BufferHandle(dst)],
+                                         worker_addrs=[0x20000])
+    return src, dst, mine
+
+
 def test_a_small_extents_read_is_answered_by_the_reader_thread_byte_exact() -> None:
     """HIXL's few extents by address (``ReadMode.EXTENTS``) are a small read the published view answers too: the
     owner's registrations by worker address, each extent wholly inside one, its bytes straight from the memory; the
@@ -101,11 +115,7 @@ def test_a_small_extents_read_is_answered_by_the_reader_thread_byte_exact() -> N
         async with Pair() as pair:
             serving, linking = pair.links
             await pair.link()
-            src, dst = bytearray(os.urandom(8192)), bytearray(8192)
-            desc = CacheDesc(1, (1, 8192), DType.DT_UINT8, Placement.HOST)
-            serving.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(src)], remote_accessible=True,
-                                          worker_addrs=[0x10000])
-            linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(dst)], worker_addrs=[0x20000])
+            src, dst, _ = _registrations(serving, linking)
             ext = np.array([[0x20000 + 8, 0x10000 + 100, 50], [0x20000, 0x10000 + 4000, 8]], dtype=np.uint64)
             loop_out, before = _loop_bytes(serving), _reads(serving)
             for _ in range(3):
@@ -129,12 +139,7 @@ def test_a_small_extents_read_takes_the_quick_shape_at_both_ends() -> None:
         async with Pair() as pair:
             serving, linking = pair.links
             await pair.link()
-            src, dst = bytearray(os.urandom(8192)), bytearray(8192)
-            desc = CacheDesc(1, (1, 8192), DType.DT_UINT8, Placement.HOST)
-            serving.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(src)], remote_accessible=True,
-                                          worker_addrs=[0x10000])
-            mine = linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(dst)],
-                                                 worker_addrs=[0x20000])
+            src, dst, mine = _registrations(serving, linking)
             nums = (0x20000 + 8, 0x10000 + 100, 50, 0x20000, 0x10000 + 4000, 8)
             loop = asyncio.get_running_loop()
 
@@ -156,7 +161,7 @@ def test_a_small_extents_read_takes_the_quick_shape_at_both_ends() -> None:
             ended: asyncio.Future[object] = loop.create_future()
             ends = _Ended(lambda result: ended.done() or ended.set_result(result))
             assert linking.transfer(False, P, -1, 0, ends, None, extents=nums, on_loop=True)
-            linking.engine.register_cache(desc, is_blocks=False, handles=[BufferHandle(bytearray(8192))],
+            linking.engine.register_cache(_REGISTRATION, is_blocks=False, handles=[BufferHandle(bytearray(8192))],
                                           worker_addrs=[0x40000])
             assert await asyncio.wait_for(ended, 10) == (58, "tcp") and dst[8:58] == src[100:150]
             assert await quick((0x30000, 0x10000, 8), False) == (False, None)   # no local registration there

@@ -50,10 +50,6 @@ class ExtentOrder:
     extents: np.ndarray
     timeout_ms: int | None = None
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.extents[:, 2].sum(dtype=np.uint64))
-
 
 def parse_extents(raw: bytes) -> np.ndarray:
     """``ExtentTransferRequest.extents`` (24 bytes an extent: u64 LE local_addr, remote_addr, len) as an ``(n, 3)``

@@ -28,14 +28,14 @@ the cache is gone, the general path refuses the push as one from a missing cache
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from ..core.registry import CacheEntry
 from ..memory.base import Segment
 from .engine import Engine, memory_of, tensors_of
 from .extents import Regions
 
-__all__ = ["Dest", "PullView", "publish"]
+__all__ = ["Dest", "PullView", "Pieces", "pieces", "publish"]
 
 
 class Dest(NamedTuple):
@@ -85,6 +85,21 @@ def _regions(engine: Engine) -> Regions:
             if view is not None:
                 rows.append((base, seg.length, (view, seg.offset, entry)))
     return Regions(rows)
+
+
+#: where a small extents read lands: per extent ``(view, offset, length)`` of the local rows
+Pieces = tuple[tuple[memoryview, int, int], ...]
+
+
+def pieces(view: PullView, addrs: Sequence[int], lens: Sequence[int], whose: str) -> tuple[Pieces, CacheEntry]:
+    """Where local extents ``lens[i]`` bytes at ``addrs[i]`` land by ``view``'s registrations, and the registration
+    of the first; ``LLM_PARAM_INVALID`` naming the first extent no registration mapped here holds whole
+    (``Regions.locate``)."""
+    which, offsets = view.regions.locate(addrs, lens, whose)
+    items = view.regions.items
+    found = tuple((items[k][0], items[k][1] + off, n)
+                  for k, off, n in zip(which, offsets, lens, strict=True))
+    return found, items[which[0]][2]  # type: ignore[index]
 
 
 def publish(engine: Engine) -> PullView:

@@ -338,13 +338,10 @@ class StreamPath(RowPath):
             view = self.transfers.local_view()
             locals_, lens, _ = t.landing
             try:
-                which, offsets = view.regions.locate(locals_, lens, f"engine {self.table.cluster_id}")
+                pieces, _ = pullview.pieces(view, locals_, lens, f"engine {self.table.cluster_id}")
             except DataDistError as exc:
                 raise DataDistError(StatusCode.LLM_PARAM_INVALID, f"the local registration went during the "
                                                                   f"transfer: {exc.message}") from None
-            items = view.regions.items
-            pieces = [(items[k][0], items[k][1] + off, ln)
-                      for k, off, ln in zip(which, offsets, lens, strict=True)]
             if not _land_pieces(self.table.engine, view.generation, pieces, data, 0):
                 raise DataDistError(StatusCode.LLM_FAILED, "the local registration is not mapped")
             return

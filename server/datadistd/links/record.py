@@ -59,7 +59,7 @@ class Transfer:
         self.pin_id = 0                          # what ``Engine.unpin`` takes at its end (``Engine.pin_many``)
         #: a small read of HIXL's extents in the quick shape: ``(local addresses, lengths, pieces)``, each piece
         #: ``(view, offset, length)`` of the local rows by the published view (``engine.pullview.regions``): no pin
-        self.landing: tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[memoryview, int, int], ...]] | None = None
+        self.landing: tuple[tuple[int, ...], tuple[int, ...], pullview.Pieces] | None = None
 
     @property
     def what(self) -> str:

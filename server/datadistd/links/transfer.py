@@ -148,13 +148,9 @@ class Transfers:
                 or 0 in locals_ or 0 in remotes):
             return False
         try:
-            which, offsets = view.regions.locate(locals_, lens, "")
+            pieces, entry = pullview.pieces(view, locals_, lens, "")
         except DataDistError:
             return False
-        items = view.regions.items
-        pieces = tuple((items[k][0], items[k][1] + off, ln)
-                       for k, off, ln in zip(which, offsets, lens, strict=True))
-        entry = items[which[0]][2]  # type: ignore[index]
         t = Transfer(False, link, entry.cache_id, entry, nbytes, n,
                      timeout_ms or self.table.engine.options.sync_kv_timeout_ms, to, token)
         pairs = tuple(x for pair in zip(remotes, lens, strict=True) for x in pair)

@@ -100,12 +100,6 @@ class DaemonClient:
         except grpc.RpcError as err:
             raise rpc_exception(err, func_name) from None
 
-    def future(self, method: str, request: Any, timeout: float | None = None) -> grpc.Future:
-        """One unary call started without waiting: a ``grpc.Future`` (its ``result()`` raises ``grpc.RpcError``,
-        which ``rpc_exception`` / ``status_of`` read); callbacks added to it run on gRPC's thread."""
-        return getattr(self._stub, method).future(request, timeout=timeout or DEFAULT_RPC_TIMEOUT_S,
-                                                  metadata=self._metadata)
-
     def stream(self, method: str, requests: Any) -> Any:
         """A bidirectional call: ``requests`` is consumed by gRPC's thread; iterate the result for replies."""
         return getattr(self._stub, method)(requests, metadata=self._metadata)

@@ -100,15 +100,22 @@ def _env(install: Path = INSTALL) -> dict[str, str]:
     return {**os.environ, "PKG_CONFIG_PATH": str(install / "lib" / "pkgconfig")}
 
 
-def compile_program(source: Path, out: Path, *flags: str, install: Path = INSTALL) -> Path:
-    """``g++ source $(pkg-config --cflags --libs llm_datadist)`` with ``flags`` (e.g. the old libstdc++ ABI), against
-    the library in ``install`` (``ASAN_INSTALL``: add ``SANITIZE`` to ``flags``)."""
-    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "llm_datadist"], capture_output=True, text=True,
-                        env=_env(install), check=True).stdout.split()
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(out), *pc,
-                        *flags], capture_output=True, text=True, timeout=300)
+def run_build(cmd: list[str], what: str, timeout: float = 300) -> None:
+    """A compiler or build step of a test, niced as the background ``make cpp`` is (``start_make_cpp``): the daemons
+    the other test processes time meanwhile come first. RuntimeError with its output when it fails."""
+    r = subprocess.run(["nice", "-n", "10", *cmd], capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
-        raise RuntimeError(f"compiling {source.name} failed:\n{r.stderr[-4000:]}")
+        raise RuntimeError(f"{what} failed:\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}")
+
+
+def compile_program(source: Path, out: Path, *flags: str, install: Path = INSTALL,
+                    package: str = "llm_datadist") -> Path:
+    """``g++ source $(pkg-config --cflags --libs <package>)`` with ``flags`` (e.g. the old libstdc++ ABI), against
+    the library in ``install`` (``ASAN_INSTALL``: add ``SANITIZE`` to ``flags``)."""
+    pc = subprocess.run(["pkg-config", "--cflags", "--libs", package], capture_output=True, text=True,
+                        env=_env(install), check=True).stdout.split()
+    run_build(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", str(source), "-o", str(out), *pc, *flags],
+          f"compiling {source.name}")
     return out
 
 
@@ -116,7 +123,5 @@ def cmake_project(source_dir: Path, build_dir: Path) -> Path:
     """Configure and build a CMake project that does ``find_package(llm_datadist)``: its build directory."""
     for cmd in (["cmake", "-S", str(source_dir), "-B", str(build_dir), f"-DCMAKE_PREFIX_PATH={INSTALL}"],
                 ["cmake", "--build", str(build_dir), "-j", "2"]):
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        run_build(cmd, " ".join(cmd))
     return build_dir

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cpp import ROOT
+from tests.cpp import ROOT, compile_program, run_build
 from tests.harness import ACL_PLANE, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -34,9 +34,9 @@ def test_cpp_wire_matches_hixl_py(tmp_path: Path) -> None:
 
     src = ROOT / "client" / "cpp"
     binary = tmp_path / "hixl_wire_test"
-    subprocess.run(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{src / 'include'}", f"-I{src / 'src'}",
-                    str(HERE / "hixl_wire_test.cc"), str(src / "src" / "hixl_wire.cc"), "-o", str(binary)],
-                   check=True, timeout=120)
+    run_build(["g++", "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{src / 'include'}", f"-I{src / 'src'}",
+           str(HERE / "hixl_wire_test.cc"), str(src / "src" / "hixl_wire.cc"), "-o", str(binary)],
+          "compiling hixl_wire_test.cc", timeout=120)
     codes = [int(m) for m in LLMStatusCode] + [12345, -7]
     out = subprocess.run([str(binary), *map(str, codes)], input="\n".join(ENGINES) + "\n", capture_output=True,
                          text=True, check=True, timeout=30).stdout.splitlines()
@@ -72,10 +72,9 @@ def samples(cpp_install: Path, tmp_path_factory) -> dict[str, Path]:
         source = work / f"{name}.cpp"
         source.write_bytes(subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:examples/cpp/{name}.cpp"],
                                           capture_output=True, check=True).stdout)
-        r = subprocess.run(["g++", *CANN_FLAGS, f"-I{sim / 'include'}", str(source), "-o", str(work / name), *pc,
-                            f"-L{sim / 'lib64'}", f"-Wl,-rpath,{sim / 'lib64'}", "-lascendcl", "-lpthread", "-lrt"],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+        run_build(["g++", *CANN_FLAGS, f"-I{sim / 'include'}", str(source), "-o", str(work / name), *pc,
+               f"-L{sim / 'lib64'}", f"-Wl,-rpath,{sim / 'lib64'}", "-lascendcl", "-lpthread", "-lrt"],
+              f"compiling CANN's {name}.cpp")
         out[name] = work / name
     return out
 
@@ -150,15 +149,9 @@ def test_canns_two_process_samples_through_two_daemons(samples, data_plane, daem
 def hixl_api_test(cpp_install: Path, tmp_path_factory) -> Path:
     """hixl_api_test.cc built against the installed headers and libcann_hixl (pkg-config cann_hixl) with CANN's
     sample flag (the old libstdc++ ABI)."""
-    env = {**os.environ, "PKG_CONFIG_PATH": str(cpp_install / "lib" / "pkgconfig")}
-    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "cann_hixl"], capture_output=True, text=True, env=env,
-                        check=True).stdout.split()
     out = tmp_path_factory.mktemp("hixl-api") / "hixl_api_test"
-    r = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-D_GLIBCXX_USE_CXX11_ABI=0",
-                        str(HERE / "hixl_api_test.cc"), "-o", str(out), *pc, "-pthread"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return out
+    return compile_program(HERE / "hixl_api_test.cc", out, "-D_GLIBCXX_USE_CXX11_ABI=0", "-pthread",
+                           install=cpp_install, package="cann_hixl")
 
 
 def _failures(out: str) -> list[str]:
